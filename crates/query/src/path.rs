@@ -1,0 +1,1 @@
+//! Dotted field path helpers.

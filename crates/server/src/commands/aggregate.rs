@@ -1,0 +1,113 @@
+//! The aggregate command: feed a collection scan into the pure pipeline of the `query` crate.
+//! Stages that need the catalog (`$collStats`) are answered here.
+
+use super::{check_fields, cursor_reply, Ctx};
+use crate::cursor::{Cursor, Source, FIRST_BATCH_DOCS_DEFAULT};
+use crate::exec::Scan;
+use bson::{doc, Bson, DateTime, Document};
+use common::{Code, Error, Result};
+use query::agg::{Pipeline, RunOptions, Stage};
+use query::filter::Filter;
+
+/// Memory a blocking stage ($group, $sort) may hold (MongoDB: 100 MiB per stage).
+pub const AGG_MEMORY_BYTES_MAX: usize = 100 * 1024 * 1024;
+
+pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
+    check_fields("aggregate", ctx.cmd, &["pipeline", "cursor", "explain", "allowDiskUse", "bypassDocumentValidation", "hint", "collation", "let", "fromMongos", "needsMerge", "isMapReduceCommand"])?;
+    let coll_name = match ctx.cmd.get("aggregate") {
+        Some(Bson::String(s)) if !s.is_empty() => Some(s.clone()),
+        Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) if super::as_i64(v) == Some(1) => None,
+        _ => return Err(Error::new(Code::InvalidNamespace, "Invalid input namespace: aggregate's first field must be a collection name or 1")),
+    };
+    let stages = ctx.array_arg("pipeline")?.ok_or_else(|| Error::location(40414, "BSON field 'aggregate.pipeline' is missing but a required field"))?;
+    let stages: Vec<Document> = stages.iter().map(|s| s.as_document().cloned().ok_or_else(|| Error::type_mismatch("Each element of the 'pipeline' array must be an object"))).collect::<Result<_>>()?;
+    if ctx.bool_arg("explain")?.unwrap_or(false) {
+        return Err(Error::new(Code::CommandNotSupported, "aggregate explain is not supported by shoal yet"));
+    }
+    let batch_size = match ctx.doc_arg("cursor")? {
+        Some(c) => match c.get("batchSize") {
+            Some(v) => match super::as_i64(v) {
+                Some(b) if b >= 0 => b as usize,
+                _ => return Err(Error::location(51024, "BSON field 'batchSize' value must be >= 0")),
+            },
+            None => FIRST_BATCH_DOCS_DEFAULT,
+        },
+        None => return Err(Error::failed_to_parse("The 'cursor' option is required, except for aggregate with the explain argument")),
+    };
+    let allow_disk_use = ctx.bool_arg("allowDiskUse")?.unwrap_or(false);
+    let pipeline = Pipeline::parse(&stages)?;
+    let ns = match &coll_name {
+        Some(c) => ctx.ns(c),
+        None => format!("{}.$cmd.aggregate", ctx.db),
+    };
+
+    // Catalog stages are answered here; a leading $collStats produces the pipeline's input.
+    let mut input_override: Option<Vec<Document>> = None;
+    let mut rest = Vec::new();
+    for (i, stage) in pipeline.stages.into_iter().enumerate() {
+        match stage {
+            Stage::External(name, spec) if name == "$collStats" && i == 0 => {
+                let Some(c) = &coll_name else {
+                    return Err(Error::location(40602, "$collStats must be run against a collection"));
+                };
+                input_override = Some(vec![coll_stats_stage(ctx, c, &spec)?]);
+            }
+            Stage::External(name, _) => {
+                return Err(Error::new(Code::CommandNotSupported, format!("{name} is not supported by shoal yet")));
+            }
+            s => rest.push(s),
+        }
+    }
+    let pipeline = Pipeline { stages: rest };
+    let opts = RunOptions { allow_disk_use, mem_limit_bytes: AGG_MEMORY_BYTES_MAX };
+    let results = match input_override {
+        Some(docs) => pipeline.run(&mut docs.into_iter().map(Ok), &opts)?,
+        None => match coll_name.as_deref().and_then(|c| ctx.shared.store.collection(ctx.db, c)) {
+            Some(coll) => {
+                let leading = match pipeline.leading_match() {
+                    Some(m) => Filter::parse(&m)?,
+                    None => Filter::match_all(),
+                };
+                let mut scan = Scan::new(coll.snapshot(), leading);
+                let op = ctx.op;
+                let mut input = std::iter::from_fn(|| scan.next(op).transpose().map(|r| r.map(|(_, d, _)| d)));
+                pipeline.run(&mut input, &opts)?
+            }
+            None => pipeline.run(&mut std::iter::empty(), &opts)?,
+        },
+    };
+    let mut cursor = Cursor::new(ns.clone(), Source::Buffered(results.into()));
+    cursor.lsid = ctx.lsid();
+    let (batch, done) = cursor.next_batch(batch_size, ctx.op)?;
+    let id = if done { 0 } else { ctx.shared.cursors.register(cursor)? };
+    Ok(cursor_reply(&ns, id, batch, true))
+}
+
+fn coll_stats_stage(ctx: &Ctx, coll: &str, spec: &Document) -> Result<Document> {
+    let ns = ctx.ns(coll);
+    let mut out = doc! { "ns": ns.clone(), "host": ctx.shared.host_port(), "localTime": DateTime::now() };
+    let c = ctx.shared.store.collection(ctx.db, coll);
+    for (k, v) in spec {
+        match k.as_str() {
+            "storageStats" => {
+                let Some(c) = &c else {
+                    return Err(Error::new(Code::NamespaceNotFound, format!("Unable to retrieve storageStats in $collStats stage :: caused by :: Collection [{ns}] not found.")));
+                };
+                let scale = v.as_document().and_then(|d| d.get("scale")).and_then(super::as_i64).unwrap_or(1).max(1);
+                out.insert("storageStats", super::admin::coll_stats_doc(&ns, c, scale));
+            }
+            "count" => {
+                let n = match &c {
+                    Some(c) => c.snapshot().count()? as i64,
+                    None => 0,
+                };
+                out.insert("count", n);
+            }
+            "latencyStats" | "queryExecStats" => {
+                return Err(Error::new(Code::CommandNotSupported, format!("$collStats.{k} is not supported by shoal yet")));
+            }
+            other => return Err(Error::location(40415, format!("BSON field '$collStats.{other}' is an unknown field."))),
+        }
+    }
+    Ok(out)
+}

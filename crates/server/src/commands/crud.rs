@@ -1,0 +1,651 @@
+//! CRUD commands: insert, find, getMore, killCursors, update, delete, findAndModify, count,
+//! distinct.
+
+use super::{as_i64, check_fields, cursor_reply, Ctx};
+use crate::cursor::{Cursor, Source, FIRST_BATCH_DOCS_DEFAULT};
+use crate::exec::Scan;
+use crate::state::Counters;
+use bson::{doc, oid::ObjectId, Bson, Document};
+use common::limits::WRITE_BATCH_SIZE_MAX;
+use common::{Code, Error, Result};
+use query::filter::{Filter, MatchDetails};
+use query::projection::Projection;
+use query::sort::SortSpec;
+use query::update::Update;
+use std::collections::VecDeque;
+
+/// Blocking sort memory (MongoDB: internalQueryMaxBlockingSortMemoryUsageBytes, 100 MiB).
+pub const SORT_MEMORY_BYTES_MAX: usize = 100 * 1024 * 1024;
+/// With allowDiskUse shoal still sorts in memory (no spill yet), so the bound is larger but real.
+pub const SORT_MEMORY_BYTES_MAX_DISK_USE: usize = 1024 * 1024 * 1024;
+
+fn write_error(index: usize, e: &Error) -> Bson {
+    let mut d = doc! { "index": index as i32, "code": e.code, "errmsg": e.message.clone() };
+    if let Some(extra) = &e.extra {
+        for (k, v) in extra {
+            d.insert(k.clone(), v.clone());
+        }
+    }
+    Bson::Document(d)
+}
+
+fn check_batch_len(n: usize) -> Result<()> {
+    if n == 0 || n > WRITE_BATCH_SIZE_MAX {
+        return Err(Error::new(Code::InvalidLength, format!("Write batch sizes must be between 1 and {WRITE_BATCH_SIZE_MAX}. Got {n} operations.")));
+    }
+    Ok(())
+}
+
+/// `_id` rules for stored documents: present (generated ObjectId first when absent) and not an
+/// array, regex or undefined.
+fn prepare_for_insert(doc: Document) -> Result<Document> {
+    match doc.get("_id") {
+        None => {
+            let mut out = Document::new();
+            out.insert("_id", ObjectId::new());
+            out.extend(doc);
+            Ok(out)
+        }
+        Some(Bson::Array(_)) => Err(Error::new(Code::InvalidIdField, "The '_id' value cannot be of type array")),
+        Some(Bson::RegularExpression(_)) => Err(Error::new(Code::InvalidIdField, "The '_id' value cannot be of type regex")),
+        Some(Bson::Undefined) => Err(Error::new(Code::InvalidIdField, "can't use a undefined for _id")),
+        Some(Bson::Document(d)) if d.keys().any(|k| k.starts_with('$')) => Err(Error::new(Code::DollarPrefixedFieldName, "_id fields may not contain '$'-prefixed fields")),
+        Some(_) => Ok(doc),
+    }
+}
+
+pub fn insert(ctx: &mut Ctx) -> Result<Document> {
+    check_fields("insert", ctx.cmd, &["documents", "ordered", "bypassDocumentValidation"])?;
+    let name = ctx.collection_name()?.to_string();
+    let ordered = ctx.bool_arg("ordered")?.unwrap_or(true);
+    let docs = ctx.array_arg("documents")?.ok_or_else(|| Error::location(40414, "BSON field 'insert.documents' is missing but a required field"))?;
+    check_batch_len(docs.len())?;
+    let mut errors: Vec<(usize, Error)> = Vec::new();
+    let mut prepared = Vec::with_capacity(docs.len());
+    let mut positions = Vec::with_capacity(docs.len());
+    for (i, d) in docs.iter().enumerate() {
+        let r = match d {
+            Bson::Document(d) => prepare_for_insert(d.clone()),
+            other => Err(Error::type_mismatch(format!("BSON field 'insert.documents' elements must be objects, got {}", super::type_name(other)))),
+        };
+        match r {
+            Ok(d) => {
+                prepared.push(d);
+                positions.push(i);
+            }
+            Err(e) => {
+                errors.push((i, e));
+                if ordered {
+                    break;
+                }
+            }
+        }
+    }
+    let mut inserted = 0usize;
+    if !prepared.is_empty() {
+        let coll = ctx.shared.store.collection_or_create(ctx.db, &name)?;
+        let out = coll.insert_many(&prepared, ordered);
+        inserted = out.inserted;
+        for (i, e) in out.errors {
+            errors.push((positions[i], e));
+        }
+        ctx.commit_write()?;
+    }
+    if ordered {
+        // An ordered batch stops at its first failure: only that one is reported.
+        errors.sort_by_key(|(i, _)| *i);
+        errors.truncate(1);
+    } else {
+        errors.sort_by_key(|(i, _)| *i);
+    }
+    Counters::add(&ctx.shared.counters.insert, inserted as u64);
+    let mut r = doc! { "n": inserted as i32 };
+    if !errors.is_empty() {
+        r.insert("writeErrors", errors.iter().map(|(i, e)| write_error(*i, e)).collect::<Vec<_>>());
+    }
+    Ok(r)
+}
+
+fn non_negative(ctx: &Ctx, field: &str) -> Result<Option<i64>> {
+    match ctx.int_arg(field)? {
+        Some(v) if v < 0 => Err(Error::location(51024, format!("BSON field '{field}' value must be >= 0, actual value '{v}'"))),
+        other => Ok(other),
+    }
+}
+
+/// Validate a `hint`: `{$natural: ±1}` or the name/key pattern of an existing index.
+fn check_hint(ctx: &Ctx, hint: Option<&Bson>, coll: Option<&storage::Collection>) -> Result<()> {
+    let Some(hint) = hint else { return Ok(()) };
+    let bad = || Error::bad_value("error processing query: planner returned error :: caused by :: hint provided does not correspond to an existing index");
+    match hint {
+        Bson::Document(d) if d.is_empty() => Ok(()),
+        Bson::Document(d) if d.contains_key("$natural") => Ok(()),
+        Bson::Document(d) => match coll {
+            Some(c) if c.meta().indexes.iter().any(|i| &i.key == d) => Ok(()),
+            Some(_) => Err(bad()),
+            None => Ok(()),
+        },
+        Bson::String(s) => match coll {
+            Some(c) if c.meta().indexes.iter().any(|i| &i.name == s) => Ok(()),
+            Some(_) => Err(bad()),
+            None => Ok(()),
+        },
+        other => Err(Error::new(Code::FailedToParse, format!("hint must be a string or an object, not {}", super::type_name(other)))).map(|_: ()| {
+            let _ = ctx;
+        }),
+    }
+}
+
+/// All matches of `filter`, sorted with `sort` (stable), bounded by the sort memory limit.
+fn sorted_matches(ctx: &Ctx, snapshot: storage::Snapshot, filter: Filter, sort: &SortSpec, allow_disk_use: bool) -> Result<Vec<(storage::RecordId, Document, MatchDetails)>> {
+    let limit = if allow_disk_use { SORT_MEMORY_BYTES_MAX_DISK_USE } else { SORT_MEMORY_BYTES_MAX };
+    let mut all = Scan::new(snapshot, filter).collect_all(ctx.op, limit)?;
+    if !sort.is_empty() {
+        all.sort_by(|a, b| sort.compare(&a.1, &b.1));
+    }
+    Ok(all)
+}
+
+const FIND_FIELDS: &[&str] = &[
+    "filter", "sort", "projection", "hint", "skip", "limit", "batchSize", "singleBatch", "comment", "max", "min",
+    "returnKey", "showRecordId", "tailable", "oplogReplay", "noCursorTimeout", "awaitData", "allowPartialResults",
+    "collation", "allowDiskUse", "let", "readOnce", "ntoreturn", "term",
+];
+
+pub fn find(ctx: &mut Ctx) -> Result<Document> {
+    check_fields("find", ctx.cmd, FIND_FIELDS)?;
+    Counters::add(&ctx.shared.counters.query, 1);
+    let name = ctx.collection_name()?.to_string();
+    let ns = ctx.ns(&name);
+    let filter = Filter::parse(ctx.doc_arg("filter")?.unwrap_or(&Document::new()))?;
+    let projection = ctx.doc_arg("projection")?.filter(|p| !p.is_empty()).map(Projection::parse).transpose()?;
+    let sort = SortSpec::parse(ctx.doc_arg("sort")?.unwrap_or(&Document::new()))?;
+    let skip = non_negative(ctx, "skip")?.unwrap_or(0) as u64;
+    let limit = non_negative(ctx, "limit")?.filter(|l| *l > 0).map(|l| l as u64);
+    let batch_size = non_negative(ctx, "batchSize")?.map(|b| b as usize);
+    let single_batch = ctx.bool_arg("singleBatch")?.unwrap_or(false);
+    let allow_disk_use = ctx.bool_arg("allowDiskUse")?.unwrap_or(false);
+    let no_timeout = ctx.bool_arg("noCursorTimeout")?.unwrap_or(false);
+    for unsupported in ["min", "max", "returnKey", "showRecordId"] {
+        if ctx.cmd.get(unsupported).map(|v| !matches!(v, Bson::Boolean(false) | Bson::Null)).unwrap_or(false) {
+            return Err(Error::new(Code::CommandNotSupported, format!("find option '{unsupported}' is not supported by shoal yet")));
+        }
+    }
+    if ctx.bool_arg("tailable")?.unwrap_or(false) {
+        return Err(Error::bad_value(format!("error processing query: ns={ns} tailable cursor requested on non capped collection")));
+    }
+    if let Some(c) = ctx.doc_arg("collation")? {
+        if !c.is_empty() && c.get_str("locale").map(|l| l != "simple").unwrap_or(true) {
+            return Err(Error::new(Code::CommandNotSupported, "collations other than 'simple' are not supported by shoal yet"));
+        }
+    }
+    let coll = ctx.shared.store.collection(ctx.db, &name);
+    check_hint(ctx, ctx.cmd.get("hint"), coll.as_ref())?;
+    let Some(coll) = coll else {
+        return Ok(cursor_reply(&ns, 0, Vec::new(), true));
+    };
+    let snapshot = coll.snapshot();
+    let source = if sort.is_empty() {
+        Source::Find { scan: Box::new(Scan::new(snapshot, filter)), projection, skip, limit, returned: 0 }
+    } else {
+        let all = sorted_matches(ctx, snapshot, filter, &sort, allow_disk_use)?;
+        let mut out = VecDeque::new();
+        for (_, doc, details) in all.into_iter().skip(skip as usize).take(limit.unwrap_or(u64::MAX) as usize) {
+            out.push_back(match &projection {
+                Some(p) => p.apply(&doc, &details)?,
+                None => doc,
+            });
+        }
+        Source::Buffered(out)
+    };
+    let mut cursor = Cursor::new(ns.clone(), source);
+    cursor.lsid = ctx.lsid();
+    cursor.no_timeout = no_timeout;
+    let mut docs_max = batch_size.unwrap_or(FIRST_BATCH_DOCS_DEFAULT);
+    if let Some(l) = limit {
+        docs_max = docs_max.min(l as usize);
+        if batch_size.is_none() {
+            docs_max = l as usize;
+        }
+    }
+    let (batch, done) = cursor.next_batch(docs_max, ctx.op)?;
+    let id = if done || single_batch { 0 } else { ctx.shared.cursors.register(cursor)? };
+    Ok(cursor_reply(&ns, id, batch, true))
+}
+
+pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
+    check_fields("getMore", ctx.cmd, &["collection", "batchSize", "term", "lastKnownCommittedOpTime", "maxTimeMS"])?;
+    Counters::add(&ctx.shared.counters.getmore, 1);
+    let id = match ctx.cmd.get("getMore") {
+        Some(Bson::Int64(id)) => *id,
+        Some(v) => return Err(Error::type_mismatch(format!("BSON field 'getMore.getMore' is the wrong type '{}', expected type 'long'", super::type_name(v)))),
+        None => return Err(Error::location(40414, "BSON field 'getMore.getMore' is missing but a required field")),
+    };
+    let coll = ctx.str_arg("collection")?.ok_or_else(|| Error::location(40414, "BSON field 'getMore.collection' is missing but a required field"))?;
+    let ns = ctx.ns(coll);
+    let batch_size = match ctx.int_arg("batchSize")? {
+        Some(b) if b < 0 => return Err(Error::location(51024, format!("BSON field 'batchSize' value must be >= 0, actual value '{b}'"))),
+        Some(0) | None => usize::MAX,
+        Some(b) => b as usize,
+    };
+    let mut cursor = ctx.shared.cursors.checkout(id, &ns)?;
+    // Errors kill the cursor (it is not restored), as in MongoDB.
+    let (batch, done) = cursor.next_batch(batch_size, ctx.op)?;
+    let id = if done { 0 } else { cursor.id };
+    if !done {
+        ctx.shared.cursors.restore(cursor);
+    }
+    Ok(cursor_reply(&ns, id, batch, false))
+}
+
+pub fn kill_cursors(ctx: &mut Ctx) -> Result<Document> {
+    check_fields("killCursors", ctx.cmd, &["cursors"])?;
+    ctx.collection_name()?;
+    let ids = ctx.array_arg("cursors")?.ok_or_else(|| Error::location(40414, "BSON field 'killCursors.cursors' is missing but a required field"))?;
+    let mut killed = Vec::new();
+    let mut not_found = Vec::new();
+    for v in ids {
+        let Bson::Int64(id) = v else {
+            return Err(Error::type_mismatch(format!("BSON field 'killCursors.cursors' elements must be 'long', got '{}'", super::type_name(v))));
+        };
+        if ctx.shared.cursors.kill(*id) {
+            killed.push(*id);
+        } else {
+            not_found.push(*id);
+        }
+    }
+    Ok(doc! { "cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [], "cursorsUnknown": [] })
+}
+
+/// One parsed update statement.
+struct UpdateStmt {
+    filter: Filter,
+    query: Document,
+    update: Update,
+    upsert: bool,
+    multi: bool,
+}
+
+fn parse_update_stmt(v: &Bson) -> Result<UpdateStmt> {
+    let Bson::Document(s) = v else {
+        return Err(Error::type_mismatch("BSON field 'update.updates' elements must be objects"));
+    };
+    let mut q = None;
+    let mut u = None;
+    let mut upsert = false;
+    let mut multi = false;
+    let mut array_filters: Option<Vec<Document>> = None;
+    for (k, v) in s {
+        match k.as_str() {
+            "q" => match v {
+                Bson::Document(d) => q = Some(d.clone()),
+                _ => return Err(Error::type_mismatch("BSON field 'update.updates.q' is the wrong type, expected type 'object'")),
+            },
+            "u" => u = Some(v.clone()),
+            "upsert" => upsert = v.as_bool().unwrap_or(as_i64(v).unwrap_or(0) != 0),
+            "multi" => multi = v.as_bool().unwrap_or(as_i64(v).unwrap_or(0) != 0),
+            "arrayFilters" => match v {
+                Bson::Array(a) => {
+                    array_filters = Some(a.iter().map(|f| match f {
+                        Bson::Document(d) => Ok(d.clone()),
+                        _ => Err(Error::type_mismatch("arrayFilters elements must be objects")),
+                    }).collect::<Result<_>>()?)
+                }
+                _ => return Err(Error::type_mismatch("BSON field 'update.updates.arrayFilters' is the wrong type, expected type 'array'")),
+            },
+            "hint" | "c" | "upsertSupplied" | "sampleId" => {}
+            "collation" => {
+                if let Bson::Document(c) = v {
+                    if !c.is_empty() && c.get_str("locale").map(|l| l != "simple").unwrap_or(true) {
+                        return Err(Error::new(Code::CommandNotSupported, "collations other than 'simple' are not supported by shoal yet"));
+                    }
+                }
+            }
+            other => return Err(Error::location(40415, format!("BSON field 'update.updates.{other}' is an unknown field."))),
+        }
+    }
+    let q = q.ok_or_else(|| Error::location(40414, "BSON field 'update.updates.q' is missing but a required field"))?;
+    let u = u.ok_or_else(|| Error::location(40414, "BSON field 'update.updates.u' is missing but a required field"))?;
+    if !matches!(u, Bson::Document(_) | Bson::Array(_)) {
+        return Err(Error::type_mismatch("BSON field 'update.updates.u' is the wrong type, expected type 'object' or 'array'"));
+    }
+    let update = Update::parse(&u, array_filters.as_deref())?;
+    if multi && update.is_replacement() {
+        return Err(Error::failed_to_parse("multi update is not supported for replacement-style update"));
+    }
+    Ok(UpdateStmt { filter: Filter::parse(&q)?, query: q, update, upsert, multi })
+}
+
+/// Outcome of one update statement.
+struct UpdateResult {
+    n: u64,
+    modified: u64,
+    upserted: Option<Bson>,
+    /// The document before/after (findAndModify needs them).
+    before: Option<Document>,
+    after: Option<Document>,
+}
+
+/// Apply one update statement under the collection's writer lock. With `sort`, only the first
+/// document in that order is updated (findAndModify).
+fn apply_update(ctx: &Ctx, coll_name: &str, stmt: &UpdateStmt, sort: Option<&SortSpec>) -> Result<UpdateResult> {
+    let mut res = UpdateResult { n: 0, modified: 0, upserted: None, before: None, after: None };
+    let coll = if stmt.upsert { Some(ctx.shared.store.collection_or_create(ctx.db, coll_name)?) } else { ctx.shared.store.collection(ctx.db, coll_name) };
+    let Some(coll) = coll else { return Ok(res) };
+    let mut writer = coll.writer();
+    let snapshot = writer.snapshot();
+    let apply_one = |writer: &mut storage::Writer, rid, doc: Document, details: MatchDetails, res: &mut UpdateResult| -> Result<()> {
+        let new = stmt.update.apply(&doc, &details, false)?;
+        res.n += 1;
+        if new != doc {
+            writer.update(rid, &doc, &new)?;
+            res.modified += 1;
+        }
+        res.before = Some(doc);
+        res.after = Some(new);
+        Ok(())
+    };
+    match sort.filter(|s| !s.is_empty()) {
+        Some(sort) => {
+            let all = sorted_matches(ctx, snapshot, stmt.filter.clone(), sort, false)?;
+            if let Some((rid, doc, details)) = all.into_iter().next() {
+                apply_one(&mut writer, rid, doc, details, &mut res)?;
+            }
+        }
+        None => {
+            let mut scan = Scan::new(snapshot, stmt.filter.clone());
+            while let Some((rid, doc, details)) = scan.next(ctx.op)? {
+                apply_one(&mut writer, rid, doc, details, &mut res)?;
+                if !stmt.multi {
+                    break;
+                }
+            }
+        }
+    }
+    if res.n == 0 && stmt.upsert {
+        let seed = query::update::upsert_seed(&stmt.query)?;
+        let new = stmt.update.apply(&seed, &MatchDetails::default(), true)?;
+        let new = prepare_for_insert(new)?;
+        let id = new.get("_id").cloned().unwrap_or(Bson::Null);
+        writer.insert(&new)?;
+        res.upserted = Some(id);
+        res.after = Some(new);
+    }
+    Ok(res)
+}
+
+pub fn update(ctx: &mut Ctx) -> Result<Document> {
+    check_fields("update", ctx.cmd, &["updates", "ordered", "bypassDocumentValidation", "let", "stmtIds", "isTimeseriesNamespace"])?;
+    let name = ctx.collection_name()?.to_string();
+    let ordered = ctx.bool_arg("ordered")?.unwrap_or(true);
+    let stmts = ctx.array_arg("updates")?.ok_or_else(|| Error::location(40414, "BSON field 'update.updates' is missing but a required field"))?.clone();
+    check_batch_len(stmts.len())?;
+    let (mut n, mut modified) = (0u64, 0u64);
+    let mut upserted = Vec::new();
+    let mut errors = Vec::new();
+    for (i, s) in stmts.iter().enumerate() {
+        Counters::add(&ctx.shared.counters.update, 1);
+        let r = parse_update_stmt(s).and_then(|stmt| apply_update(ctx, &name, &stmt, None));
+        match r {
+            Ok(r) => {
+                n += r.n;
+                modified += r.modified;
+                if let Some(id) = r.upserted {
+                    n += 1;
+                    upserted.push(Bson::Document(doc! { "index": i as i32, "_id": id }));
+                }
+            }
+            Err(e) => {
+                errors.push(write_error(i, &e));
+                if ordered {
+                    break;
+                }
+            }
+        }
+    }
+    ctx.commit_write()?;
+    let mut r = doc! { "n": n as i32, "nModified": modified as i32 };
+    if !upserted.is_empty() {
+        r.insert("upserted", upserted);
+    }
+    if !errors.is_empty() {
+        r.insert("writeErrors", errors);
+    }
+    Ok(r)
+}
+
+/// Delete the documents matching `filter` (at most one unless `multi`, the first in `sort`
+/// order when given). Returns the deleted documents.
+fn apply_delete(ctx: &Ctx, coll_name: &str, filter: Filter, multi: bool, sort: Option<&SortSpec>) -> Result<Vec<Document>> {
+    let Some(coll) = ctx.shared.store.collection(ctx.db, coll_name) else { return Ok(Vec::new()) };
+    let mut writer = coll.writer();
+    let snapshot = writer.snapshot();
+    let mut deleted = Vec::new();
+    match sort.filter(|s| !s.is_empty()) {
+        Some(sort) => {
+            let all = sorted_matches(ctx, snapshot, filter, sort, false)?;
+            if let Some((rid, doc, _)) = all.into_iter().next() {
+                writer.delete(rid, &doc)?;
+                deleted.push(doc);
+            }
+        }
+        None => {
+            let mut scan = Scan::new(snapshot, filter);
+            while let Some((rid, doc, _)) = scan.next(ctx.op)? {
+                writer.delete(rid, &doc)?;
+                if !multi {
+                    deleted.push(doc);
+                    break;
+                }
+                // Multi-deletes only need the count; keep memory flat.
+                deleted.push(Document::new());
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+pub fn delete(ctx: &mut Ctx) -> Result<Document> {
+    check_fields("delete", ctx.cmd, &["deletes", "ordered", "let", "stmtIds", "bypassDocumentValidation"])?;
+    let name = ctx.collection_name()?.to_string();
+    let ordered = ctx.bool_arg("ordered")?.unwrap_or(true);
+    let stmts = ctx.array_arg("deletes")?.ok_or_else(|| Error::location(40414, "BSON field 'delete.deletes' is missing but a required field"))?.clone();
+    check_batch_len(stmts.len())?;
+    let mut n = 0u64;
+    let mut errors = Vec::new();
+    for (i, s) in stmts.iter().enumerate() {
+        Counters::add(&ctx.shared.counters.delete, 1);
+        let r = (|| -> Result<u64> {
+            let Bson::Document(s) = s else { return Err(Error::type_mismatch("BSON field 'delete.deletes' elements must be objects")) };
+            let mut q = None;
+            let mut limit = None;
+            for (k, v) in s {
+                match k.as_str() {
+                    "q" => match v {
+                        Bson::Document(d) => q = Some(d),
+                        _ => return Err(Error::type_mismatch("BSON field 'delete.deletes.q' is the wrong type, expected type 'object'")),
+                    },
+                    "limit" => limit = Some(as_i64(v).ok_or_else(|| Error::type_mismatch("BSON field 'delete.deletes.limit' is the wrong type, expected a number"))?),
+                    "hint" | "collation" | "sampleId" => {}
+                    other => return Err(Error::location(40415, format!("BSON field 'delete.deletes.{other}' is an unknown field."))),
+                }
+            }
+            let q = q.ok_or_else(|| Error::location(40414, "BSON field 'delete.deletes.q' is missing but a required field"))?;
+            let limit = limit.ok_or_else(|| Error::location(40414, "BSON field 'delete.deletes.limit' is missing but a required field"))?;
+            if limit != 0 && limit != 1 {
+                return Err(Error::failed_to_parse(format!("The limit field in delete objects must be 0 or 1. Got {limit}")));
+            }
+            Ok(apply_delete(ctx, &name, Filter::parse(q)?, limit == 0, None)?.len() as u64)
+        })();
+        match r {
+            Ok(k) => n += k,
+            Err(e) => {
+                errors.push(write_error(i, &e));
+                if ordered {
+                    break;
+                }
+            }
+        }
+    }
+    ctx.commit_write()?;
+    let mut r = doc! { "n": n as i32 };
+    if !errors.is_empty() {
+        r.insert("writeErrors", errors);
+    }
+    Ok(r)
+}
+
+pub fn find_and_modify(ctx: &mut Ctx) -> Result<Document> {
+    check_fields(ctx.name, ctx.cmd, &["query", "sort", "remove", "update", "new", "fields", "upsert", "bypassDocumentValidation", "collation", "arrayFilters", "hint", "let", "stmtId"])?;
+    let name = ctx.collection_name()?.to_string();
+    let query_doc = ctx.doc_arg("query")?.cloned().unwrap_or_default();
+    let sort = SortSpec::parse(ctx.doc_arg("sort")?.unwrap_or(&Document::new()))?;
+    let remove = ctx.bool_arg("remove")?.unwrap_or(false);
+    let return_new = ctx.bool_arg("new")?.unwrap_or(false);
+    let upsert = ctx.bool_arg("upsert")?.unwrap_or(false);
+    let fields = ctx.doc_arg("fields")?.filter(|f| !f.is_empty()).map(Projection::parse).transpose()?;
+    let update = ctx.cmd.get("update").cloned();
+    let array_filters: Option<Vec<Document>> = match ctx.array_arg("arrayFilters")? {
+        Some(a) => Some(a.iter().map(|f| f.as_document().cloned().ok_or_else(|| Error::type_mismatch("arrayFilters elements must be objects"))).collect::<Result<_>>()?),
+        None => None,
+    };
+    Counters::add(&ctx.shared.counters.command, 0);
+    let project = |d: Option<Document>| -> Result<Bson> {
+        Ok(match (d, &fields) {
+            (Some(d), Some(p)) => Bson::Document(p.apply(&d, &MatchDetails::default())?),
+            (Some(d), None) => Bson::Document(d),
+            (None, _) => Bson::Null,
+        })
+    };
+    if remove {
+        if update.is_some() {
+            return Err(Error::failed_to_parse("Cannot specify both an update and remove=true"));
+        }
+        if upsert {
+            return Err(Error::failed_to_parse("Cannot specify both upsert=true and remove=true "));
+        }
+        if return_new {
+            return Err(Error::failed_to_parse("Cannot specify both new=true and remove=true; 'remove' always returns the deleted document"));
+        }
+        Counters::add(&ctx.shared.counters.delete, 1);
+        let deleted = apply_delete(ctx, &name, Filter::parse(&query_doc)?, false, Some(&sort))?;
+        ctx.commit_write()?;
+        let n = deleted.len() as i32;
+        return Ok(doc! { "lastErrorObject": { "n": n }, "value": project(deleted.into_iter().next())? });
+    }
+    let Some(update) = update else {
+        return Err(Error::failed_to_parse("Either an update or remove=true must be specified"));
+    };
+    if !matches!(update, Bson::Document(_) | Bson::Array(_)) {
+        return Err(Error::failed_to_parse("Update argument must be either an object or an array"));
+    }
+    Counters::add(&ctx.shared.counters.update, 1);
+    let stmt = UpdateStmt { filter: Filter::parse(&query_doc)?, update: Update::parse(&update, array_filters.as_deref())?, query: query_doc, upsert, multi: false };
+    let r = apply_update(ctx, &name, &stmt, Some(&sort))?;
+    ctx.commit_write()?;
+    let mut leo = doc! { "n": (r.n + r.upserted.is_some() as u64) as i32, "updatedExisting": r.n > 0 };
+    if let Some(id) = &r.upserted {
+        leo.insert("upserted", id.clone());
+    }
+    let value = if return_new { project(r.after)? } else { project(r.before)? };
+    Ok(doc! { "lastErrorObject": leo, "value": value })
+}
+
+pub fn count(ctx: &mut Ctx) -> Result<Document> {
+    check_fields("count", ctx.cmd, &["query", "limit", "skip", "hint", "collation", "fields", "readConcern"])?;
+    let name = ctx.collection_name()?.to_string();
+    let query_doc = ctx.doc_arg("query")?.cloned().unwrap_or_default();
+    let skip = match ctx.int_arg("skip")? {
+        Some(s) if s < 0 => return Err(Error::bad_value("skip value is negative in count query")),
+        s => s.unwrap_or(0) as u64,
+    };
+    // A negative limit means the same as its absolute value for count.
+    let limit = ctx.int_arg("limit")?.map(|l| l.unsigned_abs()).filter(|l| *l > 0);
+    let filter = Filter::parse(&query_doc)?;
+    let Some(coll) = ctx.shared.store.collection(ctx.db, &name) else { return Ok(doc! { "n": 0 }) };
+    check_hint(ctx, ctx.cmd.get("hint"), Some(&coll))?;
+    let snapshot = coll.snapshot();
+    let total = if filter.is_match_all() {
+        snapshot.count()?
+    } else {
+        let mut scan = Scan::new(snapshot, filter);
+        let mut n = 0u64;
+        let cap = limit.map(|l| l + skip).unwrap_or(u64::MAX);
+        while n < cap && scan.next(ctx.op)?.is_some() {
+            n += 1;
+        }
+        n
+    };
+    let mut n = total.saturating_sub(skip);
+    if let Some(l) = limit {
+        n = n.min(l);
+    }
+    Ok(doc! { "n": n as i64 as i32 })
+}
+
+/// Values at a dotted path, one level of arrays expanded at each step (distinct's semantics).
+pub fn values_at_path<'a>(doc: &'a Document, path: &str, out: &mut Vec<&'a Bson>) {
+    fn walk<'a>(v: &'a Bson, parts: &[&str], out: &mut Vec<&'a Bson>) {
+        if parts.is_empty() {
+            match v {
+                Bson::Array(a) => out.extend(a.iter()),
+                other => out.push(other),
+            }
+            return;
+        }
+        match v {
+            Bson::Document(d) => {
+                if let Some(next) = d.get(parts[0]) {
+                    walk(next, &parts[1..], out);
+                }
+            }
+            Bson::Array(a) => {
+                if let Ok(i) = parts[0].parse::<usize>() {
+                    if let Some(e) = a.get(i) {
+                        walk(e, &parts[1..], out);
+                    }
+                } else {
+                    for e in a {
+                        if let Bson::Document(_) = e {
+                            walk(e, parts, out);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let parts: Vec<&str> = path.split('.').collect();
+    if let Some(first) = doc.get(parts[0]) {
+        walk(first, &parts[1..], out);
+    }
+}
+
+pub fn distinct(ctx: &mut Ctx) -> Result<Document> {
+    check_fields("distinct", ctx.cmd, &["key", "query", "collation", "hint", "readConcern"])?;
+    let name = ctx.collection_name()?.to_string();
+    let key = ctx.str_arg("key")?.ok_or_else(|| Error::location(40414, "BSON field 'distinct.key' is missing but a required field"))?.to_string();
+    if key.is_empty() {
+        return Err(Error::new(Code::InvalidPath, "FieldPath cannot be constructed with empty string"));
+    }
+    let filter = Filter::parse(ctx.doc_arg("query")?.unwrap_or(&Document::new()))?;
+    let Some(coll) = ctx.shared.store.collection(ctx.db, &name) else { return Ok(doc! { "values": [] }) };
+    let mut scan = Scan::new(coll.snapshot(), filter);
+    let mut values: Vec<Bson> = Vec::new();
+    let mut size = 0usize;
+    while let Some((_, doc, _)) = scan.next(ctx.op)? {
+        let mut found = Vec::new();
+        values_at_path(&doc, &key, &mut found);
+        for v in found {
+            // Kept sorted so each lookup is a binary search; equal values (1, 1.0) collapse.
+            if let Err(pos) = values.binary_search_by(|x| query::compare::cmp_bson(x, v)) {
+                size += crate::exec::approx_doc_size(&doc! { "v": v.clone() });
+                if size > common::limits::BSON_OBJECT_SIZE_MAX_BYTES {
+                    return Err(Error::location(17217, "distinct too big, 16mb cap"));
+                }
+                values.insert(pos, v.clone());
+            }
+        }
+    }
+    Ok(doc! { "values": values })
+}

@@ -1,0 +1,344 @@
+//! Handshake and diagnostic commands: hello, buildInfo, serverStatus, getParameter, sessions,
+//! currentOp/killOp.
+
+use super::{as_i64, Ctx};
+use crate::state::Counters;
+use bson::{doc, Bson, DateTime, Document};
+use common::limits;
+use common::{Code, Error, Result};
+use wire::Compressor;
+
+pub const VERSION: &str = "7.0.0";
+pub const MAX_WIRE_VERSION: i32 = 21;
+pub const LOGICAL_SESSION_TIMEOUT_MINUTES: i32 = 30;
+
+pub fn hello(ctx: &mut Ctx) -> Result<Document> {
+    let cmd = ctx.cmd;
+    // Client metadata may only be sent once per connection (first hello).
+    if let Some(client) = cmd.get("client") {
+        let Bson::Document(meta) = client else {
+            return Err(Error::type_mismatch("BSON field 'client' is the wrong type, expected type 'object'"));
+        };
+        if ctx.conn.client_metadata.is_some() {
+            return Err(Error::new(Code::ClientMetadataCannotBeMutated, "The client metadata document may only be sent in the first hello"));
+        }
+        ctx.conn.app_name = meta.get_document("application").ok().and_then(|a| a.get_str("name").ok()).map(str::to_string);
+        ctx.conn.client_metadata = Some(meta.clone());
+    }
+    // Compression negotiation: the server's list order wins, filtered by what the client offers.
+    let mut negotiated = Vec::new();
+    if let Some(Bson::Array(offered)) = cmd.get("compression") {
+        let offered: Vec<&str> = offered.iter().filter_map(|b| b.as_str()).collect();
+        for name in &ctx.shared.config.compressors {
+            if offered.contains(&name.as_str()) {
+                negotiated.push(name.clone());
+            }
+        }
+        ctx.conn.compressors = negotiated.iter().filter_map(|n| Compressor::from_name(n)).collect();
+    }
+    let is_legacy = ctx.name != "hello";
+    let mut r = Document::new();
+    if cmd.get_bool("helloOk").unwrap_or(false) {
+        r.insert("helloOk", true);
+    }
+    r.insert(if is_legacy { "ismaster" } else { "isWritablePrimary" }, true);
+    r.insert("topologyVersion", doc! { "processId": ctx.shared.process_id, "counter": 0i64 });
+    r.insert("maxBsonObjectSize", limits::BSON_OBJECT_SIZE_MAX_BYTES as i32);
+    r.insert("maxMessageSizeBytes", limits::MESSAGE_SIZE_MAX_BYTES as i32);
+    r.insert("maxWriteBatchSize", limits::WRITE_BATCH_SIZE_MAX as i32);
+    r.insert("localTime", DateTime::now());
+    r.insert("logicalSessionTimeoutMinutes", LOGICAL_SESSION_TIMEOUT_MINUTES);
+    r.insert("connectionId", ctx.conn.id as i64);
+    r.insert("minWireVersion", 0);
+    r.insert("maxWireVersion", MAX_WIRE_VERSION);
+    r.insert("readOnly", false);
+    if cmd.contains_key("compression") {
+        r.insert("compression", negotiated);
+    }
+    Ok(r)
+}
+
+pub fn ping(_ctx: &mut Ctx) -> Result<Document> {
+    Ok(Document::new())
+}
+
+pub fn build_info(_ctx: &mut Ctx) -> Result<Document> {
+    Ok(doc! {
+        "version": VERSION,
+        "gitVersion": concat!("shoal-", env!("CARGO_PKG_VERSION")),
+        "shoalVersion": env!("CARGO_PKG_VERSION"),
+        "modules": [],
+        "allocator": "system",
+        "javascriptEngine": "none",
+        "sysInfo": "deprecated",
+        "versionArray": [7, 0, 0, 0],
+        "openssl": { "running": "disabled", "compiled": "disabled" },
+        "buildEnvironment": { "distmod": "shoal", "target_arch": std::env::consts::ARCH, "target_os": std::env::consts::OS },
+        "bits": 64,
+        "debug": cfg!(debug_assertions),
+        "maxBsonObjectSize": limits::BSON_OBJECT_SIZE_MAX_BYTES as i32,
+        "storageEngines": ["fjall", "inMemory"],
+    })
+}
+
+/// Server parameters readable with getParameter. Values are the ones shoal actually uses.
+fn parameters(ctx: &Ctx) -> Document {
+    doc! {
+        "featureCompatibilityVersion": { "version": "7.0" },
+        "authenticationMechanisms": ["SCRAM-SHA-1", "SCRAM-SHA-256"],
+        "cursorTimeoutMillis": ctx.shared.config.cursor_timeout_ms as i64,
+        "maxBSONDepth": 100,
+        "internalQueryExecMaxBlockingSortBytes": crate::commands::crud::SORT_MEMORY_BYTES_MAX as i64,
+        "internalDocumentSourceGroupMaxMemoryBytes": crate::commands::aggregate::AGG_MEMORY_BYTES_MAX as i64,
+        "logicalSessionTimeoutMinutes": LOGICAL_SESSION_TIMEOUT_MINUTES,
+        "maxIncomingConnections": ctx.shared.config.connections_max as i64,
+        "networkMessageCompressors": ctx.shared.config.compressors.join(","),
+        "storageEngine": ctx.shared.config.storage_engine.clone(),
+        "quiet": false,
+    }
+}
+
+pub fn get_parameter(ctx: &mut Ctx) -> Result<Document> {
+    let all = parameters(ctx);
+    let selector = ctx.cmd.get("getParameter");
+    let everything = match selector {
+        Some(Bson::String(s)) => s == "*",
+        Some(Bson::Document(d)) => d.get_bool("allParameters").unwrap_or(false),
+        _ => false,
+    };
+    if everything {
+        return Ok(all);
+    }
+    let mut out = Document::new();
+    for (k, _) in ctx.cmd.iter().skip(1) {
+        if super::GENERIC_ARGS.contains(&k.as_str()) {
+            continue;
+        }
+        if let Some(v) = all.get(k) {
+            out.insert(k.clone(), v.clone());
+        } else {
+            return Err(Error::new(Code::InvalidOptions, "no option found to get"));
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::new(Code::InvalidOptions, "no option found to get"));
+    }
+    Ok(out)
+}
+
+pub fn get_cmd_line_opts(ctx: &mut Ctx) -> Result<Document> {
+    Ok(doc! { "argv": ctx.shared.config.argv.clone(), "parsed": ctx.shared.config.parsed.clone() })
+}
+
+pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
+    let s = ctx.shared;
+    let c = &s.counters;
+    let uptime = s.started.elapsed();
+    let (resident, virt) = crate::sysinfo::process_memory_bytes();
+    let current = Counters::get(&c.connections_current);
+    Ok(doc! {
+        "host": s.host_name.clone(),
+        "version": VERSION,
+        "process": "shoal",
+        "pid": std::process::id() as i64,
+        "uptime": uptime.as_secs_f64().floor(),
+        "uptimeMillis": uptime.as_millis() as i64,
+        "uptimeEstimate": uptime.as_secs() as i64,
+        "localTime": DateTime::now(),
+        "connections": {
+            "current": current as i32,
+            "available": (s.config.connections_max as u64).saturating_sub(current) as i32,
+            "totalCreated": Counters::get(&c.connections_total) as i64,
+            "rejected": Counters::get(&c.connections_rejected) as i64,
+            "active": Counters::get(&c.connections_active) as i32,
+        },
+        "opcounters": {
+            "insert": Counters::get(&c.insert) as i64,
+            "query": Counters::get(&c.query) as i64,
+            "update": Counters::get(&c.update) as i64,
+            "delete": Counters::get(&c.delete) as i64,
+            "getmore": Counters::get(&c.getmore) as i64,
+            "command": Counters::get(&c.command) as i64,
+        },
+        "network": {
+            "bytesIn": Counters::get(&c.bytes_in) as i64,
+            "bytesOut": Counters::get(&c.bytes_out) as i64,
+            "numRequests": Counters::get(&c.requests) as i64,
+        },
+        "mem": { "bits": 64, "resident": (resident / (1024 * 1024)) as i32, "virtual": (virt / (1024 * 1024)) as i32, "supported": true },
+        "metrics": { "cursor": { "open": { "total": s.cursors.open_count() as i64 } } },
+        "storageEngine": { "name": s.config.storage_engine.clone(), "persistent": s.config.storage_engine != "inMemory", "supportsCommittedReads": true },
+    })
+}
+
+pub fn host_info(ctx: &mut Ctx) -> Result<Document> {
+    let (os_name, os_version) = crate::sysinfo::os_release();
+    Ok(doc! {
+        "system": {
+            "currentTime": DateTime::now(),
+            "hostname": ctx.shared.host_name.clone(),
+            "cpuAddrSize": 64,
+            "memSizeMB": (crate::sysinfo::total_memory_bytes() / (1024 * 1024)) as i64,
+            "memLimitMB": (crate::sysinfo::total_memory_bytes() / (1024 * 1024)) as i64,
+            "numCores": crate::sysinfo::num_cores() as i32,
+            "cpuArch": std::env::consts::ARCH,
+            "numaEnabled": false,
+        },
+        "os": { "type": "Linux", "name": os_name, "version": os_version },
+        "extra": {},
+    })
+}
+
+pub fn connection_status(_ctx: &mut Ctx) -> Result<Document> {
+    // No authentication yet (issue #8): every connection is unauthenticated with no roles.
+    Ok(doc! { "authInfo": { "authenticatedUsers": [], "authenticatedUserRoles": [] } })
+}
+
+pub fn whatsmyuri(ctx: &mut Ctx) -> Result<Document> {
+    Ok(doc! { "you": ctx.conn.remote.to_string() })
+}
+
+pub fn get_log(ctx: &mut Ctx) -> Result<Document> {
+    match ctx.cmd.get("getLog") {
+        Some(Bson::String(s)) if s == "*" => Ok(doc! { "names": ["startupWarnings"] }),
+        Some(Bson::String(s)) if s == "startupWarnings" => Ok(doc! { "totalLinesWritten": 0, "log": [] }),
+        Some(Bson::String(s)) => Err(Error::new(Code::NoSuchKey, format!("No log named '{s}'"))),
+        _ => Err(Error::type_mismatch("Argument to getLog must be of type String")),
+    }
+}
+
+pub fn list_commands(_ctx: &mut Ctx) -> Result<Document> {
+    let names = [
+        "aggregate", "buildInfo", "collStats", "connectionStatus", "count", "create", "createIndexes", "currentOp",
+        "dbStats", "delete", "distinct", "drop", "dropDatabase", "dropIndexes", "endSessions", "find", "findAndModify",
+        "getCmdLineOpts", "getLog", "getMore", "getParameter", "hello", "hostInfo", "insert", "isMaster", "killAllSessions",
+        "killCursors", "killOp", "killSessions", "shutdown", "listCommands", "listCollections", "listDatabases", "listIndexes", "ping",
+        "refreshSessions", "renameCollection", "serverStatus", "startSession", "update", "validate", "whatsmyuri",
+    ];
+    let mut cmds = Document::new();
+    for n in names {
+        debug_assert!(super::lookup(n).is_some(), "listCommands names a missing command {n}");
+        cmds.insert(n, doc! { "help": "", "adminOnly": false });
+    }
+    Ok(doc! { "commands": cmds })
+}
+
+fn session_ids(ctx: &Ctx, field: &str) -> Result<Vec<Bson>> {
+    let Some(arr) = ctx.array_arg(field)? else { return Ok(Vec::new()) };
+    let mut ids = Vec::with_capacity(arr.len());
+    for v in arr {
+        match v {
+            Bson::Document(d) => match d.get("id") {
+                Some(id @ Bson::Binary(_)) => ids.push(id.clone()),
+                _ => return Err(Error::location(40414, format!("BSON field '{field}.id' is missing but a required field"))),
+            },
+            _ => return Err(Error::type_mismatch(format!("BSON field '{field}' elements must be objects"))),
+        }
+    }
+    Ok(ids)
+}
+
+pub fn end_sessions(ctx: &mut Ctx) -> Result<Document> {
+    for id in session_ids(ctx, "endSessions")? {
+        ctx.shared.cursors.kill_for_session(&id);
+    }
+    Ok(Document::new())
+}
+
+pub fn kill_sessions(ctx: &mut Ctx) -> Result<Document> {
+    for id in session_ids(ctx, "killSessions")? {
+        ctx.shared.cursors.kill_for_session(&id);
+    }
+    Ok(Document::new())
+}
+
+pub fn kill_all_sessions(ctx: &mut Ctx) -> Result<Document> {
+    // Without users (issue #8) every session belongs to the same (unauthenticated) user, so an
+    // empty or any user list kills every session's cursors.
+    ctx.array_arg("killAllSessions")?;
+    ctx.shared.cursors.kill_all_with_session();
+    Ok(Document::new())
+}
+
+pub fn refresh_sessions(ctx: &mut Ctx) -> Result<Document> {
+    session_ids(ctx, "refreshSessions")?;
+    Ok(Document::new())
+}
+
+pub fn start_session(_ctx: &mut Ctx) -> Result<Document> {
+    let id = bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: bson::Uuid::new().bytes().to_vec() };
+    Ok(doc! { "id": { "id": id }, "timeoutMinutes": LOGICAL_SESSION_TIMEOUT_MINUTES })
+}
+
+pub fn current_op(ctx: &mut Ctx) -> Result<Document> {
+    if ctx.db != "admin" {
+        return Err(Error::new(Code::Unauthorized, "currentOp may only be run against the admin database."));
+    }
+    // Everything but the known flags is a filter over the op documents, as in MongoDB.
+    let mut filter = Document::new();
+    let mut include_idle = false;
+    for (k, v) in ctx.cmd.iter().skip(1) {
+        match k.as_str() {
+            "$all" => include_idle = v.as_bool().unwrap_or(false),
+            "$ownOps" | "idleConnections" | "idleCursors" | "idleSessions" | "localOps" | "backtrace" | "truncateOps" => {}
+            k if super::GENERIC_ARGS.contains(&k) => {}
+            _ => {
+                filter.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let _ = include_idle; // shoal tracks only running operations; idle connections are not listed.
+    let filter = query::filter::Filter::parse(&filter)?;
+    let mut inprog = Vec::new();
+    for op in ctx.shared.ops.snapshot() {
+        let elapsed = op.started.elapsed();
+        let mut d = doc! {
+            "type": "op",
+            "host": ctx.shared.host_port(),
+            "desc": format!("conn{}", op.connection_id),
+            "connectionId": op.connection_id as i64,
+            "client": op.client.clone(),
+            "active": true,
+            "opid": op.opid as i64,
+            "secs_running": elapsed.as_secs() as i64,
+            "microsecs_running": elapsed.as_micros() as i64,
+            "op": op.op,
+            "ns": op.ns.clone(),
+            "command": op.command.clone(),
+            "currentOpTime": DateTime::from_system_time(op.started_wall),
+            "killPending": op.killed.load(std::sync::atomic::Ordering::Relaxed),
+        };
+        if let Some(app) = &op.app_name {
+            d.insert("appName", app.clone());
+        }
+        if filter.matches(&d) {
+            inprog.push(Bson::Document(d));
+        }
+    }
+    Ok(doc! { "inprog": inprog })
+}
+
+pub fn kill_op(ctx: &mut Ctx) -> Result<Document> {
+    if ctx.db != "admin" {
+        return Err(Error::new(Code::Unauthorized, "killOp may only be run against the admin database."));
+    }
+    let opid = match ctx.cmd.get("op") {
+        Some(v) => as_i64(v).ok_or_else(|| Error::type_mismatch("killOp: op must be a number"))?,
+        None => return Err(Error::location(40414, "BSON field 'killOp.op' is missing but a required field")),
+    };
+    let opid = u32::try_from(opid).map_err(|_| Error::bad_value(format!("invalid opid {opid}")))?;
+    ctx.shared.ops.kill(opid);
+    Ok(doc! { "info": "attempting to kill op" })
+}
+
+pub fn shutdown(ctx: &mut Ctx) -> Result<Document> {
+    if ctx.db != "admin" {
+        return Err(Error::new(Code::Unauthorized, "shutdown may only be run against the admin database."));
+    }
+    super::check_fields("shutdown", ctx.cmd, &["force", "timeoutSecs"])?;
+    // Flush before signalling, so a client that sees the connection drop knows all is durable.
+    ctx.shared.store.commit_durable()?;
+    tracing::info!("shutdown requested by {}", ctx.conn.remote);
+    ctx.shared.shutdown.notify_one();
+    Ok(Document::new())
+}

@@ -1,0 +1,239 @@
+//! Command handlers, one module per family. Each handler takes the parsed request context and
+//! returns the reply body without `ok` (dispatch adds `ok: 1`) or a MongoDB-style error.
+
+mod admin;
+mod crud;
+mod aggregate;
+mod hello;
+
+use crate::conn::ConnState;
+use crate::dispatch::WriteConcern;
+use crate::ops::OpCtx;
+use crate::state::Shared;
+use bson::{doc, Bson, Document};
+use common::{Code, Error, Result};
+
+pub struct Ctx<'a> {
+    pub shared: &'a Shared,
+    pub conn: &'a mut ConnState,
+    pub db: &'a str,
+    pub name: &'a str,
+    pub cmd: &'a Document,
+    pub op: &'a OpCtx<'a>,
+    pub write_concern: Option<WriteConcern>,
+}
+
+pub type Handler = fn(&mut Ctx) -> Result<Document>;
+
+/// The command table. Names are case-sensitive as in MongoDB (isMaster has its lowercase alias).
+pub fn lookup(name: &str) -> Option<Handler> {
+    Some(match name {
+        "hello" | "isMaster" | "ismaster" => hello::hello,
+        "ping" => hello::ping,
+        "buildInfo" | "buildinfo" => hello::build_info,
+        "getParameter" => hello::get_parameter,
+        "getCmdLineOpts" => hello::get_cmd_line_opts,
+        "serverStatus" => hello::server_status,
+        "hostInfo" => hello::host_info,
+        "connectionStatus" => hello::connection_status,
+        "whatsmyuri" => hello::whatsmyuri,
+        "getLog" => hello::get_log,
+        "listCommands" => hello::list_commands,
+        "endSessions" => hello::end_sessions,
+        "killAllSessions" => hello::kill_all_sessions,
+        "killSessions" => hello::kill_sessions,
+        "refreshSessions" => hello::refresh_sessions,
+        "startSession" => hello::start_session,
+        "currentOp" => hello::current_op,
+        "killOp" => hello::kill_op,
+        "shutdown" => hello::shutdown,
+        "listDatabases" => admin::list_databases,
+        "listCollections" => admin::list_collections,
+        "listIndexes" => admin::list_indexes,
+        "create" => admin::create,
+        "drop" => admin::drop,
+        "dropDatabase" => admin::drop_database,
+        "renameCollection" => admin::rename_collection,
+        "collStats" => admin::coll_stats,
+        "dbStats" => admin::db_stats,
+        "validate" => admin::validate,
+        "createIndexes" => admin::create_indexes,
+        "dropIndexes" | "deleteIndexes" => admin::drop_indexes,
+        "insert" => crud::insert,
+        "find" => crud::find,
+        "getMore" => crud::get_more,
+        "killCursors" => crud::kill_cursors,
+        "update" => crud::update,
+        "delete" => crud::delete,
+        "findAndModify" | "findandmodify" => crud::find_and_modify,
+        "count" => crud::count,
+        "distinct" => crud::distinct,
+        "aggregate" => aggregate::aggregate,
+        _ => return None,
+    })
+}
+
+/// Which opcounter / currentOp kind a command belongs to.
+pub fn op_kind(name: &str) -> &'static str {
+    match name {
+        "insert" => "insert",
+        "find" => "query",
+        "getMore" => "getmore",
+        "update" | "findAndModify" | "findandmodify" => "update",
+        "delete" => "remove",
+        _ => "command",
+    }
+}
+
+/// Generic arguments every command accepts (MongoDB's generic_argument.idl).
+pub const GENERIC_ARGS: &[&str] = &[
+    "$db", "maxTimeMS", "readConcern", "writeConcern", "lsid", "txnNumber", "autocommit", "startTransaction",
+    "$clusterTime", "$audit", "$client", "$configServerState", "allowImplicitCollectionCreation", "$oplogQueryData",
+    "$queryOptions", "$readPreference", "$replData", "comment", "clientOperationKey", "databaseVersion", "shardVersion",
+    "tracking_info", "coordinator", "maxTimeMSOpOnly", "usesDefaultMaxTimeMS", "apiVersion", "apiStrict",
+    "apiDeprecationErrors", "mayBypassWriteBlocking", "$topologyTime", "readOnly", "help", "$gleStats",
+];
+
+/// Reject fields that are neither the command's own nor generic, as MongoDB's IDL parser does
+/// (Location40415 "BSON field 'find.foo' is an unknown field.").
+pub fn check_fields(cmd_name: &str, cmd: &Document, known: &[&str]) -> Result<()> {
+    for (i, k) in cmd.keys().enumerate() {
+        if i == 0 {
+            continue;
+        }
+        if !known.contains(&k.as_str()) && !GENERIC_ARGS.contains(&k.as_str()) {
+            return Err(Error::location(40415, format!("BSON field '{cmd_name}.{k}' is an unknown field.")));
+        }
+    }
+    Ok(())
+}
+
+pub fn as_i64(v: &Bson) -> Option<i64> {
+    match v {
+        Bson::Int32(i) => Some(*i as i64),
+        Bson::Int64(i) => Some(*i),
+        Bson::Double(d) if d.is_finite() => Some(*d as i64),
+        Bson::Decimal128(d) => d.to_string().parse::<f64>().ok().map(|f| f as i64),
+        _ => None,
+    }
+}
+
+pub fn type_name(v: &Bson) -> &'static str {
+    use bson::spec::ElementType as T;
+    match v.element_type() {
+        T::Double => "double",
+        T::String => "string",
+        T::EmbeddedDocument => "object",
+        T::Array => "array",
+        T::Binary => "binData",
+        T::Undefined => "undefined",
+        T::ObjectId => "objectId",
+        T::Boolean => "bool",
+        T::DateTime => "date",
+        T::Null => "null",
+        T::RegularExpression => "regex",
+        T::DbPointer => "dbPointer",
+        T::JavaScriptCode => "javascript",
+        T::Symbol => "symbol",
+        T::JavaScriptCodeWithScope => "javascriptWithScope",
+        T::Int32 => "int",
+        T::Timestamp => "timestamp",
+        T::Int64 => "long",
+        T::Decimal128 => "decimal",
+        T::MaxKey => "maxKey",
+        T::MinKey => "minKey",
+    }
+}
+
+fn wrong_type(cmd_name: &str, field: &str, v: &Bson, expected: &str) -> Error {
+    Error::type_mismatch(format!("BSON field '{cmd_name}.{field}' is the wrong type '{}', expected type '{expected}'", type_name(v)))
+}
+
+impl Ctx<'_> {
+    /// The collection named by the command's first field (must be a non-empty string).
+    pub fn collection_name(&self) -> Result<&str> {
+        match self.cmd.get(self.name) {
+            Some(Bson::String(s)) if !s.is_empty() => Ok(s.as_str()),
+            Some(Bson::String(_)) => Err(Error::new(Code::InvalidNamespace, format!("Invalid namespace specified '{}.'", self.db))),
+            Some(v) => Err(Error::new(Code::InvalidNamespace, format!("collection name has invalid type {}", type_name(v)))),
+            None => Err(Error::new(Code::InvalidNamespace, "missing collection name")),
+        }
+    }
+
+    pub fn ns(&self, coll: &str) -> String {
+        format!("{}.{}", self.db, coll)
+    }
+
+    pub fn doc_arg(&self, field: &str) -> Result<Option<&Document>> {
+        match self.cmd.get(field) {
+            None | Some(Bson::Null) => Ok(None),
+            Some(Bson::Document(d)) => Ok(Some(d)),
+            Some(v) => Err(wrong_type(self.name, field, v, "object")),
+        }
+    }
+
+    pub fn bool_arg(&self, field: &str) -> Result<Option<bool>> {
+        match self.cmd.get(field) {
+            None | Some(Bson::Null) => Ok(None),
+            Some(Bson::Boolean(b)) => Ok(Some(*b)),
+            // IDL "safeBool": numbers are accepted, non-zero is true.
+            Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_))) => Ok(Some(as_i64(v) != Some(0))),
+            Some(v) => Err(wrong_type(self.name, field, v, "bool")),
+        }
+    }
+
+    /// A non-negative integer argument (numbers of any type that hold an integral value).
+    pub fn int_arg(&self, field: &str) -> Result<Option<i64>> {
+        match self.cmd.get(field) {
+            None | Some(Bson::Null) => Ok(None),
+            Some(v @ (Bson::Int32(_) | Bson::Int64(_))) => Ok(as_i64(v)),
+            Some(Bson::Double(d)) if d.fract() == 0.0 && d.is_finite() => Ok(Some(*d as i64)),
+            Some(v @ Bson::Double(_)) => Err(Error::bad_value(format!("Field '{field}' must be an integer, got {v}"))),
+            Some(v) => Err(wrong_type(self.name, field, v, "long")),
+        }
+    }
+
+    pub fn str_arg(&self, field: &str) -> Result<Option<&str>> {
+        match self.cmd.get(field) {
+            None | Some(Bson::Null) => Ok(None),
+            Some(Bson::String(s)) => Ok(Some(s.as_str())),
+            Some(v) => Err(wrong_type(self.name, field, v, "string")),
+        }
+    }
+
+    pub fn array_arg(&self, field: &str) -> Result<Option<&Vec<Bson>>> {
+        match self.cmd.get(field) {
+            None | Some(Bson::Null) => Ok(None),
+            Some(Bson::Array(a)) => Ok(Some(a)),
+            Some(v) => Err(wrong_type(self.name, field, v, "array")),
+        }
+    }
+
+    pub fn lsid(&self) -> Option<Bson> {
+        self.cmd.get("lsid").and_then(|l| match l {
+            Bson::Document(d) => d.get("id").cloned(),
+            _ => None,
+        })
+    }
+
+    /// Make applied writes durable unless the write concern waives it (w:0 or j:false).
+    pub fn commit_write(&self) -> Result<()> {
+        let wc = self.write_concern.as_ref();
+        let unack = wc.map(|w| w.is_unacknowledged()).unwrap_or(false);
+        let j = wc.and_then(|w| w.j);
+        if unack || j == Some(false) {
+            return Ok(());
+        }
+        self.shared.store.commit_durable()
+    }
+}
+
+/// `{cursor: {firstBatch|nextBatch, id, ns}}`.
+pub fn cursor_reply(ns: &str, id: i64, batch: Vec<Document>, first: bool) -> Document {
+    let key = if first { "firstBatch" } else { "nextBatch" };
+    let mut c = Document::new();
+    c.insert(key, Bson::Array(batch.into_iter().map(Bson::Document).collect()));
+    c.insert("id", id);
+    c.insert("ns", ns);
+    doc! { "cursor": c }
+}

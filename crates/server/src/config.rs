@@ -1,0 +1,294 @@
+//! Server configuration: mongod-style command-line flags and the mongod.conf YAML file.
+//! Command-line flags win over the file, as with mongod.
+
+use common::{Code, Error, Result};
+use serde_yaml::Value;
+use std::path::PathBuf;
+
+/// Default data directory, relative to the working directory ("embedded default under ./data").
+pub const DBPATH_DEFAULT: &str = "./data/db";
+pub const PORT_DEFAULT: u16 = 27017;
+/// Upper bound on simultaneous client connections (mongod: `net.maxIncomingConnections`).
+pub const CONNECTIONS_MAX_DEFAULT: usize = 65_536;
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub port: u16,
+    pub bind_ip: Vec<String>,
+    pub dbpath: PathBuf,
+    /// Storage engine: "fjall" (durable, default) or "inMemory".
+    pub storage_engine: String,
+    pub cache_size_bytes: u64,
+    /// Compressors offered in hello, in preference order (mongod default: snappy,zstd,zlib).
+    pub compressors: Vec<String>,
+    pub connections_max: usize,
+    /// Idle cursors are killed after this long (mongod `cursorTimeoutMillis`, default 10 min).
+    pub cursor_timeout_ms: u64,
+    /// Where the config file was read from, for getCmdLineOpts.
+    pub config_file: Option<PathBuf>,
+    /// The raw argv, reported by getCmdLineOpts.
+    pub argv: Vec<String>,
+    /// The effective options as a document, reported as getCmdLineOpts.parsed.
+    pub parsed: bson::Document,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            port: PORT_DEFAULT,
+            bind_ip: vec!["127.0.0.1".into()],
+            dbpath: PathBuf::from(DBPATH_DEFAULT),
+            storage_engine: "fjall".into(),
+            cache_size_bytes: 256 * 1024 * 1024,
+            compressors: vec!["snappy".into(), "zstd".into(), "zlib".into()],
+            connections_max: CONNECTIONS_MAX_DEFAULT,
+            cursor_timeout_ms: 600_000,
+            config_file: None,
+            argv: Vec::new(),
+            parsed: bson::Document::new(),
+        }
+    }
+}
+
+/// Values that may come from the command line; `None` means "not given, use the file or default".
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub port: Option<u16>,
+    pub bind_ip: Option<String>,
+    pub bind_ip_all: bool,
+    pub dbpath: Option<PathBuf>,
+    pub storage_engine: Option<String>,
+    pub config: Option<PathBuf>,
+    pub compressors: Option<String>,
+    pub max_conns: Option<usize>,
+}
+
+fn bad_option(msg: impl Into<String>) -> Error {
+    Error::new(Code::BadValue, msg)
+}
+
+impl ServerConfig {
+    pub fn build(o: &Overrides, argv: Vec<String>) -> Result<ServerConfig> {
+        let mut c = ServerConfig { argv, ..Default::default() };
+        if let Some(path) = &o.config {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| bad_option(format!("error reading config file {}: {e}", path.display())))?;
+            c.apply_yaml(&text)?;
+            c.config_file = Some(path.clone());
+        }
+        if let Some(p) = o.port {
+            c.port = p;
+        }
+        if let Some(b) = &o.bind_ip {
+            c.bind_ip = split_list(b);
+        }
+        if o.bind_ip_all {
+            c.bind_ip = vec!["0.0.0.0".into()];
+        }
+        if let Some(d) = &o.dbpath {
+            c.dbpath = d.clone();
+        }
+        if let Some(e) = &o.storage_engine {
+            c.storage_engine = e.clone();
+        }
+        if let Some(s) = &o.compressors {
+            c.compressors = parse_compressors(s)?;
+        }
+        if let Some(m) = o.max_conns {
+            c.connections_max = m;
+        }
+        c.validate()?;
+        c.parsed = c.to_parsed();
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.storage_engine != "fjall" && self.storage_engine != "inMemory" {
+            return Err(bad_option(format!(
+                "Unsupported storage engine '{}'; shoal supports fjall (default) and inMemory",
+                self.storage_engine
+            )));
+        }
+        if self.connections_max == 0 {
+            return Err(bad_option("net.maxIncomingConnections must be at least 1"));
+        }
+        if self.bind_ip.is_empty() {
+            return Err(bad_option("net.bindIp must name at least one address"));
+        }
+        Ok(())
+    }
+
+    /// Apply a mongod.conf YAML document. Unknown options are errors, as with mongod, so a typo
+    /// never silently runs a server configured differently from what the operator wrote.
+    pub fn apply_yaml(&mut self, text: &str) -> Result<()> {
+        let root: Value = serde_yaml::from_str(text).map_err(|e| bad_option(format!("error parsing YAML config file: {e}")))?;
+        let root = match root {
+            Value::Null => return Ok(()),
+            Value::Mapping(m) => m,
+            _ => return Err(bad_option("config file must be a YAML mapping")),
+        };
+        for (k, v) in &root {
+            let section = key_str(k)?;
+            match section {
+                "net" => self.apply_net(v)?,
+                "storage" => self.apply_storage(v)?,
+                "systemLog" | "processManagement" => check_known(section, v, &["destination", "path", "logAppend", "verbosity", "quiet", "fork", "pidFilePath", "timeZoneInfo"])?,
+                "setParameter" => self.apply_set_parameter(v)?,
+                other => return Err(bad_option(format!("Unrecognized option: {other}"))),
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_net(&mut self, v: &Value) -> Result<()> {
+        for (k, v) in mapping("net", v)? {
+            match key_str(k)? {
+                "port" => self.port = as_u64(v, "net.port")?.try_into().map_err(|_| bad_option("net.port out of range"))?,
+                "bindIp" => self.bind_ip = split_list(as_str(v, "net.bindIp")?),
+                "bindIpAll" => {
+                    if as_bool(v, "net.bindIpAll")? {
+                        self.bind_ip = vec!["0.0.0.0".into()]
+                    }
+                }
+                "maxIncomingConnections" => self.connections_max = as_u64(v, "net.maxIncomingConnections")? as usize,
+                "compression" => {
+                    for (k, v) in mapping("net.compression", v)? {
+                        match key_str(k)? {
+                            "compressors" => self.compressors = parse_compressors(as_str(v, "net.compression.compressors")?)?,
+                            other => return Err(bad_option(format!("Unrecognized option: net.compression.{other}"))),
+                        }
+                    }
+                }
+                other => return Err(bad_option(format!("Unrecognized option: net.{other}"))),
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_storage(&mut self, v: &Value) -> Result<()> {
+        for (k, v) in mapping("storage", v)? {
+            match key_str(k)? {
+                "dbPath" => self.dbpath = PathBuf::from(as_str(v, "storage.dbPath")?),
+                "engine" => self.storage_engine = as_str(v, "storage.engine")?.to_string(),
+                // Journaling is always on in shoal; accept the explicit "enabled: true" mongod 4.x files carry.
+                "journal" => {
+                    for (k, v) in mapping("storage.journal", v)? {
+                        match key_str(k)? {
+                            "enabled" if as_bool(v, "storage.journal.enabled")? => {}
+                            "enabled" => return Err(bad_option("storage.journal.enabled: false is not supported; shoal always journals")),
+                            other => return Err(bad_option(format!("Unrecognized option: storage.journal.{other}"))),
+                        }
+                    }
+                }
+                "cacheSizeGB" => {
+                    let gb = as_f64(v, "storage.cacheSizeGB")?;
+                    if !(gb > 0.0 && gb <= 10_000.0) {
+                        return Err(bad_option("storage.cacheSizeGB must be > 0"));
+                    }
+                    self.cache_size_bytes = (gb * 1024.0 * 1024.0 * 1024.0) as u64;
+                }
+                other => return Err(bad_option(format!("Unrecognized option: storage.{other}"))),
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_set_parameter(&mut self, v: &Value) -> Result<()> {
+        for (k, v) in mapping("setParameter", v)? {
+            match key_str(k)? {
+                "cursorTimeoutMillis" => self.cursor_timeout_ms = as_u64(v, "setParameter.cursorTimeoutMillis")?,
+                other => return Err(bad_option(format!("Unrecognized setParameter: {other}"))),
+            }
+        }
+        Ok(())
+    }
+
+    fn to_parsed(&self) -> bson::Document {
+        let mut parsed = bson::doc! {
+            "net": { "bindIp": self.bind_ip.join(","), "port": self.port as i32,
+                     "maxIncomingConnections": self.connections_max as i64,
+                     "compression": { "compressors": self.compressors.join(",") } },
+            "storage": { "dbPath": self.dbpath.display().to_string(), "engine": self.storage_engine.clone() },
+        };
+        if let Some(f) = &self.config_file {
+            parsed.insert("config", f.display().to_string());
+        }
+        parsed
+    }
+}
+
+fn split_list(s: &str) -> Vec<String> {
+    s.split(',').map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect()
+}
+
+fn parse_compressors(s: &str) -> Result<Vec<String>> {
+    if s == "disabled" || s.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list = split_list(s);
+    for c in &list {
+        if !matches!(c.as_str(), "snappy" | "zstd" | "zlib" | "noop") {
+            return Err(bad_option(format!("Unsupported compressor: {c}")));
+        }
+    }
+    Ok(list)
+}
+
+fn key_str(k: &Value) -> Result<&str> {
+    k.as_str().ok_or_else(|| bad_option("config file keys must be strings"))
+}
+
+fn mapping<'a>(name: &str, v: &'a Value) -> Result<&'a serde_yaml::Mapping> {
+    v.as_mapping().ok_or_else(|| bad_option(format!("{name} must be a mapping")))
+}
+
+fn check_known(section: &str, v: &Value, known: &[&str]) -> Result<()> {
+    for (k, _) in mapping(section, v)? {
+        let k = key_str(k)?;
+        if !known.contains(&k) {
+            return Err(bad_option(format!("Unrecognized option: {section}.{k}")));
+        }
+    }
+    Ok(())
+}
+
+fn as_str<'a>(v: &'a Value, name: &str) -> Result<&'a str> {
+    v.as_str().ok_or_else(|| bad_option(format!("{name} must be a string")))
+}
+fn as_u64(v: &Value, name: &str) -> Result<u64> {
+    v.as_u64().ok_or_else(|| bad_option(format!("{name} must be a non-negative integer")))
+}
+fn as_f64(v: &Value, name: &str) -> Result<f64> {
+    v.as_f64().ok_or_else(|| bad_option(format!("{name} must be a number")))
+}
+fn as_bool(v: &Value, name: &str) -> Result<bool> {
+    v.as_bool().ok_or_else(|| bad_option(format!("{name} must be a boolean")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_config_applies_and_flags_override() {
+        let dir = std::env::temp_dir().join(format!("shoal-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("mongod.conf");
+        std::fs::write(&f, "net:\n  port: 27999\n  bindIp: 127.0.0.1,127.0.0.2\nstorage:\n  dbPath: /tmp/x\n  journal:\n    enabled: true\n").unwrap();
+        let c = ServerConfig::build(&Overrides { config: Some(f.clone()), ..Default::default() }, vec![]).unwrap();
+        assert_eq!(c.port, 27999);
+        assert_eq!(c.bind_ip, vec!["127.0.0.1", "127.0.0.2"]);
+        assert_eq!(c.dbpath, PathBuf::from("/tmp/x"));
+        let c = ServerConfig::build(&Overrides { config: Some(f), port: Some(1234), ..Default::default() }, vec![]).unwrap();
+        assert_eq!(c.port, 1234);
+    }
+
+    #[test]
+    fn unknown_options_are_rejected() {
+        let mut c = ServerConfig::default();
+        assert!(c.apply_yaml("net:\n  prot: 1\n").is_err());
+        assert!(c.apply_yaml("bogus: {}\n").is_err());
+        assert!(c.apply_yaml("storage:\n  journal:\n    enabled: false\n").is_err());
+        assert!(c.apply_yaml("net: [1]\n").is_err());
+    }
+}

@@ -1,0 +1,227 @@
+//! One client connection: read frames, decode, dispatch, encode, write. Also the two
+//! server-push protocols of the wire: exhaust getMore and the awaitable (streaming) hello.
+
+use crate::dispatch::{self, Request};
+use crate::state::{Counters, Shared};
+use bson::{doc, Bson, Document};
+use common::limits::MESSAGE_SIZE_MAX_BYTES;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use wire::{Compressor, Message, OpMsg, OpReply};
+
+static NEXT_REQUEST_ID: AtomicI32 = AtomicI32::new(1);
+
+fn next_request_id() -> i32 {
+    NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Longest wait of an awaitable hello (drivers send maxAwaitTimeMS = 10 s by default).
+const AWAIT_TIME_MS_MAX: i64 = 60_000;
+
+/// Per-connection state that commands may read or change.
+pub struct ConnState {
+    pub id: u64,
+    pub remote: SocketAddr,
+    /// Compressors agreed in the handshake (intersection of client and server lists).
+    pub compressors: Vec<Compressor>,
+    pub client_metadata: Option<Document>,
+    pub app_name: Option<String>,
+}
+
+pub async fn serve(shared: Arc<Shared>, mut stream: TcpStream, remote: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
+    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None };
+    tracing::debug!(conn = id, %remote, "connection accepted");
+    if let Err(reason) = serve_loop(&shared, &mut stream, &mut conn).await {
+        tracing::info!(conn = id, %remote, "connection ended: {reason}");
+    }
+    shared.counters.connections_current.fetch_sub(1, Ordering::Relaxed);
+}
+
+async fn serve_loop(shared: &Arc<Shared>, stream: &mut TcpStream, conn: &mut ConnState) -> Result<(), String> {
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    loop {
+        let mut prefix = [0u8; 4];
+        match stream.read_exact(&mut prefix).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(format!("read error: {e}")),
+        }
+        // Validate the length before allocating: a hostile prefix must not make us reserve 2 GB.
+        let len = wire::frame_length(prefix, MESSAGE_SIZE_MAX_BYTES).map_err(|e| format!("bad frame: {}", e.message))?;
+        buf.clear();
+        buf.extend_from_slice(&prefix);
+        buf.resize(len, 0);
+        stream.read_exact(&mut buf[4..]).await.map_err(|e| format!("truncated message: {e}"))?;
+        Counters::add(&shared.counters.bytes_in, len as u64);
+        Counters::add(&shared.counters.requests, 1);
+
+        let decoded = match wire::decode(&buf, MESSAGE_SIZE_MAX_BYTES) {
+            Ok(d) => d,
+            Err(e) => {
+                // The frame was read whole, so the stream is still in sync: answer with the error
+                // (the client learns why) and keep serving.
+                let request_id = i32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+                let op_code = i32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]);
+                tracing::warn!(conn = conn.id, "invalid message: {}", e);
+                let body = dispatch::error_reply(&e);
+                let out = if op_code == wire::OP_QUERY {
+                    wire::encode_reply(next_request_id(), request_id, &OpReply { response_flags: 2, cursor_id: 0, starting_from: 0, documents: vec![body] }, None)
+                } else if op_code == wire::OP_MSG || op_code == wire::OP_COMPRESSED {
+                    wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body, sequences: vec![] }, None)
+                } else {
+                    // Legacy opcodes (OP_INSERT, OP_GET_MORE...) and unknown ones: mongod 6+ closes.
+                    return Err(format!("unsupported opcode {op_code}"));
+                };
+                write_frame(shared, stream, &out).await?;
+                continue;
+            }
+        };
+        let request_id = decoded.header.request_id;
+        let compressor = decoded.compressor;
+        match decoded.message {
+            Message::Msg(msg) => handle_msg(shared, stream, conn, request_id, compressor, msg).await?,
+            Message::Query(q) => {
+                let reply = handle_op_query(shared, conn, q).await;
+                let out = wire::encode_reply(next_request_id(), request_id, &reply, None);
+                write_frame(shared, stream, &out).await?;
+            }
+            Message::Reply(_) => return Err("client sent OP_REPLY".into()),
+        }
+    }
+}
+
+async fn write_frame(shared: &Shared, stream: &mut TcpStream, frame: &[u8]) -> Result<(), String> {
+    Counters::add(&shared.counters.bytes_out, frame.len() as u64);
+    stream.write_all(frame).await.map_err(|e| format!("write error: {e}"))
+}
+
+fn reply_compressor(conn: &ConnState, request_compressor: Option<Compressor>, command: &str) -> Option<Compressor> {
+    // Reply with the compressor the client used, if it was negotiated and the command may be compressed.
+    match request_compressor {
+        Some(c) if conn.compressors.contains(&c) && wire::is_compressible_command(command) => Some(c),
+        _ => None,
+    }
+}
+
+async fn handle_msg(shared: &Arc<Shared>, stream: &mut TcpStream, conn: &mut ConnState, request_id: i32, compressor: Option<Compressor>, msg: OpMsg) -> Result<(), String> {
+    let more_to_come = msg.flags & wire::flags::MORE_TO_COME != 0;
+    let exhaust = msg.flags & wire::flags::EXHAUST_ALLOWED != 0;
+    let OpMsg { body, sequences, .. } = msg;
+    let request = match Request::from_msg(body, sequences) {
+        Ok(r) => r,
+        Err(e) => {
+            if !more_to_come {
+                let out = wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body: dispatch::error_reply(&e), sequences: vec![] }, None);
+                write_frame(shared, stream, &out).await?;
+            }
+            return Ok(());
+        }
+    };
+    let name = request.name.clone();
+    let reply_comp = reply_compressor(conn, compressor, &name);
+
+    if dispatch::is_hello(&name) {
+        if let Some(wait) = awaitable_hello_wait(shared, &request.body) {
+            // Streaming SDAM monitor: wait for a topology change (a standalone has none, so the
+            // full maxAwaitTimeMS), reply, and with exhaustAllowed keep pushing replies.
+            let mut response_to = request_id;
+            loop {
+                tokio::time::sleep(wait).await;
+                let body = run(shared, conn, request.clone()).await;
+                let flags = if exhaust { wire::flags::MORE_TO_COME } else { 0 };
+                let reply_id = next_request_id();
+                let out = wire::encode_msg(reply_id, response_to, &OpMsg { flags, body, sequences: vec![] }, reply_comp);
+                write_frame(shared, stream, &out).await?;
+                if !exhaust {
+                    return Ok(());
+                }
+                response_to = reply_id;
+            }
+        }
+    }
+
+    // Only an exhaust getMore re-runs its request; don't copy big insert batches otherwise.
+    let again = (exhaust && name == "getMore").then(|| request.clone());
+    let body = run(shared, conn, request).await;
+    if more_to_come {
+        // Unacknowledged (w:0) request: the client expects no reply.
+        return Ok(());
+    }
+    let mut cursor_open = again.is_some() && cursor_id_of(&body) != 0;
+    let reply_id = next_request_id();
+    let flags = if cursor_open { wire::flags::MORE_TO_COME } else { 0 };
+    let out = wire::encode_msg(reply_id, request_id, &OpMsg { flags, body, sequences: vec![] }, reply_comp);
+    write_frame(shared, stream, &out).await?;
+    // Exhaust cursor: keep sending batches until the cursor is exhausted, each reply
+    // responding to the previous one, as the OP_MSG spec describes.
+    let mut response_to = reply_id;
+    while let (true, Some(request)) = (cursor_open, &again) {
+        let body = run(shared, conn, request.clone()).await;
+        cursor_open = cursor_id_of(&body) != 0;
+        let reply_id = next_request_id();
+        let flags = if cursor_open { wire::flags::MORE_TO_COME } else { 0 };
+        let out = wire::encode_msg(reply_id, response_to, &OpMsg { flags, body, sequences: vec![] }, reply_comp);
+        write_frame(shared, stream, &out).await?;
+        response_to = reply_id;
+    }
+    Ok(())
+}
+
+fn cursor_id_of(reply: &Document) -> i64 {
+    reply.get_document("cursor").ok().and_then(|c| c.get_i64("id").ok()).unwrap_or(0)
+}
+
+/// If this hello is awaitable (has maxAwaitTimeMS and our current topologyVersion), how long
+/// to wait before answering.
+fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<Duration> {
+    let max_await = match body.get("maxAwaitTimeMS")? {
+        Bson::Int32(v) => *v as i64,
+        Bson::Int64(v) => *v,
+        Bson::Double(v) => *v as i64,
+        _ => return None,
+    };
+    let tv = body.get_document("topologyVersion").ok()?;
+    let same_process = tv.get_object_id("processId").ok() == Some(shared.process_id);
+    if !same_process {
+        // The client saw another process (we restarted): answer at once so it learns.
+        return None;
+    }
+    Some(Duration::from_millis(max_await.clamp(0, AWAIT_TIME_MS_MAX) as u64))
+}
+
+/// Run a command off the async executor threads: storage calls block.
+async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Document {
+    tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request))
+}
+
+/// Legacy OP_QUERY: only commands on `<db>.$cmd` (the isMaster handshake of old drivers).
+async fn handle_op_query(shared: &Arc<Shared>, conn: &mut ConnState, q: wire::OpQuery) -> OpReply {
+    let reply_doc = match q.full_collection_name.strip_suffix(".$cmd") {
+        Some(db) => {
+            // Old drivers may wrap the command as {$query: {...}, $readPreference: ...}.
+            let cmd = match q.query.get_document("$query") {
+                Ok(inner) => inner.clone(),
+                Err(_) => q.query.clone(),
+            };
+            let name = cmd.keys().next().cloned().unwrap_or_default();
+            if dispatch::is_hello(&name) {
+                let mut body = cmd;
+                body.insert("$db", db);
+                match Request::from_msg(body, Vec::new()) {
+                    Ok(r) => run(shared, conn, r).await,
+                    Err(e) => dispatch::error_reply(&e),
+                }
+            } else {
+                doc! { "ok": 0.0, "errmsg": format!("Unsupported OP_QUERY command: {name}. The client driver may require an upgrade. For more details see https://dochub.mongodb.org/core/legacy-opcode-removal"), "code": 352, "codeName": "UnsupportedOpQueryCommand" }
+            }
+        }
+        None => doc! { "$err": "OP_QUERY is no longer supported. The client driver may require an upgrade.", "code": 5739101, "ok": 0.0 },
+    };
+    OpReply { response_flags: 0, cursor_id: 0, starting_from: 0, documents: vec![reply_doc] }
+}

@@ -1,0 +1,176 @@
+//! Server-side cursors: what find/aggregate/listCollections leave open for getMore.
+//!
+//! A cursor owns its storage snapshot, so every batch of one cursor reads the same
+//! point-in-time state (snapshot semantics documented in ARCHITECTURE.md). Limits: at most
+//! `CURSORS_OPEN_MAX` cursors; idle ones die after `cursorTimeoutMillis`; a batch holds at most
+//! `BATCH_SIZE_BYTES_MAX` of documents.
+
+use crate::exec::{approx_doc_size, Scan};
+use crate::ops::OpCtx;
+use bson::{Bson, Document};
+use common::{Code, Error, Result};
+use parking_lot::Mutex;
+use query::projection::Projection;
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+pub const CURSORS_OPEN_MAX: usize = 100_000;
+/// A reply batch stops growing past this many bytes (MongoDB: 16 MiB per batch).
+pub const BATCH_SIZE_BYTES_MAX: usize = 16 * 1024 * 1024 - 64 * 1024;
+/// find's first batch default (MongoDB: 101 documents).
+pub const FIRST_BATCH_DOCS_DEFAULT: usize = 101;
+
+pub enum Source {
+    /// Results computed up front (sorted finds, aggregation, listings).
+    Buffered(VecDeque<Document>),
+    /// A streaming scan that resumes where the previous batch ended.
+    Find { scan: Box<Scan>, projection: Option<Projection>, skip: u64, limit: Option<u64>, returned: u64 },
+}
+
+pub struct Cursor {
+    pub id: i64,
+    pub ns: String,
+    pub source: Source,
+    pub lsid: Option<Bson>,
+    pub no_timeout: bool,
+    pub last_used: Instant,
+    /// Documents returned so far (currentOp/serverStatus reporting).
+    pub n_returned: u64,
+}
+
+impl Cursor {
+    pub fn new(ns: String, source: Source) -> Cursor {
+        Cursor { id: 0, ns, source, lsid: None, no_timeout: false, last_used: Instant::now(), n_returned: 0 }
+    }
+
+    /// Fill the next batch: at most `docs_max` documents and about BATCH_SIZE_BYTES_MAX bytes.
+    /// Returns the batch and whether the cursor is exhausted.
+    pub fn next_batch(&mut self, docs_max: usize, op: &OpCtx) -> Result<(Vec<Document>, bool)> {
+        let mut out = Vec::new();
+        let mut size = 0usize;
+        let done = match &mut self.source {
+            Source::Buffered(q) => {
+                while out.len() < docs_max {
+                    let Some(d) = q.front() else { break };
+                    let s = approx_doc_size(d);
+                    if !out.is_empty() && size + s > BATCH_SIZE_BYTES_MAX {
+                        break;
+                    }
+                    size += s;
+                    out.extend(q.pop_front());
+                }
+                q.is_empty()
+            }
+            Source::Find { scan, projection, skip, limit, returned } => loop {
+                if out.len() >= docs_max || size >= BATCH_SIZE_BYTES_MAX {
+                    break false;
+                }
+                if let Some(l) = *limit {
+                    if *returned >= l {
+                        break true;
+                    }
+                }
+                let Some((_, doc, details)) = scan.next(op)? else { break true };
+                if *skip > 0 {
+                    *skip -= 1;
+                    continue;
+                }
+                let doc = match projection {
+                    Some(p) => p.apply(&doc, &details)?,
+                    None => doc,
+                };
+                size += approx_doc_size(&doc);
+                *returned += 1;
+                out.push(doc);
+            },
+        };
+        self.n_returned += out.len() as u64;
+        self.last_used = Instant::now();
+        Ok((out, done))
+    }
+}
+
+pub struct CursorManager {
+    cursors: Mutex<HashMap<i64, Cursor>>,
+    timeout: Duration,
+}
+
+impl CursorManager {
+    pub fn new(timeout_ms: u64) -> CursorManager {
+        CursorManager { cursors: Mutex::new(HashMap::new()), timeout: Duration::from_millis(timeout_ms) }
+    }
+
+    /// Store a cursor that still has results and return its id (never 0; ids are random so
+    /// one client cannot guess another's cursor).
+    pub fn register(&self, mut c: Cursor) -> Result<i64> {
+        let mut map = self.cursors.lock();
+        if map.len() >= CURSORS_OPEN_MAX {
+            return Err(Error::new(Code::OperationFailed, format!("too many open cursors (limit {CURSORS_OPEN_MAX}); close cursors or let them time out")));
+        }
+        let id = loop {
+            let id = (rand::random::<u64>() >> 2) as i64;
+            if id != 0 && !map.contains_key(&id) {
+                break id;
+            }
+        };
+        c.id = id;
+        c.last_used = Instant::now();
+        map.insert(id, c);
+        Ok(id)
+    }
+
+    /// Take a cursor out for a getMore; put it back with `restore` if it has more.
+    pub fn checkout(&self, id: i64, ns: &str) -> Result<Cursor> {
+        let mut map = self.cursors.lock();
+        match map.get(&id) {
+            None => Err(Error::new(Code::CursorNotFound, format!("cursor id {id} not found"))),
+            Some(c) if c.ns != ns => Err(Error::new(
+                Code::Unauthorized,
+                format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", c.ns),
+            )),
+            Some(_) => Ok(map.remove(&id).expect("present: checked above under the same lock")),
+        }
+    }
+
+    pub fn restore(&self, c: Cursor) {
+        self.cursors.lock().insert(c.id, c);
+    }
+
+    pub fn kill(&self, id: i64) -> bool {
+        self.cursors.lock().remove(&id).is_some()
+    }
+
+    pub fn kill_for_session(&self, lsid: &Bson) -> usize {
+        let mut map = self.cursors.lock();
+        let before = map.len();
+        map.retain(|_, c| c.lsid.as_ref() != Some(lsid));
+        before - map.len()
+    }
+
+    pub fn kill_all_with_session(&self) -> usize {
+        let mut map = self.cursors.lock();
+        let before = map.len();
+        map.retain(|_, c| c.lsid.is_none());
+        before - map.len()
+    }
+
+    /// Kill cursors of a namespace (collection dropped or renamed); returns how many.
+    pub fn kill_ns(&self, ns: &str) -> usize {
+        let mut map = self.cursors.lock();
+        let before = map.len();
+        map.retain(|_, c| c.ns != ns);
+        before - map.len()
+    }
+
+    pub fn reap_idle(&self) -> usize {
+        let now = Instant::now();
+        let mut map = self.cursors.lock();
+        let before = map.len();
+        map.retain(|_, c| c.no_timeout || now.duration_since(c.last_used) < self.timeout);
+        before - map.len()
+    }
+
+    pub fn open_count(&self) -> usize {
+        self.cursors.lock().len()
+    }
+}

@@ -1,0 +1,182 @@
+//! Command dispatch: parse the generic command fields (`$db`, maxTimeMS, lsid, txnNumber,
+//! readConcern, writeConcern), find the handler, and shape the reply or error as MongoDB does.
+
+use crate::commands::{self, Ctx};
+use crate::conn::ConnState;
+use crate::state::{Counters, Shared};
+use bson::{doc, Bson, Document};
+use common::{Code, Error, Result};
+use std::time::{Duration, Instant};
+use wire::DocumentSequence;
+
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub name: String,
+    pub db: String,
+    /// The command body with any OP_MSG document sequences merged in as arrays.
+    pub body: Document,
+}
+
+impl Request {
+    pub fn from_msg(mut body: Document, sequences: Vec<DocumentSequence>) -> Result<Request> {
+        let name = match body.keys().next() {
+            Some(k) => k.clone(),
+            None => return Err(Error::new(Code::FailedToParse, "Command body must not be empty")),
+        };
+        let db = match body.get("$db") {
+            Some(Bson::String(s)) => s.clone(),
+            Some(_) => return Err(Error::new(Code::TypeMismatch, "BSON field '$db' is the wrong type, expected type 'string'")),
+            None => return Err(Error::location(40571, "OP_MSG requests require a $db argument")),
+        };
+        for seq in sequences {
+            if body.contains_key(&seq.identifier) {
+                return Err(Error::location(40413, format!("Duplicate field '{}' in OP_MSG body and document sequence", seq.identifier)));
+            }
+            body.insert(seq.identifier, Bson::Array(seq.documents.into_iter().map(Bson::Document).collect()));
+        }
+        Ok(Request { name, db, body })
+    }
+}
+
+pub fn is_hello(name: &str) -> bool {
+    matches!(name, "hello" | "isMaster" | "ismaster")
+}
+
+/// `{ok: 0, errmsg, code, codeName, ...extra}`.
+pub fn error_reply(e: &Error) -> Document {
+    let mut d = doc! { "ok": 0.0, "errmsg": e.message.clone(), "code": e.code, "codeName": e.code_name };
+    if let Some(extra) = &e.extra {
+        for (k, v) in extra {
+            d.insert(k.clone(), v.clone());
+        }
+    }
+    d
+}
+
+/// Parsed `writeConcern`. Standalone semantics: w:1 and "majority" both mean "applied and,
+/// when j is true (the default), durable in the journal"; w:0 is acknowledged only by TCP.
+#[derive(Clone, Debug)]
+pub struct WriteConcern {
+    pub w: Option<Bson>,
+    pub j: Option<bool>,
+    pub wtimeout_ms: Option<i64>,
+}
+
+impl WriteConcern {
+    pub fn parse(cmd: &Document) -> Result<Option<WriteConcern>> {
+        let wc = match cmd.get("writeConcern") {
+            None | Some(Bson::Null) => return Ok(None),
+            Some(Bson::Document(d)) => d,
+            Some(_) => return Err(Error::type_mismatch("BSON field 'writeConcern' is the wrong type, expected type 'object'")),
+        };
+        let mut out = WriteConcern { w: None, j: None, wtimeout_ms: None };
+        for (k, v) in wc {
+            match k.as_str() {
+                "w" => match v {
+                    Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => {
+                        let n = commands::as_i64(v).unwrap_or(-1);
+                        if n < 0 {
+                            return Err(Error::new(Code::FailedToParse, "w has to be a non-negative number and not greater than 50; found: ".to_string() + &n.to_string()));
+                        }
+                        if n > 1 {
+                            return Err(Error::bad_value("cannot use 'w' > 1 on a standalone"));
+                        }
+                        out.w = Some(v.clone());
+                    }
+                    Bson::String(s) if s == "majority" => out.w = Some(v.clone()),
+                    Bson::String(s) => return Err(Error::new(Code(79, "UnknownReplWriteConcern"), format!("No write concern mode named '{s}' found in replica set configuration"))),
+                    Bson::Document(_) => return Err(Error::new(Code(79, "UnknownReplWriteConcern"), "tagged write concern requires a replica set")),
+                    _ => return Err(Error::new(Code::FailedToParse, "w has to be a number, string, or object")),
+                },
+                "j" | "fsync" => match v {
+                    Bson::Boolean(b) => out.j = Some(*b || out.j.unwrap_or(false)),
+                    Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => out.j = Some(commands::as_i64(v) != Some(0)),
+                    _ => return Err(Error::new(Code::FailedToParse, format!("{k} must be a boolean"))),
+                },
+                "wtimeout" | "wtimeoutMS" => out.wtimeout_ms = commands::as_i64(v),
+                "provenance" | "getLastError" => {}
+                other => return Err(Error::new(Code::FailedToParse, format!("unrecognized write concern field: {other}"))),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    pub fn is_unacknowledged(&self) -> bool {
+        matches!(self.w, Some(Bson::Int32(0)) | Some(Bson::Int64(0))) || matches!(self.w, Some(Bson::Double(d)) if d == 0.0)
+    }
+}
+
+fn check_read_concern(cmd: &Document) -> Result<()> {
+    let rc = match cmd.get("readConcern") {
+        None | Some(Bson::Null) => return Ok(()),
+        Some(Bson::Document(d)) => d,
+        Some(_) => return Err(Error::type_mismatch("BSON field 'readConcern' is the wrong type, expected type 'object'")),
+    };
+    for (k, v) in rc {
+        match k.as_str() {
+            "level" => match v.as_str() {
+                // A standalone's applied writes are its committed writes.
+                Some("local" | "available" | "majority") => {}
+                Some("linearizable") => return Err(Error::bad_value("Cannot use linearizable readConcern on a standalone; it requires a replica set")),
+                Some("snapshot") => return Err(Error::new(Code::NotImplemented, "readConcern level 'snapshot' requires a transaction, and transactions require a replica set")),
+                Some(other) => return Err(Error::bad_value(format!("Invalid readConcern level '{other}'"))),
+                None => return Err(Error::type_mismatch("readConcern.level must be a string")),
+            },
+            "afterClusterTime" | "afterOpTime" => {}
+            "provenance" => {}
+            other => return Err(Error::new(Code::FailedToParse, format!("unrecognized readConcern field: {other}"))),
+        }
+    }
+    Ok(())
+}
+
+fn parse_max_time(cmd: &Document) -> Result<Option<Duration>> {
+    match cmd.get("maxTimeMS") {
+        None | Some(Bson::Null) => Ok(None),
+        Some(v) => {
+            let ms = match v {
+                Bson::Int32(_) | Bson::Int64(_) => commands::as_i64(v),
+                Bson::Double(d) if d.fract() == 0.0 => Some(*d as i64),
+                _ => None,
+            };
+            match ms {
+                Some(ms) if (0..=i32::MAX as i64).contains(&ms) => Ok(if ms == 0 { None } else { Some(Duration::from_millis(ms as u64)) }),
+                Some(_) => Err(Error::bad_value(format!("{} value for maxTimeMS is out of range [0, 2147483647]", v))),
+                None => Err(Error::bad_value("maxTimeMS must be a non-negative integer")),
+            }
+        }
+    }
+}
+
+/// Run one command and produce its reply document (always a reply, never a panic).
+pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Document {
+    let Some(handler) = commands::lookup(&req.name) else {
+        Counters::add(&shared.counters.command, 1);
+        return error_reply(&Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)));
+    };
+    match prepare_and_run(shared, conn, &req, handler) {
+        Ok(mut reply) => {
+            reply.insert("ok", 1.0);
+            reply
+        }
+        Err(e) => error_reply(&e),
+    }
+}
+
+fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler: commands::Handler) -> Result<Document> {
+    let cmd = &req.body;
+    if cmd.contains_key("txnNumber") || cmd.contains_key("autocommit") || cmd.contains_key("startTransaction") {
+        return Err(Error::new(Code::IllegalOperation, "Transaction numbers are only allowed on a replica set member or mongos"));
+    }
+    check_read_concern(cmd)?;
+    let write_concern = WriteConcern::parse(cmd)?;
+    let max_time = parse_max_time(cmd)?;
+    let deadline = max_time.map(|d| Instant::now() + d);
+    let ns = match cmd.get(&req.name) {
+        Some(Bson::String(c)) => format!("{}.{}", req.db, c),
+        _ => format!("{}.$cmd", req.db),
+    };
+    let op = shared.ops.begin(conn.id, conn.remote.to_string(), conn.app_name.clone(), commands::op_kind(&req.name), ns, cmd, deadline);
+    let mut ctx = Ctx { shared, conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern };
+    handler(&mut ctx)
+}

@@ -1,0 +1,99 @@
+//! shoal's server layer: connections, command dispatch, cursors, sessions and operations.
+//! It owns no data format: documents come from `wire`, are evaluated by `query`, and are
+//! stored by `storage`.
+
+pub mod config;
+mod commands;
+mod conn;
+mod cursor;
+mod dispatch;
+mod exec;
+mod ops;
+mod state;
+mod sysinfo;
+
+use crate::state::{Counters, Shared};
+use config::ServerConfig;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Open the store and serve until SIGINT/SIGTERM; returns after a clean shutdown.
+pub async fn serve(config: ServerConfig) -> common::Result<()> {
+    let fds = sysinfo::raise_fd_limit();
+    let store = if config.storage_engine == "inMemory" {
+        storage::Store::open_in_memory()
+    } else {
+        std::fs::create_dir_all(&config.dbpath).map_err(|e| common::Error::internal(format!("cannot create dbpath {}: {e}", config.dbpath.display())))?;
+        storage::Store::open(&config.dbpath, storage::StoreOptions { cache_size_bytes: config.cache_size_bytes, fsync: true })?
+    };
+    let mut listeners = Vec::new();
+    for ip in &config.bind_ip {
+        let addr = format!("{ip}:{}", config.port);
+        let l = TcpListener::bind(&addr).await.map_err(|e| common::Error::internal(format!("cannot listen on {addr}: {e}")))?;
+        listeners.push(l);
+    }
+    let shared = Arc::new(Shared::new(config, store));
+    tracing::info!(port = shared.config.port, dbpath = %shared.config.dbpath.display(), fd_limit = fds, "waiting for connections");
+
+    // Idle cursor reaper (MongoDB's clientCursorMonitor runs every 4 s).
+    let reaper = shared.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(4));
+        loop {
+            tick.tick().await;
+            let n = reaper.cursors.reap_idle();
+            if n > 0 {
+                tracing::info!("killed {n} idle cursors");
+            }
+        }
+    });
+
+    for l in listeners {
+        let shared = shared.clone();
+        tokio::spawn(accept_loop(shared, l));
+    }
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        _ = shared.shutdown.notified() => {}
+    }
+    tracing::info!("shutting down: flushing storage");
+    shared.store.commit_durable()?;
+    Ok(())
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    loop {
+        let (stream, remote) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let current = Counters::get(&shared.counters.connections_current);
+        if current as usize >= shared.config.connections_max {
+            Counters::add(&shared.counters.connections_rejected, 1);
+            tracing::warn!(%remote, "connection refused because too many open connections: {current}");
+            drop(stream);
+            continue;
+        }
+        Counters::add(&shared.counters.connections_current, 1);
+        Counters::add(&shared.counters.connections_total, 1);
+        tokio::spawn(conn::serve(shared.clone(), stream, remote));
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,72 @@
+//! Process-wide server state shared by every connection.
+
+use crate::config::ServerConfig;
+use crate::cursor::CursorManager;
+use crate::ops::OpRegistry;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+use storage::Store;
+
+/// Counters reported by serverStatus. Relaxed atomics: they are statistics, not synchronization.
+#[derive(Default)]
+pub struct Counters {
+    pub insert: AtomicU64,
+    pub query: AtomicU64,
+    pub update: AtomicU64,
+    pub delete: AtomicU64,
+    pub getmore: AtomicU64,
+    pub command: AtomicU64,
+    pub connections_current: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub connections_active: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub requests: AtomicU64,
+    pub connections_rejected: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+}
+
+pub struct Shared {
+    pub config: ServerConfig,
+    pub store: Store,
+    pub cursors: CursorManager,
+    pub ops: OpRegistry,
+    pub counters: Counters,
+    pub started: Instant,
+    /// topologyVersion.processId: changes on every restart so SDAM monitors notice.
+    pub process_id: bson::oid::ObjectId,
+    pub next_connection_id: AtomicU64,
+    pub host_name: String,
+    /// Signalled by the `shutdown` command; `serve` then flushes and returns.
+    pub shutdown: tokio::sync::Notify,
+}
+
+impl Shared {
+    pub fn new(config: ServerConfig, store: Store) -> Shared {
+        let host_name = crate::sysinfo::hostname();
+        Shared {
+            cursors: CursorManager::new(config.cursor_timeout_ms),
+            config,
+            store,
+            ops: OpRegistry::default(),
+            counters: Counters::default(),
+            started: Instant::now(),
+            process_id: bson::oid::ObjectId::new(),
+            next_connection_id: AtomicU64::new(1),
+            host_name,
+            shutdown: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub fn host_port(&self) -> String {
+        format!("{}:{}", self.host_name, self.config.port)
+    }
+}

@@ -1,0 +1,62 @@
+//! Facts about the host and this process, read from /proc (Linux) for serverStatus and hostInfo.
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// (resident, virtual) memory of this process in bytes, from /proc/self/status.
+pub fn process_memory_bytes() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmSize:"))
+}
+
+pub fn total_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()))
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+pub fn num_cores() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+pub fn os_release() -> (String, String) {
+    let name = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("PRETTY_NAME=")).map(|l| l["PRETTY_NAME=".len()..].trim_matches('"').to_string()))
+        .unwrap_or_else(|| "Linux".into());
+    let version = std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default();
+    (name, version)
+}
+
+/// Raise RLIMIT_NOFILE to the hard limit so that many client connections can be held open.
+pub fn raise_fd_limit() -> u64 {
+    // SAFETY: getrlimit/setrlimit only read/write the struct we pass.
+    unsafe {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let wanted = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) == 0 {
+                return wanted.rlim_cur;
+            }
+        }
+        lim.rlim_cur
+    }
+}

@@ -1,0 +1,86 @@
+//! The `shoal` binary: `shoal serve` runs a MongoDB-compatible node.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "shoal", version, about = "shoal: a MongoDB-compatible document database")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a database node (like mongod).
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TCP port to listen on [default: 27017].
+    #[arg(long)]
+    port: Option<u16>,
+    /// Comma-separated addresses to listen on [default: 127.0.0.1].
+    #[arg(long = "bind_ip", alias = "bind-ip")]
+    bind_ip: Option<String>,
+    /// Listen on all IPv4 addresses.
+    #[arg(long = "bind_ip_all", alias = "bind-ip-all")]
+    bind_ip_all: bool,
+    /// Data directory [default: ./data/db].
+    #[arg(long)]
+    dbpath: Option<PathBuf>,
+    /// Storage engine: fjall (default, durable) or inMemory.
+    #[arg(long = "storageEngine", alias = "storage-engine")]
+    storage_engine: Option<String>,
+    /// mongod.conf-style YAML configuration file.
+    #[arg(long, short = 'f')]
+    config: Option<PathBuf>,
+    /// Comma-separated wire compressors offered to clients (snappy,zstd,zlib or disabled).
+    #[arg(long = "networkMessageCompressors")]
+    network_message_compressors: Option<String>,
+    /// Maximum simultaneous connections.
+    #[arg(long = "maxConns")]
+    max_conns: Option<usize>,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let argv: Vec<String> = std::env::args().collect();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(a) => {
+            let overrides = server::config::Overrides {
+                port: a.port,
+                bind_ip: a.bind_ip,
+                bind_ip_all: a.bind_ip_all,
+                dbpath: a.dbpath,
+                storage_engine: a.storage_engine,
+                config: a.config,
+                compressors: a.network_message_compressors,
+                max_conns: a.max_conns,
+            };
+            let config = match server::config::ServerConfig::build(&overrides, argv) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("shoal: {}", e.message);
+                    std::process::exit(2);
+                }
+            };
+            let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("shoal: cannot start runtime: {e}");
+                    std::process::exit(1);
+                }
+            };
+            if let Err(e) = rt.block_on(server::serve(config)) {
+                eprintln!("shoal: {}", e.message);
+                std::process::exit(1);
+            }
+        }
+    }
+}

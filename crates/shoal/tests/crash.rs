@@ -1,0 +1,242 @@
+//! Crash safety: acknowledged journaled writes survive kill -9, and the data stays consistent.
+
+mod common;
+
+use common::*;
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::options::{IndexOptions, WriteConcern};
+use mongodb::{Client, Collection, IndexModel};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const TASKS_COUNT: u64 = 6;
+/// Acknowledged operations (all tasks together) before the kill, per round.
+const ACKED_OPS_BEFORE_KILL: u64 = 1500;
+/// Safety bound on one round's load phase; a healthy server needs a small fraction of it.
+const LOAD_PHASE_TIMEOUT: Duration = Duration::from_secs(240);
+const ROUNDS_COUNT: u64 = 2;
+/// Documents per key space: keeps task ids disjoint across tasks and rounds.
+const IDS_PER_TASK: i64 = 1_000_000;
+
+/// What the client knows about one document.
+#[derive(Clone, Debug, Default)]
+struct Known {
+    /// Last acknowledged state: Some(v) present with value v, None absent.
+    acked: Option<i64>,
+    /// A write that was sent but never acknowledged: Some(Some(v)) set to v, Some(None) deleted.
+    pending: Option<Option<i64>>,
+}
+
+impl Known {
+    fn allowed(&self) -> Vec<Option<i64>> {
+        let mut v = vec![self.acked];
+        if let Some(p) = self.pending {
+            v.push(p);
+        }
+        v
+    }
+}
+
+/// Deterministic xorshift, so a failing run can be replayed.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn key(id: i64) -> String {
+    format!("k-{id}")
+}
+
+/// One writer: inserts (single and batched), updates and deletes in its own id range.
+/// Stops at the first error (the server was killed) and returns what it knows.
+async fn writer(
+    coll: Collection<Document>,
+    task: u64,
+    round: u64,
+    acked_total: Arc<AtomicU64>,
+    killed: Arc<AtomicBool>,
+    errors: Arc<Mutex<Vec<String>>>,
+) -> HashMap<i64, Known> {
+    let base = ((round * TASKS_COUNT + task) as i64) * IDS_PER_TASK;
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (task + 1) * 7919 ^ round);
+    let mut known: HashMap<i64, Known> = HashMap::new();
+    let mut live: Vec<i64> = Vec::new();
+    let mut next_id = base;
+    let mut seq: i64 = 1;
+    loop {
+        seq += 1;
+        let choice = if live.is_empty() { 0 } else { rng.below(10) };
+        let r: mongodb::error::Result<()> = match choice {
+            0..=3 => {
+                let id = next_id;
+                next_id += 1;
+                known.insert(id, Known { acked: None, pending: Some(Some(0)) });
+                let r = coll.insert_one(doc! {"_id": id, "k": key(id), "v": 0_i64, "pad": "p".repeat(200)}).await;
+                if r.is_ok() {
+                    known.insert(id, Known { acked: Some(0), pending: None });
+                    live.push(id);
+                }
+                r.map(|_| ())
+            }
+            4 => {
+                let batch: Vec<i64> = (0..10).map(|i| next_id + i).collect();
+                next_id += 10;
+                for id in &batch {
+                    known.insert(*id, Known { acked: None, pending: Some(Some(0)) });
+                }
+                let docs: Vec<Document> = batch.iter().map(|id| doc! {"_id": *id, "k": key(*id), "v": 0_i64}).collect();
+                let r = coll.insert_many(docs).await;
+                if r.is_ok() {
+                    for id in &batch {
+                        known.insert(*id, Known { acked: Some(0), pending: None });
+                        live.push(*id);
+                    }
+                }
+                r.map(|_| ())
+            }
+            5..=8 => {
+                let id = live[rng.below(live.len() as u64) as usize];
+                let entry = known.entry(id).or_default();
+                entry.pending = Some(Some(seq));
+                let r = coll.update_one(doc! {"_id": id}, doc! {"$set": {"v": seq}}).await;
+                if let Ok(res) = &r {
+                    assert_eq!(res.matched_count, 1, "acknowledged live document {id} not matched");
+                    *entry = Known { acked: Some(seq), pending: None };
+                }
+                r.map(|_| ())
+            }
+            _ => {
+                let at = rng.below(live.len() as u64) as usize;
+                let id = live[at];
+                let entry = known.entry(id).or_default();
+                entry.pending = Some(None);
+                let r = coll.delete_one(doc! {"_id": id}).await;
+                if let Ok(res) = &r {
+                    assert_eq!(res.deleted_count, 1, "acknowledged live document {id} not deleted");
+                    *entry = Known { acked: None, pending: None };
+                    live.swap_remove(at);
+                }
+                r.map(|_| ())
+            }
+        };
+        if let Err(e) = r {
+            if !killed.load(Ordering::SeqCst) {
+                errors.lock().expect("errors lock").push(format!("task {task}: write failed before the kill: {e}"));
+            }
+            break;
+        }
+        acked_total.fetch_add(1, Ordering::Relaxed);
+    }
+    known
+}
+
+fn journaled(client: &Client) -> Collection<Document> {
+    // j:true is what makes an acknowledgement a durability promise in MongoDB.
+    let wc = WriteConcern::builder().journal(true).build();
+    client.database("crash").collection_with_options::<Document>("c", mongodb::options::CollectionOptions::builder().write_concern(wc).build())
+}
+
+async fn fast_fail_client(server: &Server) -> Client {
+    // A short server selection timeout makes writers notice the kill quickly.
+    server.client_with("serverSelectionTimeoutMS=2000&connectTimeoutMS=2000").await
+}
+
+async fn verify(server: &Server, known: &HashMap<i64, Known>) {
+    let client = server.client().await;
+    let coll = client.database("crash").collection::<Document>("c");
+    let docs = collect(coll.find(doc! {}).await.expect("find all after restart")).await;
+    let mut present: HashMap<i64, Document> = HashMap::new();
+    for d in docs {
+        let id = d.get_i64("_id").unwrap_or_else(|_| panic!("bad _id in {d:?}"));
+        assert!(known.contains_key(&id), "document {id} was never written: {d:?}");
+        assert!(present.insert(id, d).is_none(), "duplicate _id {id}");
+    }
+    let mut lost = Vec::new();
+    for (id, k) in known {
+        let got = present.get(id).map(|d| d.get_i64("v").unwrap_or_else(|_| panic!("bad v in {d:?}")));
+        if !k.allowed().contains(&got) {
+            lost.push(format!("_id {id}: found {got:?}, acknowledged {:?}, pending {:?}", k.acked, k.pending));
+        }
+        if let Some(d) = present.get(id) {
+            assert_eq!(d.get_str("k").ok(), Some(key(*id).as_str()), "indexed field corrupted: {d:?}");
+        }
+    }
+    lost.sort();
+    assert!(lost.is_empty(), "{} acknowledged writes lost or wrong, e.g.:\n{}", lost.len(), lost.iter().take(20).cloned().collect::<Vec<_>>().join("\n"));
+
+    // Indexes agree with the records.
+    let v = client.database("crash").run_command(doc! {"validate": "c", "full": true}).await.expect("validate");
+    assert_eq!(v.get_bool("valid").ok(), Some(true), "{v:?}");
+    let nrecords = num_field(&v, "nrecords");
+    assert_eq!(nrecords, present.len() as f64, "{v:?}");
+    let kpi = v.get_document("keysPerIndex").expect("keysPerIndex");
+    assert_eq!(kpi.len(), 3, "{kpi:?}");
+    for (name, keys) in kpi {
+        assert_eq!(num(keys), Some(nrecords), "index {name} key count differs from record count: {v:?}");
+    }
+    // Index lookups find every document (an index missing entries would fail here).
+    for (id, d) in present.iter().take(200) {
+        let by_k = coll.find_one(doc! {"k": key(*id)}).hint(mongodb::options::Hint::Name("k_1".into())).await.expect("find by k");
+        assert_eq!(by_k.as_ref().and_then(|x| x.get_i64("_id").ok()), Some(*id));
+        let v_value = d.get("v").cloned().unwrap_or(Bson::Null);
+        let n = coll.count_documents(doc! {"_id": *id, "v": v_value}).hint(mongodb::options::Hint::Name("v_1".into())).await.expect("count by v");
+        assert_eq!(n, 1, "v_1 index misses document {id}");
+    }
+    // The unique index still rejects duplicates after recovery.
+    if let Some(id) = present.keys().next() {
+        assert_code(coll.insert_one(doc! {"_id": -1_i64, "k": key(*id)}).await, 11000);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_writes_survive_kill_9() {
+    let mut server = Server::start();
+    {
+        let client = server.client().await;
+        let coll = client.database("crash").collection::<Document>("c");
+        coll.create_index(IndexModel::builder().keys(doc! {"k": 1}).options(IndexOptions::builder().unique(true).build()).build()).await.expect("unique index");
+        coll.create_index(IndexModel::builder().keys(doc! {"v": 1}).build()).await.expect("index v");
+    }
+    let mut known: HashMap<i64, Known> = HashMap::new();
+    for round in 0..ROUNDS_COUNT {
+        let client = fast_fail_client(&server).await;
+        let coll = journaled(&client);
+        let acked_total = Arc::new(AtomicU64::new(0));
+        let killed = Arc::new(AtomicBool::new(false));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let handles: Vec<_> = (0..TASKS_COUNT)
+            .map(|t| tokio::spawn(writer(coll.clone(), t, round, acked_total.clone(), killed.clone(), errors.clone())))
+            .collect();
+        let deadline = Instant::now() + LOAD_PHASE_TIMEOUT;
+        while acked_total.load(Ordering::Relaxed) < ACKED_OPS_BEFORE_KILL {
+            assert!(Instant::now() < deadline, "only {} writes acknowledged in {:?}", acked_total.load(Ordering::Relaxed), LOAD_PHASE_TIMEOUT);
+            assert!(server.is_running(), "server died under load:\n{}", server.stderr_tail());
+            let errs = errors.lock().expect("errors lock").clone();
+            assert!(errs.is_empty(), "writes failed while the server was up:\n{}", errs.join("\n"));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Mid-load: writers have requests in flight right now.
+        killed.store(true, Ordering::SeqCst);
+        server.kill9();
+        for h in handles {
+            let task_known = h.await.expect("writer task panicked");
+            known.extend(task_known);
+        }
+        drop(client);
+        server.restart();
+        verify(&server, &known).await;
+        // Drop the probe document the unique check may have inserted (it must have failed anyway).
+        let client = server.client().await;
+        client.database("crash").collection::<Document>("c").delete_one(doc! {"_id": -1_i64}).await.expect("cleanup");
+    }
+}
