@@ -112,6 +112,7 @@ impl Code {
     pub const IllegalOpMsgFlag: Code = Code(223, "IllegalOpMsgFlag");
     pub const TooManyDocumentSequences: Code = Code(233, "TooManyDocumentSequences");
     pub const ChecksumMismatch: Code = Code(288, "ChecksumMismatch");
+    pub const CannotIndexParallelArrays: Code = Code(171, "CannotIndexParallelArrays");
 }
 
 /// A MongoDB-shaped error: serialized as `{ok: 0, errmsg, code, codeName, ...extra}`.

@@ -312,8 +312,8 @@ impl Filter {
 fn find_id_eq(node: &Node) -> Option<&Bson> {
     match node {
         Node::Leaf(p, Leaf::Cmp(CmpOp::Eq, v)) if p.is_single("_id") => match v {
-            // Arrays and regexes match more than one stored value shape; null matches missing.
-            Bson::Array(_) | Bson::Null | Bson::Undefined => None,
+            // An array also matches documents whose _id is one of its elements.
+            Bson::Array(_) => None,
             v => Some(v),
         },
         Node::And(children) => children.iter().find_map(find_id_eq),
@@ -482,6 +482,9 @@ fn parse_bits_mask(op: &str, v: &Bson) -> Result<Vec<u8>> {
 
 /// Parse a field's operator object ({$gt: 1, $lt: 5}) into single-value predicates.
 fn parse_operators(d: &Document, depth: usize) -> Result<Vec<Pred>> {
+    if depth > FILTER_DEPTH_MAX {
+        return Err(bad("exceeded depth limit while parsing match expression"));
+    }
     let mut out = Vec::with_capacity(d.len());
     let regex = d.get("$regex");
     let options = d.get("$options");

@@ -9,7 +9,6 @@ mod datetime;
 pub mod expr;
 pub mod filter;
 mod num;
-pub mod path;
 pub mod projection;
 pub mod sort;
 pub mod update;

@@ -1,7 +1,7 @@
 //! Numeric values with MongoDB's type promotion: int32 < int64 < double < decimal128.
 
 use crate::decimal::Dec;
-use bson::{Bson, Decimal128};
+use bson::Bson;
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Num {
@@ -171,14 +171,6 @@ pub(crate) enum ArithOp {
     Add,
     Sub,
     Mul,
-}
-
-pub(crate) fn dec_bson(d: Dec) -> Bson {
-    Bson::Decimal128(d.encode())
-}
-
-pub(crate) fn dec_of(d: &Decimal128) -> Dec {
-    Dec::decode(d)
 }
 
 /// printf("%g") with 6 significant digits, as MongoDB's StringBuilder formats doubles.

@@ -640,10 +640,20 @@ impl AddFields {
 }
 
 fn add_nested_object(root: &mut PNode, full: &str, parts: &[String], d: &Document) -> Result<()> {
-    // {$addFields: {a: {b: 1}}} sets a to the object {b: 1} as a whole (an expression
-    // object), which replaces any existing value of a.
-    let e = Expr::parse(&Bson::Document(d.clone()))?;
-    add_node_at_path(root, full, parts, PChild::Expr(Box::new(e)))
+    // {$addFields: {a: {b: 1}}} behaves like {"a.b": 1}: the literal's fields are computed
+    // fields merged into an existing sub-document.
+    for (k, v) in d {
+        let sub_full = format!("{full}.{k}");
+        let mut sub_parts = parts.to_vec();
+        sub_parts.extend(check_path(k)?);
+        match v {
+            Bson::Document(sd) if !sd.is_empty() && !sd.keys().next().is_some_and(|f| f.starts_with('$')) => {
+                add_nested_object(root, &sub_full, &sub_parts, sd)?
+            }
+            other => add_node_at_path(root, &sub_full, &sub_parts, PChild::Expr(Box::new(Expr::parse(other)?)))?,
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -730,5 +740,10 @@ mod tests {
         assert_eq!(af.apply(&d).unwrap(), doc! {"_id": 1, "a": [{"x": 1, "y": 5}, {"y": 5}], "b": "new", "c": 2});
         let un = Projection::exclusion_of(&["b".to_string(), "a.x".to_string()]).unwrap();
         assert_eq!(un.apply(&d, &MatchDetails::default()).unwrap(), doc! {"_id": 1, "a": [{}, 2]});
+        let nested = AddFields::parse(&doc! {"s": {"f": "u", "g": {"h": 1}}}).unwrap();
+        assert_eq!(
+            nested.apply(&doc! {"_id": 1, "s": {"x": 0, "g": 5}}).unwrap(),
+            doc! {"_id": 1, "s": {"x": 0, "g": {"h": 1}, "f": "u"}}
+        );
     }
 }

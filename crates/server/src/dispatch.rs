@@ -154,6 +154,9 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Docum
         Counters::add(&shared.counters.command, 1);
         return error_reply(&Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)));
     };
+    if commands::op_kind(&req.name) == "command" {
+        Counters::add(&shared.counters.command, 1);
+    }
     match prepare_and_run(shared, conn, &req, handler) {
         Ok(mut reply) => {
             reply.insert("ok", 1.0);

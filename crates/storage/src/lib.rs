@@ -1,15 +1,67 @@
-//! shoal's storage layer. (Skeleton: the real implementation lands in small steps.)
+//! shoal's storage layer: a narrow ordered key-value [`engine::Engine`] (fjall on disk, an
+//! in-memory MVCC map for simulation) and, engine-agnostic above it, the catalog, the record
+//! store, index key encoding ([`keys`]) and index maintenance, snapshots and group commit.
+//!
+//! Key layout (all integers big-endian, so byte order is numeric order):
+//! - `Space::Catalog`
+//!   - `'m' db 0x00 name` → collection metadata (BSON: id, db, name, uuid, options, indexes).
+//!   - `'s' coll_id` → collection statistics (BSON: next record id, count, data bytes,
+//!     per-index entry bytes, multikey index ids). Rewritten in every write batch.
+//!   - `'g' kind coll_or_index_id` → garbage marker: data of a dropped collection (`'c'`) or
+//!     index (`'i'`), or of an index build in progress, still to be deleted (resumed at open).
+//! - `Space::Records`: `coll_id record_id` → document BSON.
+//! - `Space::Index`: unique indexes `index_id key` → `record_id values`; other indexes
+//!   `index_id key record_id` → `record_id values`; `key` is [`keys::encode_index_key`],
+//!   `values` the BSON document `{"0": v0, "1": v1, ..}` of the key's original values.
+//!
+//! Internal ids (collections and indexes share one sequence) are never reused while their
+//! data may exist: at open the sequence restarts above every id in the catalog and in the
+//! garbage markers. A collection's data is addressed by id, not name, so rename and drop are
+//! single catalog batches (atomic across a crash); dropped data is deleted afterwards.
+//!
+//! Concurrency: snapshots read an engine snapshot and never wait for writers; writers to a
+//! collection hold its write lock; catalog changes hold the store's catalog lock, then the
+//! collection locks they need (always in that order).
 
-use bson::{Bson, Document};
+pub mod engine;
+mod keygen;
+pub mod keys;
+
+pub use engine::{Batch, BatchOp, Engine, EngineSnapshot, Space};
+pub use keygen::KEYS_PER_DOCUMENT_MAX;
+pub use keys::{encode_component, encode_index_key, encode_value};
+
+use bson::{doc, Bson, Document};
+use common::limits::BSON_OBJECT_SIZE_MAX_BYTES;
 use common::{Code, Error, Result};
+use engine::{fjall_engine::FjallEngine, memory::MemoryEngine, prefix_bounds};
+use keygen::{index_keys, key_fields, key_value_doc, KeyField};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub type RecordId = u64;
 
+/// Name of the index every collection has on `_id`.
+pub const ID_INDEX_NAME: &str = "_id_";
+/// MongoDB's limit of indexes per collection (including `_id_`).
+pub const INDEXES_PER_COLLECTION_MAX: usize = 64;
+/// Longest database name MongoDB accepts.
+pub const DB_NAME_LENGTH_MAX_BYTES: usize = 63;
+/// Longest full namespace (`db.collection`) MongoDB accepts.
+pub const NAMESPACE_LENGTH_MAX_BYTES: usize = 255;
+/// Documents per write batch while building an index over existing data.
+const INDEX_BUILD_CHUNK_DOCS: usize = 1000;
+/// Deletes per write batch while removing dropped data.
+const GARBAGE_CHUNK_KEYS: usize = 1000;
+
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
     pub cache_size_bytes: u64,
+    /// fsync the journal in `commit_durable` (false: only flush to the OS, survives a process
+    /// crash but not a power loss).
     pub fsync: bool,
 }
 
@@ -28,7 +80,7 @@ pub struct CollectionMeta {
     pub indexes: Vec<IndexSpec>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct IndexSpec {
     pub name: String,
     pub key: Document,
@@ -36,7 +88,81 @@ pub struct IndexSpec {
     pub sparse: bool,
     pub partial_filter: Option<Document>,
     pub expire_after_seconds: Option<i64>,
+    /// The full spec document as listIndexes returns it: `{v: 2, key, name, unique?, ...}`.
     pub spec: Document,
+}
+
+impl IndexSpec {
+    /// The `_id_` index.
+    pub fn id_index() -> IndexSpec {
+        IndexSpec::new(doc! {"_id": 1}, ID_INDEX_NAME)
+    }
+
+    /// A plain (non-unique, non-sparse) index.
+    pub fn new(key: Document, name: &str) -> IndexSpec {
+        let spec = doc! {"v": 2, "key": key.clone(), "name": name};
+        IndexSpec { name: name.to_string(), key, unique: false, sparse: false, partial_filter: None, expire_after_seconds: None, spec }
+    }
+
+    /// Rebuild the typed fields from a spec document (as stored in the catalog).
+    pub fn from_spec(spec: Document) -> Result<IndexSpec> {
+        let key = match spec.get("key") {
+            Some(Bson::Document(k)) => k.clone(),
+            _ => return Err(Error::new(Code::FailedToParse, "index spec is missing 'key'")),
+        };
+        let name = match spec.get("name") {
+            Some(Bson::String(n)) => n.clone(),
+            _ => return Err(Error::new(Code::FailedToParse, "index spec is missing 'name'")),
+        };
+        let truthy = |k: &str| match spec.get(k) {
+            Some(Bson::Boolean(b)) => *b,
+            Some(Bson::Int32(i)) => *i != 0,
+            Some(Bson::Int64(i)) => *i != 0,
+            Some(Bson::Double(d)) => *d != 0.0,
+            _ => false,
+        };
+        let partial_filter = match spec.get("partialFilterExpression") {
+            Some(Bson::Document(d)) => Some(d.clone()),
+            _ => None,
+        };
+        let expire_after_seconds = match spec.get("expireAfterSeconds") {
+            Some(Bson::Int32(i)) => Some(*i as i64),
+            Some(Bson::Int64(i)) => Some(*i),
+            Some(Bson::Double(d)) => Some(*d as i64),
+            _ => None,
+        };
+        Ok(IndexSpec { name, key, unique: truthy("unique"), sparse: truthy("sparse"), partial_filter, expire_after_seconds, spec: spec.clone() })
+    }
+
+    /// The spec document, with v/key/name first and the typed fields authoritative.
+    fn normalized_spec(&self) -> Document {
+        let mut out = doc! {"v": self.spec.get("v").cloned().unwrap_or(Bson::Int32(2)), "key": self.key.clone(), "name": self.name.clone()};
+        for (k, v) in &self.spec {
+            if !matches!(k.as_str(), "v" | "key" | "name" | "ns") {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+        let mut set = |k: &str, v: Option<Bson>| match v {
+            Some(v) => {
+                out.insert(k, v);
+            }
+            None => {
+                out.remove(k);
+            }
+        };
+        set("unique", self.unique.then_some(Bson::Boolean(true)));
+        set("sparse", self.sparse.then_some(Bson::Boolean(true)));
+        set("partialFilterExpression", self.partial_filter.clone().map(Bson::Document));
+        set("expireAfterSeconds", self.expire_after_seconds.map(Bson::Int64));
+        out
+    }
+
+    fn same_options(&self, other: &IndexSpec) -> bool {
+        self.unique == other.unique
+            && self.sparse == other.sparse
+            && self.partial_filter == other.partial_filter
+            && self.expire_after_seconds == other.expire_after_seconds
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -65,16 +191,21 @@ pub struct ValidateReport {
     pub keys_per_index: Vec<(String, u64)>,
 }
 
+#[derive(Debug)]
 pub struct InsertOutcome {
     pub inserted: usize,
     pub errors: Vec<(usize, Error)>,
 }
 
-/// Range over encoded index keys (see `encode_index_key`).
+/// A range over encoded index keys (see [`encode_index_key`]), compared with memcmp against
+/// each entry's key. A bound may be a full key or a key prefix (the leading components);
+/// for prefix bounds use MinKey/MaxKey for the remaining components to get MongoDB-style
+/// inclusive ranges.
 #[derive(Clone, Debug)]
 pub struct IndexBounds {
     pub lower: Bound<Vec<u8>>,
     pub upper: Bound<Vec<u8>>,
+    /// Scan from upper to lower.
     pub reverse: bool,
 }
 
@@ -82,140 +213,1439 @@ impl IndexBounds {
     pub fn all() -> IndexBounds {
         IndexBounds { lower: Bound::Unbounded, upper: Bound::Unbounded, reverse: false }
     }
+    /// Entries whose key equals `key` exactly.
+    pub fn point(key: Vec<u8>) -> IndexBounds {
+        IndexBounds { lower: Bound::Included(key.clone()), upper: Bound::Included(key), reverse: false }
+    }
+    fn admits_lower(&self, key: &[u8]) -> bool {
+        match &self.lower {
+            Bound::Unbounded => true,
+            Bound::Included(b) => key >= b.as_slice(),
+            Bound::Excluded(b) => key > b.as_slice(),
+        }
+    }
+    fn admits_upper(&self, key: &[u8]) -> bool {
+        match &self.upper {
+            Bound::Unbounded => true,
+            Bound::Included(b) => key <= b.as_slice(),
+            Bound::Excluded(b) => key < b.as_slice(),
+        }
+    }
 }
 
-#[derive(Clone, Debug)]
+/// One index entry returned by [`Snapshot::index_scan`].
+#[derive(Clone, Debug, PartialEq)]
 pub struct IndexEntry {
+    /// The encoded key (comparable with bounds).
     pub key: Vec<u8>,
+    /// Opaque resume position: pass as `after` to continue the scan after this entry.
     pub position: Vec<u8>,
     pub record_id: RecordId,
+    /// The key's values, one per key pattern field, with their original types.
     pub values: Vec<Bson>,
 }
 
-pub fn encode_index_key(_key_pattern: &Document, _values: &[Bson]) -> Vec<u8> {
-    Vec::new()
+// ---------------------------------------------------------------------------------------
+// Key helpers.
+
+const CATALOG_META: u8 = b'm';
+const CATALOG_STATS: u8 = b's';
+const CATALOG_GARBAGE: u8 = b'g';
+const GARBAGE_COLLECTION: u8 = b'c';
+const GARBAGE_INDEX: u8 = b'i';
+
+fn meta_key(db: &str, name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + db.len() + name.len());
+    k.push(CATALOG_META);
+    k.extend_from_slice(db.as_bytes());
+    k.push(0);
+    k.extend_from_slice(name.as_bytes());
+    k
 }
 
-fn not_yet() -> Error {
-    Error::new(Code::NotImplemented, "storage not implemented yet")
+fn stats_key(coll_id: u64) -> Vec<u8> {
+    let mut k = vec![CATALOG_STATS];
+    k.extend_from_slice(&coll_id.to_be_bytes());
+    k
+}
+
+fn garbage_key(kind: u8, id: u64) -> Vec<u8> {
+    let mut k = vec![CATALOG_GARBAGE, kind];
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+fn record_key(coll_id: u64, rid: RecordId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(16);
+    k.extend_from_slice(&coll_id.to_be_bytes());
+    k.extend_from_slice(&rid.to_be_bytes());
+    k
+}
+
+fn read_u64(b: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(b.get(..8)?.try_into().ok()?))
+}
+
+fn corrupt(what: impl std::fmt::Display) -> Error {
+    Error::new(Code::InvalidBSON, format!("corrupt data in storage: {what}"))
+}
+
+fn decode_doc(bytes: &[u8]) -> Result<Document> {
+    let raw = bson::RawDocument::from_bytes(bytes).map_err(|e| corrupt(format!("invalid BSON record: {e}")))?;
+    Document::try_from(raw).map_err(|e| corrupt(format!("invalid BSON record: {e}")))
+}
+
+fn encode_doc(d: &Document) -> Result<Vec<u8>> {
+    d.to_vec().map_err(|e| Error::bad_value(format!("cannot serialize document: {e}")))
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared state: engine, group commit, id allocation.
+
+struct CommitState {
+    /// Highest applied-write sequence known durable.
+    synced_seq: u64,
+    syncing: bool,
+}
+
+struct Shared {
+    engine: Arc<dyn Engine>,
+    /// Count of write batches applied so far (their order of completion).
+    applied_seq: AtomicU64,
+    commit: Mutex<CommitState>,
+    commit_done: Condvar,
+    sync_count: AtomicU64,
+    next_internal_id: AtomicU64,
+    total_data_bytes: AtomicU64,
+}
+
+impl Shared {
+    fn apply(&self, batch: Batch) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.engine.write(batch)?;
+        self.applied_seq.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Group commit: one caller (the leader) syncs on behalf of everyone whose writes were
+    /// applied before the sync started; the others wait for that sync.
+    fn commit_durable(&self) -> Result<()> {
+        let target = self.applied_seq.load(Ordering::SeqCst);
+        let mut st = self.commit.lock();
+        loop {
+            if st.synced_seq >= target {
+                return Ok(());
+            }
+            if st.syncing {
+                self.commit_done.wait(&mut st);
+                continue;
+            }
+            st.syncing = true;
+            let covers = self.applied_seq.load(Ordering::SeqCst);
+            drop(st);
+            let r = self.engine.sync();
+            self.sync_count.fetch_add(1, Ordering::Relaxed);
+            st = self.commit.lock();
+            st.syncing = false;
+            if r.is_ok() {
+                st.synced_seq = st.synced_seq.max(covers);
+            }
+            self.commit_done.notify_all();
+            r?;
+        }
+    }
+
+    fn alloc_id(&self) -> u64 {
+        self.next_internal_id.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Delete the data of a dropped collection or index, then its garbage marker.
+    fn collect_garbage(&self, kind: u8, id: u64) -> Result<()> {
+        let space = if kind == GARBAGE_COLLECTION { Space::Records } else { Space::Index };
+        let snap = self.engine.snapshot();
+        let (lo, hi) = prefix_bounds(&id.to_be_bytes());
+        let mut batch = Batch::new();
+        for kv in snap.iter(space, lo, hi, false) {
+            let (k, _) = kv?;
+            batch.delete(space, k);
+            if batch.len() >= GARBAGE_CHUNK_KEYS {
+                self.apply(std::mem::take(&mut batch))?;
+            }
+        }
+        if kind == GARBAGE_COLLECTION {
+            batch.delete(Space::Catalog, stats_key(id));
+        }
+        batch.delete(Space::Catalog, garbage_key(kind, id));
+        self.apply(batch)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Per-collection state.
+
+/// The collection write lock; a guard can be owned (lives in a `Writer`).
+struct WriteLock {
+    held: Mutex<bool>,
+    released: Condvar,
+}
+
+impl WriteLock {
+    fn new() -> WriteLock {
+        WriteLock { held: Mutex::new(false), released: Condvar::new() }
+    }
+}
+
+struct WriteGuard {
+    coll: Arc<CollState>,
+}
+
+impl WriteGuard {
+    fn acquire(coll: &Arc<CollState>) -> WriteGuard {
+        let mut held = coll.lock.held.lock();
+        while *held {
+            coll.lock.released.wait(&mut held);
+        }
+        *held = true;
+        WriteGuard { coll: coll.clone() }
+    }
+}
+
+impl Drop for WriteGuard {
+    fn drop(&mut self) {
+        *self.coll.lock.held.lock() = false;
+        self.coll.lock.released.notify_one();
+    }
+}
+
+struct IndexRt {
+    id: u64,
+    spec: IndexSpec,
+    fields: Vec<KeyField>,
+    filter: Option<query::filter::Filter>,
+    prefix: [u8; 8],
+}
+
+impl IndexRt {
+    fn new(id: u64, spec: IndexSpec) -> Result<IndexRt> {
+        let filter = match &spec.partial_filter {
+            Some(f) => Some(query::filter::Filter::parse(f)?),
+            None => None,
+        };
+        Ok(IndexRt { id, fields: key_fields(&spec.key), spec, filter, prefix: id.to_be_bytes() })
+    }
+
+    /// The entries `doc` contributes: (stored key, stored value, key values), and multikey.
+    fn entries(&self, doc: &Document, rid: RecordId) -> Result<(Vec<(Vec<u8>, Vec<u8>, Vec<Bson>)>, bool)> {
+        if let Some(f) = &self.filter {
+            if !f.matches(doc) {
+                return Ok((Vec::new(), false));
+            }
+        }
+        let (keys, multikey) = index_keys(&self.fields, self.spec.sparse, doc)?;
+        let mut out = Vec::with_capacity(keys.len());
+        for (k, values) in keys {
+            let mut stored = Vec::with_capacity(8 + k.len() + 8);
+            stored.extend_from_slice(&self.prefix);
+            stored.extend_from_slice(&k);
+            if !self.spec.unique {
+                stored.extend_from_slice(&rid.to_be_bytes());
+            }
+            let mut value = Vec::with_capacity(8 + 16 * values.len());
+            value.extend_from_slice(&rid.to_be_bytes());
+            let mut vd = Document::new();
+            for (i, v) in values.iter().enumerate() {
+                vd.insert(i.to_string(), v.clone());
+            }
+            vd.to_writer(&mut value).map_err(|e| Error::bad_value(format!("cannot serialize index key: {e}")))?;
+            out.push((stored, value, values));
+        }
+        Ok((out, multikey))
+    }
+
+    /// The encoded key part of a stored key.
+    fn key_of<'a>(&self, stored: &'a [u8]) -> &'a [u8] {
+        let end = if self.spec.unique { stored.len() } else { stored.len().saturating_sub(8) };
+        stored.get(8..end).unwrap_or(&[])
+    }
+}
+
+struct MetaRt {
+    uuid: bson::Uuid,
+    options: Document,
+    /// `_id_` first, then in creation order.
+    indexes: Vec<Arc<IndexRt>>,
+}
+
+impl MetaRt {
+    fn index(&self, name: &str) -> Option<&Arc<IndexRt>> {
+        self.indexes.iter().find(|i| i.spec.name == name)
+    }
+
+    fn to_doc(&self, id: u64, db: &str, name: &str) -> Document {
+        let indexes: Vec<Bson> = self.indexes.iter().map(|i| Bson::Document(doc! {"id": i.id as i64, "spec": i.spec.spec.clone()})).collect();
+        doc! {"id": id as i64, "db": db, "name": name, "uuid": bson::Binary::from_uuid(self.uuid), "options": self.options.clone(), "indexes": indexes}
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Stats {
+    next_rid: u64,
+    count: u64,
+    data_bytes: u64,
+    /// Index id → bytes of its entries.
+    index_bytes: BTreeMap<u64, u64>,
+    multikey: BTreeSet<u64>,
+}
+
+impl Stats {
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut ix = Document::new();
+        for (id, b) in &self.index_bytes {
+            ix.insert(id.to_string(), *b as i64);
+        }
+        let mk: Vec<Bson> = self.multikey.iter().map(|id| Bson::Int64(*id as i64)).collect();
+        let d = doc! {"n": self.next_rid as i64, "c": self.count as i64, "d": self.data_bytes as i64, "ix": ix, "mk": mk};
+        d.to_vec().unwrap_or_default()
+    }
+
+    fn from_bytes(b: &[u8]) -> Result<Stats> {
+        let d = decode_doc(b)?;
+        let num = |k: &str| d.get_i64(k).map(|v| v.max(0) as u64).map_err(|_| corrupt("collection statistics"));
+        let mut index_bytes = BTreeMap::new();
+        if let Ok(ix) = d.get_document("ix") {
+            for (k, v) in ix {
+                if let (Ok(id), Bson::Int64(b)) = (k.parse::<u64>(), v) {
+                    index_bytes.insert(id, (*b).max(0) as u64);
+                }
+            }
+        }
+        let multikey = match d.get_array("mk") {
+            Ok(a) => a.iter().filter_map(|v| v.as_i64()).map(|v| v as u64).collect(),
+            Err(_) => BTreeSet::new(),
+        };
+        Ok(Stats { next_rid: num("n")?, count: num("c")?, data_bytes: num("d")?, index_bytes, multikey })
+    }
+}
+
+struct CollState {
+    shared: Arc<Shared>,
+    id: u64,
+    ns: RwLock<(String, String)>,
+    meta: RwLock<Arc<MetaRt>>,
+    lock: WriteLock,
+    /// Published statistics; only the write lock holder changes them.
+    stats: Mutex<Stats>,
+    dropped: AtomicBool,
+}
+
+impl CollState {
+    fn ns_string(&self) -> String {
+        let ns = self.ns.read();
+        format!("{}.{}", ns.0, ns.1)
+    }
+
+    fn check_live(&self) -> Result<()> {
+        if self.dropped.load(Ordering::SeqCst) {
+            return Err(Error::new(Code::NamespaceNotFound, format!("collection {} was dropped", self.ns_string())));
+        }
+        Ok(())
+    }
+
+    fn snapshot(self: &Arc<Self>) -> Snapshot {
+        // Engine snapshot under the meta read lock: the index list matches the data.
+        let meta = self.meta.read();
+        let snap = self.shared.engine.snapshot();
+        let m = meta.clone();
+        drop(meta);
+        Snapshot { snap, coll: self.clone(), meta: m }
+    }
+
+    fn meta_public(&self) -> CollectionMeta {
+        let (db, name) = self.ns.read().clone();
+        let m = self.meta.read().clone();
+        CollectionMeta { db, name, uuid: m.uuid, options: m.options.clone(), indexes: m.indexes.iter().map(|i| i.spec.clone()).collect() }
+    }
+
+    fn dup_error(&self, idx: &IndexRt, values: &[Bson]) -> Error {
+        let kv = key_value_doc(&idx.fields, values);
+        Error::new(
+            Code::DuplicateKey,
+            format!("E11000 duplicate key error collection: {} index: {} dup key: {}", self.ns_string(), idx.spec.name, format_doc(&kv)),
+        )
+        .with_extra(doc! {"keyPattern": idx.spec.key.clone(), "keyValue": kv})
+    }
+
+    /// Add one document to `pending` (nothing is added if it fails a check).
+    fn prepare_insert(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, doc: &Document, pending: &mut Pending) -> Result<RecordId> {
+        let bytes = encode_doc(doc)?;
+        if bytes.len() > BSON_OBJECT_SIZE_MAX_BYTES {
+            return Err(Error::new(
+                Code::BSONObjectTooLarge,
+                format!("object to insert too large. size in bytes: {}, max size: {BSON_OBJECT_SIZE_MAX_BYTES}", bytes.len()),
+            ));
+        }
+        match doc.get("_id") {
+            None => return Err(Error::bad_value("document to insert has no _id field")),
+            Some(Bson::Array(_)) => return Err(Error::new(Code::InvalidIdField, "The '_id' value cannot be of type array")),
+            Some(_) => {}
+        }
+        let rid = pending.stats.next_rid;
+        let mut all = Vec::with_capacity(meta.indexes.len());
+        for idx in &meta.indexes {
+            let (entries, multikey) = idx.entries(doc, rid)?;
+            if idx.spec.unique {
+                for (stored, _, values) in &entries {
+                    if pending.unique_keys.contains(stored) || snap.get(Space::Index, stored)?.is_some() {
+                        return Err(self.dup_error(idx, values));
+                    }
+                }
+            }
+            all.push((idx, entries, multikey));
+        }
+        pending.stats.next_rid += 1;
+        pending.stats.count += 1;
+        pending.stats.data_bytes += bytes.len() as u64;
+        pending.data_delta += bytes.len() as i64;
+        pending.batch.put(Space::Records, record_key(self.id, rid), bytes);
+        for (idx, entries, multikey) in all {
+            if multikey {
+                pending.stats.multikey.insert(idx.id);
+            }
+            let mut added = 0u64;
+            for (stored, value, _) in entries {
+                added += (stored.len() + value.len()) as u64;
+                if idx.spec.unique {
+                    pending.unique_keys.insert(stored.clone());
+                }
+                pending.batch.put(Space::Index, stored, value);
+            }
+            *pending.stats.index_bytes.entry(idx.id).or_insert(0) += added;
+        }
+        Ok(rid)
+    }
+
+    /// Apply `pending` (plus the new statistics) as one batch and publish the statistics.
+    fn commit_pending(&self, mut pending: Pending) -> Result<()> {
+        pending.batch.put(Space::Catalog, stats_key(self.id), pending.stats.to_bytes());
+        self.shared.apply(pending.batch)?;
+        *self.stats.lock() = pending.stats;
+        if pending.data_delta >= 0 {
+            self.shared.total_data_bytes.fetch_add(pending.data_delta as u64, Ordering::Relaxed);
+        } else {
+            let d = pending.data_delta.unsigned_abs();
+            let _ = self.shared.total_data_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_sub(d)));
+        }
+        Ok(())
+    }
+
+    fn pending(&self) -> Pending {
+        Pending { batch: Batch::new(), stats: self.stats.lock().clone(), unique_keys: HashSet::new(), data_delta: 0 }
+    }
+
+    fn stored_doc(&self, snap: &dyn EngineSnapshot, id: RecordId) -> Result<(Vec<u8>, Document)> {
+        let bytes = snap
+            .get(Space::Records, &record_key(self.id, id))?
+            .ok_or_else(|| Error::new(Code::NoSuchKey, format!("record {id} not found in {}", self.ns_string())))?;
+        let d = decode_doc(&bytes)?;
+        Ok((bytes, d))
+    }
+}
+
+struct Pending {
+    batch: Batch,
+    stats: Stats,
+    /// Stored keys of unique indexes added by this batch.
+    unique_keys: HashSet<Vec<u8>>,
+    data_delta: i64,
+}
+
+/// MongoDB's shell-like rendering used in duplicate key messages: `{ _id: 1, a: "x" }`.
+fn format_doc(d: &Document) -> String {
+    if d.is_empty() {
+        return "{}".to_string();
+    }
+    let parts: Vec<String> = d.iter().map(|(k, v)| format!("{k}: {}", format_value(v))).collect();
+    format!("{{ {} }}", parts.join(", "))
+}
+
+fn format_value(v: &Bson) -> String {
+    match v {
+        Bson::Int32(i) => i.to_string(),
+        Bson::Int64(i) => i.to_string(),
+        Bson::Double(d) => {
+            if d.is_finite() && d.fract() == 0.0 && d.abs() < 1e15 {
+                format!("{d:.1}")
+            } else {
+                d.to_string()
+            }
+        }
+        Bson::String(s) => format!("{s:?}"),
+        Bson::ObjectId(o) => format!("ObjectId('{}')", o.to_hex()),
+        Bson::Boolean(b) => b.to_string(),
+        Bson::Null => "null".to_string(),
+        Bson::Undefined => "undefined".to_string(),
+        Bson::MinKey => "MinKey".to_string(),
+        Bson::MaxKey => "MaxKey".to_string(),
+        Bson::Document(d) => format_doc(d),
+        Bson::Array(a) => {
+            if a.is_empty() {
+                "[]".to_string()
+            } else {
+                format!("[ {} ]", a.iter().map(format_value).collect::<Vec<_>>().join(", "))
+            }
+        }
+        Bson::DateTime(d) => format!("new Date({})", d.timestamp_millis()),
+        Bson::Decimal128(d) => format!("NumberDecimal(\"{d}\")"),
+        other => other.to_string(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Names.
+
+fn validate_db_name(db: &str) -> Result<()> {
+    if db.is_empty() || db.len() > DB_NAME_LENGTH_MAX_BYTES || db.chars().any(|c| "/\\. \"$*<>:|?\0".contains(c)) {
+        return Err(Error::new(Code::InvalidNamespace, format!("Invalid database name: '{db}'")));
+    }
+    Ok(())
+}
+
+/// System collections a client may create or write.
+const SYSTEM_COLLECTIONS_ALLOWED: [&str; 2] = ["system.js", "system.profile"];
+
+fn validate_ns(db: &str, name: &str) -> Result<()> {
+    validate_db_name(db)?;
+    if name.is_empty() || name.contains('$') || name.contains('\0') || name.starts_with('.') {
+        return Err(Error::new(Code::InvalidNamespace, format!("Invalid collection name: {name}")));
+    }
+    if name.starts_with("system.") && !SYSTEM_COLLECTIONS_ALLOWED.contains(&name) {
+        return Err(Error::new(Code::InvalidNamespace, format!("Invalid system namespace: {db}.{name}")));
+    }
+    if db.len() + 1 + name.len() > NAMESPACE_LENGTH_MAX_BYTES {
+        return Err(Error::new(Code::InvalidNamespace, format!("Fully qualified namespace is too long. Namespace: {db}.{name} Max: {NAMESPACE_LENGTH_MAX_BYTES}")));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Store.
+
+struct StoreInner {
+    shared: Arc<Shared>,
+    /// Serializes catalog changes (create, drop, rename).
+    catalog: Mutex<()>,
+    colls: RwLock<BTreeMap<(String, String), Arc<CollState>>>,
 }
 
 #[derive(Clone)]
 pub struct Store {
-    _inner: Arc<()>,
+    inner: Arc<StoreInner>,
 }
 
 impl Store {
-    pub fn open(_path: &std::path::Path, _opts: StoreOptions) -> Result<Store> {
-        Err(not_yet())
+    /// Open (or create) a durable store in `path`.
+    pub fn open(path: &std::path::Path, opts: StoreOptions) -> Result<Store> {
+        let engine = FjallEngine::open(path, opts.cache_size_bytes, opts.fsync)?;
+        Store::open_with_engine(Arc::new(engine))
     }
+
     pub fn open_in_memory() -> Store {
-        Store { _inner: Arc::new(()) }
+        Store::empty(Arc::new(MemoryEngine::new()))
     }
+
+    fn empty(engine: Arc<dyn Engine>) -> Store {
+        let shared = Arc::new(Shared {
+            engine,
+            applied_seq: AtomicU64::new(0),
+            commit: Mutex::new(CommitState { synced_seq: 0, syncing: false }),
+            commit_done: Condvar::new(),
+            sync_count: AtomicU64::new(0),
+            next_internal_id: AtomicU64::new(1),
+            total_data_bytes: AtomicU64::new(0),
+        });
+        Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()) }) }
+    }
+
+    /// Open a store over any engine, loading its catalog and finishing interrupted drops.
+    pub fn open_with_engine(engine: Arc<dyn Engine>) -> Result<Store> {
+        let store = Store::empty(engine);
+        let shared = store.inner.shared.clone();
+        let snap = shared.engine.snapshot();
+        let mut max_id = 0u64;
+        let mut colls = BTreeMap::new();
+        let mut total_data = 0u64;
+        let (lo, hi) = prefix_bounds(&[CATALOG_META]);
+        for kv in snap.iter(Space::Catalog, lo, hi, false) {
+            let (_, v) = kv?;
+            let d = decode_doc(&v)?;
+            let id = d.get_i64("id").map_err(|_| corrupt("catalog entry without id"))? as u64;
+            let db = d.get_str("db").map_err(|_| corrupt("catalog entry without db"))?.to_string();
+            let name = d.get_str("name").map_err(|_| corrupt("catalog entry without name"))?.to_string();
+            let uuid = match d.get("uuid") {
+                Some(Bson::Binary(b)) => b.to_uuid().map_err(|_| corrupt("catalog uuid"))?,
+                _ => return Err(corrupt("catalog entry without uuid")),
+            };
+            let options = d.get_document("options").cloned().unwrap_or_default();
+            let mut indexes = Vec::new();
+            for ix in d.get_array("indexes").map_err(|_| corrupt("catalog entry without indexes"))? {
+                let Bson::Document(ix) = ix else { return Err(corrupt("catalog index entry")) };
+                let iid = ix.get_i64("id").map_err(|_| corrupt("catalog index id"))? as u64;
+                let spec = IndexSpec::from_spec(ix.get_document("spec").map_err(|_| corrupt("catalog index spec"))?.clone())?;
+                max_id = max_id.max(iid);
+                let rt = match IndexRt::new(iid, spec.clone()) {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        // A partial filter this build cannot parse: index every document
+                        // rather than refuse to open.
+                        tracing::warn!("index {} of {db}.{name}: {e}; ignoring its partial filter", spec.name);
+                        IndexRt::new(iid, IndexSpec { partial_filter: None, ..spec })?
+                    }
+                };
+                indexes.push(Arc::new(rt));
+            }
+            max_id = max_id.max(id);
+            let stats = match snap.get(Space::Catalog, &stats_key(id))? {
+                Some(b) => Stats::from_bytes(&b)?,
+                None => Stats::default(),
+            };
+            total_data += stats.data_bytes;
+            let st = Arc::new(CollState {
+                shared: shared.clone(),
+                id,
+                ns: RwLock::new((db.clone(), name.clone())),
+                meta: RwLock::new(Arc::new(MetaRt { uuid, options, indexes })),
+                lock: WriteLock::new(),
+                stats: Mutex::new(stats),
+                dropped: AtomicBool::new(false),
+            });
+            colls.insert((db, name), st);
+        }
+        let mut garbage = Vec::new();
+        let (lo, hi) = prefix_bounds(&[CATALOG_GARBAGE]);
+        for kv in snap.iter(Space::Catalog, lo, hi, false) {
+            let (k, _) = kv?;
+            let (Some(&kind), Some(id)) = (k.get(1), k.get(2..).and_then(read_u64)) else { return Err(corrupt("garbage marker")) };
+            max_id = max_id.max(id);
+            garbage.push((kind, id));
+        }
+        drop(snap);
+        shared.next_internal_id.store(max_id + 1, Ordering::SeqCst);
+        shared.total_data_bytes.store(total_data, Ordering::SeqCst);
+        *store.inner.colls.write() = colls;
+        for (kind, id) in garbage {
+            shared.collect_garbage(kind, id)?;
+        }
+        shared.commit_durable()?;
+        Ok(store)
+    }
+
+    /// Sorted; a database exists iff it has at least one collection.
     pub fn database_names(&self) -> Vec<String> {
-        Vec::new()
+        let colls = self.inner.colls.read();
+        let mut names: Vec<String> = colls.keys().map(|(db, _)| db.clone()).collect();
+        names.dedup();
+        names
     }
-    pub fn list_collections(&self, _db: &str) -> Vec<CollectionMeta> {
-        Vec::new()
+
+    /// Sorted by name.
+    pub fn list_collections(&self, db: &str) -> Vec<CollectionMeta> {
+        self.colls_in(db).iter().map(|c| c.meta_public()).collect()
     }
-    pub fn collection(&self, _db: &str, _name: &str) -> Option<Collection> {
-        None
+
+    fn colls_in(&self, db: &str) -> Vec<Arc<CollState>> {
+        let colls = self.inner.colls.read();
+        colls.range((db.to_string(), String::new())..).take_while(|((d, _), _)| d == db).map(|(_, c)| c.clone()).collect()
     }
-    pub fn create_collection(&self, _db: &str, _name: &str, _options: Document) -> Result<Collection> {
-        Err(not_yet())
+
+    pub fn collection(&self, db: &str, name: &str) -> Option<Collection> {
+        self.inner.colls.read().get(&(db.to_string(), name.to_string())).map(|c| Collection { state: c.clone() })
     }
-    pub fn collection_or_create(&self, _db: &str, _name: &str) -> Result<Collection> {
-        Err(not_yet())
+
+    /// Create explicitly: NamespaceExists if present; InvalidNamespace for bad names.
+    pub fn create_collection(&self, db: &str, name: &str, options: Document) -> Result<Collection> {
+        self.create_inner(db, name, options, false)
     }
-    pub fn drop_collection(&self, _db: &str, _name: &str) -> Result<bool> {
-        Err(not_yet())
+
+    /// Implicit creation (insert into a missing collection).
+    pub fn collection_or_create(&self, db: &str, name: &str) -> Result<Collection> {
+        if let Some(c) = self.collection(db, name) {
+            return Ok(c);
+        }
+        self.create_inner(db, name, Document::new(), true)
     }
-    pub fn drop_database(&self, _db: &str) -> Result<()> {
-        Err(not_yet())
+
+    fn create_inner(&self, db: &str, name: &str, options: Document, existing_ok: bool) -> Result<Collection> {
+        validate_ns(db, name)?;
+        let shared = &self.inner.shared;
+        let _cat = self.inner.catalog.lock();
+        if let Some(c) = self.collection(db, name) {
+            if existing_ok {
+                return Ok(c);
+            }
+            return Err(Error::new(Code::NamespaceExists, format!("Collection {db}.{name} already exists.")));
+        }
+        let id = shared.alloc_id();
+        let id_index = Arc::new(IndexRt::new(shared.alloc_id(), IndexSpec::id_index())?);
+        let meta = MetaRt { uuid: bson::Uuid::new(), options, indexes: vec![id_index] };
+        let stats = Stats { next_rid: 1, ..Stats::default() };
+        let mut batch = Batch::new();
+        batch.put(Space::Catalog, meta_key(db, name), encode_doc(&meta.to_doc(id, db, name))?);
+        batch.put(Space::Catalog, stats_key(id), stats.to_bytes());
+        shared.apply(batch)?;
+        let st = Arc::new(CollState {
+            shared: shared.clone(),
+            id,
+            ns: RwLock::new((db.to_string(), name.to_string())),
+            meta: RwLock::new(Arc::new(meta)),
+            lock: WriteLock::new(),
+            stats: Mutex::new(stats),
+            dropped: AtomicBool::new(false),
+        });
+        self.inner.colls.write().insert((db.to_string(), name.to_string()), st.clone());
+        shared.commit_durable()?;
+        Ok(Collection { state: st })
     }
-    pub fn rename_collection(&self, _from_db: &str, _from: &str, _to_db: &str, _to: &str, _drop_target: bool) -> Result<()> {
-        Err(not_yet())
+
+    /// Garbage markers and deletes that remove `coll` from the catalog (caller holds its
+    /// write lock and the catalog lock).
+    fn drop_ops(coll: &CollState, batch: &mut Batch, delete_meta: bool) -> Vec<(u8, u64)> {
+        let (db, name) = coll.ns.read().clone();
+        if delete_meta {
+            batch.delete(Space::Catalog, meta_key(&db, &name));
+        }
+        let mut garbage = vec![(GARBAGE_COLLECTION, coll.id)];
+        for idx in &coll.meta.read().indexes {
+            garbage.push((GARBAGE_INDEX, idx.id));
+        }
+        for (kind, id) in &garbage {
+            batch.put(Space::Catalog, garbage_key(*kind, *id), Vec::new());
+        }
+        garbage
     }
-    pub fn commit_durable(&self) -> Result<()> {
+
+    fn finish_drop(&self, coll: &CollState, garbage: Vec<(u8, u64)>) -> Result<()> {
+        let data = coll.stats.lock().data_bytes;
+        let _ = self.inner.shared.total_data_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_sub(data)));
+        for (kind, id) in garbage {
+            self.inner.shared.collect_garbage(kind, id)?;
+        }
         Ok(())
     }
-    pub fn database_stats(&self, _db: &str) -> DbStats {
-        DbStats::default()
+
+    /// False if absent; removes data and indexes.
+    pub fn drop_collection(&self, db: &str, name: &str) -> Result<bool> {
+        let cat = self.inner.catalog.lock();
+        let Some(coll) = self.inner.colls.read().get(&(db.to_string(), name.to_string())).cloned() else {
+            return Ok(false);
+        };
+        let guard = WriteGuard::acquire(&coll);
+        let mut batch = Batch::new();
+        let garbage = Store::drop_ops(&coll, &mut batch, true);
+        self.inner.shared.apply(batch)?;
+        coll.dropped.store(true, Ordering::SeqCst);
+        self.inner.colls.write().remove(&(db.to_string(), name.to_string()));
+        drop(guard);
+        drop(cat);
+        self.finish_drop(&coll, garbage)?;
+        self.inner.shared.commit_durable()?;
+        Ok(true)
     }
+
+    pub fn drop_database(&self, db: &str) -> Result<()> {
+        for c in self.colls_in(db) {
+            let name = c.ns.read().1.clone();
+            self.drop_collection(db, &name)?;
+        }
+        Ok(())
+    }
+
+    /// NamespaceNotFound if the source is missing; NamespaceExists unless `drop_target`.
+    pub fn rename_collection(&self, from_db: &str, from: &str, to_db: &str, to: &str, drop_target: bool) -> Result<()> {
+        validate_ns(to_db, to)?;
+        let shared = &self.inner.shared;
+        let cat = self.inner.catalog.lock();
+        let from_key = (from_db.to_string(), from.to_string());
+        let to_key = (to_db.to_string(), to.to_string());
+        let (src, target) = {
+            let colls = self.inner.colls.read();
+            (colls.get(&from_key).cloned(), colls.get(&to_key).cloned())
+        };
+        let Some(src) = src else {
+            return Err(Error::new(Code::NamespaceNotFound, format!("Source collection {from_db}.{from} does not exist")));
+        };
+        if from_key == to_key {
+            return Err(Error::new(Code::IllegalOperation, "Can't rename a collection to itself"));
+        }
+        if target.is_some() && !drop_target {
+            return Err(Error::new(Code::NamespaceExists, "target namespace exists"));
+        }
+        let src_guard = WriteGuard::acquire(&src);
+        let target_guard = target.as_ref().map(WriteGuard::acquire);
+        let mut batch = Batch::new();
+        let garbage = match &target {
+            Some(t) => Store::drop_ops(t, &mut batch, false),
+            None => Vec::new(),
+        };
+        batch.delete(Space::Catalog, meta_key(from_db, from));
+        let mut meta_guard = src.meta.write();
+        let old = meta_guard.clone();
+        // Across databases MongoDB copies into a new collection: a new UUID.
+        let uuid = if from_db == to_db { old.uuid } else { bson::Uuid::new() };
+        let new_meta = Arc::new(MetaRt { uuid, options: old.options.clone(), indexes: old.indexes.clone() });
+        batch.put(Space::Catalog, meta_key(to_db, to), encode_doc(&new_meta.to_doc(src.id, to_db, to))?);
+        shared.apply(batch)?;
+        *meta_guard = new_meta;
+        drop(meta_guard);
+        *src.ns.write() = to_key.clone();
+        {
+            let mut colls = self.inner.colls.write();
+            colls.remove(&from_key);
+            colls.insert(to_key, src.clone());
+        }
+        if let Some(t) = &target {
+            t.dropped.store(true, Ordering::SeqCst);
+        }
+        drop(target_guard);
+        drop(src_guard);
+        drop(cat);
+        if let Some(t) = &target {
+            self.finish_drop(t, garbage)?;
+        }
+        shared.commit_durable()
+    }
+
+    /// Make every write applied so far durable; concurrent callers share one sync.
+    pub fn commit_durable(&self) -> Result<()> {
+        self.inner.shared.commit_durable()
+    }
+
+    /// Number of engine syncs performed (group commit observability; tests).
+    pub fn sync_count(&self) -> u64 {
+        self.inner.shared.sync_count.load(Ordering::Relaxed)
+    }
+
+    pub fn database_stats(&self, db: &str) -> DbStats {
+        let mut s = DbStats::default();
+        for c in self.colls_in(db) {
+            let cs = Collection { state: c }.stats();
+            s.collections += 1;
+            s.objects += cs.count;
+            s.data_size_bytes += cs.size_bytes;
+            s.storage_size_bytes += cs.storage_size_bytes;
+            s.indexes += cs.index_sizes.len() as u64;
+            s.index_size_bytes += cs.index_sizes.iter().map(|(_, b)| *b).sum::<u64>();
+        }
+        s
+    }
+
+    /// On-disk size of the whole store (fjall); approximate bytes held (in-memory).
     pub fn storage_size_bytes(&self) -> u64 {
-        0
+        self.inner.shared.engine.size_bytes()
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Collection.
+
 #[derive(Clone)]
 pub struct Collection {
-    _inner: Arc<()>,
+    state: Arc<CollState>,
 }
 
 impl Collection {
     pub fn meta(&self) -> CollectionMeta {
-        CollectionMeta { db: String::new(), name: String::new(), uuid: bson::Uuid::new(), options: Document::new(), indexes: Vec::new() }
+        self.state.meta_public()
     }
-    pub fn insert_many(&self, docs: &[Document], _ordered: bool) -> InsertOutcome {
-        InsertOutcome { inserted: 0, errors: (0..docs.len()).map(|i| (i, not_yet())).collect() }
+
+    /// Names of the indexes that have indexed an expanded array (multikey).
+    pub fn multikey_indexes(&self) -> Vec<String> {
+        let mk = self.state.stats.lock().multikey.clone();
+        self.state.meta.read().indexes.iter().filter(|i| mk.contains(&i.id)).map(|i| i.spec.name.clone()).collect()
     }
+
+    /// Insert a batch as one atomic engine batch (documents must already have `_id`).
+    /// Checks unique indexes against stored data and within the batch; `ordered` stops at
+    /// the first failure (documents before it are inserted). Does not sync.
+    pub fn insert_many(&self, docs: &[Document], ordered: bool) -> InsertOutcome {
+        let st = &self.state;
+        let _guard = WriteGuard::acquire(st);
+        if let Err(e) = st.check_live() {
+            return InsertOutcome { inserted: 0, errors: (0..docs.len()).map(|i| (i, e.clone())).collect() };
+        }
+        let meta = st.meta.read().clone();
+        let snap = st.shared.engine.snapshot();
+        let mut pending = st.pending();
+        let mut ok = Vec::with_capacity(docs.len());
+        let mut errors = Vec::new();
+        for (i, d) in docs.iter().enumerate() {
+            match st.prepare_insert(&meta, &*snap, d, &mut pending) {
+                Ok(_) => ok.push(i),
+                Err(e) => {
+                    errors.push((i, e));
+                    if ordered {
+                        break;
+                    }
+                }
+            }
+        }
+        if ok.is_empty() {
+            return InsertOutcome { inserted: 0, errors };
+        }
+        if let Err(e) = st.commit_pending(pending) {
+            errors.extend(ok.iter().map(|i| (*i, e.clone())));
+            errors.sort_by_key(|(i, _)| *i);
+            return InsertOutcome { inserted: 0, errors };
+        }
+        InsertOutcome { inserted: ok.len(), errors }
+    }
+
+    /// A consistent point-in-time view (owned, Send, may outlive this handle).
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot { _inner: Arc::new(()) }
+        self.state.snapshot()
     }
+
+    /// Exclusive writer; holds the collection write lock until dropped.
     pub fn writer(&self) -> Writer {
-        Writer { _inner: Arc::new(()) }
+        Writer { guard: WriteGuard::acquire(&self.state) }
     }
-    pub fn create_index(&self, _spec: IndexSpec) -> Result<bool> {
-        Err(not_yet())
+
+    /// Build an index over existing documents. Ok(false) if an identical index exists.
+    pub fn create_index(&self, spec: IndexSpec) -> Result<bool> {
+        let st = &self.state;
+        validate_index_spec(&spec)?;
+        let spec = IndexSpec { spec: spec.normalized_spec(), ..spec };
+        let _guard = WriteGuard::acquire(st);
+        st.check_live()?;
+        let meta = st.meta.read().clone();
+        for existing in &meta.indexes {
+            let e = &existing.spec;
+            if e.name == spec.name {
+                if e.key == spec.key {
+                    if e.same_options(&spec) {
+                        return Ok(false);
+                    }
+                    return Err(Error::new(
+                        Code::IndexOptionsConflict,
+                        format!("An equivalent index already exists with the same name but different options. Requested index: {}, existing index: {}", spec.spec, e.spec),
+                    ));
+                }
+                return Err(Error::new(
+                    Code::IndexKeySpecsConflict,
+                    format!("An existing index has the same name as the requested index. When index names are not specified, they are auto generated and can cause conflicts. Please refer to our documentation. Requested index: {}, existing index: {}", spec.spec, e.spec),
+                ));
+            }
+            if e.key == spec.key && e.partial_filter == spec.partial_filter {
+                if e.same_options(&spec) {
+                    return Err(Error::new(Code::IndexOptionsConflict, format!("Index already exists with a different name: {}", e.name)));
+                }
+                return Err(Error::new(
+                    Code::IndexOptionsConflict,
+                    format!("An equivalent index already exists with a different name and options. Requested index: {}, existing index: {}", spec.spec, e.spec),
+                ));
+            }
+        }
+        if meta.indexes.len() >= INDEXES_PER_COLLECTION_MAX {
+            return Err(Error::new(
+                Code::CannotCreateIndex,
+                format!("add index fails, too many indexes for {} key:{}", st.ns_string(), spec.key),
+            ));
+        }
+        let shared = &st.shared;
+        let idx = Arc::new(IndexRt::new(shared.alloc_id(), spec)?);
+        // The marker makes a crash mid-build delete the partial entries at the next open.
+        let mut batch = Batch::new();
+        batch.put(Space::Catalog, garbage_key(GARBAGE_INDEX, idx.id), Vec::new());
+        shared.apply(batch)?;
+        match self.build_index(&idx) {
+            Ok((bytes, multikey)) => {
+                let mut indexes = meta.indexes.clone();
+                indexes.push(idx.clone());
+                let new_meta = Arc::new(MetaRt { uuid: meta.uuid, options: meta.options.clone(), indexes });
+                let mut pending = st.pending();
+                pending.stats.index_bytes.insert(idx.id, bytes);
+                if multikey {
+                    pending.stats.multikey.insert(idx.id);
+                }
+                let (db, name) = st.ns.read().clone();
+                pending.batch.put(Space::Catalog, meta_key(&db, &name), encode_doc(&new_meta.to_doc(st.id, &db, &name))?);
+                pending.batch.delete(Space::Catalog, garbage_key(GARBAGE_INDEX, idx.id));
+                let mut meta_guard = st.meta.write();
+                st.commit_pending(pending)?;
+                *meta_guard = new_meta;
+                Ok(true)
+            }
+            Err(e) => {
+                shared.collect_garbage(GARBAGE_INDEX, idx.id)?;
+                Err(e)
+            }
+        }
     }
-    pub fn drop_index(&self, _name: &str) -> Result<()> {
-        Err(not_yet())
+
+    /// Write the entries of every stored document for `idx`, in chunks. Caller holds the
+    /// write lock, so the data does not change underneath.
+    fn build_index(&self, idx: &IndexRt) -> Result<(u64, bool)> {
+        let st = &self.state;
+        let snap = st.shared.engine.snapshot();
+        let (lo, hi) = prefix_bounds(&st.id.to_be_bytes());
+        let mut bytes = 0u64;
+        let mut multikey = false;
+        let mut batch = Batch::new();
+        let mut chunk_unique: HashSet<Vec<u8>> = HashSet::new();
+        let mut docs_in_chunk = 0usize;
+        // Unique checks read the latest state: entries of earlier chunks are committed.
+        let mut latest = st.shared.engine.snapshot();
+        for kv in snap.iter(Space::Records, lo, hi, false) {
+            let (k, v) = kv?;
+            let rid = read_u64(k.get(8..).unwrap_or(&[])).ok_or_else(|| corrupt("record key"))?;
+            let d = decode_doc(&v)?;
+            let (entries, mk) = idx.entries(&d, rid)?;
+            multikey |= mk;
+            for (stored, value, values) in entries {
+                if idx.spec.unique && (chunk_unique.contains(&stored) || latest.get(Space::Index, &stored)?.is_some()) {
+                    return Err(st.dup_error(idx, &values));
+                }
+                bytes += (stored.len() + value.len()) as u64;
+                if idx.spec.unique {
+                    chunk_unique.insert(stored.clone());
+                }
+                batch.put(Space::Index, stored, value);
+            }
+            docs_in_chunk += 1;
+            if docs_in_chunk >= INDEX_BUILD_CHUNK_DOCS {
+                st.shared.apply(std::mem::take(&mut batch))?;
+                chunk_unique.clear();
+                docs_in_chunk = 0;
+                latest = st.shared.engine.snapshot();
+            }
+        }
+        st.shared.apply(batch)?;
+        Ok((bytes, multikey))
     }
+
+    /// IndexNotFound if absent; the `_id_` index cannot be dropped.
+    pub fn drop_index(&self, name: &str) -> Result<()> {
+        let st = &self.state;
+        if name == ID_INDEX_NAME {
+            return Err(Error::new(Code::InvalidOptions, "cannot drop _id index"));
+        }
+        let _guard = WriteGuard::acquire(st);
+        st.check_live()?;
+        let meta = st.meta.read().clone();
+        let Some(idx) = meta.index(name).cloned() else {
+            return Err(Error::new(Code::IndexNotFound, format!("index not found with name [{name}]")));
+        };
+        let indexes: Vec<Arc<IndexRt>> = meta.indexes.iter().filter(|i| i.id != idx.id).cloned().collect();
+        let new_meta = Arc::new(MetaRt { uuid: meta.uuid, options: meta.options.clone(), indexes });
+        let mut pending = st.pending();
+        pending.stats.index_bytes.remove(&idx.id);
+        pending.stats.multikey.remove(&idx.id);
+        let (db, coll) = st.ns.read().clone();
+        pending.batch.put(Space::Catalog, meta_key(&db, &coll), encode_doc(&new_meta.to_doc(st.id, &db, &coll))?);
+        pending.batch.put(Space::Catalog, garbage_key(GARBAGE_INDEX, idx.id), Vec::new());
+        {
+            let mut meta_guard = st.meta.write();
+            st.commit_pending(pending)?;
+            *meta_guard = new_meta;
+        }
+        st.shared.collect_garbage(GARBAGE_INDEX, idx.id)
+    }
+
     pub fn stats(&self) -> CollStats {
-        CollStats::default()
+        let st = &self.state;
+        let stats = st.stats.lock().clone();
+        let meta = st.meta.read().clone();
+        let total = st.shared.total_data_bytes.load(Ordering::Relaxed);
+        let records_space = st.shared.engine.space_size_bytes(Space::Records);
+        // The records keyspace is shared: attribute its size by share of logical bytes.
+        let storage = if total == 0 { 0 } else { (records_space as u128 * stats.data_bytes as u128 / total as u128) as u64 };
+        CollStats {
+            count: stats.count,
+            size_bytes: stats.data_bytes,
+            storage_size_bytes: storage,
+            index_sizes: meta.indexes.iter().map(|i| (i.spec.name.clone(), stats.index_bytes.get(&i.id).copied().unwrap_or(0))).collect(),
+        }
     }
+
+    /// Recount records; check every record has exactly its index entries and every index
+    /// entry belongs to a record with that key.
     pub fn validate(&self) -> ValidateReport {
-        ValidateReport::default()
+        let snapshot = self.snapshot();
+        let mut report = ValidateReport { valid: true, ..ValidateReport::default() };
+        if let Err(e) = snapshot.validate_into(&mut report) {
+            report.valid = false;
+            report.errors.push(e.message);
+        }
+        report
     }
 }
 
+fn validate_index_spec(spec: &IndexSpec) -> Result<()> {
+    if spec.name.is_empty() {
+        return Err(Error::new(Code::CannotCreateIndex, "index name cannot be empty"));
+    }
+    if spec.key.is_empty() {
+        return Err(Error::new(Code::CannotCreateIndex, "Index keys cannot be empty."));
+    }
+    for (field, dir) in &spec.key {
+        let numeric_nonzero = match dir {
+            Bson::Int32(i) => *i != 0,
+            Bson::Int64(i) => *i != 0,
+            Bson::Double(d) => *d != 0.0 && !d.is_nan(),
+            Bson::Decimal128(_) => true,
+            _ => false,
+        };
+        if let Bson::String(kind) = dir {
+            return Err(Error::new(Code::CannotCreateIndex, format!("Index type '{kind}' on field '{field}' is not supported")));
+        }
+        if !numeric_nonzero {
+            return Err(Error::new(Code::CannotCreateIndex, format!("Values in the index key pattern can only be numbers or strings; bad key: {field}: {dir}")));
+        }
+        if field.is_empty() || field.split('.').any(str::is_empty) {
+            return Err(Error::new(Code::CannotCreateIndex, format!("Index keys cannot be an empty field: {}", spec.key)));
+        }
+    }
+    if spec.unique && spec.key.keys().any(|k| k.contains("$")) {
+        return Err(Error::new(Code::CannotCreateIndex, "index key cannot contain '$'"));
+    }
+    if let Some(f) = &spec.partial_filter {
+        query::filter::Filter::parse(f)?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Snapshot.
+
+/// A point-in-time view of one collection: `Send + 'static`, it may live in a cursor.
 pub struct Snapshot {
-    _inner: Arc<()>,
+    snap: Arc<dyn EngineSnapshot>,
+    coll: Arc<CollState>,
+    meta: Arc<MetaRt>,
 }
 
 impl Snapshot {
-    pub fn scan(&self, _after: Option<RecordId>, _max_docs: usize) -> Result<Vec<(RecordId, Document)>> {
-        Err(not_yet())
+    /// Records in RecordId order after `after` (exclusive), at most `max_docs`.
+    pub fn scan(&self, after: Option<RecordId>, max_docs: usize) -> Result<Vec<(RecordId, Document)>> {
+        let mut out = Vec::new();
+        if max_docs == 0 {
+            return Ok(out);
+        }
+        let id = self.coll.id;
+        let lower = match after {
+            Some(rid) if rid == u64::MAX => return Ok(out),
+            Some(rid) => record_key(id, rid + 1),
+            None => record_key(id, 0),
+        };
+        let (_, upper) = prefix_bounds(&id.to_be_bytes());
+        for kv in self.snap.iter(Space::Records, Bound::Included(lower), upper, false) {
+            let (k, v) = kv?;
+            let rid = read_u64(k.get(8..).unwrap_or(&[])).ok_or_else(|| corrupt("record key"))?;
+            out.push((rid, decode_doc(&v)?));
+            if out.len() >= max_docs {
+                break;
+            }
+        }
+        Ok(out)
     }
-    pub fn get(&self, _id: RecordId) -> Result<Option<Document>> {
-        Err(not_yet())
+
+    pub fn get(&self, id: RecordId) -> Result<Option<Document>> {
+        match self.snap.get(Space::Records, &record_key(self.coll.id, id))? {
+            Some(b) => Ok(Some(decode_doc(&b)?)),
+            None => Ok(None),
+        }
     }
-    pub fn find_by_id(&self, _id: &Bson) -> Result<Option<(RecordId, Document)>> {
-        Err(not_yet())
+
+    /// Lookup via the `_id` index.
+    pub fn find_by_id(&self, id: &Bson) -> Result<Option<(RecordId, Document)>> {
+        let Some(idx) = self.meta.index(ID_INDEX_NAME) else { return Ok(None) };
+        let mut key = idx.prefix.to_vec();
+        encode_component(id, false, &mut key);
+        let Some(v) = self.snap.get(Space::Index, &key)? else { return Ok(None) };
+        let rid = read_u64(&v).ok_or_else(|| corrupt("_id index entry"))?;
+        match self.get(rid)? {
+            Some(d) => Ok(Some((rid, d))),
+            None => Err(corrupt(format!("_id index entry points at missing record {rid}"))),
+        }
     }
+
     pub fn count(&self) -> Result<u64> {
-        Err(not_yet())
+        Ok(self.stats()?.count)
     }
-    pub fn index_scan(&self, _name: &str, _bounds: IndexBounds, _after: Option<Vec<u8>>, _max: usize) -> Result<Vec<IndexEntry>> {
-        Err(not_yet())
+
+    fn stats(&self) -> Result<Stats> {
+        match self.snap.get(Space::Catalog, &stats_key(self.coll.id))? {
+            Some(b) => Stats::from_bytes(&b),
+            None => Ok(Stats::default()),
+        }
+    }
+
+    /// The key pattern of index `name`, as of this snapshot.
+    pub fn index_spec(&self, name: &str) -> Option<IndexSpec> {
+        self.meta.index(name).map(|i| i.spec.clone())
+    }
+
+    /// Whether index `name` had indexed an expanded array as of this snapshot.
+    pub fn index_is_multikey(&self, name: &str) -> Result<bool> {
+        let Some(idx) = self.meta.index(name) else { return Ok(false) };
+        Ok(self.stats()?.multikey.contains(&idx.id))
+    }
+
+    /// Entries of index `name` whose encoded key lies within `bounds`, in key order (or
+    /// reverse), starting after position `after` (an `IndexEntry::position`), at most `max`.
+    pub fn index_scan(&self, name: &str, bounds: IndexBounds, after: Option<Vec<u8>>, max: usize) -> Result<Vec<IndexEntry>> {
+        let idx = self.meta.index(name).ok_or_else(|| Error::new(Code::IndexNotFound, format!("index not found with name [{name}]")))?;
+        let mut out = Vec::new();
+        if max == 0 {
+            return Ok(out);
+        }
+        let p = &idx.prefix;
+        let with_prefix = |b: &[u8]| {
+            let mut k = p.to_vec();
+            k.extend_from_slice(b);
+            k
+        };
+        let (index_lo, index_hi) = prefix_bounds(p);
+        // Engine bounds are loose (entries carry a record id suffix); exact checks below.
+        // Stored keys sort by key, as keys are prefix-free.
+        let mut lo = match &bounds.lower {
+            Bound::Unbounded => index_lo,
+            Bound::Included(b) | Bound::Excluded(b) => Bound::Included(with_prefix(b)),
+        };
+        let mut hi = match &bounds.upper {
+            Bound::Unbounded => index_hi.clone(),
+            Bound::Included(b) | Bound::Excluded(b) => match engine::prefix_successor(&with_prefix(b)) {
+                Some(s) => Bound::Excluded(s),
+                None => index_hi.clone(),
+            },
+        };
+        if let Some(a) = &after {
+            let pos = with_prefix(a);
+            if bounds.reverse {
+                hi = Bound::Excluded(pos);
+            } else {
+                lo = Bound::Excluded(pos);
+            }
+        }
+        for kv in self.snap.iter(Space::Index, lo, hi, bounds.reverse) {
+            let (stored, value) = kv?;
+            let key = idx.key_of(&stored);
+            let (in_lower, in_upper) = (bounds.admits_lower(key), bounds.admits_upper(key));
+            if !in_lower || !in_upper {
+                // Past the far end of the range: stop; before the near end: skip.
+                let past_end = if bounds.reverse { !in_lower } else { !in_upper };
+                if past_end {
+                    break;
+                }
+                continue;
+            }
+            let rid = read_u64(&value).ok_or_else(|| corrupt("index entry"))?;
+            let values_doc = decode_doc(value.get(8..).unwrap_or(&[]))?;
+            out.push(IndexEntry {
+                key: key.to_vec(),
+                position: stored.get(8..).unwrap_or(&[]).to_vec(),
+                record_id: rid,
+                values: values_doc.into_iter().map(|(_, v)| v).collect(),
+            });
+            if out.len() >= max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn validate_into(&self, report: &mut ValidateReport) -> Result<()> {
+        let id = self.coll.id;
+        let (lo, hi) = prefix_bounds(&id.to_be_bytes());
+        let mut expected = vec![0u64; self.meta.indexes.len()];
+        for kv in self.snap.iter(Space::Records, lo, hi, false) {
+            let (k, v) = kv?;
+            report.records += 1;
+            let Some(rid) = read_u64(k.get(8..).unwrap_or(&[])) else {
+                report.valid = false;
+                report.errors.push("record with a malformed key".to_string());
+                continue;
+            };
+            let d = match decode_doc(&v) {
+                Ok(d) => d,
+                Err(e) => {
+                    report.valid = false;
+                    report.errors.push(format!("record {rid}: {}", e.message));
+                    continue;
+                }
+            };
+            for (i, idx) in self.meta.indexes.iter().enumerate() {
+                let entries = match idx.entries(&d, rid) {
+                    Ok((e, _)) => e,
+                    Err(e) => {
+                        report.valid = false;
+                        report.errors.push(format!("record {rid}: index {}: {}", idx.spec.name, e.message));
+                        continue;
+                    }
+                };
+                for (stored, _, _) in entries {
+                    expected[i] += 1;
+                    match self.snap.get(Space::Index, &stored)? {
+                        Some(v) if read_u64(&v) == Some(rid) => {}
+                        Some(_) => {
+                            report.valid = false;
+                            report.errors.push(format!("index {} entry for record {rid} points at another record", idx.spec.name));
+                        }
+                        None => {
+                            report.valid = false;
+                            report.errors.push(format!("index {} is missing an entry for record {rid}", idx.spec.name));
+                        }
+                    }
+                }
+            }
+        }
+        for (i, idx) in self.meta.indexes.iter().enumerate() {
+            let (lo, hi) = prefix_bounds(&idx.prefix);
+            let mut n = 0u64;
+            for kv in self.snap.iter(Space::Index, lo, hi, false) {
+                kv?;
+                n += 1;
+            }
+            if n != expected[i] {
+                report.valid = false;
+                report.errors.push(format!("index {} has {n} entries, expected {}", idx.spec.name, expected[i]));
+            }
+            report.keys_per_index.push((idx.spec.name.clone(), n));
+        }
+        let count = self.count()?;
+        if count != report.records {
+            report.valid = false;
+            report.errors.push(format!("collection count is {count}, but {} records exist", report.records));
+        }
+        Ok(())
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Writer.
+
+/// Exclusive writer for read-modify-write operations; holds the collection write lock.
+/// Each mutation is applied atomically (record and all index entries) immediately.
 pub struct Writer {
-    _inner: Arc<()>,
+    guard: WriteGuard,
 }
 
 impl Writer {
+    fn st(&self) -> &Arc<CollState> {
+        &self.guard.coll
+    }
+
+    /// Latest state, including this writer's applied mutations.
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot { _inner: Arc::new(()) }
+        self.st().snapshot()
     }
-    pub fn insert(&mut self, _doc: &Document) -> Result<RecordId> {
-        Err(not_yet())
+
+    pub fn insert(&mut self, doc: &Document) -> Result<RecordId> {
+        let st = self.st();
+        st.check_live()?;
+        let meta = st.meta.read().clone();
+        let snap = st.shared.engine.snapshot();
+        let mut pending = st.pending();
+        let rid = st.prepare_insert(&meta, &*snap, doc, &mut pending)?;
+        st.commit_pending(pending)?;
+        Ok(rid)
     }
-    pub fn update(&mut self, _id: RecordId, _old: &Document, _new: &Document) -> Result<()> {
-        Err(not_yet())
+
+    /// Replace record `id` with `new`, maintaining indexes. The stored document (which `old`
+    /// should equal) determines the index entries removed.
+    pub fn update(&mut self, id: RecordId, old: &Document, new: &Document) -> Result<()> {
+        let _ = old;
+        let st = self.st();
+        st.check_live()?;
+        let meta = st.meta.read().clone();
+        let snap = st.shared.engine.snapshot();
+        let (old_bytes, old_doc) = st.stored_doc(&*snap, id)?;
+        let new_bytes = encode_doc(new)?;
+        if new_bytes.len() > BSON_OBJECT_SIZE_MAX_BYTES {
+            return Err(Error::new(
+                Code::BSONObjectTooLarge,
+                format!("Resulting document after update is larger than {BSON_OBJECT_SIZE_MAX_BYTES}"),
+            ));
+        }
+        if matches!(new.get("_id"), Some(Bson::Array(_))) {
+            return Err(Error::new(Code::InvalidIdField, "The '_id' value cannot be of type array"));
+        }
+        let mut pending = st.pending();
+        let mut changes = Vec::with_capacity(meta.indexes.len());
+        for idx in &meta.indexes {
+            let (old_entries, _) = idx.entries(&old_doc, id)?;
+            let (new_entries, multikey) = idx.entries(new, id)?;
+            let old_map: BTreeMap<&[u8], &[u8]> = old_entries.iter().map(|(k, v, _)| (k.as_slice(), v.as_slice())).collect();
+            let new_keys: HashSet<&[u8]> = new_entries.iter().map(|(k, _, _)| k.as_slice()).collect();
+            let mut delta: i64 = 0;
+            let mut ops = Vec::new();
+            for (k, v, _) in &old_entries {
+                if !new_keys.contains(k.as_slice()) {
+                    delta -= (k.len() + v.len()) as i64;
+                    ops.push(BatchOp::Delete(Space::Index, k.clone()));
+                }
+            }
+            for (k, v, values) in &new_entries {
+                match old_map.get(k.as_slice()) {
+                    Some(ov) if *ov == v.as_slice() => continue,
+                    Some(ov) => delta += v.len() as i64 - ov.len() as i64,
+                    None => {
+                        if idx.spec.unique {
+                            if let Some(existing) = snap.get(Space::Index, k)? {
+                                if read_u64(&existing) != Some(id) {
+                                    return Err(st.dup_error(idx, values));
+                                }
+                            }
+                        }
+                        delta += (k.len() + v.len()) as i64;
+                    }
+                }
+                ops.push(BatchOp::Put(Space::Index, k.clone(), v.clone()));
+            }
+            changes.push((idx.id, ops, delta, multikey));
+        }
+        for (iid, ops, delta, multikey) in changes {
+            pending.batch.ops.extend(ops);
+            let b = pending.stats.index_bytes.entry(iid).or_insert(0);
+            *b = (*b as i64 + delta).max(0) as u64;
+            if multikey {
+                pending.stats.multikey.insert(iid);
+            }
+        }
+        let delta = new_bytes.len() as i64 - old_bytes.len() as i64;
+        pending.stats.data_bytes = (pending.stats.data_bytes as i64 + delta).max(0) as u64;
+        pending.data_delta = delta;
+        pending.batch.put(Space::Records, record_key(st.id, id), new_bytes);
+        st.commit_pending(pending)
     }
-    pub fn delete(&mut self, _id: RecordId, _old: &Document) -> Result<()> {
-        Err(not_yet())
+
+    /// Delete record `id` and its index entries (computed from the stored document).
+    pub fn delete(&mut self, id: RecordId, old: &Document) -> Result<()> {
+        let _ = old;
+        let st = self.st();
+        st.check_live()?;
+        let meta = st.meta.read().clone();
+        let snap = st.shared.engine.snapshot();
+        let (old_bytes, old_doc) = st.stored_doc(&*snap, id)?;
+        let mut pending = st.pending();
+        for idx in &meta.indexes {
+            let (entries, _) = idx.entries(&old_doc, id)?;
+            let mut removed = 0u64;
+            for (k, v, _) in entries {
+                removed += (k.len() + v.len()) as u64;
+                pending.batch.delete(Space::Index, k);
+            }
+            let b = pending.stats.index_bytes.entry(idx.id).or_insert(0);
+            *b = b.saturating_sub(removed);
+        }
+        pending.stats.count = pending.stats.count.saturating_sub(1);
+        pending.stats.data_bytes = pending.stats.data_bytes.saturating_sub(old_bytes.len() as u64);
+        pending.data_delta = -(old_bytes.len() as i64);
+        pending.batch.delete(Space::Records, record_key(st.id, id));
+        st.commit_pending(pending)
     }
 }
+
+#[cfg(test)]
+mod tests;

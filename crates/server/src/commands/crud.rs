@@ -509,7 +509,6 @@ pub fn find_and_modify(ctx: &mut Ctx) -> Result<Document> {
         Some(a) => Some(a.iter().map(|f| f.as_document().cloned().ok_or_else(|| Error::type_mismatch("arrayFilters elements must be objects"))).collect::<Result<_>>()?),
         None => None,
     };
-    Counters::add(&ctx.shared.counters.command, 0);
     let project = |d: Option<Document>| -> Result<Bson> {
         Ok(match (d, &fields) {
             (Some(d), Some(p)) => Bson::Document(p.apply(&d, &MatchDetails::default())?),

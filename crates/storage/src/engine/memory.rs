@@ -256,6 +256,8 @@ mod tests {
             e.write(b).unwrap();
         }
         let spaces = e.shared.spaces.read();
-        assert_eq!(spaces[Space::Records as usize].get(&b"k".to_vec()).map(|v| v.len()), Some(1));
+        // The newest version, plus the one before it (visible to a snapshot that registers
+        // while a write is in progress) until the key is written again.
+        assert!(spaces[Space::Records as usize].get(&b"k".to_vec()).is_some_and(|v| v.len() <= 2));
     }
 }

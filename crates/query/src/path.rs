@@ -1,1 +1,0 @@
-//! Dotted field path helpers.
