@@ -110,8 +110,6 @@ if cargo nextest --version >/dev/null 2>&1; then
       n="$(echo "$summary" | grep -oE "[0-9]+ $kind" | grep -oE '[0-9]+' || true)"
       failed=$((failed + ${n:-0}))
     done
-    # Test binaries that failed to build or list are not in the test count.
-    if grep -qE '^error(\[E[0-9]+\])?:' "$RUST_LOG_FILE"; then failed=$((failed + 1)); fi
     record rust "${passed:-0}" "$failed"
   else
     record rust 0 1
@@ -120,7 +118,8 @@ else
   cargo test $RUST_SCOPE --no-fail-fast 2>&1 | tee "$RUST_LOG_FILE"
   passed="$(sum_matches 'test result: [a-zA-Z]+\. [0-9]+ passed' "$RUST_LOG_FILE")"
   failed="$(sum_matches '; [0-9]+ failed' "$RUST_LOG_FILE")"
-  if grep -qE '^error(\[E[0-9]+\])?:' "$RUST_LOG_FILE" || ! grep -q 'test result:' "$RUST_LOG_FILE"; then failed=$((failed + 1)); fi
+  # A target that did not compile runs no tests: count it as a failure.
+  if grep -q 'could not compile' "$RUST_LOG_FILE" || ! grep -q 'test result:' "$RUST_LOG_FILE"; then failed=$((failed + 1)); fi
   record rust "$passed" "$failed"
 fi
 

@@ -136,11 +136,18 @@ impl Pipeline {
     }
 
     pub fn run(&self, input: &mut dyn Iterator<Item = Result<Document>>, opts: &RunOptions) -> Result<Vec<Document>> {
+        self.run_interruptible(input, opts, &|| Ok(()))
+    }
+
+    /// `run`, calling `interrupt` every `INTERRUPT_CHECK_DOCS` documents that flow out of each
+    /// stage, so maxTimeMS and killOp stop a pipeline that computes without reading input.
+    pub fn run_interruptible(&self, input: &mut dyn Iterator<Item = Result<Document>>, opts: &RunOptions, interrupt: &dyn Fn() -> Result<()>) -> Result<Vec<Document>> {
         let mut stream: Box<dyn Iterator<Item = Result<Document>> + '_> = Box::new(input);
         for stage in &self.stages {
-            stream = apply_stage(stage, stream, opts)?;
+            let checked = Interruptible { inner: stream, interrupt, seen: 0, failed: false };
+            stream = apply_stage(stage, Box::new(checked), opts)?;
         }
-        stream.collect()
+        Interruptible { inner: stream, interrupt, seen: 0, failed: false }.collect()
     }
 
     /// If the first stage(s) are $match, their combined filter document.
@@ -158,6 +165,32 @@ impl Pipeline {
             1 => Some(filters[0].clone()),
             _ => Some(bson::doc! {"$and": filters.iter().map(|d| Bson::Document((*d).clone())).collect::<Vec<_>>()}),
         }
+    }
+}
+
+const INTERRUPT_CHECK_DOCS: u32 = 1024;
+
+struct Interruptible<'a, I> {
+    inner: I,
+    interrupt: &'a dyn Fn() -> Result<()>,
+    seen: u32,
+    failed: bool,
+}
+
+impl<I: Iterator<Item = Result<Document>>> Iterator for Interruptible<'_, I> {
+    type Item = Result<Document>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        self.seen = self.seen.wrapping_add(1);
+        if self.seen % INTERRUPT_CHECK_DOCS == 0 {
+            if let Err(e) = (self.interrupt)() {
+                self.failed = true;
+                return Some(Err(e));
+            }
+        }
+        self.inner.next()
     }
 }
 

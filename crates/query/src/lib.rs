@@ -12,3 +12,18 @@ mod num;
 pub mod projection;
 pub mod sort;
 pub mod update;
+
+#[cfg(test)]
+mod tests {
+    fn assert_shareable<T: Clone + Send + Sync + std::fmt::Debug>() {}
+
+    #[test]
+    fn parsed_forms_are_shareable_across_threads() {
+        assert_shareable::<crate::filter::Filter>();
+        assert_shareable::<crate::projection::Projection>();
+        assert_shareable::<crate::sort::SortSpec>();
+        assert_shareable::<crate::expr::Expr>();
+        assert_shareable::<crate::update::Update>();
+        assert_shareable::<crate::agg::Pipeline>();
+    }
+}

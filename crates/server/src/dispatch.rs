@@ -28,6 +28,7 @@ impl Request {
             Some(_) => return Err(Error::new(Code::TypeMismatch, "BSON field '$db' is the wrong type, expected type 'string'")),
             None => return Err(Error::location(40571, "OP_MSG requests require a $db argument")),
         };
+        check_db_name(&db)?;
         for seq in sequences {
             if body.contains_key(&seq.identifier) {
                 return Err(Error::location(40413, format!("Duplicate field '{}' in OP_MSG body and document sequence", seq.identifier)));
@@ -36,6 +37,15 @@ impl Request {
         }
         Ok(Request { name, db, body })
     }
+}
+
+/// Database names as MongoDB allows them: non-empty, < 64 bytes, none of `/\. "$` or NUL.
+fn check_db_name(db: &str) -> Result<()> {
+    const DB_NAME_LENGTH_MAX_BYTES: usize = 63;
+    if db.is_empty() || db.len() > DB_NAME_LENGTH_MAX_BYTES || db.contains(['/', '\\', '.', ' ', '"', '$', '\0']) {
+        return Err(Error::new(Code::InvalidNamespace, format!("Invalid database name: '{db}'")));
+    }
+    Ok(())
 }
 
 pub fn is_hello(name: &str) -> bool {

@@ -10,6 +10,8 @@ use storage::{RecordId, Snapshot};
 /// Records read from storage per pull; bounds the memory a scan holds between checks of
 /// maxTimeMS and killOp.
 const SCAN_CHUNK_DOCS: usize = 256;
+/// How often (in documents examined) a scan checks its deadline and kill flag.
+const EXAMINED_CHECK_DOCS: u64 = 32;
 
 pub struct Scan {
     snapshot: Snapshot,
@@ -19,12 +21,13 @@ pub struct Scan {
     after: Option<RecordId>,
     chunk: std::vec::IntoIter<(RecordId, Document)>,
     done: bool,
+    examined: u64,
 }
 
 impl Scan {
     pub fn new(snapshot: Snapshot, filter: Filter) -> Scan {
         let point = filter.id_equality().cloned();
-        Scan { snapshot, filter, point, after: None, chunk: Vec::new().into_iter(), done: false }
+        Scan { snapshot, filter, point, after: None, chunk: Vec::new().into_iter(), done: false, examined: 0 }
     }
 
     /// Next matching document with its match details (for positional projection/update).
@@ -32,7 +35,12 @@ impl Scan {
         loop {
             if let Some((rid, doc)) = self.chunk.next() {
                 self.after = Some(rid);
-                let (ok, details) = self.filter.matches_details(&doc);
+                self.examined += 1;
+                // Filters can be costly ($expr): honour maxTimeMS/killOp within a chunk too.
+                if self.examined % EXAMINED_CHECK_DOCS == 0 {
+                    op.check()?;
+                }
+                let (ok, details) = self.filter.try_matches_details(&doc)?;
                 if ok {
                     return Ok(Some((rid, doc, details)));
                 }

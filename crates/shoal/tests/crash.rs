@@ -15,7 +15,7 @@ const TASKS_COUNT: u64 = 6;
 /// Acknowledged operations (all tasks together) before the kill, per round.
 const ACKED_OPS_BEFORE_KILL: u64 = 1500;
 /// Safety bound on one round's load phase; a healthy server needs a small fraction of it.
-const LOAD_PHASE_TIMEOUT: Duration = Duration::from_secs(240);
+const LOAD_PHASE_TIMEOUT: Duration = Duration::from_secs(120);
 const ROUNDS_COUNT: u64 = 2;
 /// Documents per key space: keeps task ids disjoint across tasks and rounds.
 const IDS_PER_TASK: i64 = 1_000_000;

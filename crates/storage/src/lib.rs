@@ -93,9 +93,9 @@ pub struct IndexSpec {
 }
 
 impl IndexSpec {
-    /// The `_id_` index.
+    /// The `_id_` index: unique, though (as in MongoDB) its spec document does not say so.
     pub fn id_index() -> IndexSpec {
-        IndexSpec::new(doc! {"_id": 1}, ID_INDEX_NAME)
+        IndexSpec { unique: true, ..IndexSpec::new(doc! {"_id": 1}, ID_INDEX_NAME) }
     }
 
     /// A plain (non-unique, non-sparse) index.
@@ -131,7 +131,8 @@ impl IndexSpec {
             Some(Bson::Double(d)) => Some(*d as i64),
             _ => None,
         };
-        Ok(IndexSpec { name, key, unique: truthy("unique"), sparse: truthy("sparse"), partial_filter, expire_after_seconds, spec: spec.clone() })
+        let unique = truthy("unique") || name == ID_INDEX_NAME;
+        Ok(IndexSpec { name, key, unique, sparse: truthy("sparse"), partial_filter, expire_after_seconds, spec: spec.clone() })
     }
 
     /// The spec document, with v/key/name first and the typed fields authoritative.
@@ -142,6 +143,12 @@ impl IndexSpec {
                 out.insert(k.clone(), v.clone());
             }
         }
+        // Keep the caller's numeric type when it already says the same thing.
+        let ttl_same = match (out.get("expireAfterSeconds"), self.expire_after_seconds) {
+            (Some(Bson::Int32(a)), Some(b)) => *a as i64 == b,
+            (Some(Bson::Int64(a)), Some(b)) => *a == b,
+            _ => false,
+        };
         let mut set = |k: &str, v: Option<Bson>| match v {
             Some(v) => {
                 out.insert(k, v);
@@ -150,10 +157,12 @@ impl IndexSpec {
                 out.remove(k);
             }
         };
-        set("unique", self.unique.then_some(Bson::Boolean(true)));
+        set("unique", (self.unique && self.name != ID_INDEX_NAME).then_some(Bson::Boolean(true)));
         set("sparse", self.sparse.then_some(Bson::Boolean(true)));
         set("partialFilterExpression", self.partial_filter.clone().map(Bson::Document));
-        set("expireAfterSeconds", self.expire_after_seconds.map(Bson::Int64));
+        if !ttl_same {
+            set("expireAfterSeconds", self.expire_after_seconds.map(Bson::Int64));
+        }
         out
     }
 

@@ -6,6 +6,9 @@ use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
 use storage::IndexSpec;
 
+/// Largest capped collection (MongoDB: 1 PB).
+const CAPPED_SIZE_BYTES_MAX: i64 = 1 << 50;
+
 fn scale(ctx: &Ctx) -> Result<i64> {
     match ctx.cmd.get("scale") {
         None => Ok(1),
@@ -80,7 +83,7 @@ pub fn list_indexes(ctx: &mut Ctx) -> Result<Document> {
     let name = ctx.collection_name()?;
     let coll = ctx.shared.store.collection(ctx.db, name).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("ns does not exist: {}", ctx.ns(name))))?;
     let specs = coll.meta().indexes.into_iter().map(|i| i.spec).collect();
-    Ok(cursor_reply(&format!("{}.$cmd.listIndexes.{}", ctx.db, name), 0, specs, true))
+    Ok(cursor_reply(&ctx.ns(name), 0, specs, true))
 }
 
 pub fn create(ctx: &mut Ctx) -> Result<Document> {
@@ -93,8 +96,18 @@ pub fn create(ctx: &mut Ctx) -> Result<Document> {
             "validationLevel" | "validationAction" | "storageEngine" | "indexOptionDefaults" | "idIndex" => {
                 options.insert(k, v.clone());
             }
-            "capped" if !v.as_bool().unwrap_or(false) => {}
-            "capped" | "size" | "max" => return Err(Error::new(Code::CommandNotSupported, "capped collections are not supported by shoal yet")),
+            "capped" => {
+                if ctx.bool_arg("capped")?.unwrap_or(false) {
+                    options.insert("capped", true);
+                }
+            }
+            "size" | "max" => {
+                let n = as_i64(v).ok_or_else(|| Error::type_mismatch(format!("BSON field 'create.{k}' is the wrong type '{}', expected a number", super::type_name(v))))?;
+                if n < 0 {
+                    return Err(Error::bad_value(format!("the '{k}' field of a capped collection must not be negative")));
+                }
+                options.insert(k, n);
+            }
             "viewOn" | "pipeline" => return Err(Error::new(Code::CommandNotSupported, "views are not supported by shoal yet")),
             "validator" => return Err(Error::new(Code::CommandNotSupported, "document validation is not supported by shoal yet")),
             "timeseries" | "clusteredIndex" | "expireAfterSeconds" | "changeStreamPreAndPostImages" | "collation" | "encryptedFields" => {
@@ -102,6 +115,26 @@ pub fn create(ctx: &mut Ctx) -> Result<Document> {
             }
             "autoIndexId" | "flags" | "temp" => {}
             other => return Err(Error::location(40415, format!("BSON field 'create.{other}' is an unknown field."))),
+        }
+    }
+    if options.get_bool("capped").unwrap_or(false) {
+        // MongoDB rounds a capped size up to a multiple of 256 bytes; size is required.
+        let size = match options.get("size").and_then(as_i64) {
+            Some(s) if s > 0 => s,
+            _ => return Err(Error::new(Code::InvalidOptions, "the 'size' field is required when 'capped' is true")),
+        };
+        if size > CAPPED_SIZE_BYTES_MAX {
+            return Err(Error::new(Code::InvalidOptions, format!("capped collection size must be at most {CAPPED_SIZE_BYTES_MAX} bytes")));
+        }
+        options.insert("size", (size + 255) / 256 * 256);
+        if options.get("max").and_then(as_i64) == Some(0) {
+            options.remove("max");
+        }
+    } else {
+        for k in ["size", "max"] {
+            if options.contains_key(k) {
+                return Err(Error::new(Code::InvalidOptions, format!("the '{k}' option is only allowed for capped collections")));
+            }
         }
     }
     ctx.shared.store.create_collection(ctx.db, &name, options)?;

@@ -61,7 +61,7 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
     let pipeline = Pipeline { stages: rest };
     let opts = RunOptions { allow_disk_use, mem_limit_bytes: AGG_MEMORY_BYTES_MAX };
     let results = match input_override {
-        Some(docs) => pipeline.run(&mut docs.into_iter().map(Ok), &opts)?,
+        Some(docs) => pipeline.run_interruptible(&mut docs.into_iter().map(Ok), &opts, &|| ctx.op.check())?,
         None => match coll_name.as_deref().and_then(|c| ctx.shared.store.collection(ctx.db, c)) {
             Some(coll) => {
                 let leading = match pipeline.leading_match() {
@@ -71,9 +71,9 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
                 let mut scan = Scan::new(coll.snapshot(), leading);
                 let op = ctx.op;
                 let mut input = std::iter::from_fn(|| scan.next(op).transpose().map(|r| r.map(|(_, d, _)| d)));
-                pipeline.run(&mut input, &opts)?
+                pipeline.run_interruptible(&mut input, &opts, &|| op.check())?
             }
-            None => pipeline.run(&mut std::iter::empty(), &opts)?,
+            None => pipeline.run_interruptible(&mut std::iter::empty(), &opts, &|| ctx.op.check())?,
         },
     };
     let mut cursor = Cursor::new(ns.clone(), Source::Buffered(results.into()));

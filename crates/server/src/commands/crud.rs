@@ -20,7 +20,8 @@ pub const SORT_MEMORY_BYTES_MAX: usize = 100 * 1024 * 1024;
 pub const SORT_MEMORY_BYTES_MAX_DISK_USE: usize = 1024 * 1024 * 1024;
 
 fn write_error(index: usize, e: &Error) -> Bson {
-    let mut d = doc! { "index": index as i32, "code": e.code, "errmsg": e.message.clone() };
+    // Status::serializeErrorToBSON order: code, codeName, errmsg, then the extra info.
+    let mut d = doc! { "index": index as i32, "code": e.code, "codeName": e.code_name, "errmsg": e.message.clone() };
     if let Some(extra) = &e.extra {
         for (k, v) in extra {
             d.insert(k.clone(), v.clone());
@@ -52,6 +53,43 @@ fn prepare_for_insert(doc: Document) -> Result<Document> {
         Some(Bson::Document(d)) if d.keys().any(|k| k.starts_with('$')) => Err(Error::new(Code::DollarPrefixedFieldName, "_id fields may not contain '$'-prefixed fields")),
         Some(_) => Ok(doc),
     }
+}
+
+/// A capped collection keeps its newest documents: delete the oldest (in insertion order, which
+/// is RecordId order) until both the `size` and `max` bounds hold again.
+fn enforce_capped(ctx: &Ctx, coll: &storage::Collection) -> Result<()> {
+    let options = coll.meta().options;
+    if !options.get_bool("capped").unwrap_or(false) {
+        return Ok(());
+    }
+    let size_max = options.get("size").and_then(as_i64).unwrap_or(i64::MAX).max(0) as u64;
+    let docs_max = options.get("max").and_then(as_i64).filter(|m| *m > 0).map(|m| m as u64).unwrap_or(u64::MAX);
+    let stats = coll.stats();
+    let (mut count, mut size) = (stats.count, stats.size_bytes);
+    if count <= docs_max && size <= size_max {
+        return Ok(());
+    }
+    let mut writer = coll.writer();
+    let snapshot = writer.snapshot();
+    let mut after = None;
+    // Never delete the document just written: a capped collection always keeps at least one.
+    while count > 1 && (count > docs_max || size > size_max) {
+        ctx.op.check()?;
+        let batch = snapshot.scan(after, 256)?;
+        if batch.is_empty() {
+            break;
+        }
+        for (rid, doc) in batch {
+            after = Some(rid);
+            if count <= 1 || (count <= docs_max && size <= size_max) {
+                break;
+            }
+            writer.delete(rid, &doc)?;
+            count -= 1;
+            size = size.saturating_sub(wire::document_size_bytes(&doc) as u64);
+        }
+    }
+    Ok(())
 }
 
 pub fn insert(ctx: &mut Ctx) -> Result<Document> {
@@ -86,6 +124,7 @@ pub fn insert(ctx: &mut Ctx) -> Result<Document> {
         let coll = ctx.shared.store.collection_or_create(ctx.db, &name)?;
         let out = coll.insert_many(&prepared, ordered);
         inserted = out.inserted;
+        enforce_capped(ctx, &coll)?;
         for (i, e) in out.errors {
             errors.push((positions[i], e));
         }
@@ -368,6 +407,8 @@ fn apply_update(ctx: &Ctx, coll_name: &str, stmt: &UpdateStmt, sort: Option<&Sor
         let new = prepare_for_insert(new)?;
         let id = new.get("_id").cloned().unwrap_or(Bson::Null);
         writer.insert(&new)?;
+        drop(writer);
+        enforce_capped(ctx, &coll)?;
         res.upserted = Some(id);
         res.after = Some(new);
     }

@@ -139,7 +139,8 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
     Ok(doc! {
         "host": s.host_name.clone(),
         "version": VERSION,
-        "process": "shoal",
+        // Tools tell mongod from mongos by this field; shoal's node answers like mongod.
+        "process": "mongod",
         "pid": std::process::id() as i64,
         "uptime": uptime.as_secs_f64().floor(),
         "uptimeMillis": uptime.as_millis() as i64,
