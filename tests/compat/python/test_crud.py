@@ -26,7 +26,7 @@ def test_bson_types_round_trip_with_order(db):
             ("string", "héllo"),
             ("doc", {"nested": [1, {"k": "v"}]}),
             ("array", [1, "two", 3.0, None, [4]]),
-            ("bin", Binary(b"\x00\x01\xff")),
+            ("bin", Binary(b"\x00\x01\xff", 128)),
             ("uuid", Binary(uuid.UUID(int=7).bytes, 4)),
             ("oid", ObjectId()),
             ("bool", False),
@@ -48,7 +48,10 @@ def test_bson_types_round_trip_with_order(db):
     assert list(back.keys()) == list(doc.keys())
     for k in doc:
         assert back[k] == doc[k], k
-        assert type(back[k]) is type(doc[k]), k
+        # With document_class=SON, nested documents decode as SON too.
+        # Binary subtype 0 decodes as bytes in Python 3.
+        expected = SON if isinstance(doc[k], dict) else bytes if isinstance(doc[k], Binary) and doc[k].subtype == 0 else type(doc[k])
+        assert type(back[k]) is expected, k
 
 
 def test_insert_many_ordered_duplicate(db):

@@ -4,6 +4,7 @@ import time
 
 import pymongo
 import pytest
+from bson.int64 import Int64
 from pymongo.errors import CursorNotFound, ExecutionTimeout, OperationFailure
 
 
@@ -38,14 +39,16 @@ def test_error_codes(db):
         list(db.c.find({"a": {"$foo": 1}}))
     assert e.value.code == 2 and e.value.details["codeName"] == "BadValue"
     with pytest.raises(OperationFailure) as e:
-        db.command("getMore", 12345, collection="c")
+        # Cursor ids are int64 on the wire (an int32 id is a TypeMismatch in MongoDB).
+        db.command("getMore", Int64(12345), collection="c")
     assert e.value.code == 43 and e.value.details["codeName"] == "CursorNotFound"
     with pytest.raises(OperationFailure) as e:
         db.client.admin.command("renameCollection", f"{db.name}.missing", to=f"{db.name}.x")
     assert e.value.code == 26 and e.value.details["codeName"] == "NamespaceNotFound"
     db.create_collection("exists")
+    # The raw command: pymongo's create_collection checks listCollections itself first.
     with pytest.raises(OperationFailure) as e:
-        db.create_collection("exists")
+        db.command("create", "exists")
     assert e.value.code == 48
     with pytest.raises(OperationFailure) as e:
         db.c.drop_index("nope_1")

@@ -52,6 +52,9 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
                 };
                 input_override = Some(vec![coll_stats_stage(ctx, c, &spec)?]);
             }
+            Stage::External(name, _) if name == "$changeStream" => {
+                return Err(Error::location(40573, "The $changeStream stage is only supported on replica sets"));
+            }
             Stage::External(name, _) => {
                 return Err(Error::new(Code::CommandNotSupported, format!("{name} is not supported by shoal yet")));
             }
