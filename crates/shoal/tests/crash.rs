@@ -233,6 +233,9 @@ async fn acknowledged_writes_survive_kill_9() {
             known.extend(task_known);
         }
         drop(client);
+        let pending = known.values().filter(|k| k.pending.is_some()).count();
+        let present = known.values().filter(|k| k.acked.is_some()).count();
+        eprintln!("round {round}: {} documents tracked, {present} acknowledged present, {pending} unacknowledged in flight at the kill", known.len());
         server.restart();
         verify(&server, &known).await;
         // Drop the probe document the unique check may have inserted (it must have failed anyway).

@@ -1197,3 +1197,241 @@ async fn data_survives_graceful_restart_and_shutdown_command() {
     let client = server.client().await;
     assert_eq!(client.database("test").collection::<Document>("c").count_documents(doc! {}).await.expect("count"), 100);
 }
+
+// ---------------------------------------------------------------- semantics that apps rely on
+
+#[tokio::test]
+async fn comparison_semantics_across_types_nulls_and_arrays() {
+    let server = Server::start();
+    let client = server.client().await;
+    let coll = client.database("test").collection::<Document>("c");
+    coll.insert_many(vec![
+        doc! {"_id": 1, "a": null},
+        doc! {"_id": 2},
+        doc! {"_id": 3, "a": 1},
+        doc! {"_id": 4, "a": 1.0},
+        doc! {"_id": 5, "a": 1_i64},
+        doc! {"_id": 6, "a": "1".parse::<Decimal128>().expect("decimal")},
+        doc! {"_id": 7, "a": "1"},
+        doc! {"_id": 8, "a": [1, 5]},
+        doc! {"_id": 9, "a": [[1]]},
+        doc! {"_id": 10, "a": {"b": 1}},
+        doc! {"_id": 11, "a": []},
+        doc! {"_id": 12, "a": true},
+    ])
+    .await
+    .expect("seed");
+    let cases: Vec<(Document, Vec<i32>)> = vec![
+        // Numbers compare by value whatever their BSON type; arrays match by element.
+        (doc! {"a": 1}, vec![3, 4, 5, 6, 8]),
+        (doc! {"a": "1.0".parse::<Decimal128>().expect("decimal")}, vec![3, 4, 5, 6, 8]),
+        // null matches null and missing.
+        (doc! {"a": null}, vec![1, 2]),
+        (doc! {"a": {"$exists": false}}, vec![2]),
+        // Range operators stay within their type bracket.
+        (doc! {"a": {"$gt": 0}}, vec![3, 4, 5, 6, 8]),
+        (doc! {"a": {"$lt": "2"}}, vec![7]),
+        (doc! {"a": {"$gte": false}}, vec![12]),
+        // Whole-array equality, and an array element that is itself an array.
+        (doc! {"a": [1, 5]}, vec![8]),
+        (doc! {"a": [1]}, vec![9]),
+        (doc! {"a": {"$size": 0}}, vec![11]),
+        (doc! {"a": {"$type": "array"}}, vec![8, 9, 11]),
+        (doc! {"a": {"$type": "number"}}, vec![3, 4, 5, 6, 8]),
+        (doc! {"a.b": 1}, vec![10]),
+        (doc! {"a": {"$in": [null, "1"]}}, vec![1, 2, 7]),
+        (doc! {"a": {"$ne": 1}}, vec![1, 2, 7, 9, 10, 11, 12]),
+        (doc! {"a": {"$nin": [1, null]}}, vec![7, 9, 10, 11, 12]),
+        (doc! {"a": {"$all": [1, 5]}}, vec![8]),
+        (doc! {"a": {"$elemMatch": {"$gt": 4}}}, vec![8]),
+        (doc! {"a": {"$gt": 4}}, vec![8]),
+    ];
+    for (filter, want) in cases {
+        let got = collect(coll.find(filter.clone()).sort(doc! {"_id": 1}).await.expect("find")).await;
+        assert_eq!(ids(&got), want, "filter {filter:?}");
+    }
+    // BSON sort order: [] < null/missing < numbers < strings < objects < arrays < booleans.
+    // Ascending sorts arrays by their smallest element, descending by their largest.
+    let asc = collect(coll.find(doc! {}).sort(doc! {"a": 1, "_id": 1}).await.expect("find")).await;
+    assert_eq!(ids(&asc), vec![11, 1, 2, 3, 4, 5, 6, 8, 7, 10, 9, 12]);
+    let desc = collect(coll.find(doc! {}).sort(doc! {"a": -1, "_id": 1}).await.expect("find")).await;
+    assert_eq!(ids(&desc), vec![12, 9, 10, 7, 8, 3, 4, 5, 6, 1, 2, 11]);
+}
+
+#[tokio::test]
+async fn id_moves_first_and_indexes_agree_with_collection_scans() {
+    let server = Server::start();
+    let client = server.client().await;
+    let coll = client.database("test").collection::<Document>("c");
+    // MongoDB stores _id as the first field whatever the client sent.
+    coll.insert_one(doc! {"a": 1, "_id": 5, "b": 2}).await.expect("insert");
+    assert_same(&coll.find_one(doc! {"_id": 5}).await.expect("find").expect("doc"), &doc! {"_id": 5, "a": 1, "b": 2});
+    coll.delete_many(doc! {}).await.expect("clear");
+
+    let docs: Vec<Document> = (0..300)
+        .map(|i| doc! {"_id": i, "a": i % 7, "b": format!("s{:03}", i % 50), "tags": [i % 3, i % 5], "n": {"x": i % 11}})
+        .collect();
+    coll.insert_many(docs).await.expect("seed");
+    for keys in [doc! {"a": 1, "b": -1}, doc! {"tags": 1}, doc! {"n.x": 1}, doc! {"b": 1}] {
+        coll.create_index(IndexModel::builder().keys(keys).build()).await.expect("index");
+    }
+    // Updates move documents between index keys; the indexes must follow.
+    coll.update_many(doc! {"a": 3}, doc! {"$set": {"a": 30}, "$push": {"tags": 99}}).await.expect("update");
+    coll.delete_many(doc! {"n.x": 4}).await.expect("delete");
+    let queries: Vec<(Document, Document, &str)> = vec![
+        (doc! {"a": {"$gte": 2, "$lt": 5}}, doc! {"a": 1, "b": -1, "_id": 1}, "a_1_b_-1"),
+        (doc! {"a": 30, "b": {"$gt": "s010"}}, doc! {"b": -1, "_id": 1}, "a_1_b_-1"),
+        (doc! {"a": {"$in": [0, 6, 30]}}, doc! {"_id": -1}, "a_1_b_-1"),
+        (doc! {"tags": 99}, doc! {"_id": 1}, "tags_1"),
+        (doc! {"tags": {"$gt": 3}}, doc! {"_id": 1}, "tags_1"),
+        (doc! {"tags": {"$all": [0, 4]}}, doc! {"_id": 1}, "tags_1"),
+        (doc! {"n.x": {"$lte": 2}}, doc! {"n.x": -1, "_id": 1}, "n.x_1"),
+        (doc! {"b": {"$regex": "^s00"}}, doc! {"b": 1, "_id": 1}, "b_1"),
+        (doc! {"b": {"$exists": true}, "a": {"$ne": 1}}, doc! {"_id": 1}, "b_1"),
+    ];
+    for (filter, sort, index) in queries {
+        let scan = collect(coll.find(filter.clone()).sort(sort.clone()).hint(mongodb::options::Hint::Keys(doc! {"$natural": 1})).await.expect("scan")).await;
+        let via = collect(coll.find(filter.clone()).sort(sort.clone()).hint(mongodb::options::Hint::Name(index.to_string())).await.expect("indexed")).await;
+        assert!(!scan.is_empty(), "{filter:?} should match something");
+        assert_eq!(ids(&via), ids(&scan), "index {index} disagrees with a collection scan for {filter:?}");
+        let n = coll.count_documents(filter.clone()).hint(mongodb::options::Hint::Name(index.to_string())).await.expect("count");
+        assert_eq!(n as usize, scan.len(), "count via {index} for {filter:?}");
+    }
+    // A hint naming no index is BadValue (2).
+    assert_code(coll.find(doc! {}).hint(mongodb::options::Hint::Name("nope".into())).await.map(|_| ()), 2);
+    // A unique violation caused by an update leaves the document unchanged.
+    coll.create_index(IndexModel::builder().keys(doc! {"u": 1}).options(IndexOptions::builder().unique(true).build()).build()).await.expect_err("300 docs share a null u");
+    let uniq = client.database("test").collection::<Document>("uniq");
+    uniq.create_index(IndexModel::builder().keys(doc! {"u": 1}).options(IndexOptions::builder().unique(true).build()).build()).await.expect("unique");
+    uniq.insert_many(vec![doc! {"_id": 1, "u": 1}, doc! {"_id": 2, "u": 2}]).await.expect("seed uniq");
+    assert_code(uniq.update_one(doc! {"_id": 2}, doc! {"$set": {"u": 1}}).await, 11000);
+    assert_eq!(uniq.find_one(doc! {"_id": 2}).await.expect("find").expect("doc"), doc! {"_id": 2, "u": 2});
+    assert_eq!(uniq.count_documents(doc! {"u": 2}).hint(mongodb::options::Hint::Name("u_1".into())).await.expect("count"), 1);
+}
+
+#[tokio::test]
+async fn write_batch_limits_and_document_growth() {
+    let server = Server::start();
+    let client = server.client().await;
+    let db = client.database("test");
+    let coll = db.collection::<Document>("c");
+    // Over maxWriteBatchSize: the driver splits, the server accepts each batch.
+    coll.insert_many((0..120_000).map(|i| doc! {"_id": i}).collect::<Vec<_>>()).await.expect("120k inserts");
+    assert_eq!(coll.estimated_document_count().await.expect("count"), 120_000);
+    // A single command above the limit, or with nothing in it, is InvalidLength (16).
+    let too_many: Vec<Document> = (0..100_001).map(|i| doc! {"x": i}).collect();
+    assert_code(db.run_command(doc! {"insert": "other", "documents": too_many}).await, 16);
+    assert_code(db.run_command(doc! {"insert": "other", "documents": []}).await, 16);
+    assert_eq!(db.collection::<Document>("other").count_documents(doc! {}).await.expect("count"), 0);
+
+    // Many large documents: one insert_many the driver must split by message size (48 MB).
+    let big = db.collection::<Document>("big");
+    let payload = "p".repeat(1024 * 1024);
+    big.insert_many((0..60).map(|i| doc! {"_id": i, "p": payload.clone()}).collect::<Vec<_>>()).await.expect("60 x 1 MB");
+    // The first batch of a find stops at 16 MB, not at 101 documents.
+    let first = db.run_command(doc! {"find": "big", "sort": {"_id": 1}}).await.expect("find");
+    let n_first = first.get_document("cursor").and_then(|c| c.get_array("firstBatch")).map(|b| b.len()).expect("firstBatch");
+    assert!(n_first > 0 && n_first <= 16, "first batch of 1 MB documents holds {n_first}");
+    let all = collect(big.find(doc! {}).sort(doc! {"_id": 1}).await.expect("find")).await;
+    assert_eq!(ids(&all), (0..60).collect::<Vec<i32>>());
+    assert!(all.iter().all(|d| d.get_str("p").map(|p| p.len()).ok() == Some(payload.len())));
+
+    // An update may not grow a document past 16 MB (17419).
+    let ten_mb = "t".repeat(10 * 1024 * 1024);
+    big.insert_one(doc! {"_id": "grow", "a": ten_mb.clone()}).await.expect("10 MB doc");
+    assert_code(big.update_one(doc! {"_id": "grow"}, doc! {"$set": {"b": ten_mb}}).await, 17419);
+    let d = big.find_one(doc! {"_id": "grow"}).await.expect("find").expect("doc");
+    assert!(d.get("b").is_none(), "failed update must leave the document as it was");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_increments_and_queue_claims_are_atomic() {
+    let server = Server::start();
+    let client = server.client().await;
+    let coll = client.database("test").collection::<Document>("c");
+    coll.insert_one(doc! {"_id": "counter", "n": 0}).await.expect("seed");
+    const TASKS: i32 = 8;
+    const INCREMENTS_PER_TASK: i32 = 100;
+    let mut handles = Vec::new();
+    for _ in 0..TASKS {
+        let coll = coll.clone();
+        handles.push(tokio::spawn(async move {
+            for _ in 0..INCREMENTS_PER_TASK {
+                coll.update_one(doc! {"_id": "counter"}, doc! {"$inc": {"n": 1}}).await.expect("inc");
+            }
+        }));
+    }
+    for h in handles {
+        h.await.expect("task");
+    }
+    let d = coll.find_one(doc! {"_id": "counter"}).await.expect("find").expect("doc");
+    assert_eq!(d.get_i32("n").ok(), Some(TASKS * INCREMENTS_PER_TASK), "lost updates: {d:?}");
+
+    // A work queue: every job is claimed exactly once by find_one_and_update.
+    let jobs = client.database("test").collection::<Document>("jobs");
+    jobs.insert_many((0..200).map(|i| doc! {"_id": i, "state": "new"}).collect::<Vec<_>>()).await.expect("jobs");
+    let mut handles = Vec::new();
+    for worker in 0..TASKS {
+        let jobs = jobs.clone();
+        handles.push(tokio::spawn(async move {
+            let mut claimed = Vec::new();
+            while let Some(job) = jobs
+                .find_one_and_update(doc! {"state": "new"}, doc! {"$set": {"state": "taken", "by": worker}})
+                .sort(doc! {"_id": 1})
+                .await
+                .expect("claim")
+            {
+                claimed.push(job.get_i32("_id").expect("_id"));
+            }
+            claimed
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.expect("worker"));
+    }
+    all.sort();
+    assert_eq!(all, (0..200).collect::<Vec<i32>>(), "each job claimed exactly once");
+    assert_eq!(jobs.count_documents(doc! {"state": "taken"}).await.expect("count"), 200);
+}
+
+#[tokio::test]
+async fn sort_order_of_strings_and_numbers() {
+    let server = Server::start();
+    let client = server.client().await;
+    let coll = client.database("test").collection::<Document>("c");
+    // Strings compare by their UTF-8 bytes (no collation by default).
+    let strings = ["b", "B", "a", "é", "ab", ""];
+    coll.insert_many(strings.iter().enumerate().map(|(i, s)| doc! {"_id": i as i32, "s": *s}).collect::<Vec<_>>()).await.expect("strings");
+    let got: Vec<String> = collect(coll.find(doc! {"s": {"$exists": true}}).sort(doc! {"s": 1}).await.expect("find"))
+        .await
+        .iter()
+        .map(|d| d.get_str("s").unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(got, vec!["", "B", "a", "ab", "b", "é"]);
+    assert_eq!(coll.count_documents(doc! {"s": {"$gt": "a", "$lt": "b"}}).await.expect("count"), 1, "only \"ab\" lies between");
+
+    // Numbers of every type interleave by value; NaN sorts below every other number.
+    let nums = vec![
+        Bson::Double(f64::NAN),
+        Bson::Double(f64::NEG_INFINITY),
+        Bson::Decimal128("0.5".parse().expect("decimal")),
+        Bson::Int32(1),
+        Bson::Double(1.5),
+        Bson::Int64(2),
+        Bson::Int64(i64::MAX),
+        Bson::Double(f64::INFINITY),
+    ];
+    let scrambled = [5usize, 0, 7, 2, 6, 1, 4, 3];
+    coll.insert_many(scrambled.iter().map(|&i| doc! {"_id": 100 + i as i32, "n": nums[i].clone()}).collect::<Vec<_>>()).await.expect("numbers");
+    let got = collect(coll.find(doc! {"n": {"$exists": true}}).sort(doc! {"n": 1}).await.expect("find")).await;
+    assert_eq!(ids(&got), (100..108).collect::<Vec<i32>>(), "{got:?}");
+    let got = collect(coll.find(doc! {"n": {"$exists": true}}).sort(doc! {"n": -1}).await.expect("find")).await;
+    assert_eq!(ids(&got), (100..108).rev().collect::<Vec<i32>>(), "{got:?}");
+    // Range queries on mixed numeric types.
+    let got = collect(coll.find(doc! {"n": {"$gt": 1, "$lte": 2.0}}).sort(doc! {"_id": 1}).await.expect("find")).await;
+    assert_eq!(ids(&got), vec![104, 105]);
+    // NaN equals only NaN.
+    let got = collect(coll.find(doc! {"n": f64::NAN}).await.expect("find")).await;
+    assert_eq!(ids(&got), vec![100]);
+}

@@ -1,5 +1,11 @@
 // Shell CRUD helpers. Fails by throwing (non-zero exit).
 const assert = require('assert');
+// Shell values live in another realm, so compare by canonical JSON (order-sensitive, like BSON).
+function eq(actual, expected, msg) {
+  const a = JSON.stringify(actual);
+  const b = JSON.stringify(expected);
+  if (a !== b) throw new Error(`${msg || 'mismatch'}: got ${a}, want ${b}`);
+}
 db = db.getSiblingDB('sh_crud');
 db.dropDatabase();
 
@@ -10,13 +16,13 @@ const many = db.people.insertMany([{ name: 'bob', age: 25 }, { name: 'cy', age: 
 assert.strictEqual(Object.keys(many.insertedIds).length, 3);
 
 const all = db.people.find({}, { _id: 0 }).sort({ name: 1 }).toArray();
-assert.deepStrictEqual(all.map((d) => d.name), ['ann', 'bob', 'cy', 'di']);
-assert.deepStrictEqual(Object.keys(all[0]), ['name', 'age']);
+eq(all.map((d) => d.name), ['ann', 'bob', 'cy', 'di']);
+eq(Object.keys(all[0]), ['name', 'age']);
 assert.strictEqual(db.people.countDocuments({ age: 25 }), 2);
-assert.deepStrictEqual(db.people.distinct('age').sort(), [25, 31, 40]);
+eq(db.people.distinct('age').sort(), [25, 31, 40]);
 assert.strictEqual(db.people.findOne({ name: 'cy' }).age, 40);
 assert.strictEqual(db.people.find({ age: { $gt: 26 } }).count(), 2);
-assert.deepStrictEqual(db.people.find().sort({ age: -1, name: 1 }).skip(1).limit(2).toArray().map((d) => d.name), ['ann', 'bob']);
+eq(db.people.find().sort({ age: -1, name: 1 }).skip(1).limit(2).toArray().map((d) => d.name), ['ann', 'bob']);
 
 let u = db.people.updateOne({ name: 'bob' }, { $inc: { age: 1 }, $set: { city: 'x' } });
 assert.strictEqual(u.matchedCount, 1);

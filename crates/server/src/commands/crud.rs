@@ -6,7 +6,7 @@ use crate::cursor::{Cursor, Source, FIRST_BATCH_DOCS_DEFAULT};
 use crate::exec::Scan;
 use crate::state::Counters;
 use bson::{doc, oid::ObjectId, Bson, Document};
-use common::limits::WRITE_BATCH_SIZE_MAX;
+use common::limits::{BSON_OBJECT_SIZE_MAX_BYTES, WRITE_BATCH_SIZE_MAX};
 use common::{Code, Error, Result};
 use query::filter::{Filter, MatchDetails};
 use query::projection::Projection;
@@ -51,6 +51,15 @@ fn prepare_for_insert(doc: Document) -> Result<Document> {
         Some(Bson::RegularExpression(_)) => Err(Error::new(Code::InvalidIdField, "The '_id' value cannot be of type regex")),
         Some(Bson::Undefined) => Err(Error::new(Code::InvalidIdField, "can't use a undefined for _id")),
         Some(Bson::Document(d)) if d.keys().any(|k| k.starts_with('$')) => Err(Error::new(Code::DollarPrefixedFieldName, "_id fields may not contain '$'-prefixed fields")),
+        // MongoDB stores `_id` as the first field.
+        Some(_) if doc.keys().next().map(String::as_str) != Some("_id") => {
+            let mut doc = doc;
+            let id = doc.remove("_id").unwrap_or(Bson::Null);
+            let mut out = Document::new();
+            out.insert("_id", id);
+            out.extend(doc);
+            Ok(out)
+        }
         Some(_) => Ok(doc),
     }
 }
@@ -375,6 +384,9 @@ fn apply_update(ctx: &Ctx, coll_name: &str, stmt: &UpdateStmt, sort: Option<&Sor
     let snapshot = writer.snapshot();
     let apply_one = |writer: &mut storage::Writer, rid, doc: Document, details: MatchDetails, res: &mut UpdateResult| -> Result<()> {
         let new = stmt.update.apply(&doc, &details, false)?;
+        if wire::document_size_bytes(&new) > BSON_OBJECT_SIZE_MAX_BYTES {
+            return Err(Error::location(17419, format!("Resulting document after update is larger than {BSON_OBJECT_SIZE_MAX_BYTES}")));
+        }
         res.n += 1;
         if new != doc {
             writer.update(rid, &doc, &new)?;
@@ -405,6 +417,9 @@ fn apply_update(ctx: &Ctx, coll_name: &str, stmt: &UpdateStmt, sort: Option<&Sor
         let seed = query::update::upsert_seed(&stmt.query)?;
         let new = stmt.update.apply(&seed, &MatchDetails::default(), true)?;
         let new = prepare_for_insert(new)?;
+        if wire::document_size_bytes(&new) > BSON_OBJECT_SIZE_MAX_BYTES {
+            return Err(Error::location(17420, format!("Document to upsert is larger than {BSON_OBJECT_SIZE_MAX_BYTES}")));
+        }
         let id = new.get("_id").cloned().unwrap_or(Bson::Null);
         writer.insert(&new)?;
         drop(writer);

@@ -55,7 +55,8 @@ test('duplicate _id: ordered and unordered BulkWriteError', async () => {
     assert.equal(e.result.insertedCount, 1);
     const errs = e.writeErrors.map((w) => [w.index, w.code]);
     assert.deepEqual(errs, [[1, 11000]]);
-    assert.deepEqual(e.writeErrors[0].err?.keyPattern, { _id: 1 });
+    // The Node driver keeps index/code/errmsg of bulk write errors (keyPattern is checked via insertOne below).
+    assert.match(e.writeErrors[0].errmsg, /^E11000 duplicate key error collection: node_crud_\d+\.c index: _id_ dup key: \{ _id: 1 \}/);
     return true;
   });
   await assert.rejects(c.insertMany([{ _id: 3 }, { _id: 1 }, { _id: 4 }, { _id: 0 }], { ordered: false }), (e) => {
