@@ -239,15 +239,10 @@ fn session_ids(ctx: &Ctx, field: &str) -> Result<Vec<Bson>> {
     Ok(ids)
 }
 
+/// endSessions and killSessions: both end the sessions' cursors (shoal keeps no other
+/// per-session state until transactions exist).
 pub fn end_sessions(ctx: &mut Ctx) -> Result<Document> {
-    for id in session_ids(ctx, "endSessions")? {
-        ctx.shared.cursors.kill_for_session(&id);
-    }
-    Ok(Document::new())
-}
-
-pub fn kill_sessions(ctx: &mut Ctx) -> Result<Document> {
-    for id in session_ids(ctx, "killSessions")? {
+    for id in session_ids(ctx, ctx.name)? {
         ctx.shared.cursors.kill_for_session(&id);
     }
     Ok(Document::new())

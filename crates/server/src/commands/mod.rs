@@ -41,7 +41,7 @@ pub fn lookup(name: &str) -> Option<Handler> {
         "listCommands" => hello::list_commands,
         "endSessions" => hello::end_sessions,
         "killAllSessions" => hello::kill_all_sessions,
-        "killSessions" => hello::kill_sessions,
+        "killSessions" => hello::end_sessions,
         "refreshSessions" => hello::refresh_sessions,
         "startSession" => hello::start_session,
         "currentOp" => hello::current_op,
