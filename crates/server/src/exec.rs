@@ -5,6 +5,9 @@ use crate::ops::OpCtx;
 use bson::{Bson, Document};
 use common::Result;
 use query::filter::{Filter, MatchDetails};
+use crate::plan::{Access, IndexPlan, Plan};
+use query::sort::SortSpec;
+use std::collections::HashSet;
 use storage::{RecordId, Snapshot};
 
 /// Records read from storage per pull; bounds the memory a scan holds between checks of
@@ -16,25 +19,51 @@ const EXAMINED_CHECK_DOCS: u64 = 32;
 pub struct Scan {
     snapshot: Snapshot,
     filter: Filter,
-    /// `Some(v)`: the filter pins `_id` to v, so one index lookup replaces the scan.
-    point: Option<Bson>,
-    after: Option<RecordId>,
+    access: ScanAccess,
     chunk: std::vec::IntoIter<(RecordId, Document)>,
     done: bool,
     examined: u64,
+    /// Index keys read (explain's keysExamined).
+    pub keys_examined: u64,
+    /// Documents read from the record store (explain's docsExamined).
+    pub docs_examined: u64,
+}
+
+enum ScanAccess {
+    Collection { after: Option<RecordId> },
+    /// `Some(v)`: the filter pins `_id` to v, so one index lookup replaces the scan.
+    Point(Option<Bson>),
+    Index {
+        plan: IndexPlan,
+        interval: usize,
+        after: Option<Vec<u8>>,
+        /// Record ids already returned, when one record can appear under several keys
+        /// (multikey index, or several intervals).
+        seen: Option<HashSet<RecordId>>,
+    },
 }
 
 impl Scan {
-    pub fn new(snapshot: Snapshot, filter: Filter) -> Scan {
-        let point = filter.id_equality().cloned();
-        Scan { snapshot, filter, point, after: None, chunk: Vec::new().into_iter(), done: false, examined: 0 }
+    pub fn with_plan(snapshot: Snapshot, filter: Filter, plan: &Plan) -> Scan {
+        let access = match &plan.access {
+            Access::CollScan => ScanAccess::Collection { after: None },
+            Access::IdPoint(id) => ScanAccess::Point(Some(id.clone())),
+            Access::IndexScan(p) => {
+                let seen = (p.multikey || p.intervals.len() > 1).then(HashSet::new);
+                ScanAccess::Index { plan: p.clone(), interval: 0, after: None, seen }
+            }
+        };
+        Scan::with_access(snapshot, filter, access)
+    }
+
+    fn with_access(snapshot: Snapshot, filter: Filter, access: ScanAccess) -> Scan {
+        Scan { snapshot, filter, access, chunk: Vec::new().into_iter(), done: false, examined: 0, keys_examined: 0, docs_examined: 0 }
     }
 
     /// Next matching document with its match details (for positional projection/update).
     pub fn next(&mut self, op: &OpCtx) -> Result<Option<(RecordId, Document, MatchDetails)>> {
         loop {
             if let Some((rid, doc)) = self.chunk.next() {
-                self.after = Some(rid);
                 self.examined += 1;
                 // Filters can be costly ($expr): honour maxTimeMS/killOp within a chunk too.
                 if self.examined % EXAMINED_CHECK_DOCS == 0 {
@@ -50,18 +79,65 @@ impl Scan {
                 return Ok(None);
             }
             op.check()?;
-            if let Some(id) = self.point.take() {
-                self.done = true;
-                let found = self.snapshot.find_by_id(&id)?;
-                self.chunk = found.into_iter().collect::<Vec<_>>().into_iter();
-                continue;
-            }
-            let batch = self.snapshot.scan(self.after, SCAN_CHUNK_DOCS)?;
-            if batch.len() < SCAN_CHUNK_DOCS {
-                self.done = true;
-            }
-            self.chunk = batch.into_iter();
+            self.refill()?;
         }
+    }
+
+    fn refill(&mut self) -> Result<()> {
+        match &mut self.access {
+            ScanAccess::Point(id) => {
+                self.done = true;
+                if let Some(id) = id.take() {
+                    self.keys_examined += 1;
+                    let found = self.snapshot.find_by_id(&id)?;
+                    self.docs_examined += found.is_some() as u64;
+                    self.chunk = found.into_iter().collect::<Vec<_>>().into_iter();
+                }
+            }
+            ScanAccess::Collection { after } => {
+                let batch = self.snapshot.scan(*after, SCAN_CHUNK_DOCS)?;
+                if batch.len() < SCAN_CHUNK_DOCS {
+                    self.done = true;
+                }
+                if let Some((rid, _)) = batch.last() {
+                    *after = Some(*rid);
+                }
+                self.docs_examined += batch.len() as u64;
+                self.chunk = batch.into_iter();
+            }
+            ScanAccess::Index { plan, interval, after, seen } => {
+                let n = plan.intervals.len();
+                if *interval >= n {
+                    self.done = true;
+                    return Ok(());
+                }
+                // A reverse scan visits the intervals last to first.
+                let i = if plan.reverse { n - 1 - *interval } else { *interval };
+                let mut bounds = plan.intervals[i].clone();
+                bounds.reverse = plan.reverse;
+                let entries = self.snapshot.index_scan(&plan.index.name, bounds, after.take(), SCAN_CHUNK_DOCS)?;
+                self.keys_examined += entries.len() as u64;
+                if entries.len() < SCAN_CHUNK_DOCS {
+                    *interval += 1;
+                } else {
+                    *after = entries.last().map(|e| e.position.clone());
+                }
+                let mut docs = Vec::with_capacity(entries.len());
+                for e in entries {
+                    if let Some(seen) = seen {
+                        if !seen.insert(e.record_id) {
+                            continue;
+                        }
+                    }
+                    if let Some(doc) = self.snapshot.get(e.record_id)? {
+                        docs.push((e.record_id, doc));
+                    }
+                }
+                self.docs_examined += docs.len() as u64;
+                self.chunk = docs.into_iter();
+            }
+        }
+        Ok(())
     }
 
     /// All matches (for sorts, distinct, aggregation input), bounded by the caller's checks.
@@ -72,7 +148,7 @@ impl Scan {
             size += approx_doc_size(&item.1);
             if size > size_bytes_max {
                 return Err(common::Error::new(
-                    common::Code(292, "QueryExceededMemoryLimitNoDiskUseAllowed"),
+                    common::Code::QueryExceededMemoryLimitNoDiskUseAllowed,
                     format!("Executor error during find command :: caused by :: Sort exceeded memory limit of {size_bytes_max} bytes, but did not opt in to external sorting."),
                 ));
             }
@@ -80,6 +156,13 @@ impl Scan {
         }
         Ok(out)
     }
+}
+
+/// Plan and open a scan of `coll` for `filter_doc`, optionally wanting `sort` order.
+pub fn planned_scan(coll: &storage::Collection, snapshot: Snapshot, filter_doc: &Document, sort: Option<&SortSpec>, hint: Option<&Bson>) -> Result<(Scan, Plan)> {
+    let filter = Filter::parse(filter_doc)?;
+    let plan = crate::plan::choose(filter_doc, sort, &coll.meta(), &snapshot, hint, filter.id_equality())?;
+    Ok((Scan::with_plan(snapshot, filter, &plan), plan))
 }
 
 /// Cheap estimate of a document's BSON size, used only for memory accounting.

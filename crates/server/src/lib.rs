@@ -9,6 +9,7 @@ mod cursor;
 mod dispatch;
 mod exec;
 mod ops;
+mod plan;
 mod state;
 mod sysinfo;
 

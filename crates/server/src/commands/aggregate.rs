@@ -3,11 +3,10 @@
 
 use super::{check_fields, cursor_reply, Ctx};
 use crate::cursor::{Cursor, Source, FIRST_BATCH_DOCS_DEFAULT};
-use crate::exec::Scan;
+use crate::exec::planned_scan;
 use bson::{doc, Bson, DateTime, Document};
 use common::{Code, Error, Result};
 use query::agg::{Pipeline, RunOptions, Stage};
-use query::filter::Filter;
 
 /// Memory a blocking stage ($group, $sort) may hold (MongoDB: 100 MiB per stage).
 pub const AGG_MEMORY_BYTES_MAX: usize = 100 * 1024 * 1024;
@@ -67,11 +66,8 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
         Some(docs) => pipeline.run_interruptible(&mut docs.into_iter().map(Ok), &opts, &|| ctx.op.check())?,
         None => match coll_name.as_deref().and_then(|c| ctx.shared.store.collection(ctx.db, c)) {
             Some(coll) => {
-                let leading = match pipeline.leading_match() {
-                    Some(m) => Filter::parse(&m)?,
-                    None => Filter::match_all(),
-                };
-                let mut scan = Scan::new(coll.snapshot(), leading);
+                let leading = pipeline.leading_match().unwrap_or_default();
+                let (mut scan, _) = planned_scan(&coll, coll.snapshot(), &leading, None, ctx.cmd.get("hint"))?;
                 let op = ctx.op;
                 let mut input = std::iter::from_fn(|| scan.next(op).transpose().map(|r| r.map(|(_, d, _)| d)));
                 pipeline.run_interruptible(&mut input, &opts, &|| op.check())?

@@ -3,7 +3,8 @@
 
 use super::{as_i64, check_fields, cursor_reply, Ctx};
 use crate::cursor::{Cursor, Source, FIRST_BATCH_DOCS_DEFAULT};
-use crate::exec::Scan;
+use crate::exec::{planned_scan, Scan};
+use crate::plan::Plan;
 use crate::state::Counters;
 use bson::{doc, oid::ObjectId, Bson, Document};
 use common::limits::{BSON_OBJECT_SIZE_MAX_BYTES, WRITE_BATCH_SIZE_MAX};
@@ -185,13 +186,21 @@ fn check_hint(ctx: &Ctx, hint: Option<&Bson>, coll: Option<&storage::Collection>
 }
 
 /// All matches of `filter`, sorted with `sort` (stable), bounded by the sort memory limit.
-fn sorted_matches(ctx: &Ctx, snapshot: storage::Snapshot, filter: Filter, sort: &SortSpec, allow_disk_use: bool) -> Result<Vec<(storage::RecordId, Document, MatchDetails)>> {
+fn sorted_matches(ctx: &Ctx, mut scan: Scan, sort: &SortSpec, allow_disk_use: bool) -> Result<Vec<(storage::RecordId, Document, MatchDetails)>> {
     let limit = if allow_disk_use { SORT_MEMORY_BYTES_MAX_DISK_USE } else { SORT_MEMORY_BYTES_MAX };
-    let mut all = Scan::new(snapshot, filter).collect_all(ctx.op, limit)?;
+    let mut all = scan.collect_all(ctx.op, limit)?;
     if !sort.is_empty() {
         all.sort_by(|a, b| sort.compare(&a.1, &b.1));
     }
     Ok(all)
+}
+
+/// The first match in `sort` order: from the scan directly when the plan yields that order.
+fn first_match(ctx: &Ctx, mut scan: Scan, plan: &Plan, sort: Option<&SortSpec>) -> Result<Option<(storage::RecordId, Document, MatchDetails)>> {
+    match sort.filter(|s| !s.is_empty() && !plan.provides_sort) {
+        Some(sort) => Ok(sorted_matches(ctx, scan, sort, false)?.into_iter().next()),
+        None => scan.next(ctx.op),
+    }
 }
 
 const FIND_FIELDS: &[&str] = &[
@@ -232,11 +241,13 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     let Some(coll) = coll else {
         return Ok(cursor_reply(&ns, 0, Vec::new(), true));
     };
-    let snapshot = coll.snapshot();
-    let source = if sort.is_empty() {
-        Source::Find { scan: Box::new(Scan::new(snapshot, filter)), projection, skip, limit, returned: 0 }
+    drop(filter);
+    let filter_doc = ctx.doc_arg("filter")?.cloned().unwrap_or_default();
+    let (scan, plan) = planned_scan(&coll, coll.snapshot(), &filter_doc, Some(&sort), ctx.cmd.get("hint"))?;
+    let source = if sort.is_empty() || plan.provides_sort {
+        Source::Find { scan: Box::new(scan), projection, skip, limit, returned: 0 }
     } else {
-        let all = sorted_matches(ctx, snapshot, filter, &sort, allow_disk_use)?;
+        let all = sorted_matches(ctx, scan, &sort, allow_disk_use)?;
         let mut out = VecDeque::new();
         for (_, doc, details) in all.into_iter().skip(skip as usize).take(limit.unwrap_or(u64::MAX) as usize) {
             out.push_back(match &projection {
@@ -307,7 +318,7 @@ pub fn kill_cursors(ctx: &mut Ctx) -> Result<Document> {
 
 /// One parsed update statement.
 struct UpdateStmt {
-    filter: Filter,
+    hint: Option<Bson>,
     query: Document,
     update: Update,
     upsert: bool,
@@ -323,6 +334,7 @@ fn parse_update_stmt(v: &Bson) -> Result<UpdateStmt> {
     let mut upsert = false;
     let mut multi = false;
     let mut array_filters: Option<Vec<Document>> = None;
+    let mut hint = None;
     for (k, v) in s {
         match k.as_str() {
             "q" => match v {
@@ -341,7 +353,8 @@ fn parse_update_stmt(v: &Bson) -> Result<UpdateStmt> {
                 }
                 _ => return Err(Error::type_mismatch("BSON field 'update.updates.arrayFilters' is the wrong type, expected type 'array'")),
             },
-            "hint" | "c" | "upsertSupplied" | "sampleId" => {}
+            "hint" => hint = Some(v.clone()),
+            "c" | "upsertSupplied" | "sampleId" => {}
             "collation" => {
                 if let Bson::Document(c) = v {
                     if !c.is_empty() && c.get_str("locale").map(|l| l != "simple").unwrap_or(true) {
@@ -361,7 +374,9 @@ fn parse_update_stmt(v: &Bson) -> Result<UpdateStmt> {
     if multi && update.is_replacement() {
         return Err(Error::failed_to_parse("multi update is not supported for replacement-style update"));
     }
-    Ok(UpdateStmt { filter: Filter::parse(&q)?, query: q, update, upsert, multi })
+    // Parsed here too so a bad filter fails even where no collection exists yet.
+    Filter::parse(&q)?;
+    Ok(UpdateStmt { hint, query: q, update, upsert, multi })
 }
 
 /// Outcome of one update statement.
@@ -396,22 +411,13 @@ fn apply_update(ctx: &Ctx, coll_name: &str, stmt: &UpdateStmt, sort: Option<&Sor
         res.after = Some(new);
         Ok(())
     };
-    match sort.filter(|s| !s.is_empty()) {
-        Some(sort) => {
-            let all = sorted_matches(ctx, snapshot, stmt.filter.clone(), sort, false)?;
-            if let Some((rid, doc, details)) = all.into_iter().next() {
-                apply_one(&mut writer, rid, doc, details, &mut res)?;
-            }
+    let (mut scan, plan) = planned_scan(&coll, snapshot, &stmt.query, sort, stmt.hint.as_ref())?;
+    if stmt.multi {
+        while let Some((rid, doc, details)) = scan.next(ctx.op)? {
+            apply_one(&mut writer, rid, doc, details, &mut res)?;
         }
-        None => {
-            let mut scan = Scan::new(snapshot, stmt.filter.clone());
-            while let Some((rid, doc, details)) = scan.next(ctx.op)? {
-                apply_one(&mut writer, rid, doc, details, &mut res)?;
-                if !stmt.multi {
-                    break;
-                }
-            }
-        }
+    } else if let Some((rid, doc, details)) = first_match(ctx, scan, &plan, sort)? {
+        apply_one(&mut writer, rid, doc, details, &mut res)?;
     }
     if res.n == 0 && stmt.upsert {
         let seed = query::update::upsert_seed(&stmt.query)?;
@@ -472,31 +478,23 @@ pub fn update(ctx: &mut Ctx) -> Result<Document> {
 
 /// Delete the documents matching `filter` (at most one unless `multi`, the first in `sort`
 /// order when given). Returns the deleted documents.
-fn apply_delete(ctx: &Ctx, coll_name: &str, filter: Filter, multi: bool, sort: Option<&SortSpec>) -> Result<Vec<Document>> {
-    let Some(coll) = ctx.shared.store.collection(ctx.db, coll_name) else { return Ok(Vec::new()) };
+fn apply_delete(ctx: &Ctx, coll_name: &str, query: &Document, multi: bool, sort: Option<&SortSpec>, hint: Option<&Bson>) -> Result<Vec<Document>> {
+    let Some(coll) = ctx.shared.store.collection(ctx.db, coll_name) else {
+        Filter::parse(query)?;
+        return Ok(Vec::new());
+    };
     let mut writer = coll.writer();
-    let snapshot = writer.snapshot();
+    let (mut scan, plan) = planned_scan(&coll, writer.snapshot(), query, sort, hint)?;
     let mut deleted = Vec::new();
-    match sort.filter(|s| !s.is_empty()) {
-        Some(sort) => {
-            let all = sorted_matches(ctx, snapshot, filter, sort, false)?;
-            if let Some((rid, doc, _)) = all.into_iter().next() {
-                writer.delete(rid, &doc)?;
-                deleted.push(doc);
-            }
+    if multi {
+        while let Some((rid, doc, _)) = scan.next(ctx.op)? {
+            writer.delete(rid, &doc)?;
+            // Multi-deletes only need the count; keep memory flat.
+            deleted.push(Document::new());
         }
-        None => {
-            let mut scan = Scan::new(snapshot, filter);
-            while let Some((rid, doc, _)) = scan.next(ctx.op)? {
-                writer.delete(rid, &doc)?;
-                if !multi {
-                    deleted.push(doc);
-                    break;
-                }
-                // Multi-deletes only need the count; keep memory flat.
-                deleted.push(Document::new());
-            }
-        }
+    } else if let Some((rid, doc, _)) = first_match(ctx, scan, &plan, sort)? {
+        writer.delete(rid, &doc)?;
+        deleted.push(doc);
     }
     Ok(deleted)
 }
@@ -515,6 +513,7 @@ pub fn delete(ctx: &mut Ctx) -> Result<Document> {
             let Bson::Document(s) = s else { return Err(Error::type_mismatch("BSON field 'delete.deletes' elements must be objects")) };
             let mut q = None;
             let mut limit = None;
+            let mut hint = None;
             for (k, v) in s {
                 match k.as_str() {
                     "q" => match v {
@@ -522,7 +521,8 @@ pub fn delete(ctx: &mut Ctx) -> Result<Document> {
                         _ => return Err(Error::type_mismatch("BSON field 'delete.deletes.q' is the wrong type, expected type 'object'")),
                     },
                     "limit" => limit = Some(as_i64(v).ok_or_else(|| Error::type_mismatch("BSON field 'delete.deletes.limit' is the wrong type, expected a number"))?),
-                    "hint" | "collation" | "sampleId" => {}
+                    "hint" => hint = Some(v.clone()),
+                    "collation" | "sampleId" => {}
                     other => return Err(Error::location(40415, format!("BSON field 'delete.deletes.{other}' is an unknown field."))),
                 }
             }
@@ -531,7 +531,7 @@ pub fn delete(ctx: &mut Ctx) -> Result<Document> {
             if limit != 0 && limit != 1 {
                 return Err(Error::failed_to_parse(format!("The limit field in delete objects must be 0 or 1. Got {limit}")));
             }
-            Ok(apply_delete(ctx, &name, Filter::parse(q)?, limit == 0, None)?.len() as u64)
+            Ok(apply_delete(ctx, &name, q, limit == 0, None, hint.as_ref())?.len() as u64)
         })();
         match r {
             Ok(k) => n += k,
@@ -583,7 +583,7 @@ pub fn find_and_modify(ctx: &mut Ctx) -> Result<Document> {
             return Err(Error::failed_to_parse("Cannot specify both new=true and remove=true; 'remove' always returns the deleted document"));
         }
         Counters::add(&ctx.shared.counters.delete, 1);
-        let deleted = apply_delete(ctx, &name, Filter::parse(&query_doc)?, false, Some(&sort))?;
+        let deleted = apply_delete(ctx, &name, &query_doc, false, Some(&sort), ctx.cmd.get("hint"))?;
         ctx.commit_write()?;
         let n = deleted.len() as i32;
         return Ok(doc! { "lastErrorObject": { "n": n }, "value": project(deleted.into_iter().next())? });
@@ -595,7 +595,8 @@ pub fn find_and_modify(ctx: &mut Ctx) -> Result<Document> {
         return Err(Error::failed_to_parse("Update argument must be either an object or an array"));
     }
     Counters::add(&ctx.shared.counters.update, 1);
-    let stmt = UpdateStmt { filter: Filter::parse(&query_doc)?, update: Update::parse(&update, array_filters.as_deref())?, query: query_doc, upsert, multi: false };
+    Filter::parse(&query_doc)?;
+    let stmt = UpdateStmt { hint: ctx.cmd.get("hint").cloned(), update: Update::parse(&update, array_filters.as_deref())?, query: query_doc, upsert, multi: false };
     let r = apply_update(ctx, &name, &stmt, Some(&sort))?;
     ctx.commit_write()?;
     let mut leo = doc! { "n": (r.n + r.upserted.is_some() as u64) as i32, "updatedExisting": r.n > 0 };
@@ -623,7 +624,7 @@ pub fn count(ctx: &mut Ctx) -> Result<Document> {
     let total = if filter.is_match_all() {
         snapshot.count()?
     } else {
-        let mut scan = Scan::new(snapshot, filter);
+        let (mut scan, _) = planned_scan(&coll, snapshot, &query_doc, None, ctx.cmd.get("hint"))?;
         let mut n = 0u64;
         let cap = limit.map(|l| l + skip).unwrap_or(u64::MAX);
         while n < cap && scan.next(ctx.op)?.is_some() {
@@ -683,9 +684,10 @@ pub fn distinct(ctx: &mut Ctx) -> Result<Document> {
     if key.is_empty() {
         return Err(Error::new(Code::InvalidPath, "FieldPath cannot be constructed with empty string"));
     }
-    let filter = Filter::parse(ctx.doc_arg("query")?.unwrap_or(&Document::new()))?;
+    let query_doc = ctx.doc_arg("query")?.cloned().unwrap_or_default();
+    Filter::parse(&query_doc)?;
     let Some(coll) = ctx.shared.store.collection(ctx.db, &name) else { return Ok(doc! { "values": [] }) };
-    let mut scan = Scan::new(coll.snapshot(), filter);
+    let (mut scan, _) = planned_scan(&coll, coll.snapshot(), &query_doc, None, ctx.cmd.get("hint"))?;
     let mut values: Vec<Bson> = Vec::new();
     let mut size = 0usize;
     while let Some((_, doc, _)) = scan.next(ctx.op)? {

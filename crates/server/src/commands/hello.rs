@@ -211,7 +211,7 @@ pub fn get_log(ctx: &mut Ctx) -> Result<Document> {
 pub fn list_commands(_ctx: &mut Ctx) -> Result<Document> {
     let names = [
         "aggregate", "buildInfo", "collStats", "connectionStatus", "count", "create", "createIndexes", "currentOp",
-        "dbStats", "delete", "distinct", "drop", "dropDatabase", "dropIndexes", "endSessions", "find", "findAndModify",
+        "dbStats", "delete", "distinct", "drop", "explain", "dropDatabase", "dropIndexes", "endSessions", "find", "findAndModify",
         "getCmdLineOpts", "getLog", "getMore", "getParameter", "hello", "hostInfo", "insert", "isMaster", "killAllSessions",
         "killCursors", "killOp", "killSessions", "shutdown", "listCommands", "listCollections", "listDatabases", "listIndexes", "ping",
         "refreshSessions", "renameCollection", "serverStatus", "startSession", "update", "validate", "whatsmyuri",

@@ -3,6 +3,7 @@
 
 mod admin;
 mod crud;
+mod explain;
 mod aggregate;
 mod hello;
 
@@ -69,6 +70,7 @@ pub fn lookup(name: &str) -> Option<Handler> {
         "count" => crud::count,
         "distinct" => crud::distinct,
         "aggregate" => aggregate::aggregate,
+        "explain" => explain::explain,
         _ => return None,
     })
 }

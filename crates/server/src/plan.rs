@@ -1,0 +1,495 @@
+//! Query planning: choose between a collection scan, an `_id` point lookup and an index scan,
+//! and compute index bounds from the filter.
+//!
+//! Bounds are always a superset of the matching keys: every fetched document is checked
+//! against the full filter again, so a predicate the planner does not understand only costs
+//! speed, never correctness. Multikey indexes never intersect two range predicates on one
+//! field (each array element may satisfy a different side), so they use one side only.
+
+use bson::{Bson, Document};
+use common::{Code, Error, Result};
+use query::sort::SortSpec;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use storage::{CollectionMeta, IndexBounds, IndexSpec, Snapshot};
+
+/// Index intervals from one `$in` may multiply across compound fields; past this many the
+/// planner stops extending the equality prefix (a shorter prefix is still correct).
+const INTERVALS_MAX: usize = 256;
+
+#[derive(Clone, Debug)]
+pub enum Access {
+    CollScan,
+    /// `_id` equality: one lookup in the `_id_` index (MongoDB's IDHACK).
+    IdPoint(Bson),
+    IndexScan(IndexPlan),
+}
+
+#[derive(Clone, Debug)]
+pub struct IndexPlan {
+    pub index: IndexSpec,
+    pub multikey: bool,
+    pub intervals: Vec<IndexBounds>,
+    /// Human-readable bounds per field, as explain shows them (`"[1, 1]"`).
+    pub bounds_display: Document,
+    pub reverse: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub access: Access,
+    /// The scan yields documents already in the requested sort order.
+    pub provides_sort: bool,
+}
+
+impl Plan {
+    pub fn coll_scan() -> Plan {
+        Plan { access: Access::CollScan, provides_sort: false }
+    }
+}
+
+/// One value-space interval on a field.
+#[derive(Clone, Debug)]
+struct Interval {
+    lo: Bound<Bson>,
+    hi: Bound<Bson>,
+}
+
+impl Interval {
+    fn point(v: Bson) -> Interval {
+        Interval { lo: Bound::Included(v.clone()), hi: Bound::Included(v) }
+    }
+    fn is_point(&self) -> bool {
+        matches!((&self.lo, &self.hi), (Bound::Included(a), Bound::Included(b)) if query::compare::cmp_bson(a, b).is_eq())
+    }
+}
+
+/// What the filter says about one field: a union of point intervals, or one range.
+#[derive(Clone, Debug)]
+enum FieldPred {
+    Points(Vec<Bson>),
+    Range(Interval),
+}
+
+/// Values the planner can look up by equality. Arrays (element-or-whole matching), null
+/// (matches missing and undefined too), regexes and operator documents are left to the filter.
+fn point_value(v: &Bson) -> bool {
+    match v {
+        Bson::Array(_) | Bson::Null | Bson::Undefined | Bson::RegularExpression(_) => false,
+        Bson::Document(d) => d.keys().next().map(|k| !k.starts_with('$')).unwrap_or(true),
+        _ => true,
+    }
+}
+
+/// The smallest value of the next canonical type, so a range on one type stays inside it
+/// (MongoDB's type bracketing: `{$gt: 5}` matches only numbers).
+fn type_upper(v: &Bson) -> Bound<Bson> {
+    match v {
+        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => Bound::Included(Bson::Double(f64::INFINITY)),
+        Bson::String(_) | Bson::Symbol(_) => Bound::Excluded(Bson::Document(Document::new())),
+        Bson::DateTime(_) => Bound::Included(Bson::DateTime(bson::DateTime::MAX)),
+        _ => Bound::Unbounded,
+    }
+}
+
+fn type_lower(v: &Bson) -> Bound<Bson> {
+    match v {
+        // NaN sorts below every other number.
+        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => Bound::Included(Bson::Double(f64::NAN)),
+        Bson::String(_) | Bson::Symbol(_) => Bound::Included(Bson::String(String::new())),
+        Bson::DateTime(_) => Bound::Included(Bson::DateTime(bson::DateTime::MIN)),
+        _ => Bound::Unbounded,
+    }
+}
+
+/// Collect per-field predicates from the top level of a filter (and of nested `$and`).
+fn collect_preds(filter: &Document, out: &mut BTreeMap<String, Vec<FieldPred>>) {
+    for (k, v) in filter {
+        if k == "$and" {
+            if let Bson::Array(children) = v {
+                for c in children {
+                    if let Bson::Document(c) = c {
+                        collect_preds(c, out);
+                    }
+                }
+            }
+            continue;
+        }
+        if k.starts_with('$') {
+            continue;
+        }
+        let preds = out.entry(k.clone()).or_default();
+        match v {
+            Bson::Document(ops) if ops.keys().next().map(|o| o.starts_with('$')).unwrap_or(false) => {
+                for (op, arg) in ops {
+                    match op.as_str() {
+                        "$eq" if point_value(arg) => preds.push(FieldPred::Points(vec![arg.clone()])),
+                        "$in" => {
+                            if let Bson::Array(vals) = arg {
+                                if !vals.is_empty() && vals.iter().all(point_value) {
+                                    preds.push(FieldPred::Points(vals.clone()));
+                                }
+                            }
+                        }
+                        "$gt" | "$gte" if point_value(arg) => {
+                            let lo = if op == "$gt" { Bound::Excluded(arg.clone()) } else { Bound::Included(arg.clone()) };
+                            preds.push(FieldPred::Range(Interval { lo, hi: type_upper(arg) }));
+                        }
+                        "$lt" | "$lte" if point_value(arg) => {
+                            let hi = if op == "$lt" { Bound::Excluded(arg.clone()) } else { Bound::Included(arg.clone()) };
+                            preds.push(FieldPred::Range(Interval { lo: type_lower(arg), hi }));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            v if point_value(v) => preds.push(FieldPred::Points(vec![v.clone()])),
+            _ => {}
+        }
+    }
+}
+
+/// Merge a field's predicates into one: points win (most selective); ranges intersect unless
+/// the index is multikey on it.
+fn merge(preds: &[FieldPred], multikey: bool) -> Option<FieldPred> {
+    if let Some(p) = preds.iter().find(|p| matches!(p, FieldPred::Points(_))) {
+        return Some(p.clone());
+    }
+    let mut ranges = preds.iter().filter_map(|p| match p {
+        FieldPred::Range(r) => Some(r.clone()),
+        FieldPred::Points(_) => None,
+    });
+    let mut acc = ranges.next()?;
+    if multikey {
+        return Some(FieldPred::Range(acc));
+    }
+    for r in ranges {
+        acc.lo = max_lower(acc.lo, r.lo);
+        acc.hi = min_upper(acc.hi, r.hi);
+    }
+    Some(FieldPred::Range(acc))
+}
+
+fn max_lower(a: Bound<Bson>, b: Bound<Bson>) -> Bound<Bson> {
+    use std::cmp::Ordering::*;
+    match (&a, &b) {
+        (Bound::Unbounded, _) => b,
+        (_, Bound::Unbounded) => a,
+        (Bound::Included(x) | Bound::Excluded(x), Bound::Included(y) | Bound::Excluded(y)) => match query::compare::cmp_bson(x, y) {
+            Greater => a,
+            Less => b,
+            Equal => if matches!(a, Bound::Excluded(_)) { a } else { b },
+        },
+    }
+}
+
+fn min_upper(a: Bound<Bson>, b: Bound<Bson>) -> Bound<Bson> {
+    use std::cmp::Ordering::*;
+    match (&a, &b) {
+        (Bound::Unbounded, _) => b,
+        (_, Bound::Unbounded) => a,
+        (Bound::Included(x) | Bound::Excluded(x), Bound::Included(y) | Bound::Excluded(y)) => match query::compare::cmp_bson(x, y) {
+            Less => a,
+            Greater => b,
+            Equal => if matches!(a, Bound::Excluded(_)) { a } else { b },
+        },
+    }
+}
+
+fn key_fields(spec: &IndexSpec) -> Vec<(String, bool)> {
+    spec.key.iter().map(|(k, v)| (k.clone(), !matches!(query_number(v), Some(n) if n < 0.0))).collect()
+}
+
+fn query_number(v: &Bson) -> Option<f64> {
+    match v {
+        Bson::Int32(i) => Some(*i as f64),
+        Bson::Int64(i) => Some(*i as f64),
+        Bson::Double(d) => Some(*d),
+        _ => None,
+    }
+}
+
+/// Index kinds the planner can scan by value order (not hashed, text or geo).
+fn is_ordered_index(spec: &IndexSpec) -> bool {
+    spec.key.values().all(|v| query_number(v).is_some())
+}
+
+fn successor(mut b: Vec<u8>) -> Option<Vec<u8>> {
+    while let Some(last) = b.last_mut() {
+        if *last < 0xFF {
+            *last += 1;
+            return Some(b);
+        }
+        b.pop();
+    }
+    None
+}
+
+fn encode(v: &Bson, descending: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    storage::encode_component(v, descending, &mut out);
+    out
+}
+
+/// Byte bounds of `prefix` followed by the value interval `iv` on a field of direction `asc`,
+/// with any later key fields unconstrained. `None` when the range is empty.
+fn byte_bounds(prefix: &[u8], iv: Option<&Interval>, asc: bool) -> Option<(Bound<Vec<u8>>, Bound<Vec<u8>>)> {
+    let with = |b: &[u8]| {
+        let mut k = prefix.to_vec();
+        k.extend_from_slice(b);
+        k
+    };
+    let (lo, hi) = match iv {
+        None => (Bound::Unbounded, Bound::Unbounded),
+        Some(iv) => {
+            let enc = |b: &Bound<Bson>| match b {
+                Bound::Unbounded => Bound::Unbounded,
+                Bound::Included(v) => Bound::Included(encode(v, !asc)),
+                Bound::Excluded(v) => Bound::Excluded(encode(v, !asc)),
+            };
+            // A descending component is complemented: the value range flips in byte order.
+            if asc { (enc(&iv.lo), enc(&iv.hi)) } else { (enc(&iv.hi), enc(&iv.lo)) }
+        }
+    };
+    // Later fields follow these bytes, so "key > x" means "key >= successor(x)" and
+    // "key <= x" means "key < successor(x)".
+    let lower = match lo {
+        Bound::Unbounded if prefix.is_empty() => Bound::Unbounded,
+        Bound::Unbounded => Bound::Included(prefix.to_vec()),
+        Bound::Included(b) => Bound::Included(with(&b)),
+        Bound::Excluded(b) => Bound::Included(successor(with(&b))?),
+    };
+    let upper = match hi {
+        Bound::Unbounded => match successor(prefix.to_vec()) {
+            Some(s) if !prefix.is_empty() => Bound::Excluded(s),
+            _ => Bound::Unbounded,
+        },
+        Bound::Included(b) => match successor(with(&b)) {
+            Some(s) => Bound::Excluded(s),
+            None => Bound::Unbounded,
+        },
+        Bound::Excluded(b) => Bound::Excluded(with(&b)),
+    };
+    if let (Bound::Included(l), Bound::Excluded(u)) = (&lower, &upper) {
+        if l >= u {
+            return None;
+        }
+    }
+    Some((lower, upper))
+}
+
+fn show_bound(b: &Bound<Bson>, lower: bool) -> String {
+    match b {
+        Bound::Unbounded if lower => "MinKey".into(),
+        Bound::Unbounded => "MaxKey".into(),
+        Bound::Included(v) | Bound::Excluded(v) => match v {
+            Bson::String(s) => format!("\"{s}\""),
+            Bson::Double(d) if d.is_infinite() => if *d > 0.0 { "inf.0".into() } else { "-inf.0".into() },
+            Bson::Double(d) if d.is_nan() => "nan.0".into(),
+            v => v.to_string(),
+        },
+    }
+}
+
+fn show_interval(iv: &Interval) -> String {
+    let open = if matches!(iv.lo, Bound::Excluded(_)) { "(" } else { "[" };
+    let close = if matches!(iv.hi, Bound::Excluded(_)) { ")" } else { "]" };
+    format!("{open}{}, {}{close}", show_bound(&iv.lo, true), show_bound(&iv.hi, false))
+}
+
+/// Build the index plan for `spec` from the filter's predicates; `None` if it can't bound
+/// the scan at all and is not forced (by hint or sort).
+fn index_plan(spec: &IndexSpec, multikey: bool, preds: &BTreeMap<String, Vec<FieldPred>>, forced: bool) -> Option<(usize, IndexPlan)> {
+    let fields = key_fields(spec);
+    // Per field in key order: the intervals that bound it (points first, then one range).
+    let mut per_field: Vec<Vec<Interval>> = Vec::new();
+    let mut score = 0usize;
+    let mut combos = 1usize;
+    for (name, _) in &fields {
+        let Some(p) = preds.get(name).and_then(|ps| merge(ps, multikey)) else { break };
+        match p {
+            FieldPred::Points(vals) => {
+                if combos.saturating_mul(vals.len()) > INTERVALS_MAX {
+                    break;
+                }
+                combos *= vals.len();
+                let mut vals = vals;
+                vals.sort_by(query::compare::cmp_bson);
+                vals.dedup_by(|a, b| query::compare::cmp_bson(a, b).is_eq());
+                per_field.push(vals.into_iter().map(Interval::point).collect());
+                score += 2;
+            }
+            FieldPred::Range(r) => {
+                per_field.push(vec![r]);
+                score += 1;
+                break;
+            }
+        }
+    }
+    if score == 0 && !forced {
+        return None;
+    }
+    // Cartesian product of the per-field intervals, each turned into byte bounds.
+    let mut prefixes: Vec<(Vec<u8>, Option<Interval>)> = vec![(Vec::new(), None)];
+    for (i, ivs) in per_field.iter().enumerate() {
+        let asc = fields[i].1;
+        let mut next = Vec::new();
+        for (prefix, _) in &prefixes {
+            for iv in ivs {
+                if iv.is_point() {
+                    let Bound::Included(v) = &iv.lo else { continue };
+                    let mut p = prefix.clone();
+                    storage::encode_component(v, !asc, &mut p);
+                    next.push((p, None));
+                } else {
+                    next.push((prefix.clone(), Some(iv.clone())));
+                }
+            }
+        }
+        prefixes = next;
+    }
+    let range_field_asc = fields.get(per_field.len().saturating_sub(1)).map(|f| f.1).unwrap_or(true);
+    let mut intervals = Vec::new();
+    for (prefix, range) in &prefixes {
+        if let Some((lower, upper)) = byte_bounds(prefix, range.as_ref(), range_field_asc) {
+            intervals.push(IndexBounds { lower, upper, reverse: false });
+        }
+    }
+    // Byte order of the intervals follows value order only for ascending fields; sort them
+    // so a forward scan visits them in key order.
+    intervals.sort_by(|a, b| bound_key(&a.lower).cmp(&bound_key(&b.lower)));
+    let mut bounds_display = Document::new();
+    for (i, (name, asc)) in fields.iter().enumerate() {
+        let shown: Vec<Bson> = match per_field.get(i) {
+            Some(ivs) => {
+                let mut s: Vec<String> = ivs.iter().map(show_interval).collect();
+                if !asc {
+                    s.reverse();
+                }
+                s.into_iter().map(Bson::String).collect()
+            }
+            None => vec![Bson::String(if *asc { "[MinKey, MaxKey]".into() } else { "[MaxKey, MinKey]".into() })],
+        };
+        bounds_display.insert(name.clone(), shown);
+    }
+    Some((score, IndexPlan { index: spec.clone(), multikey, intervals, bounds_display, reverse: false }))
+}
+
+fn bound_key(b: &Bound<Vec<u8>>) -> Vec<u8> {
+    match b {
+        Bound::Unbounded => Vec::new(),
+        Bound::Included(v) | Bound::Excluded(v) => v.clone(),
+    }
+}
+
+/// Does scanning `spec` (forward, or reversed) yield `sort` order, given that the first
+/// `eq_prefix` fields are pinned to single values?
+fn sort_direction(spec: &IndexSpec, eq_prefix: usize, sort: &SortSpec) -> Option<bool> {
+    let fields = key_fields(spec);
+    let wanted = sort.fields();
+    if wanted.is_empty() || fields.len() < eq_prefix + wanted.len() {
+        return None;
+    }
+    let rest = &fields[eq_prefix..eq_prefix + wanted.len()];
+    let same = rest.iter().zip(&wanted).all(|((f, a), (w, b))| f == w && a == b);
+    let flipped = rest.iter().zip(&wanted).all(|((f, a), (w, b))| f == w && a != b);
+    if same {
+        Some(false)
+    } else if flipped {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// Number of leading index fields pinned to exactly one value by the plan.
+fn single_point_prefix(plan: &IndexPlan, preds: &BTreeMap<String, Vec<FieldPred>>) -> usize {
+    let mut n = 0;
+    for (name, _) in key_fields(&plan.index) {
+        match preds.get(&name).and_then(|p| merge(p, plan.multikey)) {
+            Some(FieldPred::Points(v)) if v.len() == 1 => n += 1,
+            _ => break,
+        }
+    }
+    n
+}
+
+/// Choose how to read the documents matching `filter` (optionally in `sort` order).
+pub fn choose(filter: &Document, sort: Option<&SortSpec>, meta: &CollectionMeta, snapshot: &Snapshot, hint: Option<&Bson>, id_point: Option<&Bson>) -> Result<Plan> {
+    let mut preds = BTreeMap::new();
+    collect_preds(filter, &mut preds);
+    let sort = sort.filter(|s| !s.is_empty());
+    let multikey = |name: &str| snapshot.index_is_multikey(name).unwrap_or(true);
+
+    // An explicit hint decides.
+    if let Some(h) = hint {
+        let spec = match h {
+            Bson::Document(d) if d.is_empty() => None,
+            Bson::Document(d) if d.contains_key("$natural") => return Ok(Plan::coll_scan()),
+            Bson::Document(d) => Some(meta.indexes.iter().find(|i| &i.key == d)),
+            Bson::String(s) => Some(meta.indexes.iter().find(|i| &i.name == s)),
+            _ => None,
+        };
+        if let Some(spec) = spec {
+            let spec = spec.ok_or_else(|| Error::bad_value("error processing query: planner returned error :: caused by :: hint provided does not correspond to an existing index"))?;
+            if !is_ordered_index(spec) {
+                return Err(Error::new(Code::BadValue, format!("hint: index {} cannot be scanned by shoal yet", spec.name)));
+            }
+            let (_, mut p) = index_plan(spec, multikey(&spec.name), &preds, true).expect("forced plans always exist");
+            let mut provides_sort = false;
+            if let Some(sort) = sort {
+                if !p.multikey {
+                    if let Some(rev) = sort_direction(spec, single_point_prefix(&p, &preds), sort) {
+                        p.reverse = rev;
+                        provides_sort = true;
+                    }
+                }
+            }
+            return Ok(Plan { access: Access::IndexScan(p), provides_sort });
+        }
+    }
+
+    if let Some(id) = id_point {
+        return Ok(Plan { access: Access::IdPoint(id.clone()), provides_sort: true });
+    }
+
+    let mut best: Option<(usize, IndexPlan, bool)> = None;
+    for spec in meta.indexes.iter().filter(|i| is_ordered_index(i) && !i.sparse && i.partial_filter.is_none()) {
+        let mk = multikey(&spec.name);
+        let Some((score, mut p)) = index_plan(spec, mk, &preds, false) else { continue };
+        let mut sorted = false;
+        if let Some(sort) = sort {
+            if !mk {
+                if let Some(rev) = sort_direction(spec, single_point_prefix(&p, &preds), sort) {
+                    p.reverse = rev;
+                    sorted = true;
+                }
+            }
+        }
+        // More bounded fields first; then one that also provides the sort; then unique.
+        let better = match &best {
+            None => true,
+            Some((s, bp, bs)) => (score, sorted, spec.unique, std::cmp::Reverse(spec.key.len())) > (*s, *bs, bp.index.unique, std::cmp::Reverse(bp.index.key.len())),
+        };
+        if better {
+            best = Some((score, p, sorted));
+        }
+    }
+    if let Some((_, p, sorted)) = best {
+        return Ok(Plan { access: Access::IndexScan(p), provides_sort: sorted });
+    }
+    // No index bounds the filter: an index may still spare a blocking sort.
+    if let Some(sort) = sort {
+        for spec in meta.indexes.iter().filter(|i| is_ordered_index(i) && !i.sparse && i.partial_filter.is_none()) {
+            if multikey(&spec.name) {
+                continue;
+            }
+            if let Some(rev) = sort_direction(spec, 0, sort) {
+                let (_, mut p) = index_plan(spec, false, &preds, true).expect("forced plans always exist");
+                p.reverse = rev;
+                return Ok(Plan { access: Access::IndexScan(p), provides_sort: true });
+            }
+        }
+    }
+    Ok(Plan::coll_scan())
+}

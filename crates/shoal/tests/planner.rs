@@ -1,0 +1,161 @@
+//! Index selection and explain, through the official Rust driver against the real binary.
+//! Every planned query is also run with `hint: {$natural: 1}` (a collection scan): the index
+//! must never change the answer.
+
+mod common;
+
+use common::*;
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::IndexModel;
+
+async fn explain(db: &mongodb::Database, find: Document) -> Document {
+    db.run_command(doc! {"explain": find, "verbosity": "executionStats"}).await.expect("explain")
+}
+
+fn winning(e: &Document) -> &Document {
+    e.get_document("queryPlanner").and_then(|q| q.get_document("winningPlan")).expect("winningPlan")
+}
+
+/// The first stage of the given name in the winning plan tree.
+fn find_stage<'a>(mut stage: &'a Document, name: &str) -> Option<&'a Document> {
+    loop {
+        if stage.get_str("stage").ok() == Some(name) {
+            return Some(stage);
+        }
+        stage = stage.get_document("inputStage").ok()?;
+    }
+}
+
+fn stats(e: &Document) -> (f64, f64, f64) {
+    let s = e.get_document("executionStats").expect("executionStats");
+    (num_field(s, "nReturned"), num_field(s, "totalKeysExamined"), num_field(s, "totalDocsExamined"))
+}
+
+async fn find_ids(db: &mongodb::Database, filter: Document, sort: Option<Document>, hint: Option<Bson>) -> Vec<Bson> {
+    let mut cmd = doc! {"find": "c", "filter": filter, "batchSize": 100000};
+    if let Some(s) = sort {
+        cmd.insert("sort", s);
+    }
+    if let Some(h) = hint {
+        cmd.insert("hint", h);
+    }
+    let r = db.run_command(cmd).await.expect("find");
+    r.get_document("cursor").and_then(|c| c.get_array("firstBatch")).expect("batch").iter().map(|d| d.as_document().and_then(|d| d.get("_id")).cloned().unwrap_or(Bson::Null)).collect()
+}
+
+#[tokio::test]
+async fn index_choice_bounds_and_explain() {
+    let server = Server::start();
+    let client = server.client().await;
+    let db = client.database("test");
+    let coll = db.collection::<Document>("c");
+    let docs: Vec<Document> = (0..1000).map(|i| doc! {"_id": i, "a": i, "b": i % 10, "c": format!("s{i}"), "tags": [i % 7, i % 11]}).collect();
+    coll.insert_many(docs).await.expect("seed");
+    for keys in [doc! {"a": 1}, doc! {"b": 1, "a": -1}, doc! {"tags": 1}] {
+        coll.create_index(IndexModel::builder().keys(keys).build()).await.expect("index");
+    }
+
+    // Equality on an indexed field: one key, one document.
+    let e = explain(&db, doc! {"find": "c", "filter": {"a": 500}}).await;
+    let ix = find_stage(winning(&e), "IXSCAN").expect("IXSCAN");
+    assert_eq!(ix.get_str("indexName").ok(), Some("a_1"), "{e:?}");
+    assert!(find_stage(winning(&e), "FETCH").is_some());
+    assert_eq!(stats(&e), (1.0, 1.0, 1.0));
+
+    // A range: exactly the keys in range are examined.
+    let e = explain(&db, doc! {"find": "c", "filter": {"a": {"$gte": 10, "$lt": 20}}}).await;
+    assert_eq!(stats(&e), (10.0, 10.0, 10.0), "{e:?}");
+    assert_eq!(find_stage(winning(&e), "IXSCAN").and_then(|s| s.get_document("indexBounds").ok()), Some(&doc! {"a": ["[10, 20)"]}));
+
+    // $in: one interval per value.
+    let e = explain(&db, doc! {"find": "c", "filter": {"a": {"$in": [1, 5, 900, 5000]}}}).await;
+    assert_eq!(stats(&e), (3.0, 3.0, 3.0), "{e:?}");
+
+    // Equality prefix + sort on the next field: the index gives the order, no SORT stage.
+    let e = explain(&db, doc! {"find": "c", "filter": {"b": 3}, "sort": {"a": -1}}).await;
+    assert_eq!(find_stage(winning(&e), "IXSCAN").and_then(|s| s.get_str("indexName").ok()), Some("b_1_a_-1"), "{e:?}");
+    assert!(find_stage(winning(&e), "SORT").is_none(), "{e:?}");
+    assert_eq!(stats(&e), (100.0, 100.0, 100.0));
+    // Sort the other way: the same index scanned backward.
+    let e = explain(&db, doc! {"find": "c", "filter": {"b": 3}, "sort": {"a": 1}}).await;
+    assert_eq!(find_stage(winning(&e), "IXSCAN").and_then(|s| s.get_str("direction").ok()), Some("backward"), "{e:?}");
+
+    // Unindexed field: a collection scan that reads every document.
+    let e = explain(&db, doc! {"find": "c", "filter": {"c": "s5"}}).await;
+    assert!(find_stage(winning(&e), "COLLSCAN").is_some(), "{e:?}");
+    assert_eq!(stats(&e), (1.0, 0.0, 1000.0));
+
+    // _id equality: IDHACK.
+    let e = explain(&db, doc! {"find": "c", "filter": {"_id": 7}}).await;
+    assert_eq!(winning(&e).get_str("stage").ok(), Some("IDHACK"), "{e:?}");
+    assert_eq!(stats(&e).0, 1.0);
+
+    // hint forces an index even when it can't bound the scan.
+    let e = explain(&db, doc! {"find": "c", "filter": {"c": "s5"}, "hint": "a_1"}).await;
+    assert_eq!(find_stage(winning(&e), "IXSCAN").and_then(|s| s.get_str("indexName").ok()), Some("a_1"));
+    assert_eq!(stats(&e), (1.0, 1000.0, 1000.0));
+    // A hint naming no index is an error (BadValue).
+    assert_code(db.run_command(doc! {"find": "c", "hint": "nope_1"}).await, 2);
+
+    // The queryPlanner-only verbosity does not run the plan.
+    let q = db.run_command(doc! {"explain": {"find": "c", "filter": {"a": 1}}, "verbosity": "queryPlanner"}).await.expect("explain");
+    assert!(q.get_document("executionStats").is_err());
+
+    // Answers with and without the planner agree, order included where sorted.
+    let natural = Bson::Document(doc! {"$natural": 1});
+    let cases: Vec<(Document, Option<Document>)> = vec![
+        (doc! {"a": {"$gt": 990}}, None),
+        (doc! {"a": {"$lte": 3}}, Some(doc! {"a": 1})),
+        (doc! {"a": {"$gt": 5, "$lt": 3}}, None),
+        (doc! {"b": 3, "a": {"$gt": 900}}, Some(doc! {"a": -1})),
+        (doc! {"b": {"$in": [2, 4]}, "a": {"$lt": 50}}, Some(doc! {"a": 1})),
+        (doc! {"$and": [{"a": {"$gte": 100}}, {"a": {"$lt": 110}}, {"b": 5}]}, None),
+        (doc! {"tags": 3}, Some(doc! {"_id": 1})),
+        // Multikey: each element may satisfy a different side of the range.
+        (doc! {"tags": {"$gt": 8, "$lt": 2}}, Some(doc! {"_id": 1})),
+        (doc! {"tags": {"$in": [0, 10]}, "a": {"$lt": 100}}, Some(doc! {"_id": 1})),
+        (doc! {"a": {"$gte": "x"}}, None),
+        (doc! {"a": 1.0}, None),
+    ];
+    for (filter, sort) in cases {
+        let planned = find_ids(&db, filter.clone(), sort.clone(), None).await;
+        let mut scanned = find_ids(&db, filter.clone(), sort.clone(), Some(natural.clone())).await;
+        let mut planned_sorted = planned.clone();
+        if sort.is_none() {
+            planned_sorted.sort_by_key(|b| b.as_i32().unwrap_or(-1));
+            scanned.sort_by_key(|b| b.as_i32().unwrap_or(-1));
+        }
+        assert_eq!(planned_sorted, scanned, "{filter:?} sort {sort:?}");
+        assert!(!planned.is_empty() || filter.contains_key("a") || filter.contains_key("tags"), "{filter:?}");
+    }
+    // The multikey query finds documents that only element-wise semantics match:
+    // _id 21 has tags [0, 10] (10 > 8 and 0 < 2), while _id 9 has [2, 9] (no element < 2).
+    let mk = find_ids(&db, doc! {"tags": {"$gt": 8, "$lt": 2}}, Some(doc! {"_id": 1}), None).await;
+    assert!(mk.contains(&Bson::Int32(21)) && !mk.contains(&Bson::Int32(9)), "{mk:?}");
+
+    // count and aggregate use the planner too.
+    let e = db.run_command(doc! {"explain": {"count": "c", "query": {"a": {"$lt": 5}}}, "verbosity": "executionStats"}).await.expect("explain count");
+    assert_eq!(stats(&e).1, 5.0, "{e:?}");
+    assert_eq!(coll.count_documents(doc! {"a": {"$lt": 5}}).await.expect("count"), 5);
+    let e = db.run_command(doc! {"explain": {"aggregate": "c", "pipeline": [{"$match": {"a": {"$in": [4, 8]}}}, {"$group": {"_id": null, "n": {"$sum": 1}}}], "cursor": {}}, "verbosity": "executionStats"}).await.expect("explain agg");
+    assert_eq!(stats(&e).1, 2.0, "{e:?}");
+}
+
+#[tokio::test]
+async fn updates_and_deletes_through_indexes() {
+    let server = Server::start();
+    let client = server.client().await;
+    let coll = client.database("test").collection::<Document>("c");
+    coll.insert_many((0..500).map(|i| doc! {"_id": i, "a": i, "g": i % 5}).collect::<Vec<_>>()).await.expect("seed");
+    coll.create_index(IndexModel::builder().keys(doc! {"a": 1}).build()).await.expect("index");
+    // A multi-update that moves documents forward in the index it scans must update each once.
+    let r = coll.update_many(doc! {"a": {"$gte": 100}}, doc! {"$inc": {"a": 1000}}).await.expect("update");
+    assert_eq!((r.matched_count, r.modified_count), (400, 400));
+    assert_eq!(coll.count_documents(doc! {"a": {"$gte": 1100}}).await.expect("count"), 400);
+    assert_eq!(coll.count_documents(doc! {"a": {"$gte": 2100}}).await.expect("count"), 0);
+    let r = coll.delete_many(doc! {"a": {"$lt": 50}}).await.expect("delete");
+    assert_eq!(r.deleted_count, 50);
+    let v = client.database("test").run_command(doc! {"validate": "c"}).await.expect("validate");
+    assert_eq!(v.get_bool("valid").ok(), Some(true), "{v:?}");
+    assert_eq!(num_field(v.get_document("keysPerIndex").expect("keys"), "a_1"), 450.0);
+}
