@@ -113,6 +113,7 @@ impl Code {
     pub const TooManyDocumentSequences: Code = Code(233, "TooManyDocumentSequences");
     pub const ChecksumMismatch: Code = Code(288, "ChecksumMismatch");
     pub const CannotIndexParallelArrays: Code = Code(171, "CannotIndexParallelArrays");
+    pub const IndexBuildAborted: Code = Code(276, "IndexBuildAborted");
 }
 
 /// A MongoDB-shaped error: serialized as `{ok: 0, errmsg, code, codeName, ...extra}`.

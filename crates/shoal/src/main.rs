@@ -14,6 +14,8 @@ struct Cli {
 enum Command {
     /// Run a database node (like mongod).
     Serve(ServeArgs),
+    /// Load generators: YCSB, bench02 insert, and scenarios with reports.
+    Bench(bench::cli::BenchArgs),
 }
 
 #[derive(Args)]
@@ -83,5 +85,6 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        Command::Bench(a) => std::process::exit(bench::cli::run(a)),
     }
 }

@@ -1,0 +1,90 @@
+//! Databases a benchmark drives. Every benchmark talks to a `Target` only, so shoal, a real
+//! mongod and PostgreSQL are measured by the same client code path.
+
+pub mod mongo;
+pub mod postgres;
+
+use crate::ycsb::measure::Status;
+use anyhow::Result;
+use std::future::Future;
+use std::pin::Pin;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One YCSB record: key plus (field name, value bytes) pairs.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub key: String,
+    pub fields: Vec<(String, Vec<u8>)>,
+}
+
+/// One bench02 order document.
+#[derive(Debug, Clone)]
+pub struct Order {
+    pub customer_id: i32,
+    pub product_id: i32,
+    pub quantity: i32,
+    /// Milliseconds since the Unix epoch.
+    pub order_date_ms: i64,
+    pub text_field: String,
+}
+
+/// bench02's secondary indexes, in the order `--indexes N` creates them.
+pub const ORDER_INDEXES: [[&str; 2]; 3] = [["customerId", "orderDate"], ["customerId", "productId"], ["productId", "orderDate"]];
+
+/// A per-worker session on a target (a pooled client handle or one SQL connection).
+pub trait Target: Send + Sync {
+    /// "mongodb" or "postgresql", for reports.
+    fn kind(&self) -> &'static str;
+
+    /// YCSB: makes sure the table exists (PostgreSQL needs DDL; MongoDB creates on insert).
+    fn ycsb_prepare<'a>(&'a self, table: &'a str, drop_first: bool) -> BoxFuture<'a, Result<()>>;
+    fn ycsb_insert<'a>(&'a self, table: &'a str, records: &'a [Record]) -> BoxFuture<'a, Status>;
+    /// `fields` None reads the whole record.
+    fn ycsb_read<'a>(&'a self, table: &'a str, key: &'a str, fields: Option<&'a [String]>) -> BoxFuture<'a, Status>;
+    fn ycsb_update<'a>(&'a self, table: &'a str, key: &'a str, values: &'a [(String, Vec<u8>)]) -> BoxFuture<'a, Status>;
+    fn ycsb_scan<'a>(&'a self, table: &'a str, start_key: &'a str, count: usize, fields: Option<&'a [String]>) -> BoxFuture<'a, Status>;
+
+    /// bench02: drops (when asked) and recreates the collection with the first `indexes_count`
+    /// of `ORDER_INDEXES`.
+    fn orders_prepare<'a>(&'a self, collection: &'a str, indexes_count: usize, drop_first: bool) -> BoxFuture<'a, Result<()>>;
+    /// bench02: shards the collection on customerId (MongoDB sharded clusters only).
+    fn orders_shard<'a>(&'a self, collection: &'a str) -> BoxFuture<'a, Result<()>>;
+    /// Inserts one batch; Err carries the database's message.
+    fn orders_insert<'a>(&'a self, collection: &'a str, orders: &'a [Order], ordered: bool) -> BoxFuture<'a, Result<()>>;
+}
+
+/// Creates per-worker `Target` sessions from one URL.
+pub enum Connector {
+    Mongo(mongo::MongoConnector),
+    Postgres(postgres::PostgresConnector),
+}
+
+impl Connector {
+    /// `mongodb://` / `mongodb+srv://` use the MongoDB driver; `postgres://` / `postgresql://`
+    /// use tokio-postgres.
+    pub async fn new(url: &str, default_db: &str) -> Result<Connector> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Connector::Postgres(postgres::PostgresConnector::new(url)))
+        } else if url.starts_with("mongodb://") || url.starts_with("mongodb+srv://") {
+            Ok(Connector::Mongo(mongo::MongoConnector::new(url, default_db).await?))
+        } else {
+            anyhow::bail!("unsupported URL {url:?}: use mongodb://... or postgresql://...")
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Connector::Mongo(_) => "mongodb",
+            Connector::Postgres(_) => "postgresql",
+        }
+    }
+
+    /// A session for one worker.
+    pub async fn session(&self) -> Result<Box<dyn Target>> {
+        match self {
+            Connector::Mongo(m) => Ok(Box::new(m.session())),
+            Connector::Postgres(p) => Ok(Box::new(p.session().await?)),
+        }
+    }
+}
