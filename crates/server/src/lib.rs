@@ -19,6 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
+const TTL_MONITOR_INTERVAL_SECS: u64 = 60;
+
 /// Open the store and serve until SIGINT/SIGTERM; returns after a clean shutdown.
 pub async fn serve(config: ServerConfig) -> common::Result<()> {
     let fds = sysinfo::raise_fd_limit();
@@ -34,6 +36,8 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
         let l = TcpListener::bind(&addr).await.map_err(|e| common::Error::internal(format!("cannot listen on {addr}: {e}")))?;
         listeners.push(l);
     }
+    // TTL indexes: MongoDB's TTLMonitor wakes every ttlMonitorSleepSecs (60 s).
+    store.start_ttl_monitor(Duration::from_secs(TTL_MONITOR_INTERVAL_SECS));
     let shared = Arc::new(Shared::new(config, store));
     tracing::info!(port = shared.config.port, dbpath = %shared.config.dbpath.display(), fd_limit = fds, "waiting for connections");
 

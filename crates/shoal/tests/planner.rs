@@ -159,3 +159,20 @@ async fn updates_and_deletes_through_indexes() {
     assert_eq!(v.get_bool("valid").ok(), Some(true), "{v:?}");
     assert_eq!(num_field(v.get_document("keysPerIndex").expect("keys"), "a_1"), 450.0);
 }
+
+#[tokio::test]
+async fn hashed_indexes_through_the_driver() {
+    let server = Server::start();
+    let client = server.client().await;
+    let db = client.database("test");
+    let coll = db.collection::<Document>("h");
+    coll.insert_many((0..100).map(|i| doc! {"_id": i, "check": i}).collect::<Vec<_>>()).await.expect("seed");
+    let name = coll.create_index(IndexModel::builder().keys(doc! {"check": "hashed"}).build()).await.expect("hashed index").index_name;
+    assert_eq!(name, "check_hashed");
+    assert_eq!(coll.count_documents(doc! {"check": 42}).await.expect("count"), 1);
+    // Arrays can't be hashed (16766); unique hashed indexes are refused (16764).
+    assert_code(coll.insert_one(doc! {"_id": 1000, "check": [1, 2]}).await, 16766);
+    let unique = db.run_command(doc! {"createIndexes": "h", "indexes": [{"key": {"x": "hashed"}, "name": "x_hashed", "unique": true}]}).await;
+    assert_code(unique, 16764);
+    assert_code(db.run_command(doc! {"createIndexes": "h", "indexes": [{"key": {"t": "text"}, "name": "t_text"}]}).await, 67);
+}

@@ -12,11 +12,20 @@ use common::{Code, Error, Result};
 /// array multiply); protects memory against pathological documents.
 pub const KEYS_PER_DOCUMENT_MAX: usize = 1_000_000;
 
+/// The key pattern value of a hashed field.
+pub const HASHED: &str = "hashed";
+
+pub fn is_hashed(dir: &Bson) -> bool {
+    matches!(dir, Bson::String(s) if s == HASHED)
+}
+
 #[derive(Clone, Debug)]
 pub struct KeyField {
     pub name: String,
     pub path: Vec<String>,
     pub descending: bool,
+    /// Indexed as MongoDB's hash of the value (an Int64 key component).
+    pub hashed: bool,
 }
 
 pub fn key_fields(pattern: &Document) -> Vec<KeyField> {
@@ -26,8 +35,79 @@ pub fn key_fields(pattern: &Document) -> Vec<KeyField> {
             name: name.clone(),
             path: name.split('.').map(str::to_string).collect(),
             descending: crate::keys::is_descending(dir),
+            hashed: is_hashed(dir),
         })
         .collect()
+}
+
+/// The common case without allocation or copies: each field's value when every field
+/// resolves to one non-array value (None for a missing field). None (use [`index_keys`])
+/// if any field meets an array, or for hashed fields.
+pub fn scalar_key_values<'a>(fields: &[KeyField], doc: &'a Document) -> Option<Vec<Option<&'a Bson>>> {
+    let mut out = Vec::with_capacity(fields.len());
+    'fields: for f in fields {
+        if f.hashed {
+            return None;
+        }
+        let mut cur = doc;
+        for (i, comp) in f.path.iter().enumerate() {
+            match cur.get(comp) {
+                None => {
+                    out.push(None);
+                    continue 'fields;
+                }
+                Some(Bson::Array(_)) => return None,
+                Some(Bson::Document(d)) if i + 1 < f.path.len() => cur = d,
+                // A scalar before the end of the path: the field is missing.
+                Some(_) if i + 1 < f.path.len() => {
+                    out.push(None);
+                    continue 'fields;
+                }
+                Some(v) => {
+                    out.push(Some(v));
+                    continue 'fields;
+                }
+            }
+        }
+        out.push(None);
+    }
+    Some(out)
+}
+
+/// The value at `path` for a hashed index, which allows no array anywhere along the path
+/// (error 16766, naming the path up to the array). None if missing.
+fn hashed_path_value<'a>(doc: &'a Document, path: &[String]) -> Result<Option<&'a Bson>> {
+    let mut cur = doc;
+    for (i, comp) in path.iter().enumerate() {
+        let Some(v) = cur.get(comp) else { return Ok(None) };
+        match v {
+            Bson::Array(_) => return Err(crate::hash::array_error(&path[..=i].join("."))),
+            Bson::Document(d) if i + 1 < path.len() => cur = d,
+            _ if i + 1 < path.len() => return Ok(None),
+            _ => return Ok(Some(v)),
+        }
+    }
+    Ok(None)
+}
+
+/// The single entry of a document for an index with a hashed field: missing fields index
+/// as null (hashed fields as the hash of null); sparse skips documents missing every field.
+fn hashed_index_keys(fields: &[KeyField], sparse: bool, doc: &Document) -> Result<(Vec<KeyEntry>, bool)> {
+    let mut key = Vec::with_capacity(16 * fields.len());
+    let mut values = Vec::with_capacity(fields.len());
+    let mut any_present = false;
+    for f in fields {
+        let v = hashed_path_value(doc, &f.path)?;
+        any_present |= v.is_some();
+        let v = v.unwrap_or(&Bson::Null);
+        let component = if f.hashed { Bson::Int64(crate::hash::hash_bson(v)) } else { v.clone() };
+        encode_component(&component, f.descending, &mut key);
+        values.push(component);
+    }
+    if sparse && !any_present {
+        return Ok((Vec::new(), false));
+    }
+    Ok((vec![(key, values)], false))
 }
 
 /// One generated entry: the encoded key (without record id) and the key values.
@@ -88,6 +168,9 @@ fn walk_val(v: &Bson, path: &[String], pos: usize, fv: &mut FieldValues) {
 /// All entries of `doc` for an index with these fields, sorted by key and deduplicated, and
 /// whether an array was expanded (the index becomes multikey).
 pub fn index_keys(fields: &[KeyField], sparse: bool, doc: &Document) -> Result<(Vec<KeyEntry>, bool)> {
+    if fields.iter().any(|f| f.hashed) {
+        return hashed_index_keys(fields, sparse, doc);
+    }
     let mut per_field: Vec<FieldValues> = Vec::with_capacity(fields.len());
     for f in fields {
         let mut fv = FieldValues { values: Vec::new(), missing: false, array_at: None };
@@ -184,6 +267,30 @@ mod tests {
         assert_eq!(vals(doc! {"a.1": 1}, false, doc! {"a": [5, 6]}), vec![vec![Bson::Int32(6)]]);
         // 1 and 1.0 are one key.
         assert_eq!(vals(doc! {"a": 1}, false, doc! {"a": [1, 1.0]}).len(), 1);
+    }
+
+    #[test]
+    fn hashed_rules() {
+        let h = |v: Bson| Bson::Int64(crate::hash::hash_bson(&v));
+        assert_eq!(vals(doc! {"a": "hashed"}, false, doc! {"a": 42}), vec![vec![Bson::Int64(-944302157085130861)]]);
+        assert_eq!(vals(doc! {"a": "hashed"}, false, doc! {"b": 1}), vec![vec![h(Bson::Null)]]);
+        assert!(vals(doc! {"a": "hashed"}, true, doc! {"b": 1}).is_empty());
+        assert_eq!(vals(doc! {"a.b": "hashed"}, false, doc! {"a": {"b": {"c": 1}}}), vec![vec![h(bson::bson!({"c": 1}))]]);
+        // A scalar along the path: missing.
+        assert_eq!(vals(doc! {"a.b": "hashed"}, false, doc! {"a": 5}), vec![vec![h(Bson::Null)]]);
+        // Compound: the other fields keep their values; no field may be an array.
+        assert_eq!(vals(doc! {"a": 1, "b": "hashed"}, false, doc! {"a": "x", "b": 2}), vec![vec![Bson::String("x".into()), h(Bson::Int32(2))]]);
+        assert_eq!(vals(doc! {"a": 1, "b": "hashed"}, true, doc! {"a": "x"}), vec![vec![Bson::String("x".into()), h(Bson::Null)]]);
+        for (pattern, d, path) in [
+            (doc! {"a": "hashed"}, doc! {"a": [1]}, "a"),
+            (doc! {"a.b": "hashed"}, doc! {"a": [{"b": 1}]}, "a"),
+            (doc! {"a.b.c": "hashed"}, doc! {"a": {"b": []}}, "a.b"),
+            (doc! {"x": 1, "a": "hashed"}, doc! {"x": [1], "a": 1}, "x"),
+        ] {
+            let e = index_keys(&key_fields(&pattern), false, &d).unwrap_err();
+            assert_eq!(e.code, 16766);
+            assert_eq!(e.message, format!("Error: hashed indexes do not currently support array values. Found array at path: {path}"));
+        }
     }
 
     #[test]

@@ -22,12 +22,31 @@
 //! Concurrency: snapshots read an engine snapshot and never wait for writers; writers to a
 //! collection hold its write lock; catalog changes hold the store's catalog lock, then the
 //! collection locks they need (always in that order).
+//!
+//! Index builds do not block writers: a new index is first registered as *building* (in
+//! memory only, with its garbage marker written), so every writer maintains it from then on;
+//! `CollectionMeta.indexes`, snapshots (`index_scan`, `index_spec`), `validate`, stats and the
+//! catalog list only *ready* indexes. The builder reads existing records in chunks without the
+//! lock and, holding the lock briefly per chunk, adds the entries of the records unchanged
+//! since it read them (changed ones were indexed by their writers). A unique conflict a
+//! writer meets on a building index fails the build, not the write (like MongoDB). Finally,
+//! under the lock, the index becomes ready and enters the catalog. Progress:
+//! [`Store::index_builds`].
+//!
+//! Hashed indexes (`{field: "hashed"}`, compound with at most one hashed field) store
+//! MongoDB's 64-bit hash of the value ([`hashed_value`]) as an Int64 key component.
+//!
+//! TTL: [`Store::start_ttl_monitor`] runs [`Store::run_ttl_pass`] every interval, deleting
+//! expired documents found by a range scan of each TTL index, in bounded batches.
 
+mod bsonenc;
 pub mod engine;
+mod hash;
 mod keygen;
 pub mod keys;
 
 pub use engine::{Batch, BatchOp, Engine, EngineSnapshot, Space};
+pub use hash::{hash_bson, hashed_value};
 pub use keygen::KEYS_PER_DOCUMENT_MAX;
 pub use keys::{encode_component, encode_index_key, encode_value};
 
@@ -54,6 +73,8 @@ pub const DB_NAME_LENGTH_MAX_BYTES: usize = 63;
 pub const NAMESPACE_LENGTH_MAX_BYTES: usize = 255;
 /// Documents per write batch while building an index over existing data.
 const INDEX_BUILD_CHUNK_DOCS: usize = 1000;
+/// How often a request for an index being built checks whether the build finished.
+const INDEX_BUILD_WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 /// Deletes per write batch while removing dropped data.
 const GARBAGE_CHUNK_KEYS: usize = 1000;
 
@@ -200,6 +221,15 @@ pub struct ValidateReport {
     pub keys_per_index: Vec<(String, u64)>,
 }
 
+/// An index build in progress (for currentOp).
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexBuildProgress {
+    pub ns: String,
+    pub index_name: String,
+    pub done_records: u64,
+    pub total_records: u64,
+}
+
 #[derive(Debug)]
 pub struct InsertOutcome {
     pub inserted: usize,
@@ -240,6 +270,14 @@ impl IndexBounds {
             Bound::Excluded(b) => key < b.as_slice(),
         }
     }
+}
+
+/// An index entry as stored: (key, value).
+type StoredEntry = (Vec<u8>, Vec<u8>);
+
+/// The key values of a stored index entry value (`rid ‖ {"0": v0, ..}`).
+fn entry_values(value: &[u8]) -> Result<Vec<Bson>> {
+    Ok(decode_doc(value.get(8..).unwrap_or(&[]))?.into_iter().map(|(_, v)| v).collect())
 }
 
 /// One index entry returned by [`Snapshot::index_scan`].
@@ -308,6 +346,11 @@ fn encode_doc(d: &Document) -> Result<Vec<u8>> {
     d.to_vec().map_err(|e| Error::bad_value(format!("cannot serialize document: {e}")))
 }
 
+/// A record's BSON, into a buffer of `capacity_bytes` (a guess of its size, saving regrowth).
+fn encode_record(d: &Document, capacity_bytes: usize) -> Result<Vec<u8>> {
+    bsonenc::encode_document(d, capacity_bytes).map_err(|e| Error::bad_value(format!("cannot serialize document: {e}")))
+}
+
 // ---------------------------------------------------------------------------------------
 // Shared state: engine, group commit, id allocation.
 
@@ -326,6 +369,20 @@ struct Shared {
     sync_count: AtomicU64,
     next_internal_id: AtomicU64,
     total_data_bytes: AtomicU64,
+    /// Index builds in progress.
+    builds: Mutex<Vec<Arc<BuildState>>>,
+    ttl_deleted: AtomicU64,
+    ttl_passes: AtomicU64,
+}
+
+/// Progress and outcome of one index build, shared by the builder and concurrent writers.
+struct BuildState {
+    coll: std::sync::Weak<CollState>,
+    index_name: String,
+    done_records: AtomicU64,
+    total_records: AtomicU64,
+    /// First unique-key conflict met by a concurrent writer; fails the build.
+    conflict: Mutex<Option<Error>>,
 }
 
 impl Shared {
@@ -434,6 +491,8 @@ struct IndexRt {
     fields: Vec<KeyField>,
     filter: Option<query::filter::Filter>,
     prefix: [u8; 8],
+    /// Set while the index is being built: writers maintain it, readers do not see it.
+    build: Option<Arc<BuildState>>,
 }
 
 impl IndexRt {
@@ -442,15 +501,49 @@ impl IndexRt {
             Some(f) => Some(query::filter::Filter::parse(f)?),
             None => None,
         };
-        Ok(IndexRt { id, fields: key_fields(&spec.key), spec, filter, prefix: id.to_be_bytes() })
+        Ok(IndexRt { id, fields: key_fields(&spec.key), spec, filter, prefix: id.to_be_bytes(), build: None })
     }
 
-    /// The entries `doc` contributes: (stored key, stored value, key values), and multikey.
-    fn entries(&self, doc: &Document, rid: RecordId) -> Result<(Vec<(Vec<u8>, Vec<u8>, Vec<Bson>)>, bool)> {
+    fn ready(&self) -> bool {
+        self.build.is_none()
+    }
+
+    /// A unique-key conflict met by a writer on a building index: the write goes ahead
+    /// without that entry and the build fails (as MongoDB's hybrid builds do).
+    fn building_conflict(&self, e: Error) -> bool {
+        match &self.build {
+            Some(b) => {
+                b.conflict.lock().get_or_insert(e);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The entries `doc` contributes: (stored key, stored value), and multikey. A stored
+    /// value is `rid ‖ {"0": v0, ..}`; [`entry_values`] recovers the values (for errors).
+    fn entries(&self, doc: &Document, rid: RecordId) -> Result<(Vec<StoredEntry>, bool)> {
         if let Some(f) = &self.filter {
             if !f.matches(doc) {
                 return Ok((Vec::new(), false));
             }
+        }
+        // Fast path, the common case: one scalar (or missing) value per field, encoded
+        // straight from the document without copying the values.
+        if let Some(values) = keygen::scalar_key_values(&self.fields, doc) {
+            if self.spec.sparse && values.iter().all(|v| v.is_none()) {
+                return Ok((Vec::new(), false));
+            }
+            let values: Vec<&Bson> = values.into_iter().map(|v| v.unwrap_or(&Bson::Null)).collect();
+            let mut stored = Vec::with_capacity(8 + 12 * values.len() + 8);
+            stored.extend_from_slice(&self.prefix);
+            for (f, v) in self.fields.iter().zip(&values) {
+                encode_component(v, f.descending, &mut stored);
+            }
+            if !self.spec.unique {
+                stored.extend_from_slice(&rid.to_be_bytes());
+            }
+            return Ok((vec![(stored, self.stored_value(rid, values.iter().copied())?)], false));
         }
         let (keys, multikey) = index_keys(&self.fields, self.spec.sparse, doc)?;
         let mut out = Vec::with_capacity(keys.len());
@@ -461,16 +554,16 @@ impl IndexRt {
             if !self.spec.unique {
                 stored.extend_from_slice(&rid.to_be_bytes());
             }
-            let mut value = Vec::with_capacity(8 + 16 * values.len());
-            value.extend_from_slice(&rid.to_be_bytes());
-            let mut vd = Document::new();
-            for (i, v) in values.iter().enumerate() {
-                vd.insert(i.to_string(), v.clone());
-            }
-            vd.to_writer(&mut value).map_err(|e| Error::bad_value(format!("cannot serialize index key: {e}")))?;
-            out.push((stored, value, values));
+            out.push((stored, self.stored_value(rid, values.iter())?));
         }
         Ok((out, multikey))
+    }
+
+    fn stored_value<'a>(&self, rid: RecordId, values: impl ExactSizeIterator<Item = &'a Bson>) -> Result<Vec<u8>> {
+        let mut value = Vec::with_capacity(8 + 5 + 16 * values.len());
+        value.extend_from_slice(&rid.to_be_bytes());
+        bsonenc::append_values_doc(values, &mut value).map_err(|e| Error::bad_value(format!("cannot serialize index key: {e}")))?;
+        Ok(value)
     }
 
     /// The encoded key part of a stored key.
@@ -483,17 +576,23 @@ impl IndexRt {
 struct MetaRt {
     uuid: bson::Uuid,
     options: Document,
-    /// `_id_` first, then in creation order.
+    /// `_id_` first, then in creation order; includes indexes being built.
     indexes: Vec<Arc<IndexRt>>,
 }
 
 impl MetaRt {
+    /// A ready index (what readers may use).
     fn index(&self, name: &str) -> Option<&Arc<IndexRt>> {
-        self.indexes.iter().find(|i| i.spec.name == name)
+        self.indexes.iter().find(|i| i.spec.name == name && i.ready())
     }
 
+    fn ready_indexes(&self) -> impl Iterator<Item = &Arc<IndexRt>> {
+        self.indexes.iter().filter(|i| i.ready())
+    }
+
+    /// The catalog entry: only ready indexes (a build interrupted by a crash is garbage).
     fn to_doc(&self, id: u64, db: &str, name: &str) -> Document {
-        let indexes: Vec<Bson> = self.indexes.iter().map(|i| Bson::Document(doc! {"id": i.id as i64, "spec": i.spec.spec.clone()})).collect();
+        let indexes: Vec<Bson> = self.ready_indexes().map(|i| Bson::Document(doc! {"id": i.id as i64, "spec": i.spec.spec.clone()})).collect();
         doc! {"id": id as i64, "db": db, "name": name, "uuid": bson::Binary::from_uuid(self.uuid), "options": self.options.clone(), "indexes": indexes}
     }
 }
@@ -574,11 +673,13 @@ impl CollState {
     fn meta_public(&self) -> CollectionMeta {
         let (db, name) = self.ns.read().clone();
         let m = self.meta.read().clone();
-        CollectionMeta { db, name, uuid: m.uuid, options: m.options.clone(), indexes: m.indexes.iter().map(|i| i.spec.clone()).collect() }
+        CollectionMeta { db, name, uuid: m.uuid, options: m.options.clone(), indexes: m.ready_indexes().map(|i| i.spec.clone()).collect() }
     }
 
-    fn dup_error(&self, idx: &IndexRt, values: &[Bson]) -> Error {
-        let kv = key_value_doc(&idx.fields, values);
+    /// The duplicate key error for an entry whose stored value is `value`.
+    fn dup_error(&self, idx: &IndexRt, value: &[u8]) -> Error {
+        let values = entry_values(value).unwrap_or_default();
+        let kv = key_value_doc(&idx.fields, &values);
         Error::new(
             Code::DuplicateKey,
             format!("E11000 duplicate key error collection: {} index: {} dup key: {}", self.ns_string(), idx.spec.name, format_doc(&kv)),
@@ -588,7 +689,9 @@ impl CollState {
 
     /// Add one document to `pending` (nothing is added if it fails a check).
     fn prepare_insert(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, doc: &Document, pending: &mut Pending) -> Result<RecordId> {
-        let bytes = encode_doc(doc)?;
+        // Documents of one batch tend to be alike: size the buffer like the previous one.
+        let bytes = encode_record(doc, pending.record_size_hint_bytes + pending.record_size_hint_bytes / 8)?;
+        pending.record_size_hint_bytes = bytes.len();
         if bytes.len() > BSON_OBJECT_SIZE_MAX_BYTES {
             return Err(Error::new(
                 Code::BSONObjectTooLarge,
@@ -603,12 +706,19 @@ impl CollState {
         let rid = pending.stats.next_rid;
         let mut all = Vec::with_capacity(meta.indexes.len());
         for idx in &meta.indexes {
-            let (entries, multikey) = idx.entries(doc, rid)?;
+            let (mut entries, multikey) = idx.entries(doc, rid)?;
             if idx.spec.unique {
-                for (stored, _, values) in &entries {
+                let mut conflicts = Vec::new();
+                for (i, (stored, value)) in entries.iter().enumerate() {
                     if pending.unique_keys.contains(stored) || snap.get(Space::Index, stored)?.is_some() {
-                        return Err(self.dup_error(idx, values));
+                        if !idx.building_conflict(self.dup_error(idx, value)) {
+                            return Err(self.dup_error(idx, value));
+                        }
+                        conflicts.push(i);
                     }
+                }
+                for i in conflicts.into_iter().rev() {
+                    entries.remove(i);
                 }
             }
             all.push((idx, entries, multikey));
@@ -623,7 +733,7 @@ impl CollState {
                 pending.stats.multikey.insert(idx.id);
             }
             let mut added = 0u64;
-            for (stored, value, _) in entries {
+            for (stored, value) in entries {
                 added += (stored.len() + value.len()) as u64;
                 if idx.spec.unique {
                     pending.unique_keys.insert(stored.clone());
@@ -649,8 +759,73 @@ impl CollState {
         Ok(())
     }
 
+    /// Add the deletion of record `rid` and its index entries (computed from the stored
+    /// document) to `pending`.
+    fn prepare_delete(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, rid: RecordId, pending: &mut Pending) -> Result<()> {
+        let (old_bytes, old_doc) = self.stored_doc(snap, rid)?;
+        for idx in &meta.indexes {
+            let (entries, _) = idx.entries(&old_doc, rid)?;
+            let mut removed = 0u64;
+            for (k, v) in entries {
+                removed += (k.len() + v.len()) as u64;
+                pending.batch.delete(Space::Index, k);
+            }
+            let b = pending.stats.index_bytes.entry(idx.id).or_insert(0);
+            *b = b.saturating_sub(removed);
+        }
+        pending.stats.count = pending.stats.count.saturating_sub(1);
+        pending.stats.data_bytes = pending.stats.data_bytes.saturating_sub(old_bytes.len() as u64);
+        pending.data_delta -= old_bytes.len() as i64;
+        pending.batch.delete(Space::Records, record_key(self.id, rid));
+        Ok(())
+    }
+
+    /// Delete the documents with an entry of TTL index `idx` dated at or before `expiry_ms`,
+    /// found by an index range scan, in batches of at most TTL_DELETE_BATCH_DOCS documents.
+    fn ttl_delete_expired(self: &Arc<Self>, idx: &Arc<IndexRt>, expiry_ms: i64) -> Result<u64> {
+        let descending = idx.fields.first().is_some_and(|f| f.descending);
+        let bound = |ms: i64| {
+            let mut k = Vec::with_capacity(10);
+            encode_component(&Bson::DateTime(bson::DateTime::from_millis(ms)), descending, &mut k);
+            k
+        };
+        let (oldest, newest) = (bound(i64::MIN), bound(expiry_ms));
+        let bounds = if descending {
+            IndexBounds { lower: Bound::Included(newest), upper: Bound::Included(oldest), reverse: true }
+        } else {
+            IndexBounds { lower: Bound::Included(oldest), upper: Bound::Included(newest), reverse: false }
+        };
+        let mut deleted = 0u64;
+        loop {
+            let _guard = WriteGuard::acquire(self);
+            if self.dropped.load(Ordering::SeqCst) {
+                return Ok(deleted);
+            }
+            let snapshot = self.snapshot();
+            // The index may have been dropped (or recreated) since the pass started.
+            if !snapshot.meta.ready_indexes().any(|i| i.id == idx.id) {
+                return Ok(deleted);
+            }
+            let entries = snapshot.index_scan(&idx.spec.name, bounds.clone(), None, TTL_DELETE_BATCH_DOCS)?;
+            let rids: BTreeSet<RecordId> = entries.iter().map(|e| e.record_id).collect();
+            if rids.is_empty() {
+                return Ok(deleted);
+            }
+            let mut pending = self.pending();
+            for rid in &rids {
+                self.prepare_delete(&snapshot.meta, &*snapshot.snap, *rid, &mut pending)?;
+            }
+            self.commit_pending(pending)?;
+            deleted += rids.len() as u64;
+            self.shared.ttl_deleted.fetch_add(rids.len() as u64, Ordering::Relaxed);
+            if entries.len() < TTL_DELETE_BATCH_DOCS {
+                return Ok(deleted);
+            }
+        }
+    }
+
     fn pending(&self) -> Pending {
-        Pending { batch: Batch::new(), stats: self.stats.lock().clone(), unique_keys: HashSet::new(), data_delta: 0 }
+        Pending { batch: Batch::new(), stats: self.stats.lock().clone(), unique_keys: HashSet::new(), data_delta: 0, record_size_hint_bytes: 0 }
     }
 
     fn stored_doc(&self, snap: &dyn EngineSnapshot, id: RecordId) -> Result<(Vec<u8>, Document)> {
@@ -668,6 +843,8 @@ struct Pending {
     /// Stored keys of unique indexes added by this batch.
     unique_keys: HashSet<Vec<u8>>,
     data_delta: i64,
+    /// Size of the last record encoded.
+    record_size_hint_bytes: usize,
 }
 
 /// MongoDB's shell-like rendering used in duplicate key messages: `{ _id: 1, a: "x" }`.
@@ -746,7 +923,33 @@ struct StoreInner {
     /// Serializes catalog changes (create, drop, rename).
     catalog: Mutex<()>,
     colls: RwLock<BTreeMap<(String, String), Arc<CollState>>>,
+    ttl: Arc<TtlMonitor>,
 }
+
+/// The TTL monitor thread's controls. The thread holds the store only weakly (and strongly
+/// only during a pass), so dropping the last `Store` stops it.
+struct TtlMonitor {
+    stop: Mutex<bool>,
+    wake: Condvar,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for StoreInner {
+    fn drop(&mut self) {
+        *self.ttl.stop.lock() = true;
+        self.ttl.wake.notify_all();
+        let handle = self.ttl.thread.lock().take();
+        if let Some(h) = handle {
+            // The monitor itself may drop the last reference at the end of a pass.
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// Expired documents deleted per write batch (the collection lock is released between).
+const TTL_DELETE_BATCH_DOCS: usize = 1000;
 
 #[derive(Clone)]
 pub struct Store {
@@ -773,8 +976,12 @@ impl Store {
             sync_count: AtomicU64::new(0),
             next_internal_id: AtomicU64::new(1),
             total_data_bytes: AtomicU64::new(0),
+            builds: Mutex::new(Vec::new()),
+            ttl_deleted: AtomicU64::new(0),
+            ttl_passes: AtomicU64::new(0),
         });
-        Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()) }) }
+        let ttl = Arc::new(TtlMonitor { stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
+        Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl }) }
     }
 
     /// Open a store over any engine, loading its catalog and finishing interrupted drops.
@@ -815,10 +1022,13 @@ impl Store {
                 indexes.push(Arc::new(rt));
             }
             max_id = max_id.max(id);
-            let stats = match snap.get(Space::Catalog, &stats_key(id))? {
+            let mut stats = match snap.get(Space::Catalog, &stats_key(id))? {
                 Some(b) => Stats::from_bytes(&b)?,
                 None => Stats::default(),
             };
+            // Statistics of an index build a crash interrupted.
+            stats.index_bytes.retain(|iid, _| indexes.iter().any(|i| i.id == *iid));
+            stats.multikey.retain(|iid| indexes.iter().any(|i| i.id == *iid));
             total_data += stats.data_bytes;
             let st = Arc::new(CollState {
                 shared: shared.clone(),
@@ -1049,6 +1259,99 @@ impl Store {
         s
     }
 
+    /// Start the TTL monitor: every `interval` (MongoDB: 60 s) delete expired documents of
+    /// every collection with a TTL index. Idempotent; stops when the last Store clone drops.
+    pub fn start_ttl_monitor(&self, interval: std::time::Duration) {
+        let mut thread = self.inner.ttl.thread.lock();
+        if thread.is_some() {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let monitor = self.inner.ttl.clone();
+        let spawned = std::thread::Builder::new().name("ttl-monitor".to_string()).spawn(move || loop {
+            {
+                let mut stop = monitor.stop.lock();
+                if !*stop {
+                    monitor.wake.wait_for(&mut stop, interval);
+                }
+                if *stop {
+                    return;
+                }
+            }
+            let Some(inner) = weak.upgrade() else { return };
+            let store = Store { inner };
+            if let Err(e) = store.run_ttl_pass() {
+                tracing::warn!("TTL monitor pass failed: {}", e.message);
+            }
+        });
+        match spawned {
+            Ok(h) => *thread = Some(h),
+            Err(e) => tracing::error!("cannot start the TTL monitor thread: {e}"),
+        }
+    }
+
+    /// One TTL pass (what the monitor runs every interval): in every non-capped collection,
+    /// delete the documents whose TTL-indexed date (an array's earliest) is older than now
+    /// minus expireAfterSeconds. Returns the number deleted.
+    pub fn run_ttl_pass(&self) -> Result<u64> {
+        let now_ms = bson::DateTime::now().timestamp_millis();
+        let colls: Vec<Arc<CollState>> = self.inner.colls.read().values().cloned().collect();
+        let mut deleted = 0u64;
+        let mut first_error = None;
+        for coll in colls {
+            let meta = coll.meta.read().clone();
+            if matches!(meta.options.get("capped"), Some(Bson::Boolean(true))) {
+                continue;
+            }
+            for idx in meta.ready_indexes() {
+                let Some(secs) = idx.spec.expire_after_seconds else { continue };
+                if idx.fields.len() != 1 || idx.fields[0].hashed || secs < 0 {
+                    continue;
+                }
+                let expiry_ms = now_ms.saturating_sub(secs.saturating_mul(1000));
+                // One failing collection does not stop the others.
+                match coll.ttl_delete_expired(idx, expiry_ms) {
+                    Ok(n) => deleted += n,
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        self.inner.shared.ttl_passes.fetch_add(1, Ordering::Relaxed);
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(deleted),
+        }
+    }
+
+    /// Documents the TTL monitor has deleted since open.
+    pub fn ttl_deleted_count(&self) -> u64 {
+        self.inner.shared.ttl_deleted.load(Ordering::Relaxed)
+    }
+
+    /// Completed TTL passes since open.
+    pub fn ttl_passes(&self) -> u64 {
+        self.inner.shared.ttl_passes.load(Ordering::Relaxed)
+    }
+
+    /// Index builds in progress.
+    pub fn index_builds(&self) -> Vec<IndexBuildProgress> {
+        let builds = self.inner.shared.builds.lock().clone();
+        builds
+            .iter()
+            .filter_map(|b| {
+                let coll = b.coll.upgrade()?;
+                Some(IndexBuildProgress {
+                    ns: coll.ns_string(),
+                    index_name: b.index_name.clone(),
+                    done_records: b.done_records.load(Ordering::Relaxed),
+                    total_records: b.total_records.load(Ordering::Relaxed),
+                })
+            })
+            .collect()
+    }
+
     /// On-disk size of the whole store (fjall); approximate bytes held (in-memory).
     pub fn storage_size_bytes(&self) -> u64 {
         self.inner.shared.engine.size_bytes()
@@ -1071,7 +1374,7 @@ impl Collection {
     /// Names of the indexes that have indexed an expanded array (multikey).
     pub fn multikey_indexes(&self) -> Vec<String> {
         let mk = self.state.stats.lock().multikey.clone();
-        self.state.meta.read().indexes.iter().filter(|i| mk.contains(&i.id)).map(|i| i.spec.name.clone()).collect()
+        self.state.meta.read().ready_indexes().filter(|i| mk.contains(&i.id)).map(|i| i.spec.name.clone()).collect()
     }
 
     /// Insert a batch as one atomic engine batch (documents must already have `_id`).
@@ -1086,6 +1389,8 @@ impl Collection {
         let meta = st.meta.read().clone();
         let snap = st.shared.engine.snapshot();
         let mut pending = st.pending();
+        // A record and (usually) one entry per index for each document, plus the statistics.
+        pending.batch.ops.reserve(docs.len() * (1 + meta.indexes.len()) + 1);
         let mut ok = Vec::with_capacity(docs.len());
         let mut errors = Vec::new();
         for (i, d) in docs.iter().enumerate() {
@@ -1121,116 +1426,186 @@ impl Collection {
     }
 
     /// Build an index over existing documents. Ok(false) if an identical index exists.
+    ///
+    /// The build does not block writers: the index is first registered as building (writers
+    /// maintain it from then on; readers and `CollectionMeta.indexes` do not see it), then
+    /// existing records are indexed in chunks read without the write lock and applied under
+    /// it only for records unchanged since they were read, then the index is made ready.
     pub fn create_index(&self, spec: IndexSpec) -> Result<bool> {
         let st = &self.state;
         validate_index_spec(&spec)?;
         let spec = IndexSpec { spec: spec.normalized_spec(), ..spec };
-        let _guard = WriteGuard::acquire(st);
-        st.check_live()?;
-        let meta = st.meta.read().clone();
-        for existing in &meta.indexes {
-            let e = &existing.spec;
-            if e.name == spec.name {
-                if e.key == spec.key {
-                    if e.same_options(&spec) {
-                        return Ok(false);
-                    }
-                    return Err(Error::new(
-                        Code::IndexOptionsConflict,
-                        format!("An equivalent index already exists with the same name but different options. Requested index: {}, existing index: {}", spec.spec, e.spec),
-                    ));
+        let (idx, rid_end) = loop {
+            let guard = WriteGuard::acquire(st);
+            st.check_live()?;
+            let meta = st.meta.read().clone();
+            match check_new_index(&meta, &spec, st)? {
+                NewIndex::Exists => return Ok(false),
+                NewIndex::Building => {
+                    // Like MongoDB, a request for an index being built waits for that build.
+                    drop(guard);
+                    std::thread::sleep(INDEX_BUILD_WAIT_POLL);
+                    continue;
                 }
-                return Err(Error::new(
-                    Code::IndexKeySpecsConflict,
-                    format!("An existing index has the same name as the requested index. When index names are not specified, they are auto generated and can cause conflicts. Please refer to our documentation. Requested index: {}, existing index: {}", spec.spec, e.spec),
-                ));
+                NewIndex::Absent => {}
             }
-            if e.key == spec.key && e.partial_filter == spec.partial_filter {
-                if e.same_options(&spec) {
-                    return Err(Error::new(Code::IndexOptionsConflict, format!("Index already exists with a different name: {}", e.name)));
-                }
-                return Err(Error::new(
-                    Code::IndexOptionsConflict,
-                    format!("An equivalent index already exists with a different name and options. Requested index: {}, existing index: {}", spec.spec, e.spec),
-                ));
-            }
-        }
-        if meta.indexes.len() >= INDEXES_PER_COLLECTION_MAX {
-            return Err(Error::new(
-                Code::CannotCreateIndex,
-                format!("add index fails, too many indexes for {} key:{}", st.ns_string(), spec.key),
-            ));
-        }
-        let shared = &st.shared;
-        let idx = Arc::new(IndexRt::new(shared.alloc_id(), spec)?);
-        // The marker makes a crash mid-build delete the partial entries at the next open.
-        let mut batch = Batch::new();
-        batch.put(Space::Catalog, garbage_key(GARBAGE_INDEX, idx.id), Vec::new());
-        shared.apply(batch)?;
-        match self.build_index(&idx) {
-            Ok((bytes, multikey)) => {
-                let mut indexes = meta.indexes.clone();
-                indexes.push(idx.clone());
-                let new_meta = Arc::new(MetaRt { uuid: meta.uuid, options: meta.options.clone(), indexes });
-                let mut pending = st.pending();
-                pending.stats.index_bytes.insert(idx.id, bytes);
-                if multikey {
-                    pending.stats.multikey.insert(idx.id);
-                }
-                let (db, name) = st.ns.read().clone();
-                pending.batch.put(Space::Catalog, meta_key(&db, &name), encode_doc(&new_meta.to_doc(st.id, &db, &name))?);
-                pending.batch.delete(Space::Catalog, garbage_key(GARBAGE_INDEX, idx.id));
-                let mut meta_guard = st.meta.write();
-                st.commit_pending(pending)?;
-                *meta_guard = new_meta;
-                Ok(true)
-            }
+            let shared = &st.shared;
+            let (rid_end, total) = {
+                let stats = st.stats.lock();
+                (stats.next_rid, stats.count)
+            };
+            let build = Arc::new(BuildState {
+                coll: Arc::downgrade(st),
+                index_name: spec.name.clone(),
+                done_records: AtomicU64::new(0),
+                total_records: AtomicU64::new(total),
+                conflict: Mutex::new(None),
+            });
+            let mut idx = IndexRt::new(shared.alloc_id(), spec.clone())?;
+            idx.build = Some(build.clone());
+            let idx = Arc::new(idx);
+            // The marker makes a crash mid-build delete the partial entries at the next open
+            // (the catalog lists only ready indexes).
+            let mut batch = Batch::new();
+            batch.put(Space::Catalog, garbage_key(GARBAGE_INDEX, idx.id), Vec::new());
+            shared.apply(batch)?;
+            let mut indexes = meta.indexes.clone();
+            indexes.push(idx.clone());
+            *st.meta.write() = Arc::new(MetaRt { uuid: meta.uuid, options: meta.options.clone(), indexes });
+            shared.builds.lock().push(build);
+            break (idx, rid_end);
+        };
+        let result = self.build_existing(&idx, rid_end).and_then(|()| self.finish_build(&idx));
+        st.shared.builds.lock().retain(|b| !idx.build.as_ref().is_some_and(|mine| Arc::ptr_eq(b, mine)));
+        match result {
+            Ok(()) => Ok(true),
             Err(e) => {
-                shared.collect_garbage(GARBAGE_INDEX, idx.id)?;
+                self.abort_build(&idx)?;
                 Err(e)
             }
         }
     }
 
-    /// Write the entries of every stored document for `idx`, in chunks. Caller holds the
-    /// write lock, so the data does not change underneath.
-    fn build_index(&self, idx: &IndexRt) -> Result<(u64, bool)> {
+    /// Index the records with ids below `rid_end` (later ones were inserted after the index
+    /// was registered, so writers indexed them).
+    fn build_existing(&self, idx: &Arc<IndexRt>, rid_end: RecordId) -> Result<()> {
         let st = &self.state;
-        let snap = st.shared.engine.snapshot();
-        let (lo, hi) = prefix_bounds(&st.id.to_be_bytes());
-        let mut bytes = 0u64;
-        let mut multikey = false;
-        let mut batch = Batch::new();
-        let mut chunk_unique: HashSet<Vec<u8>> = HashSet::new();
-        let mut docs_in_chunk = 0usize;
-        // Unique checks read the latest state: entries of earlier chunks are committed.
-        let mut latest = st.shared.engine.snapshot();
-        for kv in snap.iter(Space::Records, lo, hi, false) {
-            let (k, v) = kv?;
-            let rid = read_u64(k.get(8..).unwrap_or(&[])).ok_or_else(|| corrupt("record key"))?;
-            let d = decode_doc(&v)?;
-            let (entries, mk) = idx.entries(&d, rid)?;
-            multikey |= mk;
-            for (stored, value, values) in entries {
-                if idx.spec.unique && (chunk_unique.contains(&stored) || latest.get(Space::Index, &stored)?.is_some()) {
-                    return Err(st.dup_error(idx, &values));
+        let Some(build) = idx.build.as_ref() else { return Ok(()) };
+        let end_key = record_key(st.id, rid_end);
+        let mut next_rid: RecordId = 0;
+        loop {
+            // Unlocked: read and key a chunk from a fresh snapshot.
+            let mut chunk = Vec::with_capacity(INDEX_BUILD_CHUNK_DOCS);
+            {
+                let snap = st.shared.engine.snapshot();
+                let lower = Bound::Included(record_key(st.id, next_rid));
+                for kv in snap.iter(Space::Records, lower, Bound::Excluded(end_key.clone()), false) {
+                    let (k, v) = kv?;
+                    let rid = read_u64(k.get(8..).unwrap_or(&[])).ok_or_else(|| corrupt("record key"))?;
+                    let d = decode_doc(&v)?;
+                    let (entries, multikey) = idx.entries(&d, rid)?;
+                    chunk.push((rid, v, entries, multikey));
+                    if chunk.len() >= INDEX_BUILD_CHUNK_DOCS {
+                        break;
+                    }
                 }
-                bytes += (stored.len() + value.len()) as u64;
-                if idx.spec.unique {
-                    chunk_unique.insert(stored.clone());
+            }
+            let Some(last) = chunk.last().map(|c| c.0) else { return Ok(()) };
+            next_rid = last.saturating_add(1);
+            // Locked, briefly: records changed or deleted since the read were indexed by
+            // their writers (the index was already registered); add the rest.
+            let _guard = WriteGuard::acquire(st);
+            self.check_build_alive(idx)?;
+            let latest = st.shared.engine.snapshot();
+            let mut pending = st.pending();
+            let mut added_bytes = 0u64;
+            let mut multikey = false;
+            let scanned = chunk.len() as u64;
+            for (rid, bytes, entries, mk) in chunk {
+                if latest.get(Space::Records, &record_key(st.id, rid))?.is_none_or(|b| b != bytes) {
+                    continue;
                 }
-                batch.put(Space::Index, stored, value);
+                multikey |= mk;
+                for (stored, value) in entries {
+                    if let Some(existing) = latest.get(Space::Index, &stored)? {
+                        if idx.spec.unique && read_u64(&existing) != Some(rid) {
+                            return Err(st.dup_error(idx, &value));
+                        }
+                        continue;
+                    }
+                    if idx.spec.unique && !pending.unique_keys.insert(stored.clone()) {
+                        return Err(st.dup_error(idx, &value));
+                    }
+                    added_bytes += (stored.len() + value.len()) as u64;
+                    pending.batch.put(Space::Index, stored, value);
+                }
             }
-            docs_in_chunk += 1;
-            if docs_in_chunk >= INDEX_BUILD_CHUNK_DOCS {
-                st.shared.apply(std::mem::take(&mut batch))?;
-                chunk_unique.clear();
-                docs_in_chunk = 0;
-                latest = st.shared.engine.snapshot();
+            *pending.stats.index_bytes.entry(idx.id).or_insert(0) += added_bytes;
+            if multikey {
+                pending.stats.multikey.insert(idx.id);
             }
+            st.commit_pending(pending)?;
+            build.done_records.fetch_add(scanned, Ordering::Relaxed);
         }
-        st.shared.apply(batch)?;
-        Ok((bytes, multikey))
+    }
+
+    /// Abort if the collection or the index was dropped, or a writer met a unique conflict.
+    /// Caller holds the write lock.
+    fn check_build_alive(&self, idx: &IndexRt) -> Result<()> {
+        let st = &self.state;
+        if st.dropped.load(Ordering::SeqCst) {
+            return Err(Error::new(Code::IndexBuildAborted, format!("Index build aborted: {}: collection dropped", idx.spec.name)));
+        }
+        if !st.meta.read().indexes.iter().any(|i| i.id == idx.id) {
+            return Err(Error::new(Code::IndexBuildAborted, format!("Index build aborted: {}: index dropped", idx.spec.name)));
+        }
+        if let Some(e) = idx.build.as_ref().and_then(|b| b.conflict.lock().clone()) {
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Under the write lock: make the index ready and record it in the catalog.
+    fn finish_build(&self, idx: &Arc<IndexRt>) -> Result<()> {
+        let st = &self.state;
+        let _guard = WriteGuard::acquire(st);
+        self.check_build_alive(idx)?;
+        let ready = Arc::new(IndexRt::new(idx.id, idx.spec.clone())?);
+        let meta = st.meta.read().clone();
+        let indexes = meta.indexes.iter().map(|i| if i.id == idx.id { ready.clone() } else { i.clone() }).collect();
+        let new_meta = Arc::new(MetaRt { uuid: meta.uuid, options: meta.options.clone(), indexes });
+        let mut pending = st.pending();
+        let (db, name) = st.ns.read().clone();
+        pending.batch.put(Space::Catalog, meta_key(&db, &name), encode_doc(&new_meta.to_doc(st.id, &db, &name))?);
+        pending.batch.delete(Space::Catalog, garbage_key(GARBAGE_INDEX, idx.id));
+        let mut meta_guard = st.meta.write();
+        st.commit_pending(pending)?;
+        *meta_guard = new_meta;
+        Ok(())
+    }
+
+    /// Unregister a failed build and delete its entries (unless a drop already owns them).
+    fn abort_build(&self, idx: &IndexRt) -> Result<()> {
+        let st = &self.state;
+        {
+            let _guard = WriteGuard::acquire(st);
+            if st.dropped.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let meta = st.meta.read().clone();
+            if !meta.indexes.iter().any(|i| i.id == idx.id) {
+                return Ok(());
+            }
+            let indexes = meta.indexes.iter().filter(|i| i.id != idx.id).cloned().collect();
+            let new_meta = Arc::new(MetaRt { uuid: meta.uuid, options: meta.options.clone(), indexes });
+            let mut pending = st.pending();
+            pending.stats.index_bytes.remove(&idx.id);
+            pending.stats.multikey.remove(&idx.id);
+            let mut meta_guard = st.meta.write();
+            st.commit_pending(pending)?;
+            *meta_guard = new_meta;
+        }
+        st.shared.collect_garbage(GARBAGE_INDEX, idx.id)
     }
 
     /// IndexNotFound if absent; the `_id_` index cannot be dropped.
@@ -1242,7 +1617,8 @@ impl Collection {
         let _guard = WriteGuard::acquire(st);
         st.check_live()?;
         let meta = st.meta.read().clone();
-        let Some(idx) = meta.index(name).cloned() else {
+        // A build in progress is aborted by dropping its index.
+        let Some(idx) = meta.indexes.iter().find(|i| i.spec.name == name).cloned() else {
             return Err(Error::new(Code::IndexNotFound, format!("index not found with name [{name}]")));
         };
         let indexes: Vec<Arc<IndexRt>> = meta.indexes.iter().filter(|i| i.id != idx.id).cloned().collect();
@@ -1273,7 +1649,7 @@ impl Collection {
             count: stats.count,
             size_bytes: stats.data_bytes,
             storage_size_bytes: storage,
-            index_sizes: meta.indexes.iter().map(|i| (i.spec.name.clone(), stats.index_bytes.get(&i.id).copied().unwrap_or(0))).collect(),
+            index_sizes: meta.ready_indexes().map(|i| (i.spec.name.clone(), stats.index_bytes.get(&i.id).copied().unwrap_or(0))).collect(),
         }
     }
 
@@ -1288,6 +1664,52 @@ impl Collection {
         }
         report
     }
+}
+
+enum NewIndex {
+    Absent,
+    /// An identical index exists.
+    Exists,
+    /// An identical index is being built.
+    Building,
+}
+
+/// Conflicts of a requested index with the existing ones (ready or building).
+fn check_new_index(meta: &MetaRt, spec: &IndexSpec, st: &CollState) -> Result<NewIndex> {
+    for existing in &meta.indexes {
+        let e = &existing.spec;
+        if e.name == spec.name {
+            if e.key == spec.key {
+                if e.same_options(spec) {
+                    return Ok(if existing.ready() { NewIndex::Exists } else { NewIndex::Building });
+                }
+                return Err(Error::new(
+                    Code::IndexOptionsConflict,
+                    format!("An equivalent index already exists with the same name but different options. Requested index: {}, existing index: {}", spec.spec, e.spec),
+                ));
+            }
+            return Err(Error::new(
+                Code::IndexKeySpecsConflict,
+                format!("An existing index has the same name as the requested index. When index names are not specified, they are auto generated and can cause conflicts. Please refer to our documentation. Requested index: {}, existing index: {}", spec.spec, e.spec),
+            ));
+        }
+        if e.key == spec.key && e.partial_filter == spec.partial_filter {
+            if e.same_options(spec) {
+                return Err(Error::new(Code::IndexOptionsConflict, format!("Index already exists with a different name: {}", e.name)));
+            }
+            return Err(Error::new(
+                Code::IndexOptionsConflict,
+                format!("An equivalent index already exists with a different name and options. Requested index: {}, existing index: {}", spec.spec, e.spec),
+            ));
+        }
+    }
+    if meta.indexes.len() >= INDEXES_PER_COLLECTION_MAX {
+        return Err(Error::new(
+            Code::CannotCreateIndex,
+            format!("add index fails, too many indexes for {} key:{}", st.ns_string(), spec.key),
+        ));
+    }
+    Ok(NewIndex::Absent)
 }
 
 fn validate_index_spec(spec: &IndexSpec) -> Result<()> {
@@ -1306,13 +1728,26 @@ fn validate_index_spec(spec: &IndexSpec) -> Result<()> {
             _ => false,
         };
         if let Bson::String(kind) = dir {
-            return Err(Error::new(Code::CannotCreateIndex, format!("Index type '{kind}' on field '{field}' is not supported")));
-        }
-        if !numeric_nonzero {
+            if kind != keygen::HASHED {
+                return Err(Error::new(Code::CannotCreateIndex, format!("Index type '{kind}' on field '{field}' is not supported")));
+            }
+        } else if !numeric_nonzero {
             return Err(Error::new(Code::CannotCreateIndex, format!("Values in the index key pattern can only be numbers or strings; bad key: {field}: {dir}")));
         }
         if field.is_empty() || field.split('.').any(str::is_empty) {
             return Err(Error::new(Code::CannotCreateIndex, format!("Index keys cannot be an empty field: {}", spec.key)));
+        }
+    }
+    let hashed_fields = spec.key.values().filter(|d| keygen::is_hashed(d)).count();
+    if hashed_fields > 0 {
+        if spec.unique {
+            return Err(Error::location(16764, "Currently hashed indexes cannot guarantee uniqueness. Use a regular index."));
+        }
+        if hashed_fields > 1 {
+            return Err(Error::location(
+                31303,
+                format!("A maximum of one index field is allowed to be hashed but found {hashed_fields} for 'key' {}", format_doc(&spec.key)),
+            ));
         }
     }
     if spec.unique && spec.key.keys().any(|k| k.contains("$")) {
@@ -1450,12 +1885,11 @@ impl Snapshot {
                 continue;
             }
             let rid = read_u64(&value).ok_or_else(|| corrupt("index entry"))?;
-            let values_doc = decode_doc(value.get(8..).unwrap_or(&[]))?;
             out.push(IndexEntry {
                 key: key.to_vec(),
                 position: stored.get(8..).unwrap_or(&[]).to_vec(),
                 record_id: rid,
-                values: values_doc.into_iter().map(|(_, v)| v).collect(),
+                values: entry_values(&value)?,
             });
             if out.len() >= max {
                 break;
@@ -1467,7 +1901,9 @@ impl Snapshot {
     fn validate_into(&self, report: &mut ValidateReport) -> Result<()> {
         let id = self.coll.id;
         let (lo, hi) = prefix_bounds(&id.to_be_bytes());
-        let mut expected = vec![0u64; self.meta.indexes.len()];
+        // Builds in progress are incomplete by design: only ready indexes are checked.
+        let indexes: Vec<&Arc<IndexRt>> = self.meta.ready_indexes().collect();
+        let mut expected = vec![0u64; indexes.len()];
         for kv in self.snap.iter(Space::Records, lo, hi, false) {
             let (k, v) = kv?;
             report.records += 1;
@@ -1484,7 +1920,7 @@ impl Snapshot {
                     continue;
                 }
             };
-            for (i, idx) in self.meta.indexes.iter().enumerate() {
+            for (i, idx) in indexes.iter().enumerate() {
                 let entries = match idx.entries(&d, rid) {
                     Ok((e, _)) => e,
                     Err(e) => {
@@ -1493,7 +1929,7 @@ impl Snapshot {
                         continue;
                     }
                 };
-                for (stored, _, _) in entries {
+                for (stored, _) in entries {
                     expected[i] += 1;
                     match self.snap.get(Space::Index, &stored)? {
                         Some(v) if read_u64(&v) == Some(rid) => {}
@@ -1509,7 +1945,7 @@ impl Snapshot {
                 }
             }
         }
-        for (i, idx) in self.meta.indexes.iter().enumerate() {
+        for (i, idx) in indexes.iter().enumerate() {
             let (lo, hi) = prefix_bounds(&idx.prefix);
             let mut n = 0u64;
             for kv in self.snap.iter(Space::Index, lo, hi, false) {
@@ -1570,7 +2006,7 @@ impl Writer {
         let meta = st.meta.read().clone();
         let snap = st.shared.engine.snapshot();
         let (old_bytes, old_doc) = st.stored_doc(&*snap, id)?;
-        let new_bytes = encode_doc(new)?;
+        let new_bytes = encode_record(new, old_bytes.len() + old_bytes.len() / 8)?;
         if new_bytes.len() > BSON_OBJECT_SIZE_MAX_BYTES {
             return Err(Error::new(
                 Code::BSONObjectTooLarge,
@@ -1585,30 +2021,37 @@ impl Writer {
         for idx in &meta.indexes {
             let (old_entries, _) = idx.entries(&old_doc, id)?;
             let (new_entries, multikey) = idx.entries(new, id)?;
-            let old_map: BTreeMap<&[u8], &[u8]> = old_entries.iter().map(|(k, v, _)| (k.as_slice(), v.as_slice())).collect();
-            let new_keys: HashSet<&[u8]> = new_entries.iter().map(|(k, _, _)| k.as_slice()).collect();
+            let old_map: BTreeMap<&[u8], &[u8]> = old_entries.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+            let new_keys: HashSet<&[u8]> = new_entries.iter().map(|(k, _)| k.as_slice()).collect();
             let mut delta: i64 = 0;
             let mut ops = Vec::new();
-            for (k, v, _) in &old_entries {
+            for (k, v) in &old_entries {
                 if !new_keys.contains(k.as_slice()) {
                     delta -= (k.len() + v.len()) as i64;
                     ops.push(BatchOp::Delete(Space::Index, k.clone()));
                 }
             }
-            for (k, v, values) in &new_entries {
-                match old_map.get(k.as_slice()) {
-                    Some(ov) if *ov == v.as_slice() => continue,
-                    Some(ov) => delta += v.len() as i64 - ov.len() as i64,
-                    None => {
-                        if idx.spec.unique {
-                            if let Some(existing) = snap.get(Space::Index, k)? {
-                                if read_u64(&existing) != Some(id) {
-                                    return Err(st.dup_error(idx, values));
-                                }
+            for (k, v) in &new_entries {
+                let old = old_map.get(k.as_slice());
+                // A building index may lack the old entry (record not yet scanned), and the
+                // builder skips records changed since it read them: always write, and check
+                // uniqueness even for keys the old version had.
+                if idx.ready() && old.is_some_and(|ov| *ov == v.as_slice()) {
+                    continue;
+                }
+                if idx.spec.unique && (old.is_none() || !idx.ready()) {
+                    if let Some(existing) = snap.get(Space::Index, k)? {
+                        if read_u64(&existing) != Some(id) {
+                            if idx.building_conflict(st.dup_error(idx, v)) {
+                                continue;
                             }
+                            return Err(st.dup_error(idx, v));
                         }
-                        delta += (k.len() + v.len()) as i64;
                     }
+                }
+                match old {
+                    Some(ov) => delta += v.len() as i64 - ov.len() as i64,
+                    None => delta += (k.len() + v.len()) as i64,
                 }
                 ops.push(BatchOp::Put(Space::Index, k.clone(), v.clone()));
             }
@@ -1636,22 +2079,8 @@ impl Writer {
         st.check_live()?;
         let meta = st.meta.read().clone();
         let snap = st.shared.engine.snapshot();
-        let (old_bytes, old_doc) = st.stored_doc(&*snap, id)?;
         let mut pending = st.pending();
-        for idx in &meta.indexes {
-            let (entries, _) = idx.entries(&old_doc, id)?;
-            let mut removed = 0u64;
-            for (k, v, _) in entries {
-                removed += (k.len() + v.len()) as u64;
-                pending.batch.delete(Space::Index, k);
-            }
-            let b = pending.stats.index_bytes.entry(idx.id).or_insert(0);
-            *b = b.saturating_sub(removed);
-        }
-        pending.stats.count = pending.stats.count.saturating_sub(1);
-        pending.stats.data_bytes = pending.stats.data_bytes.saturating_sub(old_bytes.len() as u64);
-        pending.data_delta = -(old_bytes.len() as i64);
-        pending.batch.delete(Space::Records, record_key(st.id, id));
+        st.prepare_delete(&meta, &*snap, id, &mut pending)?;
         st.commit_pending(pending)
     }
 }

@@ -296,6 +296,8 @@ fn parse_index_spec(v: &Bson) -> Result<IndexSpec> {
     for (field, dir) in &key {
         let ok = match dir {
             Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => as_i64(dir) != Some(0) || matches!(dir, Bson::Double(d) if *d != 0.0),
+            // Hashed keys are validated (one per index, never unique) by storage.
+            Bson::String(s) if s == "hashed" => true,
             Bson::String(s) => return Err(Error::new(Code::CannotCreateIndex, format!("Index type '{s}' on field '{field}' is not supported by shoal yet"))),
             _ => false,
         };

@@ -311,6 +311,23 @@ pub fn current_op(ctx: &mut Ctx) -> Result<Document> {
             inprog.push(Bson::Document(d));
         }
     }
+    // Index builds run inside createIndexes; their progress is reported as MongoDB does.
+    for b in ctx.shared.store.index_builds() {
+        let d = doc! {
+            "type": "op",
+            "host": ctx.shared.host_port(),
+            "active": true,
+            "op": "command",
+            "ns": b.ns.clone(),
+            "desc": "IndexBuildsCoordinator",
+            "msg": format!("Index Build: scanning collection Index Build: scanning collection: {}/{}", b.done_records, b.total_records),
+            "progress": { "done": b.done_records as i64, "total": b.total_records as i64 },
+            "command": { "createIndexes": b.ns.split_once('.').map(|(_, c)| c.to_string()).unwrap_or_default(), "indexes": [ { "name": b.index_name.clone() } ] },
+        };
+        if filter.matches(&d) {
+            inprog.push(Bson::Document(d));
+        }
+    }
     Ok(doc! { "inprog": inprog })
 }
 
