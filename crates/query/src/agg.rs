@@ -607,6 +607,16 @@ fn mem_error(stage: &str) -> Error {
     )
 }
 
+/// A `$group`/`$bucket` output document: `_id` first, then the accumulated fields.
+fn group_doc(key: Bson, fields: impl IntoIterator<Item = (String, Bson)>) -> Document {
+    let mut d = Document::new();
+    d.insert("_id", key);
+    for (k, v) in fields {
+        d.insert(k, v);
+    }
+    d
+}
+
 fn apply_stage<'a>(stage: &'a Stage, input: Stream<'a>, opts: &'a RunOptions) -> Result<Stream<'a>> {
     Ok(match stage {
         Stage::Match(f, _) => Box::new(input.filter_map(move |r| match r {
@@ -996,14 +1006,7 @@ fn group_stage(g: &Group, input: Stream, opts: &RunOptions) -> Result<Vec<Docume
     Ok(groups
         .finish()
         .into_iter()
-        .map(|(key, fields)| {
-            let mut d = Document::new();
-            d.insert("_id", key);
-            for (k, v) in fields {
-                d.insert(k, v);
-            }
-            d
-        })
+        .map(|(key, fields)| group_doc(key, fields))
         .collect())
 }
 
@@ -1042,14 +1045,7 @@ fn bucket_stage(b: &Bucket, input: Stream, opts: &RunOptions) -> Result<Vec<Docu
     out.sort_by_key(|(k, _)| rank(k));
     Ok(out
         .into_iter()
-        .map(|(key, fields)| {
-            let mut d = Document::new();
-            d.insert("_id", key);
-            for (k, v) in fields {
-                d.insert(k, v);
-            }
-            d
-        })
+        .map(|(key, fields)| group_doc(key, fields))
         .collect())
 }
 

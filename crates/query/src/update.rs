@@ -1075,6 +1075,19 @@ fn not_viable(field: &str, parent_name: &str, parent: &Bson) -> Error {
 }
 
 /// Apply `op` at `path` below `cur` (a document or array). `cur_name` names `cur` in errors.
+/// Continue `rest` of the path inside `child` (named `name`). A scalar in the way is an error
+/// only for operators that would create the path; the others leave the document alone.
+fn descend(child: &mut Bson, rest: &[Comp], name: &str, dotted: &str, op: &Op, ctx: &ApplyCtx) -> Result<()> {
+    match child {
+        Bson::Document(_) | Bson::Array(_) => apply_path(child, rest, name, dotted, op, ctx),
+        _ if !op.creates(ctx) => Ok(()),
+        other => match &rest[0] {
+            Comp::Field(next) => Err(not_viable(next, name, other)),
+            _ => Err(bad(format!("Cannot apply array updates to non-array element {name}: {}", short(other)))),
+        },
+    }
+}
+
 fn apply_path(cur: &mut Bson, path: &[Comp], cur_name: &str, dotted: &str, op: &Op, ctx: &ApplyCtx) -> Result<()> {
     let Some((first, rest)) = path.split_first() else { return Ok(()) };
     let root_id = ctx.root_id.as_str();
@@ -1110,18 +1123,7 @@ fn apply_path(cur: &mut Bson, path: &[Comp], cur_name: &str, dotted: &str, op: &
                     d.insert(name.clone(), Document::new());
                 }
                 let Some(child) = d.get_mut(name) else { return Ok(()) };
-                match child {
-                    Bson::Document(_) | Bson::Array(_) => apply_path(child, rest, name, dotted, op, ctx),
-                    other => {
-                        if !op.creates(ctx) {
-                            return Ok(());
-                        }
-                        match &rest[0] {
-                            Comp::Field(next) => Err(not_viable(next, name, other)),
-                            _ => Err(bad(format!("Cannot apply array updates to non-array element {name}: {}", short(other)))),
-                        }
-                    }
-                }
+                descend(child, rest, name, dotted, op, ctx)
             }
             Bson::Array(items) => {
                 let idx = if !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) { name.parse::<usize>().ok() } else { None };
@@ -1163,18 +1165,7 @@ fn apply_path(cur: &mut Bson, path: &[Comp], cur_name: &str, dotted: &str, op: &
                     items.push(Bson::Document(Document::new()));
                 }
                 let Some(child) = items.get_mut(idx) else { return Ok(()) };
-                match child {
-                    Bson::Document(_) | Bson::Array(_) => apply_path(child, rest, name, dotted, op, ctx),
-                    other => {
-                        if !op.creates(ctx) {
-                            return Ok(());
-                        }
-                        match &rest[0] {
-                            Comp::Field(next) => Err(not_viable(next, name, other)),
-                            _ => Err(bad(format!("Cannot apply array updates to non-array element {name}: {}", short(other)))),
-                        }
-                    }
-                }
+                descend(child, rest, name, dotted, op, ctx)
             }
             _ => Ok(()),
         },
@@ -1203,17 +1194,7 @@ fn apply_path(cur: &mut Bson, path: &[Comp], cur_name: &str, dotted: &str, op: &
                     }
                     continue;
                 }
-                match item {
-                    Bson::Document(_) | Bson::Array(_) => apply_path(item, rest, &name, dotted, op, ctx)?,
-                    other => {
-                        if op.creates(ctx) {
-                            return match &rest[0] {
-                                Comp::Field(next) => Err(not_viable(next, &name, other)),
-                                _ => Err(bad(format!("Cannot apply array updates to non-array element {name}: {}", short(other)))),
-                            };
-                        }
-                    }
-                }
+                descend(item, rest, &name, dotted, op, ctx)?;
             }
             let _ = ctx.details;
             Ok(())
