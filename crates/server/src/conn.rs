@@ -195,8 +195,12 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<Duration> {
     Some(Duration::from_millis(max_await.clamp(0, AWAIT_TIME_MS_MAX) as u64))
 }
 
-/// Run a command off the async executor threads: storage calls block.
+/// Run a command: on the async worker when it cannot block, otherwise off it (write locks and
+/// group commit wait on condition variables).
 async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Document {
+    if crate::commands::never_blocks(&request.name) {
+        return dispatch::run_command(shared, conn, request);
+    }
     tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request))
 }
 

@@ -6,6 +6,7 @@ use crate::conn::ConnState;
 use crate::state::{Counters, Shared};
 use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wire::DocumentSequence;
 
@@ -13,8 +14,9 @@ use wire::DocumentSequence;
 pub struct Request {
     pub name: String,
     pub db: String,
-    /// The command body with any OP_MSG document sequences merged in as arrays.
-    pub body: Document,
+    /// The command body with any OP_MSG document sequences merged in as arrays. Shared, so
+    /// currentOp and exhaust re-runs hold it without copying.
+    pub body: Arc<Document>,
 }
 
 impl Request {
@@ -35,7 +37,7 @@ impl Request {
             }
             body.insert(seq.identifier, Bson::Array(seq.documents.into_iter().map(Bson::Document).collect()));
         }
-        Ok(Request { name, db, body })
+        Ok(Request { name, db, body: Arc::new(body) })
     }
 }
 
@@ -189,7 +191,7 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
         Some(Bson::String(c)) => format!("{}.{}", req.db, c),
         _ => format!("{}.$cmd", req.db),
     };
-    let op = shared.ops.begin(conn.id, conn.remote.to_string(), conn.app_name.clone(), commands::op_kind(&req.name), ns, cmd, deadline);
+    let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, req.body.clone(), deadline);
     let mut ctx = Ctx { shared, conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern };
     handler(&mut ctx)
 }

@@ -11,11 +11,12 @@ use std::time::{Instant, SystemTime};
 pub struct OpInfo {
     pub opid: u32,
     pub connection_id: u64,
-    pub client: String,
+    pub client: std::net::SocketAddr,
     pub app_name: Option<String>,
     pub op: &'static str,
     pub ns: String,
-    pub command: bson::Document,
+    /// The whole request; currentOp shows a bounded copy (`truncated_command`).
+    pub command: Arc<bson::Document>,
     pub started: Instant,
     pub started_wall: SystemTime,
     pub killed: AtomicBool,
@@ -35,10 +36,8 @@ pub struct OpCtx<'a> {
 }
 
 impl OpRegistry {
-    pub fn begin<'a>(&'a self, connection_id: u64, client: String, app_name: Option<String>, op: &'static str, ns: String, command: &bson::Document, deadline: Option<Instant>) -> OpCtx<'a> {
+    pub fn begin<'a>(&'a self, connection_id: u64, client: std::net::SocketAddr, app_name: Option<String>, op: &'static str, ns: String, command: Arc<bson::Document>, deadline: Option<Instant>) -> OpCtx<'a> {
         let opid = self.next.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        // Keep only a bounded copy of the command: currentOp must not hold huge insert batches.
-        let command = truncated_command(command);
         let info = Arc::new(OpInfo { opid, connection_id, client, app_name, op, ns, command, started: Instant::now(), started_wall: SystemTime::now(), killed: AtomicBool::new(false) });
         self.ops.lock().insert(opid, info.clone());
         OpCtx { registry: self, info, deadline }
@@ -84,7 +83,9 @@ impl Drop for OpCtx<'_> {
 
 const COMMAND_COPY_SIZE_MAX_BYTES: usize = 1024;
 
-fn truncated_command(cmd: &bson::Document) -> bson::Document {
+/// A bounded copy of a command for currentOp: huge insert batches are cut off with
+/// `$truncated`, as MongoDB does.
+pub fn truncated_command(cmd: &bson::Document) -> bson::Document {
     let mut out = bson::Document::new();
     let mut size = 0usize;
     for (k, v) in cmd {

@@ -3,9 +3,10 @@
 
 pub mod mongo;
 pub mod postgres;
+pub mod wire;
 
 use crate::ycsb::measure::Status;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::future::Future;
 use std::pin::Pin;
 
@@ -56,18 +57,30 @@ pub trait Target: Send + Sync {
 
 /// Creates per-worker `Target` sessions from one URL.
 pub enum Connector {
+    /// The official driver: replica sets, several hosts, auth, TLS.
     Mongo(mongo::MongoConnector),
+    /// The lean wire client: one host, no auth (see `wire`).
+    Wire(wire::WireConnector),
     Postgres(postgres::PostgresConnector),
 }
 
 impl Connector {
-    /// `mongodb://` / `mongodb+srv://` use the MongoDB driver; `postgres://` / `postgresql://`
-    /// use tokio-postgres.
+    /// `mongodb://` to one host without auth or TLS uses the lean wire client, other
+    /// `mongodb://` / `mongodb+srv://` URLs the official driver; `postgres://` /
+    /// `postgresql://` use tokio-postgres. `SHOAL_BENCH_DRIVER=official` in the environment
+    /// forces the official driver.
     pub async fn new(url: &str, default_db: &str) -> Result<Connector> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ok(Connector::Postgres(postgres::PostgresConnector::new(url)))
         } else if url.starts_with("mongodb://") || url.starts_with("mongodb+srv://") {
-            Ok(Connector::Mongo(mongo::MongoConnector::new(url, default_db).await?))
+            let options = mongodb::options::ClientOptions::parse(url).await.with_context(|| format!("parse MongoDB URL {url}"))?;
+            let db = mongo::database_name(&options, default_db);
+            let official = std::env::var("SHOAL_BENCH_DRIVER").is_ok_and(|d| d == "official");
+            if !official && wire::can_serve(&options) {
+                Ok(Connector::Wire(wire::WireConnector::new(options, db).await?))
+            } else {
+                Ok(Connector::Mongo(mongo::MongoConnector::new(options, db, url).await?))
+            }
         } else {
             anyhow::bail!("unsupported URL {url:?}: use mongodb://... or postgresql://...")
         }
@@ -75,7 +88,7 @@ impl Connector {
 
     pub fn kind(&self) -> &'static str {
         match self {
-            Connector::Mongo(_) => "mongodb",
+            Connector::Mongo(_) | Connector::Wire(_) => "mongodb",
             Connector::Postgres(_) => "postgresql",
         }
     }
@@ -84,6 +97,7 @@ impl Connector {
     pub async fn session(&self) -> Result<Box<dyn Target>> {
         match self {
             Connector::Mongo(m) => Ok(Box::new(m.session())),
+            Connector::Wire(w) => Ok(Box::new(w.session().await?)),
             Connector::Postgres(p) => Ok(Box::new(p.session().await?)),
         }
     }

@@ -26,15 +26,17 @@ pub struct MongoConnector {
     db: Database,
 }
 
+/// YCSB's rule: the URL's database unless absent or "admin", else `default_db` ("ycsb").
+pub(crate) fn database_name(options: &ClientOptions, default_db: &str) -> String {
+    match options.default_database.as_deref() {
+        Some(name) if !name.is_empty() && name != "admin" => name.to_string(),
+        _ => default_db.to_string(),
+    }
+}
+
 impl MongoConnector {
-    /// YCSB's rule: the URL's database unless absent or "admin", else `default_db` ("ycsb").
     /// w, journal and readPreference in the URL apply to every operation (driver defaults).
-    pub async fn new(url: &str, default_db: &str) -> Result<MongoConnector> {
-        let options = ClientOptions::parse(url).await.with_context(|| format!("parse MongoDB URL {url}"))?;
-        let db_name = match options.default_database.as_deref() {
-            Some(name) if !name.is_empty() && name != "admin" => name.to_string(),
-            _ => default_db.to_string(),
-        };
+    pub async fn new(options: ClientOptions, db_name: String, url: &str) -> Result<MongoConnector> {
         let client = Client::with_options(options).context("create MongoDB client")?;
         let db = client.database(&db_name);
         // Fail fast with a clear message instead of every operation timing out.
@@ -57,7 +59,7 @@ fn binary(bytes: &[u8]) -> Bson {
     Bson::Binary(Binary { subtype: BinarySubtype::Generic, bytes: bytes.to_vec() })
 }
 
-fn projection(fields: Option<&[String]>) -> Option<Document> {
+pub(crate) fn projection(fields: Option<&[String]>) -> Option<Document> {
     fields.map(|fs| {
         let mut p = Document::new();
         for f in fs {
@@ -65,6 +67,34 @@ fn projection(fields: Option<&[String]>) -> Option<Document> {
         }
         p
     })
+}
+
+/// The YCSB record as its MongoDB binding writes it: `{_id: key, field0: BinData, …}`.
+pub(crate) fn ycsb_doc(r: &Record) -> Document {
+    let mut d = Document::new();
+    d.insert("_id", r.key.clone());
+    d.extend(fields_doc(&r.fields));
+    d
+}
+
+/// Field values as BinData, as YCSB's binding `$set`s them.
+pub(crate) fn fields_doc(values: &[(String, Vec<u8>)]) -> Document {
+    let mut d = Document::new();
+    for (k, v) in values {
+        d.insert(k.clone(), binary(v));
+    }
+    d
+}
+
+/// One bench02 order, without `_id` (drivers add an ObjectId).
+pub(crate) fn order_doc(o: &Order) -> Document {
+    doc! {
+        "customerId": o.customer_id,
+        "productId": o.product_id,
+        "quantity": o.quantity,
+        "orderDate": DateTime::from_millis(o.order_date_ms),
+        "textField": o.text_field.as_str(),
+    }
 }
 
 /// YCSB's fillMap copies every binary field out of the result; touching each one keeps the
@@ -89,17 +119,7 @@ impl Target for MongoTarget {
 
     fn ycsb_insert<'a>(&'a self, table: &'a str, records: &'a [Record]) -> BoxFuture<'a, Status> {
         Box::pin(async move {
-            let docs: Vec<Document> = records
-                .iter()
-                .map(|r| {
-                    let mut d = Document::new();
-                    d.insert("_id", r.key.clone());
-                    for (k, v) in &r.fields {
-                        d.insert(k.clone(), binary(v));
-                    }
-                    d
-                })
-                .collect();
+            let docs: Vec<Document> = records.iter().map(ycsb_doc).collect();
             let coll = self.db.collection::<Document>(table);
             let result = if docs.len() == 1 {
                 // batchsize=1: insertOne, as YCSB does.
@@ -141,10 +161,7 @@ impl Target for MongoTarget {
 
     fn ycsb_update<'a>(&'a self, table: &'a str, key: &'a str, values: &'a [(String, Vec<u8>)]) -> BoxFuture<'a, Status> {
         Box::pin(async move {
-            let mut set = Document::new();
-            for (k, v) in values {
-                set.insert(k.clone(), binary(v));
-            }
+            let set = fields_doc(values);
             let coll = self.db.collection::<Document>(table);
             match coll.update_one(doc! {"_id": key}, doc! {"$set": set}).await {
                 Ok(r) if r.matched_count == 0 => {
@@ -232,18 +249,7 @@ impl Target for MongoTarget {
 
     fn orders_insert<'a>(&'a self, collection: &'a str, orders: &'a [Order], ordered: bool) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let docs: Vec<Document> = orders
-                .iter()
-                .map(|o| {
-                    doc! {
-                        "customerId": o.customer_id,
-                        "productId": o.product_id,
-                        "quantity": o.quantity,
-                        "orderDate": DateTime::from_millis(o.order_date_ms),
-                        "textField": o.text_field.as_str(),
-                    }
-                })
-                .collect();
+            let docs: Vec<Document> = orders.iter().map(order_doc).collect();
             self.db.collection::<Document>(collection).insert_many(docs).ordered(ordered).await?;
             Ok(())
         })

@@ -75,6 +75,14 @@ pub fn lookup(name: &str) -> Option<Handler> {
     })
 }
 
+/// Commands that never wait on a lock, a condition or an fsync: reads from a snapshot and
+/// replies built from memory. They run on the async worker itself; everything else may block
+/// (collection write lock, group commit) and leaves the worker first. The hop off the worker
+/// costs a thread handoff per command, a sixth of the server's CPU on a point-read workload.
+pub fn never_blocks(name: &str) -> bool {
+    matches!(name, "find" | "getMore" | "count" | "distinct" | "aggregate" | "killCursors" | "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "listIndexes" | "listCollections" | "endSessions")
+}
+
 /// Which opcounter / currentOp kind a command belongs to.
 pub fn op_kind(name: &str) -> &'static str {
     match name {
