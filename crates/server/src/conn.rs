@@ -43,25 +43,79 @@ pub async fn serve(shared: Arc<Shared>, mut stream: TcpStream, remote: SocketAdd
     shared.counters.connections_current.fetch_sub(1, Ordering::Relaxed);
 }
 
-async fn serve_loop(shared: &Arc<Shared>, stream: &mut TcpStream, conn: &mut ConnState) -> Result<(), String> {
-    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
-    loop {
-        let mut prefix = [0u8; 4];
-        match stream.read_exact(&mut prefix).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(format!("read error: {e}")),
+/// Reads whole frames from a connection with as few `recv` calls as the client allows: one
+/// read usually brings a whole request (or several pipelined ones), where reading the length
+/// prefix and then the rest took two system calls per request.
+struct FrameReader {
+    buf: Vec<u8>,
+    /// Unconsumed bytes are `buf[start..end]`.
+    start: usize,
+    end: usize,
+}
+
+impl FrameReader {
+    const CAPACITY_BYTES: usize = 16 * 1024;
+    /// After a large message, give the memory back once the buffer drains.
+    const RETAINED_CAPACITY_MAX_BYTES: usize = 1024 * 1024;
+
+    fn new() -> FrameReader {
+        FrameReader { buf: vec![0; Self::CAPACITY_BYTES], start: 0, end: 0 }
+    }
+
+    /// The next whole frame, or None at a clean end of stream (between frames).
+    async fn next(&mut self, stream: &mut TcpStream) -> Result<Option<std::ops::Range<usize>>, String> {
+        loop {
+            let available = self.end - self.start;
+            let mut needed = 4;
+            if available >= 4 {
+                let prefix = [self.buf[self.start], self.buf[self.start + 1], self.buf[self.start + 2], self.buf[self.start + 3]];
+                // Validate the length before allocating: a hostile prefix must not make us reserve 2 GB.
+                let len = wire::frame_length(prefix, MESSAGE_SIZE_MAX_BYTES).map_err(|e| format!("bad frame: {}", e.message))?;
+                if available >= len {
+                    let frame = self.start..self.start + len;
+                    self.start += len;
+                    return Ok(Some(frame));
+                }
+                needed = len;
+            }
+            if self.start == self.end {
+                self.start = 0;
+                self.end = 0;
+                if self.buf.len() > Self::RETAINED_CAPACITY_MAX_BYTES {
+                    self.buf = vec![0; Self::CAPACITY_BYTES];
+                }
+            }
+            if self.buf.len() - self.start < needed {
+                // Move the partial frame to the front, and grow for a frame larger than the buffer.
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+                if self.buf.len() < needed {
+                    self.buf.resize(needed, 0);
+                }
+            }
+            let n = match stream.read(&mut self.buf[self.end..]).await {
+                Ok(n) => n,
+                Err(e) => return Err(format!("read error: {e}")),
+            };
+            if n == 0 {
+                return if self.start == self.end { Ok(None) } else { Err("truncated message: connection closed mid-frame".into()) };
+            }
+            self.end += n;
         }
-        // Validate the length before allocating: a hostile prefix must not make us reserve 2 GB.
-        let len = wire::frame_length(prefix, MESSAGE_SIZE_MAX_BYTES).map_err(|e| format!("bad frame: {}", e.message))?;
-        buf.clear();
-        buf.extend_from_slice(&prefix);
-        buf.resize(len, 0);
-        stream.read_exact(&mut buf[4..]).await.map_err(|e| format!("truncated message: {e}"))?;
+    }
+}
+
+async fn serve_loop(shared: &Arc<Shared>, stream: &mut TcpStream, conn: &mut ConnState) -> Result<(), String> {
+    let mut reader = FrameReader::new();
+    loop {
+        let Some(frame) = reader.next(stream).await? else { return Ok(()) };
+        let buf = &reader.buf[frame];
+        let len = buf.len();
         Counters::add(&shared.counters.bytes_in, len as u64);
         Counters::add(&shared.counters.requests, 1);
 
-        let decoded = match wire::decode(&buf, MESSAGE_SIZE_MAX_BYTES) {
+        let decoded = match wire::decode(buf, MESSAGE_SIZE_MAX_BYTES) {
             Ok(d) => d,
             Err(e) => {
                 // The frame was read whole, so the stream is still in sync: answer with the error

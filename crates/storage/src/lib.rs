@@ -1997,15 +1997,20 @@ impl Writer {
         Ok(rid)
     }
 
-    /// Replace record `id` with `new`, maintaining indexes. The stored document (which `old`
-    /// should equal) determines the index entries removed.
+    /// Replace record `id` with `new`, maintaining indexes. `old` must be the stored
+    /// document as read through this writer (its snapshot, under its lock), so it is
+    /// current: its index entries are the ones removed. Decoding the stored bytes again
+    /// would cost as much as the rest of an update.
     pub fn update(&mut self, id: RecordId, old: &Document, new: &Document) -> Result<()> {
-        let _ = old;
         let st = self.st();
         st.check_live()?;
         let meta = st.meta.read().clone();
         let snap = st.shared.engine.snapshot();
-        let (old_bytes, old_doc) = st.stored_doc(&*snap, id)?;
+        let old_bytes = snap
+            .get(Space::Records, &record_key(st.id, id))?
+            .ok_or_else(|| Error::new(Code::NoSuchKey, format!("record {id} not found in {}", st.ns_string())))?;
+        debug_assert!(decode_doc(&old_bytes).is_ok_and(|d| &d == old), "Writer::update given a stale document");
+        let old_doc = old;
         let new_bytes = encode_record(new, old_bytes.len() + old_bytes.len() / 8)?;
         if new_bytes.len() > BSON_OBJECT_SIZE_MAX_BYTES {
             return Err(Error::new(
@@ -2019,7 +2024,7 @@ impl Writer {
         let mut pending = st.pending();
         let mut changes = Vec::with_capacity(meta.indexes.len());
         for idx in &meta.indexes {
-            let (old_entries, _) = idx.entries(&old_doc, id)?;
+            let (old_entries, _) = idx.entries(old_doc, id)?;
             let (new_entries, multikey) = idx.entries(new, id)?;
             let old_map: BTreeMap<&[u8], &[u8]> = old_entries.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
             let new_keys: HashSet<&[u8]> = new_entries.iter().map(|(k, _)| k.as_slice()).collect();
