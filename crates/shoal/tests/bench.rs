@@ -19,7 +19,12 @@ fn scratch_dir(name: &str) -> PathBuf {
 
 /// Runs `shoal bench ...`; returns stdout, panicking with stderr on failure.
 fn shoal_bench(args: &[&str]) -> String {
-    let out = Command::new(common::binary_path()).arg("bench").args(args).output().expect("run shoal bench");
+    shoal_bench_with(&[], args)
+}
+
+/// `shoal bench ...` with extra environment variables.
+fn shoal_bench_with(env: &[(&str, &str)], args: &[&str]) -> String {
+    let out = Command::new(common::binary_path()).arg("bench").args(args).envs(env.iter().copied()).output().expect("run shoal bench");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "shoal bench {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
@@ -108,6 +113,37 @@ async fn ycsb_load_and_run_against_shoal() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown ycsb option"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The lean wire client (single-host URLs) and the official driver (forced with
+/// SHOAL_BENCH_DRIVER=official) give the same answers: scans longer than a first batch follow
+/// the cursor with getMore, and server errors (duplicate keys) are counted as errors.
+#[tokio::test]
+async fn lean_client_and_official_driver_agree() {
+    let server = Server::start();
+    let client = server.client().await;
+    for (driver, env) in [("lean", vec![]), ("official", vec![("SHOAL_BENCH_DRIVER", "official")])] {
+        let url = format!("{}ycsb_{driver}", server.uri());
+        let run = |args: &[&str]| shoal_bench_with(&env, args);
+        let text = run(&["ycsb", "load", "-P", "workloada", "-p", "recordcount=200", "-p", "batchsize=20", "--url", &url]);
+        assert_eq!(value(&parse_text(&text), "INSERT", "Operations"), 200.0, "{driver}: {text}");
+        let coll = client.database(&format!("ycsb_{driver}")).collection::<Document>("usertable");
+        assert_eq!(coll.count_documents(doc! {}).await.expect("count"), 200, "{driver}");
+
+        // Scan lengths up to 180 exceed the default first batch of 101 documents.
+        let text = run(&["ycsb", "run", "-P", "workloade", "-p", "recordcount=200", "-p", "operationcount=80", "-p", "maxscanlength=180", "-p", "scanproportion=1", "-p", "insertproportion=0", "--url", &url]);
+        let rows = parse_text(&text);
+        assert_eq!(value(&rows, "SCAN", "Operations"), 80.0, "{driver}: {text}");
+        assert!(row_value(&rows, "SCAN-FAILED", "Operations").is_none(), "{driver}: {text}");
+
+        // Loading the same keys again: every insert is a duplicate key error.
+        let text = run(&["ycsb", "load", "-P", "workloada", "-p", "recordcount=200", "--url", &url]);
+        let rows = parse_text(&text);
+        assert_eq!(value(&rows, "INSERT-FAILED", "Operations"), 200.0, "{driver}: {text}");
+        assert_eq!(value(&rows, "INSERT", "Operations"), 0.0, "{driver}: {text}");
+        assert_eq!(value(&rows, "INSERT", "Return=ERROR"), 200.0, "{driver}: {text}");
+        assert_eq!(coll.count_documents(doc! {}).await.expect("count"), 200, "{driver}");
+    }
 }
 
 #[tokio::test]
