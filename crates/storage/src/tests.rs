@@ -279,11 +279,14 @@ fn update_checks_unique_indexes() {
         let mut w = c.writer();
         let e = w.update(rid, &d, &doc! {"_id": 2, "u": 1}).unwrap_err();
         assert_eq!(e.code, 11000);
-        // Unchanged key and a type-only change (2 -> 2.0) are fine.
-        w.update(rid, &d, &doc! {"_id": 2, "u": 2, "x": 1}).unwrap();
-        w.update(rid, &d, &doc! {"_id": 2, "u": 2.0}).unwrap();
+        // Unchanged key and a type-only change (2 -> 2.0) are fine. `old` is always the
+        // current stored document, as Writer::update requires.
+        let d1 = doc! {"_id": 2, "u": 2, "x": 1};
+        w.update(rid, &d, &d1).unwrap();
+        let d2 = doc! {"_id": 2, "u": 2.0};
+        w.update(rid, &d1, &d2).unwrap();
         let too_big = doc! {"_id": 2, "s": "x".repeat(17 << 20)};
-        assert_eq!(w.update(rid, &d, &too_big).unwrap_err().code, 10334);
+        assert_eq!(w.update(rid, &d2, &too_big).unwrap_err().code, 10334);
         drop(w);
         let e = c.snapshot().index_scan("u_1", IndexBounds::all(), None, 10).unwrap();
         assert_eq!(e[1].values, vec![Bson::Double(2.0)]);
@@ -656,8 +659,9 @@ fn hashed_indexes() {
         assert_eq!((out.inserted, out.errors.len(), out.errors[0].1.code), (1, 1, 16766));
         let mut w = c.writer();
         let (rid, d) = w.snapshot().find_by_id(&Bson::Int32(102)).unwrap().unwrap();
-        assert_eq!(w.update(rid, &d, &doc! {"_id": 102, "a": {"x": [1]}}).map_err(|e| e.code), Ok(()));
-        assert_eq!(w.update(rid, &d, &doc! {"_id": 102, "b": [1]}).unwrap_err().code, 16766);
+        let d1 = doc! {"_id": 102, "a": {"x": [1]}};
+        assert_eq!(w.update(rid, &d, &d1).map_err(|e| e.code), Ok(()));
+        assert_eq!(w.update(rid, &d1, &doc! {"_id": 102, "b": [1]}).unwrap_err().code, 16766);
         drop(w);
         assert!(c.validate().valid, "{:?}", c.validate().errors);
         let c2 = store.collection_or_create("db", "h2").unwrap();
