@@ -191,6 +191,32 @@ impl Projection {
         self.inclusion
     }
 
+    /// The paths a plain inclusion projection returns (`_id` among them unless excluded), or
+    /// `None` if it computes, slices or matches anything: what a covered plan must supply.
+    pub fn included_paths(&self) -> Option<Vec<String>> {
+        fn walk(node: &PNode, prefix: &str, top: bool, out: &mut Vec<String>) -> bool {
+            for (name, child) in &node.children {
+                let path = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
+                match child {
+                    PChild::Include => out.push(path),
+                    PChild::Exclude if top && name == "_id" => {}
+                    PChild::Sub(sub) => {
+                        if !walk(sub, &path, false, out) {
+                            return false;
+                        }
+                    }
+                    _ => return false,
+                }
+            }
+            true
+        }
+        if !self.inclusion || self.identity {
+            return None;
+        }
+        let mut out = Vec::new();
+        walk(&self.root, "", true, &mut out).then_some(out)
+    }
+
     pub fn apply(&self, doc: &Document, details: &MatchDetails) -> Result<Document> {
         if self.identity {
             return Ok(doc.clone());
@@ -677,6 +703,19 @@ mod tests {
         assert_eq!(p(doc! {"_id": 0}, d.clone()).get("_id"), None);
         assert_eq!(p(doc! {"_id": 1}, d.clone()), doc! {"_id": 1});
         assert_eq!(p(doc! {}, d.clone()), d);
+    }
+
+    #[test]
+    fn included_paths_of_plain_inclusions_only() {
+        let paths = |spec: Document| Projection::parse(&spec).unwrap().included_paths();
+        assert_eq!(paths(doc! {"a": 1, "_id": 0}), Some(vec!["a".to_string()]));
+        assert_eq!(paths(doc! {"a": 1}), Some(vec!["_id".to_string(), "a".to_string()]));
+        assert_eq!(paths(doc! {"b": {"c": 1}, "a.d": 1, "_id": 0}), Some(vec!["b.c".to_string(), "a.d".to_string()]));
+        assert_eq!(paths(doc! {"a": 0}), None);
+        assert_eq!(paths(doc! {}), None);
+        assert_eq!(paths(doc! {"a": {"$slice": 1}, "b": 1}), None);
+        assert_eq!(paths(doc! {"a": 1, "x": {"$add": [1, 2]}}), None);
+        assert_eq!(paths(doc! {"a.$": 1}), None);
     }
 
     #[test]

@@ -129,11 +129,13 @@ impl Scan {
                             continue;
                         }
                     }
-                    if let Some(doc) = self.snapshot.get(e.record_id)? {
+                    if plan.covered {
+                        docs.push((e.record_id, key_document(&plan.index.key, e.values)));
+                    } else if let Some(doc) = self.snapshot.get(e.record_id)? {
+                        self.docs_examined += 1;
                         docs.push((e.record_id, doc));
                     }
                 }
-                self.docs_examined += docs.len() as u64;
                 self.chunk = docs.into_iter();
             }
         }
@@ -158,10 +160,36 @@ impl Scan {
     }
 }
 
-/// Plan and open a scan of `coll` for `filter_doc`, optionally wanting `sort` order.
-pub fn planned_scan(coll: &storage::Collection, snapshot: Snapshot, filter_doc: &Document, sort: Option<&SortSpec>, hint: Option<&Bson>) -> Result<(Scan, Plan)> {
+/// The document a covered scan stands in for an index entry: each key field (a dotted path
+/// becomes nested documents) with its value.
+fn key_document(key_pattern: &Document, values: Vec<Bson>) -> Document {
+    let mut doc = Document::new();
+    for (path, value) in key_pattern.keys().zip(values) {
+        let mut parts = path.split('.').peekable();
+        let mut at = &mut doc;
+        while let Some(part) = parts.next() {
+            if parts.peek().is_none() {
+                at.insert(part, value);
+                break;
+            }
+            if !matches!(at.get(part), Some(Bson::Document(_))) {
+                at.insert(part, Document::new());
+            }
+            let Some(Bson::Document(sub)) = at.get_mut(part) else { unreachable!("just inserted a document") };
+            at = sub;
+        }
+    }
+    doc
+}
+
+/// Plan and open a scan of `coll` for `filter_doc`, optionally wanting `sort` order. With
+/// `projected` (the paths a plain inclusion projection returns) the plan may be covered.
+pub fn planned_scan(coll: &storage::Collection, snapshot: Snapshot, filter_doc: &Document, sort: Option<&SortSpec>, hint: Option<&Bson>, projected: Option<&[String]>) -> Result<(Scan, Plan)> {
     let filter = Filter::parse(filter_doc)?;
-    let plan = crate::plan::choose(filter_doc, sort, &coll.meta(), &snapshot, hint, filter.id_equality())?;
+    let mut plan = crate::plan::choose(filter_doc, sort, &coll.meta(), &snapshot, hint, filter.id_equality())?;
+    if let Some(paths) = projected {
+        crate::plan::cover(&mut plan, filter_doc, paths, sort);
+    }
     Ok((Scan::with_plan(snapshot, filter, &plan), plan))
 }
 

@@ -33,6 +33,8 @@ pub struct IndexPlan {
     /// Human-readable bounds per field, as explain shows them (`"[1, 1]"`).
     pub bounds_display: Document,
     pub reverse: bool,
+    /// The index entries alone answer the query (see [`cover`]): no document is fetched.
+    pub covered: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -196,8 +198,19 @@ fn min_upper(a: Bound<Bson>, b: Bound<Bson>) -> Bound<Bson> {
     }
 }
 
-fn key_fields(spec: &IndexSpec) -> Vec<(String, bool)> {
-    spec.key.iter().map(|(k, v)| (k.clone(), !matches!(query_number(v), Some(n) if n < 0.0))).collect()
+/// One field of an index key pattern, as the planner sees it.
+struct KeyField {
+    name: String,
+    asc: bool,
+    /// Stores the field's hash: only equality can use it, and its order is not value order.
+    hashed: bool,
+}
+
+fn key_fields(spec: &IndexSpec) -> Vec<KeyField> {
+    spec.key
+        .iter()
+        .map(|(k, v)| KeyField { name: k.clone(), asc: !matches!(query_number(v), Some(n) if n < 0.0), hashed: v.as_str() == Some("hashed") })
+        .collect()
 }
 
 fn query_number(v: &Bson) -> Option<f64> {
@@ -209,9 +222,9 @@ fn query_number(v: &Bson) -> Option<f64> {
     }
 }
 
-/// Index kinds the planner can scan by value order (not hashed, text or geo).
-fn is_ordered_index(spec: &IndexSpec) -> bool {
-    spec.key.values().all(|v| query_number(v).is_some())
+/// Index kinds the planner can scan: fields ordered by value or hashed (not text or geo).
+fn is_plannable_index(spec: &IndexSpec) -> bool {
+    spec.key.values().all(|v| query_number(v).is_some() || v.as_str() == Some("hashed"))
 }
 
 fn successor(mut b: Vec<u8>) -> Option<Vec<u8>> {
@@ -305,20 +318,25 @@ fn index_plan(spec: &IndexSpec, multikey: bool, preds: &BTreeMap<String, Vec<Fie
     let mut per_field: Vec<Vec<Interval>> = Vec::new();
     let mut score = 0usize;
     let mut combos = 1usize;
-    for (name, _) in &fields {
-        let Some(p) = preds.get(name).and_then(|ps| merge(ps, multikey)) else { break };
+    for field in &fields {
+        let Some(p) = preds.get(&field.name).and_then(|ps| merge(ps, multikey)) else { break };
         match p {
             FieldPred::Points(vals) => {
                 if combos.saturating_mul(vals.len()) > INTERVALS_MAX {
                     break;
                 }
                 combos *= vals.len();
-                let mut vals = vals;
+                // A hashed field is looked up by the hash of each value (values equal by
+                // comparison hash alike, numbers squash to one integer); the filter re-check
+                // drops the rare collision.
+                let mut vals = if field.hashed { vals.iter().map(|v| Bson::Int64(storage::hash_bson(v))).collect() } else { vals };
                 vals.sort_by(query::compare::cmp_bson);
                 vals.dedup_by(|a, b| query::compare::cmp_bson(a, b).is_eq());
                 per_field.push(vals.into_iter().map(Interval::point).collect());
                 score += 2;
             }
+            // Hash order is not value order: a range cannot bound a hashed field.
+            FieldPred::Range(_) if field.hashed => break,
             FieldPred::Range(r) => {
                 per_field.push(vec![r]);
                 score += 1;
@@ -332,7 +350,7 @@ fn index_plan(spec: &IndexSpec, multikey: bool, preds: &BTreeMap<String, Vec<Fie
     // Cartesian product of the per-field intervals, each turned into byte bounds.
     let mut prefixes: Vec<(Vec<u8>, Option<Interval>)> = vec![(Vec::new(), None)];
     for (i, ivs) in per_field.iter().enumerate() {
-        let asc = fields[i].1;
+        let asc = fields[i].asc;
         let mut next = Vec::new();
         for (prefix, _) in &prefixes {
             for iv in ivs {
@@ -348,7 +366,7 @@ fn index_plan(spec: &IndexSpec, multikey: bool, preds: &BTreeMap<String, Vec<Fie
         }
         prefixes = next;
     }
-    let range_field_asc = fields.get(per_field.len().saturating_sub(1)).map(|f| f.1).unwrap_or(true);
+    let range_field_asc = fields.get(per_field.len().saturating_sub(1)).map(|f| f.asc).unwrap_or(true);
     let mut intervals = Vec::new();
     for (prefix, range) in &prefixes {
         if let Some((lower, upper)) = byte_bounds(prefix, range.as_ref(), range_field_asc) {
@@ -359,20 +377,20 @@ fn index_plan(spec: &IndexSpec, multikey: bool, preds: &BTreeMap<String, Vec<Fie
     // so a forward scan visits them in key order.
     intervals.sort_by(|a, b| bound_key(&a.lower).cmp(&bound_key(&b.lower)));
     let mut bounds_display = Document::new();
-    for (i, (name, asc)) in fields.iter().enumerate() {
+    for (i, field) in fields.iter().enumerate() {
         let shown: Vec<Bson> = match per_field.get(i) {
             Some(ivs) => {
                 let mut s: Vec<String> = ivs.iter().map(show_interval).collect();
-                if !asc {
+                if !field.asc {
                     s.reverse();
                 }
                 s.into_iter().map(Bson::String).collect()
             }
-            None => vec![Bson::String(if *asc { "[MinKey, MaxKey]".into() } else { "[MaxKey, MinKey]".into() })],
+            None => vec![Bson::String(if field.asc { "[MinKey, MaxKey]".into() } else { "[MaxKey, MinKey]".into() })],
         };
-        bounds_display.insert(name.clone(), shown);
+        bounds_display.insert(field.name.clone(), shown);
     }
-    Some((score, IndexPlan { index: spec.clone(), multikey, intervals, bounds_display, reverse: false }))
+    Some((score, IndexPlan { index: spec.clone(), multikey, intervals, bounds_display, reverse: false, covered: false }))
 }
 
 fn bound_key(b: &Bound<Vec<u8>>) -> Vec<u8> {
@@ -391,8 +409,11 @@ fn sort_direction(spec: &IndexSpec, eq_prefix: usize, sort: &SortSpec) -> Option
         return None;
     }
     let rest = &fields[eq_prefix..eq_prefix + wanted.len()];
-    let same = rest.iter().zip(&wanted).all(|((f, a), (w, b))| f == w && a == b);
-    let flipped = rest.iter().zip(&wanted).all(|((f, a), (w, b))| f == w && a != b);
+    if rest.iter().any(|f| f.hashed) {
+        return None;
+    }
+    let same = rest.iter().zip(&wanted).all(|(f, (w, b))| &f.name == w && f.asc == *b);
+    let flipped = rest.iter().zip(&wanted).all(|(f, (w, b))| &f.name == w && f.asc != *b);
     if same {
         Some(false)
     } else if flipped {
@@ -405,8 +426,8 @@ fn sort_direction(spec: &IndexSpec, eq_prefix: usize, sort: &SortSpec) -> Option
 /// Number of leading index fields pinned to exactly one value by the plan.
 fn single_point_prefix(plan: &IndexPlan, preds: &BTreeMap<String, Vec<FieldPred>>) -> usize {
     let mut n = 0;
-    for (name, _) in key_fields(&plan.index) {
-        match preds.get(&name).and_then(|p| merge(p, plan.multikey)) {
+    for field in key_fields(&plan.index) {
+        match preds.get(&field.name).and_then(|p| merge(p, plan.multikey)) {
             Some(FieldPred::Points(v)) if v.len() == 1 => n += 1,
             _ => break,
         }
@@ -432,7 +453,7 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, meta: &CollectionMeta,
         };
         if let Some(spec) = spec {
             let spec = spec.ok_or_else(|| Error::bad_value("error processing query: planner returned error :: caused by :: hint provided does not correspond to an existing index"))?;
-            if !is_ordered_index(spec) {
+            if !is_plannable_index(spec) {
                 return Err(Error::new(Code::BadValue, format!("hint: index {} cannot be scanned by shoal yet", spec.name)));
             }
             let (_, mut p) = index_plan(spec, multikey(&spec.name), &preds, true).expect("forced plans always exist");
@@ -454,7 +475,7 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, meta: &CollectionMeta,
     }
 
     let mut best: Option<(usize, IndexPlan, bool)> = None;
-    for spec in meta.indexes.iter().filter(|i| is_ordered_index(i) && !i.sparse && i.partial_filter.is_none()) {
+    for spec in meta.indexes.iter().filter(|i| is_plannable_index(i) && !i.sparse && i.partial_filter.is_none()) {
         let mk = multikey(&spec.name);
         let Some((score, mut p)) = index_plan(spec, mk, &preds, false) else { continue };
         let mut sorted = false;
@@ -480,7 +501,7 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, meta: &CollectionMeta,
     }
     // No index bounds the filter: an index may still spare a blocking sort.
     if let Some(sort) = sort {
-        for spec in meta.indexes.iter().filter(|i| is_ordered_index(i) && !i.sparse && i.partial_filter.is_none()) {
+        for spec in meta.indexes.iter().filter(|i| is_plannable_index(i) && !i.sparse && i.partial_filter.is_none()) {
             if multikey(&spec.name) {
                 continue;
             }
@@ -492,4 +513,57 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, meta: &CollectionMeta,
         }
     }
     Ok(Plan::coll_scan())
+}
+
+/// Fields named by a filter, or `None` if it has top-level operators other than `$and`
+/// (`$or`, `$expr`, ...) that a covered plan does not try to see through.
+fn filter_fields(filter: &Document, out: &mut Vec<String>) -> Option<()> {
+    for (k, v) in filter {
+        match (k.as_str(), v) {
+            ("$and", Bson::Array(children)) => {
+                for c in children {
+                    filter_fields(c.as_document()?, out)?;
+                }
+            }
+            (k, _) if k.starts_with('$') => return None,
+            (k, _) => out.push(k.to_string()),
+        }
+    }
+    Some(())
+}
+
+/// Whether a predicate proves the field exists with a non-null value in every match.
+/// Points never hold null; a range does unless it reaches MinKey or MaxKey, which compare
+/// across types (`{$gt: MinKey}` matches null and missing).
+fn proves_value(pred: &FieldPred) -> bool {
+    match pred {
+        FieldPred::Points(_) => true,
+        FieldPred::Range(iv) => ![&iv.lo, &iv.hi].iter().any(|b| matches!(b, Bound::Included(Bson::MinKey | Bson::MaxKey) | Bound::Excluded(Bson::MinKey | Bson::MaxKey))),
+    }
+}
+
+/// Mark an index plan covered (MongoDB's covered query: IXSCAN without FETCH) when its
+/// entries can stand in for the documents. Each field the filter names and each field the
+/// projection returns (`projected`) must be a key field whose value the filter proves present
+/// and non-null: a missing field is indexed as null, so without that proof the entry cannot
+/// tell `{a: null}` from a missing `a`. Multikey entries hold array elements and hashed ones
+/// hold hashes, not values. Any sort must come from the index itself.
+pub fn cover(plan: &mut Plan, filter: &Document, projected: &[String], sort: Option<&SortSpec>) {
+    let provides_sort = plan.provides_sort;
+    let Access::IndexScan(p) = &mut plan.access else { return };
+    if p.multikey || projected.is_empty() || (sort.is_some_and(|s| !s.is_empty()) && !provides_sort) {
+        return;
+    }
+    let fields = key_fields(&p.index);
+    if fields.iter().any(|f| f.hashed) {
+        return;
+    }
+    let mut named = projected.to_vec();
+    if filter_fields(filter, &mut named).is_none() {
+        return;
+    }
+    let mut preds = BTreeMap::new();
+    collect_preds(filter, &mut preds);
+    let proven = |name: &String| preds.get(name).is_some_and(|ps: &Vec<FieldPred>| ps.iter().any(proves_value));
+    p.covered = named.iter().all(|n| fields.iter().any(|f| &f.name == n) && proven(n));
 }

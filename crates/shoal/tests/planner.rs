@@ -176,3 +176,102 @@ async fn hashed_indexes_through_the_driver() {
     assert_code(unique, 16764);
     assert_code(db.run_command(doc! {"createIndexes": "h", "indexes": [{"key": {"t": "text"}, "name": "t_text"}]}).await, 67);
 }
+
+/// The documents `find` returns, as an array of whole documents.
+async fn find_docs(db: &mongodb::Database, coll: &str, filter: Document, projection: Document, hint: Option<Bson>) -> Vec<Bson> {
+    let mut cmd = doc! {"find": coll, "filter": filter, "projection": projection, "batchSize": 100000};
+    if let Some(h) = hint {
+        cmd.insert("hint", h);
+    }
+    let r = db.run_command(cmd).await.expect("find");
+    r.get_document("cursor").and_then(|c| c.get_array("firstBatch")).expect("batch").clone()
+}
+
+#[tokio::test]
+async fn hashed_equality_uses_the_hashed_index() {
+    let server = Server::start();
+    let client = server.client().await;
+    let db = client.database("test");
+    let coll = db.collection::<Document>("h");
+    coll.insert_many((0..300).map(|i| doc! {"_id": i, "check": i % 100, "n": i}).collect::<Vec<_>>()).await.expect("seed");
+    coll.create_index(IndexModel::builder().keys(doc! {"check": "hashed"}).build()).await.expect("hashed index");
+
+    // Equality: one hashed key, MongoDB's hash of 42 as the bound, three documents.
+    let e = explain(&db, doc! {"find": "h", "filter": {"check": 42}}).await;
+    let ix = find_stage(winning(&e), "IXSCAN").expect("IXSCAN");
+    assert_eq!(ix.get_str("indexName").ok(), Some("check_hashed"));
+    assert_eq!(ix.get_document("indexBounds").expect("bounds"), &doc! {"check": ["[-944302157085130861, -944302157085130861]"]});
+    assert_eq!(stats(&e), (3.0, 3.0, 3.0));
+    // 42 as a double or a long hashes like the int (numbers squash to one integer).
+    for v in [Bson::Double(42.0), Bson::Int64(42)] {
+        assert_eq!(stats(&explain(&db, doc! {"find": "h", "filter": {"check": v}}).await).0, 3.0);
+    }
+    // $in: one key per value.
+    let e = explain(&db, doc! {"find": "h", "filter": {"check": {"$in": [1, 2, 500]}}}).await;
+    assert!(find_stage(winning(&e), "IXSCAN").is_some());
+    assert_eq!(stats(&e), (6.0, 6.0, 6.0));
+    // A range cannot use hash order.
+    let e = explain(&db, doc! {"find": "h", "filter": {"check": {"$gt": 97}}}).await;
+    assert!(find_stage(winning(&e), "COLLSCAN").is_some(), "{e}");
+    // Same answers as a collection scan.
+    for f in [doc! {"check": 42}, doc! {"check": {"$in": [1, 2, 500]}}, doc! {"check": 7, "n": {"$gt": 100}}, doc! {"check": 4.5}] {
+        let mut by_index = find_ids(&db, f.clone(), None, None).await;
+        let mut by_scan = find_ids(&db, f.clone(), None, Some(Bson::Document(doc! {"$natural": 1}))).await;
+        by_index.sort_by_key(|v| v.as_i32());
+        by_scan.sort_by_key(|v| v.as_i32());
+        assert_eq!(by_index, by_scan, "{f}");
+    }
+}
+
+#[tokio::test]
+async fn covered_queries_read_no_documents() {
+    let server = Server::start();
+    let client = server.client().await;
+    let db = client.database("test");
+    let coll = db.collection::<Document>("cv");
+    let docs: Vec<Document> = (0..500).map(|i| {
+        let mut d = doc! {"_id": i, "a": i, "b": {"c": i % 10}, "x": "payload"};
+        if i % 50 == 0 {
+            d.remove("b");
+        }
+        d
+    }).collect();
+    coll.insert_many(docs).await.expect("seed");
+    coll.create_index(IndexModel::builder().keys(doc! {"a": 1, "b.c": 1}).build()).await.expect("index");
+
+    // Every filtered and projected field is a key field pinned to a value: covered.
+    let q = doc! {"a": {"$gte": 400}, "b.c": 3};
+    let e = explain(&db, doc! {"find": "cv", "filter": q.clone(), "projection": {"a": 1, "b.c": 1, "_id": 0}}).await;
+    let w = winning(&e);
+    assert_eq!(w.get_str("stage").ok(), Some("PROJECTION_COVERED"), "{w}");
+    assert!(find_stage(w, "FETCH").is_none());
+    let (n, keys, docs) = stats(&e);
+    assert_eq!((n, docs), (10.0, 0.0));
+    assert!(keys >= 10.0);
+    let covered = find_docs(&db, "cv", q.clone(), doc! {"a": 1, "b.c": 1, "_id": 0}, None).await;
+    let fetched = find_docs(&db, "cv", q.clone(), doc! {"a": 1, "b.c": 1, "_id": 0}, Some(Bson::Document(doc! {"$natural": 1}))).await;
+    assert_eq!(covered, fetched);
+    assert_eq!(covered.first().and_then(|d| d.as_document()), Some(&doc! {"a": 403, "b": {"c": 3}}));
+
+    // Not covered: _id returned, a field the filter does not pin (b.c may be missing, which
+    // the index stores as null), a field outside the index, or a sort the index lacks.
+    for (filter, projection, sort) in [
+        (doc! {"a": {"$gte": 400}}, doc! {"a": 1}, None),
+        (doc! {"a": {"$gte": 400}}, doc! {"a": 1, "b.c": 1, "_id": 0}, None),
+        (doc! {"a": {"$gte": 400}}, doc! {"a": 1, "x": 1, "_id": 0}, None),
+        (doc! {"a": {"$gte": 400}, "b.c": 3}, doc! {"a": 1, "_id": 0}, Some(doc! {"b.c": 1})),
+    ] {
+        let mut find = doc! {"find": "cv", "filter": filter.clone(), "projection": projection.clone()};
+        if let Some(s) = &sort {
+            find.insert("sort", s.clone());
+        }
+        let e = explain(&db, find).await;
+        assert!(find_stage(winning(&e), "FETCH").is_some(), "{filter} {projection}: {e}");
+        let by_index = find_docs(&db, "cv", filter.clone(), projection.clone(), None).await;
+        let by_scan = find_docs(&db, "cv", filter.clone(), projection.clone(), Some(Bson::Document(doc! {"$natural": 1}))).await;
+        assert_eq!(by_index.len(), by_scan.len());
+    }
+    // A document missing b.c still comes back without it through the index plan.
+    let missing = find_docs(&db, "cv", doc! {"a": {"$gte": 450}}, doc! {"a": 1, "b.c": 1, "_id": 0}, None).await;
+    assert_eq!(missing.first().and_then(|d| d.as_document()), Some(&doc! {"a": 450}));
+}

@@ -36,6 +36,8 @@ fn plan_tree(plan: &Plan, filter: &Document, sort: &Document, skip: i64, limit: 
             d
         }
         Access::IdPoint(_) => doc! { "stage": "IDHACK" },
+        // Covered: the projection reads the index entries; no FETCH.
+        Access::IndexScan(p) if p.covered => index_stage(p),
         Access::IndexScan(p) => {
             let mut d = doc! { "stage": "FETCH" };
             if !filter.is_empty() {
@@ -60,7 +62,9 @@ fn plan_tree(plan: &Plan, filter: &Document, sort: &Document, skip: i64, limit: 
         stage = doc! { "stage": "LIMIT", "limitAmount": limit, "inputStage": stage };
     }
     if let Some(p) = projection.filter(|p| !p.is_empty()) {
-        stage = doc! { "stage": "PROJECTION_DEFAULT", "transformBy": p.clone(), "inputStage": stage };
+        let covered = matches!(&plan.access, Access::IndexScan(ip) if ip.covered);
+        let name = if covered { "PROJECTION_COVERED" } else { "PROJECTION_DEFAULT" };
+        stage = doc! { "stage": name, "transformBy": p.clone(), "inputStage": stage };
     }
     stage
 }
@@ -99,12 +103,16 @@ pub fn explain(ctx: &mut Ctx) -> Result<Document> {
     };
     let sort_spec = SortSpec::parse(&sort)?;
     query::filter::Filter::parse(&filter)?;
+    let projected = match projection.as_ref().filter(|p| !p.is_empty()) {
+        Some(p) => query::projection::Projection::parse(p)?.included_paths(),
+        None => None,
+    };
     let ns = ctx.ns(&coll_name);
     let started = Instant::now();
     let (winning, stats) = match ctx.shared.store.collection(ctx.db, &coll_name) {
         None => (doc! { "stage": "EOF" }, doc! { "nReturned": 0i64, "totalKeysExamined": 0i64, "totalDocsExamined": 0i64 }),
         Some(coll) => {
-            let (mut scan, plan) = planned_scan(&coll, coll.snapshot(), &filter, Some(&sort_spec), inner.get("hint"))?;
+            let (mut scan, plan) = planned_scan(&coll, coll.snapshot(), &filter, Some(&sort_spec), inner.get("hint"), projected.as_deref())?;
             let tree = plan_tree(&plan, &filter, &sort, skip, limit, projection.as_ref());
             let mut n: i64 = 0;
             if verbosity != "queryPlanner" {
