@@ -11,7 +11,7 @@ use common::{Code, Error, Result};
 use query::sort::SortSpec;
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use storage::{CollectionMeta, IndexBounds, IndexSpec, Snapshot};
+use storage::{IndexBounds, IndexSpec, Snapshot};
 
 /// Index intervals from one `$in` may multiply across compound fields; past this many the
 /// planner stops extending the equality prefix (a shorter prefix is still correct).
@@ -436,7 +436,7 @@ fn single_point_prefix(plan: &IndexPlan, preds: &BTreeMap<String, Vec<FieldPred>
 }
 
 /// Choose how to read the documents matching `filter` (optionally in `sort` order).
-pub fn choose(filter: &Document, sort: Option<&SortSpec>, meta: &CollectionMeta, snapshot: &Snapshot, hint: Option<&Bson>, id_point: Option<&Bson>) -> Result<Plan> {
+pub fn choose(filter: &Document, sort: Option<&SortSpec>, snapshot: &Snapshot, hint: Option<&Bson>, id_point: Option<&Bson>) -> Result<Plan> {
     let mut preds = BTreeMap::new();
     collect_preds(filter, &mut preds);
     let sort = sort.filter(|s| !s.is_empty());
@@ -447,8 +447,8 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, meta: &CollectionMeta,
         let spec = match h {
             Bson::Document(d) if d.is_empty() => None,
             Bson::Document(d) if d.contains_key("$natural") => return Ok(Plan::coll_scan()),
-            Bson::Document(d) => Some(meta.indexes.iter().find(|i| &i.key == d)),
-            Bson::String(s) => Some(meta.indexes.iter().find(|i| &i.name == s)),
+            Bson::Document(d) => Some(snapshot.indexes().find(|i| &i.key == d)),
+            Bson::String(s) => Some(snapshot.indexes().find(|i| &i.name == s)),
             _ => None,
         };
         if let Some(spec) = spec {
@@ -475,7 +475,7 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, meta: &CollectionMeta,
     }
 
     let mut best: Option<(usize, IndexPlan, bool)> = None;
-    for spec in meta.indexes.iter().filter(|i| is_plannable_index(i) && !i.sparse && i.partial_filter.is_none()) {
+    for spec in snapshot.indexes().filter(|i| is_plannable_index(i) && !i.sparse && i.partial_filter.is_none()) {
         let mk = multikey(&spec.name);
         let Some((score, mut p)) = index_plan(spec, mk, &preds, false) else { continue };
         let mut sorted = false;
@@ -501,7 +501,7 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, meta: &CollectionMeta,
     }
     // No index bounds the filter: an index may still spare a blocking sort.
     if let Some(sort) = sort {
-        for spec in meta.indexes.iter().filter(|i| is_plannable_index(i) && !i.sparse && i.partial_filter.is_none()) {
+        for spec in snapshot.indexes().filter(|i| is_plannable_index(i) && !i.sparse && i.partial_filter.is_none()) {
             if multikey(&spec.name) {
                 continue;
             }

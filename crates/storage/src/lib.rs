@@ -1825,6 +1825,11 @@ impl Snapshot {
         }
     }
 
+    /// The ready indexes as of this snapshot, `_id_` first (what the planner chooses from).
+    pub fn indexes(&self) -> impl Iterator<Item = &IndexSpec> {
+        self.meta.ready_indexes().map(|i| &i.spec)
+    }
+
     /// The key pattern of index `name`, as of this snapshot.
     pub fn index_spec(&self, name: &str) -> Option<IndexSpec> {
         self.meta.index(name).map(|i| i.spec.clone())

@@ -67,7 +67,7 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
         None => match coll_name.as_deref().and_then(|c| ctx.shared.store.collection(ctx.db, c)) {
             Some(coll) => {
                 let leading = pipeline.leading_match().unwrap_or_default();
-                let (mut scan, _) = planned_scan(&coll, coll.snapshot(), &leading, None, ctx.cmd.get("hint"), None)?;
+                let (mut scan, _) = planned_scan(coll.snapshot(), &leading, None, ctx.cmd.get("hint"), None)?;
                 let op = ctx.op;
                 let mut input = std::iter::from_fn(|| scan.next(op).transpose().map(|r| r.map(|(_, d, _)| d)));
                 pipeline.run_interruptible(&mut input, &opts, &|| op.check())?

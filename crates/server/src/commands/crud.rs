@@ -244,7 +244,7 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     drop(filter);
     let filter_doc = ctx.doc_arg("filter")?.cloned().unwrap_or_default();
     let projected = projection.as_ref().and_then(|p| p.included_paths());
-    let (scan, plan) = planned_scan(&coll, coll.snapshot(), &filter_doc, Some(&sort), ctx.cmd.get("hint"), projected.as_deref())?;
+    let (scan, plan) = planned_scan(coll.snapshot(), &filter_doc, Some(&sort), ctx.cmd.get("hint"), projected.as_deref())?;
     let source = if sort.is_empty() || plan.provides_sort {
         Source::Find { scan: Box::new(scan), projection, skip, limit, returned: 0 }
     } else {
@@ -412,7 +412,7 @@ fn apply_update(ctx: &Ctx, coll_name: &str, stmt: &UpdateStmt, sort: Option<&Sor
         res.after = Some(new);
         Ok(())
     };
-    let (mut scan, plan) = planned_scan(&coll, snapshot, &stmt.query, sort, stmt.hint.as_ref(), None)?;
+    let (mut scan, plan) = planned_scan(snapshot, &stmt.query, sort, stmt.hint.as_ref(), None)?;
     if stmt.multi {
         while let Some((rid, doc, details)) = scan.next(ctx.op)? {
             apply_one(&mut writer, rid, doc, details, &mut res)?;
@@ -485,7 +485,7 @@ fn apply_delete(ctx: &Ctx, coll_name: &str, query: &Document, multi: bool, sort:
         return Ok(Vec::new());
     };
     let mut writer = coll.writer();
-    let (mut scan, plan) = planned_scan(&coll, writer.snapshot(), query, sort, hint, None)?;
+    let (mut scan, plan) = planned_scan(writer.snapshot(), query, sort, hint, None)?;
     let mut deleted = Vec::new();
     if multi {
         while let Some((rid, doc, _)) = scan.next(ctx.op)? {
@@ -625,7 +625,7 @@ pub fn count(ctx: &mut Ctx) -> Result<Document> {
     let total = if filter.is_match_all() {
         snapshot.count()?
     } else {
-        let (mut scan, _) = planned_scan(&coll, snapshot, &query_doc, None, ctx.cmd.get("hint"), None)?;
+        let (mut scan, _) = planned_scan(snapshot, &query_doc, None, ctx.cmd.get("hint"), None)?;
         let mut n = 0u64;
         let cap = limit.map(|l| l + skip).unwrap_or(u64::MAX);
         while n < cap && scan.next(ctx.op)?.is_some() {
@@ -688,7 +688,7 @@ pub fn distinct(ctx: &mut Ctx) -> Result<Document> {
     let query_doc = ctx.doc_arg("query")?.cloned().unwrap_or_default();
     Filter::parse(&query_doc)?;
     let Some(coll) = ctx.shared.store.collection(ctx.db, &name) else { return Ok(doc! { "values": [] }) };
-    let (mut scan, _) = planned_scan(&coll, coll.snapshot(), &query_doc, None, ctx.cmd.get("hint"), None)?;
+    let (mut scan, _) = planned_scan(coll.snapshot(), &query_doc, None, ctx.cmd.get("hint"), None)?;
     let mut values: Vec<Bson> = Vec::new();
     let mut size = 0usize;
     while let Some((_, doc, _)) = scan.next(ctx.op)? {

@@ -112,7 +112,7 @@ pub fn explain(ctx: &mut Ctx) -> Result<Document> {
     let (winning, stats) = match ctx.shared.store.collection(ctx.db, &coll_name) {
         None => (doc! { "stage": "EOF" }, doc! { "nReturned": 0i64, "totalKeysExamined": 0i64, "totalDocsExamined": 0i64 }),
         Some(coll) => {
-            let (mut scan, plan) = planned_scan(&coll, coll.snapshot(), &filter, Some(&sort_spec), inner.get("hint"), projected.as_deref())?;
+            let (mut scan, plan) = planned_scan(coll.snapshot(), &filter, Some(&sort_spec), inner.get("hint"), projected.as_deref())?;
             let tree = plan_tree(&plan, &filter, &sort, skip, limit, projection.as_ref());
             let mut n: i64 = 0;
             if verbosity != "queryPlanner" {
