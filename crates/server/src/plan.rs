@@ -209,7 +209,7 @@ struct KeyField {
 fn key_fields(spec: &IndexSpec) -> Vec<KeyField> {
     spec.key
         .iter()
-        .map(|(k, v)| KeyField { name: k.clone(), asc: !matches!(query_number(v), Some(n) if n < 0.0), hashed: v.as_str() == Some("hashed") })
+        .map(|(k, v)| KeyField { name: k.clone(), asc: !matches!(query_number(v), Some(n) if n < 0.0), hashed: storage::is_hashed(v) })
         .collect()
 }
 
@@ -224,7 +224,7 @@ fn query_number(v: &Bson) -> Option<f64> {
 
 /// Index kinds the planner can scan: fields ordered by value or hashed (not text or geo).
 fn is_plannable_index(spec: &IndexSpec) -> bool {
-    spec.key.values().all(|v| query_number(v).is_some() || v.as_str() == Some("hashed"))
+    spec.key.values().all(|v| query_number(v).is_some() || storage::is_hashed(v))
 }
 
 fn successor(mut b: Vec<u8>) -> Option<Vec<u8>> {

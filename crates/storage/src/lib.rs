@@ -47,7 +47,7 @@ pub mod keys;
 
 pub use engine::{Batch, BatchOp, Engine, EngineSnapshot, Space};
 pub use hash::{hash_bson, hashed_value};
-pub use keygen::KEYS_PER_DOCUMENT_MAX;
+pub use keygen::{is_hashed, KEYS_PER_DOCUMENT_MAX};
 pub use keys::{encode_component, encode_index_key, encode_value};
 
 use bson::{doc, Bson, Document};
