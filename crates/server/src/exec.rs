@@ -182,8 +182,9 @@ fn key_document(key_pattern: &Document, values: Vec<Bson>) -> Document {
     doc
 }
 
-/// Plan and open a scan of a collection snapshot for `filter_doc`, optionally wanting `sort` order. With
-/// `projected` (the paths a plain inclusion projection returns) the plan may be covered.
+/// Plan and open a scan of a collection snapshot for `filter_doc`, optionally wanting `sort`
+/// order. With `projected` (the paths a plain inclusion projection returns) the plan may be
+/// covered.
 pub fn planned_scan(snapshot: Snapshot, filter_doc: &Document, sort: Option<&SortSpec>, hint: Option<&Bson>, projected: Option<&[String]>) -> Result<(Scan, Plan)> {
     let filter = Filter::parse(filter_doc)?;
     let mut plan = crate::plan::choose(filter_doc, sort, &snapshot, hint, filter.id_equality())?;

@@ -423,6 +423,11 @@ impl Shared {
         }
     }
 
+    /// Remove the build of `idx` from the builds in progress (idempotent).
+    fn unregister_build(&self, idx: &IndexRt) {
+        self.builds.lock().retain(|b| !idx.build.as_ref().is_some_and(|mine| Arc::ptr_eq(b, mine)));
+    }
+
     fn alloc_id(&self) -> u64 {
         self.next_internal_id.fetch_add(1, Ordering::SeqCst)
     }
@@ -1476,7 +1481,7 @@ impl Collection {
             break (idx, rid_end);
         };
         let result = self.build_existing(&idx, rid_end).and_then(|()| self.finish_build(&idx));
-        st.shared.builds.lock().retain(|b| !idx.build.as_ref().is_some_and(|mine| Arc::ptr_eq(b, mine)));
+        st.shared.unregister_build(&idx);
         match result {
             Ok(()) => Ok(true),
             Err(e) => {
@@ -1580,6 +1585,9 @@ impl Collection {
         pending.batch.delete(Space::Catalog, garbage_key(GARBAGE_INDEX, idx.id));
         let mut meta_guard = st.meta.write();
         st.commit_pending(pending)?;
+        // Leave the list of builds before readers can see the index, so that no one sees it
+        // both ready and building.
+        st.shared.unregister_build(idx);
         *meta_guard = new_meta;
         Ok(())
     }
