@@ -435,6 +435,12 @@ fn single_point_prefix(plan: &IndexPlan, preds: &BTreeMap<String, Vec<FieldPred>
     n
 }
 
+/// Indexes the planner may pick without a hint: sparse and partial indexes lack entries for
+/// some documents, so only a hint may choose them.
+fn unhinted_candidates(snapshot: &Snapshot) -> impl Iterator<Item = &IndexSpec> {
+    snapshot.indexes().filter(|i| is_plannable_index(i) && !i.sparse && i.partial_filter.is_none())
+}
+
 /// Choose how to read the documents matching `filter` (optionally in `sort` order).
 pub fn choose(filter: &Document, sort: Option<&SortSpec>, snapshot: &Snapshot, hint: Option<&Bson>, id_point: Option<&Bson>) -> Result<Plan> {
     let mut preds = BTreeMap::new();
@@ -475,7 +481,7 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, snapshot: &Snapshot, h
     }
 
     let mut best: Option<(usize, IndexPlan, bool)> = None;
-    for spec in snapshot.indexes().filter(|i| is_plannable_index(i) && !i.sparse && i.partial_filter.is_none()) {
+    for spec in unhinted_candidates(snapshot) {
         let mk = multikey(&spec.name);
         let Some((score, mut p)) = index_plan(spec, mk, &preds, false) else { continue };
         let mut sorted = false;
@@ -501,7 +507,7 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, snapshot: &Snapshot, h
     }
     // No index bounds the filter: an index may still spare a blocking sort.
     if let Some(sort) = sort {
-        for spec in snapshot.indexes().filter(|i| is_plannable_index(i) && !i.sparse && i.partial_filter.is_none()) {
+        for spec in unhinted_candidates(snapshot) {
             if multikey(&spec.name) {
                 continue;
             }
