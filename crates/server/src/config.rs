@@ -39,7 +39,7 @@ impl Default for ServerConfig {
             bind_ip: vec!["127.0.0.1".into()],
             dbpath: PathBuf::from(DBPATH_DEFAULT),
             storage_engine: "fjall".into(),
-            cache_size_bytes: 256 * 1024 * 1024,
+            cache_size_bytes: cache_size_bytes_default(crate::sysinfo::total_memory_bytes()),
             compressors: vec!["snappy".into(), "zstd".into(), "zlib".into()],
             connections_max: CONNECTIONS_MAX_DEFAULT,
             cursor_timeout_ms: 600_000,
@@ -61,6 +61,7 @@ pub struct Overrides {
     pub config: Option<PathBuf>,
     pub compressors: Option<String>,
     pub max_conns: Option<usize>,
+    pub cache_size_gb: Option<f64>,
 }
 
 fn bad_option(msg: impl Into<String>) -> Error {
@@ -96,6 +97,9 @@ impl ServerConfig {
         }
         if let Some(m) = o.max_conns {
             c.connections_max = m;
+        }
+        if let Some(gb) = o.cache_size_gb {
+            c.cache_size_bytes = cache_size_bytes(gb)?;
         }
         c.validate()?;
         c.parsed = c.to_parsed();
@@ -180,12 +184,22 @@ impl ServerConfig {
                         }
                     }
                 }
-                "cacheSizeGB" => {
-                    let gb = as_f64(v, "storage.cacheSizeGB")?;
-                    if !(gb > 0.0 && gb <= 10_000.0) {
-                        return Err(bad_option("storage.cacheSizeGB must be > 0"));
+                // mongod's key; shoal's engine is not WiredTiger, but the budget means the same:
+                // all the memory storage may hold for data, whatever the data size.
+                "wiredTiger" => {
+                    for (k, v) in mapping("storage.wiredTiger", v)? {
+                        match key_str(k)? {
+                            "engineConfig" => {
+                                for (k, v) in mapping("storage.wiredTiger.engineConfig", v)? {
+                                    match key_str(k)? {
+                                        "cacheSizeGB" => self.cache_size_bytes = cache_size_bytes(as_f64(v, "storage.wiredTiger.engineConfig.cacheSizeGB")?)?,
+                                        other => return Err(bad_option(format!("Unrecognized option: storage.wiredTiger.engineConfig.{other}"))),
+                                    }
+                                }
+                            }
+                            other => return Err(bad_option(format!("Unrecognized option: storage.wiredTiger.{other}"))),
+                        }
                     }
-                    self.cache_size_bytes = (gb * 1024.0 * 1024.0 * 1024.0) as u64;
                 }
                 other => return Err(bad_option(format!("Unrecognized option: storage.{other}"))),
             }
@@ -208,13 +222,28 @@ impl ServerConfig {
             "net": { "bindIp": self.bind_ip.join(","), "port": self.port as i32,
                      "maxIncomingConnections": self.connections_max as i64,
                      "compression": { "compressors": self.compressors.join(",") } },
-            "storage": { "dbPath": self.dbpath.display().to_string(), "engine": self.storage_engine.clone() },
+            "storage": { "dbPath": self.dbpath.display().to_string(), "engine": self.storage_engine.clone(),
+                         "wiredTiger": { "engineConfig": { "cacheSizeGB": self.cache_size_bytes as f64 / (1u64 << 30) as f64 } } },
         };
         if let Some(f) = &self.config_file {
             parsed.insert("config", f.display().to_string());
         }
         parsed
     }
+}
+
+/// mongod's cacheSizeGB range, 0.25 to 10000 GB.
+fn cache_size_bytes(gb: f64) -> Result<u64> {
+    if !(0.25..=10_000.0).contains(&gb) {
+        return Err(bad_option(format!("cacheSizeGB must be between 0.25 and 10000, not {gb}")));
+    }
+    Ok((gb * (1u64 << 30) as f64) as u64)
+}
+
+/// mongod's default cache, 50% of (RAM - 1 GB) with a floor of 256 MB, capped at 1 GiB so that
+/// a default shoal stays within the 1 GiB bound whatever the machine.
+pub fn cache_size_bytes_default(ram_bytes: u64) -> u64 {
+    (ram_bytes.saturating_sub(1 << 30) / 2).clamp(256 << 20, storage::CACHE_SIZE_BYTES_DEFAULT)
 }
 
 fn split_list(s: &str) -> Vec<String> {
@@ -290,5 +319,22 @@ mod tests {
         assert!(c.apply_yaml("bogus: {}\n").is_err());
         assert!(c.apply_yaml("storage:\n  journal:\n    enabled: false\n").is_err());
         assert!(c.apply_yaml("net: [1]\n").is_err());
+    }
+
+    #[test]
+    fn cache_size_comes_from_mongod_options_within_mongod_range() {
+        let mut c = ServerConfig::default();
+        c.apply_yaml("storage:\n  wiredTiger:\n    engineConfig:\n      cacheSizeGB: 0.5\n").unwrap();
+        assert_eq!(c.cache_size_bytes, 512 << 20);
+        assert!(c.apply_yaml("storage:\n  wiredTiger:\n    engineConfig:\n      cacheSizeGB: 0.1\n").is_err());
+        assert!(c.apply_yaml("storage:\n  wiredTiger:\n    engineConfig:\n      cacheSizGB: 1\n").is_err());
+        let flag = ServerConfig::build(&Overrides { cache_size_gb: Some(2.0), ..Default::default() }, vec![]).unwrap();
+        assert_eq!(flag.cache_size_bytes, 2 << 30);
+        assert!(ServerConfig::build(&Overrides { cache_size_gb: Some(20_000.0), ..Default::default() }, vec![]).is_err());
+        // The default follows mongod's rule, within [256 MiB, 1 GiB].
+        assert_eq!(cache_size_bytes_default(24 << 30), 1 << 30);
+        assert_eq!(cache_size_bytes_default(2 << 30), 512 << 20);
+        assert_eq!(cache_size_bytes_default(1 << 30), 256 << 20);
+        assert!(cache_size_bytes_default(0) >= storage::CACHE_SIZE_BYTES_MIN);
     }
 }

@@ -49,6 +49,9 @@ struct ServeArgs {
     /// Maximum simultaneous connections.
     #[arg(long = "maxConns")]
     max_conns: Option<usize>,
+    /// Memory for storage caches in GB, 0.25 to 10000 [default: half of (RAM - 1 GB), at most 1].
+    #[arg(long = "wiredTigerCacheSizeGB")]
+    wired_tiger_cache_size_gb: Option<f64>,
 }
 
 fn main() {
@@ -70,6 +73,7 @@ fn main() {
                 config: a.config,
                 compressors: a.network_message_compressors,
                 max_conns: a.max_conns,
+                cache_size_gb: a.wired_tiger_cache_size_gb,
             };
             let config = match server::config::ServerConfig::build(&overrides, argv) {
                 Ok(c) => c,

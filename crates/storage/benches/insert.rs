@@ -11,7 +11,7 @@
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use fjall::{Database, KeyspaceCreateOptions, PersistMode};
-use shoal_storage::{encode_index_key, IndexSpec, Store, StoreOptions};
+use shoal_storage::{encode_index_key, IndexSpec, Store, StoreOptions, DATA_MEMTABLE_BYTES, MEMTABLES_BYTES_MAX};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ const BATCH_DOCS: usize = 1000;
 const TEXT_SIZE_BYTES: usize = 1000;
 const CUSTOMERS: u64 = 100_000;
 const PRODUCTS: u64 = 10_000;
-const CACHE_SIZE_BYTES: u64 = 256 * 1024 * 1024;
+const CACHE_SIZE_BYTES: u64 = shoal_storage::CACHE_SIZE_BYTES_DEFAULT;
 /// bench02's secondary indexes.
 const INDEXES: [[&str; 2]; 3] = [["customerId", "orderDate"], ["customerId", "productId"], ["productId", "orderDate"]];
 
@@ -138,10 +138,11 @@ fn raw_batch(docs: &[Document], first_rid: u64) -> (Vec<Kv>, Vec<Kv>) {
 /// (b) fjall directly, with keys and values prepared before the clock starts (or, with
 /// `encode_in_loop`, prepared per batch inside the timed loop).
 fn run_raw(dir: &Path, batches: &[Vec<Document>], encode_in_loop: bool) -> Cost {
-    let db = Database::builder(dir).cache_size(CACHE_SIZE_BYTES).open().expect("open fjall");
-    // As FjallEngine opens them.
-    let records = db.keyspace("records", KeyspaceCreateOptions::default).expect("keyspace");
-    let index = db.keyspace("index", KeyspaceCreateOptions::default).expect("keyspace");
+    // As FjallEngine opens them: the same block cache and memtable sizes.
+    let db = Database::builder(dir).cache_size(CACHE_SIZE_BYTES - MEMTABLES_BYTES_MAX).open().expect("open fjall");
+    let options = || KeyspaceCreateOptions::default().max_memtable_size(DATA_MEMTABLE_BYTES);
+    let records = db.keyspace("records", options).expect("keyspace");
+    let index = db.keyspace("index", options).expect("keyspace");
     let mut prepared = Vec::new();
     if !encode_in_loop {
         for (n, docs) in batches.iter().enumerate() {

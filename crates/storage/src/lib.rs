@@ -46,6 +46,13 @@ mod keygen;
 pub mod keys;
 
 pub use engine::{Batch, BatchOp, Engine, EngineSnapshot, Space};
+
+/// The storage memory budget when none is configured (the bound: at most 1 GiB).
+pub const CACHE_SIZE_BYTES_DEFAULT: u64 = 1 << 30;
+pub const CACHE_SIZE_BYTES_MIN: u64 = engine::fjall_engine::MEMORY_BYTES_MIN;
+pub const MEMTABLES_BYTES_MAX: u64 = engine::fjall_engine::memtables_bytes_max();
+/// Memtable size of the records and index keyspaces (for benches that drive fjall directly).
+pub const DATA_MEMTABLE_BYTES: u64 = engine::fjall_engine::MEMTABLE_BYTES;
 pub use hash::{hash_bson, hashed_value};
 pub use keygen::{is_hashed, KEYS_PER_DOCUMENT_MAX};
 pub use keys::{encode_component, encode_index_key, encode_value};
@@ -80,6 +87,9 @@ const GARBAGE_CHUNK_KEYS: usize = 1000;
 
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
+    /// All the memory the engine may hold for data, however large the data: the memtables
+    /// (at most [`MEMTABLES_BYTES_MAX`]) and the block cache (the rest). At least
+    /// [`CACHE_SIZE_BYTES_MIN`].
     pub cache_size_bytes: u64,
     /// fsync the journal in `commit_durable` (false: only flush to the OS, survives a process
     /// crash but not a power loss).
@@ -88,7 +98,7 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { cache_size_bytes: 256 * 1024 * 1024, fsync: true }
+        StoreOptions { cache_size_bytes: CACHE_SIZE_BYTES_DEFAULT, fsync: true }
     }
 }
 

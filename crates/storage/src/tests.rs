@@ -32,7 +32,7 @@ use std::sync::{Arc, Barrier};
 /// A store on each engine: (label, store, directory kept alive for fjall).
 fn stores() -> Vec<(&'static str, Store, Option<TempDir>)> {
     let dir = TempDir::new("store");
-    let fj = Store::open(dir.path(), StoreOptions { cache_size_bytes: 8 << 20, fsync: true }).unwrap();
+    let fj = Store::open(dir.path(), StoreOptions { cache_size_bytes: crate::CACHE_SIZE_BYTES_MIN, fsync: true }).unwrap();
     vec![("memory", Store::open_in_memory(), None), ("fjall", fj, Some(dir))]
 }
 
@@ -360,7 +360,7 @@ fn names_are_validated() {
 #[test]
 fn catalog_and_data_survive_reopen() {
     let dir = TempDir::new("reopen");
-    let opts = StoreOptions { cache_size_bytes: 8 << 20, fsync: true };
+    let opts = StoreOptions { cache_size_bytes: crate::CACHE_SIZE_BYTES_MIN, fsync: true };
     let (uuid, last_rid) = {
         let store = Store::open(dir.path(), opts.clone()).unwrap();
         let c = store.create_collection("db", "c", doc! {"validator": {"a": 1}}).unwrap();
@@ -484,7 +484,7 @@ fn concurrent_commit_durable_coalesces() {
     // loaded machine may run the threads one after another), so only the bound that holds
     // regardless is asserted; the slow-sync engine above proves the coalescing.
     let dir = TempDir::new("group");
-    let store = Store::open(dir.path(), StoreOptions { cache_size_bytes: 8 << 20, fsync: true }).unwrap();
+    let store = Store::open(dir.path(), StoreOptions { cache_size_bytes: crate::CACHE_SIZE_BYTES_MIN, fsync: true }).unwrap();
     let (syncs, commits) = concurrent_commits(store);
     assert!(syncs >= 1 && syncs <= commits, "{syncs} syncs for {commits} commits");
     eprintln!("fjall: {syncs} fsyncs for {commits} concurrent commits");
@@ -522,7 +522,7 @@ fn corrupt_records_are_errors_not_panics() {
 #[test]
 fn crash_child() {
     let Ok(dir) = std::env::var("SHOAL_STORAGE_CRASH_DIR") else { return };
-    let store = Store::open(Path::new(&dir), StoreOptions { cache_size_bytes: 8 << 20, fsync: true }).unwrap();
+    let store = Store::open(Path::new(&dir), StoreOptions { cache_size_bytes: crate::CACHE_SIZE_BYTES_MIN, fsync: true }).unwrap();
     let c = store.collection_or_create("db", "c").unwrap();
     c.create_index(idx(doc! {"a": 1}, "a_1")).unwrap();
     use std::io::Write;
@@ -562,7 +562,7 @@ fn acknowledged_writes_survive_kill_9() {
     }
     let _ = child.wait();
     assert!(acked >= 40);
-    let store = Store::open(dir.path(), StoreOptions { cache_size_bytes: 8 << 20, fsync: true }).unwrap();
+    let store = Store::open(dir.path(), StoreOptions { cache_size_bytes: crate::CACHE_SIZE_BYTES_MIN, fsync: true }).unwrap();
     let c = store.collection("db", "c").unwrap();
     let snap = c.snapshot();
     for id in 0..(acked + 1) * 50 {

@@ -112,6 +112,11 @@ impl Server {
         tail(&self.stderr_path(self.starts_count.saturating_sub(1)))
     }
 
+    /// The server process's id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn is_running(&mut self) -> bool {
         match self.child.as_mut() {
             Some(c) => matches!(c.try_wait(), Ok(None)),

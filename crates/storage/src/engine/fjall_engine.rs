@@ -83,11 +83,51 @@ impl JournalSync {
     }
 }
 
+/// Memtable size of the records and index keyspaces. fjall persists it when a keyspace is
+/// created, so it is a constant, not derived from the cache size (a restart with another
+/// cache size must not change it). 16 MiB keeps the memtables' share of the default 1 GiB
+/// budget small while a flush still writes tables large enough for compaction to keep up.
+pub const MEMTABLE_BYTES: u64 = 16 << 20;
+/// The catalog keyspace holds catalog entries and collection statistics: small and few.
+const CATALOG_MEMTABLE_BYTES: u64 = 2 << 20;
+/// fjall halts writers to a keyspace while 4 sealed memtables wait to be flushed
+/// (`Keyspace::local_backpressure`), so a keyspace holds at most 4 sealed and 1 active.
+const MEMTABLES_PER_SPACE_MAX: u64 = 5;
+
+/// The most memory the memtables of all keyspaces can hold. The active memtable is rotated
+/// after the write that fills it, so each keyspace can also briefly exceed this by the
+/// batches in flight; a batch is bounded by the 48 MB message limit.
+pub const fn memtables_bytes_max() -> u64 {
+    MEMTABLES_PER_SPACE_MAX * (2 * MEMTABLE_BYTES + CATALOG_MEMTABLE_BYTES)
+}
+
+/// The smallest budget `FjallEngine::open` accepts: the memtables plus a block cache of at
+/// least 64 MiB. mongod's smallest cacheSizeGB, 0.25 GB, is above it.
+pub const MEMORY_BYTES_MIN: u64 = memtables_bytes_max() + (64 << 20);
+
+fn memtable_bytes(space: Space) -> u64 {
+    match space {
+        Space::Catalog => CATALOG_MEMTABLE_BYTES,
+        Space::Records | Space::Index => MEMTABLE_BYTES,
+    }
+}
+
 impl FjallEngine {
-    pub fn open(path: &Path, cache_size_bytes: u64, fsync: bool) -> Result<FjallEngine> {
+    /// Open the engine with `memory_bytes` for its caches: the memtables take at most
+    /// [`memtables_bytes_max`] of it and the block cache the rest, whatever the data size.
+    pub fn open(path: &Path, memory_bytes: u64, fsync: bool) -> Result<FjallEngine> {
+        if memory_bytes < MEMORY_BYTES_MIN {
+            return Err(Error::new(
+                common::Code::BadValue,
+                format!("the storage cache must be at least {} MiB, not {} MiB", MEMORY_BYTES_MIN >> 20, memory_bytes >> 20),
+            ));
+        }
         std::fs::create_dir_all(path).map_err(|e| Error::internal(format!("cannot create data directory {}: {e}", path.display())))?;
-        let db = Database::builder(path).cache_size(cache_size_bytes).open().map_err(engine_error)?;
-        let open = |s: Space| db.keyspace(s.name(), KeyspaceCreateOptions::default).map_err(engine_error);
+        let block_cache_bytes = memory_bytes - memtables_bytes_max();
+        let db = Database::builder(path).cache_size(block_cache_bytes).open().map_err(engine_error)?;
+        let open = |s: Space| {
+            db.keyspace(s.name(), || KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes(s))).map_err(engine_error)
+        };
         let spaces = [open(Space::Catalog)?, open(Space::Records)?, open(Space::Index)?];
         let journal = JournalSync { dir: path.to_path_buf(), active: parking_lot::Mutex::new(None), failed: Default::default() };
         Ok(FjallEngine { db, spaces, fsync, journal })
@@ -161,7 +201,7 @@ mod tests {
     #[test]
     fn fjall_engine_suite() {
         let dir = crate::tests::TempDir::new("engine");
-        let e = FjallEngine::open(dir.path(), 8 << 20, true).unwrap();
+        let e = FjallEngine::open(dir.path(), MEMORY_BYTES_MIN, true).unwrap();
         super::super::tests::engine_suite(&e);
     }
 
@@ -169,13 +209,13 @@ mod tests {
     fn fjall_engine_survives_reopen() {
         let dir = crate::tests::TempDir::new("engine-reopen");
         {
-            let e = FjallEngine::open(dir.path(), 8 << 20, true).unwrap();
+            let e = FjallEngine::open(dir.path(), MEMORY_BYTES_MIN, true).unwrap();
             let mut b = Batch::new();
             b.put(Space::Catalog, b"a".to_vec(), b"1".to_vec());
             e.write(b).unwrap();
             e.sync().unwrap();
         }
-        let e = FjallEngine::open(dir.path(), 8 << 20, true).unwrap();
+        let e = FjallEngine::open(dir.path(), MEMORY_BYTES_MIN, true).unwrap();
         assert_eq!(e.snapshot().get(Space::Catalog, b"a").unwrap(), Some(b"1".to_vec()));
     }
 
@@ -185,7 +225,7 @@ mod tests {
     #[test]
     fn journal_sync_targets_the_active_journal() {
         let tmp = crate::tests::TempDir::new("engine-journal");
-        let engine = FjallEngine::open(tmp.path(), 8 << 20, true).unwrap();
+        let engine = FjallEngine::open(tmp.path(), MEMORY_BYTES_MIN, true).unwrap();
         for round in 0..3u8 {
             let marker: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(31).wrapping_add(round).wrapping_add(0x5a)).collect();
             let mut batch = Batch::new();
