@@ -114,6 +114,11 @@ impl Code {
     pub const ChecksumMismatch: Code = Code(288, "ChecksumMismatch");
     pub const CannotIndexParallelArrays: Code = Code(171, "CannotIndexParallelArrays");
     pub const IndexBuildAborted: Code = Code(276, "IndexBuildAborted");
+    pub const AlreadyInitialized: Code = Code(23, "AlreadyInitialized");
+    pub const NodeNotFound: Code = Code(74, "NodeNotFound");
+    pub const NoReplicationEnabled: Code = Code(76, "NoReplicationEnabled");
+    pub const NotYetInitialized: Code = Code(94, "NotYetInitialized");
+    pub const NotPrimaryNoSecondaryOk: Code = Code(13435, "NotPrimaryNoSecondaryOk");
 }
 
 /// A MongoDB-shaped error: serialized as `{ok: 0, errmsg, code, codeName, ...extra}`.

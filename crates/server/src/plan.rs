@@ -476,7 +476,8 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, snapshot: &Snapshot, h
         }
     }
 
-    if let Some(id) = id_point {
+    // Collections without an `_id` index (the oplog) have no IDHACK.
+    if let Some(id) = id_point.filter(|_| snapshot.index_spec("_id_").is_some()) {
         return Ok(Plan { access: Access::IdPoint(id.clone()), provides_sort: true });
     }
 

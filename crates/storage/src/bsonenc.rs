@@ -28,14 +28,14 @@ pub fn append_values_doc<'a>(values: impl IntoIterator<Item = &'a Bson>, out: &m
     Ok(())
 }
 
-fn begin(out: &mut Vec<u8>) -> usize {
+pub(crate) fn begin(out: &mut Vec<u8>) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     start
 }
 
 /// Terminate the document begun at `start` and write its length.
-fn end(out: &mut Vec<u8>, start: usize) {
+pub(crate) fn end(out: &mut Vec<u8>, start: usize) {
     out.push(0);
     let len = (out.len() - start) as i32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
@@ -70,7 +70,7 @@ fn append_index_name(mut i: usize, out: &mut Vec<u8>) {
     out.extend(digits[..n].iter().rev());
 }
 
-fn append_string(s: &str, out: &mut Vec<u8>) {
+pub(crate) fn append_string(s: &str, out: &mut Vec<u8>) {
     out.extend_from_slice(&((s.len() + 1) as i32).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
     out.push(0);

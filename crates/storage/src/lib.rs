@@ -43,9 +43,11 @@ mod bsonenc;
 pub mod engine;
 mod hash;
 mod keygen;
+mod oplog;
 pub mod keys;
 
 pub use engine::{Batch, BatchOp, Engine, EngineSnapshot, Space};
+pub use oplog::{ts_of, OpTime, OPLOG_COLLECTION, OPLOG_DB};
 
 /// The storage memory budget when none is configured (the bound: at most 1 GiB).
 pub const CACHE_SIZE_BYTES_DEFAULT: u64 = 1 << 30;
@@ -82,6 +84,8 @@ pub const NAMESPACE_LENGTH_MAX_BYTES: usize = 255;
 const INDEX_BUILD_CHUNK_DOCS: usize = 1000;
 /// How often a request for an index being built checks whether the build finished.
 const INDEX_BUILD_WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+/// Oplog entries deleted per truncation (the oplog lock is held meanwhile).
+const OPLOG_TRUNCATE_ENTRIES_MAX: usize = 10_000;
 /// Deletes per write batch while removing dropped data.
 const GARBAGE_CHUNK_KEYS: usize = 1000;
 
@@ -383,6 +387,23 @@ struct Shared {
     builds: Mutex<Vec<Arc<BuildState>>>,
     ttl_deleted: AtomicU64,
     ttl_passes: AtomicU64,
+    /// The oplog of a replica-set member; `None` on a standalone.
+    oplog: RwLock<Option<Arc<Oplog>>>,
+}
+
+/// `local.oplog.rs` and the position of its newest entry.
+struct Oplog {
+    coll: Arc<CollState>,
+    /// Oldest entries are deleted once the entries take more than this.
+    cap_bytes: u64,
+    state: Mutex<OplogState>,
+}
+
+struct OplogState {
+    /// The newest entry written.
+    last: OpTime,
+    /// The term new entries are stamped with.
+    term: i64,
 }
 
 /// Progress and outcome of one index build, shared by the builder and concurrent writers.
@@ -402,6 +423,73 @@ impl Shared {
         }
         self.engine.write(batch)?;
         self.applied_seq.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Apply `batch` with the oplog `entries` that describe it: under the oplog lock, stamp
+    /// each entry with the next optime and add it to the same engine batch, so entries reach
+    /// the engine (and become visible) in timestamp order.
+    fn apply_logged(&self, mut batch: Batch, entries: Vec<Vec<u8>>) -> Result<()> {
+        if entries.is_empty() {
+            return self.apply(batch);
+        }
+        let Some(log) = self.oplog.read().clone() else {
+            return self.apply(batch);
+        };
+        let mut st = log.state.lock();
+        let now_secs = (oplog::wall_now_ms() / 1000).clamp(0, u32::MAX as i64) as u32;
+        let mut stats = log.coll.stats.lock().clone();
+        let mut last = st.last;
+        let mut added_bytes = 0u64;
+        for mut e in entries {
+            last = OpTime { ts: oplog::next_ts(last.ts, now_secs), term: st.term };
+            oplog::stamp(&mut e, last);
+            stats.count += 1;
+            added_bytes += e.len() as u64;
+            batch.put(Space::Records, record_key(log.coll.id, last.ts), e);
+        }
+        stats.data_bytes += added_bytes;
+        batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
+        self.apply(batch)?;
+        st.last = last;
+        self.total_data_bytes.fetch_add(added_bytes, Ordering::Relaxed);
+        let over_cap = stats.data_bytes > log.cap_bytes;
+        *log.coll.stats.lock() = stats;
+        if over_cap {
+            // The write itself succeeded; a failed truncation is retried after the next one.
+            if let Err(e) = self.truncate_oplog(&log) {
+                tracing::warn!("oplog truncation failed: {}", e.message);
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete the oldest oplog entries until they take at most 90% of the cap (at most
+    /// OPLOG_TRUNCATE_ENTRIES_MAX per call). The caller holds the oplog lock.
+    fn truncate_oplog(&self, log: &Oplog) -> Result<()> {
+        let mut stats = log.coll.stats.lock().clone();
+        let target = log.cap_bytes / 10 * 9;
+        let snap = self.engine.snapshot();
+        let (lo, hi) = prefix_bounds(&log.coll.id.to_be_bytes());
+        let mut batch = Batch::new();
+        let mut removed = 0u64;
+        for kv in snap.iter(Space::Records, lo, hi, false) {
+            if stats.data_bytes <= target || batch.len() >= OPLOG_TRUNCATE_ENTRIES_MAX {
+                break;
+            }
+            let (k, v) = kv?;
+            stats.data_bytes = stats.data_bytes.saturating_sub(v.len() as u64);
+            stats.count = stats.count.saturating_sub(1);
+            removed += v.len() as u64;
+            batch.delete(Space::Records, k);
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
+        self.apply(batch)?;
+        *log.coll.stats.lock() = stats;
+        let _ = self.total_data_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_sub(removed)));
         Ok(())
     }
 
@@ -742,6 +830,9 @@ impl CollState {
         pending.stats.count += 1;
         pending.stats.data_bytes += bytes.len() as u64;
         pending.data_delta += bytes.len() as i64;
+        if let Some(log) = &pending.log {
+            pending.oplog.push(oplog::insert_entry(&log.ns, log.ui, &bytes, log.wall_ms));
+        }
         pending.batch.put(Space::Records, record_key(self.id, rid), bytes);
         for (idx, entries, multikey) in all {
             if multikey {
@@ -763,7 +854,7 @@ impl CollState {
     /// Apply `pending` (plus the new statistics) as one batch and publish the statistics.
     fn commit_pending(&self, mut pending: Pending) -> Result<()> {
         pending.batch.put(Space::Catalog, stats_key(self.id), pending.stats.to_bytes());
-        self.shared.apply(pending.batch)?;
+        self.shared.apply_logged(pending.batch, pending.oplog)?;
         *self.stats.lock() = pending.stats;
         if pending.data_delta >= 0 {
             self.shared.total_data_bytes.fetch_add(pending.data_delta as u64, Ordering::Relaxed);
@@ -792,6 +883,10 @@ impl CollState {
         pending.stats.data_bytes = pending.stats.data_bytes.saturating_sub(old_bytes.len() as u64);
         pending.data_delta -= old_bytes.len() as i64;
         pending.batch.delete(Space::Records, record_key(self.id, rid));
+        if let Some(log) = &pending.log {
+            let id = oplog::id_doc(old_doc.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
+            pending.oplog.push(oplog::delete_entry(&log.ns, log.ui, &id, log.wall_ms));
+        }
         Ok(())
     }
 
@@ -840,7 +935,22 @@ impl CollState {
     }
 
     fn pending(&self) -> Pending {
-        Pending { batch: Batch::new(), stats: self.stats.lock().clone(), unique_keys: HashSet::new(), data_delta: 0, record_size_hint_bytes: 0 }
+        let log = self.logs_changes().then(|| LogTarget { ns: self.ns_string(), ui: self.meta.read().uuid, wall_ms: oplog::wall_now_ms() });
+        Pending {
+            batch: Batch::new(),
+            stats: self.stats.lock().clone(),
+            unique_keys: HashSet::new(),
+            data_delta: 0,
+            record_size_hint_bytes: 0,
+            log,
+            oplog: Vec::new(),
+        }
+    }
+
+    /// Changes are logged when the store keeps an oplog, except those of the `local`
+    /// database, which no member replicates (the oplog itself lives there).
+    fn logs_changes(&self) -> bool {
+        self.shared.oplog.read().is_some() && self.ns.read().0 != oplog::OPLOG_DB
     }
 
     fn stored_doc(&self, snap: &dyn EngineSnapshot, id: RecordId) -> Result<(Vec<u8>, Document)> {
@@ -860,6 +970,17 @@ struct Pending {
     data_delta: i64,
     /// Size of the last record encoded.
     record_size_hint_bytes: usize,
+    /// Set when this collection's changes go to the oplog.
+    log: Option<LogTarget>,
+    /// Oplog entries describing this batch, stamped when it is applied.
+    oplog: Vec<Vec<u8>>,
+}
+
+/// What every oplog entry of one batch shares.
+struct LogTarget {
+    ns: String,
+    ui: bson::Uuid,
+    wall_ms: i64,
 }
 
 /// MongoDB's shell-like rendering used in duplicate key messages: `{ _id: 1, a: "x" }`.
@@ -960,6 +1081,8 @@ impl Drop for StoreInner {
                 let _ = h.join();
             }
         }
+        // The oplog's collection refers back to `Shared`: break the cycle so the engine closes.
+        *self.shared.oplog.write() = None;
     }
 }
 
@@ -994,6 +1117,7 @@ impl Store {
             builds: Mutex::new(Vec::new()),
             ttl_deleted: AtomicU64::new(0),
             ttl_passes: AtomicU64::new(0),
+            oplog: RwLock::new(None),
         });
         let ttl = Arc::new(TtlMonitor { stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
         Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl }) }
@@ -1112,7 +1236,6 @@ impl Store {
 
     fn create_inner(&self, db: &str, name: &str, options: Document, existing_ok: bool) -> Result<Collection> {
         validate_ns(db, name)?;
-        let shared = &self.inner.shared;
         let _cat = self.inner.catalog.lock();
         if let Some(c) = self.collection(db, name) {
             if existing_ok {
@@ -1120,14 +1243,24 @@ impl Store {
             }
             return Err(Error::new(Code::NamespaceExists, format!("Collection {db}.{name} already exists.")));
         }
+        self.create_locked(db, name, options, true)
+    }
+
+    /// Create a collection (the caller holds the catalog lock and checked that it is absent),
+    /// with an `_id` index unless it is the oplog.
+    fn create_locked(&self, db: &str, name: &str, options: Document, id_index: bool) -> Result<Collection> {
+        let shared = &self.inner.shared;
         let id = shared.alloc_id();
-        let id_index = Arc::new(IndexRt::new(shared.alloc_id(), IndexSpec::id_index())?);
-        let meta = MetaRt { uuid: bson::Uuid::new(), options, indexes: vec![id_index] };
+        let indexes = if id_index { vec![Arc::new(IndexRt::new(shared.alloc_id(), IndexSpec::id_index())?)] } else { Vec::new() };
+        let meta = MetaRt { uuid: bson::Uuid::new(), options, indexes };
         let stats = Stats { next_rid: 1, ..Stats::default() };
         let mut batch = Batch::new();
         batch.put(Space::Catalog, meta_key(db, name), encode_doc(&meta.to_doc(id, db, name))?);
         batch.put(Space::Catalog, stats_key(id), stats.to_bytes());
-        shared.apply(batch)?;
+        let mut create = doc! {"create": name};
+        create.extend(meta.options.clone());
+        let entry = self.command_entry(db, Some(meta.uuid), &create)?;
+        shared.apply_logged(batch, entry)?;
         let st = Arc::new(CollState {
             shared: shared.clone(),
             id,
@@ -1140,6 +1273,71 @@ impl Store {
         self.inner.colls.write().insert((db.to_string(), name.to_string()), st.clone());
         shared.commit_durable()?;
         Ok(Collection { state: st })
+    }
+
+    /// The oplog entry of a catalog command on `db`, or none when changes to `db` are not
+    /// logged (no oplog, or the `local` database).
+    fn command_entry(&self, db: &str, ui: Option<bson::Uuid>, o: &Document) -> Result<Vec<Vec<u8>>> {
+        if db == OPLOG_DB || self.inner.shared.oplog.read().is_none() {
+            return Ok(Vec::new());
+        }
+        Ok(vec![oplog::command_entry(db, ui, o, oplog::wall_now_ms()).map_err(Error::bad_value)?])
+    }
+
+    /// Keep an oplog from now on (a replica-set member): create `local.oplog.rs` if it does
+    /// not exist, otherwise continue after its newest entry. Every later change outside the
+    /// `local` database is logged in the batch that makes it. Idempotent.
+    pub fn enable_oplog(&self, cap_bytes: u64) -> Result<()> {
+        let shared = &self.inner.shared;
+        let _cat = self.inner.catalog.lock();
+        if shared.oplog.read().is_some() {
+            return Ok(());
+        }
+        let coll = match self.collection(OPLOG_DB, OPLOG_COLLECTION) {
+            Some(c) => c,
+            None => self.create_locked(OPLOG_DB, OPLOG_COLLECTION, doc! {"capped": true, "size": cap_bytes as i64}, false)?,
+        };
+        let st = coll.state;
+        let snap = shared.engine.snapshot();
+        let (lo, hi) = prefix_bounds(&st.id.to_be_bytes());
+        let last = match snap.iter(Space::Records, lo, hi, true).next() {
+            None => OpTime::default(),
+            Some(kv) => {
+                let (k, v) = kv?;
+                let ts = read_u64(k.get(8..).unwrap_or(&[])).ok_or_else(|| corrupt("oplog key"))?;
+                let term = decode_doc(&v)?.get_i64("t").unwrap_or(0);
+                OpTime { ts, term }
+            }
+        };
+        let state = OplogState { last, term: last.term.max(0) };
+        *shared.oplog.write() = Some(Arc::new(Oplog { coll: st, cap_bytes, state: Mutex::new(state) }));
+        Ok(())
+    }
+
+    /// The newest oplog entry's optime (None without an oplog; zero when it is empty).
+    pub fn oplog_last(&self) -> Option<OpTime> {
+        self.inner.shared.oplog.read().as_ref().map(|l| l.state.lock().last)
+    }
+
+    /// Stamp later oplog entries with term `t` (terms only grow).
+    pub fn set_oplog_term(&self, t: i64) {
+        if let Some(l) = self.inner.shared.oplog.read().as_ref() {
+            let mut st = l.state.lock();
+            st.term = st.term.max(t);
+        }
+    }
+
+    /// Append a no-op entry carrying `o` (replSetInitiate's "initiating set"; new terms) and
+    /// make it durable. Returns its optime.
+    pub fn append_oplog_noop(&self, o: &Document) -> Result<OpTime> {
+        let shared = &self.inner.shared;
+        if shared.oplog.read().is_none() {
+            return Err(Error::new(Code::NoReplicationEnabled, "no oplog: not running with --replSet"));
+        }
+        let entry = oplog::noop_entry(o, oplog::wall_now_ms()).map_err(Error::bad_value)?;
+        shared.apply_logged(Batch::new(), vec![entry])?;
+        shared.commit_durable()?;
+        Ok(self.oplog_last().unwrap_or_default())
     }
 
     /// Garbage markers and deletes that remove `coll` from the catalog (caller holds its
@@ -1174,10 +1372,13 @@ impl Store {
         let Some(coll) = self.inner.colls.read().get(&(db.to_string(), name.to_string())).cloned() else {
             return Ok(false);
         };
+        self.check_not_live_oplog(db, name)?;
         let guard = WriteGuard::acquire(&coll);
         let mut batch = Batch::new();
         let garbage = Store::drop_ops(&coll, &mut batch, true);
-        self.inner.shared.apply(batch)?;
+        let uuid = coll.meta.read().uuid;
+        let entry = self.command_entry(db, Some(uuid), &doc! {"drop": name})?;
+        self.inner.shared.apply_logged(batch, entry)?;
         coll.dropped.store(true, Ordering::SeqCst);
         self.inner.colls.write().remove(&(db.to_string(), name.to_string()));
         drop(guard);
@@ -1191,6 +1392,17 @@ impl Store {
         for c in self.colls_in(db) {
             let name = c.ns.read().1.clone();
             self.drop_collection(db, &name)?;
+        }
+        // As mongod: each collection's drop, then the database's.
+        let entry = self.command_entry(db, None, &doc! {"dropDatabase": 1})?;
+        self.inner.shared.apply_logged(Batch::new(), entry)?;
+        self.inner.shared.commit_durable()
+    }
+
+    /// The live oplog cannot be dropped or renamed (mongod: IllegalOperation).
+    fn check_not_live_oplog(&self, db: &str, name: &str) -> Result<()> {
+        if db == OPLOG_DB && name == OPLOG_COLLECTION && self.inner.shared.oplog.read().is_some() {
+            return Err(Error::new(Code::IllegalOperation, "can't drop or rename the live oplog while replicating"));
         }
         Ok(())
     }
@@ -1215,6 +1427,8 @@ impl Store {
         if target.is_some() && !drop_target {
             return Err(Error::new(Code::NamespaceExists, "target namespace exists"));
         }
+        self.check_not_live_oplog(from_db, from)?;
+        self.check_not_live_oplog(to_db, to)?;
         let src_guard = WriteGuard::acquire(&src);
         let target_guard = target.as_ref().map(WriteGuard::acquire);
         let mut batch = Batch::new();
@@ -1229,7 +1443,14 @@ impl Store {
         let uuid = if from_db == to_db { old.uuid } else { bson::Uuid::new() };
         let new_meta = Arc::new(MetaRt { uuid, options: old.options.clone(), indexes: old.indexes.clone() });
         batch.put(Space::Catalog, meta_key(to_db, to), encode_doc(&new_meta.to_doc(src.id, to_db, to))?);
-        shared.apply(batch)?;
+        let rename = doc! {
+            "renameCollection": format!("{from_db}.{from}"), "to": format!("{to_db}.{to}"), "stayTemp": false,
+            "dropTarget": target.as_ref().map_or(Bson::Boolean(false), |t| Bson::Binary(bson::Binary::from_uuid(t.meta.read().uuid))),
+        };
+        // Logged under the source database unless that is `local` (then under the target's).
+        let log_db = if from_db == OPLOG_DB { to_db } else { from_db };
+        let entry = self.command_entry(log_db, Some(old.uuid), &rename)?;
+        shared.apply_logged(batch, entry)?;
         *meta_guard = new_meta;
         drop(meta_guard);
         *src.ns.write() = to_key.clone();
@@ -1593,6 +1814,12 @@ impl Collection {
         let (db, name) = st.ns.read().clone();
         pending.batch.put(Space::Catalog, meta_key(&db, &name), encode_doc(&new_meta.to_doc(st.id, &db, &name))?);
         pending.batch.delete(Space::Catalog, garbage_key(GARBAGE_INDEX, idx.id));
+        if let Some(log) = &pending.log {
+            // Logged once the build is done: a member applying it builds the whole index.
+            let mut o = doc! {"createIndexes": name.as_str()};
+            o.extend(idx.spec.spec.clone());
+            pending.oplog.push(oplog::command_entry(&db, Some(log.ui), &o, log.wall_ms).map_err(Error::bad_value)?);
+        }
         let mut meta_guard = st.meta.write();
         st.commit_pending(pending)?;
         // Leave the list of builds before readers can see the index, so that no one sees it
@@ -1647,6 +1874,10 @@ impl Collection {
         let (db, coll) = st.ns.read().clone();
         pending.batch.put(Space::Catalog, meta_key(&db, &coll), encode_doc(&new_meta.to_doc(st.id, &db, &coll))?);
         pending.batch.put(Space::Catalog, garbage_key(GARBAGE_INDEX, idx.id), Vec::new());
+        if let Some(log) = &pending.log {
+            let o = doc! {"dropIndexes": coll.as_str(), "index": idx.spec.name.as_str()};
+            pending.oplog.push(oplog::command_entry(&db, Some(log.ui), &o, log.wall_ms).map_err(Error::bad_value)?);
+        }
         {
             let mut meta_guard = st.meta.write();
             st.commit_pending(pending)?;
@@ -2096,6 +2327,10 @@ impl Writer {
         let delta = new_bytes.len() as i64 - old_bytes.len() as i64;
         pending.stats.data_bytes = (pending.stats.data_bytes as i64 + delta).max(0) as u64;
         pending.data_delta = delta;
+        if let Some(log) = &pending.log {
+            let id_doc = oplog::id_doc(new.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
+            pending.oplog.push(oplog::update_entry(&log.ns, log.ui, &new_bytes, &id_doc, log.wall_ms));
+        }
         pending.batch.put(Space::Records, record_key(st.id, id), new_bytes);
         st.commit_pending(pending)
     }

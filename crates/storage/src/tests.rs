@@ -975,3 +975,118 @@ fn entry_fast_path_matches_general_key_generation() {
         }
     }
 }
+
+fn oplog_entries(store: &Store) -> Vec<Document> {
+    let log = store.collection(OPLOG_DB, OPLOG_COLLECTION).expect("oplog exists");
+    log.snapshot().scan(None, usize::MAX).unwrap().into_iter().map(|(_, d)| d).collect()
+}
+
+fn ops(entries: &[Document]) -> Vec<(String, String)> {
+    entries.iter().map(|e| (e.get_str("op").unwrap().to_string(), e.get_str("ns").unwrap().to_string())).collect()
+}
+
+#[test]
+fn oplog_records_every_change_in_order_with_the_write() {
+    for (label, store, _dir) in stores() {
+        assert!(store.oplog_last().is_none(), "{label}: a standalone keeps no oplog");
+        store.enable_oplog(64 << 20).unwrap();
+        store.set_oplog_term(3);
+        let noop = store.append_oplog_noop(&doc! {"msg": "initiating set"}).unwrap();
+        let c = store.collection_or_create("db", "c").unwrap();
+        let uuid = c.meta().uuid;
+        assert_eq!(c.insert_many(&[doc! {"_id": 1, "a": 1}, doc! {"_id": 2, "a": 2}], true).inserted, 2);
+        {
+            let mut w = c.writer();
+            let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(1)).unwrap().unwrap();
+            w.update(rid, &old, &doc! {"_id": 1, "a": 10}).unwrap();
+            let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(2)).unwrap().unwrap();
+            w.delete(rid, &old).unwrap();
+        }
+        assert!(c.create_index(idx(doc! {"a": 1}, "a_1")).unwrap());
+        c.drop_index("a_1").unwrap();
+        // The local database is never logged.
+        store.collection_or_create("local", "scratch").unwrap().insert_many(&[doc! {"_id": 1}], true);
+        store.rename_collection("db", "c", "db", "d", false).unwrap();
+        store.drop_collection("db", "d").unwrap();
+
+        let entries = oplog_entries(&store);
+        let want = [
+            ("n", ""),
+            ("c", "db.$cmd"),
+            ("i", "db.c"),
+            ("i", "db.c"),
+            ("u", "db.c"),
+            ("d", "db.c"),
+            ("c", "db.$cmd"),
+            ("c", "db.$cmd"),
+            ("c", "db.$cmd"),
+            ("c", "db.$cmd"),
+        ];
+        let want: Vec<(String, String)> = want.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        assert_eq!(ops(&entries), want, "{label}");
+        let o = |i: usize| entries[i].get_document("o").unwrap().clone();
+        assert_eq!(o(0), doc! {"msg": "initiating set"});
+        assert_eq!(o(1), doc! {"create": "c"});
+        assert_eq!(o(2), doc! {"_id": 1, "a": 1});
+        assert_eq!(o(4), doc! {"_id": 1, "a": 10});
+        assert_eq!(entries[4].get_document("o2").unwrap(), &doc! {"_id": 1});
+        assert_eq!(o(5), doc! {"_id": 2});
+        assert_eq!(o(6), doc! {"createIndexes": "c", "v": 2, "key": {"a": 1}, "name": "a_1"});
+        assert_eq!(o(7), doc! {"dropIndexes": "c", "index": "a_1"});
+        assert_eq!(o(8).get_str("renameCollection").unwrap(), "db.c");
+        assert_eq!(o(9), doc! {"drop": "d"});
+        assert_eq!(entries[2].get("ui"), Some(&Bson::Binary(bson::Binary::from_uuid(uuid))));
+        // Timestamps strictly increase, every entry carries the term, and the newest optime is
+        // the last entry's.
+        let ts: Vec<bson::Timestamp> = entries.iter().map(|e| e.get_timestamp("ts").unwrap()).collect();
+        assert!(ts.windows(2).all(|w| (w[0].time, w[0].increment) < (w[1].time, w[1].increment)), "{label}: {ts:?}");
+        assert!(entries.iter().all(|e| e.get_i64("t").ok() == Some(3)));
+        assert_eq!(entries[0].get_timestamp("ts").unwrap(), noop.timestamp());
+        assert_eq!(store.oplog_last().unwrap().timestamp(), *ts.last().unwrap());
+        // The oplog itself cannot be dropped while live.
+        assert_eq!(store.drop_collection(OPLOG_DB, OPLOG_COLLECTION).unwrap_err().code, Code::IllegalOperation.0);
+    }
+}
+
+#[test]
+fn oplog_survives_reopen_and_continues_after_its_newest_entry() {
+    let dir = TempDir::new("oplog-reopen");
+    let opts = StoreOptions { cache_size_bytes: crate::CACHE_SIZE_BYTES_MIN, fsync: true };
+    let last = {
+        let store = Store::open(dir.path(), opts.clone()).unwrap();
+        store.enable_oplog(64 << 20).unwrap();
+        store.set_oplog_term(2);
+        store.collection_or_create("db", "c").unwrap().insert_many(&[doc! {"_id": 1}], true);
+        store.commit_durable().unwrap();
+        store.oplog_last().unwrap()
+    };
+    let store = Store::open(dir.path(), opts).unwrap();
+    store.enable_oplog(64 << 20).unwrap();
+    assert_eq!(store.oplog_last(), Some(last));
+    store.collection("db", "c").unwrap().insert_many(&[doc! {"_id": 2}], true);
+    let entries = oplog_entries(&store);
+    assert_eq!(entries.len(), 3);
+    let newest = store.oplog_last().unwrap();
+    assert!(newest > last && newest.term == 2, "{newest:?} after {last:?}");
+}
+
+#[test]
+fn oplog_is_capped() {
+    let store = Store::open_in_memory();
+    let cap_bytes = 256 << 10;
+    store.enable_oplog(cap_bytes).unwrap();
+    let c = store.collection_or_create("db", "c").unwrap();
+    let pad = "x".repeat(1000);
+    for i in 0..1000 {
+        assert_eq!(c.insert_many(&[doc! {"_id": i, "pad": pad.as_str()}], true).inserted, 1);
+    }
+    let log = store.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
+    let stats = log.stats();
+    assert!(stats.size_bytes <= cap_bytes, "{} > {cap_bytes}", stats.size_bytes);
+    let entries = oplog_entries(&store);
+    assert_eq!(entries.len() as u64, stats.count);
+    // The newest entries are kept, oldest first.
+    assert_eq!(entries.last().unwrap().get_document("o").unwrap().get_i32("_id").unwrap(), 999);
+    let first = entries[0].get_document("o").unwrap().get_i32("_id").unwrap();
+    assert!(first > 0 && first as usize == 1000 - entries.len(), "first kept {first}, {} kept", entries.len());
+}

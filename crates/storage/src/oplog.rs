@@ -1,0 +1,228 @@
+//! The oplog: MongoDB-shaped change entries in `local.oplog.rs`, appended in the same engine
+//! batch as the writes they describe, so a crash never keeps a write without its entry or
+//! an entry without its write.
+//!
+//! Entries are encoded by the writer that prepares the change (outside any shared lock),
+//! with `ts` and `t` as placeholders at fixed offsets. `Shared::apply_logged` then takes the
+//! oplog lock, stamps each entry with the next timestamp and the current term, and writes
+//! the batch while still holding it. So timestamps are assigned in the order batches reach
+//! the engine, and a reader never sees an entry before an earlier one (no oplog holes).
+//!
+//! An entry's record id is its timestamp as `secs << 32 | inc`, so record order is oplog
+//! order and `Snapshot::scan` reads the oplog forward from any point.
+
+use crate::bsonenc::{append_string, append_value, begin, end};
+use bson::spec::BinarySubtype;
+use bson::{Bson, Document, Timestamp};
+
+/// `local.oplog.rs`.
+pub const OPLOG_DB: &str = "local";
+pub const OPLOG_COLLECTION: &str = "oplog.rs";
+
+/// Byte offsets of the placeholders every entry starts with: `{ts: Timestamp, t: Int64, ..}`.
+/// 4 (document length) + 1 (type) + 3 ("ts\0") = 8; then 8 bytes of timestamp,
+/// 1 (type) + 2 ("t\0") = 19 for the term.
+const TS_OFFSET: usize = 8;
+const TERM_OFFSET: usize = 19;
+
+/// A point in the oplog: timestamp and term (MongoDB's OpTime).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct OpTime {
+    /// `secs << 32 | inc`, the entry's record id.
+    pub ts: u64,
+    pub term: i64,
+}
+
+impl OpTime {
+    pub fn timestamp(&self) -> Timestamp {
+        ts_of(self.ts)
+    }
+
+    /// `{ts: Timestamp, t: term}`, as replSetGetStatus and hello show optimes.
+    pub fn to_doc(&self) -> Document {
+        bson::doc! {"ts": self.timestamp(), "t": self.term}
+    }
+}
+
+pub fn ts_of(ts: u64) -> Timestamp {
+    Timestamp { time: (ts >> 32) as u32, increment: ts as u32 }
+}
+
+/// The next timestamp after `last` at wall-clock `now_secs`: a new second starts at
+/// increment 1; within a second, or if the clock went back, the increment grows.
+pub(crate) fn next_ts(last: u64, now_secs: u32) -> u64 {
+    let (secs, inc) = ((last >> 32) as u32, last as u32);
+    if now_secs > secs {
+        (u64::from(now_secs) << 32) | 1
+    } else if inc == u32::MAX {
+        (u64::from(secs) + 1) << 32 | 1
+    } else {
+        (u64::from(secs) << 32) | u64::from(inc + 1)
+    }
+}
+
+/// Stamp an encoded entry with its optime.
+pub(crate) fn stamp(entry: &mut [u8], at: OpTime) {
+    // Timestamp is stored as increment then seconds (u64 little-endian of secs << 32 | inc).
+    entry[TS_OFFSET..TS_OFFSET + 8].copy_from_slice(&at.ts.to_le_bytes());
+    entry[TERM_OFFSET..TERM_OFFSET + 8].copy_from_slice(&at.term.to_le_bytes());
+}
+
+/// The common head of every entry, up to and including `ns` (and `ui` when given).
+fn head(out: &mut Vec<u8>, op: &str, ns: &str, ui: Option<bson::Uuid>) -> usize {
+    let start = begin(out);
+    out.push(0x11); // Timestamp
+    out.extend_from_slice(b"ts\0");
+    out.extend_from_slice(&[0; 8]);
+    out.push(0x12); // Int64
+    out.extend_from_slice(b"t\0");
+    out.extend_from_slice(&[0; 8]);
+    debug_assert_eq!(out.len() - start, TERM_OFFSET + 8);
+    out.push(0x12);
+    out.extend_from_slice(b"v\0");
+    out.extend_from_slice(&2i64.to_le_bytes());
+    out.push(0x02);
+    out.extend_from_slice(b"op\0");
+    append_string(op, out);
+    out.push(0x02);
+    out.extend_from_slice(b"ns\0");
+    append_string(ns, out);
+    if let Some(ui) = ui {
+        out.push(0x05);
+        out.extend_from_slice(b"ui\0");
+        out.extend_from_slice(&16i32.to_le_bytes());
+        out.push(u8::from(BinarySubtype::Uuid));
+        out.extend_from_slice(&ui.bytes());
+    }
+    start
+}
+
+fn raw_doc_field(out: &mut Vec<u8>, name: &[u8], raw: &[u8]) {
+    out.push(0x03);
+    out.extend_from_slice(name);
+    out.push(0);
+    out.extend_from_slice(raw);
+}
+
+fn finish(mut out: Vec<u8>, start: usize, wall_ms: i64) -> Vec<u8> {
+    out.push(0x09); // UTC datetime
+    out.extend_from_slice(b"wall\0");
+    out.extend_from_slice(&wall_ms.to_le_bytes());
+    end(&mut out, start);
+    out
+}
+
+/// `{_id: id}` as raw BSON (the `o2` of updates and the `o` of deletes).
+pub(crate) fn id_doc(id: &Bson) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(32);
+    let start = begin(&mut out);
+    out.push(id.element_type() as u8);
+    out.extend_from_slice(b"_id\0");
+    append_value(id, &mut out)?;
+    end(&mut out, start);
+    Ok(out)
+}
+
+pub(crate) fn wall_now_ms() -> i64 {
+    bson::DateTime::now().timestamp_millis()
+}
+
+/// An insert: `o` is the stored document.
+pub(crate) fn insert_entry(ns: &str, ui: bson::Uuid, record: &[u8], wall_ms: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(record.len() + ns.len() + 96);
+    let start = head(&mut out, "i", ns, Some(ui));
+    raw_doc_field(&mut out, b"o", record);
+    finish(out, start, wall_ms)
+}
+
+/// An update, logged as the whole new document (a replacement-style entry), which applies
+/// idempotently whatever the update operators were.
+pub(crate) fn update_entry(ns: &str, ui: bson::Uuid, record: &[u8], id: &[u8], wall_ms: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(record.len() + id.len() + ns.len() + 100);
+    let start = head(&mut out, "u", ns, Some(ui));
+    raw_doc_field(&mut out, b"o", record);
+    raw_doc_field(&mut out, b"o2", id);
+    finish(out, start, wall_ms)
+}
+
+pub(crate) fn delete_entry(ns: &str, ui: bson::Uuid, id: &[u8], wall_ms: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(id.len() + ns.len() + 96);
+    let start = head(&mut out, "d", ns, Some(ui));
+    raw_doc_field(&mut out, b"o", id);
+    finish(out, start, wall_ms)
+}
+
+/// A command on database `db` (`ns` is `db.$cmd`), such as `{create: "c"}` or `{drop: "c"}`.
+pub(crate) fn command_entry(db: &str, ui: Option<bson::Uuid>, o: &Document, wall_ms: i64) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(128);
+    let start = head(&mut out, "c", &format!("{db}.$cmd"), ui);
+    out.push(0x03);
+    out.extend_from_slice(b"o\0");
+    append_value(&Bson::Document(o.clone()), &mut out)?;
+    Ok(finish(out, start, wall_ms))
+}
+
+/// A no-op (`op: "n"`, `ns: ""`) carrying a message, as replSetInitiate and new terms log.
+pub(crate) fn noop_entry(o: &Document, wall_ms: i64) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(96);
+    let start = head(&mut out, "n", "", None);
+    out.push(0x03);
+    out.extend_from_slice(b"o\0");
+    append_value(&Bson::Document(o.clone()), &mut out)?;
+    Ok(finish(out, start, wall_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_increase_whatever_the_clock() {
+        let t0 = (100u64 << 32) | 7;
+        assert_eq!(next_ts(t0, 101), (101 << 32) | 1);
+        assert_eq!(next_ts(t0, 100), (100 << 32) | 8);
+        assert_eq!(next_ts(t0, 50), (100 << 32) | 8, "a clock that went back never moves ts back");
+        assert_eq!(next_ts((100 << 32) | u64::from(u32::MAX), 100), (101 << 32) | 1);
+        assert!(next_ts(0, 0) > 0);
+    }
+
+    #[test]
+    fn entries_are_mongodb_shaped_and_stamped_in_place() {
+        let ui = bson::Uuid::new();
+        let record = crate::bsonenc::encode_document(&bson::doc! {"_id": 5, "a": "x"}, 0).unwrap();
+        let id = id_doc(&Bson::Int32(5)).unwrap();
+        let at = OpTime { ts: (1_700_000_000u64 << 32) | 3, term: 4 };
+        for (mut e, op) in [
+            (insert_entry("db.c", ui, &record, 1234), "i"),
+            (update_entry("db.c", ui, &record, &id, 1234), "u"),
+            (delete_entry("db.c", ui, &id, 1234), "d"),
+        ] {
+            stamp(&mut e, at);
+            let d = Document::from_reader(&mut e.as_slice()).unwrap();
+            assert_eq!(d.get_timestamp("ts").unwrap(), Timestamp { time: 1_700_000_000, increment: 3 });
+            assert_eq!(d.get_i64("t").unwrap(), 4);
+            assert_eq!(d.get_i64("v").unwrap(), 2);
+            assert_eq!(d.get_str("op").unwrap(), op);
+            assert_eq!(d.get_str("ns").unwrap(), "db.c");
+            assert_eq!(d.get("ui"), Some(&Bson::Binary(bson::Binary::from_uuid(ui))));
+            assert_eq!(d.get_datetime("wall").unwrap().timestamp_millis(), 1234);
+            match op {
+                "i" => assert_eq!(d.get_document("o").unwrap(), &bson::doc! {"_id": 5, "a": "x"}),
+                "u" => {
+                    assert_eq!(d.get_document("o").unwrap(), &bson::doc! {"_id": 5, "a": "x"});
+                    assert_eq!(d.get_document("o2").unwrap(), &bson::doc! {"_id": 5});
+                }
+                _ => assert_eq!(d.get_document("o").unwrap(), &bson::doc! {"_id": 5}),
+            }
+        }
+        let mut c = command_entry("db", Some(ui), &bson::doc! {"create": "c"}, 1).unwrap();
+        stamp(&mut c, at);
+        let d = Document::from_reader(&mut c.as_slice()).unwrap();
+        assert_eq!(d.get_str("ns").unwrap(), "db.$cmd");
+        assert_eq!(d.get_document("o").unwrap(), &bson::doc! {"create": "c"});
+        let n = noop_entry(&bson::doc! {"msg": "initiating set"}, 1).unwrap();
+        let d = Document::from_reader(&mut n.as_slice()).unwrap();
+        assert_eq!((d.get_str("op").unwrap(), d.get_str("ns").unwrap()), ("n", ""));
+        assert!(d.get("ui").is_none());
+    }
+}
