@@ -119,6 +119,8 @@ impl Code {
     pub const NoReplicationEnabled: Code = Code(76, "NoReplicationEnabled");
     pub const NotYetInitialized: Code = Code(94, "NotYetInitialized");
     pub const NotPrimaryNoSecondaryOk: Code = Code(13435, "NotPrimaryNoSecondaryOk");
+    pub const TransactionTooOld: Code = Code(225, "TransactionTooOld");
+    pub const TooManyLogicalSessions: Code = Code(261, "TooManyLogicalSessions");
 }
 
 /// A MongoDB-shaped error: serialized as `{ok: 0, errmsg, code, codeName, ...extra}`.

@@ -10,6 +10,8 @@ pub const DBPATH_DEFAULT: &str = "./data/db";
 pub const PORT_DEFAULT: u16 = 27017;
 /// Upper bound on simultaneous client connections (mongod: `net.maxIncomingConnections`).
 pub const CONNECTIONS_MAX_DEFAULT: usize = 65_536;
+/// mongod's smallest default oplog (it takes 5% of free disk, at least 990 MB).
+pub const OPLOG_SIZE_MB_DEFAULT: u64 = 990;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -19,6 +21,10 @@ pub struct ServerConfig {
     /// Storage engine: "fjall" (durable, default) or "inMemory".
     pub storage_engine: String,
     pub cache_size_bytes: u64,
+    /// `--replSet` / `replication.replSetName`: run as a member of this replica set.
+    pub repl_set_name: Option<String>,
+    /// `--oplogSize` / `replication.oplogSizeMB`: the oplog's cap.
+    pub oplog_size_bytes: u64,
     /// Compressors offered in hello, in preference order (mongod default: snappy,zstd,zlib).
     pub compressors: Vec<String>,
     pub connections_max: usize,
@@ -40,6 +46,8 @@ impl Default for ServerConfig {
             dbpath: PathBuf::from(DBPATH_DEFAULT),
             storage_engine: "fjall".into(),
             cache_size_bytes: cache_size_bytes_default(crate::sysinfo::total_memory_bytes()),
+            repl_set_name: None,
+            oplog_size_bytes: OPLOG_SIZE_MB_DEFAULT << 20,
             compressors: vec!["snappy".into(), "zstd".into(), "zlib".into()],
             connections_max: CONNECTIONS_MAX_DEFAULT,
             cursor_timeout_ms: 600_000,
@@ -62,6 +70,8 @@ pub struct Overrides {
     pub compressors: Option<String>,
     pub max_conns: Option<usize>,
     pub cache_size_gb: Option<f64>,
+    pub repl_set: Option<String>,
+    pub oplog_size_mb: Option<u64>,
 }
 
 fn bad_option(msg: impl Into<String>) -> Error {
@@ -101,6 +111,12 @@ impl ServerConfig {
         if let Some(gb) = o.cache_size_gb {
             c.cache_size_bytes = cache_size_bytes(gb)?;
         }
+        if let Some(name) = &o.repl_set {
+            c.repl_set_name = Some(name.clone());
+        }
+        if let Some(mb) = o.oplog_size_mb {
+            c.oplog_size_bytes = oplog_size_bytes(mb)?;
+        }
         c.validate()?;
         c.parsed = c.to_parsed();
         Ok(c)
@@ -115,6 +131,11 @@ impl ServerConfig {
         }
         if self.connections_max == 0 {
             return Err(bad_option("net.maxIncomingConnections must be at least 1"));
+        }
+        if let Some(name) = &self.repl_set_name {
+            if name.is_empty() || name.contains('/') {
+                return Err(bad_option(format!("bad --replSet name '{name}': it must be non-empty and contain no '/'")));
+            }
         }
         if self.bind_ip.is_empty() {
             return Err(bad_option("net.bindIp must name at least one address"));
@@ -138,6 +159,15 @@ impl ServerConfig {
                 "storage" => self.apply_storage(v)?,
                 "systemLog" | "processManagement" => check_known(section, v, &["destination", "path", "logAppend", "verbosity", "quiet", "fork", "pidFilePath", "timeZoneInfo"])?,
                 "setParameter" => self.apply_set_parameter(v)?,
+                "replication" => {
+                    for (k, v) in mapping("replication", v)? {
+                        match key_str(k)? {
+                            "replSetName" => self.repl_set_name = Some(as_str(v, "replication.replSetName")?.to_string()),
+                            "oplogSizeMB" => self.oplog_size_bytes = oplog_size_bytes(as_u64(v, "replication.oplogSizeMB")?)?,
+                            other => return Err(bad_option(format!("Unrecognized option: replication.{other}"))),
+                        }
+                    }
+                }
                 other => return Err(bad_option(format!("Unrecognized option: {other}"))),
             }
         }
@@ -228,8 +258,19 @@ impl ServerConfig {
         if let Some(f) = &self.config_file {
             parsed.insert("config", f.display().to_string());
         }
+        if let Some(name) = &self.repl_set_name {
+            parsed.insert("replication", bson::doc! {"replSet": name.clone(), "oplogSizeMB": (self.oplog_size_bytes >> 20) as i64});
+        }
         parsed
     }
+}
+
+/// mongod's oplogSizeMB range: 990 MB to 1 PB.
+fn oplog_size_bytes(mb: u64) -> Result<u64> {
+    if !(OPLOG_SIZE_MB_DEFAULT..=1 << 30).contains(&mb) {
+        return Err(bad_option(format!("oplogSizeMB must be between {OPLOG_SIZE_MB_DEFAULT} and {}, not {mb}", 1u64 << 30)));
+    }
+    Ok(mb << 20)
 }
 
 /// mongod's cacheSizeGB range, 0.25 to 10000 GB.

@@ -181,13 +181,14 @@ async fn handle_msg(shared: &Arc<Shared>, stream: &mut TcpStream, conn: &mut Con
     let reply_comp = reply_compressor(conn, compressor, &name);
 
     if dispatch::is_hello(&name) {
-        if let Some(wait) = awaitable_hello_wait(shared, &request.body) {
+        if let Some((wait, mut seen)) = awaitable_hello_wait(shared, &request.body) {
             // Streaming SDAM monitor: wait for a topology change (a standalone has none, so the
             // full maxAwaitTimeMS), reply, and with exhaustAllowed keep pushing replies.
             let mut response_to = request_id;
             loop {
-                tokio::time::sleep(wait).await;
+                wait_for_topology_change(shared, seen, wait).await;
                 let body = run(shared, conn, request.clone()).await;
+                seen = body.get_document("topologyVersion").ok().and_then(|t| t.get_i64("counter").ok()).unwrap_or(seen);
                 let flags = if exhaust { wire::flags::MORE_TO_COME } else { 0 };
                 let reply_id = next_request_id();
                 let out = wire::encode_msg(reply_id, response_to, &OpMsg { flags, body, sequences: vec![] }, reply_comp);
@@ -231,9 +232,22 @@ fn cursor_id_of(reply: &Document) -> i64 {
     reply.get_document("cursor").ok().and_then(|c| c.get_i64("id").ok()).unwrap_or(0)
 }
 
+/// Wait until the topologyVersion counter differs from `seen`, at most `wait`.
+async fn wait_for_topology_change(shared: &Shared, seen: i64, wait: Duration) {
+    let Some(repl) = &shared.repl else {
+        tokio::time::sleep(wait).await;
+        return;
+    };
+    let mut changes = repl.topology_changes();
+    if *changes.borrow_and_update() != seen {
+        return;
+    }
+    let _ = tokio::time::timeout(wait, changes.changed()).await;
+}
+
 /// If this hello is awaitable (has maxAwaitTimeMS and our current topologyVersion), how long
-/// to wait before answering.
-fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<Duration> {
+/// to wait at most before answering, and the topologyVersion counter the client has seen.
+fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<(Duration, i64)> {
     let max_await = match body.get("maxAwaitTimeMS")? {
         Bson::Int32(v) => *v as i64,
         Bson::Int64(v) => *v,
@@ -246,7 +260,8 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<Duration> {
         // The client saw another process (we restarted): answer at once so it learns.
         return None;
     }
-    Some(Duration::from_millis(max_await.clamp(0, AWAIT_TIME_MS_MAX) as u64))
+    let seen = tv.get_i64("counter").unwrap_or(0);
+    Some((Duration::from_millis(max_await.clamp(0, AWAIT_TIME_MS_MAX) as u64), seen))
 }
 
 /// Run a command: on the async worker when it cannot block, otherwise off it (write locks and

@@ -142,6 +142,30 @@ fn check_read_concern(cmd: &Document) -> Result<()> {
     Ok(())
 }
 
+/// A member that is not primary takes no writes, and reads only from clients that allow
+/// secondaries. The `local` database is every member's own and always open.
+///
+/// The errors carry the topologyVersion, as mongod's do: a driver then knows the error is
+/// not news (its monitor has seen this version) and does not mark the server unknown.
+fn check_member_state(shared: &Shared, repl: &crate::repl::ReplCoord, req: &Request) -> Result<()> {
+    if req.db == "local" || repl.is_writable_primary() {
+        return Ok(());
+    }
+    let error = match commands::on_secondary(&req.name) {
+        commands::OnSecondary::Always => return Ok(()),
+        commands::OnSecondary::Never => Error::new(Code::NotWritablePrimary, "not primary"),
+        commands::OnSecondary::OptIn => {
+            let mode = req.body.get_document("$readPreference").ok().and_then(|p| p.get_str("mode").ok());
+            match mode {
+                Some(m) if m != "primary" => return Ok(()),
+                _ => Error::new(Code::NotPrimaryNoSecondaryOk, "not primary and secondaryOk=false"),
+            }
+        }
+    };
+    let tv = bson::doc! {"processId": shared.process_id, "counter": repl.topology_counter()};
+    Err(error.with_extra(bson::doc! {"topologyVersion": tv}))
+}
+
 fn parse_max_time(cmd: &Document) -> Result<Option<Duration>> {
     match cmd.get("maxTimeMS") {
         None | Some(Bson::Null) => Ok(None),
@@ -180,8 +204,32 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Docum
 
 fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler: commands::Handler) -> Result<Document> {
     let cmd = &req.body;
-    if cmd.contains_key("txnNumber") || cmd.contains_key("autocommit") || cmd.contains_key("startTransaction") {
-        return Err(Error::new(Code::IllegalOperation, "Transaction numbers are only allowed on a replica set member or mongos"));
+    let txn_number = match cmd.get("txnNumber") {
+        _ if shared.repl.is_none() && (cmd.contains_key("txnNumber") || cmd.contains_key("autocommit") || cmd.contains_key("startTransaction")) => {
+            return Err(Error::new(Code::IllegalOperation, "Transaction numbers are only allowed on a replica set member or mongos"));
+        }
+        _ if cmd.contains_key("autocommit") || cmd.contains_key("startTransaction") => {
+            return Err(Error::new(Code::IllegalOperation, "multi-document transactions are not supported by shoal yet"));
+        }
+        None => None,
+        Some(Bson::Int64(n)) => Some(*n),
+        Some(_) => return Err(Error::type_mismatch("BSON field 'txnNumber' is the wrong type, expected type 'long'")),
+    };
+    let retry_key = match txn_number {
+        None => None,
+        Some(_) if !matches!(req.name.as_str(), "insert" | "update" | "delete" | "findAndModify" | "findandmodify") => {
+            return Err(Error::location(
+                50768,
+                format!("txnNumber may only be provided for multi-document transactions and retryable write commands. autocommit:false was not provided, and {} is not a retryable write command.", req.name),
+            ));
+        }
+        Some(_) => match cmd.get_document("lsid").ok().and_then(|l| l.get("id")) {
+            Some(Bson::Binary(b)) => Some(b.bytes.clone()),
+            _ => return Err(Error::new(Code::InvalidOptions, "Transaction number requires a session ID to also be specified")),
+        },
+    };
+    if let Some(repl) = &shared.repl {
+        check_member_state(shared, repl, req)?;
     }
     check_read_concern(cmd)?;
     let write_concern = WriteConcern::parse(cmd)?;
@@ -193,5 +241,8 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
     };
     let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, req.body.clone(), deadline);
     let mut ctx = Ctx { shared, conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern };
-    handler(&mut ctx)
+    match (retry_key, txn_number) {
+        (Some(lsid), Some(txn)) => shared.retry.run(&lsid, txn, || handler(&mut ctx)),
+        _ => handler(&mut ctx),
+    }
 }

@@ -10,6 +10,8 @@ mod dispatch;
 mod exec;
 mod ops;
 mod plan;
+mod repl;
+mod retry;
 mod state;
 mod sysinfo;
 
@@ -38,7 +40,19 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
     }
     // TTL indexes: MongoDB's TTLMonitor wakes every ttlMonitorSleepSecs (60 s).
     store.start_ttl_monitor(Duration::from_secs(TTL_MONITOR_INTERVAL_SECS));
-    let shared = Arc::new(Shared::new(config, store));
+    let repl = match &config.repl_set_name {
+        Some(name) => {
+            // The host this member calls itself in a default config: the first address it
+            // listens on, unless that is every address.
+            let host = match config.bind_ip.first().map(String::as_str) {
+                Some("0.0.0.0") | Some("::") | None => sysinfo::hostname(),
+                Some(ip) => ip.to_string(),
+            };
+            Some(repl::ReplCoord::start(&store, name.clone(), format!("{host}:{}", config.port), config.port, config.oplog_size_bytes)?)
+        }
+        None => None,
+    };
+    let shared = Arc::new(Shared::new(config, store, repl));
     tracing::info!(port = shared.config.port, dbpath = %shared.config.dbpath.display(), fd_limit = fds, "waiting for connections");
 
     // Idle cursor reaper (MongoDB's clientCursorMonitor runs every 4 s).
@@ -51,6 +65,7 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
             if n > 0 {
                 tracing::info!("killed {n} idle cursors");
             }
+            reaper.retry.reap_idle();
         }
     });
 

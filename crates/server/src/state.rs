@@ -47,10 +47,14 @@ pub struct Shared {
     pub host_name: String,
     /// Signalled by the `shutdown` command; `serve` then flushes and returns.
     pub shutdown: tokio::sync::Notify,
+    /// Set when running with `--replSet`.
+    pub repl: Option<crate::repl::ReplCoord>,
+    /// Replies of retryable writes, by session.
+    pub retry: crate::retry::RetryTable,
 }
 
 impl Shared {
-    pub fn new(config: ServerConfig, store: Store) -> Shared {
+    pub fn new(config: ServerConfig, store: Store, repl: Option<crate::repl::ReplCoord>) -> Shared {
         let host_name = crate::sysinfo::hostname();
         Shared {
             cursors: CursorManager::new(config.cursor_timeout_ms),
@@ -63,6 +67,8 @@ impl Shared {
             next_connection_id: AtomicU64::new(1),
             host_name,
             shutdown: tokio::sync::Notify::new(),
+            repl,
+            retry: Default::default(),
         }
     }
 

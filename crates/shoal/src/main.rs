@@ -52,6 +52,12 @@ struct ServeArgs {
     /// Memory for storage caches in GB, 0.25 to 10000 [default: half of (RAM - 1 GB), at most 1].
     #[arg(long = "wiredTigerCacheSizeGB")]
     wired_tiger_cache_size_gb: Option<f64>,
+    /// Run as a member of this replica set (then run replSetInitiate once).
+    #[arg(long = "replSet")]
+    repl_set: Option<String>,
+    /// The oplog's size in MB [default: 990].
+    #[arg(long = "oplogSize")]
+    oplog_size: Option<u64>,
 }
 
 fn main() {
@@ -74,6 +80,8 @@ fn main() {
                 compressors: a.network_message_compressors,
                 max_conns: a.max_conns,
                 cache_size_gb: a.wired_tiger_cache_size_gb,
+                repl_set: a.repl_set,
+                oplog_size_mb: a.oplog_size,
             };
             let config = match server::config::ServerConfig::build(&overrides, argv) {
                 Ok(c) => c,

@@ -1042,7 +1042,9 @@ fn validate_ns(db: &str, name: &str) -> Result<()> {
     if name.is_empty() || name.contains('$') || name.contains('\0') || name.starts_with('.') {
         return Err(Error::new(Code::InvalidNamespace, format!("Invalid collection name: {name}")));
     }
-    if name.starts_with("system.") && !SYSTEM_COLLECTIONS_ALLOWED.contains(&name) {
+    // local.system.replset holds a replica-set member's configuration.
+    let replset_config = db == OPLOG_DB && name == "system.replset";
+    if name.starts_with("system.") && !SYSTEM_COLLECTIONS_ALLOWED.contains(&name) && !replset_config {
         return Err(Error::new(Code::InvalidNamespace, format!("Invalid system namespace: {db}.{name}")));
     }
     if db.len() + 1 + name.len() > NAMESPACE_LENGTH_MAX_BYTES {

@@ -41,8 +41,14 @@ pub fn hello(ctx: &mut Ctx) -> Result<Document> {
     if cmd.get_bool("helloOk").unwrap_or(false) {
         r.insert("helloOk", true);
     }
-    r.insert(if is_legacy { "ismaster" } else { "isWritablePrimary" }, true);
-    r.insert("topologyVersion", doc! { "processId": ctx.shared.process_id, "counter": 0i64 });
+    let counter = ctx.shared.repl.as_ref().map_or(0, |r| r.topology_counter());
+    r.insert("topologyVersion", doc! { "processId": ctx.shared.process_id, "counter": counter });
+    match &ctx.shared.repl {
+        Some(repl) => repl.hello_fields(&ctx.shared.store, is_legacy, &mut r),
+        None => {
+            r.insert(if is_legacy { "ismaster" } else { "isWritablePrimary" }, true);
+        }
+    }
     r.insert("maxBsonObjectSize", limits::BSON_OBJECT_SIZE_MAX_BYTES as i32);
     r.insert("maxMessageSizeBytes", limits::MESSAGE_SIZE_MAX_BYTES as i32);
     r.insert("maxWriteBatchSize", limits::WRITE_BATCH_SIZE_MAX as i32);

@@ -6,6 +6,7 @@ mod crud;
 mod explain;
 mod aggregate;
 mod hello;
+mod repl;
 
 use crate::conn::ConnState;
 use crate::dispatch::WriteConcern;
@@ -71,6 +72,9 @@ pub fn lookup(name: &str) -> Option<Handler> {
         "distinct" => crud::distinct,
         "aggregate" => aggregate::aggregate,
         "explain" => explain::explain,
+        "replSetInitiate" => repl::repl_set_initiate,
+        "replSetGetConfig" => repl::repl_set_get_config,
+        "replSetGetStatus" => repl::repl_set_get_status,
         _ => return None,
     })
 }
@@ -81,6 +85,28 @@ pub fn lookup(name: &str) -> Option<Handler> {
 /// costs a thread handoff per command, a sixth of the server's CPU on a point-read workload.
 pub fn never_blocks(name: &str) -> bool {
     matches!(name, "find" | "getMore" | "count" | "distinct" | "aggregate" | "killCursors" | "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "listIndexes" | "listCollections" | "endSessions")
+}
+
+/// Where a command may run on a replica-set member that is not primary (mongod's
+/// `AllowedOnSecondary`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnSecondary {
+    Always,
+    /// Reads: only when the client allows secondaries (`$readPreference` other than primary).
+    OptIn,
+    /// Writes.
+    Never,
+}
+
+pub fn on_secondary(name: &str) -> OnSecondary {
+    match name {
+        "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "create" | "drop" | "dropDatabase" | "renameCollection"
+        | "createIndexes" | "dropIndexes" | "deleteIndexes" => OnSecondary::Never,
+        "find" | "count" | "distinct" | "aggregate" | "listCollections" | "listIndexes" | "collStats" | "dbStats" | "validate" | "explain" => {
+            OnSecondary::OptIn
+        }
+        _ => OnSecondary::Always,
+    }
 }
 
 /// Which opcounter / currentOp kind a command belongs to.

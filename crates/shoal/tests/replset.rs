@@ -1,0 +1,224 @@
+//! Replica sets through the official Rust driver: replSetInitiate, hello for SDAM, the oplog,
+//! replSetGetStatus/GetConfig, member state checks, and retryable writes.
+
+mod common;
+
+use common::*;
+use mongodb::bson::{doc, Bson, Document, Timestamp};
+use mongodb::Client;
+use std::time::Duration;
+
+async fn direct(server: &Server) -> Client {
+    server.client_with("directConnection=true").await
+}
+
+async fn admin(client: &Client, cmd: Document) -> mongodb::error::Result<Document> {
+    client.database("admin").run_command(cmd).await
+}
+
+fn host(server: &Server) -> String {
+    format!("127.0.0.1:{}", server.port)
+}
+
+async fn initiate(server: &Server) {
+    let client = direct(server).await;
+    admin(&client, doc! {"replSetInitiate": {"_id": "rs0", "version": 1, "members": [{"_id": 0, "host": host(server)}]}}).await.unwrap();
+}
+
+async fn oplog(client: &Client, filter: Document) -> Vec<Document> {
+    let coll = client.database("local").collection::<Document>("oplog.rs");
+    collect(coll.find(filter).await.unwrap()).await
+}
+
+fn ts_key(e: &Document) -> (u32, u32) {
+    let ts: Timestamp = e.get_timestamp("ts").unwrap();
+    (ts.time, ts.increment)
+}
+
+#[tokio::test]
+async fn a_standalone_has_no_replication() {
+    let server = Server::start();
+    let client = server.client().await;
+    assert_code_name(admin(&client, doc! {"replSetGetStatus": 1}).await, 76, "NoReplicationEnabled");
+    assert_code_name(admin(&client, doc! {"replSetInitiate": {}}).await, 76, "NoReplicationEnabled");
+    assert_code_name(admin(&client, doc! {"replSetGetConfig": 1}).await, 76, "NoReplicationEnabled");
+    let hello = admin(&client, doc! {"hello": 1}).await.unwrap();
+    assert!(hello.get("setName").is_none() && hello.get_bool("isWritablePrimary").unwrap());
+}
+
+#[tokio::test]
+async fn before_initiate_a_member_takes_no_writes_and_reports_no_config() {
+    let server = Server::start_with_args(&["--replSet", "rs0"]);
+    let client = direct(&server).await;
+    let hello = admin(&client, doc! {"hello": 1}).await.unwrap();
+    assert_eq!(hello.get_bool("isWritablePrimary").unwrap(), false);
+    assert_eq!(hello.get_bool("isreplicaset").unwrap(), true);
+    assert_eq!(hello.get_str("info").unwrap(), "Does not have a valid replica set config");
+    assert_code_name(admin(&client, doc! {"replSetGetStatus": 1}).await, 94, "NotYetInitialized");
+    assert_code_name(admin(&client, doc! {"replSetGetConfig": 1}).await, 94, "NotYetInitialized");
+    let db = client.database("app");
+    assert_code_name(db.run_command(doc! {"insert": "c", "documents": [{"_id": 1}]}).await, 10107, "NotWritablePrimary");
+    // A driver connected directly reads with primaryPreferred; a plain read is refused.
+    db.run_command(doc! {"find": "c"}).await.unwrap();
+    let mut s = wire::connect(server.port);
+    let plain = wire::command(&mut s, 1, &doc! {"find": "c", "$db": "app"}).doc;
+    assert_eq!((plain.get_i32("code").unwrap(), plain.get_str("codeName").unwrap()), (13435, "NotPrimaryNoSecondaryOk"));
+    let primary = wire::command(&mut s, 2, &doc! {"find": "c", "$readPreference": {"mode": "primary"}, "$db": "app"}).doc;
+    assert_eq!(primary.get_i32("code").unwrap(), 13435);
+    // The local database is always open.
+    client.database("local").run_command(doc! {"insert": "scratch", "documents": [{"_id": 1}]}).await.unwrap();
+    // Only on the admin database.
+    assert_code(db.run_command(doc! {"replSetInitiate": {}}).await, 13);
+}
+
+#[tokio::test]
+async fn replset_initiate_validates_the_config() {
+    let server = Server::start_with_args(&["--replSet", "rs0"]);
+    let client = direct(&server).await;
+    let me = host(&server);
+    let initiate = |cfg: Document| {
+        let client = client.clone();
+        async move { admin(&client, doc! {"replSetInitiate": cfg}).await }
+    };
+    let e = assert_code_name(initiate(doc! {"_id": "other", "version": 1, "members": [{"_id": 0, "host": me.clone()}]}).await, 93, "InvalidReplicaSetConfig");
+    assert!(e.to_string().contains("command line reports rs0"), "{e}");
+    assert_code(initiate(doc! {"_id": "rs0", "version": 1, "members": [{"_id": 0, "host": "127.0.0.1:1"}]}).await, 93);
+    let eight: Vec<Bson> = (0..8).map(|i| Bson::Document(doc! {"_id": i, "host": format!("127.0.0.{}:{}", i + 1, server.port)})).collect();
+    let e = assert_code(initiate(doc! {"_id": "rs0", "version": 1, "members": eight}).await, 93);
+    assert!(e.to_string().contains("8 voting members, but must be at most 7"), "{e}");
+    assert_code(initiate(doc! {"_id": "rs0", "version": 1, "members": [{"_id": 0, "host": me.clone(), "colour": 1}]}).await, 40415);
+    assert_code(initiate(doc! {"_id": "rs0", "version": 1, "members": [{"_id": 0, "host": me.clone(), "hidden": true}]}).await, 93);
+    // A valid set with other members needs heartbeats and elections, which are not built yet.
+    let two = vec![Bson::Document(doc! {"_id": 0, "host": me.clone()}), Bson::Document(doc! {"_id": 1, "host": "127.0.0.2:27017"})];
+    assert_code_name(initiate(doc! {"_id": "rs0", "version": 1, "members": two}).await, 115, "CommandNotSupported");
+    // Nothing above initiated the set; the default config does.
+    admin(&client, doc! {"replSetInitiate": {}}).await.unwrap();
+    assert_code_name(initiate(doc! {"_id": "rs0", "version": 1, "members": [{"_id": 0, "host": me}]}).await, 23, "AlreadyInitialized");
+}
+
+#[tokio::test]
+async fn a_one_member_set_serves_drivers_and_logs_every_write() {
+    let mut server = Server::start_with_args(&["--replSet", "rs0"]);
+    initiate(&server).await;
+    let me = host(&server);
+
+    // hello for SDAM.
+    let direct = direct(&server).await;
+    let hello = admin(&direct, doc! {"hello": 1}).await.unwrap();
+    assert!(hello.get_bool("isWritablePrimary").unwrap());
+    assert_eq!(hello.get_str("setName").unwrap(), "rs0");
+    assert_eq!(hello.get_array("hosts").unwrap(), &vec![Bson::String(me.clone())]);
+    assert_eq!(hello.get_str("primary").unwrap(), me);
+    assert_eq!(hello.get_str("me").unwrap(), me);
+    assert_eq!(hello.get_object_id("electionId").unwrap().to_hex(), "7fffffff0000000000000001");
+    assert_eq!(hello.get_i32("setVersion").unwrap(), 1);
+    assert!(path(&hello, "lastWrite.opTime.ts").is_some());
+
+    // A replica-set URI: the driver discovers the set and its primary, and uses retryable
+    // writes (lsid + txnNumber) by default.
+    let client = Client::with_uri_str(format!("mongodb://{me}/?replicaSet=rs0")).await.unwrap();
+    let coll = client.database("app").collection::<Document>("c");
+    coll.insert_one(doc! {"_id": 1, "a": 1}).await.unwrap();
+    coll.update_one(doc! {"_id": 1}, doc! {"$inc": {"a": 1}}).await.unwrap();
+    coll.insert_one(doc! {"_id": 2}).await.unwrap();
+    coll.delete_one(doc! {"_id": 2}).await.unwrap();
+    assert_eq!(coll.find_one(doc! {"_id": 1}).await.unwrap().unwrap(), doc! {"_id": 1, "a": 2});
+
+    // The oplog, in order, in MongoDB's shape.
+    let entries = oplog(&direct, doc! {"ns": {"$in": ["app.c", "app.$cmd"]}}).await;
+    let ops: Vec<(&str, &str)> = entries.iter().map(|e| (e.get_str("op").unwrap(), e.get_str("ns").unwrap())).collect();
+    assert_eq!(ops, vec![("c", "app.$cmd"), ("i", "app.c"), ("u", "app.c"), ("i", "app.c"), ("d", "app.c")]);
+    assert_eq!(entries[0].get_document("o").unwrap(), &doc! {"create": "c"});
+    assert_eq!(entries[2].get_document("o").unwrap(), &doc! {"_id": 1, "a": 2});
+    assert_eq!(entries[2].get_document("o2").unwrap(), &doc! {"_id": 1});
+    assert_eq!(entries[4].get_document("o").unwrap(), &doc! {"_id": 2});
+    assert!(entries.windows(2).all(|w| ts_key(&w[0]) < ts_key(&w[1])));
+    assert!(entries.iter().all(|e| e.get_i64("t").unwrap() == 1 && e.get_i64("v").unwrap() == 2 && e.get_datetime("wall").is_ok()));
+    let all = oplog(&direct, doc! {}).await;
+    assert_eq!(all[0].get_document("o").unwrap(), &doc! {"msg": "initiating set"});
+    assert_eq!(all[1].get_document("o").unwrap(), &doc! {"msg": "new primary"});
+
+    // replSetGetStatus and replSetGetConfig.
+    let status = admin(&direct, doc! {"replSetGetStatus": 1}).await.unwrap();
+    assert_eq!(status.get_str("set").unwrap(), "rs0");
+    assert_eq!(status.get_i32("myState").unwrap(), 1);
+    assert_eq!(status.get_i64("term").unwrap(), 1);
+    assert_eq!(status.get_i32("majorityVoteCount").unwrap(), 1);
+    let member = status.get_array("members").unwrap()[0].as_document().unwrap().clone();
+    assert_eq!((member.get_str("stateStr").unwrap(), member.get_bool("self").unwrap()), ("PRIMARY", true));
+    let applied = path(&status, "optimes.appliedOpTime.ts").unwrap().as_timestamp().unwrap();
+    assert_eq!((applied.time, applied.increment), ts_key(all.last().unwrap()));
+    let config = admin(&direct, doc! {"replSetGetConfig": 1}).await.unwrap();
+    let config = config.get_document("config").unwrap();
+    assert_eq!((config.get_str("_id").unwrap(), config.get_i32("version").unwrap(), config.get_i64("term").unwrap()), ("rs0", 1, 1));
+    assert!(path(config, "settings.replicaSetId").unwrap().as_object_id().is_some());
+    assert_eq!(path(config, "members.0.host"), None, "members is an array");
+    assert_eq!(config.get_array("members").unwrap()[0].as_document().unwrap().get_str("host").unwrap(), me);
+
+    // The live oplog cannot be dropped.
+    assert_code(direct.database("local").run_command(doc! {"drop": "oplog.rs"}).await, 20);
+
+    // After a restart the member is primary again in a new term, and the oplog continues.
+    drop((client, direct));
+    server.restart();
+    let direct = self::direct(&server).await;
+    let hello = admin(&direct, doc! {"hello": 1}).await.unwrap();
+    assert!(hello.get_bool("isWritablePrimary").unwrap(), "{hello:?}");
+    assert_eq!(hello.get_object_id("electionId").unwrap().to_hex(), "7fffffff0000000000000002");
+    direct.database("app").collection::<Document>("c").insert_one(doc! {"_id": 3}).await.unwrap();
+    let after = oplog(&direct, doc! {}).await;
+    assert_eq!(after.len(), all.len() + 2, "a new-primary entry and the insert");
+    let last = after.last().unwrap();
+    assert_eq!((last.get_str("op").unwrap(), last.get_i64("t").unwrap()), ("i", 2));
+    assert!(ts_key(last) > ts_key(all.last().unwrap()));
+}
+
+#[tokio::test]
+async fn a_retried_write_is_applied_once() {
+    let server = Server::start_with_args(&["--replSet", "rs0"]);
+    initiate(&server).await;
+    let mut s = wire::connect(server.port);
+    let lsid = doc! {"id": Bson::Binary(mongodb::bson::Binary { subtype: mongodb::bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] })};
+    let update = |txn: i64| {
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}, "upsert": true}], "lsid": lsid.clone(), "txnNumber": txn, "$db": "app"}
+    };
+    let first = wire::command(&mut s, 1, &update(1)).doc;
+    assert_eq!(first.get_f64("ok").unwrap(), 1.0, "{first:?}");
+    // The retry (same session and txnNumber) replays the reply and writes nothing.
+    let retry = wire::command(&mut s, 2, &update(1)).doc;
+    assert_eq!(retry, first);
+    let next = wire::command(&mut s, 3, &update(2)).doc;
+    assert_eq!(next.get_i32("nModified").unwrap(), 1, "{next:?}");
+    let old = wire::command(&mut s, 4, &update(1)).doc;
+    assert_eq!(old.get_i32("code").unwrap(), 225, "{old:?}");
+    let found = wire::command(&mut s, 5, &doc! {"find": "c", "filter": {"_id": 1}, "$db": "app"}).doc;
+    assert_eq!(path(&found, "cursor.firstBatch.0.n"), None);
+    let doc0 = found.get_document("cursor").unwrap().get_array("firstBatch").unwrap()[0].as_document().unwrap().clone();
+    assert_eq!(doc0, doc! {"_id": 1, "n": 2});
+    // txnNumber belongs to retryable writes only, and needs a session.
+    let bad = wire::command(&mut s, 6, &doc! {"find": "c", "lsid": lsid.clone(), "txnNumber": 3i64, "$db": "app"}).doc;
+    assert_eq!(bad.get_i32("code").unwrap(), 50768, "{bad:?}");
+    let bad = wire::command(&mut s, 7, &doc! {"insert": "c", "documents": [{"_id": 9}], "txnNumber": 3i64, "$db": "app"}).doc;
+    assert_eq!(bad.get_i32("code").unwrap(), 72, "{bad:?}");
+}
+
+#[tokio::test]
+async fn awaitable_hello_answers_when_the_member_becomes_primary() {
+    let server = Server::start_with_args(&["--replSet", "rs0"]);
+    let mut s = wire::connect(server.port);
+    let hello = wire::command(&mut s, 1, &doc! {"hello": 1, "$db": "admin"}).doc;
+    let tv = hello.get_document("topologyVersion").unwrap().clone();
+    // An awaitable hello waits up to maxAwaitTimeMS for a change; initiating is one.
+    let port = server.port;
+    let waiter = std::thread::spawn(move || {
+        let mut s = wire::connect(port);
+        let started = std::time::Instant::now();
+        let r = wire::command(&mut s, 2, &doc! {"hello": 1, "topologyVersion": tv, "maxAwaitTimeMS": 10_000, "$db": "admin"}).doc;
+        (r, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    initiate(&server).await;
+    let (r, waited) = waiter.join().unwrap();
+    assert!(r.get_bool("isWritablePrimary").unwrap(), "{r:?}");
+    assert!(waited < Duration::from_secs(8), "answered on the change, not at the timeout: {waited:?}");
+}
