@@ -23,6 +23,10 @@ const env = {
   MONGOSH_GLOBAL_CONFIG_FILE_FOR_TESTING: globalConfig,
 };
 
+// Scripts named replset_*.js each get their own server started with --replSet rs0; the
+// others share one standalone.
+const REPLSET_PREFIX = 'replset_';
+
 function run(uri, file) {
   return new Promise((resolve) => {
     const child = spawn(mongosh, [`${uri}test`, '--quiet', '--file', file], { env, stdio: ['ignore', 'pipe', 'pipe'] });
@@ -40,7 +44,9 @@ let failed = 0;
 const server = await startServer();
 try {
   for (const name of scripts) {
-    const { code, out } = await run(server.uri, path.join(scriptsDir, name));
+    const own = name.startsWith(REPLSET_PREFIX) ? await startServer(['--replSet', 'rs0']) : null;
+    const { code, out } = await run((own ?? server).uri, path.join(scriptsDir, name));
+    if (own) await own.stop();
     if (code === 0) {
       passed++;
       console.log(`ok - mongosh ${name}`);

@@ -26,8 +26,9 @@ def free_port() -> int:
 class ShoalServer:
     """The real binary on a free loopback port with its own temp dbpath."""
 
-    def __init__(self, binary: str):
+    def __init__(self, binary: str, extra_args=()):
         self.binary = binary
+        self.extra_args = list(extra_args)
         self.root = Path(tempfile.mkdtemp(prefix="shoal-pytest-"))
         self.dbpath = self.root / "db"
         self.dbpath.mkdir()
@@ -53,7 +54,7 @@ class ShoalServer:
             log = open(self.root / f"stderr-{self.starts}.log", "wb")
             self.starts += 1
             self.proc = subprocess.Popen(
-                [self.binary, "serve", "--port", str(self.port), "--bind_ip", "127.0.0.1", "--dbpath", str(self.dbpath)],
+                [self.binary, "serve", "--port", str(self.port), "--bind_ip", "127.0.0.1", "--dbpath", str(self.dbpath), *self.extra_args],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
@@ -107,6 +108,14 @@ def server(shoal_bin):
 def own_server(shoal_bin):
     """A private server for tests that restart or kill it."""
     s = ShoalServer(shoal_bin).start()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def replset_server(shoal_bin):
+    """A private server started with --replSet rs0, not yet initiated."""
+    s = ShoalServer(shoal_bin, ["--replSet", "rs0"]).start()
     yield s
     s.close()
 

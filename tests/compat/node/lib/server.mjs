@@ -33,14 +33,14 @@ function canConnect(port) {
   });
 }
 
-export async function startServer() {
+export async function startServer(extraArgs = []) {
   const root = mkdtempSync(path.join(os.tmpdir(), 'shoal-node-'));
   const dbpath = path.join(root, 'db');
   const { mkdirSync } = await import('node:fs');
   mkdirSync(dbpath);
   const stderrPath = path.join(root, 'stderr.log');
   const port = await freePort();
-  const child = spawn(shoalBin(), ['serve', '--port', String(port), '--bind_ip', '127.0.0.1', '--dbpath', dbpath], {
+  const child = spawn(shoalBin(), ['serve', '--port', String(port), '--bind_ip', '127.0.0.1', '--dbpath', dbpath, ...extraArgs], {
     stdio: ['ignore', 'ignore', openSync(stderrPath, 'w')],
   });
   let exited = null;

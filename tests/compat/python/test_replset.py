@@ -1,0 +1,46 @@
+"""A one-member replica set through pymongo: initiate, discovery by replicaSet=, the oplog,
+retryable writes, and the errors of a member that is not primary."""
+
+import pymongo
+import pytest
+from pymongo.errors import NotPrimaryError, OperationFailure
+
+
+def test_uninitiated_member_refuses_writes(replset_server):
+    c = pymongo.MongoClient(replset_server.uri, directConnection=True)
+    hello = c.admin.command("hello")
+    assert hello["isWritablePrimary"] is False and hello["isreplicaset"] is True
+    with pytest.raises(NotPrimaryError) as e:
+        c.app.c.insert_one({"_id": 1})
+    assert e.value.details["code"] == 10107 and e.value.details["codeName"] == "NotWritablePrimary"
+    with pytest.raises(OperationFailure) as e:
+        c.admin.command("replSetGetStatus")
+    assert e.value.code == 94 and e.value.details["codeName"] == "NotYetInitialized"
+    c.close()
+
+
+def test_initiate_and_use_the_set(replset_server):
+    port = replset_server.port
+    direct = pymongo.MongoClient(replset_server.uri, directConnection=True)
+    # rs.initiate() with no config: this member, as it listens.
+    direct.admin.command("replSetInitiate", {})
+    with pytest.raises(OperationFailure) as e:
+        direct.admin.command("replSetInitiate", {})
+    assert e.value.code == 23
+
+    rs = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?replicaSet=rs0", serverSelectionTimeoutMS=10_000)
+    rs.app.c.insert_many([{"_id": i, "v": i} for i in range(10)])
+    rs.app.c.update_many({"v": {"$gte": 5}}, {"$set": {"big": True}})
+    rs.app.c.delete_one({"_id": 0})
+    assert rs.primary == ("127.0.0.1", port)
+    assert rs.app.c.count_documents({}) == 9
+
+    ops = [(e["op"], e["ns"]) for e in direct.local["oplog.rs"].find({"ns": {"$regex": "^app\\."}})]
+    assert ops == [("c", "app.$cmd")] + [("i", "app.c")] * 10 + [("u", "app.c")] * 5 + [("d", "app.c")]
+    status = direct.admin.command("replSetGetStatus")
+    assert status["set"] == "rs0" and status["myState"] == 1
+    assert status["members"][0]["stateStr"] == "PRIMARY"
+    config = direct.admin.command("replSetGetConfig")["config"]
+    assert config["members"][0]["host"] == f"127.0.0.1:{port}"
+    rs.close()
+    direct.close()
