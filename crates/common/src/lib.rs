@@ -120,6 +120,7 @@ impl Code {
     pub const NotYetInitialized: Code = Code(94, "NotYetInitialized");
     pub const NotPrimaryNoSecondaryOk: Code = Code(13435, "NotPrimaryNoSecondaryOk");
     pub const TransactionTooOld: Code = Code(225, "TransactionTooOld");
+    pub const UnsatisfiableWriteConcern: Code = Code(100, "UnsatisfiableWriteConcern");
     pub const TooManyLogicalSessions: Code = Code(261, "TooManyLogicalSessions");
 }
 

@@ -75,7 +75,9 @@ pub struct WriteConcern {
 }
 
 impl WriteConcern {
-    pub fn parse(cmd: &Document) -> Result<Option<WriteConcern>> {
+    /// `replset`: a replica-set member, where w may name other members (checked after the
+    /// write, as mongod reports an unsatisfiable concern in writeConcernError).
+    pub fn parse(cmd: &Document, replset: bool) -> Result<Option<WriteConcern>> {
         let wc = match cmd.get("writeConcern") {
             None | Some(Bson::Null) => return Ok(None),
             Some(Bson::Document(d)) => d,
@@ -90,12 +92,15 @@ impl WriteConcern {
                         if n < 0 {
                             return Err(Error::new(Code::FailedToParse, "w has to be a non-negative number and not greater than 50; found: ".to_string() + &n.to_string()));
                         }
-                        if n > 1 {
+                        if n > 1 && !replset {
                             return Err(Error::bad_value("cannot use 'w' > 1 on a standalone"));
+                        }
+                        if n > repl::MEMBERS_MAX as i64 {
+                            return Err(Error::new(Code::FailedToParse, format!("w has to be a non-negative number and not greater than 50; found: {n}")));
                         }
                         out.w = Some(v.clone());
                     }
-                    Bson::String(s) if s == "majority" => out.w = Some(v.clone()),
+                    Bson::String(s) if s == "majority" || replset => out.w = Some(v.clone()),
                     Bson::String(s) => return Err(Error::new(Code(79, "UnknownReplWriteConcern"), format!("No write concern mode named '{s}' found in replica set configuration"))),
                     Bson::Document(_) => return Err(Error::new(Code(79, "UnknownReplWriteConcern"), "tagged write concern requires a replica set")),
                     _ => return Err(Error::new(Code::FailedToParse, "w has to be a number, string, or object")),
@@ -118,7 +123,8 @@ impl WriteConcern {
     }
 }
 
-fn check_read_concern(cmd: &Document) -> Result<()> {
+/// `primary`: this is a replica-set primary (linearizable reads are served only there).
+fn check_read_concern(cmd: &Document, replset: bool, primary: bool) -> Result<()> {
     let rc = match cmd.get("readConcern") {
         None | Some(Bson::Null) => return Ok(()),
         Some(Bson::Document(d)) => d,
@@ -129,6 +135,10 @@ fn check_read_concern(cmd: &Document) -> Result<()> {
             "level" => match v.as_str() {
                 // A standalone's applied writes are its committed writes.
                 Some("local" | "available" | "majority") => {}
+                // A primary that is the set's only voter cannot be deposed, so every read it
+                // serves reflects every acknowledged write.
+                Some("linearizable") if primary => {}
+                Some("linearizable") if replset => return Err(Error::new(Code::NotWritablePrimary, "cannot satisfy linearizable read concern on non-primary node")),
                 Some("linearizable") => return Err(Error::bad_value("Cannot use linearizable readConcern on a standalone; it requires a replica set")),
                 Some("snapshot") => return Err(Error::new(Code::NotImplemented, "readConcern level 'snapshot' requires a transaction, and transactions require a replica set")),
                 Some(other) => return Err(Error::bad_value(format!("Invalid readConcern level '{other}'"))),
@@ -231,8 +241,14 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
     if let Some(repl) = &shared.repl {
         check_member_state(shared, repl, req)?;
     }
-    check_read_concern(cmd)?;
-    let write_concern = WriteConcern::parse(cmd)?;
+    check_read_concern(cmd, shared.repl.is_some(), shared.repl.as_ref().is_some_and(|r| r.is_writable_primary()))?;
+    let write_concern = WriteConcern::parse(cmd, shared.repl.is_some())?;
+    let wc_unsatisfiable = match (&shared.repl, &write_concern) {
+        (Some(repl), Some(wc)) if commands::on_secondary(&req.name) == commands::OnSecondary::Never && !wc.is_unacknowledged() => {
+            wc.w.as_ref().and_then(|w| repl.unsatisfiable(w))
+        }
+        _ => None,
+    };
     let max_time = parse_max_time(cmd)?;
     let deadline = max_time.map(|d| Instant::now() + d);
     let ns = match cmd.get(&req.name) {
@@ -241,8 +257,15 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
     };
     let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, req.body.clone(), deadline);
     let mut ctx = Ctx { shared, conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern };
-    match (retry_key, txn_number) {
-        (Some(lsid), Some(txn)) => shared.retry.run(&lsid, txn, || handler(&mut ctx)),
-        _ => handler(&mut ctx),
+    let mut reply = match (retry_key, txn_number) {
+        (Some(lsid), Some(txn)) => shared.retry.run(&lsid, txn, || handler(&mut ctx))?,
+        _ => handler(&mut ctx)?,
+    };
+    if let Some(e) = wc_unsatisfiable {
+        // The write is applied and durable here; what cannot be had is the acknowledgement
+        // of other members, which mongod reports beside the result.
+        let wc = cmd.get_document("writeConcern").cloned().unwrap_or_default();
+        reply.insert("writeConcernError", doc! {"code": e.code, "codeName": e.code_name, "errmsg": e.message, "errInfo": {"writeConcern": wc}});
     }
+    Ok(reply)
 }

@@ -153,6 +153,38 @@ impl ReplCoord {
         Ok(Document::new())
     }
 
+    /// Why write concern `w` cannot be satisfied by this set, if it cannot: more members than
+    /// bear data, or a mode that is not in getLastErrorModes or that the members' tags cannot
+    /// meet. (Every member of a one-member set has every write as soon as it is durable.)
+    pub fn unsatisfiable(&self, w: &Bson) -> Option<Error> {
+        let inner = self.inner.lock();
+        let config = inner.config.as_ref()?;
+        let data_bearing: Vec<&repl::MemberConfig> = config.members.iter().filter(|m| !m.arbiter_only).collect();
+        let not_enough = || Error::new(Code::UnsatisfiableWriteConcern, "Not enough data-bearing nodes");
+        match w {
+            Bson::String(s) if s == "majority" => None,
+            Bson::String(mode) => {
+                let Ok(spec) = config.settings.get_last_error_modes.get_document(mode) else {
+                    return Some(Error::new(Code::UnknownReplWriteConcern, format!("No write concern mode named '{mode}' found in replica set configuration")));
+                };
+                for (tag, count) in spec {
+                    let want = crate::commands::as_i64(count).unwrap_or(i64::MAX);
+                    let mut values: Vec<&str> = data_bearing.iter().filter_map(|m| m.tags.get_str(tag).ok()).collect();
+                    values.sort_unstable();
+                    values.dedup();
+                    if (values.len() as i64) < want {
+                        return Some(Error::new(Code::UnsatisfiableWriteConcern, format!("Not enough nodes match write concern mode \"{mode}\"")));
+                    }
+                }
+                None
+            }
+            other => match crate::commands::as_i64(other) {
+                Some(n) if n > data_bearing.len() as i64 => Some(not_enough()),
+                _ => None,
+            },
+        }
+    }
+
     pub fn is_writable_primary(&self) -> bool {
         self.inner.lock().state == MemberState::Primary
     }

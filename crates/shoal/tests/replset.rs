@@ -222,3 +222,27 @@ async fn awaitable_hello_answers_when_the_member_becomes_primary() {
     assert!(r.get_bool("isWritablePrimary").unwrap(), "{r:?}");
     assert!(waited < Duration::from_secs(8), "answered on the change, not at the timeout: {waited:?}");
 }
+
+#[tokio::test]
+async fn write_concern_beyond_the_set_is_reported_beside_the_applied_write() {
+    let server = Server::start_with_args(&["--replSet", "rs0"]);
+    initiate(&server).await;
+    let client = direct(&server).await;
+    let db = client.database("app");
+    for w in [Bson::Int32(1), Bson::String("majority".into())] {
+        let r = db.run_command(doc! {"insert": "c", "documents": [{}], "writeConcern": {"w": w.clone()}}).await.unwrap();
+        assert!(r.get("writeConcernError").is_none(), "w {w}: {r:?}");
+    }
+    // Two members' acknowledgement from a one-member set: applied, and an error beside it.
+    let r = db.run_command(doc! {"insert": "c", "documents": [{"_id": "w2"}], "writeConcern": {"w": 2}}).await.unwrap();
+    assert_eq!(r.get_i32("n").unwrap(), 1);
+    let wce = r.get_document("writeConcernError").unwrap();
+    assert_eq!((wce.get_i32("code").unwrap(), wce.get_str("codeName").unwrap()), (100, "UnsatisfiableWriteConcern"));
+    assert_eq!(path(wce, "errInfo.writeConcern.w").unwrap(), &Bson::Int32(2));
+    assert_eq!(db.collection::<Document>("c").count_documents(doc! {"_id": "w2"}).await.unwrap(), 1);
+    let r = db.run_command(doc! {"insert": "c", "documents": [{}], "writeConcern": {"w": "eastAndWest"}}).await.unwrap();
+    assert_eq!(path(&r, "writeConcernError.code").unwrap(), &Bson::Int32(79));
+    assert_code(db.run_command(doc! {"insert": "c", "documents": [{}], "writeConcern": {"w": 51}}).await, 9);
+    // Linearizable reads are served by the primary.
+    db.run_command(doc! {"find": "c", "readConcern": {"level": "linearizable"}}).await.unwrap();
+}
