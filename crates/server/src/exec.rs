@@ -30,7 +30,7 @@ pub struct Scan {
 }
 
 enum ScanAccess {
-    Collection { after: Option<RecordId> },
+    Collection { after: Option<RecordId>, reverse: bool },
     /// `Some(v)`: the filter pins `_id` to v, so one index lookup replaces the scan.
     Point(Option<Bson>),
     Index {
@@ -46,7 +46,7 @@ enum ScanAccess {
 impl Scan {
     pub fn with_plan(snapshot: Snapshot, filter: Filter, plan: &Plan) -> Scan {
         let access = match &plan.access {
-            Access::CollScan => ScanAccess::Collection { after: None },
+            Access::CollScan { reverse } => ScanAccess::Collection { after: None, reverse: *reverse },
             Access::IdPoint(id) => ScanAccess::Point(Some(id.clone())),
             Access::IndexScan(p) => {
                 let seen = (p.multikey || p.intervals.len() > 1).then(HashSet::new);
@@ -94,8 +94,8 @@ impl Scan {
                     self.chunk = found.into_iter().collect::<Vec<_>>().into_iter();
                 }
             }
-            ScanAccess::Collection { after } => {
-                let batch = self.snapshot.scan(*after, SCAN_CHUNK_DOCS)?;
+            ScanAccess::Collection { after, reverse } => {
+                let batch = if *reverse { self.snapshot.scan_reverse(*after, SCAN_CHUNK_DOCS)? } else { self.snapshot.scan(*after, SCAN_CHUNK_DOCS)? };
                 if batch.len() < SCAN_CHUNK_DOCS {
                     self.done = true;
                 }

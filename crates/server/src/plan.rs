@@ -19,7 +19,8 @@ const INTERVALS_MAX: usize = 256;
 
 #[derive(Clone, Debug)]
 pub enum Access {
-    CollScan,
+    /// `reverse`: descending record order (`$natural: -1`).
+    CollScan { reverse: bool },
     /// `_id` equality: one lookup in the `_id_` index (MongoDB's IDHACK).
     IdPoint(Bson),
     IndexScan(IndexPlan),
@@ -46,7 +47,7 @@ pub struct Plan {
 
 impl Plan {
     pub fn coll_scan() -> Plan {
-        Plan { access: Access::CollScan, provides_sort: false }
+        Plan { access: Access::CollScan { reverse: false }, provides_sort: false }
     }
 }
 
@@ -452,7 +453,11 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, snapshot: &Snapshot, h
     if let Some(h) = hint {
         let spec = match h {
             Bson::Document(d) if d.is_empty() => None,
-            Bson::Document(d) if d.contains_key("$natural") => return Ok(Plan::coll_scan()),
+            Bson::Document(d) if d.contains_key("$natural") => {
+                let reverse = d.get("$natural").and_then(crate::commands::as_i64).is_some_and(|n| n < 0);
+                // Asked as a sort ({$natural: ±1} with no other key), record order is the order.
+                return Ok(Plan { access: Access::CollScan { reverse }, provides_sort: sort.is_none() });
+            }
             Bson::Document(d) => Some(snapshot.indexes().find(|i| &i.key == d)),
             Bson::String(s) => Some(snapshot.indexes().find(|i| &i.name == s)),
             _ => None,

@@ -275,3 +275,35 @@ async fn covered_queries_read_no_documents() {
     let missing = find_docs(&db, "cv", doc! {"a": {"$gte": 450}}, doc! {"a": 1, "b.c": 1, "_id": 0}, None).await;
     assert_eq!(missing.first().and_then(|d| d.as_document()), Some(&doc! {"a": 450}));
 }
+
+#[tokio::test]
+async fn natural_order_scans_forward_and_backward() {
+    let server = Server::start();
+    let client = server.client().await;
+    let db = client.database("nat");
+    let coll = db.collection::<Document>("c");
+    // Inserted out of _id order: record order is insertion order.
+    let order = [5, 1, 9, 3, 7, 2, 8];
+    for id in order {
+        coll.insert_one(doc! {"_id": id, "even": id % 2 == 0}).await.unwrap();
+    }
+    let forward: Vec<Bson> = order.iter().map(|i| Bson::Int32(*i)).collect();
+    let backward: Vec<Bson> = forward.iter().rev().cloned().collect();
+    assert_eq!(find_ids(&db, doc! {}, Some(doc! {"$natural": 1}), None).await, forward);
+    assert_eq!(find_ids(&db, doc! {}, Some(doc! {"$natural": -1}), None).await, backward);
+    assert_eq!(find_ids(&db, doc! {}, None, Some(Bson::Document(doc! {"$natural": -1}))).await, backward);
+    // A filter and a limit apply on the way; a real sort beside a $natural hint still sorts.
+    let odd_back: Vec<Bson> = backward.iter().filter(|b| b.as_i32().unwrap() % 2 == 1).take(2).cloned().collect();
+    let r = db.run_command(doc! {"find": "c", "filter": {"even": false}, "sort": {"$natural": -1}, "limit": 2}).await.unwrap();
+    let got: Vec<Bson> = r.get_document("cursor").unwrap().get_array("firstBatch").unwrap().iter().map(|d| d.as_document().unwrap().get("_id").unwrap().clone()).collect();
+    assert_eq!(got, odd_back);
+    let mut sorted = forward.clone();
+    sorted.sort_by_key(|b| b.as_i32().unwrap());
+    assert_eq!(find_ids(&db, doc! {}, Some(doc! {"_id": 1}), Some(Bson::Document(doc! {"$natural": -1}))).await, sorted);
+    let e = explain(&db, doc! {"find": "c", "sort": {"$natural": -1}}).await;
+    let scan = find_stage(winning(&e), "COLLSCAN").expect("COLLSCAN");
+    assert_eq!(scan.get_str("direction").unwrap(), "backward");
+    assert!(find_stage(winning(&e), "SORT").is_none());
+    assert_code(db.run_command(doc! {"find": "c", "sort": {"$natural": -1, "_id": 1}}).await, 2);
+    assert_code(db.run_command(doc! {"find": "c", "sort": {"$natural": 2}}).await, 2);
+}

@@ -2045,6 +2045,29 @@ impl Snapshot {
         Ok(out)
     }
 
+    /// Records in descending RecordId order before `before` (exclusive), at most `max_docs`
+    /// (a `$natural: -1` scan; on the oplog, newest first).
+    pub fn scan_reverse(&self, before: Option<RecordId>, max_docs: usize) -> Result<Vec<(RecordId, Document)>> {
+        let mut out = Vec::new();
+        if max_docs == 0 || before == Some(0) {
+            return Ok(out);
+        }
+        let id = self.coll.id;
+        let upper = match before {
+            Some(rid) => Bound::Excluded(record_key(id, rid)),
+            None => prefix_bounds(&id.to_be_bytes()).1,
+        };
+        for kv in self.snap.iter(Space::Records, Bound::Included(record_key(id, 0)), upper, true) {
+            let (k, v) = kv?;
+            let rid = read_u64(k.get(8..).unwrap_or(&[])).ok_or_else(|| corrupt("record key"))?;
+            out.push((rid, decode_doc(&v)?));
+            if out.len() >= max_docs {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     pub fn get(&self, id: RecordId) -> Result<Option<Document>> {
         match self.snap.get(Space::Records, &record_key(self.coll.id, id))? {
             Some(b) => Ok(Some(decode_doc(&b)?)),

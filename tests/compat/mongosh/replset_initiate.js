@@ -29,7 +29,7 @@ assert.strictEqual(hello.setName, 'rs0');
 assert.strictEqual(hello.primary, conf.members[0].host);
 
 db.getSiblingDB('app').c.insertOne({ _id: 1, v: 'x' });
-const entries = db.getSiblingDB('local').getCollection('oplog.rs').find({ ns: 'app.c' }).toArray();
-const last = entries[entries.length - 1];
+// Newest first, as tools read the oplog's tail.
+const last = db.getSiblingDB('local').getCollection('oplog.rs').find({ ns: 'app.c' }).sort({ $natural: -1 }).limit(1).toArray()[0];
 assert.strictEqual(last.op, 'i');
 assert.strictEqual(JSON.stringify(last.o), JSON.stringify({ _id: 1, v: 'x' }));

@@ -185,6 +185,19 @@ fn check_hint(ctx: &Ctx, hint: Option<&Bson>, coll: Option<&storage::Collection>
     }
 }
 
+/// `{$natural: 1}` or `{$natural: -1}` as the whole sort: the `$natural` hint that scans in
+/// that direction. `$natural` beside other sort fields is refused, as by mongod.
+pub(crate) fn natural_sort(sort: &Document) -> Result<Option<Bson>> {
+    let Some(v) = sort.get("$natural") else { return Ok(None) };
+    if sort.len() > 1 {
+        return Err(Error::bad_value("$natural sort cannot be combined with other sort fields"));
+    }
+    match as_i64(v) {
+        Some(1) | Some(-1) => Ok(Some(Bson::Document(doc! {"$natural": v.clone()}))),
+        _ => Err(Error::bad_value("$natural sort cannot be set to a value other than -1 or 1")),
+    }
+}
+
 /// All matches of `filter`, sorted with `sort` (stable), bounded by the sort memory limit.
 fn sorted_matches(ctx: &Ctx, mut scan: Scan, sort: &SortSpec, allow_disk_use: bool) -> Result<Vec<(storage::RecordId, Document, MatchDetails)>> {
     let limit = if allow_disk_use { SORT_MEMORY_BYTES_MAX_DISK_USE } else { SORT_MEMORY_BYTES_MAX };
@@ -216,7 +229,10 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     let ns = ctx.ns(&name);
     let filter = Filter::parse(ctx.doc_arg("filter")?.unwrap_or(&Document::new()))?;
     let projection = ctx.doc_arg("projection")?.filter(|p| !p.is_empty()).map(Projection::parse).transpose()?;
-    let sort = SortSpec::parse(ctx.doc_arg("sort")?.unwrap_or(&Document::new()))?;
+    let sort_doc = ctx.doc_arg("sort")?.cloned().unwrap_or_default();
+    // `sort: {$natural: ±1}` asks for record order: a collection scan in that direction.
+    let natural = natural_sort(&sort_doc)?;
+    let sort = if natural.is_some() { SortSpec::parse(&Document::new())? } else { SortSpec::parse(&sort_doc)? };
     let skip = non_negative(ctx, "skip")?.unwrap_or(0) as u64;
     let limit = non_negative(ctx, "limit")?.filter(|l| *l > 0).map(|l| l as u64);
     let batch_size = non_negative(ctx, "batchSize")?.map(|b| b as usize);
@@ -244,7 +260,8 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     drop(filter);
     let filter_doc = ctx.doc_arg("filter")?.cloned().unwrap_or_default();
     let projected = projection.as_ref().and_then(|p| p.included_paths());
-    let (scan, plan) = planned_scan(coll.snapshot(), &filter_doc, Some(&sort), ctx.cmd.get("hint"), projected.as_deref())?;
+    let hint = natural.as_ref().or(ctx.cmd.get("hint"));
+    let (scan, plan) = planned_scan(coll.snapshot(), &filter_doc, Some(&sort), hint, projected.as_deref())?;
     let source = if sort.is_empty() || plan.provides_sort {
         Source::Find { scan: Box::new(scan), projection, skip, limit, returned: 0 }
     } else {

@@ -27,12 +27,12 @@ fn index_stage(p: &crate::plan::IndexPlan) -> Document {
 /// The stage tree of a plan, innermost access stage first wrapped by sort/skip/limit/projection.
 fn plan_tree(plan: &Plan, filter: &Document, sort: &Document, skip: i64, limit: i64, projection: Option<&Document>) -> Document {
     let mut stage = match &plan.access {
-        Access::CollScan => {
+        Access::CollScan { reverse } => {
             let mut d = doc! { "stage": "COLLSCAN" };
             if !filter.is_empty() {
                 d.insert("filter", filter.clone());
             }
-            d.insert("direction", "forward");
+            d.insert("direction", if *reverse { "backward" } else { "forward" });
             d
         }
         Access::IdPoint(_) => doc! { "stage": "IDHACK" },
@@ -101,6 +101,8 @@ pub fn explain(ctx: &mut Ctx) -> Result<Document> {
         }
         other => return Err(Error::new(Code::CommandNotSupported, format!("explain of '{other}' is not supported by shoal yet"))),
     };
+    let natural = crate::commands::crud::natural_sort(&sort)?;
+    let sort = if natural.is_some() { Document::new() } else { sort };
     let sort_spec = SortSpec::parse(&sort)?;
     query::filter::Filter::parse(&filter)?;
     let projected = match projection.as_ref().filter(|p| !p.is_empty()) {
@@ -112,7 +114,8 @@ pub fn explain(ctx: &mut Ctx) -> Result<Document> {
     let (winning, stats) = match ctx.shared.store.collection(ctx.db, &coll_name) {
         None => (doc! { "stage": "EOF" }, doc! { "nReturned": 0i64, "totalKeysExamined": 0i64, "totalDocsExamined": 0i64 }),
         Some(coll) => {
-            let (mut scan, plan) = planned_scan(coll.snapshot(), &filter, Some(&sort_spec), inner.get("hint"), projected.as_deref())?;
+            let hint = natural.as_ref().or(inner.get("hint"));
+            let (mut scan, plan) = planned_scan(coll.snapshot(), &filter, Some(&sort_spec), hint, projected.as_deref())?;
             let tree = plan_tree(&plan, &filter, &sort, skip, limit, projection.as_ref());
             let mut n: i64 = 0;
             if verbosity != "queryPlanner" {
