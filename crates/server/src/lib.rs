@@ -3,6 +3,7 @@
 //! stored by `storage`.
 
 pub mod config;
+mod apply;
 mod commands;
 mod conn;
 mod cursor;

@@ -246,3 +246,73 @@ async fn write_concern_beyond_the_set_is_reported_beside_the_applied_write() {
     // Linearizable reads are served by the primary.
     db.run_command(doc! {"find": "c", "readConcern": {"level": "linearizable"}}).await.unwrap();
 }
+
+/// Every user collection's documents (by _id) and index names and keys.
+async fn contents(client: &Client) -> Vec<(String, Vec<Document>, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut dbs = client.list_database_names().await.unwrap();
+    dbs.sort();
+    for db in dbs.iter().filter(|d| !["admin", "local", "config"].contains(&d.as_str())) {
+        let mut colls = client.database(db).list_collection_names().await.unwrap();
+        colls.sort();
+        for c in colls {
+            let coll = client.database(db).collection::<Document>(&c);
+            let docs = collect(coll.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await;
+            let mut indexes = Vec::new();
+            let mut cursor = coll.list_indexes().await.unwrap();
+            while cursor.advance().await.unwrap() {
+                let m = cursor.deserialize_current().unwrap();
+                indexes.push(format!("{:?} {}", m.options.and_then(|o| o.name), m.keys));
+            }
+            indexes.sort();
+            out.push((format!("{db}.{c}"), docs, indexes));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn applying_a_members_oplog_rebuilds_its_data_and_reapplying_changes_nothing() {
+    let primary = Server::start_with_args(&["--replSet", "rs0"]);
+    initiate(&primary).await;
+    let p = direct(&primary).await;
+    let app = p.database("app");
+    let c = app.collection::<Document>("c");
+    c.insert_many((0..20).map(|i| doc! {"_id": i, "n": i, "tag": format!("t{}", i % 3)})).await.unwrap();
+    c.create_index(mongodb::IndexModel::builder().keys(doc! {"tag": 1, "n": -1}).build()).await.unwrap();
+    c.update_many(doc! {"n": {"$lt": 5}}, doc! {"$inc": {"n": 100}, "$set": {"big": true}}).await.unwrap();
+    c.replace_one(doc! {"_id": 7}, doc! {"replaced": true}).await.unwrap();
+    c.delete_many(doc! {"tag": "t2"}).await.unwrap();
+    app.collection::<Document>("gone").insert_one(doc! {"x": 1}).await.unwrap();
+    app.collection::<Document>("gone").drop().await.unwrap();
+    app.collection::<Document>("old").insert_one(doc! {"_id": "r"}).await.unwrap();
+    p.database("admin").run_command(doc! {"renameCollection": "app.old", "to": "app.renamed"}).await.unwrap();
+    p.database("other").collection::<Document>("k").insert_one(doc! {"_id": 1, "a": [1, 2]}).await.unwrap();
+    c.create_index(mongodb::IndexModel::builder().keys(doc! {"scratch": 1}).build()).await.unwrap();
+    c.drop_index("scratch_1").await.unwrap();
+    // A tail of plain CRUD, re-applied below.
+    c.update_one(doc! {"_id": 9}, doc! {"$set": {"late": 1}}).await.unwrap();
+    c.insert_one(doc! {"_id": 100}).await.unwrap();
+    c.delete_one(doc! {"_id": 10}).await.unwrap();
+    let want = contents(&p).await;
+    let names: Vec<&str> = want.iter().map(|(ns, _, _)| ns.as_str()).collect();
+    assert_eq!(names, vec!["app.c", "app.renamed", "other.k"]);
+    assert_eq!(want[0].1.len(), 14);
+    assert_eq!(want[0].2.len(), 2, "{:?}", want[0].2);
+
+    let entries: Vec<Bson> = oplog(&p, doc! {}).await.into_iter().map(Bson::Document).collect();
+    let standalone = Server::start();
+    let s = standalone.client().await;
+    let r = s.database("admin").run_command(doc! {"applyOps": entries.clone()}).await.unwrap();
+    assert_eq!(r.get_i32("applied").unwrap() as usize, entries.len());
+    assert_eq!(contents(&s).await, want);
+    // Re-applying the CRUD tail (a fetcher that restarts behind what it applied).
+    let tail = entries[entries.len() - 3..].to_vec();
+    s.database("admin").run_command(doc! {"applyOps": tail}).await.unwrap();
+    assert_eq!(contents(&s).await, want);
+    // A failing entry reports how far it got.
+    let bad = vec![Bson::Document(doc! {"op": "i", "ns": "app.c", "o": {"_id": 500}}), Bson::Document(doc! {"op": "x", "ns": "app.c", "o": {}})];
+    let e = assert_code(s.database("admin").run_command(doc! {"applyOps": bad}).await, 9);
+    assert!(e.to_string().contains("unknown oplog operation type"), "{e}");
+    assert_eq!(s.database("app").collection::<Document>("c").count_documents(doc! {"_id": 500}).await.unwrap(), 1);
+}

@@ -75,6 +75,7 @@ pub fn lookup(name: &str) -> Option<Handler> {
         "replSetInitiate" => repl::repl_set_initiate,
         "replSetGetConfig" => repl::repl_set_get_config,
         "replSetGetStatus" => repl::repl_set_get_status,
+        "applyOps" => repl::apply_ops,
         _ => return None,
     })
 }
@@ -101,7 +102,7 @@ pub enum OnSecondary {
 pub fn on_secondary(name: &str) -> OnSecondary {
     match name {
         "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "create" | "drop" | "dropDatabase" | "renameCollection"
-        | "createIndexes" | "dropIndexes" | "deleteIndexes" => OnSecondary::Never,
+        | "createIndexes" | "dropIndexes" | "deleteIndexes" | "applyOps" => OnSecondary::Never,
         "find" | "count" | "distinct" | "aggregate" | "listCollections" | "listIndexes" | "collStats" | "dbStats" | "validate" | "explain" => {
             OnSecondary::OptIn
         }

@@ -33,3 +33,34 @@ pub fn repl_set_get_status(ctx: &mut Ctx) -> Result<Document> {
     let uptime = ctx.shared.started.elapsed().as_secs() as i64;
     coord(ctx, "not running with --replSet")?.status(&ctx.shared.store, uptime)
 }
+
+/// applyOps: apply oplog entries in order, idempotently (`apply::apply_entry`). Not atomic:
+/// on a failure the entries before it stay applied, and the error says how many were.
+pub fn apply_ops(ctx: &mut Ctx) -> Result<Document> {
+    if ctx.db != "admin" {
+        return Err(Error::new(Code::Unauthorized, "applyOps may only be run against the admin database."));
+    }
+    super::check_fields("applyOps", ctx.cmd, &["applyOps", "bypassDocumentValidation", "alwaysUpsert", "oplogApplicationMode", "preCondition"])?;
+    if ctx.cmd.contains_key("preCondition") {
+        return Err(Error::new(Code::CommandNotSupported, "applyOps preCondition is not supported by shoal"));
+    }
+    let Some(Bson::Array(ops)) = ctx.cmd.get("applyOps") else {
+        return Err(Error::type_mismatch("BSON field 'applyOps.applyOps' is the wrong type, expected type 'array'"));
+    };
+    let mut applied = 0i32;
+    for op in ops {
+        let Bson::Document(entry) = op else {
+            return Err(Error::type_mismatch("applyOps entries must be objects"));
+        };
+        ctx.op.check()?;
+        if let Err(e) = crate::apply::apply_entry(&ctx.shared.store, entry) {
+            ctx.commit_write()?;
+            let mut results: Vec<Bson> = (0..applied).map(|_| Bson::Boolean(true)).collect();
+            results.push(Bson::Boolean(false));
+            return Err(e.with_extra(bson::doc! {"applied": applied + 1, "results": results}));
+        }
+        applied += 1;
+    }
+    ctx.commit_write()?;
+    Ok(bson::doc! {"applied": applied, "results": (0..applied).map(|_| Bson::Boolean(true)).collect::<Vec<_>>()})
+}
