@@ -121,6 +121,7 @@ impl Code {
     pub const NotPrimaryNoSecondaryOk: Code = Code(13435, "NotPrimaryNoSecondaryOk");
     pub const TransactionTooOld: Code = Code(225, "TransactionTooOld");
     pub const UnsatisfiableWriteConcern: Code = Code(100, "UnsatisfiableWriteConcern");
+    pub const CappedPositionLost: Code = Code(136, "CappedPositionLost");
     pub const TooManyLogicalSessions: Code = Code(261, "TooManyLogicalSessions");
 }
 

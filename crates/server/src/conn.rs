@@ -267,7 +267,9 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<(Duration, i
 /// Run a command: on the async worker when it cannot block, otherwise off it (write locks and
 /// group commit wait on condition variables).
 async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Document {
-    if crate::commands::never_blocks(&request.name) {
+    // A getMore on an awaitData cursor may wait for new data: not on the worker.
+    let may_wait = request.name == "getMore" && request.body.get_i64("getMore").is_ok_and(|id| shared.cursors.is_await_data(id));
+    if crate::commands::never_blocks(&request.name) && !may_wait {
         return dispatch::run_command(shared, conn, request);
     }
     tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request))

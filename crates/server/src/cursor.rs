@@ -4,6 +4,9 @@
 //! point-in-time state (snapshot semantics documented in ARCHITECTURE.md). Limits: at most
 //! `CURSORS_OPEN_MAX` cursors; idle ones die after `cursorTimeoutMillis`; a batch holds at most
 //! `BATCH_SIZE_BYTES_MAX` of documents.
+//!
+//! The exception is a tailable cursor on a capped collection (the oplog): it follows the
+//! collection, so each batch reads a new snapshot from just after the last record it saw.
 
 use crate::exec::{approx_doc_size, Scan};
 use crate::ops::OpCtx;
@@ -25,6 +28,69 @@ pub enum Source {
     Buffered(VecDeque<Document>),
     /// A streaming scan that resumes where the previous batch ended.
     Find { scan: Box<Scan>, projection: Option<Projection>, skip: u64, limit: Option<u64>, returned: u64 },
+    /// A tailable cursor: never exhausted by reaching the end of the data.
+    Tail(Box<Tail>),
+}
+
+pub struct Tail {
+    pub coll: storage::Collection,
+    pub filter: query::filter::Filter,
+    pub projection: Option<Projection>,
+    /// The last record examined; the next batch starts after it.
+    pub last: Option<storage::RecordId>,
+    /// getMore waits for new data when it has none (awaitData).
+    pub await_data: bool,
+    pub limit: Option<u64>,
+    pub returned: u64,
+}
+
+/// Records a tailable batch reads per snapshot scan.
+const TAIL_CHUNK_DOCS: usize = 256;
+
+impl Tail {
+    /// The next documents after `last`, read from a fresh snapshot; `done` when the collection
+    /// is gone or the limit is reached. CappedPositionLost when the record the cursor stood on
+    /// was truncated away (the reader fell behind the cap).
+    fn next_batch(&mut self, docs_max: usize, op: &OpCtx, out: &mut Vec<Document>) -> Result<bool> {
+        if self.coll.is_dropped() {
+            return Ok(true);
+        }
+        let snap = self.coll.snapshot();
+        if let Some(last) = self.last {
+            if snap.get(last)?.is_none() {
+                return Err(Error::new(Code::CappedPositionLost, "CollectionScan died due to position in capped collection being deleted"));
+            }
+        }
+        let mut size = 0usize;
+        loop {
+            op.check()?;
+            let chunk = snap.scan(self.last, TAIL_CHUNK_DOCS)?;
+            let full = chunk.len() == TAIL_CHUNK_DOCS;
+            for (rid, doc) in chunk {
+                if self.limit.is_some_and(|l| self.returned >= l) {
+                    return Ok(true);
+                }
+                if out.len() >= docs_max || size >= BATCH_SIZE_BYTES_MAX {
+                    return Ok(false);
+                }
+                self.last = Some(rid);
+                let (ok, details) = self.filter.try_matches_details(&doc)?;
+                if !ok {
+                    continue;
+                }
+                let doc = match &self.projection {
+                    Some(p) => p.apply(&doc, &details)?,
+                    None => doc,
+                };
+                size += approx_doc_size(&doc);
+                self.returned += 1;
+                out.push(doc);
+            }
+            if !full {
+                return Ok(self.limit.is_some_and(|l| self.returned >= l));
+            }
+        }
+    }
 }
 
 pub struct Cursor {
@@ -49,6 +115,7 @@ impl Cursor {
         let mut out = Vec::new();
         let mut size = 0usize;
         let done = match &mut self.source {
+            Source::Tail(t) => t.next_batch(docs_max, op, &mut out)?,
             Source::Buffered(q) => {
                 while out.len() < docs_max {
                     let Some(d) = q.front() else { break };
@@ -134,6 +201,11 @@ impl CursorManager {
 
     pub fn restore(&self, c: Cursor) {
         self.cursors.lock().insert(c.id, c);
+    }
+
+    /// Whether cursor `id` is a tailable awaitData cursor (its getMore may wait).
+    pub fn is_await_data(&self, id: i64) -> bool {
+        self.cursors.lock().get(&id).is_some_and(|c| matches!(&c.source, Source::Tail(t) if t.await_data))
     }
 
     pub fn kill(&self, id: i64) -> bool {

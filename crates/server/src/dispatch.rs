@@ -250,7 +250,8 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
         _ => None,
     };
     let max_time = parse_max_time(cmd)?;
-    let deadline = max_time.map(|d| Instant::now() + d);
+    // A getMore's maxTimeMS is an awaitData cursor's wait, not a deadline (commands::crud).
+    let deadline = max_time.filter(|_| req.name != "getMore").map(|d| Instant::now() + d);
     let ns = match cmd.get(&req.name) {
         Some(Bson::String(c)) => format!("{}.{}", req.db, c),
         _ => format!("{}.$cmd", req.db),

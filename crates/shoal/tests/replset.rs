@@ -316,3 +316,60 @@ async fn applying_a_members_oplog_rebuilds_its_data_and_reapplying_changes_nothi
     assert!(e.to_string().contains("unknown oplog operation type"), "{e}");
     assert_eq!(s.database("app").collection::<Document>("c").count_documents(doc! {"_id": 500}).await.unwrap(), 1);
 }
+
+#[tokio::test]
+async fn a_tailable_await_cursor_follows_the_oplog() {
+    let server = Server::start_with_args(&["--replSet", "rs0"]);
+    initiate(&server).await;
+    let mut s = wire::connect(server.port);
+    let find = doc! {"find": "oplog.rs", "filter": {"ns": "app.c"}, "tailable": true, "awaitData": true, "$db": "local"};
+    let r = wire::command(&mut s, 1, &find).doc;
+    let id = path(&r, "cursor.id").and_then(|v| v.as_i64()).unwrap();
+    assert_ne!(id, 0, "the oplog is not empty, so the cursor has a position: {r:?}");
+    assert_eq!(r.get_document("cursor").unwrap().get_array("firstBatch").unwrap().len(), 0);
+
+    // A getMore with nothing new waits up to maxTimeMS, then answers an empty batch.
+    let get_more = |n: i64| doc! {"getMore": id, "collection": "oplog.rs", "maxTimeMS": n, "$db": "local"};
+    let started = std::time::Instant::now();
+    let r = wire::command(&mut s, 2, &get_more(300)).doc;
+    assert!(started.elapsed() >= Duration::from_millis(250), "{:?}", started.elapsed());
+    assert_eq!(path(&r, "cursor.id").and_then(|v| v.as_i64()), Some(id));
+    assert_eq!(r.get_document("cursor").unwrap().get_array("nextBatch").unwrap().len(), 0);
+
+    // An insert while a getMore waits wakes it with the new entry.
+    let port = server.port;
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let mut w = wire::connect(port);
+        wire::command(&mut w, 1, &doc! {"insert": "c", "documents": [{"_id": 1}], "$db": "app"});
+    });
+    let started = std::time::Instant::now();
+    let r = wire::command(&mut s, 3, &get_more(10_000)).doc;
+    writer.join().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(8), "woken by the write, not the timeout: {:?}", started.elapsed());
+    let batch = r.get_document("cursor").unwrap().get_array("nextBatch").unwrap().clone();
+    let ops: Vec<&str> = batch.iter().map(|e| e.as_document().unwrap().get_str("op").unwrap()).collect();
+    assert!(ops.contains(&"i"), "{batch:?}");
+    assert_eq!(path(&r, "cursor.id").and_then(|v| v.as_i64()), Some(id), "a tailable cursor stays open");
+
+    // The rules: capped collections only; awaitData needs tailable; no sort but $natural: 1;
+    // an empty capped collection gives no position; maxTimeMS only for awaitData getMores.
+    let code = |r: &Document| r.get_i32("code").unwrap_or(0);
+    let r = wire::command(&mut s, 4, &doc! {"find": "c", "tailable": true, "$db": "app"}).doc;
+    assert_eq!(code(&r), 2, "{r:?}");
+    let r = wire::command(&mut s, 5, &doc! {"find": "oplog.rs", "awaitData": true, "$db": "local"}).doc;
+    assert_eq!(code(&r), 9, "{r:?}");
+    let r = wire::command(&mut s, 6, &doc! {"find": "oplog.rs", "tailable": true, "sort": {"$natural": -1}, "$db": "local"}).doc;
+    assert_eq!(code(&r), 2, "{r:?}");
+    wire::command(&mut s, 7, &doc! {"create": "capped", "capped": true, "size": 4096, "$db": "app"});
+    let r = wire::command(&mut s, 8, &doc! {"find": "capped", "tailable": true, "$db": "app"}).doc;
+    assert_eq!(path(&r, "cursor.id").and_then(|v| v.as_i64()), Some(0), "{r:?}");
+    wire::command(&mut s, 9, &doc! {"insert": "capped", "documents": [{"_id": 1}, {"_id": 2}], "$db": "app"});
+    let r = wire::command(&mut s, 10, &doc! {"find": "capped", "tailable": true, "batchSize": 1, "$db": "app"}).doc;
+    let tid = path(&r, "cursor.id").and_then(|v| v.as_i64()).unwrap();
+    assert_ne!(tid, 0);
+    let r = wire::command(&mut s, 11, &doc! {"getMore": tid, "collection": "capped", "maxTimeMS": 10, "$db": "app"}).doc;
+    assert_eq!(code(&r), 2, "maxTimeMS on a getMore of a tailable cursor without awaitData: {r:?}");
+    let r = wire::command(&mut s, 12, &doc! {"getMore": tid, "collection": "capped", "$db": "app"}).doc;
+    assert_eq!(r.get_document("cursor").unwrap().get_array("nextBatch").unwrap().len(), 1, "{r:?}");
+}

@@ -378,6 +378,9 @@ struct Shared {
     engine: Arc<dyn Engine>,
     /// Count of write batches applied so far (their order of completion).
     applied_seq: AtomicU64,
+    /// Signalled after each applied batch, for readers that wait for new data (awaitData).
+    applied_lock: Mutex<()>,
+    applied_cv: Condvar,
     commit: Mutex<CommitState>,
     commit_done: Condvar,
     sync_count: AtomicU64,
@@ -423,6 +426,9 @@ impl Shared {
         }
         self.engine.write(batch)?;
         self.applied_seq.fetch_add(1, Ordering::SeqCst);
+        // Under the lock, so a waiter between its check and its wait cannot miss this.
+        drop(self.applied_lock.lock());
+        self.applied_cv.notify_all();
         Ok(())
     }
 
@@ -1111,6 +1117,8 @@ impl Store {
         let shared = Arc::new(Shared {
             engine,
             applied_seq: AtomicU64::new(0),
+            applied_lock: Mutex::new(()),
+            applied_cv: Condvar::new(),
             commit: Mutex::new(CommitState { synced_seq: 0, syncing: false }),
             commit_done: Condvar::new(),
             sync_count: AtomicU64::new(0),
@@ -1479,6 +1487,25 @@ impl Store {
     }
 
     /// Number of engine syncs performed (group commit observability; tests).
+    /// A counter of applied write batches: what `wait_for_write` compares against.
+    pub fn write_seq(&self) -> u64 {
+        self.inner.shared.applied_seq.load(Ordering::SeqCst)
+    }
+
+    /// Block until a batch is applied after `write_seq()` returned `seen`, at most `timeout`.
+    /// Returns whether one was.
+    pub fn wait_for_write(&self, seen: u64, timeout: std::time::Duration) -> bool {
+        let shared = &self.inner.shared;
+        let deadline = std::time::Instant::now() + timeout;
+        let mut guard = shared.applied_lock.lock();
+        while shared.applied_seq.load(Ordering::SeqCst) == seen {
+            if shared.applied_cv.wait_until(&mut guard, deadline).timed_out() {
+                return shared.applied_seq.load(Ordering::SeqCst) != seen;
+            }
+        }
+        true
+    }
+
     pub fn sync_count(&self) -> u64 {
         self.inner.shared.sync_count.load(Ordering::Relaxed)
     }
@@ -1607,6 +1634,16 @@ pub struct Collection {
 impl Collection {
     pub fn meta(&self) -> CollectionMeta {
         self.state.meta_public()
+    }
+
+    /// True once the collection was dropped (or renamed over): its handle sees no new data.
+    pub fn is_dropped(&self) -> bool {
+        self.state.dropped.load(Ordering::SeqCst)
+    }
+
+    /// Whether the collection was created capped (the oplog is).
+    pub fn is_capped(&self) -> bool {
+        matches!(self.state.meta.read().options.get("capped"), Some(Bson::Boolean(true)))
     }
 
     /// Names of the indexes that have indexed an expanded array (multikey).

@@ -14,6 +14,7 @@ use query::projection::Projection;
 use query::sort::SortSpec;
 use query::update::Update;
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 /// Blocking sort memory (MongoDB: internalQueryMaxBlockingSortMemoryUsageBytes, 100 MiB).
 pub const SORT_MEMORY_BYTES_MAX: usize = 100 * 1024 * 1024;
@@ -244,8 +245,13 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
             return Err(Error::new(Code::CommandNotSupported, format!("find option '{unsupported}' is not supported by shoal yet")));
         }
     }
-    if ctx.bool_arg("tailable")?.unwrap_or(false) {
-        return Err(Error::bad_value(format!("error processing query: ns={ns} tailable cursor requested on non capped collection")));
+    let tailable = ctx.bool_arg("tailable")?.unwrap_or(false);
+    let await_data = ctx.bool_arg("awaitData")?.unwrap_or(false);
+    if await_data && !tailable {
+        return Err(Error::new(Code::FailedToParse, "Cannot set 'awaitData' without also setting 'tailable'"));
+    }
+    if tailable && !(sort.is_empty() && natural.as_ref().is_none_or(|n| n.as_document().and_then(|d| d.get("$natural")).and_then(super::as_i64) == Some(1))) {
+        return Err(Error::bad_value("error processing query: cannot use tailable option with a sort other than {$natural: 1}"));
     }
     if let Some(c) = ctx.doc_arg("collation")? {
         if !c.is_empty() && c.get_str("locale").map(|l| l != "simple").unwrap_or(true) {
@@ -257,6 +263,23 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     let Some(coll) = coll else {
         return Ok(cursor_reply(&ns, 0, Vec::new(), true));
     };
+    if tailable {
+        if !coll.is_capped() {
+            return Err(Error::bad_value(format!("error processing query: ns={ns} tailable cursor requested on non capped collection")));
+        }
+        if skip > 0 {
+            return Err(Error::new(Code::CommandNotSupported, "skip with a tailable cursor is not supported by shoal yet"));
+        }
+        let tail = crate::cursor::Tail { coll, filter, projection, last: None, await_data, limit, returned: 0 };
+        let mut cursor = Cursor::new(ns.clone(), Source::Tail(Box::new(tail)));
+        cursor.lsid = ctx.lsid();
+        cursor.no_timeout = no_timeout;
+        let (batch, done) = cursor.next_batch(batch_size.unwrap_or(FIRST_BATCH_DOCS_DEFAULT), ctx.op)?;
+        // As mongod: over an empty capped collection there is no position to tail from.
+        let positioned = matches!(&cursor.source, Source::Tail(t) if t.last.is_some());
+        let id = if done || single_batch || !positioned { 0 } else { ctx.shared.cursors.register(cursor)? };
+        return Ok(cursor_reply(&ns, id, batch, true));
+    }
     drop(filter);
     let filter_doc = ctx.doc_arg("filter")?.cloned().unwrap_or_default();
     let projected = projection.as_ref().and_then(|p| p.included_paths());
@@ -290,6 +313,10 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     Ok(cursor_reply(&ns, id, batch, true))
 }
 
+/// How long an awaitData getMore waits for data without maxTimeMS (mongod: 1 s), and at most.
+const AWAIT_DATA_MS_DEFAULT: i64 = 1000;
+const AWAIT_DATA_MS_MAX: i64 = 60_000;
+
 pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
     check_fields("getMore", ctx.cmd, &["collection", "batchSize", "term", "lastKnownCommittedOpTime", "maxTimeMS"])?;
     Counters::add(&ctx.shared.counters.getmore, 1);
@@ -305,9 +332,35 @@ pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
         Some(0) | None => usize::MAX,
         Some(b) => b as usize,
     };
+    // maxTimeMS on a getMore is how long an awaitData cursor waits for new data (mongod
+    // default 1 s); dispatch does not make it a deadline for getMore.
+    let await_ms = match ctx.cmd.get("maxTimeMS") {
+        None | Some(Bson::Null) => None,
+        Some(v) => Some(super::as_i64(v).filter(|n| *n >= 0).ok_or_else(|| Error::bad_value("maxTimeMS must be a non-negative integer"))?),
+    };
     let mut cursor = ctx.shared.cursors.checkout(id, &ns)?;
+    let await_data = matches!(&cursor.source, Source::Tail(t) if t.await_data);
+    if await_ms.is_some() && !await_data {
+        ctx.shared.cursors.restore(cursor);
+        return Err(Error::bad_value("cannot set maxTimeMS on getMore command for a non-awaitData cursor"));
+    }
     // Errors kill the cursor (it is not restored), as in MongoDB.
-    let (batch, done) = cursor.next_batch(batch_size, ctx.op)?;
+    let seen = ctx.shared.store.write_seq();
+    let (mut batch, mut done) = cursor.next_batch(batch_size, ctx.op)?;
+    if batch.is_empty() && !done && await_data {
+        let wait = Duration::from_millis(await_ms.unwrap_or(AWAIT_DATA_MS_DEFAULT).min(AWAIT_DATA_MS_MAX) as u64);
+        let deadline = Instant::now() + wait;
+        // Any write wakes the wait; one that was not to this collection waits again.
+        let mut seen = seen;
+        while batch.is_empty() && !done {
+            let now = Instant::now();
+            if now >= deadline || !ctx.shared.store.wait_for_write(seen, deadline - now) {
+                break;
+            }
+            seen = ctx.shared.store.write_seq();
+            (batch, done) = cursor.next_batch(batch_size, ctx.op)?;
+        }
+    }
     let id = if done { 0 } else { cursor.id };
     if !done {
         ctx.shared.cursors.restore(cursor);
