@@ -123,8 +123,8 @@ impl WriteConcern {
     }
 }
 
-/// `primary`: this is a replica-set primary (linearizable reads are served only there).
-fn check_read_concern(cmd: &Document, replset: bool, primary: bool) -> Result<()> {
+/// `repl`: set with --replSet; asked only about linearizable reads.
+fn check_read_concern(cmd: &Document, repl: Option<&crate::repl::ReplCoord>) -> Result<()> {
     let rc = match cmd.get("readConcern") {
         None | Some(Bson::Null) => return Ok(()),
         Some(Bson::Document(d)) => d,
@@ -137,8 +137,8 @@ fn check_read_concern(cmd: &Document, replset: bool, primary: bool) -> Result<()
                 Some("local" | "available" | "majority") => {}
                 // A primary that is the set's only voter cannot be deposed, so every read it
                 // serves reflects every acknowledged write.
-                Some("linearizable") if primary => {}
-                Some("linearizable") if replset => return Err(Error::new(Code::NotWritablePrimary, "cannot satisfy linearizable read concern on non-primary node")),
+                Some("linearizable") if repl.is_some_and(|r| r.serves_linearizable_reads()) => {}
+                Some("linearizable") if repl.is_some() => return Err(Error::new(Code::NotWritablePrimary, "cannot satisfy linearizable read concern on non-primary node")),
                 Some("linearizable") => return Err(Error::bad_value("Cannot use linearizable readConcern on a standalone; it requires a replica set")),
                 Some("snapshot") => return Err(Error::new(Code::NotImplemented, "readConcern level 'snapshot' requires a transaction, and transactions require a replica set")),
                 Some(other) => return Err(Error::bad_value(format!("Invalid readConcern level '{other}'"))),
@@ -241,7 +241,7 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
     if let Some(repl) = &shared.repl {
         check_member_state(shared, repl, req)?;
     }
-    check_read_concern(cmd, shared.repl.is_some(), shared.repl.as_ref().is_some_and(|r| r.is_writable_primary()))?;
+    check_read_concern(cmd, shared.repl.as_ref())?;
     let write_concern = WriteConcern::parse(cmd, shared.repl.is_some())?;
     let wc_unsatisfiable = match (&shared.repl, &write_concern) {
         (Some(repl), Some(wc)) if commands::on_secondary(&req.name) == commands::OnSecondary::Never && !wc.is_unacknowledged() => {

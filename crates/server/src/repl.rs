@@ -23,6 +23,8 @@ pub struct ReplCoord {
     port: u16,
     oplog_size_bytes: u64,
     inner: Mutex<Inner>,
+    /// `inner.state == Primary`, read by every command without taking the lock.
+    primary: std::sync::atomic::AtomicBool,
     /// topologyVersion.counter: bumped on every change hello reports, waking awaitable hellos.
     topology: tokio::sync::watch::Sender<i64>,
 }
@@ -47,6 +49,7 @@ impl ReplCoord {
             port,
             oplog_size_bytes,
             inner: Mutex::new(Inner { config: None, self_index: 0, state: MemberState::Startup, term: 0, election: None, election_date: DateTime::now() }),
+            primary: std::sync::atomic::AtomicBool::new(false),
             topology: tokio::sync::watch::Sender::new(0),
         };
         let stored = match store.collection(CONFIG_DB, CONFIG_COLLECTION) {
@@ -103,6 +106,7 @@ impl ReplCoord {
         inner.state = MemberState::Primary;
         inner.election = Some(at);
         inner.election_date = DateTime::now();
+        self.primary.store(true, std::sync::atomic::Ordering::SeqCst);
         drop(inner);
         self.topology.send_modify(|c| *c += 1);
         tracing::info!(term, "this member is primary");
@@ -186,7 +190,14 @@ impl ReplCoord {
     }
 
     pub fn is_writable_primary(&self) -> bool {
-        self.inner.lock().state == MemberState::Primary
+        self.primary.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A linearizable read needs a primary that no other member can have replaced: here, a
+    /// primary that is the set's only voter.
+    pub fn serves_linearizable_reads(&self) -> bool {
+        let inner = self.inner.lock();
+        inner.state == MemberState::Primary && inner.config.as_ref().is_some_and(|c| c.voters() == 1)
     }
 
     pub fn topology_counter(&self) -> i64 {

@@ -2060,41 +2060,33 @@ pub struct Snapshot {
 impl Snapshot {
     /// Records in RecordId order after `after` (exclusive), at most `max_docs`.
     pub fn scan(&self, after: Option<RecordId>, max_docs: usize) -> Result<Vec<(RecordId, Document)>> {
-        let mut out = Vec::new();
-        if max_docs == 0 {
-            return Ok(out);
-        }
         let id = self.coll.id;
         let lower = match after {
-            Some(rid) if rid == u64::MAX => return Ok(out),
+            Some(rid) if rid == u64::MAX => return Ok(Vec::new()),
             Some(rid) => record_key(id, rid + 1),
             None => record_key(id, 0),
         };
-        let (_, upper) = prefix_bounds(&id.to_be_bytes());
-        for kv in self.snap.iter(Space::Records, Bound::Included(lower), upper, false) {
-            let (k, v) = kv?;
-            let rid = read_u64(k.get(8..).unwrap_or(&[])).ok_or_else(|| corrupt("record key"))?;
-            out.push((rid, decode_doc(&v)?));
-            if out.len() >= max_docs {
-                break;
-            }
-        }
-        Ok(out)
+        self.scan_records(Bound::Included(lower), prefix_bounds(&id.to_be_bytes()).1, false, max_docs)
     }
 
     /// Records in descending RecordId order before `before` (exclusive), at most `max_docs`
     /// (a `$natural: -1` scan; on the oplog, newest first).
     pub fn scan_reverse(&self, before: Option<RecordId>, max_docs: usize) -> Result<Vec<(RecordId, Document)>> {
-        let mut out = Vec::new();
-        if max_docs == 0 || before == Some(0) {
-            return Ok(out);
-        }
         let id = self.coll.id;
         let upper = match before {
+            Some(0) => return Ok(Vec::new()),
             Some(rid) => Bound::Excluded(record_key(id, rid)),
             None => prefix_bounds(&id.to_be_bytes()).1,
         };
-        for kv in self.snap.iter(Space::Records, Bound::Included(record_key(id, 0)), upper, true) {
+        self.scan_records(Bound::Included(record_key(id, 0)), upper, true, max_docs)
+    }
+
+    fn scan_records(&self, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>, reverse: bool, max_docs: usize) -> Result<Vec<(RecordId, Document)>> {
+        let mut out = Vec::new();
+        if max_docs == 0 {
+            return Ok(out);
+        }
+        for kv in self.snap.iter(Space::Records, lower, upper, reverse) {
             let (k, v) = kv?;
             let rid = read_u64(k.get(8..).unwrap_or(&[])).ok_or_else(|| corrupt("record key"))?;
             out.push((rid, decode_doc(&v)?));
