@@ -219,7 +219,7 @@ impl ReplCoord {
             return;
         };
         let me = &config.members[inner.self_index];
-        let visible = |m: &&repl::MemberConfig| !m.hidden && !m.arbiter_only && m.secondary_delay_secs == 0;
+        let visible = |m: &&repl::MemberConfig| !m.hidden && !m.arbiter_only;
         let hosts: Vec<String> = config.members.iter().filter(|m| visible(m) && m.priority > 0.0).map(|m| m.host.clone()).collect();
         let passives: Vec<String> = config.members.iter().filter(|m| visible(m) && m.priority == 0.0).map(|m| m.host.clone()).collect();
         let arbiters: Vec<String> = config.members.iter().filter(|m| m.arbiter_only).map(|m| m.host.clone()).collect();

@@ -763,6 +763,15 @@ impl CollState {
         format!("{}.{}", ns.0, ns.1)
     }
 
+    /// The live oplog is written only by `apply_logged`: its records are keyed by timestamp
+    /// and it has no indexes to maintain.
+    fn check_not_oplog(&self) -> Result<()> {
+        if self.shared.oplog.read().as_ref().is_some_and(|l| l.coll.id == self.id) {
+            return Err(Error::new(Code::IllegalOperation, "the live oplog cannot be written to or indexed directly"));
+        }
+        Ok(())
+    }
+
     fn check_live(&self) -> Result<()> {
         if self.dropped.load(Ordering::SeqCst) {
             return Err(Error::new(Code::NamespaceNotFound, format!("collection {} was dropped", self.ns_string())));
@@ -859,6 +868,7 @@ impl CollState {
 
     /// Apply `pending` (plus the new statistics) as one batch and publish the statistics.
     fn commit_pending(&self, mut pending: Pending) -> Result<()> {
+        self.check_not_oplog()?;
         pending.batch.put(Space::Catalog, stats_key(self.id), pending.stats.to_bytes());
         self.shared.apply_logged(pending.batch, pending.oplog)?;
         *self.stats.lock() = pending.stats;
@@ -1708,6 +1718,7 @@ impl Collection {
     /// it only for records unchanged since they were read, then the index is made ready.
     pub fn create_index(&self, spec: IndexSpec) -> Result<bool> {
         let st = &self.state;
+        st.check_not_oplog()?;
         validate_index_spec(&spec)?;
         let spec = IndexSpec { spec: spec.normalized_spec(), ..spec };
         let (idx, rid_end) = loop {

@@ -1043,8 +1043,12 @@ fn oplog_records_every_change_in_order_with_the_write() {
         assert!(entries.iter().all(|e| e.get_i64("t").ok() == Some(3)));
         assert_eq!(entries[0].get_timestamp("ts").unwrap(), noop.timestamp());
         assert_eq!(store.oplog_last().unwrap().timestamp(), *ts.last().unwrap());
-        // The oplog itself cannot be dropped while live.
+        // The oplog itself cannot be dropped, written or indexed while live.
         assert_eq!(store.drop_collection(OPLOG_DB, OPLOG_COLLECTION).unwrap_err().code, Code::IllegalOperation.0);
+        let log = store.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
+        assert_eq!(log.insert_many(&[doc! {"_id": 1}], true).errors[0].1.code, Code::IllegalOperation.0);
+        assert_eq!(log.create_index(idx(doc! {"op": 1}, "op_1")).unwrap_err().code, Code::IllegalOperation.0);
+        assert_eq!(oplog_entries(&store).len(), entries.len());
     }
 }
 
