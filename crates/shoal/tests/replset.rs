@@ -155,6 +155,10 @@ async fn a_one_member_set_serves_drivers_and_logs_every_write() {
     assert_eq!(path(config, "members.0.host"), None, "members is an array");
     assert_eq!(config.get_array("members").unwrap()[0].as_document().unwrap().get_str("host").unwrap(), me);
 
+    let ss = admin(&direct, doc! {"serverStatus": 1}).await.unwrap();
+    assert_eq!(path(&ss, "repl.setName").unwrap(), &Bson::String("rs0".into()));
+    assert_eq!(path(&ss, "repl.isWritablePrimary").unwrap(), &Bson::Boolean(true));
+
     // The live oplog cannot be dropped.
     assert_code(direct.database("local").run_command(doc! {"drop": "oplog.rs"}).await, 20);
 

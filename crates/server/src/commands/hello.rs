@@ -142,7 +142,7 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
     let uptime = s.started.elapsed();
     let (resident, virt) = crate::sysinfo::process_memory_bytes();
     let current = Counters::get(&c.connections_current);
-    Ok(doc! {
+    let mut status = doc! {
         "host": s.host_name.clone(),
         "version": VERSION,
         // Tools tell mongod from mongos by this field; shoal's node answers like mongod.
@@ -175,7 +175,14 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
         "mem": { "bits": 64, "resident": (resident / (1024 * 1024)) as i32, "virtual": (virt / (1024 * 1024)) as i32, "supported": true },
         "metrics": { "cursor": { "open": { "total": s.cursors.open_count() as i64 } } },
         "storageEngine": { "name": s.config.storage_engine.clone(), "persistent": s.config.storage_engine != "inMemory", "supportsCommittedReads": true },
-    })
+    };
+    // A member's serverStatus carries what hello says of the set (mongod's `repl` section).
+    if let Some(repl) = &s.repl {
+        let mut r = doc! {"topologyVersion": { "processId": s.process_id, "counter": repl.topology_counter() }};
+        repl.hello_fields(&s.store, false, &mut r);
+        status.insert("repl", r);
+    }
+    Ok(status)
 }
 
 pub fn host_info(ctx: &mut Ctx) -> Result<Document> {
