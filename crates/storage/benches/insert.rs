@@ -11,7 +11,7 @@
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use fjall::{Database, KeyspaceCreateOptions, PersistMode};
-use shoal_storage::{encode_index_key, IndexSpec, Store, StoreOptions, DATA_MEMTABLE_BYTES, MEMTABLES_BYTES_MAX};
+use shoal_storage::{encode_index_key, memtable_bytes_for, memtables_bytes_max, IndexSpec, Store, StoreOptions};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -139,8 +139,9 @@ fn raw_batch(docs: &[Document], first_rid: u64) -> (Vec<Kv>, Vec<Kv>) {
 /// `encode_in_loop`, prepared per batch inside the timed loop).
 fn run_raw(dir: &Path, batches: &[Vec<Document>], encode_in_loop: bool) -> Cost {
     // As FjallEngine opens them: the same block cache and memtable sizes.
-    let db = Database::builder(dir).cache_size(CACHE_SIZE_BYTES - MEMTABLES_BYTES_MAX).open().expect("open fjall");
-    let options = || KeyspaceCreateOptions::default().max_memtable_size(DATA_MEMTABLE_BYTES);
+    let memtable_bytes = memtable_bytes_for(CACHE_SIZE_BYTES);
+    let db = Database::builder(dir).cache_size(CACHE_SIZE_BYTES - memtables_bytes_max(memtable_bytes)).open().expect("open fjall");
+    let options = || KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes);
     let records = db.keyspace("records", options).expect("keyspace");
     let index = db.keyspace("index", options).expect("keyspace");
     let mut prepared = Vec::new();

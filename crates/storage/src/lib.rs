@@ -52,9 +52,7 @@ pub use oplog::{ts_of, OpTime, OPLOG_COLLECTION, OPLOG_DB};
 /// The storage memory budget when none is configured (the bound: at most 1 GiB).
 pub const CACHE_SIZE_BYTES_DEFAULT: u64 = 1 << 30;
 pub const CACHE_SIZE_BYTES_MIN: u64 = engine::fjall_engine::MEMORY_BYTES_MIN;
-pub const MEMTABLES_BYTES_MAX: u64 = engine::fjall_engine::memtables_bytes_max();
-/// Memtable size of the records and index keyspaces (for benches that drive fjall directly).
-pub const DATA_MEMTABLE_BYTES: u64 = engine::fjall_engine::MEMTABLE_BYTES;
+pub use engine::fjall_engine::{memtable_bytes_for, memtables_bytes_max};
 pub use hash::{hash_bson, hashed_value};
 pub use keygen::{is_hashed, KEYS_PER_DOCUMENT_MAX};
 pub use keys::{encode_component, encode_index_key, encode_value};
@@ -92,8 +90,8 @@ const GARBAGE_CHUNK_KEYS: usize = 1000;
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
     /// All the memory the engine may hold for data, however large the data: the memtables
-    /// (at most [`MEMTABLES_BYTES_MAX`]) and the block cache (the rest). At least
-    /// [`CACHE_SIZE_BYTES_MIN`].
+    /// (at most [`memtables_bytes_max`] of the directory's memtable size) and the block cache
+    /// (the rest). At least [`CACHE_SIZE_BYTES_MIN`].
     pub cache_size_bytes: u64,
     /// fsync the journal in `commit_durable` (false: only flush to the OS, survives a process
     /// crash but not a power loss).
