@@ -172,8 +172,7 @@ fn check_member_state(shared: &Shared, repl: &crate::repl::ReplCoord, req: &Requ
             }
         }
     };
-    let tv = bson::doc! {"processId": shared.process_id, "counter": repl.topology_counter()};
-    Err(error.with_extra(bson::doc! {"topologyVersion": tv}))
+    Err(error.with_extra(bson::doc! {"topologyVersion": shared.topology_version()}))
 }
 
 fn parse_max_time(cmd: &Document) -> Result<Option<Duration>> {

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 /// mongod's maxSessions default.
 pub const SESSIONS_MAX: usize = 1_000_000;
-/// Bytes of saved replies; new sessions and writes are refused above it (one reply, at most
+/// Bytes of saved replies, estimated as cursor and sort memory are (`exec::approx_doc_size`);
+/// new sessions and writes are refused above it (one reply, at most
 /// 16 MiB, may overshoot it).
 pub const SAVED_REPLY_BYTES_MAX: u64 = 256 << 20;
 /// Sessions unused this long are forgotten (logicalSessionTimeoutMinutes).
@@ -66,7 +67,7 @@ impl RetryTable {
             return Err(Error::new(Code::TooManyLogicalSessions, "the retryable write table is full"));
         }
         let reply = write()?;
-        let bytes = bson_size(&reply);
+        let bytes = crate::exec::approx_doc_size(&reply) as u64;
         self.saved_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.saved_bytes.fetch_sub(s.reply_bytes, Ordering::Relaxed);
         s.txn_number = txn_number;
@@ -87,24 +88,6 @@ impl RetryTable {
             _ => true,
         });
         before - map.len()
-    }
-}
-
-fn bson_size(d: &Document) -> u64 {
-    let mut n = CountingWriter(0);
-    let _ = d.to_writer(&mut n);
-    n.0
-}
-
-struct CountingWriter(u64);
-
-impl std::io::Write for CountingWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 += buf.len() as u64;
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 

@@ -72,6 +72,11 @@ impl Shared {
         }
     }
 
+    /// `{processId, counter}` as hello, serverStatus.repl and not-primary errors report it.
+    pub fn topology_version(&self) -> bson::Document {
+        bson::doc! {"processId": self.process_id, "counter": self.repl.as_ref().map_or(0, |r| r.topology_counter())}
+    }
+
     pub fn host_port(&self) -> String {
         format!("{}:{}", self.host_name, self.config.port)
     }

@@ -41,8 +41,7 @@ pub fn hello(ctx: &mut Ctx) -> Result<Document> {
     if cmd.get_bool("helloOk").unwrap_or(false) {
         r.insert("helloOk", true);
     }
-    let counter = ctx.shared.repl.as_ref().map_or(0, |r| r.topology_counter());
-    r.insert("topologyVersion", doc! { "processId": ctx.shared.process_id, "counter": counter });
+    r.insert("topologyVersion", ctx.shared.topology_version());
     match &ctx.shared.repl {
         Some(repl) => repl.hello_fields(&ctx.shared.store, is_legacy, &mut r),
         None => {
@@ -178,7 +177,7 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
     };
     // A member's serverStatus carries what hello says of the set (mongod's `repl` section).
     if let Some(repl) = &s.repl {
-        let mut r = doc! {"topologyVersion": { "processId": s.process_id, "counter": repl.topology_counter() }};
+        let mut r = doc! {"topologyVersion": s.topology_version()};
         repl.hello_fields(&s.store, false, &mut r);
         status.insert("repl", r);
     }
