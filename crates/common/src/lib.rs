@@ -2,6 +2,8 @@
 //! `codeName`) and the limits that the wire, storage and server layers all enforce.
 //! Kept tiny on purpose: nothing here does I/O or knows about commands.
 
+pub mod optime;
+
 use bson::Document;
 use std::fmt;
 
@@ -123,6 +125,19 @@ impl Code {
     pub const UnsatisfiableWriteConcern: Code = Code(100, "UnsatisfiableWriteConcern");
     pub const CappedPositionLost: Code = Code(136, "CappedPositionLost");
     pub const TooManyLogicalSessions: Code = Code(261, "TooManyLogicalSessions");
+    pub const HostUnreachable: Code = Code(6, "HostUnreachable");
+    pub const NotSecondary: Code = Code(95, "NotSecondary");
+    pub const ShutdownInProgress: Code = Code(91, "ShutdownInProgress");
+    pub const NewReplicaSetConfigurationIncompatible: Code = Code(103, "NewReplicaSetConfigurationIncompatible");
+    pub const ConfigurationInProgress: Code = Code(109, "ConfigurationInProgress");
+    pub const InvalidSyncSource: Code = Code(119, "InvalidSyncSource");
+    pub const OplogStartMissing: Code = Code(120, "OplogStartMissing");
+    pub const StaleTerm: Code = Code(145, "StaleTerm");
+    pub const OplogOutOfOrder: Code = Code(152, "OplogOutOfOrder");
+    pub const PrimarySteppedDown: Code = Code(189, "PrimarySteppedDown");
+    pub const ExceededTimeLimit: Code = Code(262, "ExceededTimeLimit");
+    pub const InterruptedDueToReplStateChange: Code = Code(11602, "InterruptedDueToReplStateChange");
+    pub const NotPrimaryOrSecondary: Code = Code(13436, "NotPrimaryOrSecondary");
 }
 
 /// A MongoDB-shaped error: serialized as `{ok: 0, errmsg, code, codeName, ...extra}`.

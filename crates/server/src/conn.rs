@@ -30,12 +30,14 @@ pub struct ConnState {
     pub compressors: Vec<Compressor>,
     pub client_metadata: Option<Document>,
     pub app_name: Option<String>,
+    /// Set by a write on a primary that must wait for other members before replying.
+    pub replication_wait: Option<dispatch::ReplicationWait>,
 }
 
 pub async fn serve(shared: Arc<Shared>, mut stream: TcpStream, remote: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None };
+    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None };
     tracing::debug!(conn = id, %remote, "connection accepted");
     if let Err(reason) = serve_loop(&shared, &mut stream, &mut conn).await {
         tracing::info!(conn = id, %remote, "connection ended: {reason}");
@@ -269,10 +271,44 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<(Duration, i
 async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Document {
     // A getMore on an awaitData cursor may wait for new data: not on the worker.
     let may_wait = request.name == "getMore" && request.body.get_i64("getMore").is_ok_and(|id| shared.cursors.is_await_data(id));
-    if crate::commands::never_blocks(&request.name) && !may_wait {
-        return dispatch::run_command(shared, conn, request);
+    let mut reply = if crate::commands::never_blocks(&request.name) && !may_wait {
+        dispatch::run_command(shared, conn, request)
+    } else {
+        tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request))
+    };
+    if let Some(wait) = conn.replication_wait.take() {
+        wait_for_replication(shared, wait, &mut reply).await;
     }
-    tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request))
+    reply
+}
+
+/// Wait until the members a write concern needs have the write; on a timeout or a step-down
+/// the reply gets a writeConcernError beside the write's own result, as mongod's does.
+async fn wait_for_replication(shared: &Shared, wait: dispatch::ReplicationWait, reply: &mut Document) {
+    use crate::repl::WcStatus;
+    let Some(repl) = &shared.repl else { return };
+    let mut changes = repl.progress_changes();
+    let deadline = wait.timeout.map(|t| tokio::time::Instant::now() + t);
+    let error = loop {
+        changes.borrow_and_update();
+        match repl.write_concern_status(&shared.store, wait.at, &wait.mode, wait.durable) {
+            WcStatus::Satisfied => return,
+            WcStatus::SteppedDown => {
+                break doc! {"code": 189, "codeName": "PrimarySteppedDown", "errmsg": "Primary stepped down while waiting for replication", "errInfo": {"writeConcern": wait.write_concern.clone()}}
+            }
+            WcStatus::Pending => {}
+        }
+        let changed = match deadline {
+            Some(d) => tokio::time::timeout_at(d, changes.changed()).await.ok(),
+            None => Some(changes.changed().await),
+        };
+        if changed.is_none() {
+            break doc! {"code": 64, "codeName": "WriteConcernFailed", "errmsg": "waiting for replication timed out", "errInfo": {"wtimeout": true, "writeConcern": wait.write_concern.clone()}};
+        }
+    };
+    if reply.get("ok").is_some_and(|ok| matches!(ok, Bson::Double(v) if *v == 1.0)) {
+        reply.insert("writeConcernError", error);
+    }
 }
 
 /// Legacy OP_QUERY: only commands on `<db>.$cmd` (the isMaster handshake of old drivers).

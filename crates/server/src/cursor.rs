@@ -38,6 +38,9 @@ pub struct Tail {
     pub projection: Option<Projection>,
     /// The last record examined; the next batch starts after it.
     pub last: Option<storage::RecordId>,
+    /// Where the first batch starts (after this record id, which need not exist): an oplog
+    /// read from a timestamp on starts there instead of scanning from the oldest entry.
+    pub start_after: Option<storage::RecordId>,
     /// getMore waits for new data when it has none (awaitData).
     pub await_data: bool,
     pub limit: Option<u64>,
@@ -64,7 +67,7 @@ impl Tail {
         let mut size = 0usize;
         loop {
             op.check()?;
-            let chunk = snap.scan(self.last, TAIL_CHUNK_DOCS)?;
+            let chunk = snap.scan(self.last.or(self.start_after), TAIL_CHUNK_DOCS)?;
             let full = chunk.len() == TAIL_CHUNK_DOCS;
             for (rid, doc) in chunk {
                 if self.limit.is_some_and(|l| self.returned >= l) {

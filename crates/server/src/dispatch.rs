@@ -65,6 +65,40 @@ pub fn error_reply(e: &Error) -> Document {
     d
 }
 
+/// What a write on a primary waits for before its reply: entries up to `at` on the members
+/// that `mode` needs.
+#[derive(Debug)]
+pub struct ReplicationWait {
+    pub at: storage::OpTime,
+    pub mode: repl::progress::WMode,
+    /// Durable on those members (j), not only applied.
+    pub durable: bool,
+    pub timeout: Option<Duration>,
+    /// The write concern as sent, for writeConcernError.errInfo.
+    pub write_concern: Document,
+}
+
+/// The wait a write needs on a set with other data-bearing members: w:"majority" when the
+/// client says nothing (MongoDB's implicit default since 5.0), none for w:0 and w:1.
+fn replication_wait(shared: &Shared, req: &Request, wc: Option<&WriteConcern>, unsatisfiable: bool) -> Option<ReplicationWait> {
+    let repl = shared.repl.as_ref()?;
+    if unsatisfiable || commands::on_secondary(&req.name) != commands::OnSecondary::Never || wc.is_some_and(|w| w.is_unacknowledged()) || !repl.replicates() {
+        return None;
+    }
+    let mode = repl::progress::WMode::from_w(wc.and_then(|w| w.w.as_ref()))?;
+    if !mode.needs_others() {
+        return None;
+    }
+    // writeConcernMajorityJournalDefault: majority means durable on the majority.
+    let durable = wc.and_then(|w| w.j).unwrap_or(mode == repl::progress::WMode::Majority);
+    let timeout = wc.and_then(|w| w.wtimeout_ms).filter(|ms| *ms > 0).map(|ms| Duration::from_millis(ms as u64));
+    let mut write_concern = req.body.get_document("writeConcern").cloned().unwrap_or_else(|_| doc! {"w": "majority", "wtimeout": 0});
+    if !write_concern.contains_key("provenance") {
+        write_concern.insert("provenance", if req.body.contains_key("writeConcern") { "clientSupplied" } else { "implicitDefault" });
+    }
+    Some(ReplicationWait { at: storage::OpTime::default(), mode, durable, timeout, write_concern })
+}
+
 /// Parsed `writeConcern`. Standalone semantics: w:1 and "majority" both mean "applied and,
 /// when j is true (the default), durable in the journal"; w:0 is acknowledged only by TCP.
 #[derive(Clone, Debug)]
@@ -256,11 +290,23 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
         _ => format!("{}.$cmd", req.db),
     };
     let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, req.body.clone(), deadline);
+    let wait = replication_wait(shared, req, write_concern.as_ref(), wc_unsatisfiable.is_some());
     let mut ctx = Ctx { shared, conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern };
     let mut reply = match (retry_key, txn_number) {
         (Some(lsid), Some(txn)) => shared.retry.run(&lsid, txn, || handler(&mut ctx))?,
         _ => handler(&mut ctx)?,
     };
+    if let (Some(mut wait), Some(repl)) = (wait, &shared.repl) {
+        // The write is applied here; the connection waits (off the worker thread) for the
+        // other members before it replies. The newest entry covers this command's entries.
+        wait.at = shared.store.oplog_last().unwrap_or_default();
+        if repl.is_writable_primary() {
+            conn.replication_wait = Some(wait);
+        }
+    }
+    if let (Some(repl), true) = (&shared.repl, cmd.contains_key("$replData")) {
+        reply.insert("$replData", repl.repl_data(&shared.store));
+    }
     if let Some(e) = wc_unsatisfiable {
         // The write is applied and durable here; what cannot be had is the acknowledgement
         // of other members, which mongod reports beside the result.

@@ -9,6 +9,7 @@ mod conn;
 mod cursor;
 mod dispatch;
 mod exec;
+mod fault;
 mod ops;
 mod plan;
 mod repl;
@@ -54,6 +55,7 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
         None => None,
     };
     let shared = Arc::new(Shared::new(config, store, repl));
+    repl::spawn_tasks(shared.clone());
     tracing::info!(port = shared.config.port, dbpath = %shared.config.dbpath.display(), fd_limit = fds, "waiting for connections");
 
     // Idle cursor reaper (MongoDB's clientCursorMonitor runs every 4 s).

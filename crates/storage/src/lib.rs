@@ -47,7 +47,7 @@ mod oplog;
 pub mod keys;
 
 pub use engine::{Batch, BatchOp, Engine, EngineSnapshot, Space};
-pub use oplog::{ts_of, OpTime, OPLOG_COLLECTION, OPLOG_DB};
+pub use oplog::{applying_replicated_ops, ts_of, OpTime, ReplicatedApplyGuard, OPLOG_COLLECTION, OPLOG_DB};
 
 /// The storage memory budget when none is configured (the bound: at most 1 GiB).
 pub const CACHE_SIZE_BYTES_DEFAULT: u64 = 1 << 30;
@@ -403,6 +403,8 @@ struct Oplog {
 struct OplogState {
     /// The newest entry written.
     last: OpTime,
+    /// The newest entry known durable (every entry up to it was synced).
+    durable: OpTime,
     /// The term new entries are stamped with.
     term: i64,
 }
@@ -511,10 +513,18 @@ impl Shared {
                 continue;
             }
             st.syncing = true;
+            // The oplog position first: every entry up to it is in a batch counted by
+            // `covers` (apply_logged applies before it moves `last`, under the same lock).
+            let log = self.oplog.read().clone();
+            let log_at = log.as_ref().map(|l| l.state.lock().last);
             let covers = self.applied_seq.load(Ordering::SeqCst);
             drop(st);
             let r = self.engine.sync();
             self.sync_count.fetch_add(1, Ordering::Relaxed);
+            if let (true, Some(l), Some(at)) = (r.is_ok(), &log, log_at) {
+                let mut ls = l.state.lock();
+                ls.durable = ls.durable.max(at);
+            }
             st = self.commit.lock();
             st.syncing = false;
             if r.is_ok() {
@@ -964,7 +974,7 @@ impl CollState {
     /// Changes are logged when the store keeps an oplog, except those of the `local`
     /// database, which no member replicates (the oplog itself lives there).
     fn logs_changes(&self) -> bool {
-        self.shared.oplog.read().is_some() && self.ns.read().0 != oplog::OPLOG_DB
+        self.shared.oplog.read().is_some() && self.ns.read().0 != oplog::OPLOG_DB && !oplog::is_applying_replicated()
     }
 
     fn stored_doc(&self, snap: &dyn EngineSnapshot, id: RecordId) -> Result<(Vec<u8>, Document)> {
@@ -1081,6 +1091,9 @@ struct StoreInner {
 /// The TTL monitor thread's controls. The thread holds the store only weakly (and strongly
 /// only during a pass), so dropping the last `Store` stops it.
 struct TtlMonitor {
+    /// Cleared on a replica-set member that is not primary: its deletions arrive through
+    /// the oplog, as the primary's TTL monitor made them.
+    enabled: AtomicBool,
     stop: Mutex<bool>,
     wake: Condvar,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -1137,7 +1150,7 @@ impl Store {
             ttl_passes: AtomicU64::new(0),
             oplog: RwLock::new(None),
         });
-        let ttl = Arc::new(TtlMonitor { stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
+        let ttl = Arc::new(TtlMonitor { enabled: AtomicBool::new(true), stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
         Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl }) }
     }
 
@@ -1296,7 +1309,7 @@ impl Store {
     /// The oplog entry of a catalog command on `db`, or none when changes to `db` are not
     /// logged (no oplog, or the `local` database).
     fn command_entry(&self, db: &str, ui: Option<bson::Uuid>, o: &Document) -> Result<Vec<Vec<u8>>> {
-        if db == OPLOG_DB || self.inner.shared.oplog.read().is_none() {
+        if db == OPLOG_DB || self.inner.shared.oplog.read().is_none() || oplog::is_applying_replicated() {
             return Ok(Vec::new());
         }
         Ok(vec![oplog::command_entry(db, ui, o, oplog::wall_now_ms()).map_err(Error::bad_value)?])
@@ -1327,7 +1340,8 @@ impl Store {
                 OpTime { ts, term }
             }
         };
-        let state = OplogState { last, term: last.term.max(0) };
+        // What is in the engine after a restart was synced (or replayed from its journal).
+        let state = OplogState { last, durable: last, term: last.term.max(0) };
         *shared.oplog.write() = Some(Arc::new(Oplog { coll: st, cap_bytes, state: Mutex::new(state) }));
         Ok(())
     }
@@ -1335,6 +1349,54 @@ impl Store {
     /// The newest oplog entry's optime (None without an oplog; zero when it is empty).
     pub fn oplog_last(&self) -> Option<OpTime> {
         self.inner.shared.oplog.read().as_ref().map(|l| l.state.lock().last)
+    }
+
+    /// The newest oplog entry known durable (what a member reports as its durable optime).
+    pub fn oplog_durable(&self) -> Option<OpTime> {
+        self.inner.shared.oplog.read().as_ref().map(|l| l.state.lock().durable)
+    }
+
+    /// Append entries fetched from another member with their own optimes, in one engine
+    /// batch: a secondary's oplog is a copy of its sync source's. The caller has applied
+    /// their changes first (under `applying_replicated_ops`, so they logged nothing), so a
+    /// crash in between leaves changes whose entries are fetched and applied again, which
+    /// oplog application tolerates. Entries must be newer than the newest one, in order.
+    pub fn append_oplog_replicated(&self, entries: &[(OpTime, Vec<u8>)]) -> Result<()> {
+        let shared = &self.inner.shared;
+        let Some(log) = shared.oplog.read().clone() else {
+            return Err(Error::new(Code::NoReplicationEnabled, "no oplog: not running with --replSet"));
+        };
+        let mut st = log.state.lock();
+        let mut last = st.last;
+        let mut stats = log.coll.stats.lock().clone();
+        let mut batch = Batch::new();
+        let mut added_bytes = 0u64;
+        for (at, e) in entries {
+            if at.ts <= last.ts {
+                return Err(Error::new(Code::OplogOutOfOrder, format!("oplog entry {:?} is not after the newest entry {:?}", at, last)));
+            }
+            last = *at;
+            stats.count += 1;
+            added_bytes += e.len() as u64;
+            batch.put(Space::Records, record_key(log.coll.id, at.ts), e.clone());
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        stats.data_bytes += added_bytes;
+        batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
+        shared.apply(batch)?;
+        st.last = last;
+        st.term = st.term.max(last.term);
+        shared.total_data_bytes.fetch_add(added_bytes, Ordering::Relaxed);
+        let over_cap = stats.data_bytes > log.cap_bytes;
+        *log.coll.stats.lock() = stats;
+        if over_cap {
+            if let Err(e) = shared.truncate_oplog(&log) {
+                tracing::warn!("oplog truncation failed: {}", e.message);
+            }
+        }
+        Ok(())
     }
 
     /// Stamp later oplog entries with term `t` (terms only grow).
@@ -1553,6 +1615,9 @@ impl Store {
             }
             let Some(inner) = weak.upgrade() else { return };
             let store = Store { inner };
+            if !monitor.enabled.load(Ordering::SeqCst) {
+                continue;
+            }
             if let Err(e) = store.run_ttl_pass() {
                 tracing::warn!("TTL monitor pass failed: {}", e.message);
             }
@@ -1561,6 +1626,11 @@ impl Store {
             Ok(h) => *thread = Some(h),
             Err(e) => tracing::error!("cannot start the TTL monitor thread: {e}"),
         }
+    }
+
+    /// Whether the TTL monitor deletes (a replica-set member deletes only while primary).
+    pub fn set_ttl_deletes_enabled(&self, enabled: bool) {
+        self.inner.ttl.enabled.store(enabled, Ordering::SeqCst);
     }
 
     /// One TTL pass (what the monitor runs every interval): in every non-capped collection,

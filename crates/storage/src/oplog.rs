@@ -13,7 +13,32 @@
 
 use crate::bsonenc::{append_string, append_value, begin, end};
 use bson::spec::BinarySubtype;
-use bson::{Bson, Document, Timestamp};
+use bson::{Bson, Document};
+
+thread_local! {
+    static APPLYING_REPLICATED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// While alive, changes made by this thread are not logged: a secondary applying entries
+/// from its sync source writes those entries themselves (`Store::append_oplog_replicated`),
+/// with the source's optimes, instead of new ones.
+pub struct ReplicatedApplyGuard {
+    was: bool,
+}
+
+pub fn applying_replicated_ops() -> ReplicatedApplyGuard {
+    ReplicatedApplyGuard { was: APPLYING_REPLICATED.with(|a| a.replace(true)) }
+}
+
+impl Drop for ReplicatedApplyGuard {
+    fn drop(&mut self) {
+        APPLYING_REPLICATED.with(|a| a.set(self.was));
+    }
+}
+
+pub(crate) fn is_applying_replicated() -> bool {
+    APPLYING_REPLICATED.with(|a| a.get())
+}
 
 /// `local.oplog.rs`.
 pub const OPLOG_DB: &str = "local";
@@ -25,28 +50,7 @@ pub const OPLOG_COLLECTION: &str = "oplog.rs";
 const TS_OFFSET: usize = 8;
 const TERM_OFFSET: usize = 19;
 
-/// A point in the oplog: timestamp and term (MongoDB's OpTime).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct OpTime {
-    /// `secs << 32 | inc`, the entry's record id.
-    pub ts: u64,
-    pub term: i64,
-}
-
-impl OpTime {
-    pub fn timestamp(&self) -> Timestamp {
-        ts_of(self.ts)
-    }
-
-    /// `{ts: Timestamp, t: term}`, as replSetGetStatus and hello show optimes.
-    pub fn to_doc(&self) -> Document {
-        bson::doc! {"ts": self.timestamp(), "t": self.term}
-    }
-}
-
-pub fn ts_of(ts: u64) -> Timestamp {
-    Timestamp { time: (ts >> 32) as u32, increment: ts as u32 }
-}
+pub use common::optime::{ts_of, OpTime};
 
 /// The next timestamp after `last` at wall-clock `now_secs`: a new second starts at
 /// increment 1; within a second, or if the clock went back, the increment grows.
@@ -175,6 +179,7 @@ pub(crate) fn noop_entry(o: &Document, wall_ms: i64) -> Result<Vec<u8>, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bson::Timestamp;
 
     #[test]
     fn timestamps_increase_whatever_the_clock() {

@@ -270,7 +270,8 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
         if skip > 0 {
             return Err(Error::new(Code::CommandNotSupported, "skip with a tailable cursor is not supported by shoal yet"));
         }
-        let tail = crate::cursor::Tail { coll, filter, projection, last: None, await_data, limit, returned: 0 };
+        let start_after = if (ctx.db, name.as_str()) == (storage::OPLOG_DB, storage::OPLOG_COLLECTION) { oplog_start(ctx.doc_arg("filter")?) } else { None };
+        let tail = crate::cursor::Tail { coll, filter, projection, last: None, start_after, await_data, limit, returned: 0 };
         let mut cursor = Cursor::new(ns.clone(), Source::Tail(Box::new(tail)));
         cursor.lsid = ctx.lsid();
         cursor.no_timeout = no_timeout;
@@ -311,6 +312,17 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     let (batch, done) = cursor.next_batch(docs_max, ctx.op)?;
     let id = if done || single_batch { 0 } else { ctx.shared.cursors.register(cursor)? };
     Ok(cursor_reply(&ns, id, batch, true))
+}
+
+/// Where an oplog read can start: oplog record ids are timestamps, so a filter with
+/// `ts: {$gte: T}` or `{$gt: T}` at its top level starts just before or at T (mongod's
+/// oplogReplay optimization). The filter itself still decides what matches.
+fn oplog_start(filter: Option<&Document>) -> Option<storage::RecordId> {
+    let ts = filter?.get_document("ts").ok()?;
+    if let Ok(t) = ts.get_timestamp("$gte") {
+        return Some(common::optime::ts_value(t).checked_sub(1).unwrap_or(0));
+    }
+    ts.get_timestamp("$gt").ok().map(common::optime::ts_value)
 }
 
 /// How long an awaitData getMore waits for data without maxTimeMS (mongod: 1 s), and at most.

@@ -76,6 +76,11 @@ pub fn lookup(name: &str) -> Option<Handler> {
         "replSetGetConfig" => repl::repl_set_get_config,
         "replSetGetStatus" => repl::repl_set_get_status,
         "applyOps" => repl::apply_ops,
+        "replSetHeartbeat" => repl::repl_set_heartbeat,
+        "replSetRequestVotes" => repl::repl_set_request_votes,
+        "replSetUpdatePosition" => repl::repl_set_update_position,
+        "replSetStepDown" => repl::repl_set_step_down,
+        "replSetFreeze" => repl::repl_set_freeze,
         _ => return None,
     })
 }

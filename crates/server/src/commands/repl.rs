@@ -64,3 +64,54 @@ pub fn apply_ops(ctx: &mut Ctx) -> Result<Document> {
     ctx.commit_write()?;
     Ok(bson::doc! {"applied": applied, "results": (0..applied).map(|_| Bson::Boolean(true)).collect::<Vec<_>>()})
 }
+
+fn member_cmd<'a>(ctx: &'a Ctx) -> Result<&'a ReplCoord> {
+    coord(ctx, "not running with --replSet")
+}
+
+/// replSetHeartbeat (member to member).
+pub fn repl_set_heartbeat(ctx: &mut Ctx) -> Result<Document> {
+    member_cmd(ctx)?;
+    crate::repl::member_commands::heartbeat(ctx.shared, ctx.cmd)
+}
+
+/// replSetRequestVotes (a candidate to the voters).
+pub fn repl_set_request_votes(ctx: &mut Ctx) -> Result<Document> {
+    member_cmd(ctx)?;
+    crate::repl::member_commands::request_votes(ctx.shared, ctx.cmd)
+}
+
+/// replSetUpdatePosition (a member to its sync source).
+pub fn repl_set_update_position(ctx: &mut Ctx) -> Result<Document> {
+    member_cmd(ctx)?;
+    crate::repl::member_commands::update_position(ctx.shared, ctx.cmd)
+}
+
+fn secs_arg(ctx: &Ctx, field: &str, default: i64) -> Result<i64> {
+    match ctx.cmd.get(field) {
+        None | Some(Bson::Null) => Ok(default),
+        Some(v) => super::as_i64(v).filter(|n| *n >= 0).ok_or_else(|| Error::bad_value(format!("{field} must be a non-negative number"))),
+    }
+}
+
+/// replSetStepDown: {replSetStepDown: secs (60), secondaryCatchUpPeriodSecs (10), force}.
+pub fn repl_set_step_down(ctx: &mut Ctx) -> Result<Document> {
+    member_cmd(ctx)?;
+    super::check_fields("replSetStepDown", ctx.cmd, &["replSetStepDown", "secondaryCatchUpPeriodSecs", "force"])?;
+    let step_down = secs_arg(ctx, "replSetStepDown", 60)?;
+    let catch_up = secs_arg(ctx, "secondaryCatchUpPeriodSecs", 10)?;
+    let force = ctx.bool_arg("force")?.unwrap_or(false);
+    if catch_up > step_down {
+        return Err(Error::bad_value("stepdown period must be longer than secondaryCatchUpPeriodSecs"));
+    }
+    let handle = tokio::runtime::Handle::current();
+    handle.block_on(crate::repl::member_commands::step_down_command(ctx.shared, step_down as u64, catch_up as u64, force))?;
+    Ok(Document::new())
+}
+
+/// replSetFreeze: {replSetFreeze: secs}.
+pub fn repl_set_freeze(ctx: &mut Ctx) -> Result<Document> {
+    member_cmd(ctx)?;
+    let secs = secs_arg(ctx, "replSetFreeze", 0)?;
+    crate::repl::member_commands::freeze(ctx.shared, secs as u64)
+}

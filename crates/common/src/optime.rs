@@ -1,0 +1,65 @@
+//! MongoDB's OpTime: a position in the oplog, ordered by term and then timestamp.
+
+use bson::{Document, Timestamp};
+
+/// A point in the oplog: timestamp and term. Optimes compare by term first, as mongod's
+/// do: an entry of a later term is newer whatever its timestamp (a new primary's clock may
+/// be behind the old one's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpTime {
+    /// `secs << 32 | inc`, the entry's record id.
+    pub ts: u64,
+    pub term: i64,
+}
+
+impl PartialOrd for OpTime {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OpTime {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.term, self.ts).cmp(&(other.term, other.ts))
+    }
+}
+
+impl OpTime {
+    pub fn timestamp(&self) -> Timestamp {
+        ts_of(self.ts)
+    }
+
+    /// `{ts: Timestamp, t: term}`, as replSetGetStatus and hello show optimes.
+    pub fn to_doc(&self) -> Document {
+        bson::doc! {"ts": self.timestamp(), "t": self.term}
+    }
+}
+
+impl OpTime {
+    /// Parse `{ts: Timestamp, t: <number>}`.
+    pub fn from_doc(d: &Document) -> Option<OpTime> {
+        let ts = d.get_timestamp("ts").ok()?;
+        let term = match d.get("t")? {
+            bson::Bson::Int64(t) => *t,
+            bson::Bson::Int32(t) => i64::from(*t),
+            bson::Bson::Double(t) => *t as i64,
+            _ => return None,
+        };
+        Some(OpTime { ts: ts_value(ts), term })
+    }
+
+    /// Seconds of the timestamp (a wall-clock approximation of when the entry was written).
+    pub fn secs(&self) -> u32 {
+        (self.ts >> 32) as u32
+    }
+}
+
+/// A Timestamp as `secs << 32 | inc`, the form oplog record ids use.
+pub fn ts_value(t: Timestamp) -> u64 {
+    (u64::from(t.time) << 32) | u64::from(t.increment)
+}
+
+pub fn ts_of(ts: u64) -> Timestamp {
+    Timestamp { time: (ts >> 32) as u32, increment: ts as u32 }
+}
+

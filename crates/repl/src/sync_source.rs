@@ -1,0 +1,132 @@
+//! Choosing where a secondary fetches the oplog from (mongod's TopologyCoordinator::
+//! chooseNewSyncSource, simplified to its documented rules).
+//!
+//! Chaining off: the primary. Chaining on: a member that is up, primary or secondary, not
+//! hidden, not delayed, not this member and not fetching from it, ahead of or level with
+//! us, and within maxSyncSourceLagSecs of the primary; voters take only voters; among
+//! those, the lowest ping, the primary winning ties.
+
+use crate::config::ReplSetConfig;
+use crate::topology::MemberState;
+use common::optime::OpTime;
+
+/// mongod's maxSyncSourceLagSecs default.
+pub const MAX_SYNC_SOURCE_LAG_SECS: u32 = 30;
+/// mongod's changeSyncSourceThresholdMillis default: switch to a source at least this much
+/// closer than the current one.
+pub const CHANGE_SYNC_SOURCE_THRESHOLD_MS: u64 = 5;
+
+/// What a member knows of another from heartbeats.
+#[derive(Clone, Debug, Default)]
+pub struct PeerView {
+    pub up: bool,
+    pub state: Option<MemberState>,
+    pub applied: OpTime,
+    /// Round-trip time of the latest heartbeat.
+    pub ping_us: Option<u64>,
+    /// The member index it fetches from, if any.
+    pub sync_source: Option<usize>,
+}
+
+fn candidates<'a>(config: &'a ReplSetConfig, self_index: usize, peers: &'a [PeerView], my_last: OpTime) -> impl Iterator<Item = usize> + 'a {
+    let me = &config.members[self_index];
+    let primary_applied = peers.iter().filter(|p| p.up && p.state == Some(MemberState::Primary)).map(|p| p.applied).max();
+    (0..config.members.len()).filter(move |&i| {
+        let (m, p) = (&config.members[i], &peers[i]);
+        let lagging = primary_applied.is_some_and(|pa| pa.secs().saturating_sub(p.applied.secs()) > MAX_SYNC_SOURCE_LAG_SECS);
+        i != self_index
+            && p.up
+            && matches!(p.state, Some(MemberState::Primary | MemberState::Secondary))
+            && !m.arbiter_only
+            && !m.hidden
+            && m.secondary_delay_secs == 0
+            && (m.build_indexes || !me.build_indexes)
+            && (m.is_voter() || !me.is_voter())
+            && p.sync_source != Some(self_index)
+            && p.applied >= my_last
+            && !lagging
+    })
+}
+
+/// The member to fetch from, or None when no member qualifies.
+pub fn choose(config: &ReplSetConfig, self_index: usize, peers: &[PeerView], my_last: OpTime) -> Option<usize> {
+    let primary = (0..peers.len()).find(|&i| i != self_index && peers[i].up && peers[i].state == Some(MemberState::Primary));
+    if !config.settings.chaining_allowed {
+        return primary.filter(|&p| peers[p].applied >= my_last);
+    }
+    let ping = |i: usize| peers[i].ping_us.unwrap_or(u64::MAX);
+    candidates(config, self_index, peers, my_last).min_by_key(|&i| (ping(i), Some(i) != primary, i))
+}
+
+/// Whether a member fetching from `current` should choose again: the source is gone, no
+/// longer a candidate (it stopped being primary with chaining off, fell behind the primary,
+/// became hidden), or another candidate is closer by more than the threshold.
+pub fn should_change(config: &ReplSetConfig, self_index: usize, peers: &[PeerView], my_last: OpTime, current: usize) -> bool {
+    match choose(config, self_index, peers, my_last) {
+        None => !peers[current].up,
+        Some(best) if best == current => false,
+        Some(best) => {
+            let still_candidate = if config.settings.chaining_allowed {
+                candidates(config, self_index, peers, OpTime::default()).any(|i| i == current)
+            } else {
+                false
+            };
+            let ping = |i: usize| peers[i].ping_us.unwrap_or(u64::MAX);
+            !still_candidate || ping(best).saturating_add(CHANGE_SYNC_SOURCE_THRESHOLD_MS * 1000) < ping(current)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    fn set(chaining: bool) -> ReplSetConfig {
+        ReplSetConfig::parse(&doc! {"_id": "rs", "version": 1, "settings": {"chainingAllowed": chaining}, "members": [
+            {"_id": 0, "host": "a:1"}, {"_id": 1, "host": "b:1"}, {"_id": 2, "host": "c:1"},
+            {"_id": 3, "host": "d:1", "votes": 0, "priority": 0},
+            {"_id": 4, "host": "e:1", "hidden": true, "priority": 0, "votes": 0},
+        ]})
+        .unwrap()
+    }
+
+    fn peer(state: MemberState, ts: u64, ping_us: u64) -> PeerView {
+        PeerView { up: true, state: Some(state), applied: OpTime { ts: ts << 32, term: 1 }, ping_us: Some(ping_us), sync_source: None }
+    }
+
+    #[test]
+    fn chaining_picks_the_closest_qualified_member() {
+        use MemberState::*;
+        let peers = vec![peer(Primary, 100, 900), peer(Secondary, 100, 200), peer(Secondary, 100, 100), peer(Secondary, 100, 50), peer(Secondary, 100, 10)];
+        let me = OpTime { ts: 90 << 32, term: 1 };
+        // A voter takes voters only: not the non-voter at 50 µs nor the hidden one at 10 µs.
+        assert_eq!(choose(&set(true), 1, &peers, me), Some(2));
+        // A non-voter takes anyone visible, and the closest.
+        assert_eq!(choose(&set(true), 4, &peers, me), Some(3));
+        // Chaining off: the primary, whatever the pings.
+        assert_eq!(choose(&set(false), 3, &peers, me), Some(0));
+        // Behind us, or fetching from us: not a candidate.
+        let mut p2 = peers.clone();
+        p2[2].applied = OpTime { ts: 80 << 32, term: 1 };
+        p2[3].sync_source = Some(4);
+        assert_eq!(choose(&set(true), 1, &p2, me), Some(0));
+        assert_eq!(choose(&set(true), 4, &p2, me), Some(1));
+    }
+
+    #[test]
+    fn lagging_sources_and_small_ping_gains_are_handled() {
+        use MemberState::*;
+        let me = OpTime { ts: 10 << 32, term: 1 };
+        let mut peers = vec![peer(Primary, 100, 900), peer(Secondary, 100, 200), peer(Secondary, 100, 100), peer(Secondary, 100, 50), peer(Secondary, 100, 10)];
+        // 2 µs closer is under the threshold; 5 ms closer is not.
+        peers[0].ping_us = Some(102);
+        assert!(!should_change(&set(true), 1, &peers, me, 0));
+        peers[0].ping_us = Some(10_000);
+        assert!(should_change(&set(true), 1, &peers, me, 0));
+        // A source 40 s behind the primary is dropped.
+        peers[2].applied = OpTime { ts: 60 << 32, term: 1 };
+        assert_eq!(choose(&set(true), 1, &peers, me), Some(0));
+        assert!(should_change(&set(true), 1, &peers, me, 2));
+    }
+}

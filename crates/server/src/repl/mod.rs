@@ -1,0 +1,679 @@
+//! The replication coordinator of a `--replSet` member: its configuration (stored in
+//! `local.system.replset`), its state and term, what it knows of the other members, and
+//! what hello, replSetGetStatus and the write path ask of it. The protocol rules live in the
+//! `repl` crate; this module and its children do the I/O around them:
+//!
+//! - `member`: heartbeats to every other member, elections, and step-down (async tasks);
+//! - `fetcher`: a secondary's oplog fetching, application, and progress reports upstream;
+//! - `peer`: the member-to-member connection.
+//!
+//! Locking: `inner` is a short-held mutex, never held across an await or a storage write
+//! that can wait on the engine.
+
+mod fetcher;
+mod member;
+mod peer;
+
+use bson::{doc, Bson, DateTime, Document, Timestamp};
+use common::{Code, Error, Result};
+use parking_lot::Mutex;
+use repl::progress::WMode;
+use repl::sync_source::PeerView;
+use repl::{election_id, MemberState, ReplSetConfig};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use storage::{OpTime, Store};
+
+pub use member::spawn_tasks;
+
+/// The handlers of the member-to-member commands.
+pub(crate) mod member_commands {
+    pub use super::member::{freeze, heartbeat, request_votes, step_down_command, update_position};
+}
+
+const CONFIG_DB: &str = "local";
+const CONFIG_COLLECTION: &str = "system.replset";
+/// mongod keeps its last vote here, so a restarted member never votes twice in a term.
+const ELECTION_COLLECTION: &str = "replset.election";
+
+pub struct ReplCoord {
+    pub set_name: String,
+    /// "host:port" this member answers to when a config does not say otherwise.
+    default_host: String,
+    port: u16,
+    oplog_size_bytes: u64,
+    inner: Mutex<Inner>,
+    /// `inner.state == Primary`, read by every command without taking the lock.
+    primary: AtomicBool,
+    /// topologyVersion.counter: bumped on every change hello reports, waking awaitable hellos.
+    topology: tokio::sync::watch::Sender<i64>,
+    /// Bumped on any replication progress (a member's optimes, the commit point, a role
+    /// change): wakes write-concern waiters and the progress reporter.
+    progress: tokio::sync::watch::Sender<u64>,
+    /// Bumped when the config is installed or replaced: member tasks of an older config stop.
+    config_epoch: AtomicU64,
+    /// Wakes the member tasks at once (a newer config was seen, a role changed).
+    pub(crate) wake: tokio::sync::Notify,
+    /// Set once the background tasks run (they need the shared server state).
+    tasks_started: AtomicBool,
+    /// Held while fetched entries are applied, and while this member becomes primary: no
+    /// fetched entry lands after the "new primary" entry of its own term.
+    pub(crate) apply_lock: Mutex<()>,
+    /// The server state, for tasks that commands start (set by `spawn_tasks`).
+    shared: std::sync::OnceLock<std::sync::Weak<crate::state::Shared>>,
+}
+
+/// What this member knows of another, from heartbeats and progress reports.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Peer {
+    pub view: PeerView,
+    pub durable: OpTime,
+    pub applied_wall: Option<DateTime>,
+    pub durable_wall: Option<DateTime>,
+    pub term: i64,
+    pub config_version: i32,
+    pub config_term: i64,
+    pub election_time: Option<Timestamp>,
+    pub last_heartbeat: Option<DateTime>,
+    pub last_heartbeat_recv: Option<DateTime>,
+    /// When the member last answered a heartbeat (liveness for step-down and elections).
+    pub last_response: Option<Instant>,
+    pub message: String,
+    pub up_since: Option<Instant>,
+}
+
+struct Inner {
+    config: Option<ReplSetConfig>,
+    /// This member's index in `config.members`.
+    self_index: usize,
+    state: MemberState,
+    term: i64,
+    /// When this member became primary (its "new primary" entry).
+    election: Option<OpTime>,
+    election_date: DateTime,
+    /// Aligned with `config.members`; this member's own slot is unused.
+    peers: Vec<Peer>,
+    /// The newest optime a majority has durable, as known here.
+    commit_point: OpTime,
+    /// The term of the last vote this member cast (durable in local.replset.election).
+    last_vote_term: Option<i64>,
+    /// The member index this member fetches from.
+    sync_source: Option<usize>,
+    /// The last time this member heard from a primary of its term, or became secondary.
+    primary_seen: Instant,
+    /// A secondary stands for election when `primary_seen` is older than this.
+    election_timeout: Duration,
+    /// No election of this member before this (replSetFreeze, replSetStepDown).
+    frozen_until: Instant,
+    election_running: bool,
+    /// Why replication stopped, when it did (shown in replSetGetStatus.infoMessage).
+    info_message: String,
+}
+
+/// How a write-concern wait stands.
+#[derive(Debug, PartialEq)]
+pub enum WcStatus {
+    Satisfied,
+    Pending,
+    /// The member is no longer the primary that took the write.
+    SteppedDown,
+}
+
+impl ReplCoord {
+    /// Load the stored configuration, if any, and take up the member's role.
+    pub fn start(store: &Store, set_name: String, default_host: String, port: u16, oplog_size_bytes: u64) -> Result<ReplCoord> {
+        let now = Instant::now();
+        let coord = ReplCoord {
+            set_name,
+            default_host,
+            port,
+            oplog_size_bytes,
+            inner: Mutex::new(Inner {
+                config: None,
+                self_index: 0,
+                state: MemberState::Startup,
+                term: 0,
+                election: None,
+                election_date: DateTime::now(),
+                peers: Vec::new(),
+                commit_point: OpTime::default(),
+                last_vote_term: None,
+                sync_source: None,
+                primary_seen: now,
+                election_timeout: Duration::from_secs(10),
+                frozen_until: now,
+                election_running: false,
+                info_message: String::new(),
+            }),
+            primary: AtomicBool::new(false),
+            topology: tokio::sync::watch::Sender::new(0),
+            progress: tokio::sync::watch::Sender::new(0),
+            config_epoch: AtomicU64::new(0),
+            wake: tokio::sync::Notify::new(),
+            tasks_started: AtomicBool::new(false),
+            apply_lock: Mutex::new(()),
+            shared: std::sync::OnceLock::new(),
+        };
+        // Until this member is primary, deletions come from the primary's oplog only.
+        store.set_ttl_deletes_enabled(false);
+        let stored = first_doc(store, CONFIG_COLLECTION)?;
+        if let Some(d) = stored {
+            let config = ReplSetConfig::parse(&d)?;
+            store.enable_oplog(oplog_size_bytes)?;
+            let last = store.oplog_last().unwrap_or_default();
+            let vote = first_doc(store, ELECTION_COLLECTION)?;
+            {
+                let mut inner = coord.inner.lock();
+                inner.term = last.term.max(vote.as_ref().and_then(|v| v.get_i64("term").ok()).unwrap_or(0));
+                inner.last_vote_term = vote.as_ref().and_then(|v| v.get_i64("term").ok());
+            }
+            store.set_oplog_term(coord.inner.lock().term);
+            coord.install_config(store, config)?;
+        }
+        Ok(coord)
+    }
+
+    /// The member of `config` that is this node: its port is ours and its host names this
+    /// machine (a loopback address, localhost, our host name, or an address we listen on).
+    fn self_index(&self, config: &ReplSetConfig) -> Option<usize> {
+        let ours = |host: &str| {
+            let (name, port) = match host.rsplit_once(':') {
+                Some((n, p)) => (n, p.parse::<u16>().ok()),
+                None => (host, Some(27017)),
+            };
+            let default_name = self.default_host.rsplit_once(':').map(|(h, _)| h);
+            // Several members may share this machine on loopback addresses (127.0.0.x): the
+            // address we listen on decides when it is a specific one.
+            let loopback_ours = match default_name {
+                Some(d) if d.starts_with("127.") && d != "127.0.0.1" => name == d,
+                _ => name.eq_ignore_ascii_case("localhost") || name.starts_with("127.") || name == "::1",
+            };
+            port == Some(self.port) && (loopback_ours || default_name.is_some_and(|h| h.eq_ignore_ascii_case(name)))
+        };
+        config.members.iter().position(|m| ours(&m.host))
+    }
+
+    /// Take up `config`: the member's index and role in it. A set whose only electable voter
+    /// is this member elects it at once (a new term, logged as mongod logs it); otherwise
+    /// the member starts as a secondary and elections decide.
+    fn install_config(&self, store: &Store, config: ReplSetConfig) -> Result<()> {
+        let self_index = self.self_index(&config).ok_or_else(|| {
+            Error::new(Code::NodeNotFound, format!("the replica set config has no member that is this node (port {})", self.port))
+        })?;
+        let me = config.members[self_index].clone();
+        let alone = config.members.iter().enumerate().all(|(i, m)| i == self_index || !m.is_voter()) && me.is_electable();
+        {
+            let mut inner = self.inner.lock();
+            let old_peers = std::mem::take(&mut inner.peers);
+            let old_hosts: Vec<String> = inner.config.as_ref().map(|c| c.members.iter().map(|m| m.host.clone()).collect()).unwrap_or_default();
+            inner.peers = config
+                .members
+                .iter()
+                .map(|m| old_hosts.iter().position(|h| *h == m.host).and_then(|i| old_peers.get(i).cloned()).unwrap_or_default())
+                .collect();
+            inner.sync_source = None;
+            inner.self_index = self_index;
+            inner.election_timeout = Duration::from_millis(repl::election::randomized_timeout_ms(config.settings.election_timeout_ms, rand::random()));
+            inner.primary_seen = Instant::now();
+            let stays_primary = inner.state == MemberState::Primary && me.is_electable();
+            if !stays_primary {
+                inner.state = if me.arbiter_only { MemberState::Arbiter } else { MemberState::Secondary };
+                self.primary.store(false, Ordering::SeqCst);
+            }
+            inner.config = Some(config.clone());
+        }
+        self.config_epoch.fetch_add(1, Ordering::SeqCst);
+        self.changed();
+        if alone && !self.is_writable_primary() {
+            let term = self.inner.lock().term + 1;
+            self.become_primary(store, term)?;
+        }
+        Ok(())
+    }
+
+    /// Win term `term`: stamp new entries with it and log "new primary".
+    fn become_primary(&self, store: &Store, term: i64) -> Result<()> {
+        store.set_oplog_term(term);
+        let at = store.append_oplog_noop(&doc! {"msg": "new primary"})?;
+        {
+            let mut inner = self.inner.lock();
+            inner.term = term;
+            if let Some(c) = inner.config.as_mut() {
+                c.term = Some(term);
+            }
+            inner.state = MemberState::Primary;
+            inner.election = Some(at);
+            inner.election_date = DateTime::now();
+            inner.sync_source = None;
+            let me = inner.self_index;
+            for (i, p) in inner.peers.iter_mut().enumerate() {
+                if i != me && p.view.state == Some(MemberState::Primary) {
+                    p.view.state = Some(MemberState::Secondary);
+                }
+            }
+            self.primary.store(true, Ordering::SeqCst);
+        }
+        store.set_ttl_deletes_enabled(true);
+        self.changed();
+        tracing::info!(term, "this member is primary");
+        Ok(())
+    }
+
+    /// Stop being primary (a higher term was seen, the majority was lost, or replSetStepDown).
+    /// Write-concern waiters see `SteppedDown`.
+    pub(crate) fn step_down(&self, why: &str) {
+        let mut inner = self.inner.lock();
+        if inner.state != MemberState::Primary {
+            return;
+        }
+        inner.state = MemberState::Secondary;
+        inner.primary_seen = Instant::now();
+        self.primary.store(false, Ordering::SeqCst);
+        drop(inner);
+        tracing::info!("stepping down: {why}");
+        self.changed();
+    }
+
+    /// A higher term was seen: adopt it; a primary steps down.
+    pub(crate) fn observe_term(&self, store: &Store, term: i64) {
+        let stepped = {
+            let mut inner = self.inner.lock();
+            if term <= inner.term {
+                return;
+            }
+            inner.term = term;
+            inner.state == MemberState::Primary
+        };
+        store.set_oplog_term(term);
+        if stepped {
+            self.step_down(&format!("a member is in the higher term {term}"));
+        }
+    }
+
+    /// Something hello or the waiters care about changed.
+    fn changed(&self) {
+        self.topology.send_modify(|c| *c += 1);
+        self.progress.send_modify(|c| *c += 1);
+        self.wake.notify_waiters();
+    }
+
+    /// replSetInitiate: validate, check that every member answers, store the config, start
+    /// the oplog, and take up the member's role.
+    pub fn initiate(&self, store: &Store, arg: Option<&Document>) -> Result<Document> {
+        if self.inner.lock().config.is_some() || store.collection(CONFIG_DB, CONFIG_COLLECTION).is_some_and(|c| c.stats().count > 0) {
+            return Err(Error::new(Code::AlreadyInitialized, "already initialized"));
+        }
+        let mut config = match arg {
+            Some(d) => ReplSetConfig::parse(d)?,
+            None => ReplSetConfig::parse(&doc! {"_id": self.set_name.clone(), "version": 1, "members": [{"_id": 0, "host": self.default_host.clone()}]})?,
+        };
+        if config.set_name != self.set_name {
+            return Err(Error::new(
+                Code::InvalidReplicaSetConfig,
+                format!(
+                    "Attempting to initiate a replica set with name {}, but command line reports {}; rejecting",
+                    config.set_name, self.set_name
+                ),
+            ));
+        }
+        config.validate()?;
+        let Some(self_index) = self.self_index(&config) else {
+            return Err(Error::new(
+                Code::InvalidReplicaSetConfig,
+                format!("No host described in new configuration with {{version: {}, term: 0}} for replica set {} maps to this node", config.version, self.set_name),
+            ));
+        };
+        if config.members.len() > 1 {
+            // mongod's quorum check: every member must answer, and none may be in a set yet.
+            let handle = tokio::runtime::Handle::current();
+            handle.block_on(member::check_quorum_for_initiate(&config, self_index))?;
+        }
+        config.settings.replica_set_id.get_or_insert_with(bson::oid::ObjectId::new);
+        config.term = Some(0);
+        store_config(store, &config)?;
+        store.enable_oplog(self.oplog_size_bytes)?;
+        store.append_oplog_noop(&doc! {"msg": "initiating set"})?;
+        self.install_config(store, config)?;
+        // The initiator stands first, once the others have fetched the config (one round of
+        // heartbeats), rather than after a whole election timeout.
+        {
+            let mut inner = self.inner.lock();
+            let hb = inner.config.as_ref().map_or(2000, |c| c.settings.heartbeat_interval_ms) as u64;
+            inner.primary_seen = Instant::now() - inner.election_timeout + Duration::from_millis(hb.max(200));
+        }
+        Ok(Document::new())
+    }
+
+    /// Why write concern `w` cannot be satisfied by this set, if it cannot: more members than
+    /// bear data, or a mode that is not in getLastErrorModes or that the members' tags cannot
+    /// meet.
+    pub fn unsatisfiable(&self, w: &Bson) -> Option<Error> {
+        let inner = self.inner.lock();
+        let config = inner.config.as_ref()?;
+        let mode = WMode::from_w(Some(w))?;
+        // Every member at the same optime: whether the set could ever meet the mode.
+        match repl::progress::write_concern_met(config, &mode, OpTime::default(), |_| OpTime::default()) {
+            Ok(true) => None,
+            Ok(false) if matches!(mode, WMode::Tag(_)) => {
+                let WMode::Tag(name) = mode else { unreachable!() };
+                Some(Error::new(Code::UnsatisfiableWriteConcern, format!("Not enough nodes match write concern mode \"{name}\"")))
+            }
+            Ok(false) => Some(Error::new(Code::UnsatisfiableWriteConcern, "Not enough data-bearing nodes")),
+            Err(name) => Some(Error::new(Code::UnknownReplWriteConcern, format!("No write concern mode named '{name}' found in replica set configuration"))),
+        }
+    }
+
+    /// Whether a write at `at` has reached the members `mode` needs (`durable`: in their
+    /// journals, else applied).
+    pub fn write_concern_status(&self, store: &Store, at: OpTime, mode: &WMode, durable: bool) -> WcStatus {
+        let inner = self.inner.lock();
+        let Some(config) = &inner.config else { return WcStatus::Satisfied };
+        if inner.state != MemberState::Primary || inner.term != at.term {
+            return WcStatus::SteppedDown;
+        }
+        let me = inner.self_index;
+        let own = if durable { store.oplog_durable() } else { store.oplog_last() }.unwrap_or_default();
+        let optime_of = |i: usize| {
+            if i == me {
+                own
+            } else if durable {
+                inner.peers[i].durable
+            } else {
+                inner.peers[i].view.applied
+            }
+        };
+        match repl::progress::write_concern_met(config, mode, at, optime_of) {
+            Ok(true) => WcStatus::Satisfied,
+            _ => WcStatus::Pending,
+        }
+    }
+
+    /// Changes whenever replication makes progress (see `progress`).
+    pub fn progress_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.progress.subscribe()
+    }
+
+    /// Whether writes must wait for other members at all (a set with more than one
+    /// data-bearing member).
+    pub fn replicates(&self) -> bool {
+        self.inner.lock().config.as_ref().is_some_and(|c| c.members.iter().filter(|m| !m.arbiter_only).count() > 1)
+    }
+
+    /// The commit point on a primary: advanced from the members' durable optimes.
+    fn advance_commit_point(&self, store: &Store, inner: &mut Inner) {
+        let Some(config) = &inner.config else { return };
+        let me = inner.self_index;
+        let own = if inner.state == MemberState::Primary { store.oplog_durable().unwrap_or_default() } else { return };
+        let peers = &inner.peers;
+        let cp = repl::progress::advance_commit_point(config, inner.commit_point, inner.term, |i| if i == me { own } else { peers[i].durable });
+        inner.commit_point = cp;
+    }
+
+    /// The commit point a secondary learned from upstream: it never runs ahead of what this
+    /// member has applied.
+    pub(crate) fn learn_commit_point(&self, store: &Store, cp: OpTime) {
+        let mut inner = self.inner.lock();
+        if inner.state == MemberState::Primary {
+            return;
+        }
+        let applied = store.oplog_last().unwrap_or_default();
+        let cp = cp.min(applied);
+        if cp > inner.commit_point {
+            inner.commit_point = cp;
+        }
+    }
+
+    pub fn is_writable_primary(&self) -> bool {
+        self.primary.load(Ordering::SeqCst)
+    }
+
+    /// A linearizable read needs a primary that no other member can have replaced: here, a
+    /// primary that is the set's only voter.
+    pub fn serves_linearizable_reads(&self) -> bool {
+        let inner = self.inner.lock();
+        inner.state == MemberState::Primary && inner.config.as_ref().is_some_and(|c| c.voters() == 1)
+    }
+
+    pub fn topology_counter(&self) -> i64 {
+        *self.topology.borrow()
+    }
+
+    pub fn topology_changes(&self) -> tokio::sync::watch::Receiver<i64> {
+        self.topology.subscribe()
+    }
+
+    /// hello's replica-set fields (SDAM reads these to find the set and its primary).
+    pub fn hello_fields(&self, store: &Store, legacy: bool, r: &mut Document) {
+        let inner = self.inner.lock();
+        let Some(config) = &inner.config else {
+            r.insert(if legacy { "ismaster" } else { "isWritablePrimary" }, false);
+            r.insert("secondary", false);
+            r.insert("info", "Does not have a valid replica set config");
+            r.insert("isreplicaset", true);
+            return;
+        };
+        let me = &config.members[inner.self_index];
+        let visible = |m: &&repl::MemberConfig| !m.hidden && !m.arbiter_only;
+        let hosts: Vec<String> = config.members.iter().filter(|m| visible(m) && m.priority > 0.0).map(|m| m.host.clone()).collect();
+        let passives: Vec<String> = config.members.iter().filter(|m| visible(m) && m.priority == 0.0).map(|m| m.host.clone()).collect();
+        let arbiters: Vec<String> = config.members.iter().filter(|m| m.arbiter_only).map(|m| m.host.clone()).collect();
+        let primary = inner.state == MemberState::Primary;
+        r.insert(if legacy { "ismaster" } else { "isWritablePrimary" }, primary);
+        r.insert("hosts", hosts);
+        if !passives.is_empty() {
+            r.insert("passives", passives);
+        }
+        if !arbiters.is_empty() {
+            r.insert("arbiters", arbiters);
+        }
+        r.insert("setName", config.set_name.clone());
+        r.insert("setVersion", config.version);
+        r.insert("secondary", inner.state == MemberState::Secondary);
+        if inner.state == MemberState::Arbiter {
+            r.insert("arbiterOnly", true);
+        }
+        if primary {
+            r.insert("primary", me.host.clone());
+            r.insert("electionId", election_id(inner.term));
+        } else if let Some(p) = inner.peers.iter().position(|p| p.view.up && p.view.state == Some(MemberState::Primary)) {
+            r.insert("primary", config.members[p].host.clone());
+        }
+        if me.hidden {
+            r.insert("hidden", true);
+        }
+        if !me.tags.is_empty() {
+            r.insert("tags", me.tags.clone());
+        }
+        r.insert("me", me.host.clone());
+        let last = store.oplog_last().unwrap_or_default();
+        let majority = if primary { inner.commit_point.max(self.single_member_commit(store, config)) } else { inner.commit_point };
+        r.insert(
+            "lastWrite",
+            doc! {"opTime": last.to_doc(), "lastWriteDate": wall_of(last), "majorityOpTime": majority.to_doc(), "majorityWriteDate": wall_of(majority)},
+        );
+    }
+
+    /// In a set whose only data-bearing voter is this member, its durable entries are
+    /// committed as soon as they are durable.
+    fn single_member_commit(&self, store: &Store, config: &ReplSetConfig) -> OpTime {
+        if config.write_majority_count() <= 1 {
+            store.oplog_durable().unwrap_or_default()
+        } else {
+            OpTime::default()
+        }
+    }
+
+    pub fn get_config(&self) -> Result<Document> {
+        let inner = self.inner.lock();
+        let config = inner.config.as_ref().ok_or_else(not_initialized)?;
+        Ok(doc! {"config": config.to_doc()})
+    }
+
+    pub fn status(&self, store: &Store, uptime_secs: i64) -> Result<Document> {
+        let inner = self.inner.lock();
+        let config = inner.config.as_ref().ok_or_else(not_initialized)?;
+        let last = store.oplog_last().unwrap_or_default();
+        let durable = store.oplog_durable().unwrap_or_default();
+        let commit = if inner.state == MemberState::Primary { inner.commit_point.max(self.single_member_commit(store, config)) } else { inner.commit_point };
+        let sync_host = inner.sync_source.map(|i| config.members[i].host.clone()).unwrap_or_default();
+        let sync_id = inner.sync_source.map_or(-1, |i| config.members[i].id);
+        let mut members = Vec::new();
+        for (i, m) in config.members.iter().enumerate() {
+            let mut d = doc! {"_id": m.id, "name": m.host.clone()};
+            if i == inner.self_index {
+                d.insert("health", 1.0);
+                d.insert("state", inner.state.code());
+                d.insert("stateStr", inner.state.name());
+                d.insert("uptime", uptime_secs);
+                d.insert("optime", last.to_doc());
+                d.insert("optimeDate", wall_of(last));
+                d.insert("optimeDurable", durable.to_doc());
+                d.insert("optimeDurableDate", wall_of(durable));
+                d.insert("lastAppliedWallTime", wall_of(last));
+                d.insert("lastDurableWallTime", wall_of(durable));
+                d.insert("syncSourceHost", sync_host.clone());
+                d.insert("syncSourceId", sync_id);
+                d.insert("infoMessage", inner.info_message.clone());
+                if let (MemberState::Primary, Some(e)) = (inner.state, inner.election) {
+                    d.insert("electionTime", e.timestamp());
+                    d.insert("electionDate", inner.election_date);
+                }
+                d.insert("configVersion", config.version);
+                d.insert("configTerm", config.term.unwrap_or(0));
+                d.insert("self", true);
+                d.insert("lastHeartbeatMessage", "");
+            } else {
+                let p = &inner.peers[i];
+                let state = if p.view.up { p.view.state.unwrap_or(MemberState::Unknown) } else { MemberState::Down };
+                d.insert("health", if p.view.up { 1.0 } else { 0.0 });
+                d.insert("state", state.code());
+                d.insert("stateStr", state.name());
+                d.insert("uptime", p.up_since.map_or(0, |t| t.elapsed().as_secs() as i64));
+                d.insert("optime", p.view.applied.to_doc());
+                d.insert("optimeDurable", p.durable.to_doc());
+                d.insert("optimeDate", wall_of(p.view.applied));
+                d.insert("optimeDurableDate", wall_of(p.durable));
+                d.insert("lastAppliedWallTime", p.applied_wall.unwrap_or(wall_of(p.view.applied)));
+                d.insert("lastDurableWallTime", p.durable_wall.unwrap_or(wall_of(p.durable)));
+                d.insert("lastHeartbeat", p.last_heartbeat.unwrap_or(DateTime::from_millis(0)));
+                d.insert("lastHeartbeatRecv", p.last_heartbeat_recv.unwrap_or(DateTime::from_millis(0)));
+                d.insert("pingMs", p.view.ping_us.map_or(0, |us| (us / 1000) as i64));
+                d.insert("lastHeartbeatMessage", p.message.clone());
+                d.insert("syncSourceHost", p.view.sync_source.map(|s| config.members[s].host.clone()).unwrap_or_default());
+                d.insert("syncSourceId", p.view.sync_source.map_or(-1, |s| config.members[s].id));
+                d.insert("infoMessage", "");
+                if let (Some(MemberState::Primary), Some(e)) = (p.view.state, p.election_time) {
+                    d.insert("electionTime", e);
+                }
+                d.insert("configVersion", p.config_version);
+                d.insert("configTerm", p.config_term);
+            }
+            members.push(Bson::Document(d));
+        }
+        let voting = config.voters() as i32;
+        let writable_voting = config.members.iter().filter(|m| m.is_voter() && !m.arbiter_only).count() as i32;
+        Ok(doc! {
+            "set": config.set_name.clone(),
+            "date": DateTime::now(),
+            "myState": inner.state.code(),
+            "term": inner.term,
+            "syncSourceHost": sync_host,
+            "syncSourceId": sync_id,
+            "heartbeatIntervalMillis": config.settings.heartbeat_interval_ms,
+            "majorityVoteCount": config.majority_vote_count() as i32,
+            "writeMajorityCount": config.write_majority_count() as i32,
+            "votingMembersCount": voting,
+            "writableVotingMembersCount": writable_voting,
+            "optimes": {
+                "lastCommittedOpTime": commit.to_doc(), "lastCommittedWallTime": wall_of(commit),
+                "readConcernMajorityOpTime": commit.to_doc(), "readConcernMajorityWallTime": wall_of(commit),
+                "appliedOpTime": last.to_doc(), "durableOpTime": durable.to_doc(), "lastAppliedWallTime": wall_of(last), "lastDurableWallTime": wall_of(durable),
+            },
+            "members": members,
+        })
+    }
+
+    /// The config this member runs with, and its index in it (None before initiation).
+    pub(crate) fn config(&self) -> Option<(ReplSetConfig, usize)> {
+        let inner = self.inner.lock();
+        inner.config.clone().map(|c| (c, inner.self_index))
+    }
+
+    pub(crate) fn state(&self) -> MemberState {
+        self.inner.lock().state
+    }
+
+    pub(crate) fn term(&self) -> i64 {
+        self.inner.lock().term
+    }
+
+    pub(crate) fn epoch(&self) -> u64 {
+        self.config_epoch.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn sync_source(&self) -> Option<usize> {
+        self.inner.lock().sync_source
+    }
+
+    pub(crate) fn shared(&self) -> Option<std::sync::Arc<crate::state::Shared>> {
+        self.shared.get().and_then(std::sync::Weak::upgrade)
+    }
+
+    /// `$replData` for a member fetching from this one: our term and commit point.
+    pub(crate) fn repl_data(&self, store: &Store) -> Document {
+        let inner = self.inner.lock();
+        let Some(config) = &inner.config else { return Document::new() };
+        let cp = if inner.state == MemberState::Primary { inner.commit_point.max(self.single_member_commit(store, config)) } else { inner.commit_point };
+        let primary_index = if inner.state == MemberState::Primary {
+            inner.self_index as i32
+        } else {
+            inner.peers.iter().position(|p| p.view.up && p.view.state == Some(MemberState::Primary)).map_or(-1, |i| i as i32)
+        };
+        doc! {
+            "term": inner.term, "lastOpCommitted": cp.to_doc(), "lastOpVisible": store.oplog_last().unwrap_or_default().to_doc(),
+            "configVersion": config.version, "replicaSetId": config.settings.replica_set_id, "primaryIndex": primary_index,
+            "syncSourceIndex": inner.sync_source.map_or(-1, |i| i as i32),
+        }
+    }
+
+    pub(crate) fn set_info_message(&self, msg: impl Into<String>) {
+        self.inner.lock().info_message = msg.into();
+    }
+}
+
+fn not_initialized() -> Error {
+    Error::new(Code::NotYetInitialized, "no replset config has been received")
+}
+
+/// The wall-clock time of an optime (its timestamp's seconds; the entry's exact `wall` is in
+/// the oplog).
+fn wall_of(at: OpTime) -> DateTime {
+    let Timestamp { time, .. } = at.timestamp();
+    DateTime::from_millis(i64::from(time) * 1000)
+}
+
+fn first_doc(store: &Store, coll: &str) -> Result<Option<Document>> {
+    Ok(match store.collection(CONFIG_DB, coll) {
+        Some(c) => c.snapshot().scan(None, 1)?.into_iter().next().map(|(_, d)| d),
+        None => None,
+    })
+}
+
+/// Replace the one document of `local.<coll>` and make it durable.
+fn put_single_doc(store: &Store, coll: &str, doc: &Document) -> Result<()> {
+    let c = store.collection_or_create(CONFIG_DB, coll)?;
+    {
+        let mut w = c.writer();
+        let old = w.snapshot().scan(None, usize::MAX)?;
+        for (rid, d) in old {
+            w.delete(rid, &d)?;
+        }
+        w.insert(doc)?;
+    }
+    store.commit_durable()
+}
+
+/// The config, stored as one document whose _id is the set name, as mongod stores it.
+fn store_config(store: &Store, config: &ReplSetConfig) -> Result<()> {
+    put_single_doc(store, CONFIG_COLLECTION, &config.to_doc())
+}

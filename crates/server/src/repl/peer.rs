@@ -1,0 +1,89 @@
+//! A connection from this member to another: OP_MSG commands over TCP, each with a timeout.
+//! Members talk to members with the same commands drivers use (hello-free: a member knows
+//! its peers are shoal), so every exchange is visible to tools and tests.
+//!
+//! After any error the connection is unusable (a reply may be in flight) and the caller
+//! opens a new one.
+
+use bson::Document;
+use common::{Code, Error, Result};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Largest reply a member accepts (the wire's message limit).
+const REPLY_BYTES_MAX: usize = common::limits::MESSAGE_SIZE_MAX_BYTES;
+
+pub struct PeerConn {
+    stream: TcpStream,
+    pub host: String,
+    next_id: i32,
+    broken: bool,
+}
+
+impl PeerConn {
+    pub async fn connect(host: &str, timeout: Duration) -> Result<PeerConn> {
+        crate::fault::before_connect(host).await?;
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(host)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(Error::new(Code::HostUnreachable, format!("cannot connect to {host}: {e}"))),
+            Err(_) => return Err(Error::new(Code::NetworkTimeout, format!("timed out connecting to {host}"))),
+        };
+        let _ = stream.set_nodelay(true);
+        Ok(PeerConn { stream, host: host.to_string(), next_id: 1, broken: false })
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Run `body` on database `db` and return the reply; a reply with ok:0 is an `Err` with
+    /// the reply's code, and any network error or timeout breaks the connection.
+    pub async fn command(&mut self, db: &str, mut body: Document, timeout: Duration) -> Result<Document> {
+        if self.broken {
+            return Err(Error::new(Code::HostUnreachable, format!("connection to {} was broken by an earlier error", self.host)));
+        }
+        body.insert("$db", db);
+        let r = match tokio::time::timeout(timeout, self.round_trip(body)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(Code::NetworkTimeout, format!("no reply from {} within {} ms", self.host, timeout.as_millis()))),
+        };
+        if r.as_ref().is_err_and(|e| e.code == Code::HostUnreachable.0 || e.code == Code::NetworkTimeout.0 || e.code == Code::ProtocolError.0) {
+            self.broken = true;
+        }
+        let reply = r?;
+        if is_ok(&reply) {
+            return Ok(reply);
+        }
+        let code = reply.get_i32("code").unwrap_or(Code::UnknownError.0);
+        let name = reply.get_str("codeName").unwrap_or("UnknownError").to_string();
+        let msg = reply.get_str("errmsg").unwrap_or("").to_string();
+        Err(Error::new(Code(code, Box::leak(name.into_boxed_str())), format!("{} replied: {msg}", self.host)))
+    }
+
+    async fn round_trip(&mut self, body: Document) -> Result<Document> {
+        crate::fault::before_send(&self.host).await?;
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        let frame = wire::try_encode_msg(id, 0, &wire::OpMsg { flags: 0, body, sequences: Vec::new() }, None)?;
+        let io = |e: std::io::Error| Error::new(Code::HostUnreachable, format!("connection to {} failed: {e}", self.host));
+        self.stream.write_all(&frame).await.map_err(io)?;
+        let mut prefix = [0u8; 4];
+        self.stream.read_exact(&mut prefix).await.map_err(io)?;
+        let len = wire::frame_length(prefix, REPLY_BYTES_MAX)?;
+        let mut buf = vec![0u8; len];
+        buf[..4].copy_from_slice(&prefix);
+        self.stream.read_exact(&mut buf[4..]).await.map_err(io)?;
+        let decoded = wire::decode(&buf, REPLY_BYTES_MAX)?;
+        crate::fault::after_receive(&self.host).await?;
+        match decoded.message {
+            wire::Message::Msg(m) if decoded.header.response_to == id => Ok(m.body),
+            _ => Err(Error::new(Code::ProtocolError, format!("unexpected reply from {}", self.host))),
+        }
+    }
+}
+
+fn is_ok(reply: &Document) -> bool {
+    matches!(reply.get("ok"), Some(bson::Bson::Double(v)) if *v == 1.0)
+        || matches!(reply.get("ok"), Some(bson::Bson::Int32(1) | bson::Bson::Int64(1) | bson::Bson::Boolean(true)))
+}
