@@ -42,7 +42,8 @@ impl MemberState {
             MemberState::Startup2 => "STARTUP2",
             MemberState::Unknown => "UNKNOWN",
             MemberState::Arbiter => "ARBITER",
-            MemberState::Down => "DOWN",
+            // mongod's name for a member that does not answer heartbeats.
+            MemberState::Down => "(not reachable/healthy)",
             MemberState::Rollback => "ROLLBACK",
             MemberState::Removed => "REMOVED",
         }

@@ -30,6 +30,8 @@ pub struct ServerConfig {
     pub connections_max: usize,
     /// Idle cursors are killed after this long (mongod `cursorTimeoutMillis`, default 10 min).
     pub cursor_timeout_ms: u64,
+    /// `setParameter enableTestCommands`: fail points (fault injection) are available.
+    pub enable_test_commands: bool,
     /// Where the config file was read from, for getCmdLineOpts.
     pub config_file: Option<PathBuf>,
     /// The raw argv, reported by getCmdLineOpts.
@@ -51,6 +53,7 @@ impl Default for ServerConfig {
             compressors: vec!["snappy".into(), "zstd".into(), "zlib".into()],
             connections_max: CONNECTIONS_MAX_DEFAULT,
             cursor_timeout_ms: 600_000,
+            enable_test_commands: false,
             config_file: None,
             argv: Vec::new(),
             parsed: bson::Document::new(),
@@ -72,6 +75,8 @@ pub struct Overrides {
     pub cache_size_gb: Option<f64>,
     pub repl_set: Option<String>,
     pub oplog_size_mb: Option<u64>,
+    /// `--setParameter name=value`, each.
+    pub set_parameters: Vec<String>,
 }
 
 fn bad_option(msg: impl Into<String>) -> Error {
@@ -116,6 +121,10 @@ impl ServerConfig {
         }
         if let Some(mb) = o.oplog_size_mb {
             c.oplog_size_bytes = oplog_size_bytes(mb)?;
+        }
+        for p in &o.set_parameters {
+            let (k, v) = p.split_once('=').ok_or_else(|| bad_option(format!("Illegal --setParameter parameter: \"{p}\"")))?;
+            c.set_parameter(k, &Value::String(v.to_string()))?;
         }
         c.validate()?;
         c.parsed = c.to_parsed();
@@ -239,10 +248,29 @@ impl ServerConfig {
 
     fn apply_set_parameter(&mut self, v: &Value) -> Result<()> {
         for (k, v) in mapping("setParameter", v)? {
-            match key_str(k)? {
-                "cursorTimeoutMillis" => self.cursor_timeout_ms = as_u64(v, "setParameter.cursorTimeoutMillis")?,
-                other => return Err(bad_option(format!("Unrecognized setParameter: {other}"))),
+            self.set_parameter(key_str(k)?, v)?;
+        }
+        Ok(())
+    }
+
+    fn set_parameter(&mut self, k: &str, v: &Value) -> Result<()> {
+        match k {
+            "cursorTimeoutMillis" => {
+                self.cursor_timeout_ms = match v {
+                    Value::String(s) => s.parse().map_err(|_| bad_option(format!("Bad value for parameter \"{k}\": {s}")))?,
+                    _ => as_u64(v, "setParameter.cursorTimeoutMillis")?,
+                }
             }
+            "enableTestCommands" => {
+                self.enable_test_commands = match v {
+                    Value::Bool(b) => *b,
+                    Value::String(s) if matches!(s.as_str(), "1" | "true") => true,
+                    Value::String(s) if matches!(s.as_str(), "0" | "false") => false,
+                    Value::Number(n) => n.as_u64() != Some(0),
+                    _ => return Err(bad_option(format!("Bad value for parameter \"{k}\""))),
+                }
+            }
+            other => return Err(bad_option(format!("Unrecognized setParameter: {other}"))),
         }
         Ok(())
     }

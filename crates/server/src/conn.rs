@@ -282,6 +282,8 @@ async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Do
     reply
 }
 
+const WRITE_CONCERN_RECHECK: Duration = Duration::from_secs(1);
+
 /// Wait until the members a write concern needs have the write; on a timeout or a step-down
 /// the reply gets a writeConcernError beside the write's own result, as mongod's does.
 async fn wait_for_replication(shared: &Shared, wait: dispatch::ReplicationWait, reply: &mut Document) {
@@ -298,11 +300,11 @@ async fn wait_for_replication(shared: &Shared, wait: dispatch::ReplicationWait, 
             }
             WcStatus::Pending => {}
         }
-        let changed = match deadline {
-            Some(d) => tokio::time::timeout_at(d, changes.changed()).await.ok(),
-            None => Some(changes.changed().await),
-        };
-        if changed.is_none() {
+        // Woken by progress; the periodic look is a backstop, not the mechanism.
+        let recheck = tokio::time::Instant::now() + WRITE_CONCERN_RECHECK;
+        let until = deadline.map_or(recheck, |d| d.min(recheck));
+        let _ = tokio::time::timeout_at(until, changes.changed()).await;
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
             break doc! {"code": 64, "codeName": "WriteConcernFailed", "errmsg": "waiting for replication timed out", "errInfo": {"wtimeout": true, "writeConcern": wait.write_concern.clone()}};
         }
     };

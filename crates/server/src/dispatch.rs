@@ -201,6 +201,8 @@ fn check_member_state(shared: &Shared, repl: &crate::repl::ReplCoord, req: &Requ
         commands::OnSecondary::OptIn => {
             let mode = req.body.get_document("$readPreference").ok().and_then(|p| p.get_str("mode").ok());
             match mode {
+                // A member in ROLLBACK or RECOVERING may hold documents newer than its oplog.
+                Some(m) if m != "primary" && !repl.serves_secondary_reads() => Error::new(Code::NotPrimaryOrSecondary, "node is not in primary or recovering state"),
                 Some(m) if m != "primary" => return Ok(()),
                 _ => Error::new(Code::NotPrimaryNoSecondaryOk, "not primary and secondaryOk=false"),
             }
@@ -291,9 +293,17 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
     };
     let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, req.body.clone(), deadline);
     let wait = replication_wait(shared, req, write_concern.as_ref(), wc_unsatisfiable.is_some());
-    let mut ctx = Ctx { shared, conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern };
+    let commit_deferred = retry_key.is_some() && shared.repl.is_some();
+    let mut ctx = Ctx { shared, conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, commit_deferred };
     let mut reply = match (retry_key, txn_number) {
-        (Some(lsid), Some(txn)) => shared.retry.run(&lsid, txn, || handler(&mut ctx))?,
+        (Some(lsid), Some(txn)) => {
+            let r = shared.retry.run_durable(&lsid, txn, shared.repl.as_ref().map(|_| &shared.store), || handler(&mut ctx));
+            // One sync for the write and its session record (see Ctx::commit_deferred).
+            if commit_deferred {
+                ctx.commit_now()?;
+            }
+            r?
+        }
         _ => handler(&mut ctx)?,
     };
     if let (Some(mut wait), Some(repl)) = (wait, &shared.repl) {

@@ -38,10 +38,6 @@ pub fn set(host: &str, fault: Option<LinkFault>) {
     }
 }
 
-pub fn clear_all() {
-    FAULTS.write().clear();
-}
-
 fn get(host: &str) -> Option<LinkFault> {
     let f = FAULTS.read();
     if f.is_empty() {

@@ -1,9 +1,11 @@
 //! Retryable writes (lsid + txnNumber): the reply of each session's newest write is kept, so
 //! a driver that retries it after a network error gets that reply instead of a second write.
 //!
-//! The table is in memory: a retry is answered exactly once while this process lives. Making
-//! it survive a restart or a failover (mongod's config.transactions, written with the oplog)
-//! comes with multi-member replica sets.
+//! The table is in memory, backed on a replica-set member by `config.transactions` (as
+//! mongod's): each recorded reply is also written there, as an ordinary replicated write,
+//! so a new primary after a failover, or this member after a restart, still answers a retry
+//! with the first reply instead of writing twice. The record is written after the write it
+//! describes and before the write concern wait, which therefore covers both.
 
 use bson::Document;
 use common::{Code, Error, Result};
@@ -38,7 +40,13 @@ struct SessionWrite {
 impl RetryTable {
     /// Run `write` as transaction `txn_number` of session `lsid` unless it already ran; then
     /// return the reply it gave.
+    #[cfg(test)]
     pub fn run(&self, lsid: &[u8], txn_number: i64, write: impl FnOnce() -> Result<Document>) -> Result<Document> {
+        self.run_durable(lsid, txn_number, None, write)
+    }
+
+    /// `run`, with the session's record also kept in `store`'s config.transactions.
+    pub fn run_durable(&self, lsid: &[u8], txn_number: i64, store: Option<&storage::Store>, write: impl FnOnce() -> Result<Document>) -> Result<Document> {
         let session = {
             let mut map = self.sessions.lock();
             if !map.contains_key(lsid) && map.len() >= SESSIONS_MAX {
@@ -52,6 +60,12 @@ impl RetryTable {
         // still runs waits for it and then replays its reply.
         let mut s = session.lock();
         s.last_used = Instant::now();
+        if s.txn_number == i64::MIN {
+            if let Some((txn, reply)) = store.and_then(|st| load_record(st, lsid)) {
+                s.txn_number = txn;
+                s.reply = Some(reply);
+            }
+        }
         if txn_number < s.txn_number {
             return Err(Error::new(
                 Code::TransactionTooOld,
@@ -67,6 +81,12 @@ impl RetryTable {
             return Err(Error::new(Code::TooManyLogicalSessions, "the retryable write table is full"));
         }
         let reply = write()?;
+        if let Some(st) = store {
+            if let Err(e) = save_record(st, lsid, txn_number, &reply) {
+                // The write stands; only a retry after a failover could now repeat it.
+                tracing::warn!("cannot record a retryable write in config.transactions: {}", e.message);
+            }
+        }
         let bytes = crate::exec::approx_doc_size(&reply) as u64;
         self.saved_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.saved_bytes.fetch_sub(s.reply_bytes, Ordering::Relaxed);
@@ -88,6 +108,32 @@ impl RetryTable {
             _ => true,
         });
         before - map.len()
+    }
+}
+
+const RECORDS_DB: &str = "config";
+const RECORDS_COLLECTION: &str = "transactions";
+
+fn record_id(lsid: &[u8]) -> bson::Bson {
+    bson::Bson::Document(bson::doc! {"id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: lsid.to_vec() }})
+}
+
+fn load_record(store: &storage::Store, lsid: &[u8]) -> Option<(i64, Document)> {
+    let coll = store.collection(RECORDS_DB, RECORDS_COLLECTION)?;
+    let (_, d) = coll.snapshot().find_by_id(&record_id(lsid)).ok()??;
+    Some((d.get_i64("txnNum").ok()?, d.get_document("reply").ok()?.clone()))
+}
+
+/// `{_id: {id: lsid}, txnNum, lastWriteDate, reply}`: mongod's record, with the reply that a
+/// retry gets (mongod rebuilds it from the oplog instead).
+fn save_record(store: &storage::Store, lsid: &[u8], txn_number: i64, reply: &Document) -> Result<()> {
+    let coll = store.collection_or_create(RECORDS_DB, RECORDS_COLLECTION)?;
+    let id = record_id(lsid);
+    let doc = bson::doc! {"_id": id.clone(), "txnNum": txn_number, "lastWriteDate": bson::DateTime::now(), "reply": reply.clone()};
+    let mut w = coll.writer();
+    match w.snapshot().find_by_id(&id)? {
+        Some((rid, old)) => w.update(rid, &old, &doc),
+        None => w.insert(&doc).map(|_| ()),
     }
 }
 

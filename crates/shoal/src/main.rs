@@ -58,6 +58,9 @@ struct ServeArgs {
     /// The oplog's size in MB [default: 990].
     #[arg(long = "oplogSize")]
     oplog_size: Option<u64>,
+    /// A server parameter, name=value (repeatable): cursorTimeoutMillis, enableTestCommands.
+    #[arg(long = "setParameter")]
+    set_parameter: Vec<String>,
 }
 
 fn main() {
@@ -82,6 +85,7 @@ fn main() {
                 cache_size_gb: a.wired_tiger_cache_size_gb,
                 repl_set: a.repl_set,
                 oplog_size_mb: a.oplog_size,
+                set_parameters: a.set_parameter,
             };
             let config = match server::config::ServerConfig::build(&overrides, argv) {
                 Ok(c) => c,

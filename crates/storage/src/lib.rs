@@ -513,11 +513,17 @@ impl Shared {
                 continue;
             }
             st.syncing = true;
-            // The oplog position first: every entry up to it is in a batch counted by
-            // `covers` (apply_logged applies before it moves `last`, under the same lock).
+            // The oplog position and the batch count together, under the oplog lock (which
+            // every logged batch holds while it is applied): entries up to `log_at` are
+            // exactly those in batches counted by `covers`, so the sync makes them durable.
             let log = self.oplog.read().clone();
-            let log_at = log.as_ref().map(|l| l.state.lock().last);
-            let covers = self.applied_seq.load(Ordering::SeqCst);
+            let (log_at, covers) = match &log {
+                Some(l) => {
+                    let g = l.state.lock();
+                    (Some(g.last), self.applied_seq.load(Ordering::SeqCst))
+                }
+                None => (None, self.applied_seq.load(Ordering::SeqCst)),
+            };
             drop(st);
             let r = self.engine.sync();
             self.sync_count.fetch_add(1, Ordering::Relaxed);
@@ -1397,6 +1403,35 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// Delete the oplog entries after `at` (rollback: they exist on no other member), so
+    /// the oplog continues from `at`. Returns how many were deleted.
+    pub fn truncate_oplog_after(&self, at: OpTime) -> Result<u64> {
+        let shared = &self.inner.shared;
+        let Some(log) = shared.oplog.read().clone() else {
+            return Err(Error::new(Code::NoReplicationEnabled, "no oplog: not running with --replSet"));
+        };
+        let mut st = log.state.lock();
+        let mut stats = log.coll.stats.lock().clone();
+        let snap = shared.engine.snapshot();
+        let lo = std::ops::Bound::Excluded(record_key(log.coll.id, at.ts));
+        let (_, hi) = prefix_bounds(&log.coll.id.to_be_bytes());
+        let mut batch = Batch::new();
+        let mut removed = 0u64;
+        for kv in snap.iter(Space::Records, lo, hi, false) {
+            let (k, v) = kv?;
+            stats.data_bytes = stats.data_bytes.saturating_sub(v.len() as u64);
+            stats.count = stats.count.saturating_sub(1);
+            removed += 1;
+            batch.delete(Space::Records, k);
+        }
+        batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
+        shared.apply(batch)?;
+        *log.coll.stats.lock() = stats;
+        st.last = at;
+        st.durable = st.durable.min(at);
+        Ok(removed)
     }
 
     /// Stamp later oplog entries with term `t` (terms only grow).

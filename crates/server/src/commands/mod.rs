@@ -23,6 +23,9 @@ pub struct Ctx<'a> {
     pub cmd: &'a Document,
     pub op: &'a OpCtx<'a>,
     pub write_concern: Option<WriteConcern>,
+    /// Set for a retryable write on a replica-set member: `commit_write` leaves the sync to
+    /// dispatch, which syncs once after the session's record is written too.
+    pub commit_deferred: bool,
 }
 
 pub type Handler = fn(&mut Ctx) -> Result<Document>;
@@ -81,6 +84,7 @@ pub fn lookup(name: &str) -> Option<Handler> {
         "replSetUpdatePosition" => repl::repl_set_update_position,
         "replSetStepDown" => repl::repl_set_step_down,
         "replSetFreeze" => repl::repl_set_freeze,
+        "configureFailPoint" => repl::configure_fail_point,
         _ => return None,
     })
 }
@@ -260,6 +264,14 @@ impl Ctx<'_> {
 
     /// Make applied writes durable unless the write concern waives it (w:0 or j:false).
     pub fn commit_write(&self) -> Result<()> {
+        if self.commit_deferred {
+            return Ok(());
+        }
+        self.commit_now()
+    }
+
+    /// `commit_write`, even when deferred.
+    pub fn commit_now(&self) -> Result<()> {
         let wc = self.write_concern.as_ref();
         let unack = wc.map(|w| w.is_unacknowledged()).unwrap_or(false);
         let j = wc.and_then(|w| w.j);

@@ -115,3 +115,36 @@ pub fn repl_set_freeze(ctx: &mut Ctx) -> Result<Document> {
     let secs = secs_arg(ctx, "replSetFreeze", 0)?;
     crate::repl::member_commands::freeze(ctx.shared, secs as u64)
 }
+
+/// configureFailPoint, for the one fail point shoal has: `replLink`, faults on this member's
+/// links to other members (crate::fault). `{configureFailPoint: "replLink", mode: "alwaysOn"
+/// | "off", data: {host: "h:p" | "*", delayMs, lossPercent, partition}}`. Only with
+/// `--setParameter enableTestCommands=1`; otherwise the command does not exist, as in mongod.
+pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
+    if !ctx.shared.config.enable_test_commands {
+        return Err(Error::new(Code::CommandNotFound, "no such command: 'configureFailPoint'"));
+    }
+    if ctx.db != "admin" {
+        return Err(Error::new(Code::Unauthorized, "configureFailPoint may only be run against the admin database."));
+    }
+    super::check_fields("configureFailPoint", ctx.cmd, &["configureFailPoint", "mode", "data"])?;
+    let name = ctx.cmd.get_str("configureFailPoint").map_err(|_| Error::type_mismatch("configureFailPoint must name a fail point"))?;
+    if name != "replLink" {
+        return Err(Error::bad_value(format!("Cannot find failpoint: {name}")));
+    }
+    let on = match ctx.cmd.get("mode") {
+        Some(Bson::String(m)) if m == "alwaysOn" => true,
+        Some(Bson::String(m)) if m == "off" => false,
+        _ => return Err(Error::bad_value("replLink supports mode \"alwaysOn\" or \"off\"")),
+    };
+    let data = ctx.cmd.get_document("data").cloned().unwrap_or_default();
+    let host = data.get_str("host").unwrap_or("*").to_string();
+    let num = |k: &str| data.get(k).and_then(super::as_i64).unwrap_or(0).max(0) as u64;
+    let fault = crate::fault::LinkFault {
+        delay_ms: num("delayMs"),
+        loss_percent: num("lossPercent").min(100) as u32,
+        partitioned: data.get_bool("partition").unwrap_or(false),
+    };
+    crate::fault::set(&host, on.then_some(fault));
+    Ok(bson::doc! {"count": 0})
+}

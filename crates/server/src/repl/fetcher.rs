@@ -45,7 +45,7 @@ pub async fn fetch_loop(shared: Arc<Shared>) {
         };
         let epoch = coord.epoch();
         match fetch_from(&shared, epoch, src, &config.members[src].host).await {
-            Ok(()) => coord.set_info_message(""),
+            Ok(()) => {}
             Err(e) => {
                 tracing::info!(source = %config.members[src].host, "oplog fetching stopped: {}", e.message);
                 coord.set_info_message(e.message.clone());
@@ -78,13 +78,13 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, host: &str) ->
     } else {
         let first = batch.first().and_then(|e| OpTime::from_doc(e));
         if first != Some(last) {
-            return Err(Error::new(
-                Code::OplogStartMissing,
-                format!("our last oplog entry {last:?} is not in {host}'s oplog (it has {first:?}): this member has writes the set does not, and rolling them back is not implemented yet"),
-            ));
+            // Our newest entries are not in the source's oplog: a former primary's writes
+            // that no majority took. Undo them, then fetch again from the common point.
+            return roll_back(shared, &mut conn, host, last).await;
         }
         batch.remove(0);
     }
+    coord.set_info_message("");
     let mut pending: Option<tokio::task::JoinHandle<Result<()>>> = None;
     let mut commit_seen = OpTime::default();
     loop {
@@ -119,6 +119,198 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, host: &str) ->
             coord.learn_commit_point(&shared.store, commit_seen);
         }
     }
+}
+
+/// Our oplog entries that rollback examines at most (mongod bounds rollback by time; this
+/// bounds it by size, so that the set of documents to refetch stays in memory).
+const ROLLBACK_ENTRIES_MAX: usize = 100_000;
+/// Entries read per step while looking for the common point.
+const ROLLBACK_CHUNK: usize = 1000;
+
+/// Rollback by refetch (mongod's original algorithm): find the newest entry both oplogs
+/// share, save our current version of every document our later entries touched to a
+/// rollback file, replace each with the source's version (or delete it where the source has
+/// none), and cut our oplog back to the common point. The member is then RECOVERING until
+/// it has applied the source's oplog up to where the source was when the documents were
+/// read (minValid), since until then a document may be newer than the entries around it.
+async fn roll_back(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, our_last: OpTime) -> Result<()> {
+    let coord = shared.repl.as_ref().expect("replica set member");
+    coord.set_state(MemberState::Rollback);
+    let r = roll_back_inner(shared, conn, host, our_last).await;
+    if let Err(e) = &r {
+        tracing::error!("rollback failed: {}", e.message);
+        // Stay out of the set's reads; the next fetch attempt tries again.
+        coord.set_state(MemberState::Recovering);
+    }
+    r
+}
+
+async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, our_last: OpTime) -> Result<()> {
+    let store = shared.store.clone();
+    let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).ok_or_else(|| Error::internal("no oplog"))?;
+    // Walk our oplog back from the newest entry, a chunk at a time, until an entry is also in
+    // the source's oplog with the same term.
+    let mut ours: Vec<Document> = Vec::new();
+    let mut before = None;
+    let common = loop {
+        let chunk = oplog.snapshot().scan_reverse(before, ROLLBACK_CHUNK)?;
+        if chunk.is_empty() {
+            return Err(Error::new(Code::OplogStartMissing, format!("no common point with {host}'s oplog: this member needs a resync")));
+        }
+        before = chunk.last().map(|(rid, _)| *rid);
+        let oldest = chunk.last().and_then(|(_, d)| OpTime::from_doc(d)).unwrap_or_default();
+        let theirs = source_entries_from(conn, oldest, our_last).await?;
+        let mut found = None;
+        for (_, d) in chunk {
+            let at = OpTime::from_doc(&d).unwrap_or_default();
+            if theirs.contains(&at) {
+                found = Some(at);
+                break;
+            }
+            ours.push(d);
+        }
+        if let Some(at) = found {
+            break at;
+        }
+        if ours.len() >= ROLLBACK_ENTRIES_MAX {
+            return Err(Error::new(Code::OplogStartMissing, format!("more than {ROLLBACK_ENTRIES_MAX} entries to roll back: this member needs a resync")));
+        }
+    };
+    // The documents our divergent entries touched, by namespace.
+    let mut touched: std::collections::BTreeMap<String, Vec<Bson>> = Default::default();
+    // Collections our divergent entries created: dropped unless the source has them.
+    let mut created: Vec<String> = Vec::new();
+    for e in &ours {
+        let op = e.get_str("op").unwrap_or("");
+        let ns = e.get_str("ns").unwrap_or("").to_string();
+        let id = match op {
+            "n" => continue,
+            "c" if e.get_document("o").is_ok_and(|o| o.get_str("create").is_ok()) => {
+                let db = ns.strip_suffix(".$cmd").unwrap_or(&ns);
+                created.push(format!("{db}.{}", e.get_document("o").ok().and_then(|o| o.get_str("create").ok()).unwrap_or("")));
+                continue;
+            }
+            "i" | "d" => e.get_document("o").ok().and_then(|o| o.get("_id")).cloned(),
+            "u" => e.get_document("o2").ok().and_then(|o| o.get("_id")).cloned(),
+            _ => {
+                return Err(Error::new(
+                    Code::OplogStartMissing,
+                    format!("cannot roll back the catalog command {} on {ns}: this member needs a resync", e.get_document("o").map(|o| o.to_string()).unwrap_or_default()),
+                ))
+            }
+        };
+        if let Some(id) = id {
+            let ids = touched.entry(ns).or_default();
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+    }
+    // minValid: the source's newest entry before we read its documents.
+    let status = conn.command("admin", doc! {"replSetGetStatus": 1}, CONNECT_TIMEOUT).await?;
+    let min_valid = status.get_document("optimes").ok().and_then(|o| o.get_document("appliedOpTime").ok()).and_then(OpTime::from_doc).unwrap_or(common);
+    let mut fetched: Vec<(String, Bson, Option<Document>)> = Vec::new();
+    for (ns, ids) in &touched {
+        let Some((db, coll)) = ns.split_once('.') else { continue };
+        for chunk in ids.chunks(500) {
+            let reply = conn
+                .command(db, doc! {"find": coll, "filter": {"_id": {"$in": chunk.to_vec()}}, "batchSize": 100_000, "singleBatch": true, "$readPreference": {"mode": "secondaryPreferred"}}, CONNECT_TIMEOUT + REPLY_SLACK)
+                .await?;
+            let (_, docs) = cursor_batch(&reply, "firstBatch")?;
+            for id in chunk {
+                let theirs = docs.iter().find(|d| d.get("_id") == Some(id)).cloned();
+                fetched.push((ns.clone(), id.clone(), theirs));
+            }
+        }
+    }
+    let mut drop_colls = Vec::new();
+    for ns in created {
+        let Some((db, coll)) = ns.split_once('.') else { continue };
+        let reply = conn.command(db, doc! {"listCollections": 1, "filter": {"name": coll}, "nameOnly": true}, CONNECT_TIMEOUT).await?;
+        if cursor_batch(&reply, "firstBatch")?.1.is_empty() {
+            drop_colls.push(ns);
+        }
+    }
+    let dbpath = shared.config.dbpath.clone();
+    let undone = ours.len();
+    let s = shared.clone();
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let coord = s.repl.as_ref().expect("replica set member");
+        let _apply = coord.apply_lock.lock();
+        let _replicated = storage::applying_replicated_ops();
+        let stamp = bson::DateTime::now().try_to_rfc3339_string().unwrap_or_default().replace(':', "-");
+        for (ns, id, theirs) in fetched {
+            let (db, coll) = ns.split_once('.').expect("split above");
+            let Some(c) = store.collection(db, coll) else {
+                if let Some(d) = theirs {
+                    crate::apply::apply_entry(&store, &doc! {"op": "i", "ns": ns.clone(), "o": d})?;
+                }
+                continue;
+            };
+            let mine = c.snapshot().find_by_id(&id)?.map(|(_, d)| d);
+            if let Some(m) = &mine {
+                save_rollback_doc(&dbpath, &ns, &stamp, m)?;
+            }
+            match theirs {
+                Some(d) => crate::apply::apply_entry(&store, &doc! {"op": "i", "ns": ns.clone(), "o": d})?,
+                None => crate::apply::apply_entry(&store, &doc! {"op": "d", "ns": ns.clone(), "o": {"_id": id}})?,
+            }
+        }
+        for ns in drop_colls {
+            let (db, coll) = ns.split_once('.').expect("split above");
+            if let Some(c) = store.collection(db, coll) {
+                for (_, d) in c.snapshot().scan(None, usize::MAX)? {
+                    save_rollback_doc(&dbpath, &ns, &stamp, &d)?;
+                }
+                store.drop_collection(db, coll)?;
+            }
+        }
+        store.truncate_oplog_after(common)?;
+        store.commit_durable()?;
+        coord.finish_rollback(min_valid);
+        Ok(())
+    })
+    .await
+    .map_err(|e| Error::internal(e.to_string()))??;
+    tracing::info!(%host, undone, ?common, ?min_valid, "rolled back entries no majority had");
+    Ok(())
+}
+
+/// The optimes of the source's entries from `from` on, at most up to `to` (a bounded read
+/// of its oplog, positioned by timestamp).
+async fn source_entries_from(conn: &mut PeerConn, from: OpTime, to: OpTime) -> Result<Vec<OpTime>> {
+    let mut out = Vec::new();
+    let reply = conn
+        .command(
+            "local",
+            doc! {"find": "oplog.rs", "filter": {"ts": {"$gte": from.timestamp()}}, "tailable": true, "batchSize": ROLLBACK_ENTRIES_MAX as i32, "projection": {"ts": 1, "t": 1}},
+            CONNECT_TIMEOUT + REPLY_SLACK,
+        )
+        .await?;
+    let (id, batch) = cursor_batch(&reply, "firstBatch")?;
+    for e in batch {
+        match OpTime::from_doc(&e) {
+            Some(at) if at.ts <= to.ts => out.push(at),
+            _ => break,
+        }
+    }
+    if id != 0 {
+        let _ = conn.command("local", doc! {"killCursors": "oplog.rs", "cursors": [id]}, CONNECT_TIMEOUT).await;
+    }
+    Ok(out)
+}
+
+/// Append `doc` to `<dbpath>/rollback/<ns>/removed.<stamp>.bson`, as mongod keeps what a
+/// rollback replaced.
+fn save_rollback_doc(dbpath: &std::path::Path, ns: &str, stamp: &str, doc: &Document) -> Result<()> {
+    use std::io::Write;
+    let dir = dbpath.join("rollback").join(ns);
+    let io = |e: std::io::Error| Error::internal(format!("cannot write rollback file in {}: {e}", dir.display()));
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("removed.{stamp}.bson"))).map_err(io)?;
+    let bytes = doc.to_vec().map_err(|e| Error::internal(e.to_string()))?;
+    f.write_all(&bytes).map_err(io)?;
+    f.sync_all().map_err(io)
 }
 
 fn should_change(shared: &Shared, current: usize) -> bool {
@@ -172,7 +364,7 @@ fn apply_batch(shared: &Shared, entries: Vec<Document>, epoch: u64) -> Result<()
         store.append_oplog_replicated(&logged)?;
     }
     store.commit_durable()?;
-    coord.progress.send_modify(|c| *c += 1);
+    coord.after_apply(store.oplog_last().unwrap_or_default());
     Ok(())
 }
 

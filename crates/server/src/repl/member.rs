@@ -333,6 +333,11 @@ async fn tick_loop(shared: Arc<Shared>) {
         tokio::time::sleep(TICK).await;
         shared.store.set_ttl_deletes_enabled(coord.is_writable_primary());
         let Some((config, me)) = coord.config() else { continue };
+        if coord.is_writable_primary() {
+            // This member's own durable optime moves with every sync, without a report.
+            let mut inner = coord.inner.lock();
+            coord.advance_commit_point(&shared.store, &mut inner);
+        }
         let now = Instant::now();
         let election_timeout = Duration::from_millis(config.settings.election_timeout_ms.max(1) as u64);
         let mut stand = false;

@@ -108,6 +108,8 @@ struct Inner {
     election_running: bool,
     /// Why replication stopped, when it did (shown in replSetGetStatus.infoMessage).
     info_message: String,
+    /// After a rollback: RECOVERING until the oplog is applied up to here.
+    min_valid: Option<OpTime>,
 }
 
 /// How a write-concern wait stands.
@@ -144,6 +146,7 @@ impl ReplCoord {
                 frozen_until: now,
                 election_running: false,
                 info_message: String::new(),
+                min_valid: None,
             }),
             primary: AtomicBool::new(false),
             topology: tokio::sync::watch::Sender::new(0),
@@ -223,11 +226,12 @@ impl ReplCoord {
             inner.config = Some(config.clone());
         }
         self.config_epoch.fetch_add(1, Ordering::SeqCst);
-        self.changed();
         if alone && !self.is_writable_primary() {
+            // One change for hello to report: primary (become_primary announces it).
             let term = self.inner.lock().term + 1;
-            self.become_primary(store, term)?;
+            return self.become_primary(store, term);
         }
+        self.changed();
         Ok(())
     }
 
@@ -421,6 +425,12 @@ impl ReplCoord {
         if cp > inner.commit_point {
             inner.commit_point = cp;
         }
+    }
+
+    /// Secondaries (and a primary) serve reads; members in STARTUP, ROLLBACK or RECOVERING
+    /// do not.
+    pub fn serves_secondary_reads(&self) -> bool {
+        matches!(self.inner.lock().state, MemberState::Primary | MemberState::Secondary)
     }
 
     pub fn is_writable_primary(&self) -> bool {
@@ -633,6 +643,42 @@ impl ReplCoord {
             "term": inner.term, "lastOpCommitted": cp.to_doc(), "lastOpVisible": store.oplog_last().unwrap_or_default().to_doc(),
             "configVersion": config.version, "replicaSetId": config.settings.replica_set_id, "primaryIndex": primary_index,
             "syncSourceIndex": inner.sync_source.map_or(-1, |i| i as i32),
+        }
+    }
+
+    /// Rollback's states (ROLLBACK, then RECOVERING); never used to leave PRIMARY.
+    pub(crate) fn set_state(&self, state: MemberState) {
+        let mut inner = self.inner.lock();
+        if inner.state == MemberState::Primary {
+            return;
+        }
+        inner.state = state;
+        drop(inner);
+        self.changed();
+    }
+
+    pub(crate) fn finish_rollback(&self, min_valid: OpTime) {
+        self.inner.lock().min_valid = Some(min_valid);
+        self.set_state(MemberState::Recovering);
+    }
+
+    /// A fetched batch is applied and durable: report it, and leave RECOVERING once the
+    /// oplog reaches minValid.
+    pub(crate) fn after_apply(&self, applied: OpTime) {
+        let recovered = {
+            let mut inner = self.inner.lock();
+            let done = inner.state == MemberState::Recovering && inner.min_valid.is_some_and(|m| applied >= m);
+            if done {
+                inner.min_valid = None;
+                inner.state = MemberState::Secondary;
+            }
+            done
+        };
+        if recovered {
+            tracing::info!("caught up after rollback: secondary");
+            self.changed();
+        } else {
+            self.progress.send_modify(|c| *c += 1);
         }
     }
 

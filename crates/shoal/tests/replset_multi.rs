@@ -1,0 +1,324 @@
+//! Replica sets of several real `shoal` processes: elections, replication along a chain,
+//! write concern, failover under load with retryable writes, step-down, and partitions and
+//! link latency made with the fault layer (configureFailPoint "replLink").
+
+mod common;
+
+use common::*;
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::options::{ReadPreference, SelectionCriteria};
+use mongodb::Client;
+use std::time::{Duration, Instant};
+
+/// Short timeouts so that elections in tests take a second or two, not ten.
+const ELECTION_TIMEOUT_MS: i32 = 1000;
+const HEARTBEAT_INTERVAL_MS: i32 = 200;
+
+struct Set {
+    members: Vec<Server>,
+}
+
+fn host(s: &Server) -> String {
+    format!("127.0.0.1:{}", s.port)
+}
+
+async fn direct(s: &Server) -> Client {
+    s.client_with("directConnection=true").await
+}
+
+async fn admin(c: &Client, cmd: Document) -> mongodb::error::Result<Document> {
+    c.database("admin").run_command(cmd).await
+}
+
+impl Set {
+    /// Start `n` members and initiate them with `members_extra[i]` merged into member i.
+    async fn start(n: usize, settings: Document, members_extra: &[Document]) -> Set {
+        let members: Vec<Server> = (0..n).map(|_| Server::start_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"])).collect();
+        let mut config_members = Vec::new();
+        for (i, m) in members.iter().enumerate() {
+            let mut d = doc! {"_id": i as i32, "host": host(m)};
+            if let Some(extra) = members_extra.get(i) {
+                d.extend(extra.clone());
+            }
+            config_members.push(Bson::Document(d));
+        }
+        let mut s = doc! {"electionTimeoutMillis": ELECTION_TIMEOUT_MS, "heartbeatIntervalMillis": HEARTBEAT_INTERVAL_MS};
+        s.extend(settings);
+        let first = direct(&members[0]).await;
+        admin(&first, doc! {"replSetInitiate": {"_id": "rs0", "version": 1, "members": config_members, "settings": s}}).await.unwrap();
+        Set { members }
+    }
+
+    fn uri(&self) -> String {
+        let hosts: Vec<String> = self.members.iter().map(host).collect();
+        format!("mongodb://{}/?replicaSet=rs0&serverSelectionTimeoutMS=30000", hosts.join(","))
+    }
+
+    async fn client(&self) -> Client {
+        Client::with_uri_str(self.uri()).await.unwrap()
+    }
+
+    /// replSetGetStatus of member `i`, if it answers.
+    async fn status(&self, i: usize) -> Option<Document> {
+        let c = direct(&self.members[i]).await;
+        admin(&c, doc! {"replSetGetStatus": 1}).await.ok()
+    }
+
+    /// Wait until some running member (other than `except`) is primary and every running
+    /// member reports it; returns its index.
+    async fn wait_for_primary(&mut self, except: Option<usize>) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut primary = None;
+            for i in 0..self.members.len() {
+                if Some(i) == except || !self.members[i].is_running() {
+                    continue;
+                }
+                if let Some(s) = self.status(i).await {
+                    if s.get_i32("myState").unwrap_or(0) == 1 {
+                        primary = Some(i);
+                    }
+                }
+            }
+            if let Some(p) = primary {
+                return p;
+            }
+            assert!(Instant::now() < deadline, "no primary within 30 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn count_on(&self, i: usize, coll: &str) -> u64 {
+        self.try_count_on(i, coll).await.unwrap()
+    }
+
+    /// Fails while the member serves no reads (STARTUP, ROLLBACK, RECOVERING).
+    async fn try_count_on(&self, i: usize, coll: &str) -> mongodb::error::Result<u64> {
+        let c = direct(&self.members[i]).await;
+        let opts = mongodb::options::CountOptions::builder().selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::SecondaryPreferred { options: None })).build();
+        c.database("app").collection::<Document>(coll).count_documents(doc! {}).with_options(opts).await
+    }
+
+    /// Wait until member `i` has `want` documents in app.`coll`.
+    async fn wait_for_count(&self, i: usize, coll: &str, want: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let n = self.try_count_on(i, coll).await;
+            if n.as_ref().is_ok_and(|n| *n == want) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "member {i} has {n:?} documents, not {want}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn fail_point(&self, i: usize, mode: &str, data: Document) {
+        let c = direct(&self.members[i]).await;
+        admin(&c, doc! {"configureFailPoint": "replLink", "mode": mode, "data": data}).await.unwrap();
+    }
+}
+
+fn member<'a>(status: &'a Document, i: usize) -> &'a Document {
+    status.get_array("members").unwrap()[i].as_document().unwrap()
+}
+
+#[tokio::test]
+async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    assert_eq!(p, 0, "the initiator stands first");
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("c");
+    for i in 0..50 {
+        coll.insert_one(doc! {"_id": i, "x": "y"}).await.unwrap();
+    }
+    // w:"majority" (the default) returned, so a majority has them; then all three do.
+    for i in 0..3 {
+        set.wait_for_count(i, "c", 50).await;
+    }
+    let status = set.status(0).await.unwrap();
+    assert_eq!(status.get_i32("majorityVoteCount").unwrap(), 2);
+    let committed = path(&status, "optimes.lastCommittedOpTime").unwrap().clone();
+    assert_eq!(committed, Bson::Document(path(&status, "optimes.appliedOpTime").unwrap().as_document().unwrap().clone()), "everything is committed");
+    for i in 1..3 {
+        let s = set.status(i).await.unwrap();
+        assert_eq!(s.get_i32("myState").unwrap(), 2);
+        assert!(!s.get_str("syncSourceHost").unwrap().is_empty(), "a secondary has a sync source");
+        // Each member's own oplog holds the same entries as the primary's.
+        let theirs = direct(&set.members[i]).await.database("local").collection::<Document>("oplog.rs").count_documents(doc! {}).await.unwrap();
+        let ours = direct(&set.members[0]).await.database("local").collection::<Document>("oplog.rs").count_documents(doc! {}).await.unwrap();
+        assert_eq!(theirs, ours);
+    }
+    let db = client.database("app");
+    // w:3 waits for all three.
+    let r = db.run_command(doc! {"insert": "c", "documents": [{"_id": 100}], "writeConcern": {"w": 3, "wtimeout": 10000}}).await.unwrap();
+    assert!(r.get("writeConcernError").is_none(), "{r:?}");
+    // More members than the set has: refused at once, beside the applied write.
+    let r = db.run_command(doc! {"insert": "c", "documents": [{"_id": 101}], "writeConcern": {"w": 4}}).await.unwrap();
+    assert_eq!(path(&r, "writeConcernError.code"), Some(&Bson::Int32(100)));
+    // With one secondary gone, w:3 times out (code 64, errInfo.wtimeout) and majority works.
+    set.members[2].kill9();
+    let r = db.run_command(doc! {"insert": "c", "documents": [{"_id": 102}], "writeConcern": {"w": 3, "wtimeout": 300}}).await.unwrap();
+    assert_eq!(r.get_i32("n").unwrap(), 1, "the write itself is applied: {r:?}");
+    assert_eq!(path(&r, "writeConcernError.code"), Some(&Bson::Int32(64)), "{r:?}");
+    assert_eq!(path(&r, "writeConcernError.errInfo.wtimeout"), Some(&Bson::Boolean(true)));
+    let r = db.run_command(doc! {"insert": "c", "documents": [{"_id": 103}], "writeConcern": {"w": "majority", "wtimeout": 10000}}).await.unwrap();
+    assert!(r.get("writeConcernError").is_none(), "{r:?}");
+    // A secondary refuses writes and serves reads that allow it.
+    let sec = direct(&set.members[1]).await;
+    assert_code_name(sec.database("app").run_command(doc! {"insert": "c", "documents": [{"_id": 1000}]}).await, 10107, "NotWritablePrimary");
+    // The restarted member catches up from where its oplog ends.
+    set.members[2].restart();
+    set.wait_for_count(2, "c", 54).await;
+}
+
+#[tokio::test]
+async fn failover_under_load_keeps_every_acknowledged_write_exactly_once() {
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("load");
+    let writer = {
+        let coll = coll.clone();
+        tokio::spawn(async move {
+            // Retryable writes (the driver's default): a write interrupted by the failover
+            // is retried once on the new primary and must not fail as a duplicate.
+            let mut acknowledged = Vec::new();
+            let started = Instant::now();
+            let mut i = 0i64;
+            while started.elapsed() < Duration::from_secs(6) {
+                coll.insert_one(doc! {"_id": i, "pad": "p".repeat(100)}).await.unwrap_or_else(|e| panic!("insert {i} failed: {e}"));
+                acknowledged.push(i);
+                i += 1;
+            }
+            acknowledged
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    set.members[p].kill9();
+    let acknowledged = writer.await.unwrap();
+    let new_primary = set.wait_for_primary(Some(p)).await;
+    assert_ne!(new_primary, p);
+    let c = direct(&set.members[new_primary]).await;
+    let coll = c.database("app").collection::<Document>("load");
+    let n = coll.count_documents(doc! {}).await.unwrap();
+    assert_eq!(n, acknowledged.len() as u64, "every acknowledged insert, once");
+    let max = coll.find_one(doc! {}).sort(doc! {"_id": -1}).await.unwrap().unwrap();
+    assert_eq!(max.get_i64("_id").unwrap(), *acknowledged.last().unwrap());
+    let status = set.status(new_primary).await.unwrap();
+    assert!(status.get_i64("term").unwrap() >= 2);
+    assert_eq!(member(&status, p).get_str("stateStr").unwrap(), "(not reachable/healthy)");
+}
+
+#[tokio::test]
+async fn step_down_hands_over_and_freeze_is_for_secondaries() {
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    let c = direct(&set.members[p]).await;
+    assert_code_name(admin(&c, doc! {"replSetFreeze": 10}).await, 95, "NotSecondary");
+    admin(&c, doc! {"replSetStepDown": 30, "secondaryCatchUpPeriodSecs": 5}).await.unwrap();
+    let next = set.wait_for_primary(Some(p)).await;
+    assert_ne!(next, p);
+    // The old primary is frozen: it does not stand again while the new one runs.
+    let s = set.status(p).await.unwrap();
+    assert_eq!(s.get_i32("myState").unwrap(), 2);
+    let s = set.status(next).await.unwrap();
+    assert!(s.get_i64("term").unwrap() >= 2);
+    // Not primary any more: stepping down again is refused.
+    assert_code_name(admin(&c, doc! {"replSetStepDown": 30}).await, 10107, "NotWritablePrimary");
+}
+
+#[tokio::test]
+async fn a_partitioned_primary_steps_down_and_the_majority_elects_another() {
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    let old = host(&set.members[p]);
+    // Cut the primary off in both directions.
+    set.fail_point(p, "alwaysOn", doc! {"host": "*", "partition": true}).await;
+    for i in (0..3).filter(|&i| i != p) {
+        set.fail_point(i, "alwaysOn", doc! {"host": old.clone(), "partition": true}).await;
+    }
+    // Until it notices, the old primary still takes w:1 writes that no other member gets.
+    let old_client = direct(&set.members[p]).await;
+    let lost = old_client.database("app").run_command(doc! {"insert": "lost", "documents": [{"_id": "w1"}], "writeConcern": {"w": 1}}).await.unwrap();
+    assert_eq!(lost.get_i32("n").unwrap(), 1, "{lost:?}");
+    let next = set.wait_for_primary(Some(p)).await;
+    // The old primary has noticed it lost the majority.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while set.status(p).await.unwrap().get_i32("myState").unwrap() == 1 {
+        assert!(Instant::now() < deadline, "the partitioned primary did not step down");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Heal: it rejoins as a secondary of the new primary and gets the new writes.
+    for i in 0..3 {
+        set.fail_point(i, "off", doc! {"host": if i == p { "*".to_string() } else { old.clone() }}).await;
+    }
+    let client = set.client().await;
+    client.database("app").collection::<Document>("after").insert_one(doc! {"_id": 1}).await.unwrap();
+    set.wait_for_count(p, "after", 1).await;
+    assert_eq!(set.wait_for_primary(None).await, next);
+    // Its unreplicated write was rolled back, and kept in a rollback file as mongod keeps it.
+    assert_eq!(set.count_on(p, "lost").await, 0);
+    let dir = set.members[p].dbpath.join("rollback").join("app.lost");
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).collect();
+    assert_eq!(files.len(), 1);
+    let bytes = std::fs::read(files[0].as_ref().unwrap().path()).unwrap();
+    assert_eq!(Document::from_reader(&mut bytes.as_slice()).unwrap(), doc! {"_id": "w1"});
+    let s = set.status(p).await.unwrap();
+    assert_eq!(s.get_i32("myState").unwrap(), 2);
+}
+
+#[tokio::test]
+async fn chaining_follows_the_closest_member_and_can_be_turned_off() {
+    // Member 2 is 25 ms from the primary (each way) and near member 1: it chains from 1.
+    let mut set = Set::start(3, doc! {}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}]).await;
+    let p = set.wait_for_primary(None).await;
+    assert_eq!(p, 0);
+    set.fail_point(2, "alwaysOn", doc! {"host": host(&set.members[0]), "delayMs": 25}).await;
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("c");
+    let want = host(&set.members[1]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut n = 0;
+    // A source must not be behind us, as member 1 may look in heartbeats while writes
+    // flow: write a little, then let the set settle.
+    loop {
+        if n < 5 {
+            coll.insert_one(doc! {"_id": n as i64}).await.unwrap();
+            n += 1;
+        }
+        let s = set.status(2).await.unwrap();
+        if s.get_str("syncSourceHost").unwrap() == want {
+            break;
+        }
+        assert!(Instant::now() < deadline, "member 2 syncs from {:?}, not {want}", s.get_str("syncSourceHost"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    set.wait_for_count(2, "c", n).await;
+    // The primary sees the chain in its heartbeats.
+    let s = set.status(0).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = member(&s, 2).get_str("syncSourceHost").unwrap().to_string();
+    while seen != want {
+        assert!(Instant::now() < deadline, "the primary reports member 2 syncing from {seen}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = member(&set.status(0).await.unwrap(), 2).get_str("syncSourceHost").unwrap().to_string();
+    }
+}
+
+#[tokio::test]
+async fn without_chaining_every_member_fetches_from_the_primary() {
+    let mut set = Set::start(3, doc! {"chainingAllowed": false}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}]).await;
+    let p = set.wait_for_primary(None).await;
+    // Even when the primary is far, member 2 does not chain.
+    set.fail_point(2, "alwaysOn", doc! {"host": host(&set.members[p]), "delayMs": 25}).await;
+    let client = set.client().await;
+    for i in 0..20 {
+        client.database("app").collection::<Document>("c").insert_one(doc! {"_id": i}).await.unwrap();
+    }
+    set.wait_for_count(2, "c", 20).await;
+    tokio::time::sleep(Duration::from_millis(3 * HEARTBEAT_INTERVAL_MS as u64)).await;
+    for i in 1..3 {
+        assert_eq!(set.status(i).await.unwrap().get_str("syncSourceHost").unwrap(), host(&set.members[p]));
+    }
+}
