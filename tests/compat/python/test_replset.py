@@ -1,8 +1,11 @@
 """A one-member replica set through pymongo: initiate, discovery by replicaSet=, the oplog,
 retryable writes, and the errors of a member that is not primary."""
 
+import time
+
 import pymongo
 import pytest
+from conftest import ShoalServer
 from pymongo.errors import NotPrimaryError, OperationFailure
 
 
@@ -44,3 +47,52 @@ def test_initiate_and_use_the_set(replset_server):
     assert config["members"][0]["host"] == f"127.0.0.1:{port}"
     rs.close()
     direct.close()
+
+
+@pytest.fixture
+def three_members(shoal_bin):
+    """A three-member set with short election timeouts; yields the servers."""
+    servers = [ShoalServer(shoal_bin, extra_args=("--replSet", "rs0")) for _ in range(3)]
+    for s in servers:
+        s.start()
+    direct = pymongo.MongoClient(servers[0].uri, directConnection=True)
+    direct.admin.command(
+        "replSetInitiate",
+        {
+            "_id": "rs0",
+            "version": 1,
+            "settings": {"electionTimeoutMillis": 1000, "heartbeatIntervalMillis": 200},
+            "members": [{"_id": i, "host": f"127.0.0.1:{s.port}"} for i, s in enumerate(servers)],
+        },
+    )
+    direct.close()
+    yield servers
+    for s in servers:
+        s.close()
+
+
+def test_three_members_fail_over_with_retryable_writes(three_members):
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in three_members)
+    rs = pymongo.MongoClient(f"mongodb://{hosts}/?replicaSet=rs0", serverSelectionTimeoutMS=30_000)
+    coll = rs.app.get_collection("c")
+    coll.insert_many([{"_id": i} for i in range(100)])
+    first = rs.primary
+    # w:"majority" (the default) returned: a majority has them.
+    assert coll.count_documents({}) == 100
+    by_port = {s.port: s for s in three_members}
+    by_port[first[1]].kill9()
+    # The driver finds the new primary and its retryable writes go through.
+    for i in range(100, 120):
+        coll.insert_one({"_id": i})
+    assert rs.primary is not None and rs.primary != first
+    assert coll.count_documents({}) == 120
+    status = rs.admin.command("replSetGetStatus")
+    states = sorted(m["stateStr"] for m in status["members"])
+    assert states == ["(not reachable/healthy)", "PRIMARY", "SECONDARY"]
+    # A secondary serves reads to a client that allows them.
+    secondary = rs.app.get_collection("c", read_preference=pymongo.ReadPreference.SECONDARY)
+    deadline = time.time() + 10
+    while secondary.count_documents({}) != 120:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    rs.close()
