@@ -1,5 +1,5 @@
-"""A one-member replica set through pymongo: initiate, discovery by replicaSet=, the oplog,
-retryable writes, and the errors of a member that is not primary."""
+"""Replica sets through pymongo: a one-member set (initiate, discovery by replicaSet=, the oplog,
+retryable writes, the errors of a member that is not primary) and a three-member set failing over."""
 
 import time
 

@@ -354,9 +354,6 @@ async fn tick_loop(shared: Arc<Shared>) {
                 MemberState::Secondary => {
                     let electable = config.members[me].is_electable() && config.members[me].is_voter();
                     let primary_up = inner.peers.iter().any(|p| responsive(p) && p.view.state == Some(MemberState::Primary));
-                    if primary_up {
-                        inner.primary_seen = inner.primary_seen.max(now - election_timeout.min(now.duration_since(inner.primary_seen)));
-                    }
                     stand = electable && !inner.election_running && now >= inner.frozen_until && !primary_up && now.duration_since(inner.primary_seen) >= inner.election_timeout;
                     if stand {
                         inner.election_running = true;

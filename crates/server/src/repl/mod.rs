@@ -220,7 +220,12 @@ impl ReplCoord {
             inner.primary_seen = Instant::now();
             let stays_primary = inner.state == MemberState::Primary && me.is_electable();
             if !stays_primary {
-                inner.state = if me.arbiter_only { MemberState::Arbiter } else { MemberState::Secondary };
+                inner.state = match inner.state {
+                    _ if me.arbiter_only => MemberState::Arbiter,
+                    // A rollback or the recovery after it is not over because the config changed.
+                    s @ (MemberState::Rollback | MemberState::Recovering) => s,
+                    _ => MemberState::Secondary,
+                };
                 self.primary.store(false, Ordering::SeqCst);
             }
             inner.config = Some(config.clone());
