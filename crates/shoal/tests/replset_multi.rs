@@ -271,10 +271,14 @@ async fn a_partitioned_primary_steps_down_and_the_majority_elects_another() {
 #[tokio::test]
 async fn chaining_follows_the_closest_member_and_can_be_turned_off() {
     // Member 2 is 25 ms from the primary (each way) and near member 1: it chains from 1.
+    // (The delay applies to the links a member opens, so it is set on member 2.)
     let mut set = Set::start(3, doc! {}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}]).await;
     let p = set.wait_for_primary(None).await;
     assert_eq!(p, 0);
     set.fail_point(2, "alwaysOn", doc! {"host": host(&set.members[0]), "delayMs": 25}).await;
+    // And member 1 is far from member 2, so it never chains from 2 (which would forbid the
+    // reverse: a member does not fetch from one that fetches from it).
+    set.fail_point(1, "alwaysOn", doc! {"host": host(&set.members[2]), "delayMs": 25}).await;
     let client = set.client().await;
     let coll = client.database("app").collection::<Document>("c");
     let want = host(&set.members[1]);
