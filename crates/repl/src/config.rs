@@ -240,6 +240,57 @@ impl ReplSetConfig {
         self.majority_vote_count().min(data_bearing_voters)
     }
 
+    /// mongod's rules for replacing `self` by `new` with replSetReconfig (beyond `validate`):
+    /// the same set and replicaSetId, a higher version (unless forced), each host keeping its
+    /// member _id, and (unless forced) at most one voter added or removed, so that any
+    /// majority of the old voters and any majority of the new ones overlap.
+    pub fn check_reconfig(&self, new: &ReplSetConfig, force: bool) -> Result<()> {
+        if new.set_name != self.set_name {
+            return Err(Error::new(
+                Code::NewReplicaSetConfigurationIncompatible,
+                format!("New and old configurations differ in replica set name; old was {}, and new is {}", self.set_name, new.set_name),
+            ));
+        }
+        if let (Some(a), Some(b)) = (self.settings.replica_set_id, new.settings.replica_set_id) {
+            if a != b {
+                return Err(Error::new(
+                    Code::NewReplicaSetConfigurationIncompatible,
+                    format!("New and old configurations differ in replica set ID; old was {a}, and new is {b}"),
+                ));
+            }
+        }
+        if !force && new.version <= self.version {
+            return Err(Error::new(
+                Code::NewReplicaSetConfigurationIncompatible,
+                format!("New replica set configuration version must be greater than old, but {} is not greater than {} for replica set {}", new.version, self.version, self.set_name),
+            ));
+        }
+        for m in &new.members {
+            if let Some(old) = self.members.iter().find(|o| o.host.eq_ignore_ascii_case(&m.host)) {
+                if old.id != m.id {
+                    return Err(Error::new(
+                        Code::NewReplicaSetConfigurationIncompatible,
+                        format!(
+                            "New and old configurations both have members with host of {} but in the new configuration the _id field is {} and in the old configuration it is {} for replica set {}",
+                            m.host, m.id, old.id, self.set_name
+                        ),
+                    ));
+                }
+            }
+        }
+        if !force {
+            let voters = |c: &ReplSetConfig| c.members.iter().filter(|m| m.is_voter()).map(|m| m.id).collect::<std::collections::BTreeSet<i32>>();
+            let (old, now) = (voters(self), voters(new));
+            if old.symmetric_difference(&now).count() > 1 {
+                return Err(Error::new(
+                    Code::NewReplicaSetConfigurationIncompatible,
+                    "Non force replica set reconfig can only add or remove at most 1 voting member.",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn member(&self, id: i32) -> Option<&MemberConfig> {
         self.members.iter().find(|m| m.id == id)
     }
@@ -417,6 +468,28 @@ fn positive(v: &Bson, field: &str) -> Result<i64> {
         return Err(Error::bad_value(format!("{field} field value must be positive, not {n}")));
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod reconfig_tests {
+    use super::*;
+
+    fn cfg(version: i32, members: &[(i32, &str, i32)]) -> ReplSetConfig {
+        let ms: Vec<Bson> = members.iter().map(|(id, h, v)| Bson::Document(doc! {"_id": id, "host": *h, "votes": v, "priority": if *v == 0 { 0 } else { 1 }})).collect();
+        ReplSetConfig::parse(&doc! {"_id": "rs", "version": version, "members": ms}).unwrap()
+    }
+
+    #[test]
+    fn reconfig_changes_one_voter_at_a_time_with_a_higher_version() {
+        let old = cfg(1, &[(0, "a:1", 1), (1, "b:1", 1), (2, "c:1", 1)]);
+        assert!(old.check_reconfig(&cfg(2, &[(0, "a:1", 1), (1, "b:1", 1), (2, "c:1", 1), (3, "d:1", 1)]), false).is_ok());
+        assert!(old.check_reconfig(&cfg(2, &[(0, "a:1", 1), (1, "b:1", 1), (2, "c:1", 1), (3, "d:1", 0), (4, "e:1", 0)]), false).is_ok());
+        let two = cfg(2, &[(0, "a:1", 1), (1, "b:1", 1), (2, "c:1", 1), (3, "d:1", 1), (4, "e:1", 1)]);
+        assert!(old.check_reconfig(&two, false).unwrap_err().message.contains("at most 1 voting member"));
+        assert!(old.check_reconfig(&two, true).is_ok());
+        assert!(old.check_reconfig(&cfg(1, &[(0, "a:1", 1), (1, "b:1", 1)]), false).unwrap_err().message.contains("must be greater"));
+        assert!(old.check_reconfig(&cfg(2, &[(0, "a:1", 1), (5, "b:1", 1), (2, "c:1", 1)]), false).unwrap_err().message.contains("_id field is 5"));
+    }
 }
 
 #[cfg(test)]

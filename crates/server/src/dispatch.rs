@@ -306,13 +306,12 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
         }
         _ => handler(&mut ctx)?,
     };
-    if let (Some(mut wait), Some(repl)) = (wait, &shared.repl) {
+    if let Some(mut wait) = wait {
         // The write is applied here; the connection waits (off the worker thread) for the
         // other members before it replies. The newest entry covers this command's entries.
+        // (Had the member stepped down meanwhile, the wait reports PrimarySteppedDown.)
         wait.at = shared.store.oplog_last().unwrap_or_default();
-        if repl.is_writable_primary() {
-            conn.replication_wait = Some(wait);
-        }
+        conn.replication_wait = Some(wait);
     }
     if let (Some(repl), true) = (&shared.repl, cmd.contains_key("$replData")) {
         reply.insert("$replData", repl.repl_data(&shared.store));

@@ -326,3 +326,67 @@ async fn without_chaining_every_member_fetches_from_the_primary() {
         assert_eq!(set.status(i).await.unwrap().get_str("syncSourceHost").unwrap(), host(&set.members[p]));
     }
 }
+
+#[tokio::test]
+async fn reconfig_adds_a_member_that_catches_up_and_removes_it_again() {
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("c");
+    for i in 0..200 {
+        coll.insert_one(doc! {"_id": i}).await.unwrap();
+    }
+    let primary = direct(&set.members[p]).await;
+    let mut config = admin(&primary, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().clone();
+    let version = config.get_i32("version").unwrap();
+    // Two voters at once, or the same version: refused as mongod refuses them.
+    let mut two = config.clone();
+    let mut members = two.get_array("members").unwrap().clone();
+    members.push(Bson::Document(doc! {"_id": 3, "host": "127.0.0.1:1"}));
+    members.push(Bson::Document(doc! {"_id": 4, "host": "127.0.0.1:2"}));
+    two.insert("members", members);
+    two.insert("version", version + 1);
+    assert_code_name(admin(&primary, doc! {"replSetReconfig": two}).await, 103, "NewReplicaSetConfigurationIncompatible");
+    assert_code_name(admin(&primary, doc! {"replSetReconfig": config.clone()}).await, 103, "NewReplicaSetConfigurationIncompatible");
+    // A new, empty member (a non-voter, as rs.add with votes: 0) joins and replays the oplog
+    // while writes continue.
+    let newcomer = Server::start_with_args(&["--replSet", "rs0"]);
+    let mut members = config.get_array("members").unwrap().clone();
+    members.push(Bson::Document(doc! {"_id": 3, "host": host(&newcomer), "votes": 0, "priority": 0}));
+    config.insert("members", members);
+    config.insert("version", version + 1);
+    admin(&primary, doc! {"replSetReconfig": config.clone()}).await.unwrap();
+    for i in 200..300 {
+        coll.insert_one(doc! {"_id": i}).await.unwrap();
+    }
+    set.members.push(newcomer);
+    set.wait_for_count(3, "c", 300).await;
+    let s = set.status(3).await.unwrap();
+    assert_eq!(s.get_i32("myState").unwrap(), 2);
+    assert_eq!(path(&s, "members.3.self"), None, "members is an array");
+    // Every member sees version + 1.
+    for i in 0..4 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let c = direct(&set.members[i]).await;
+            let v = admin(&c, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().get_i32("version").unwrap();
+            if v == version + 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "member {i} has config version {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // Remove it again: it learns it is no longer in the set.
+    let mut members = config.get_array("members").unwrap().clone();
+    members.pop();
+    config.insert("members", members);
+    config.insert("version", version + 2);
+    admin(&primary, doc! {"replSetReconfig": config}).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while set.status(3).await.unwrap().get_i32("myState").unwrap() != 10 {
+        assert!(Instant::now() < deadline, "the removed member does not report REMOVED");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    coll.insert_one(doc! {"_id": 300}).await.unwrap();
+}

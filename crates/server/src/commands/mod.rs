@@ -84,6 +84,7 @@ pub fn lookup(name: &str) -> Option<Handler> {
         "replSetUpdatePosition" => repl::repl_set_update_position,
         "replSetStepDown" => repl::repl_set_step_down,
         "replSetFreeze" => repl::repl_set_freeze,
+        "replSetReconfig" => repl::repl_set_reconfig,
         "configureFailPoint" => repl::configure_fail_point,
         _ => return None,
     })

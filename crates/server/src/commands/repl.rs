@@ -25,6 +25,17 @@ pub fn repl_set_initiate(ctx: &mut Ctx) -> Result<Document> {
     coord.initiate(&ctx.shared.store, arg)
 }
 
+/// replSetReconfig: {replSetReconfig: <config>, force}.
+pub fn repl_set_reconfig(ctx: &mut Ctx) -> Result<Document> {
+    let coord = coord(ctx, "not running with --replSet")?;
+    super::check_fields("replSetReconfig", ctx.cmd, &["replSetReconfig", "force"])?;
+    let Some(Bson::Document(arg)) = ctx.cmd.get("replSetReconfig") else {
+        return Err(Error::type_mismatch("BSON field 'replSetReconfig' is the wrong type, expected type 'object'"));
+    };
+    let force = ctx.bool_arg("force")?.unwrap_or(false);
+    coord.reconfig(&ctx.shared.store, arg, force)
+}
+
 pub fn repl_set_get_config(ctx: &mut Ctx) -> Result<Document> {
     coord(ctx, "not running with --replSet")?.get_config()
 }

@@ -195,6 +195,15 @@ async fn adopt_config(shared: &Arc<Shared>, cfg: &Document) -> Result<()> {
             return Ok(());
         }
     }
+    if !coord.is_member_of(&config) {
+        // Removed from the set: no elections, no fetching, until a config names us again.
+        if coord.state() != MemberState::Removed {
+            tracing::info!(version = config.version, "this member is not in the set's new config: REMOVED");
+            coord.step_down("removed from the config");
+            coord.set_state(MemberState::Removed);
+        }
+        return Ok(());
+    }
     let shared2 = shared.clone();
     tokio::task::spawn_blocking(move || {
         let coord = shared2.repl.as_ref().expect("replica set member");

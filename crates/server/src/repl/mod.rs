@@ -353,6 +353,44 @@ impl ReplCoord {
         Ok(Document::new())
     }
 
+    /// replSetReconfig: a primary installs a new config (version higher, one voter change at
+    /// a time); heartbeats carry it to the other members. `force` installs it on any member
+    /// that is in it, with the version raised past any the set may have used.
+    pub fn reconfig(&self, store: &Store, arg: &Document, force: bool) -> Result<Document> {
+        let (current, term, primary) = {
+            let inner = self.inner.lock();
+            let current = inner.config.clone().ok_or_else(not_initialized)?;
+            (current, inner.term, inner.state == MemberState::Primary)
+        };
+        if !primary && !force {
+            return Err(Error::new(Code::NotWritablePrimary, "replSetReconfig should only be run on a writable PRIMARY. Current state SECONDARY;"));
+        }
+        let mut new = ReplSetConfig::parse(arg)?;
+        new.validate()?;
+        current.check_reconfig(&new, force)?;
+        let Some(self_index) = self.self_index(&new) else {
+            return Err(Error::new(
+                Code::InvalidReplicaSetConfig,
+                format!("No host described in new configuration with {{version: {}, term: {term}}} for replica set {} maps to this node", new.version, self.set_name),
+            ));
+        };
+        if primary && !new.members[self_index].is_electable() {
+            return Err(Error::new(Code::InvalidReplicaSetConfig, "This node, the primary, would not be electable in the new configuration; step down first"));
+        }
+        if force {
+            // mongod adds a large random amount, so a forced config outranks any the old
+            // majority may still be spreading.
+            new.version = new.version.max(current.version).saturating_add(10_000 + (rand::random::<u16>() as i32));
+        }
+        new.settings.replica_set_id = current.settings.replica_set_id;
+        new.term = Some(term);
+        let version = new.version;
+        store_config(store, &new)?;
+        self.install_config(store, new)?;
+        tracing::info!(version, "replica set reconfigured");
+        Ok(Document::new())
+    }
+
     /// Why write concern `w` cannot be satisfied by this set, if it cannot: more members than
     /// bear data, or a mode that is not in getLastErrorModes or that the members' tags cannot
     /// meet.
@@ -606,6 +644,11 @@ impl ReplCoord {
             },
             "members": members,
         })
+    }
+
+    /// Whether `config` names this member.
+    pub(crate) fn is_member_of(&self, config: &ReplSetConfig) -> bool {
+        self.self_index(config).is_some()
     }
 
     /// The config this member runs with, and its index in it (None before initiation).
