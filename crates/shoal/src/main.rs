@@ -1,5 +1,7 @@
 //! The `shoal` binary: `shoal serve` runs a MongoDB-compatible node.
 
+mod cluster;
+
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -21,6 +23,9 @@ enum Command {
     Serve(ServeArgs),
     /// Load generators: YCSB, bench02 insert, and scenarios with reports.
     Bench(bench::cli::BenchArgs),
+    /// A local replica set of any shape: up, down, status.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
 }
 
 #[derive(Args)]
@@ -107,5 +112,11 @@ fn main() {
             }
         }
         Command::Bench(a) => std::process::exit(bench::cli::run(a)),
+        Command::Cluster(c) => {
+            if let Err(e) = cluster::run(c) {
+                eprintln!("shoal cluster: {e}");
+                std::process::exit(1);
+            }
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! audit, sharding, log shipping) implements `Scenario` using `ScenarioContext` to start nodes
 //! and run phases; the report and chart writers are shared.
 
+pub mod chaining;
 pub mod chart;
 pub mod instance;
 
@@ -30,7 +31,7 @@ pub trait Scenario: Send + Sync {
 
 /// Every scenario `shoal bench scenario NAME` knows.
 pub fn registry() -> Vec<Box<dyn Scenario>> {
-    vec![Box::new(instance::Instance)]
+    vec![Box::new(instance::Instance), Box::new(chaining::Chaining)]
 }
 
 /// A server process started by a scenario; killed when dropped.

@@ -185,10 +185,11 @@ impl ReplCoord {
                 None => (host, Some(27017)),
             };
             let default_name = self.default_host.rsplit_once(':').map(|(h, _)| h);
-            // Several members may share this machine on loopback addresses (127.0.0.x): the
-            // address we listen on decides when it is a specific one.
+            // Several members may share this machine on loopback addresses (127.0.0.x, one
+            // port): when we listen on a loopback address, only that address (or localhost
+            // for 127.0.0.1) is us.
             let loopback_ours = match default_name {
-                Some(d) if d.starts_with("127.") && d != "127.0.0.1" => name == d,
+                Some(d) if d.starts_with("127.") => name == d || (d == "127.0.0.1" && name.eq_ignore_ascii_case("localhost")),
                 _ => name.eq_ignore_ascii_case("localhost") || name.starts_with("127.") || name == "::1",
             };
             port == Some(self.port) && (loopback_ours || default_name.is_some_and(|h| h.eq_ignore_ascii_case(name)))

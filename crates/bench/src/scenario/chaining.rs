@@ -1,0 +1,240 @@
+//! `chaining`: the vendor's replica-set matrix. Sets of 3, 7 and 15 members (at most 7
+//! voters; the others are read-only: votes 0, priority 0), chaining on and off, each under
+//! YCSB inserts with 8 client threads at w:1 and at w:"majority". Reports throughput, the
+//! primary's CPU and the average insert latency, grouped by configuration and by member
+//! count.
+
+use super::{PhaseTimeline, Scenario, ScenarioContext, ScenarioReport, Table};
+use crate::sys;
+use crate::target::BoxFuture;
+use crate::ycsb::{props::Properties, Phase, YcsbResult};
+use anyhow::{bail, Context, Result};
+use mongodb::bson::{doc, Bson, Document};
+use std::time::{Duration, Instant};
+
+pub struct Chaining;
+
+pub const THREADS: usize = 8;
+/// mongod's limit on voting members.
+const VOTERS_MAX: usize = 7;
+const SET_READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+#[derive(Debug, Clone)]
+pub struct Sizes {
+    pub member_counts: Vec<usize>,
+    pub seconds_per_run: u64,
+}
+
+pub fn sizes(quick: bool) -> Sizes {
+    if quick {
+        Sizes { member_counts: vec![3, 7, 15], seconds_per_run: 10 }
+    } else {
+        Sizes { member_counts: vec![3, 7, 15], seconds_per_run: 60 }
+    }
+}
+
+/// The replica-set config for `hosts`: the first VOTERS_MAX members vote, the rest are
+/// read-only (votes 0, priority 0).
+pub fn set_config(hosts: &[String], chaining: bool) -> Document {
+    let members: Vec<Bson> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let mut m = doc! {"_id": i as i32, "host": h.clone()};
+            if i >= VOTERS_MAX {
+                m.insert("votes", 0);
+                m.insert("priority", 0);
+            }
+            Bson::Document(m)
+        })
+        .collect();
+    doc! {"_id": "rs0", "version": 1, "members": members, "settings": {"chainingAllowed": chaining}}
+}
+
+/// YCSB inserts for `seconds`: a load phase with more records than can be written.
+fn insert_properties(seconds: u64) -> Properties {
+    let mut p = Properties::new();
+    p.set("recordcount", "100000000");
+    p.set("maxexecutiontime", seconds.to_string());
+    p.set("threadcount", THREADS.to_string());
+    p.set("batchsize", "1");
+    p
+}
+
+async fn direct(port: u16) -> Result<mongodb::Client> {
+    Ok(mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{port}/?directConnection=true")).await?)
+}
+
+/// Initiate the set through its first member and wait until every member is primary or
+/// secondary.
+async fn initiate(ports: &[u16], chaining: bool) -> Result<()> {
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let first = direct(ports[0]).await?;
+    first.database("admin").run_command(doc! {"replSetInitiate": set_config(&hosts, chaining)}).await.context("replSetInitiate")?;
+    let deadline = Instant::now() + SET_READY_TIMEOUT;
+    loop {
+        if let Ok(s) = first.database("admin").run_command(doc! {"replSetGetStatus": 1}).await {
+            let states: Vec<&str> = s.get_array("members").map(|m| m.iter().filter_map(|d| d.as_document()?.get_str("stateStr").ok()).collect()).unwrap_or_default();
+            if states.len() == ports.len() && states[0] == "PRIMARY" && states[1..].iter().all(|s| *s == "SECONDARY") {
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            bail!("the {}-member set was not ready within {SET_READY_TIMEOUT:?}", ports.len());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn cpu_avg(r: &YcsbResult, node: usize) -> Option<f64> {
+    let v: Vec<f64> = r.timeline.iter().filter_map(|s| s.cpu_percent.get(node).copied()).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// CPU of all members together, averaged over the run (% of one core).
+fn cpu_all(r: &YcsbResult, nodes: usize) -> f64 {
+    (0..nodes).filter_map(|i| cpu_avg(r, i)).sum()
+}
+
+struct Run {
+    members: usize,
+    chaining: bool,
+    w: &'static str,
+    ops_per_s: f64,
+    latency_us: Option<f64>,
+    primary_cpu: Option<f64>,
+    all_cpu: f64,
+}
+
+impl Scenario for Chaining {
+    fn name(&self) -> &'static str {
+        "chaining"
+    }
+
+    fn description(&self) -> &'static str {
+        "replica sets of 3, 7 and 15 members x chaining on/off x w:1/majority: YCSB inserts with 8 threads"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a mut ScenarioContext) -> BoxFuture<'a, Result<ScenarioReport>> {
+        Box::pin(async move {
+            let mut sizes = sizes(ctx.quick);
+            if let Some(s) = ctx.sizes.seconds_per_phase {
+                sizes.seconds_per_run = s.max(1);
+            }
+            let mut runs = Vec::new();
+            let mut phases = Vec::new();
+            for &n in &sizes.member_counts {
+                for chaining in [true, false] {
+                    ctx.nodes.clear();
+                    let tag = format!("m{n}-{}", if chaining { "chain" } else { "nochain" });
+                    for i in 0..n {
+                        ctx.start_node(&format!("{tag}-{i}"), &["--replSet".into(), "rs0".into(), "--wiredTigerCacheSizeGB".into(), "0.25".into()])?;
+                    }
+                    let ports: Vec<u16> = ctx.nodes.iter().map(|n| n.port).collect();
+                    initiate(&ports, chaining).await?;
+                    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+                    let node_names: Vec<String> = ctx.nodes.iter().map(|n| n.name.clone()).collect();
+                    for w in ["1", "majority"] {
+                        let url = format!("mongodb://{}/ycsb_w{w}?replicaSet=rs0&w={w}", hosts.join(","));
+                        let label = format!("{n} members, chaining {}, w:{w}", if chaining { "on" } else { "off" });
+                        let r = ctx.ycsb(&label, Phase::Load, &url, &insert_properties(sizes.seconds_per_run)).await?;
+                        runs.push(Run {
+                            members: n,
+                            chaining,
+                            w: if w == "1" { "1" } else { "majority" },
+                            ops_per_s: r.throughput_ops_per_s,
+                            latency_us: r.latency_us_avg("INSERT"),
+                            primary_cpu: cpu_avg(&r, 0),
+                            all_cpu: cpu_all(&r, n),
+                        });
+                        phases.push(PhaseTimeline { label, timeline: r.timeline.clone(), node_names: node_names.clone() });
+                    }
+                }
+            }
+            ctx.nodes.clear();
+            let fmt = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or_else(|| "-".into());
+            let by_config = Table {
+                title: "By configuration".into(),
+                headers: ["Members", "Chaining", "w", "Inserts/s", "Avg insert latency (ms)", "Primary CPU (% of a core)", "All members' CPU (% of a core)"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                rows: runs
+                    .iter()
+                    .map(|r| {
+                        vec![
+                            r.members.to_string(),
+                            if r.chaining { "on" } else { "off" }.into(),
+                            r.w.into(),
+                            format!("{:.0}", r.ops_per_s),
+                            fmt(r.latency_us.map(|u| u / 1000.0), 2),
+                            fmt(r.primary_cpu, 0),
+                            format!("{:.0}", r.all_cpu),
+                        ]
+                    })
+                    .collect(),
+            };
+            let find = |n: usize, chaining: bool, w: &str| runs.iter().find(|r| r.members == n && r.chaining == chaining && r.w == w).map(|r| r.ops_per_s);
+            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+                _ => "-".into(),
+            };
+            let by_members = Table {
+                title: "By member count (inserts/s and ratios)".into(),
+                headers: ["Members", "w:1 chain on", "w:1 chain off", "majority chain on", "majority chain off", "majority / w:1 (chain on)", "w:1 chain off / on"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                rows: sizes
+                    .member_counts
+                    .iter()
+                    .map(|&n| {
+                        let (a, b, c, d) = (find(n, true, "1"), find(n, false, "1"), find(n, true, "majority"), find(n, false, "majority"));
+                        vec![n.to_string(), fmt(a, 0), fmt(b, 0), fmt(c, 0), fmt(d, 0), ratio(c, a), ratio(b, a)]
+                    })
+                    .collect(),
+            };
+            Ok(ScenarioReport {
+                title: "shoal replica sets: chaining and write concern".into(),
+                summary: format!(
+                    "Replica sets of {:?} members started on this machine (the first {VOTERS_MAX} vote; the rest have votes 0 and priority 0), \
+                     with settings.chainingAllowed on and off. Each set takes YCSB inserts (one document per insert, 10 fields x 100 bytes) \
+                     from {THREADS} client threads for {} s at w:1 and then at w:\"majority\". Every member and the client share this machine's cores, \
+                     so absolute figures are far below a set with a machine per member; the ratios are what compare with the vendor reports.",
+                    sizes.member_counts, sizes.seconds_per_run
+                ),
+                parameters: vec![
+                    ("mode".into(), if ctx.quick { "quick".into() } else { "full".into() }),
+                    ("members".into(), format!("{:?}", sizes.member_counts)),
+                    ("seconds per run".into(), sizes.seconds_per_run.to_string()),
+                    ("threads".into(), THREADS.to_string()),
+                    ("cache per member".into(), "0.25 GB".into()),
+                ],
+                machine: sys::machine_info(),
+                tables: vec![by_config, by_members],
+                phases,
+                notes: vec![
+                    "w:\"majority\" waits until a majority of voters has the insert durable (writeConcernMajorityJournalDefault).".into(),
+                    "CPU figures come from /proc/<pid>/stat, sampled every second; the primary is the first member.".into(),
+                ],
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sets_have_at_most_seven_voters() {
+        let hosts: Vec<String> = (0..15).map(|i| format!("127.0.0.1:{}", 30000 + i)).collect();
+        let c = set_config(&hosts, false);
+        let members = c.get_array("members").unwrap();
+        assert_eq!(members.len(), 15);
+        let voters = members.iter().filter(|m| m.as_document().unwrap().get_i32("votes").unwrap_or(1) > 0).count();
+        assert_eq!(voters, 7);
+        assert_eq!(c.get_document("settings").unwrap().get_bool("chainingAllowed").unwrap(), false);
+        assert!(sizes(true).member_counts.contains(&15));
+    }
+}
