@@ -226,6 +226,29 @@ async fn step_down_hands_over_and_freeze_is_for_secondaries() {
     assert!(s.get_i64("term").unwrap() >= 2);
     // Not primary any more: stepping down again is refused.
     assert_code_name(admin(&c, doc! {"replSetStepDown": 30}).await, 10107, "NotWritablePrimary");
+    // replSetStepUp asks for an election at once, frozen or not, and wins it.
+    // (A new client: the Rust driver, having just seen NotWritablePrimary on the old one,
+    // may wait for its next monitoring check, up to maxAwaitTimeMS, before it sends more.)
+    let c = direct(&set.members[p]).await;
+    admin(&c, doc! {"replSetStepUp": 1}).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while set.status(next).await.unwrap().get_i32("myState").unwrap() == 1 {
+        assert!(Instant::now() < deadline, "the old primary did not step down for the higher term");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(set.wait_for_primary(None).await, p);
+    // replSetSyncFrom points a secondary at another member.
+    let other = (0..3).find(|&i| i != p && i != next).unwrap();
+    let sec = direct(&set.members[other]).await;
+    let r = admin(&sec, doc! {"replSetSyncFrom": host(&set.members[next])}).await.unwrap();
+    assert_eq!(r.get_str("syncFromRequested").unwrap(), host(&set.members[next]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while set.status(other).await.unwrap().get_str("syncSourceHost").unwrap() != host(&set.members[next]) {
+        assert!(Instant::now() < deadline, "replSetSyncFrom was not followed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_code(admin(&sec, doc! {"replSetSyncFrom": host(&set.members[other])}).await, 72);
+    assert_code_name(admin(&sec, doc! {"replSetSyncFrom": "127.0.0.1:1"}).await, 74, "NodeNotFound");
 }
 
 #[tokio::test]

@@ -85,6 +85,8 @@ pub fn lookup(name: &str) -> Option<Handler> {
         "replSetStepDown" => repl::repl_set_step_down,
         "replSetFreeze" => repl::repl_set_freeze,
         "replSetReconfig" => repl::repl_set_reconfig,
+        "replSetSyncFrom" => repl::repl_set_sync_from,
+        "replSetStepUp" => repl::repl_set_step_up,
         "configureFailPoint" => repl::configure_fail_point,
         _ => return None,
     })

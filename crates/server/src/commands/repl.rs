@@ -159,3 +159,18 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     crate::fault::set(&host, on.then_some(fault));
     Ok(bson::doc! {"count": 0})
 }
+
+/// replSetSyncFrom: {replSetSyncFrom: "host:port"}.
+pub fn repl_set_sync_from(ctx: &mut Ctx) -> Result<Document> {
+    member_cmd(ctx)?;
+    let host = ctx.cmd.get_str("replSetSyncFrom").map_err(|_| Error::type_mismatch("BSON field 'replSetSyncFrom' is the wrong type, expected type 'string'"))?;
+    crate::repl::member_commands::sync_from(ctx.shared, host)
+}
+
+/// replSetStepUp: {replSetStepUp: 1}.
+pub fn repl_set_step_up(ctx: &mut Ctx) -> Result<Document> {
+    member_cmd(ctx)?;
+    let handle = tokio::runtime::Handle::current();
+    handle.block_on(crate::repl::member_commands::step_up(ctx.shared))?;
+    Ok(Document::new())
+}

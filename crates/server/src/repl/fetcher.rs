@@ -35,7 +35,8 @@ pub async fn fetch_loop(shared: Arc<Shared>) {
         let source = {
             let mut inner = coord.inner.lock();
             let views: Vec<repl::sync_source::PeerView> = inner.peers.iter().map(|p| p.view.clone()).collect();
-            let s = repl::sync_source::choose(&config, me, &views, last);
+            // replSetSyncFrom's member, once, if it is up; otherwise the usual choice.
+            let s = inner.sync_from.take().filter(|&i| views[i].up).or_else(|| repl::sync_source::choose(&config, me, &views, last));
             inner.sync_source = s;
             s
         };
@@ -318,6 +319,9 @@ fn should_change(shared: &Shared, current: usize) -> bool {
     let Some((config, me)) = coord.config() else { return true };
     let last = shared.store.oplog_last().unwrap_or_default();
     let inner = coord.inner.lock();
+    if inner.sync_from.is_some() {
+        return true;
+    }
     let views: Vec<repl::sync_source::PeerView> = inner.peers.iter().map(|p| p.view.clone()).collect();
     repl::sync_source::should_change(&config, me, &views, last, current)
 }

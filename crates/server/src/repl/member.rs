@@ -433,12 +433,16 @@ async fn collect_votes(shared: &Arc<Shared>, config: &ReplSetConfig, me: usize, 
 
 /// Stand for election: a dry run in the next term, then the real vote, then primary.
 async fn run_election(shared: &Arc<Shared>) -> Result<()> {
+    run_election_steps(shared, true).await
+}
+
+async fn run_election_steps(shared: &Arc<Shared>, dry_run_first: bool) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let Some((config, me)) = coord.config() else { return Ok(()) };
     let term = coord.term();
     let last = shared.store.oplog_last().unwrap_or_default();
-    tracing::info!(term = term + 1, "standing for election (dry run)");
-    if collect_votes(shared, &config, me, term + 1, true, last).await < config.majority_vote_count() {
+    tracing::info!(term = term + 1, dry_run_first, "standing for election");
+    if dry_run_first && collect_votes(shared, &config, me, term + 1, true, last).await < config.majority_vote_count() {
         return Err(Error::new(Code(211, "ElectionFailed"), "the dry run did not get a majority"));
     }
     // The real election: a new term, our own vote recorded durably first.
@@ -581,4 +585,52 @@ pub fn freeze(shared: &Shared, secs: u64) -> Result<Document> {
     }
     coord.inner.lock().frozen_until = Instant::now() + Duration::from_secs(secs);
     Ok(if secs == 0 { doc! {"info": "unfreezing"} } else { Document::new() })
+}
+
+/// replSetSyncFrom: fetch from `host` next (mongod's temporary override of the sync
+/// source). Replies with the previous sync source.
+pub fn sync_from(shared: &Shared, host: &str) -> Result<Document> {
+    let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
+    let mut inner = coord.inner.lock();
+    let Some(config) = inner.config.clone() else { return Err(super::not_initialized()) };
+    if inner.state == MemberState::Primary {
+        return Err(Error::new(Code::NotSecondary, "primaries don't sync"));
+    }
+    let Some(i) = config.members.iter().position(|m| m.host.eq_ignore_ascii_case(host)) else {
+        return Err(Error::new(Code::NodeNotFound, format!("Could not find member \"{host}\" in replica set")));
+    };
+    if i == inner.self_index {
+        return Err(Error::new(Code::InvalidOptions, "I cannot sync from myself"));
+    }
+    if config.members[i].arbiter_only {
+        return Err(Error::new(Code::InvalidOptions, format!("Cannot sync from \"{host}\" because it is an arbiter")));
+    }
+    let prev = inner.sync_source.map(|s| config.members[s].host.clone()).unwrap_or_default();
+    inner.sync_from = Some(i);
+    Ok(doc! {"syncFromRequested": host, "prevSyncTarget": prev})
+}
+
+/// replSetStepUp: stand for election now, without the dry run (mongod's step-up request).
+pub async fn step_up(shared: &Shared) -> Result<()> {
+    let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
+    let arc = coord.shared().ok_or_else(|| Error::internal("the member's tasks are not running"))?;
+    {
+        let mut inner = coord.inner.lock();
+        let Some(config) = &inner.config else { return Err(super::not_initialized()) };
+        if inner.state == MemberState::Primary {
+            return Ok(());
+        }
+        let me = &config.members[inner.self_index];
+        if inner.state != MemberState::Secondary || !me.is_electable() || !me.is_voter() {
+            return Err(Error::new(Code(125, "CommandFailed"), "Election failed: this member is not an electable secondary"));
+        }
+        if inner.election_running {
+            return Err(Error::new(Code(125, "CommandFailed"), "Election failed: an election is already running"));
+        }
+        inner.election_running = true;
+        inner.frozen_until = Instant::now();
+    }
+    let r = run_election_steps(&arc, false).await;
+    coord.inner.lock().election_running = false;
+    r.map_err(|e| Error::new(Code(125, "CommandFailed"), format!("Election failed: {}", e.message)))
 }

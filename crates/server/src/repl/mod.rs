@@ -28,7 +28,7 @@ pub use member::spawn_tasks;
 
 /// The handlers of the member-to-member commands.
 pub(crate) mod member_commands {
-    pub use super::member::{freeze, heartbeat, request_votes, step_down_command, update_position};
+    pub use super::member::{freeze, heartbeat, request_votes, step_down_command, step_up, sync_from, update_position};
 }
 
 const CONFIG_DB: &str = "local";
@@ -110,6 +110,8 @@ struct Inner {
     info_message: String,
     /// After a rollback: RECOVERING until the oplog is applied up to here.
     min_valid: Option<OpTime>,
+    /// replSetSyncFrom: the member to fetch from next, whatever the usual choice.
+    sync_from: Option<usize>,
 }
 
 /// How a write-concern wait stands.
@@ -147,6 +149,7 @@ impl ReplCoord {
                 election_running: false,
                 info_message: String::new(),
                 min_valid: None,
+                sync_from: None,
             }),
             primary: AtomicBool::new(false),
             topology: tokio::sync::watch::Sender::new(0),
@@ -216,6 +219,7 @@ impl ReplCoord {
                 .map(|m| old_hosts.iter().position(|h| *h == m.host).and_then(|i| old_peers.get(i).cloned()).unwrap_or_default())
                 .collect();
             inner.sync_source = None;
+            inner.sync_from = None;
             inner.self_index = self_index;
             inner.election_timeout = Duration::from_millis(repl::election::randomized_timeout_ms(config.settings.election_timeout_ms, rand::random()));
             inner.primary_seen = Instant::now();
@@ -349,7 +353,8 @@ impl ReplCoord {
         {
             let mut inner = self.inner.lock();
             let hb = inner.config.as_ref().map_or(2000, |c| c.settings.heartbeat_interval_ms) as u64;
-            inner.primary_seen = Instant::now() - inner.election_timeout + Duration::from_millis(hb.max(200));
+            let wait = inner.election_timeout.saturating_sub(Duration::from_millis(hb.max(200)));
+            inner.primary_seen = Instant::now().checked_sub(wait).unwrap_or_else(Instant::now);
         }
         Ok(Document::new())
     }
