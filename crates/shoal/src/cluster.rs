@@ -3,14 +3,14 @@
 //! `<dir>/m<i>.log`; `<dir>/cluster.pids` lists each member's process and host for `down`
 //! and `status`.
 
+use bench::scenario::chaining::{set_config, VOTERS_MAX};
 use clap::{Args, Subcommand, ValueEnum};
 use mongodb::bson::{doc, Bson, Document};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// mongod's limits.
+/// mongod's limit on members (VOTERS_MAX is its limit on voters).
 const MEMBERS_MAX: usize = 50;
-const VOTERS_MAX: usize = 7;
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -77,26 +77,6 @@ fn host(i: usize, port: u16) -> String {
     format!("127.0.0.{}:{port}", i + 1)
 }
 
-/// The set's config: voters first, then hidden members, then read-only members.
-pub fn config(name: &str, hosts: &[String], voters: usize, hidden: usize, chaining: bool) -> Document {
-    let members: Vec<Bson> = hosts
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            let mut m = doc! {"_id": i as i32, "host": h.clone()};
-            if i >= voters {
-                m.insert("votes", 0);
-                m.insert("priority", 0);
-                if i < voters + hidden {
-                    m.insert("hidden", true);
-                }
-            }
-            Bson::Document(m)
-        })
-        .collect();
-    doc! {"_id": name, "version": 1, "members": members, "settings": {"chainingAllowed": chaining}}
-}
-
 fn pids_file(dir: &Path) -> PathBuf {
     dir.join("cluster.pids")
 }
@@ -147,7 +127,7 @@ async fn up(a: UpArgs) -> Result<(), String> {
             }
         }
         let first = client(&hosts[0]).await?;
-        let cfg = config(&a.repl_set, &hosts, voters, a.hidden, matches!(a.chaining, OnOff::On));
+        let cfg = set_config(&a.repl_set, &hosts, voters, a.hidden, matches!(a.chaining, OnOff::On));
         first.database("admin").run_command(doc! {"replSetInitiate": cfg}).await.map_err(|e| format!("replSetInitiate: {e}"))?;
         loop {
             let s = first.database("admin").run_command(doc! {"replSetGetStatus": 1}).await.map_err(|e| e.to_string())?;
@@ -255,7 +235,7 @@ mod tests {
     #[test]
     fn shapes_have_voters_then_hidden_then_read_only() {
         let hosts: Vec<String> = (0..15).map(|i| host(i, 27017)).collect();
-        let c = config("rs0", &hosts, 7, 1, true);
+        let c = set_config("rs0", &hosts, 7, 1, true);
         let m: Vec<&Document> = c.get_array("members").unwrap().iter().map(|b| b.as_document().unwrap()).collect();
         assert_eq!(m.iter().filter(|d| d.get_i32("votes").unwrap_or(1) == 1).count(), 7);
         assert_eq!(m.iter().filter(|d| d.get_bool("hidden").unwrap_or(false)).count(), 1);

@@ -4,7 +4,7 @@
 //! primary's CPU and the average insert latency, grouped by configuration and by member
 //! count.
 
-use super::{PhaseTimeline, Scenario, ScenarioContext, ScenarioReport, Table};
+use super::{cpu_avg, PhaseTimeline, Scenario, ScenarioContext, ScenarioReport, Table};
 use crate::sys;
 use crate::target::BoxFuture;
 use crate::ycsb::{props::Properties, Phase, YcsbResult};
@@ -16,7 +16,7 @@ pub struct Chaining;
 
 pub const THREADS: usize = 8;
 /// mongod's limit on voting members.
-const VOTERS_MAX: usize = 7;
+pub const VOTERS_MAX: usize = 7;
 const SET_READY_TIMEOUT: Duration = Duration::from_secs(90);
 
 #[derive(Debug, Clone)]
@@ -33,22 +33,25 @@ pub fn sizes(quick: bool) -> Sizes {
     }
 }
 
-/// The replica-set config for `hosts`: the first VOTERS_MAX members vote, the rest are
-/// read-only (votes 0, priority 0).
-pub fn set_config(hosts: &[String], chaining: bool) -> Document {
+/// A replica-set config for `hosts` in the reports' shape: the first `voters` members vote;
+/// the rest are read-only (votes 0, priority 0), the first `hidden` of them hidden.
+pub fn set_config(name: &str, hosts: &[String], voters: usize, hidden: usize, chaining: bool) -> Document {
     let members: Vec<Bson> = hosts
         .iter()
         .enumerate()
         .map(|(i, h)| {
             let mut m = doc! {"_id": i as i32, "host": h.clone()};
-            if i >= VOTERS_MAX {
+            if i >= voters {
                 m.insert("votes", 0);
                 m.insert("priority", 0);
+                if i < voters + hidden {
+                    m.insert("hidden", true);
+                }
             }
             Bson::Document(m)
         })
         .collect();
-    doc! {"_id": "rs0", "version": 1, "members": members, "settings": {"chainingAllowed": chaining}}
+    doc! {"_id": name, "version": 1, "members": members, "settings": {"chainingAllowed": chaining}}
 }
 
 /// YCSB inserts for `seconds`: a load phase with more records than can be written.
@@ -70,7 +73,7 @@ async fn direct(port: u16) -> Result<mongodb::Client> {
 async fn initiate(ports: &[u16], chaining: bool) -> Result<()> {
     let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let first = direct(ports[0]).await?;
-    first.database("admin").run_command(doc! {"replSetInitiate": set_config(&hosts, chaining)}).await.context("replSetInitiate")?;
+    first.database("admin").run_command(doc! {"replSetInitiate": set_config("rs0", &hosts, VOTERS_MAX, 0, chaining)}).await.context("replSetInitiate")?;
     let deadline = Instant::now() + SET_READY_TIMEOUT;
     loop {
         if let Ok(s) = first.database("admin").run_command(doc! {"replSetGetStatus": 1}).await {
@@ -84,11 +87,6 @@ async fn initiate(ports: &[u16], chaining: bool) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-fn cpu_avg(r: &YcsbResult, node: usize) -> Option<f64> {
-    let v: Vec<f64> = r.timeline.iter().filter_map(|s| s.cpu_percent.get(node).copied()).collect();
-    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 /// CPU of all members together, averaged over the run (% of one core).
@@ -229,11 +227,12 @@ mod tests {
     #[test]
     fn sets_have_at_most_seven_voters() {
         let hosts: Vec<String> = (0..15).map(|i| format!("127.0.0.1:{}", 30000 + i)).collect();
-        let c = set_config(&hosts, false);
+        let c = set_config("rs0", &hosts, VOTERS_MAX, 1, false);
         let members = c.get_array("members").unwrap();
         assert_eq!(members.len(), 15);
         let voters = members.iter().filter(|m| m.as_document().unwrap().get_i32("votes").unwrap_or(1) > 0).count();
         assert_eq!(voters, 7);
+        assert_eq!(members.iter().filter(|m| m.as_document().unwrap().get_bool("hidden").unwrap_or(false)).count(), 1);
         assert_eq!(c.get_document("settings").unwrap().get_bool("chainingAllowed").unwrap(), false);
         assert!(sizes(true).member_counts.contains(&15));
     }

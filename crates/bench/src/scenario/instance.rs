@@ -1,7 +1,7 @@
 //! `instance`: one shoal node, YCSB read:write mixes 100:0, 95:5, 50:50, 5:95, 0:100 with
 //! zipfian requests and 8 client threads (read + update), in the vendor reports' table layout.
 
-use super::{PhaseTimeline, Scenario, ScenarioContext, ScenarioReport, Table};
+use super::{cpu_avg, PhaseTimeline, Scenario, ScenarioContext, ScenarioReport, Table};
 use crate::sys;
 use crate::target::BoxFuture;
 use crate::ycsb::{props::Properties, Phase, YcsbResult};
@@ -58,14 +58,6 @@ fn p99_ms(r: &YcsbResult, op: &str) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-fn cpu_avg(r: &YcsbResult, node: usize) -> Option<f64> {
-    let v: Vec<f64> = r.timeline.iter().filter_map(|s| s.cpu_percent.get(node).copied()).collect();
-    if v.is_empty() {
-        None
-    } else {
-        Some(v.iter().sum::<f64>() / v.len() as f64)
-    }
-}
 
 impl Scenario for Instance {
     fn name(&self) -> &'static str {

@@ -157,6 +157,12 @@ impl Drop for ScenarioContext {
     }
 }
 
+/// A node's CPU averaged over a phase's samples (% of one core).
+pub fn cpu_avg(r: &YcsbResult, node: usize) -> Option<f64> {
+    let v: Vec<f64> = r.timeline.iter().filter_map(|s| s.cpu_percent.get(node).copied()).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Table {
     pub title: String,
