@@ -458,16 +458,22 @@ impl Shared {
         batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
         self.apply(batch)?;
         st.last = last;
+        self.after_oplog_append(&log, stats, added_bytes);
+        Ok(())
+    }
+
+    /// After a batch of oplog entries is applied (the caller holds the oplog lock): publish
+    /// the collection's new stats, and truncate the oldest entries once over the cap.
+    fn after_oplog_append(&self, log: &Oplog, stats: Stats, added_bytes: u64) {
         self.total_data_bytes.fetch_add(added_bytes, Ordering::Relaxed);
         let over_cap = stats.data_bytes > log.cap_bytes;
         *log.coll.stats.lock() = stats;
         if over_cap {
             // The write itself succeeded; a failed truncation is retried after the next one.
-            if let Err(e) = self.truncate_oplog(&log) {
+            if let Err(e) = self.truncate_oplog(log) {
                 tracing::warn!("oplog truncation failed: {}", e.message);
             }
         }
-        Ok(())
     }
 
     /// Delete the oldest oplog entries until they take at most 90% of the cap (at most
@@ -1394,14 +1400,7 @@ impl Store {
         shared.apply(batch)?;
         st.last = last;
         st.term = st.term.max(last.term);
-        shared.total_data_bytes.fetch_add(added_bytes, Ordering::Relaxed);
-        let over_cap = stats.data_bytes > log.cap_bytes;
-        *log.coll.stats.lock() = stats;
-        if over_cap {
-            if let Err(e) = shared.truncate_oplog(&log) {
-                tracing::warn!("oplog truncation failed: {}", e.message);
-            }
-        }
+        shared.after_oplog_append(&log, stats, added_bytes);
         Ok(())
     }
 

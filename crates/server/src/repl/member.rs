@@ -259,7 +259,7 @@ pub fn heartbeat(shared: &Shared, cmd: &Document) -> Result<Document> {
         "electable": config.members[inner.self_index].is_electable(),
     };
     if inner.state == MemberState::Primary {
-        let cp = inner.commit_point.max(coord.single_member_commit(store, &config));
+        let cp = ReplCoord::reported_commit_point(&inner, store);
         r.insert("commitPoint", cp.to_doc());
         if let Some(e) = inner.election {
             r.insert("electionTime", e.timestamp());

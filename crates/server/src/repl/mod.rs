@@ -545,20 +545,20 @@ impl ReplCoord {
         }
         r.insert("me", me.host.clone());
         let last = store.oplog_last().unwrap_or_default();
-        let majority = if primary { inner.commit_point.max(self.single_member_commit(store, config)) } else { inner.commit_point };
+        let majority = Self::reported_commit_point(&inner, store);
         r.insert(
             "lastWrite",
             doc! {"opTime": last.to_doc(), "lastWriteDate": wall_of(last), "majorityOpTime": majority.to_doc(), "majorityWriteDate": wall_of(majority)},
         );
     }
 
-    /// In a set whose only data-bearing voter is this member, its durable entries are
-    /// committed as soon as they are durable.
-    fn single_member_commit(&self, store: &Store, config: &ReplSetConfig) -> OpTime {
-        if config.write_majority_count() <= 1 {
-            store.oplog_durable().unwrap_or_default()
-        } else {
-            OpTime::default()
+    /// The commit point this member reports (hello, replSetGetStatus, heartbeats,
+    /// `$replData`). A primary whose set has no other data-bearing voter commits each entry
+    /// as soon as it is durable, with no report to advance `commit_point`.
+    fn reported_commit_point(inner: &Inner, store: &Store) -> OpTime {
+        match &inner.config {
+            Some(c) if inner.state == MemberState::Primary && c.write_majority_count() <= 1 => inner.commit_point.max(store.oplog_durable().unwrap_or_default()),
+            _ => inner.commit_point,
         }
     }
 
@@ -573,7 +573,7 @@ impl ReplCoord {
         let config = inner.config.as_ref().ok_or_else(not_initialized)?;
         let last = store.oplog_last().unwrap_or_default();
         let durable = store.oplog_durable().unwrap_or_default();
-        let commit = if inner.state == MemberState::Primary { inner.commit_point.max(self.single_member_commit(store, config)) } else { inner.commit_point };
+        let commit = Self::reported_commit_point(&inner, store);
         let sync_host = inner.sync_source.map(|i| config.members[i].host.clone()).unwrap_or_default();
         let sync_id = inner.sync_source.map_or(-1, |i| config.members[i].id);
         let mut members = Vec::new();
@@ -687,7 +687,7 @@ impl ReplCoord {
     pub(crate) fn repl_data(&self, store: &Store) -> Document {
         let inner = self.inner.lock();
         let Some(config) = &inner.config else { return Document::new() };
-        let cp = if inner.state == MemberState::Primary { inner.commit_point.max(self.single_member_commit(store, config)) } else { inner.commit_point };
+        let cp = Self::reported_commit_point(&inner, store);
         let primary_index = if inner.state == MemberState::Primary {
             inner.self_index as i32
         } else {
