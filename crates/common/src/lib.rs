@@ -176,9 +176,33 @@ impl Error {
         // avoided by interning through a small static table of what shoal raises.
         Error { code, code_name: location_name(code), message: message.into(), extra: None }
     }
+    /// An error a peer replied with: its code and codeName kept as sent. Names are interned
+    /// in a bounded table so a misbehaving peer cannot grow memory by inventing names.
+    pub fn remote(code: i32, code_name: &str, message: impl Into<String>) -> Error {
+        Error { code, code_name: remote_name(code_name), message: message.into(), extra: None }
+    }
     pub fn is(&self, code: Code) -> bool {
         self.code == code.0
     }
+}
+
+/// Most distinct code names interned from peers' replies; MongoDB defines about 400.
+const REMOTE_NAMES_MAX: usize = 1024;
+
+fn remote_name(name: &str) -> &'static str {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut names = NAMES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&known) = names.get(name) {
+        return known;
+    }
+    if names.len() >= REMOTE_NAMES_MAX || name.len() > 64 {
+        return "UnknownError";
+    }
+    let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
+    names.insert(leaked);
+    leaked
 }
 
 fn location_name(code: i32) -> &'static str {
@@ -207,6 +231,10 @@ mod tests {
     fn location_codes_are_named_like_mongodb() {
         let e = Error::location(31254, "x");
         assert_eq!(e.code_name, "Location31254");
+        let a = Error::remote(189, "PrimarySteppedDown", "x");
+        let b = Error::remote(189, "PrimarySteppedDown", "y");
+        assert!(a.is(Code::PrimarySteppedDown) && std::ptr::eq(a.code_name, b.code_name));
+        assert_eq!(Error::remote(1, &"x".repeat(65), "long").code_name, "UnknownError");
         assert_eq!(Error::new(Code::DuplicateKey, "d").code, 11000);
     }
 }

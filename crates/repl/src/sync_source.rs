@@ -2,9 +2,13 @@
 //! chooseNewSyncSource, simplified to its documented rules).
 //!
 //! Chaining off: the primary. Chaining on: a member that is up, primary or secondary, not
-//! hidden, not delayed, not this member and not fetching from it, ahead of or level with
-//! us, and within maxSyncSourceLagSecs of the primary; voters take only voters; among
-//! those, the lowest ping, the primary winning ties.
+//! hidden, not delayed, not this member and not fetching from it, strictly ahead of us (the
+//! primary may be level), and within maxSyncSourceLagSecs of the primary; voters take only
+//! voters; among those, the lowest ping, the primary winning ties.
+//!
+//! "Strictly ahead" is what keeps the sync graph acyclic: along a cycle every member would
+//! have to be ahead of the next. Level secondaries were once accepted here, and an idle
+//! 7-member set formed the cycle 2←7←4←5←2 that no write could ever leave.
 
 use crate::config::ReplSetConfig;
 use crate::topology::MemberState;
@@ -43,7 +47,7 @@ fn candidates<'a>(config: &'a ReplSetConfig, self_index: usize, peers: &'a [Peer
             && (m.build_indexes || !me.build_indexes)
             && (m.is_voter() || !me.is_voter())
             && p.sync_source != Some(self_index)
-            && p.applied >= my_last
+            && (p.applied > my_last || (p.state == Some(MemberState::Primary) && p.applied >= my_last))
             && !lagging
     })
 }
@@ -58,10 +62,30 @@ pub fn choose(config: &ReplSetConfig, self_index: usize, peers: &[PeerView], my_
     candidates(config, self_index, peers, my_last).min_by_key(|&i| (ping(i), Some(i) != primary, i))
 }
 
+/// Whether the chain of sync sources starting at `from` leads back to `self_index`, by what
+/// heartbeats last said. Bounded by the member count, so a cycle elsewhere cannot loop.
+fn leads_back(peers: &[PeerView], self_index: usize, from: usize) -> bool {
+    let mut at = from;
+    for _ in 0..peers.len() {
+        match peers[at].sync_source {
+            Some(next) if next == self_index => return true,
+            Some(next) if next < peers.len() => at = next,
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// Whether a member fetching from `current` should choose again: the source is gone, no
 /// longer a candidate (it stopped being primary with chaining off, fell behind the primary,
-/// became hidden), or another candidate is closer by more than the threshold.
+/// became hidden), is a secondary that itself fetches from nobody or, through others, from
+/// us (mongod's "sync source has no sync source" rule, which breaks cycles formed from
+/// stale heartbeats), or another candidate is closer by more than the threshold.
 pub fn should_change(config: &ReplSetConfig, self_index: usize, peers: &[PeerView], my_last: OpTime, current: usize) -> bool {
+    let source = &peers[current];
+    if source.up && source.state == Some(MemberState::Secondary) && (source.sync_source.is_none() || leads_back(peers, self_index, current)) {
+        return true;
+    }
     match choose(config, self_index, peers, my_last) {
         None => !peers[current].up,
         Some(best) if best == current => false,
@@ -128,5 +152,30 @@ mod tests {
         peers[2].applied = OpTime { ts: 60 << 32, term: 1 };
         assert_eq!(choose(&set(true), 1, &peers, me), Some(0));
         assert!(should_change(&set(true), 1, &peers, me, 2));
+    }
+
+    #[test]
+    fn sync_sources_never_form_a_cycle() {
+        use MemberState::*;
+        // All level and idle: only the primary qualifies, so every secondary takes it.
+        let level = vec![peer(Primary, 100, 900), peer(Secondary, 100, 10), peer(Secondary, 100, 10), peer(Secondary, 100, 10), peer(Secondary, 100, 10)];
+        let me = OpTime { ts: 100 << 32, term: 1 };
+        for i in 1..4 {
+            assert_eq!(choose(&set(true), i, &level, me), Some(0), "member {i}");
+        }
+        // A cycle left by stale heartbeats (1←2←3←1) is left at once; a source fetching from
+        // nobody is left too.
+        let mut cyc = level.clone();
+        cyc[1].sync_source = Some(3);
+        cyc[2].sync_source = Some(1);
+        cyc[3].sync_source = Some(2);
+        assert!(should_change(&set(true), 1, &cyc, me, 3));
+        cyc[3].sync_source = None;
+        assert!(should_change(&set(true), 1, &cyc, me, 3));
+        // A healthy chain 1←2←0 is kept.
+        let mut chain = level.clone();
+        chain[2].sync_source = Some(0);
+        chain[2].applied = OpTime { ts: 101 << 32, term: 1 };
+        assert!(!should_change(&set(true), 1, &chain, me, 2));
     }
 }

@@ -307,13 +307,11 @@ async fn chaining_follows_the_closest_member_and_can_be_turned_off() {
     let want = host(&set.members[1]);
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut n = 0;
-    // A source must not be behind us, as member 1 may look in heartbeats while writes
-    // flow: write a little, then let the set settle.
+    // A secondary is a candidate only when strictly ahead of member 2 (what keeps chains
+    // acyclic), so keep writing: member 1, nearer the primary, is then ahead.
     loop {
-        if n < 5 {
-            coll.insert_one(doc! {"_id": n as i64}).await.unwrap();
-            n += 1;
-        }
+        coll.insert_one(doc! {"_id": n as i64}).await.unwrap();
+        n += 1;
         let s = set.status(2).await.unwrap();
         if s.get_str("syncSourceHost").unwrap() == want {
             break;

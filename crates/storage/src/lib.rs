@@ -1418,8 +1418,10 @@ impl Store {
         let (_, hi) = prefix_bounds(&log.coll.id.to_be_bytes());
         let mut batch = Batch::new();
         let mut removed = 0u64;
+        let mut removed_bytes = 0u64;
         for kv in snap.iter(Space::Records, lo, hi, false) {
             let (k, v) = kv?;
+            removed_bytes += v.len() as u64;
             stats.data_bytes = stats.data_bytes.saturating_sub(v.len() as u64);
             stats.count = stats.count.saturating_sub(1);
             removed += 1;
@@ -1428,6 +1430,7 @@ impl Store {
         batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
         shared.apply(batch)?;
         *log.coll.stats.lock() = stats;
+        let _ = shared.total_data_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_sub(removed_bytes)));
         st.last = at;
         st.durable = st.durable.min(at);
         Ok(removed)

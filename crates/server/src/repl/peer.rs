@@ -56,9 +56,9 @@ impl PeerConn {
             return Ok(reply);
         }
         let code = reply.get_i32("code").unwrap_or(Code::UnknownError.0);
-        let name = reply.get_str("codeName").unwrap_or("UnknownError").to_string();
-        let msg = reply.get_str("errmsg").unwrap_or("").to_string();
-        Err(Error::new(Code(code, Box::leak(name.into_boxed_str())), format!("{} replied: {msg}", self.host)))
+        let name = reply.get_str("codeName").unwrap_or("UnknownError");
+        let msg = reply.get_str("errmsg").unwrap_or("");
+        Err(Error::remote(code, name, format!("{} replied: {msg}", self.host)))
     }
 
     async fn round_trip(&mut self, body: Document) -> Result<Document> {
