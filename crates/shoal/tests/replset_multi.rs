@@ -411,3 +411,88 @@ async fn reconfig_adds_a_member_that_catches_up_and_removes_it_again() {
     }
     coll.insert_one(doc! {"_id": 300}).await.unwrap();
 }
+
+/// Every document of `db.coll` on member `i`, by _id, read as a secondary-tolerant client.
+async fn all_on(s: &Server, db: &str, coll: &str) -> Vec<Document> {
+    let c = direct(s).await;
+    let opts = mongodb::options::FindOptions::builder()
+        .sort(doc! {"_id": 1})
+        .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::SecondaryPreferred { options: None }))
+        .build();
+    let mut cursor = c.database(db).collection::<Document>(coll).find(doc! {}).with_options(opts).await.unwrap();
+    let mut out = Vec::new();
+    while cursor.advance().await.unwrap() {
+        out.push(cursor.deserialize_current().unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn an_empty_member_joins_by_initial_sync_while_writes_continue() {
+    use mongodb::options::IndexOptions;
+    use mongodb::IndexModel;
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    let client = set.client().await;
+    let app = client.database("app");
+    // Data of several shapes: a capped collection, a unique secondary index, a second
+    // database, and enough documents to take several clone batches.
+    app.run_command(doc! {"create": "capped", "capped": true, "size": 1 << 20}).await.unwrap();
+    app.collection::<Document>("capped").insert_one(doc! {"_id": 0, "note": "capped"}).await.unwrap();
+    let coll = app.collection::<Document>("c");
+    coll.create_index(IndexModel::builder().keys(doc! {"k": 1}).options(IndexOptions::builder().unique(true).name("k_unique".to_string()).build()).build()).await.unwrap();
+    for chunk in 0..12 {
+        let docs: Vec<Document> = (chunk * 1000..(chunk + 1) * 1000).map(|i| doc! {"_id": i, "k": i, "pad": "x".repeat(100)}).collect();
+        coll.insert_many(docs).await.unwrap();
+    }
+    client.database("other").collection::<Document>("x").insert_one(doc! {"_id": "o"}).await.unwrap();
+    // A new, empty member joins while inserts, updates and deletes go on.
+    let newcomer = Server::start_with_args(&["--replSet", "rs0"]);
+    let primary = direct(&set.members[p]).await;
+    let mut config = admin(&primary, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().clone();
+    let version = config.get_i32("version").unwrap();
+    let mut members = config.get_array("members").unwrap().clone();
+    members.push(Bson::Document(doc! {"_id": 3, "host": host(&newcomer), "votes": 0, "priority": 0}));
+    config.insert("members", members);
+    config.insert("version", version + 1);
+    let writer = {
+        let coll = coll.clone();
+        tokio::spawn(async move {
+            for i in 0..400i32 {
+                coll.insert_one(doc! {"_id": 20_000 + i, "k": 20_000 + i}).await.unwrap();
+                coll.update_one(doc! {"_id": i}, doc! {"$set": {"v": i}}).await.unwrap();
+                coll.delete_one(doc! {"_id": 6000 + i}).await.unwrap();
+            }
+        })
+    };
+    admin(&primary, doc! {"replSetReconfig": config}).await.unwrap();
+    set.members.push(newcomer);
+    writer.await.unwrap();
+    // w:4 counts the newcomer: once this is acknowledged it has applied everything before.
+    coll.insert_one(doc! {"_id": "last", "k": -1}).with_options(mongodb::options::InsertOneOptions::builder().write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(60)).build()).build()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while set.status(3).await.unwrap().get_i32("myState").unwrap() != 2 {
+        assert!(Instant::now() < deadline, "the newcomer did not become SECONDARY");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The same documents, the same indexes, the same collection options.
+    let want = all_on(&set.members[p], "app", "c").await;
+    assert_eq!(want.len(), 12_000 + 400 - 400 + 1);
+    assert_eq!(all_on(&set.members[3], "app", "c").await, want);
+    assert_eq!(all_on(&set.members[3], "app", "capped").await, vec![doc! {"_id": 0, "note": "capped"}]);
+    assert_eq!(all_on(&set.members[3], "other", "x").await, vec![doc! {"_id": "o"}]);
+    let new = direct(&set.members[3]).await;
+    let idx = new.database("app").run_command(doc! {"listIndexes": "c", "$readPreference": {"mode": "secondaryPreferred"}}).await.unwrap();
+    let specs = idx.get_document("cursor").unwrap().get_array("firstBatch").unwrap();
+    assert!(specs.iter().any(|s| s.as_document().is_some_and(|s| s.get_str("name").ok() == Some("k_unique") && s.get_bool("unique").unwrap_or(false))), "{specs:?}");
+    let colls = new.database("app").run_command(doc! {"listCollections": 1, "filter": {"name": "capped"}, "$readPreference": {"mode": "secondaryPreferred"}}).await.unwrap();
+    let opts = colls.get_document("cursor").unwrap().get_array("firstBatch").unwrap()[0].as_document().unwrap().get_document("options").unwrap().clone();
+    assert_eq!(opts.get_bool("capped").unwrap(), true);
+    // replSetGetStatus reports the sync: it copied the documents rather than replaying them.
+    let s = admin(&new, doc! {"replSetGetStatus": 1, "initialSync": 1}).await.unwrap();
+    let st = s.get_document("initialSyncStatus").unwrap();
+    assert_eq!(st.get_i32("failedInitialSyncAttempts").unwrap(), 0);
+    assert!(st.get_document("databases").unwrap().get_i32("databasesCloned").unwrap() >= 2, "{st:?}");
+    assert!(st.get_i64("documentsCopied").unwrap() >= 12_000, "{st:?}");
+    assert!(st.get_datetime("initialSyncEnd").is_ok());
+}

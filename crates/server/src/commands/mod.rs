@@ -97,7 +97,7 @@ pub fn lookup(name: &str) -> Option<Handler> {
 /// (collection write lock, group commit) and leaves the worker first. The hop off the worker
 /// costs a thread handoff per command, a sixth of the server's CPU on a point-read workload.
 pub fn never_blocks(name: &str) -> bool {
-    matches!(name, "find" | "getMore" | "count" | "distinct" | "aggregate" | "killCursors" | "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "listIndexes" | "listCollections" | "endSessions")
+    matches!(name, "find" | "getMore" | "count" | "distinct" | "aggregate" | "killCursors" | "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "listIndexes" | "listCollections" | "endSessions" | "replSetUpdatePosition")
 }
 
 /// Where a command may run on a replica-set member that is not primary (mongod's

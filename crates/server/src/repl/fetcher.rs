@@ -62,29 +62,24 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, host: &str) ->
     let coord = shared.repl.as_ref().expect("replica set member");
     let mut conn = PeerConn::connect(host, CONNECT_TIMEOUT).await?;
     let last = shared.store.oplog_last().unwrap_or_default();
-    let filter = if last == OpTime::default() { Document::new() } else { doc! {"ts": {"$gte": last.timestamp()}} };
-    let find = doc! {"find": "oplog.rs", "filter": filter, "tailable": true, "awaitData": true, "batchSize": FETCH_BATCH_DOCS, "$replData": 1};
+    if last == OpTime::default() {
+        // An empty member copies the data first (initial sync), then tails from where the
+        // copy began.
+        super::initial_sync::run(shared, &mut conn, host).await?;
+        return Ok(());
+    }
+    let find = doc! {"find": "oplog.rs", "filter": {"ts": {"$gte": last.timestamp()}}, "tailable": true, "awaitData": true, "batchSize": FETCH_BATCH_DOCS, "$replData": 1};
     let reply = conn.command("local", find, CONNECT_TIMEOUT + REPLY_SLACK).await?;
     let (mut id, mut batch) = cursor_batch(&reply, "firstBatch")?;
     on_repl_data(shared, &reply);
     // The first entry must be our newest one: then the two oplogs agree up to here.
-    if last == OpTime::default() {
-        let starts_set = batch.first().is_some_and(|e| e.get_str("op").ok() == Some("n") && e.get_document("o").is_ok_and(|o| o.get_str("msg").ok() == Some("initiating set")));
-        if !starts_set {
-            return Err(Error::new(
-                Code::OplogStartMissing,
-                format!("{host}'s oplog no longer starts at the set's beginning; this member needs an initial sync by copying data, which shoal does not do yet"),
-            ));
-        }
-    } else {
-        let first = batch.first().and_then(|e| OpTime::from_doc(e));
-        if first != Some(last) {
-            // Our newest entries are not in the source's oplog: a former primary's writes
-            // that no majority took. Undo them, then fetch again from the common point.
-            return roll_back(shared, &mut conn, host, last).await;
-        }
-        batch.remove(0);
+    let first = batch.first().and_then(|e| OpTime::from_doc(e));
+    if first != Some(last) {
+        // Our newest entries are not in the source's oplog: a former primary's writes that
+        // no majority took. Undo them, then fetch again from the common point.
+        return roll_back(shared, &mut conn, host, last).await;
     }
+    batch.remove(0);
     coord.set_info_message("");
     let mut pending: Option<tokio::task::JoinHandle<Result<()>>> = None;
     let mut commit_seen = OpTime::default();
@@ -268,7 +263,7 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
         }
         store.truncate_oplog_after(common)?;
         store.commit_durable()?;
-        coord.finish_rollback(min_valid);
+        coord.recover_until(min_valid, store.oplog_last().unwrap_or_default());
         Ok(())
     })
     .await

@@ -11,6 +11,7 @@
 //! that can wait on the engine.
 
 mod fetcher;
+mod initial_sync;
 mod member;
 mod peer;
 
@@ -108,6 +109,8 @@ struct Inner {
     election_running: bool,
     /// Why replication stopped, when it did (shown in replSetGetStatus.infoMessage).
     info_message: String,
+    /// The latest initial sync's progress (replSetGetStatus initialSyncStatus).
+    pub(crate) initial_sync: initial_sync::Stats,
     /// After a rollback: RECOVERING until the oplog is applied up to here.
     min_valid: Option<OpTime>,
     /// replSetSyncFrom: the member to fetch from next, whatever the usual choice.
@@ -148,6 +151,7 @@ impl ReplCoord {
                 frozen_until: now,
                 election_running: false,
                 info_message: String::new(),
+                initial_sync: Default::default(),
                 min_valid: None,
                 sync_from: None,
             }),
@@ -209,6 +213,9 @@ impl ReplCoord {
         })?;
         let me = config.members[self_index].clone();
         let alone = config.members.iter().enumerate().all(|(i, m)| i == self_index || !m.is_voter()) && me.is_electable();
+        // A member with nothing in its oplog has no data to serve yet: it stays in STARTUP2
+        // until an initial sync (repl::initial_sync) has copied the set's data.
+        let empty = store.oplog_last().unwrap_or_default() == OpTime::default();
         {
             let mut inner = self.inner.lock();
             let old_peers = std::mem::take(&mut inner.peers);
@@ -229,6 +236,7 @@ impl ReplCoord {
                     _ if me.arbiter_only => MemberState::Arbiter,
                     // A rollback or the recovery after it is not over because the config changed.
                     s @ (MemberState::Rollback | MemberState::Recovering) => s,
+                    _ if empty && !alone => MemberState::Startup2,
                     _ => MemberState::Secondary,
                 };
                 self.primary.store(false, Ordering::SeqCst);
@@ -568,7 +576,9 @@ impl ReplCoord {
         Ok(doc! {"config": config.to_doc()})
     }
 
-    pub fn status(&self, store: &Store, uptime_secs: i64) -> Result<Document> {
+    /// `initial_sync`: include initialSyncStatus (replSetGetStatus's `initialSync: 1`); it is
+    /// always included while the member is in STARTUP2.
+    pub fn status(&self, store: &Store, uptime_secs: i64, initial_sync: bool) -> Result<Document> {
         let inner = self.inner.lock();
         let config = inner.config.as_ref().ok_or_else(not_initialized)?;
         let last = store.oplog_last().unwrap_or_default();
@@ -631,7 +641,7 @@ impl ReplCoord {
         }
         let voting = config.voters() as i32;
         let writable_voting = config.members.iter().filter(|m| m.is_voter() && !m.arbiter_only).count() as i32;
-        Ok(doc! {
+        let mut reply = doc! {
             "set": config.set_name.clone(),
             "date": DateTime::now(),
             "myState": inner.state.code(),
@@ -649,7 +659,11 @@ impl ReplCoord {
                 "appliedOpTime": last.to_doc(), "durableOpTime": durable.to_doc(), "lastAppliedWallTime": wall_of(last), "lastDurableWallTime": wall_of(durable),
             },
             "members": members,
-        })
+        };
+        if (initial_sync || inner.state == MemberState::Startup2) && inner.initial_sync.start.is_some() {
+            reply.insert("initialSyncStatus", inner.initial_sync.to_doc());
+        }
+        Ok(reply)
     }
 
     /// Whether `config` names this member.
@@ -711,9 +725,14 @@ impl ReplCoord {
         self.changed();
     }
 
-    pub(crate) fn finish_rollback(&self, min_valid: OpTime) {
+    /// After a rollback or an initial sync: RECOVERING (no reads) until the oplog reaches
+    /// `min_valid`, where the data is consistent again.
+    /// `applied` is our newest entry: if it already reaches `min_valid` (nothing changed on
+    /// the source meanwhile) no batch would come to end the recovery, so it ends here.
+    pub(crate) fn recover_until(&self, min_valid: OpTime, applied: OpTime) {
         self.inner.lock().min_valid = Some(min_valid);
         self.set_state(MemberState::Recovering);
+        self.after_apply(applied);
     }
 
     /// A fetched batch is applied and durable: report it, and leave RECOVERING once the

@@ -1,0 +1,262 @@
+//! Initial sync (mongod's logical initial sync): a member with an empty oplog copies every
+//! database but `local` from its sync source while the set keeps taking writes, then
+//! catches up through the oplog.
+//!
+//! 1. Note the source's newest oplog entry (`begin`).
+//! 2. Drop what this member holds outside `local`, then clone each database, collection,
+//!    its documents and its indexes (built after the documents, as a bulk build).
+//! 3. Note the source's newest entry again (`minValid`): every change made while cloning is
+//!    in the source's oplog between `begin` and `minValid`.
+//! 4. Start our oplog with the `begin` entry and stay RECOVERING. The ordinary fetcher then
+//!    tails from `begin` and applies every later entry; application is idempotent
+//!    (`crate::apply`), so entries whose effect the clone already copied do no harm. Once
+//!    `minValid` is applied the data is consistent and the member becomes SECONDARY
+//!    (`ReplCoord::after_apply`).
+//!
+//! Until step 4 our oplog is empty, so a crash or an error anywhere before it starts the
+//! whole sync again, as mongod does after a failed attempt.
+
+use super::peer::PeerConn;
+use crate::state::Shared;
+use bson::{doc, Bson, Document};
+use common::{Code, Error, Result};
+use repl::MemberState;
+use std::sync::Arc;
+use std::time::Duration;
+use storage::OpTime;
+
+/// Documents asked for per find or getMore while cloning (replies stay under the message
+/// limit on their own: a batch ends at 16 MiB whatever the count).
+const CLONE_BATCH_DOCS: i32 = 5000;
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What replSetGetStatus reports as `initialSyncStatus` (a subset of mongod's fields).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Stats {
+    pub failed_attempts: i32,
+    pub start: Option<bson::DateTime>,
+    pub end: Option<bson::DateTime>,
+    pub elapsed_ms: i64,
+    pub sync_source: String,
+    pub oplog_start: Option<OpTime>,
+    pub oplog_end: Option<OpTime>,
+    pub databases_cloned: i32,
+    pub documents_copied: i64,
+}
+
+impl Stats {
+    pub fn to_doc(&self) -> Document {
+        // No maxFailedInitialSyncAttempts: shoal retries without a limit.
+        let mut d = doc! {"failedInitialSyncAttempts": self.failed_attempts};
+        if let Some(t) = self.start {
+            d.insert("initialSyncStart", t);
+        }
+        if let Some(t) = self.end {
+            d.insert("initialSyncEnd", t);
+        }
+        d.insert("totalInitialSyncElapsedMillis", self.elapsed_ms);
+        d.insert("syncSourceHost", self.sync_source.clone());
+        if let Some(o) = self.oplog_start {
+            d.insert("initialSyncOplogStart", o.timestamp());
+        }
+        if let Some(o) = self.oplog_end {
+            d.insert("initialSyncOplogEnd", o.timestamp());
+        }
+        d.insert("databases", doc! {"databasesCloned": self.databases_cloned});
+        d.insert("documentsCopied", self.documents_copied);
+        d
+    }
+}
+
+/// Clone from `host`, seed the oplog and enter RECOVERING until minValid. A failed attempt
+/// is counted; the fetcher starts another.
+pub(super) async fn run(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Result<()> {
+    let coord = shared.repl.as_ref().expect("replica set member");
+    let started = std::time::Instant::now();
+    {
+        let mut inner = coord.inner.lock();
+        let failed_attempts = inner.initial_sync.failed_attempts;
+        inner.initial_sync = Stats { failed_attempts, start: Some(bson::DateTime::now()), sync_source: host.to_string(), ..Stats::default() };
+    }
+    let r = attempt(shared, conn, host).await;
+    let mut inner = coord.inner.lock();
+    inner.initial_sync.elapsed_ms = started.elapsed().as_millis() as i64;
+    match &r {
+        Ok(()) => inner.initial_sync.end = Some(bson::DateTime::now()),
+        Err(_) => inner.initial_sync.failed_attempts += 1,
+    }
+    r
+}
+
+async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Result<()> {
+    let coord = shared.repl.as_ref().expect("replica set member");
+    coord.set_state(MemberState::Startup2);
+    coord.set_info_message(format!("initial sync from {host}"));
+    let begin = newest_entry(conn).await?;
+    let begin_at = OpTime::from_doc(&begin).ok_or_else(|| Error::new(Code::FailedToParse, format!("{host}'s newest oplog entry has no ts and t")))?;
+    coord.inner.lock().initial_sync.oplog_start = Some(begin_at);
+    let store = shared.store.clone();
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        for db in store.database_names() {
+            if db != "local" {
+                store.drop_database(&db)?;
+            }
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| Error::internal(e.to_string()))??;
+    let started = std::time::Instant::now();
+    let mut docs_cloned = 0u64;
+    let dbs = conn.command("admin", doc! {"listDatabases": 1, "nameOnly": true, "$readPreference": secondary_ok()}, COMMAND_TIMEOUT).await?;
+    for d in dbs.get_array("databases").map_err(|_| malformed(host, "listDatabases"))? {
+        let Some(db) = d.as_document().and_then(|d| d.get_str("name").ok()) else { continue };
+        if db == "local" {
+            continue;
+        }
+        for (name, options) in list_collections(conn, host, db).await? {
+            let n = clone_collection(shared, conn, host, db, &name, options).await?;
+            docs_cloned += n;
+            coord.inner.lock().initial_sync.documents_copied += n as i64;
+        }
+        coord.inner.lock().initial_sync.databases_cloned += 1;
+    }
+    let min_valid = OpTime::from_doc(&newest_entry(conn).await?).unwrap_or(begin_at);
+    coord.inner.lock().initial_sync.oplog_end = Some(min_valid);
+    // Seed the oplog with `begin`, applied (idempotently) like any fetched entry, so the
+    // fetcher's check that the source's first entry is our newest holds.
+    let store = shared.store.clone();
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let bytes = begin.to_vec().map_err(|e| Error::internal(e.to_string()))?;
+        {
+            let _replicated = storage::applying_replicated_ops();
+            crate::apply::apply_entry(&store, &begin)?;
+        }
+        store.append_oplog_replicated(&[(begin_at, bytes)])?;
+        store.commit_durable()
+    })
+    .await
+    .map_err(|e| Error::internal(e.to_string()))??;
+    tracing::info!(%host, docs_cloned, elapsed_ms = started.elapsed().as_millis() as u64, ?begin_at, ?min_valid, "initial sync cloned the data; applying the oplog up to minValid");
+    coord.recover_until(min_valid, shared.store.oplog_last().unwrap_or_default());
+    Ok(())
+}
+
+/// Reads on a secondary source need the client's consent, as any driver's would.
+fn secondary_ok() -> Document {
+    doc! {"mode": "secondaryPreferred"}
+}
+
+fn malformed(host: &str, what: &str) -> Error {
+    Error::new(Code::ProtocolError, format!("malformed {what} reply from {host}"))
+}
+
+/// The source's newest oplog entry.
+async fn newest_entry(conn: &mut PeerConn) -> Result<Document> {
+    let host = conn.host.clone();
+    let r = conn.command("local", doc! {"find": "oplog.rs", "sort": {"$natural": -1}, "limit": 1, "singleBatch": true}, COMMAND_TIMEOUT).await?;
+    let batch = r.get_document("cursor").and_then(|c| c.get_array("firstBatch")).map_err(|_| malformed(&host, "oplog find"))?;
+    match batch.first() {
+        Some(Bson::Document(d)) => Ok(d.clone()),
+        _ => Err(Error::new(Code::OplogStartMissing, format!("{host} has an empty oplog"))),
+    }
+}
+
+/// Collections of `db` on the source, with their creation options.
+async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) -> Result<Vec<(String, Document)>> {
+    let docs = all_docs(conn, host, db, "listCollections", doc! {"listCollections": 1, "$readPreference": secondary_ok()}).await?;
+    let mut out = Vec::new();
+    for c in docs {
+        if c.get_str("type").unwrap_or("collection") != "collection" {
+            return Err(Error::new(Code::CommandNotSupported, format!("{host} has a {} in {db}, which initial sync cannot copy", c.get_str("type").unwrap_or("?"))));
+        }
+        let name = c.get_str("name").map_err(|_| malformed(host, "listCollections"))?.to_string();
+        out.push((name, c.get_document("options").cloned().unwrap_or_default()));
+    }
+    Ok(out)
+}
+
+/// Copy one collection: create it with its options, insert its documents batch by batch,
+/// then build its indexes. Returns how many documents were copied.
+async fn clone_collection(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, db: &str, name: &str, options: Document) -> Result<u64> {
+    let store = shared.store.clone();
+    let (d, n) = (db.to_string(), name.to_string());
+    tokio::task::spawn_blocking(move || {
+        let _replicated = storage::applying_replicated_ops();
+        store.create_collection(&d, &n, options).map(|_| ())
+    })
+    .await
+    .map_err(|e| Error::internal(e.to_string()))??;
+    let mut copied = 0u64;
+    let find = doc! {"find": name, "batchSize": CLONE_BATCH_DOCS, "$readPreference": secondary_ok()};
+    let reply = conn.command(db, find, COMMAND_TIMEOUT).await?;
+    let (mut id, mut batch) = cursor(&reply, "firstBatch").ok_or_else(|| malformed(host, "find"))?;
+    loop {
+        if !batch.is_empty() {
+            copied += batch.len() as u64;
+            insert_batch(shared, db, name, std::mem::take(&mut batch)).await?;
+        }
+        if id == 0 {
+            break;
+        }
+        let get_more = doc! {"getMore": id, "collection": name, "batchSize": CLONE_BATCH_DOCS, "$readPreference": secondary_ok()};
+        let reply = conn.command(db, get_more, COMMAND_TIMEOUT).await?;
+        (id, batch) = cursor(&reply, "nextBatch").ok_or_else(|| malformed(host, "getMore"))?;
+    }
+    let specs = all_docs(conn, host, db, "listIndexes", doc! {"listIndexes": name, "$readPreference": secondary_ok()}).await?;
+    let store = shared.store.clone();
+    let (d, n) = (db.to_string(), name.to_string());
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let _replicated = storage::applying_replicated_ops();
+        let coll = store.collection(&d, &n).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{d}.{n} vanished while it was cloned")))?;
+        for spec in specs {
+            if spec.get_str("name").ok() == Some("_id_") {
+                continue;
+            }
+            coll.create_index(storage::IndexSpec::from_spec(spec)?)?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| Error::internal(e.to_string()))??;
+    Ok(copied)
+}
+
+/// Insert cloned documents. A document already here (none should be: the collection was
+/// created empty) is an error, not silently skipped.
+async fn insert_batch(shared: &Arc<Shared>, db: &str, name: &str, docs: Vec<Document>) -> Result<()> {
+    let store = shared.store.clone();
+    let (d, n) = (db.to_string(), name.to_string());
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let _replicated = storage::applying_replicated_ops();
+        let coll = store.collection(&d, &n).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{d}.{n} vanished while it was cloned")))?;
+        let outcome = coll.insert_many(&docs, true);
+        match outcome.errors.into_iter().next() {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
+    })
+    .await
+    .map_err(|e| Error::internal(e.to_string()))?
+}
+
+/// Every document of a command's cursor (listCollections, listIndexes: small).
+async fn all_docs(conn: &mut PeerConn, host: &str, db: &str, what: &str, cmd: Document) -> Result<Vec<Document>> {
+    let reply = conn.command(db, cmd, COMMAND_TIMEOUT).await?;
+    let (mut id, mut out) = cursor(&reply, "firstBatch").ok_or_else(|| malformed(host, what))?;
+    while id != 0 {
+        let coll = reply.get_document("cursor").ok().and_then(|c| c.get_str("ns").ok()).and_then(|ns| ns.split_once('.')).map(|(_, c)| c.to_string()).unwrap_or_default();
+        let r = conn.command(db, doc! {"getMore": id, "collection": coll, "$readPreference": secondary_ok()}, COMMAND_TIMEOUT).await?;
+        let (next, more) = cursor(&r, "nextBatch").ok_or_else(|| malformed(host, what))?;
+        id = next;
+        out.extend(more);
+    }
+    Ok(out)
+}
+
+fn cursor(reply: &Document, key: &str) -> Option<(i64, Vec<Document>)> {
+    let c = reply.get_document("cursor").ok()?;
+    let id = c.get_i64("id").ok()?;
+    let docs = c.get_array(key).ok()?.iter().filter_map(|d| d.as_document().cloned()).collect();
+    Some((id, docs))
+}
