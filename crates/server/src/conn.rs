@@ -32,12 +32,14 @@ pub struct ConnState {
     pub app_name: Option<String>,
     /// Set by a write on a primary that must wait for other members before replying.
     pub replication_wait: Option<dispatch::ReplicationWait>,
+    /// Set by a majority or linearizable read that must wait for the commit point.
+    pub read_wait: Option<dispatch::ReadWait>,
 }
 
 pub async fn serve(shared: Arc<Shared>, mut stream: TcpStream, remote: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None };
+    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None };
     tracing::debug!(conn = id, %remote, "connection accepted");
     if let Err(reason) = serve_loop(&shared, &mut stream, &mut conn).await {
         tracing::info!(conn = id, %remote, "connection ended: {reason}");
@@ -279,7 +281,35 @@ async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Do
     if let Some(wait) = conn.replication_wait.take() {
         wait_for_replication(shared, wait, &mut reply).await;
     }
+    if let Some(wait) = conn.read_wait.take() {
+        if let Err(e) = wait_for_commit_point(shared, wait).await {
+            reply = dispatch::error_reply(&e);
+        }
+    }
     reply
+}
+
+/// Wait until a read's entries are majority-committed (dispatch::ReadWait). Without
+/// maxTimeMS it waits as long as mongod would: until the set commits or this member steps
+/// down.
+async fn wait_for_commit_point(shared: &Shared, wait: dispatch::ReadWait) -> common::Result<()> {
+    use crate::repl::WcStatus;
+    let Some(repl) = &shared.repl else { return Ok(()) };
+    let mut changes = repl.progress_changes();
+    loop {
+        changes.borrow_and_update();
+        match repl.read_status(&shared.store, wait.at, wait.linearizable) {
+            WcStatus::Satisfied => return Ok(()),
+            WcStatus::SteppedDown => return Err(common::Error::new(common::Code::PrimarySteppedDown, "stepped down while waiting to confirm a linearizable read")),
+            WcStatus::Pending => {}
+        }
+        let recheck = tokio::time::Instant::now() + WRITE_CONCERN_RECHECK;
+        let until = wait.deadline.map(tokio::time::Instant::from_std).map_or(recheck, |d| d.min(recheck));
+        let _ = tokio::time::timeout_at(until, changes.changed()).await;
+        if wait.deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            return Err(common::Error::new(common::Code::MaxTimeMSExpired, "operation exceeded time limit waiting for the majority commit point"));
+        }
+    }
 }
 
 const WRITE_CONCERN_RECHECK: Duration = Duration::from_secs(1);

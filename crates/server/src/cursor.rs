@@ -105,11 +105,13 @@ pub struct Cursor {
     pub last_used: Instant,
     /// Documents returned so far (currentOp/serverStatus reporting).
     pub n_returned: u64,
+    /// Opened with readConcern "majority": every batch waits for the commit point.
+    pub majority_read: bool,
 }
 
 impl Cursor {
     pub fn new(ns: String, source: Source) -> Cursor {
-        Cursor { id: 0, ns, source, lsid: None, no_timeout: false, last_used: Instant::now(), n_returned: 0 }
+        Cursor { id: 0, ns, source, lsid: None, no_timeout: false, last_used: Instant::now(), n_returned: 0, majority_read: false }
     }
 
     /// Fill the next batch: at most `docs_max` documents and about BATCH_SIZE_BYTES_MAX bytes.
@@ -204,6 +206,17 @@ impl CursorManager {
 
     pub fn restore(&self, c: Cursor) {
         self.cursors.lock().insert(c.id, c);
+    }
+
+    /// Mark cursor `id` as a readConcern "majority" cursor (see `Cursor::majority_read`).
+    pub fn mark_majority_read(&self, id: i64) {
+        if let Some(c) = self.cursors.lock().get_mut(&id) {
+            c.majority_read = true;
+        }
+    }
+
+    pub fn is_majority_read(&self, id: i64) -> bool {
+        self.cursors.lock().get(&id).is_some_and(|c| c.majority_read)
     }
 
     /// Whether cursor `id` is a tailable awaitData cursor (its getMore may wait).

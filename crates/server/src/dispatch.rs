@@ -157,21 +157,44 @@ impl WriteConcern {
     }
 }
 
+/// Read concern levels that make a read wait on a replica set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadLevel {
+    Majority,
+    Linearizable,
+}
+
+/// What a read waits for before its reply on a set with other data-bearing members.
+///
+/// majority: every entry the read could have seen (up to `at`, our newest entry once the
+/// read ran) is majority-committed, so nothing returned can be rolled back. The read may
+/// return newer data than mongod's majority snapshot would, never uncommitted data.
+/// linearizable: as mongod, the primary writes a no-op after the read and waits until a
+/// majority has it durable; if it is still primary in the same term then, no other primary
+/// can have taken a write the read missed.
+#[derive(Debug)]
+pub struct ReadWait {
+    pub at: storage::OpTime,
+    pub linearizable: bool,
+    pub deadline: Option<Instant>,
+}
+
 /// `repl`: set with --replSet; asked only about linearizable reads.
-fn check_read_concern(cmd: &Document, repl: Option<&crate::repl::ReplCoord>) -> Result<()> {
+fn check_read_concern(cmd: &Document, repl: Option<&crate::repl::ReplCoord>) -> Result<Option<ReadLevel>> {
+    let mut level = None;
     let rc = match cmd.get("readConcern") {
-        None | Some(Bson::Null) => return Ok(()),
+        None | Some(Bson::Null) => return Ok(None),
         Some(Bson::Document(d)) => d,
         Some(_) => return Err(Error::type_mismatch("BSON field 'readConcern' is the wrong type, expected type 'object'")),
     };
     for (k, v) in rc {
         match k.as_str() {
             "level" => match v.as_str() {
-                // A standalone's applied writes are its committed writes.
-                Some("local" | "available" | "majority") => {}
-                // A primary that is the set's only voter cannot be deposed, so every read it
-                // serves reflects every acknowledged write.
-                Some("linearizable") if repl.is_some_and(|r| r.serves_linearizable_reads()) => {}
+                Some("local" | "available") => {}
+                // A standalone's applied writes are its committed writes; a set's wait for
+                // the commit point (ReadWait).
+                Some("majority") => level = Some(ReadLevel::Majority),
+                Some("linearizable") if repl.is_some_and(|r| r.is_writable_primary()) => level = Some(ReadLevel::Linearizable),
                 Some("linearizable") if repl.is_some() => return Err(Error::new(Code::NotWritablePrimary, "cannot satisfy linearizable read concern on non-primary node")),
                 Some("linearizable") => return Err(Error::bad_value("Cannot use linearizable readConcern on a standalone; it requires a replica set")),
                 Some("snapshot") => return Err(Error::new(Code::NotImplemented, "readConcern level 'snapshot' requires a transaction, and transactions require a replica set")),
@@ -183,7 +206,27 @@ fn check_read_concern(cmd: &Document, repl: Option<&crate::repl::ReplCoord>) -> 
             other => return Err(Error::new(Code::FailedToParse, format!("unrecognized readConcern field: {other}"))),
         }
     }
-    Ok(())
+    Ok(level)
+}
+
+/// The wait for a read's `level` (None where nothing needs waiting: a standalone, a set with
+/// one data-bearing member, or a write command).
+fn read_wait(shared: &Shared, req: &Request, level: Option<ReadLevel>, deadline: Option<Instant>) -> Result<Option<ReadWait>> {
+    let Some(repl) = shared.repl.as_ref().filter(|r| r.replicates()) else { return Ok(None) };
+    let Some(level) = level else { return Ok(None) };
+    if commands::on_secondary(&req.name) == commands::OnSecondary::Never {
+        return Ok(None);
+    }
+    let at = match level {
+        ReadLevel::Majority => shared.store.oplog_last().unwrap_or_default(),
+        ReadLevel::Linearizable => {
+            if !repl.is_writable_primary() {
+                return Err(Error::new(Code::PrimarySteppedDown, "stepped down while serving a linearizable read"));
+            }
+            shared.store.append_oplog_noop(&doc! {"msg": "linearizable read"})?
+        }
+    };
+    Ok(Some(ReadWait { at, linearizable: level == ReadLevel::Linearizable, deadline }))
 }
 
 /// A member that is not primary takes no writes, and reads only from clients that allow
@@ -276,7 +319,12 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
     if let Some(repl) = &shared.repl {
         check_member_state(shared, repl, req)?;
     }
-    check_read_concern(cmd, shared.repl.as_ref())?;
+    let mut read_level = check_read_concern(cmd, shared.repl.as_ref())?;
+    // A getMore carries no readConcern: its cursor remembers the find's (checked before the
+    // getMore runs, which may exhaust and remove the cursor).
+    if req.name == "getMore" && req.body.get_i64("getMore").is_ok_and(|id| shared.cursors.is_majority_read(id)) {
+        read_level = Some(ReadLevel::Majority);
+    }
     let write_concern = WriteConcern::parse(cmd, shared.repl.is_some())?;
     let wc_unsatisfiable = match (&shared.repl, &write_concern) {
         (Some(repl), Some(wc)) if commands::on_secondary(&req.name) == commands::OnSecondary::Never && !wc.is_unacknowledged() => {
@@ -306,6 +354,14 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
         }
         _ => handler(&mut ctx)?,
     };
+    if let Some(w) = read_wait(shared, req, read_level, deadline)? {
+        if read_level == Some(ReadLevel::Majority) && req.name != "getMore" {
+            if let Some(id) = reply.get_document("cursor").ok().and_then(|c| c.get_i64("id").ok()).filter(|id| *id != 0) {
+                shared.cursors.mark_majority_read(id);
+            }
+        }
+        conn.read_wait = Some(w);
+    }
     if let Some(mut wait) = wait {
         // The write is applied here; the connection waits (off the worker thread) for the
         // other members before it replies. The newest entry covers this command's entries.

@@ -496,3 +496,55 @@ async fn an_empty_member_joins_by_initial_sync_while_writes_continue() {
     assert!(st.get_i64("documentsCopied").unwrap() >= 12_000, "{st:?}");
     assert!(st.get_datetime("initialSyncEnd").is_ok());
 }
+
+#[tokio::test]
+async fn majority_and_linearizable_reads_wait_for_the_commit_point() {
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    let client = set.client().await;
+    client.database("app").collection::<Document>("r").insert_one(doc! {"_id": "committed"}).await.unwrap();
+    let others: Vec<usize> = (0..3).filter(|&i| i != p).collect();
+    // The secondaries stand for no election and can no longer fetch from the primary (the
+    // primary still reaches them, so it keeps its majority and stays primary).
+    for &i in &others {
+        admin(&direct(&set.members[i]).await, doc! {"replSetFreeze": 60}).await.unwrap();
+        set.fail_point(i, "alwaysOn", doc! {"host": host(&set.members[p]), "partition": true}).await;
+    }
+    let primary = direct(&set.members[p]).await;
+    let app = primary.database("app");
+    app.run_command(doc! {"insert": "r", "documents": [{"_id": "uncommitted"}], "writeConcern": {"w": 1}}).await.unwrap();
+    let find = |level: &str| doc! {"find": "r", "filter": {}, "readConcern": {"level": level}, "maxTimeMS": 800};
+    // A local read sees the w:1 write; majority and linearizable reads do not return it.
+    let local = app.run_command(find("local")).await.unwrap();
+    assert_eq!(local.get_document("cursor").unwrap().get_array("firstBatch").unwrap().len(), 2);
+    assert_code_name(app.run_command(find("majority")).await, 50, "MaxTimeMSExpired");
+    assert_code_name(app.run_command(find("linearizable")).await, 50, "MaxTimeMSExpired");
+    // Linearizable reads are for the primary only.
+    let sec = direct(&set.members[others[0]]).await;
+    let mut on_secondary = find("linearizable");
+    on_secondary.insert("$readPreference", doc! {"mode": "secondaryPreferred"});
+    assert_code_name(sec.database("app").run_command(on_secondary).await, 10107, "NotWritablePrimary");
+    // Healed: the write commits and both reads return it, on the secondaries too.
+    for &i in &others {
+        set.fail_point(i, "off", doc! {"host": host(&set.members[p])}).await;
+    }
+    let mut no_limit = find("majority");
+    no_limit.remove("maxTimeMS");
+    let r = app.run_command(no_limit.clone()).await.unwrap();
+    assert_eq!(r.get_document("cursor").unwrap().get_array("firstBatch").unwrap().len(), 2);
+    let mut lin = find("linearizable");
+    lin.remove("maxTimeMS");
+    assert_eq!(app.run_command(lin).await.unwrap().get_document("cursor").unwrap().get_array("firstBatch").unwrap().len(), 2);
+    no_limit.insert("$readPreference", doc! {"mode": "secondaryPreferred"});
+    for &i in &others {
+        let r = direct(&set.members[i]).await.database("app").run_command(no_limit.clone()).await.unwrap();
+        assert_eq!(r.get_document("cursor").unwrap().get_array("firstBatch").unwrap().len(), 2, "member {i}");
+    }
+    // A majority cursor's getMore waits as its find did (batchSize 1: the rest comes by getMore).
+    let mut batched = find("majority");
+    batched.insert("batchSize", 1);
+    let r = app.run_command(batched).await.unwrap();
+    let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    let more = app.run_command(doc! {"getMore": id, "collection": "r"}).await.unwrap();
+    assert_eq!(more.get_document("cursor").unwrap().get_array("nextBatch").unwrap().len(), 1);
+}

@@ -467,7 +467,12 @@ impl ReplCoord {
         let own = if inner.state == MemberState::Primary { store.oplog_durable().unwrap_or_default() } else { return };
         let peers = &inner.peers;
         let cp = repl::progress::advance_commit_point(config, inner.commit_point, inner.term, |i| if i == me { own } else { peers[i].durable });
-        inner.commit_point = cp;
+        if cp != inner.commit_point {
+            inner.commit_point = cp;
+            // Majority reads wait for it (woken without holding the lock: watch receivers
+            // only read a counter).
+            self.progress.send_modify(|c| *c += 1);
+        }
     }
 
     /// The commit point a secondary learned from upstream: it never runs ahead of what this
@@ -481,6 +486,9 @@ impl ReplCoord {
         let cp = cp.min(applied);
         if cp > inner.commit_point {
             inner.commit_point = cp;
+            drop(inner);
+            // Majority reads on this member wait for it.
+            self.progress.send_modify(|c| *c += 1);
         }
     }
 
@@ -494,12 +502,6 @@ impl ReplCoord {
         self.primary.load(Ordering::SeqCst)
     }
 
-    /// A linearizable read needs a primary that no other member can have replaced: here, a
-    /// primary that is the set's only voter.
-    pub fn serves_linearizable_reads(&self) -> bool {
-        let inner = self.inner.lock();
-        inner.state == MemberState::Primary && inner.config.as_ref().is_some_and(|c| c.voters() == 1)
-    }
 
     pub fn topology_counter(&self) -> i64 {
         *self.topology.borrow()
@@ -567,6 +569,21 @@ impl ReplCoord {
         match &inner.config {
             Some(c) if inner.state == MemberState::Primary && c.write_majority_count() <= 1 => inner.commit_point.max(store.oplog_durable().unwrap_or_default()),
             _ => inner.commit_point,
+        }
+    }
+
+    /// Whether a read that saw entries up to `at` may be answered (dispatch::ReadWait): the
+    /// commit point has reached `at`. For a linearizable read this member must moreover still
+    /// be primary in the term of `at`, its no-op.
+    pub fn read_status(&self, store: &Store, at: OpTime, linearizable: bool) -> WcStatus {
+        let inner = self.inner.lock();
+        if linearizable && (inner.state != MemberState::Primary || inner.term != at.term) {
+            return WcStatus::SteppedDown;
+        }
+        if Self::reported_commit_point(&inner, store) >= at {
+            WcStatus::Satisfied
+        } else {
+            WcStatus::Pending
         }
     }
 
