@@ -548,3 +548,32 @@ async fn majority_and_linearizable_reads_wait_for_the_commit_point() {
     let more = app.run_command(doc! {"getMore": id, "collection": "r"}).await.unwrap();
     assert_eq!(more.get_document("cursor").unwrap().get_array("nextBatch").unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn a_member_given_a_higher_priority_takes_over() {
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    let target = (p + 1) % 3;
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("t");
+    coll.insert_one(doc! {"_id": 0}).await.unwrap();
+    let primary = direct(&set.members[p]).await;
+    let mut config = admin(&primary, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().clone();
+    let version = config.get_i32("version").unwrap();
+    let mut members = config.get_array("members").unwrap().clone();
+    members[target].as_document_mut().unwrap().insert("priority", 5);
+    config.insert("members", members);
+    config.insert("version", version + 1);
+    admin(&primary, doc! {"replSetReconfig": config}).await.unwrap();
+    // Caught up and outranking the primary, it stands after one election timeout and wins.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while set.status(target).await.unwrap().get_i32("myState").unwrap() != 1 {
+        assert!(Instant::now() < deadline, "member {target} (priority 5) did not take over from member {p}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(set.wait_for_primary(None).await, target);
+    // Nothing was lost, and the set takes writes through the new primary.
+    coll.insert_one(doc! {"_id": 1}).await.unwrap();
+    set.wait_for_count(p, "t", 2).await;
+    assert_eq!(set.status(p).await.unwrap().get_i32("myState").unwrap(), 2);
+}

@@ -109,6 +109,8 @@ struct Inner {
     election_running: bool,
     /// Why replication stopped, when it did (shown in replSetGetStatus.infoMessage).
     info_message: String,
+    /// Since when this member has qualified for a priority takeover (member::tick_loop).
+    pub(crate) takeover_since: Option<Instant>,
     /// The latest initial sync's progress (replSetGetStatus initialSyncStatus).
     pub(crate) initial_sync: initial_sync::Stats,
     /// After a rollback: RECOVERING until the oplog is applied up to here.
@@ -152,6 +154,7 @@ impl ReplCoord {
                 election_running: false,
                 info_message: String::new(),
                 initial_sync: Default::default(),
+                takeover_since: None,
                 min_valid: None,
                 sync_from: None,
             }),
