@@ -78,12 +78,16 @@ fn leads_back(peers: &[PeerView], self_index: usize, from: usize) -> bool {
 
 /// Whether a member fetching from `current` should choose again: the source is gone, no
 /// longer a candidate (it stopped being primary with chaining off, fell behind the primary,
-/// became hidden), is a secondary that itself fetches from nobody or, through others, from
-/// us (mongod's "sync source has no sync source" rule, which breaks cycles formed from
-/// stale heartbeats), or another candidate is closer by more than the threshold.
+/// became hidden), is a secondary not ahead of us that fetches, through others, from us (a
+/// cycle formed from stale heartbeats: nothing would ever arrive), or another candidate is
+/// closer by more than the threshold.
+///
+/// mongod also leaves a source that fetches from nobody, judged from the source's replies;
+/// heartbeats here are up to an interval old, and a member that was primary a moment ago
+/// still looks like it fetches from nobody, so that rule would undo replSetSyncFrom.
 pub fn should_change(config: &ReplSetConfig, self_index: usize, peers: &[PeerView], my_last: OpTime, current: usize) -> bool {
     let source = &peers[current];
-    if source.up && source.state == Some(MemberState::Secondary) && (source.sync_source.is_none() || leads_back(peers, self_index, current)) {
+    if source.up && source.state == Some(MemberState::Secondary) && source.applied <= my_last && leads_back(peers, self_index, current) {
         return true;
     }
     match choose(config, self_index, peers, my_last) {
@@ -163,14 +167,11 @@ mod tests {
         for i in 1..4 {
             assert_eq!(choose(&set(true), i, &level, me), Some(0), "member {i}");
         }
-        // A cycle left by stale heartbeats (1←2←3←1) is left at once; a source fetching from
-        // nobody is left too.
+        // A cycle left by stale heartbeats (1←2←3←1) is left at once.
         let mut cyc = level.clone();
         cyc[1].sync_source = Some(3);
         cyc[2].sync_source = Some(1);
         cyc[3].sync_source = Some(2);
-        assert!(should_change(&set(true), 1, &cyc, me, 3));
-        cyc[3].sync_source = None;
         assert!(should_change(&set(true), 1, &cyc, me, 3));
         // A healthy chain 1←2←0 is kept.
         let mut chain = level.clone();

@@ -536,9 +536,18 @@ async fn majority_and_linearizable_reads_wait_for_the_commit_point() {
     lin.remove("maxTimeMS");
     assert_eq!(app.run_command(lin).await.unwrap().get_document("cursor").unwrap().get_array("firstBatch").unwrap().len(), 2);
     no_limit.insert("$readPreference", doc! {"mode": "secondaryPreferred"});
+    // (A secondary's majority read returns what it has applied and knows committed: it may
+    // lag, so this waits until it has caught up.)
     for &i in &others {
-        let r = direct(&set.members[i]).await.database("app").run_command(no_limit.clone()).await.unwrap();
-        assert_eq!(r.get_document("cursor").unwrap().get_array("firstBatch").unwrap().len(), 2, "member {i}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = direct(&set.members[i]).await.database("app").run_command(no_limit.clone()).await.unwrap();
+            if r.get_document("cursor").unwrap().get_array("firstBatch").unwrap().len() == 2 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "member {i} does not return the committed write");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     // A majority cursor's getMore waits as its find did (batchSize 1: the rest comes by getMore).
     let mut batched = find("majority");

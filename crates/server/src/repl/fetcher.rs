@@ -235,6 +235,8 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
         let _apply = coord.apply_lock.lock();
         let _replicated = storage::applying_replicated_ops();
         let stamp = bson::DateTime::now().try_to_rfc3339_string().unwrap_or_default().replace(':', "-");
+        // From the first replaced document on, the data is inconsistent until minValid.
+        super::ReplCoord::persist_min_valid(&store, min_valid)?;
         for (ns, id, theirs) in fetched {
             let (db, coll) = ns.split_once('.').expect("split above");
             let Some(c) = store.collection(db, coll) else {

@@ -128,6 +128,8 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
     let store = shared.store.clone();
     tokio::task::spawn_blocking(move || -> Result<()> {
         let bytes = begin.to_vec().map_err(|e| Error::internal(e.to_string()))?;
+        // minValid first: once the seeded oplog is durable, so is minValid (one journal).
+        super::ReplCoord::persist_min_valid(&store, min_valid)?;
         {
             let _replicated = storage::applying_replicated_ops();
             crate::apply::apply_entry(&store, &begin)?;

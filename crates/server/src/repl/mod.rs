@@ -36,6 +36,9 @@ const CONFIG_DB: &str = "local";
 const CONFIG_COLLECTION: &str = "system.replset";
 /// mongod keeps its last vote here, so a restarted member never votes twice in a term.
 const ELECTION_COLLECTION: &str = "replset.election";
+/// mongod's minValid: after a rollback or an initial sync, the optime the oplog must reach
+/// before the data is consistent. Kept durably so a restart in between stays RECOVERING.
+const MIN_VALID_COLLECTION: &str = "replset.minvalid";
 
 pub struct ReplCoord {
     pub set_name: String,
@@ -182,8 +185,22 @@ impl ReplCoord {
             }
             store.set_oplog_term(coord.inner.lock().term);
             coord.install_config(store, config)?;
+            let min_valid = first_doc(store, MIN_VALID_COLLECTION)?.as_ref().and_then(OpTime::from_doc);
+            if let Some(mv) = min_valid.filter(|mv| last < *mv) {
+                tracing::info!(?mv, ?last, "restarted before reaching minValid: recovering");
+                coord.inner.lock().min_valid = Some(mv);
+                coord.set_state(MemberState::Recovering);
+            }
         }
         Ok(coord)
+    }
+
+    /// Record `min_valid` durably, before the rollback or initial sync that needs it makes
+    /// its changes to the oplog (a restart then finds it and stays RECOVERING).
+    pub(crate) fn persist_min_valid(store: &Store, min_valid: OpTime) -> Result<()> {
+        let mut d = doc! {"_id": "minValid"};
+        d.extend(min_valid.to_doc());
+        put_single_doc(store, MIN_VALID_COLLECTION, &d)
     }
 
     /// The member of `config` that is this node: its port is ours and its host names this
@@ -815,4 +832,36 @@ fn put_single_doc(store: &Store, coll: &str, doc: &Document) -> Result<()> {
 /// The config, stored as one document whose _id is the set name, as mongod stores it.
 fn store_config(store: &Store, config: &ReplSetConfig) -> Result<()> {
     put_single_doc(store, CONFIG_COLLECTION, &config.to_doc())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member that stops between a rollback's or an initial sync's first change and
+    /// minValid comes back RECOVERING, not SECONDARY, and serves no reads.
+    #[test]
+    fn a_restart_before_min_valid_stays_recovering() {
+        let store = Store::open_in_memory();
+        let config = doc! {"_id": "rs0", "version": 1, "term": 1_i64, "members": [{"_id": 0, "host": "127.0.0.1:27017"}, {"_id": 1, "host": "127.0.0.1:27018"}]};
+        put_single_doc(&store, CONFIG_COLLECTION, &config).unwrap();
+        store.enable_oplog(1 << 20).unwrap();
+        store.append_oplog_noop(&doc! {"msg": "initiating set"}).unwrap();
+        let last = store.oplog_last().unwrap();
+        let start = |store: &Store| ReplCoord::start(store, "rs0".into(), "127.0.0.1:27017".into(), 27017, 1 << 20).unwrap();
+        // No minValid: a secondary.
+        assert_eq!(start(&store).state(), MemberState::Secondary);
+        // minValid ahead of the oplog: recovering.
+        let ahead = OpTime { ts: last.ts + (10 << 32), term: last.term };
+        ReplCoord::persist_min_valid(&store, ahead).unwrap();
+        let coord = start(&store);
+        assert_eq!(coord.state(), MemberState::Recovering);
+        assert!(!coord.serves_secondary_reads());
+        // Reached: recovering ends with the batch that reaches it.
+        coord.after_apply(ahead);
+        assert_eq!(coord.state(), MemberState::Secondary);
+        // An old minValid the oplog has passed: a secondary again.
+        ReplCoord::persist_min_valid(&store, last).unwrap();
+        assert_eq!(start(&store).state(), MemberState::Secondary);
+    }
 }
