@@ -446,8 +446,14 @@ async fn an_empty_member_joins_by_initial_sync_while_writes_continue() {
         coll.insert_many(docs).await.unwrap();
     }
     client.database("other").collection::<Document>("x").insert_one(doc! {"_id": "o"}).await.unwrap();
-    // A new, empty member joins while inserts, updates and deletes go on.
-    let newcomer = Server::start_with_args(&["--replSet", "rs0"]);
+    // A new member joins while inserts, updates and deletes go on. It ran standalone before:
+    // what it held is dropped (without logging its own drops), not merged.
+    let mut newcomer = Server::start();
+    let old = newcomer.client().await;
+    old.database("app").collection::<Document>("c").insert_one(doc! {"_id": "stale", "k": "stale"}).await.unwrap();
+    old.database("gone").collection::<Document>("x").insert_one(doc! {"_id": 1}).await.unwrap();
+    drop(old);
+    newcomer.restart_with_args(&["--replSet", "rs0"]);
     let primary = direct(&set.members[p]).await;
     let mut config = admin(&primary, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().clone();
     let version = config.get_i32("version").unwrap();
@@ -482,6 +488,11 @@ async fn an_empty_member_joins_by_initial_sync_while_writes_continue() {
     assert_eq!(all_on(&set.members[3], "app", "capped").await, vec![doc! {"_id": 0, "note": "capped"}]);
     assert_eq!(all_on(&set.members[3], "other", "x").await, vec![doc! {"_id": "o"}]);
     let new = direct(&set.members[3]).await;
+    assert!(!new.list_database_names().await.unwrap().contains(&"gone".to_string()));
+    // Its oplog is the source's from where the copy began: no entry of its own.
+    let first = new.database("local").collection::<Document>("oplog.rs").find_one(doc! {}).await.unwrap().unwrap();
+    let on_primary = direct(&set.members[p]).await.database("local").collection::<Document>("oplog.rs").find_one(doc! {"ts": first.get_timestamp("ts").unwrap()}).await.unwrap();
+    assert_eq!(on_primary.as_ref(), Some(&first));
     let idx = new.database("app").run_command(doc! {"listIndexes": "c", "$readPreference": {"mode": "secondaryPreferred"}}).await.unwrap();
     let specs = idx.get_document("cursor").unwrap().get_array("firstBatch").unwrap();
     assert!(specs.iter().any(|s| s.as_document().is_some_and(|s| s.get_str("name").ok() == Some("k_unique") && s.get_bool("unique").unwrap_or(false))), "{specs:?}");

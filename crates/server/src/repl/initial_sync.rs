@@ -97,6 +97,9 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
     coord.inner.lock().initial_sync.oplog_start = Some(begin_at);
     let store = shared.store.clone();
     tokio::task::spawn_blocking(move || -> Result<()> {
+        // Not logged: these drops are this member's own, and its oplog must stay empty until
+        // it is seeded with the source's entry.
+        let _replicated = storage::applying_replicated_ops();
         for db in store.database_names() {
             if db != "local" {
                 store.drop_database(&db)?;

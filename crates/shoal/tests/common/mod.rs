@@ -153,6 +153,13 @@ impl Server {
         }
     }
 
+    /// Starts again on the same dbpath with other extra arguments (a standalone joining a
+    /// replica set); prefers the same port.
+    pub fn restart_with_args(&mut self, args: &[&str]) {
+        self.options.args_extra = args.iter().map(|s| s.to_string()).collect();
+        self.restart();
+    }
+
     /// Starts again on the same dbpath (after kill9 or stop_graceful); prefers the same port.
     pub fn restart(&mut self) {
         self.kill9();
