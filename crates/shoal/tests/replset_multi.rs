@@ -597,3 +597,30 @@ async fn a_member_given_a_higher_priority_takes_over() {
     set.wait_for_count(p, "t", 2).await;
     assert_eq!(set.status(p).await.unwrap().get_i32("myState").unwrap(), 2);
 }
+
+#[tokio::test]
+async fn an_arbiter_votes_but_holds_no_data() {
+    let mut set = Set::start(3, doc! {}, &[doc! {}, doc! {}, doc! {"arbiterOnly": true}]).await;
+    let p = set.wait_for_primary(None).await;
+    assert_ne!(p, 2, "an arbiter never becomes primary");
+    let client = set.client().await;
+    let hello = admin(&client, doc! {"hello": 1}).await.unwrap();
+    assert_eq!(hello.get_array("arbiters").unwrap(), &vec![Bson::String(host(&set.members[2]))]);
+    assert_eq!(hello.get_array("hosts").unwrap().len(), 2);
+    let coll = client.database("app").collection::<Document>("a");
+    coll.insert_one(doc! {"_id": 1}).await.unwrap();
+    let s = set.status(2).await.unwrap();
+    assert_eq!(s.get_i32("myState").unwrap(), 7);
+    // It holds no data and serves no reads.
+    assert_code_name(set.try_count_on(2, "a").await, 13436, "NotPrimaryOrSecondary");
+    // With the primary gone, the other data-bearing member wins with the arbiter's vote; a
+    // majority of the data-bearing voters is then out of reach, so w:"majority" times out.
+    set.members[p].kill9();
+    let next = set.wait_for_primary(Some(p)).await;
+    assert_eq!(next, 1 - p);
+    let c = direct(&set.members[next]).await;
+    let r = c.database("app").run_command(doc! {"insert": "a", "documents": [{"_id": 2}], "writeConcern": {"w": 1}}).await.unwrap();
+    assert_eq!(r.get_i32("n").unwrap(), 1);
+    let r = c.database("app").run_command(doc! {"insert": "a", "documents": [{"_id": 3}], "writeConcern": {"w": "majority", "wtimeout": 500}}).await.unwrap();
+    assert_eq!(r.get_document("writeConcernError").unwrap().get_i32("code").unwrap(), 64, "{r:?}");
+}
