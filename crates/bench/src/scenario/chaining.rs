@@ -184,7 +184,7 @@ impl Scenario for Chaining {
             let fmt = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or_else(|| "-".into());
             let by_config = Table {
                 title: "By configuration".into(),
-                headers: ["Members", "Chaining", "w", "Inserts/s", "Avg insert latency (ms)", "Primary CPU (% of a core)", "All members' CPU (% of a core)"]
+                headers: ["Members", "Chaining", "w", "Inserts/s", "Avg insert latency (ms)", "Primary CPU (% of a core)", "All members' CPU (% of a core)", "CPU per insert, all members (µs)"]
                     .iter()
                     .map(|s| s.to_string())
                     .collect(),
@@ -199,6 +199,8 @@ impl Scenario for Chaining {
                             fmt(r.latency_us.map(|u| u / 1000.0), 2),
                             fmt(r.primary_cpu, 0),
                             format!("{:.0}", r.all_cpu),
+                            // % of a core is centiseconds of CPU per second.
+                            fmt((r.ops_per_s > 0.0).then(|| r.all_cpu * 10_000.0 / r.ops_per_s), 0),
                         ]
                     })
                     .collect(),
