@@ -283,7 +283,7 @@ async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Do
     }
     if let Some(wait) = conn.read_wait.take() {
         if let Err(e) = wait_for_commit_point(shared, wait).await {
-            reply = dispatch::error_reply(&e);
+            reply = dispatch::error_reply(&dispatch::with_topology_version(shared, e));
         }
     }
     reply

@@ -229,11 +229,28 @@ fn read_wait(shared: &Shared, req: &Request, level: Option<ReadLevel>, deadline:
     Ok(Some(ReadWait { at, linearizable: level == ReadLevel::Linearizable, deadline }))
 }
 
+/// mongod's NotPrimaryError and ShutdownError categories: errors that tell a driver the
+/// server's role changed.
+fn is_state_change_error(code: i32) -> bool {
+    matches!(code, 10107 | 13435 | 13436 | 11600 | 11602 | 189 | 91 | 10058)
+}
+
+/// A state-change error carries the member's topologyVersion, as mongod appends it to every
+/// such reply. A driver compares it with what its monitor has seen: if it is not newer, the
+/// error is not news and the server stays selectable. Without it the driver marks the server
+/// unknown and, with a streaming monitor in an awaitable hello, waits up to maxAwaitTimeMS
+/// (10 s) before it sends anything more.
+pub fn with_topology_version(shared: &Shared, e: Error) -> Error {
+    if shared.repl.is_none() || !is_state_change_error(e.code) || e.extra.as_ref().is_some_and(|x| x.contains_key("topologyVersion")) {
+        return e;
+    }
+    let mut extra = e.extra.clone().unwrap_or_default();
+    extra.insert("topologyVersion", shared.topology_version());
+    e.with_extra(extra)
+}
+
 /// A member that is not primary takes no writes, and reads only from clients that allow
 /// secondaries. The `local` database is every member's own and always open.
-///
-/// The errors carry the topologyVersion, as mongod's do: a driver then knows the error is
-/// not news (its monitor has seen this version) and does not mark the server unknown.
 fn check_member_state(shared: &Shared, repl: &crate::repl::ReplCoord, req: &Request) -> Result<()> {
     if req.db == "local" || repl.is_writable_primary() {
         return Ok(());
@@ -251,7 +268,7 @@ fn check_member_state(shared: &Shared, repl: &crate::repl::ReplCoord, req: &Requ
             }
         }
     };
-    Err(error.with_extra(bson::doc! {"topologyVersion": shared.topology_version()}))
+    Err(error)
 }
 
 fn parse_max_time(cmd: &Document) -> Result<Option<Duration>> {
@@ -286,7 +303,7 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Docum
             reply.insert("ok", 1.0);
             reply
         }
-        Err(e) => error_reply(&e),
+        Err(e) => error_reply(&with_topology_version(shared, e)),
     }
 }
 
