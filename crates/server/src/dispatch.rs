@@ -251,7 +251,7 @@ pub fn with_topology_version(shared: &Shared, e: Error) -> Error {
 
 /// A member that is not primary takes no writes, and reads only from clients that allow
 /// secondaries. The `local` database is every member's own and always open.
-fn check_member_state(shared: &Shared, repl: &crate::repl::ReplCoord, req: &Request) -> Result<()> {
+fn check_member_state(repl: &crate::repl::ReplCoord, req: &Request) -> Result<()> {
     if req.db == "local" || repl.is_writable_primary() {
         return Ok(());
     }
@@ -334,7 +334,7 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
         },
     };
     if let Some(repl) = &shared.repl {
-        check_member_state(shared, repl, req)?;
+        check_member_state(repl, req)?;
     }
     let mut read_level = check_read_concern(cmd, shared.repl.as_ref())?;
     // A getMore carries no readConcern: its cursor remembers the find's (checked before the
