@@ -293,49 +293,56 @@ async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Do
 /// maxTimeMS it waits as long as mongod would: until the set commits or this member steps
 /// down.
 async fn wait_for_commit_point(shared: &Shared, wait: dispatch::ReadWait) -> common::Result<()> {
-    use crate::repl::WcStatus;
     let Some(repl) = &shared.repl else { return Ok(()) };
-    let mut changes = repl.progress_changes();
-    loop {
-        changes.borrow_and_update();
-        match repl.read_status(&shared.store, wait.at, wait.linearizable) {
-            WcStatus::Satisfied => return Ok(()),
-            WcStatus::SteppedDown => return Err(common::Error::new(common::Code::PrimarySteppedDown, "stepped down while waiting to confirm a linearizable read")),
-            WcStatus::Pending => {}
-        }
-        let recheck = tokio::time::Instant::now() + WRITE_CONCERN_RECHECK;
-        let until = wait.deadline.map(tokio::time::Instant::from_std).map_or(recheck, |d| d.min(recheck));
-        let _ = tokio::time::timeout_at(until, changes.changed()).await;
-        if wait.deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-            return Err(common::Error::new(common::Code::MaxTimeMSExpired, "operation exceeded time limit waiting for the majority commit point"));
-        }
+    let deadline = wait.deadline.map(tokio::time::Instant::from_std);
+    match wait_for_progress(repl, deadline, || repl.read_status(&shared.store, wait.at, wait.linearizable)).await {
+        Waited::Satisfied => Ok(()),
+        Waited::SteppedDown => Err(common::Error::new(common::Code::PrimarySteppedDown, "stepped down while waiting to confirm a linearizable read")),
+        Waited::TimedOut => Err(common::Error::new(common::Code::MaxTimeMSExpired, "operation exceeded time limit waiting for the majority commit point")),
     }
 }
 
 const WRITE_CONCERN_RECHECK: Duration = Duration::from_secs(1);
 
-/// Wait until the members a write concern needs have the write; on a timeout or a step-down
-/// the reply gets a writeConcernError beside the write's own result, as mongod's does.
-async fn wait_for_replication(shared: &Shared, wait: dispatch::ReplicationWait, reply: &mut Document) {
+enum Waited {
+    Satisfied,
+    SteppedDown,
+    TimedOut,
+}
+
+/// Re-evaluate `status` whenever replication makes progress, until it is settled or
+/// `deadline` passes. Woken by progress; the periodic look is a backstop, not the mechanism.
+async fn wait_for_progress(repl: &crate::repl::ReplCoord, deadline: Option<tokio::time::Instant>, mut status: impl FnMut() -> crate::repl::WcStatus) -> Waited {
     use crate::repl::WcStatus;
-    let Some(repl) = &shared.repl else { return };
     let mut changes = repl.progress_changes();
-    let deadline = wait.timeout.map(|t| tokio::time::Instant::now() + t);
-    let error = loop {
+    loop {
         changes.borrow_and_update();
-        match repl.write_concern_status(&shared.store, wait.at, &wait.mode, wait.durable) {
-            WcStatus::Satisfied => return,
-            WcStatus::SteppedDown => {
-                break doc! {"code": 189, "codeName": "PrimarySteppedDown", "errmsg": "Primary stepped down while waiting for replication", "errInfo": {"writeConcern": wait.write_concern.clone()}}
-            }
+        match status() {
+            WcStatus::Satisfied => return Waited::Satisfied,
+            WcStatus::SteppedDown => return Waited::SteppedDown,
             WcStatus::Pending => {}
         }
-        // Woken by progress; the periodic look is a backstop, not the mechanism.
         let recheck = tokio::time::Instant::now() + WRITE_CONCERN_RECHECK;
         let until = deadline.map_or(recheck, |d| d.min(recheck));
         let _ = tokio::time::timeout_at(until, changes.changed()).await;
         if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            break doc! {"code": 64, "codeName": "WriteConcernFailed", "errmsg": "waiting for replication timed out", "errInfo": {"wtimeout": true, "writeConcern": wait.write_concern.clone()}};
+            return Waited::TimedOut;
+        }
+    }
+}
+
+/// Wait until the members a write concern needs have the write; on a timeout or a step-down
+/// the reply gets a writeConcernError beside the write's own result, as mongod's does.
+async fn wait_for_replication(shared: &Shared, wait: dispatch::ReplicationWait, reply: &mut Document) {
+    let Some(repl) = &shared.repl else { return };
+    let deadline = wait.timeout.map(|t| tokio::time::Instant::now() + t);
+    let error = match wait_for_progress(repl, deadline, || repl.write_concern_status(&shared.store, wait.at, &wait.mode, wait.durable)).await {
+        Waited::Satisfied => return,
+        Waited::SteppedDown => {
+            doc! {"code": 189, "codeName": "PrimarySteppedDown", "errmsg": "Primary stepped down while waiting for replication", "errInfo": {"writeConcern": wait.write_concern.clone()}}
+        }
+        Waited::TimedOut => {
+            doc! {"code": 64, "codeName": "WriteConcernFailed", "errmsg": "waiting for replication timed out", "errInfo": {"wtimeout": true, "writeConcern": wait.write_concern.clone()}}
         }
     };
     if reply.get("ok").is_some_and(|ok| matches!(ok, Bson::Double(v) if *v == 1.0)) {
