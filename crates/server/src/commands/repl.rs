@@ -42,7 +42,7 @@ pub fn repl_set_get_config(ctx: &mut Ctx) -> Result<Document> {
 
 pub fn repl_set_get_status(ctx: &mut Ctx) -> Result<Document> {
     let uptime = ctx.shared.started.elapsed().as_secs() as i64;
-    let initial_sync = ctx.cmd.get("initialSync").is_some_and(|v| !matches!(v, bson::Bson::Boolean(false) | bson::Bson::Int32(0) | bson::Bson::Int64(0) | bson::Bson::Double(0.0) | bson::Bson::Null));
+    let initial_sync = ctx.bool_arg("initialSync")?.unwrap_or(false);
     coord(ctx, "not running with --replSet")?.status(&ctx.shared.store, uptime, initial_sync)
 }
 

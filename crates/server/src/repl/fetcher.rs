@@ -6,7 +6,7 @@
 //! Fetching and applying overlap: the next batch is fetched while the previous one is being
 //! applied (at most one of each in flight).
 
-use super::peer::PeerConn;
+use super::peer::{cursor_batch, PeerConn};
 use crate::state::Shared;
 use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
@@ -230,7 +230,7 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
     let dbpath = shared.config.dbpath.clone();
     let undone = ours.len();
     let s = shared.clone();
-    tokio::task::spawn_blocking(move || -> Result<()> {
+    super::blocking(move || -> Result<()> {
         let coord = s.repl.as_ref().expect("replica set member");
         let _apply = coord.apply_lock.lock();
         let _replicated = storage::applying_replicated_ops();
@@ -268,8 +268,7 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
         coord.recover_until(min_valid, store.oplog_last().unwrap_or_default());
         Ok(())
     })
-    .await
-    .map_err(|e| Error::internal(e.to_string()))??;
+    .await?;
     tracing::info!(%host, undone, ?common, ?min_valid, "rolled back entries no majority had");
     Ok(())
 }
@@ -321,14 +320,6 @@ fn should_change(shared: &Shared, current: usize) -> bool {
     }
     let views: Vec<repl::sync_source::PeerView> = inner.peers.iter().map(|p| p.view.clone()).collect();
     repl::sync_source::should_change(&config, me, &views, last, current)
-}
-
-fn cursor_batch(reply: &Document, key: &str) -> Result<(i64, Vec<Document>)> {
-    let bad = || Error::new(Code::ProtocolError, "malformed oplog cursor reply");
-    let c = reply.get_document("cursor").map_err(|_| bad())?;
-    let id = c.get_i64("id").map_err(|_| bad())?;
-    let docs = c.get_array(key).map_err(|_| bad())?.iter().filter_map(|d| if let Bson::Document(d) = d { Some(d.clone()) } else { None }).collect();
-    Ok((id, docs))
 }
 
 /// The sync source's term and commit point from `$replData`.

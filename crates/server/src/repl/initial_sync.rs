@@ -16,7 +16,7 @@
 //! Until step 4 our oplog is empty, so a crash or an error anywhere before it starts the
 //! whole sync again, as mongod does after a failed attempt.
 
-use super::peer::PeerConn;
+use super::peer::{cursor_batch, PeerConn};
 use crate::state::Shared;
 use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
@@ -96,7 +96,7 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
     let begin_at = OpTime::from_doc(&begin).ok_or_else(|| Error::new(Code::FailedToParse, format!("{host}'s newest oplog entry has no ts and t")))?;
     coord.inner.lock().initial_sync.oplog_start = Some(begin_at);
     let store = shared.store.clone();
-    tokio::task::spawn_blocking(move || -> Result<()> {
+    super::blocking(move || -> Result<()> {
         // Not logged: these drops are this member's own, and its oplog must stay empty until
         // it is seeded with the source's entry.
         let _replicated = storage::applying_replicated_ops();
@@ -107,10 +107,7 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
         }
         Ok(())
     })
-    .await
-    .map_err(|e| Error::internal(e.to_string()))??;
-    let started = std::time::Instant::now();
-    let mut docs_cloned = 0u64;
+    .await?;
     let dbs = conn.command("admin", doc! {"listDatabases": 1, "nameOnly": true, "$readPreference": secondary_ok()}, COMMAND_TIMEOUT).await?;
     for d in dbs.get_array("databases").map_err(|_| malformed(host, "listDatabases"))? {
         let Some(db) = d.as_document().and_then(|d| d.get_str("name").ok()) else { continue };
@@ -119,7 +116,6 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
         }
         for (name, options) in list_collections(conn, host, db).await? {
             let n = clone_collection(shared, conn, host, db, &name, options).await?;
-            docs_cloned += n;
             coord.inner.lock().initial_sync.documents_copied += n as i64;
         }
         coord.inner.lock().initial_sync.databases_cloned += 1;
@@ -129,7 +125,7 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
     // Seed the oplog with `begin`, applied (idempotently) like any fetched entry, so the
     // fetcher's check that the source's first entry is our newest holds.
     let store = shared.store.clone();
-    tokio::task::spawn_blocking(move || -> Result<()> {
+    super::blocking(move || -> Result<()> {
         let bytes = begin.to_vec().map_err(|e| Error::internal(e.to_string()))?;
         // minValid first: once the seeded oplog is durable, so is minValid (one journal).
         super::ReplCoord::persist_min_valid(&store, min_valid)?;
@@ -140,9 +136,9 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
         store.append_oplog_replicated(&[(begin_at, bytes)])?;
         store.commit_durable()
     })
-    .await
-    .map_err(|e| Error::internal(e.to_string()))??;
-    tracing::info!(%host, docs_cloned, elapsed_ms = started.elapsed().as_millis() as u64, ?begin_at, ?min_valid, "initial sync cloned the data; applying the oplog up to minValid");
+    .await?;
+    let documents_copied = coord.inner.lock().initial_sync.documents_copied;
+    tracing::info!(%host, documents_copied, ?begin_at, ?min_valid, "initial sync cloned the data; applying the oplog up to minValid");
     coord.recover_until(min_valid, shared.store.oplog_last().unwrap_or_default());
     Ok(())
 }
@@ -186,16 +182,15 @@ async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) -> Result<V
 async fn clone_collection(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, db: &str, name: &str, options: Document) -> Result<u64> {
     let store = shared.store.clone();
     let (d, n) = (db.to_string(), name.to_string());
-    tokio::task::spawn_blocking(move || {
+    super::blocking(move || {
         let _replicated = storage::applying_replicated_ops();
         store.create_collection(&d, &n, options).map(|_| ())
     })
-    .await
-    .map_err(|e| Error::internal(e.to_string()))??;
+    .await?;
     let mut copied = 0u64;
     let find = doc! {"find": name, "batchSize": CLONE_BATCH_DOCS, "$readPreference": secondary_ok()};
     let reply = conn.command(db, find, COMMAND_TIMEOUT).await?;
-    let (mut id, mut batch) = cursor(&reply, "firstBatch").ok_or_else(|| malformed(host, "find"))?;
+    let (mut id, mut batch) = cursor_batch(&reply, "firstBatch").map_err(|_| malformed(host, "find"))?;
     loop {
         if !batch.is_empty() {
             copied += batch.len() as u64;
@@ -206,12 +201,12 @@ async fn clone_collection(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str,
         }
         let get_more = doc! {"getMore": id, "collection": name, "batchSize": CLONE_BATCH_DOCS, "$readPreference": secondary_ok()};
         let reply = conn.command(db, get_more, COMMAND_TIMEOUT).await?;
-        (id, batch) = cursor(&reply, "nextBatch").ok_or_else(|| malformed(host, "getMore"))?;
+        (id, batch) = cursor_batch(&reply, "nextBatch").map_err(|_| malformed(host, "getMore"))?;
     }
     let specs = all_docs(conn, host, db, "listIndexes", doc! {"listIndexes": name, "$readPreference": secondary_ok()}).await?;
     let store = shared.store.clone();
     let (d, n) = (db.to_string(), name.to_string());
-    tokio::task::spawn_blocking(move || -> Result<()> {
+    super::blocking(move || -> Result<()> {
         let _replicated = storage::applying_replicated_ops();
         let coll = store.collection(&d, &n).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{d}.{n} vanished while it was cloned")))?;
         for spec in specs {
@@ -222,8 +217,7 @@ async fn clone_collection(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str,
         }
         Ok(())
     })
-    .await
-    .map_err(|e| Error::internal(e.to_string()))??;
+    .await?;
     Ok(copied)
 }
 
@@ -232,7 +226,7 @@ async fn clone_collection(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str,
 async fn insert_batch(shared: &Arc<Shared>, db: &str, name: &str, docs: Vec<Document>) -> Result<()> {
     let store = shared.store.clone();
     let (d, n) = (db.to_string(), name.to_string());
-    tokio::task::spawn_blocking(move || -> Result<()> {
+    super::blocking(move || -> Result<()> {
         let _replicated = storage::applying_replicated_ops();
         let coll = store.collection(&d, &n).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{d}.{n} vanished while it was cloned")))?;
         let outcome = coll.insert_many(&docs, true);
@@ -242,26 +236,18 @@ async fn insert_batch(shared: &Arc<Shared>, db: &str, name: &str, docs: Vec<Docu
         }
     })
     .await
-    .map_err(|e| Error::internal(e.to_string()))?
 }
 
 /// Every document of a command's cursor (listCollections, listIndexes: small).
 async fn all_docs(conn: &mut PeerConn, host: &str, db: &str, what: &str, cmd: Document) -> Result<Vec<Document>> {
     let reply = conn.command(db, cmd, COMMAND_TIMEOUT).await?;
-    let (mut id, mut out) = cursor(&reply, "firstBatch").ok_or_else(|| malformed(host, what))?;
+    let (mut id, mut out) = cursor_batch(&reply, "firstBatch").map_err(|_| malformed(host, what))?;
     while id != 0 {
         let coll = reply.get_document("cursor").ok().and_then(|c| c.get_str("ns").ok()).and_then(|ns| ns.split_once('.')).map(|(_, c)| c.to_string()).unwrap_or_default();
         let r = conn.command(db, doc! {"getMore": id, "collection": coll, "$readPreference": secondary_ok()}, COMMAND_TIMEOUT).await?;
-        let (next, more) = cursor(&r, "nextBatch").ok_or_else(|| malformed(host, what))?;
+        let (next, more) = cursor_batch(&r, "nextBatch").map_err(|_| malformed(host, what))?;
         id = next;
         out.extend(more);
     }
     Ok(out)
-}
-
-fn cursor(reply: &Document, key: &str) -> Option<(i64, Vec<Document>)> {
-    let c = reply.get_document("cursor").ok()?;
-    let id = c.get_i64("id").ok()?;
-    let docs = c.get_array(key).ok()?.iter().filter_map(|d| d.as_document().cloned()).collect();
-    Some((id, docs))
 }

@@ -481,12 +481,12 @@ async fn run_election_steps(shared: &Arc<Shared>, dry_run_first: bool) -> Result
     };
     let s = shared.clone();
     let vote = doc! {"_id": "lastVote", "term": new_term, "candidateIndex": me as i32};
-    tokio::task::spawn_blocking(move || put_single_doc(&s.store, ELECTION_COLLECTION, &vote)).await.map_err(|e| Error::internal(e.to_string()))??;
+    super::blocking(move || put_single_doc(&s.store, ELECTION_COLLECTION, &vote)).await?;
     if collect_votes(shared, &config, me, new_term, false, last).await < config.majority_vote_count() {
         return Err(Error::new(Code(211, "ElectionFailed"), format!("did not get a majority in term {new_term}")));
     }
     let s = shared.clone();
-    tokio::task::spawn_blocking(move || {
+    super::blocking(move || {
         let coord = s.repl.as_ref().expect("replica set member");
         // The fetcher applies nothing more once this holds (see fetcher::apply_batch).
         let _apply = coord.apply_lock.lock();
@@ -499,7 +499,6 @@ async fn run_election_steps(shared: &Arc<Shared>, dry_run_first: bool) -> Result
         coord.become_primary(&s.store, new_term)
     })
     .await
-    .map_err(|e| Error::internal(e.to_string()))?
 }
 
 /// replSetRequestVotes: grant or refuse a vote (repl::election::decide); a granted real

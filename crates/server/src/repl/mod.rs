@@ -522,7 +522,6 @@ impl ReplCoord {
         self.primary.load(Ordering::SeqCst)
     }
 
-
     pub fn topology_counter(&self) -> i64 {
         *self.topology.borrow()
     }
@@ -806,6 +805,12 @@ fn not_initialized() -> Error {
 fn wall_of(at: OpTime) -> DateTime {
     let Timestamp { time, .. } = at.timestamp();
     DateTime::from_millis(i64::from(time) * 1000)
+}
+
+/// Run storage work (locks, engine writes, syncs) off the async workers, as every member task
+/// must; a panic in it becomes an internal error.
+pub(crate) async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| Error::internal(e.to_string()))?
 }
 
 fn first_doc(store: &Store, coll: &str) -> Result<Option<Document>> {

@@ -83,6 +83,15 @@ impl PeerConn {
     }
 }
 
+/// A cursor reply's id and its `key` batch ("firstBatch" or "nextBatch").
+pub(super) fn cursor_batch(reply: &Document, key: &str) -> Result<(i64, Vec<Document>)> {
+    let bad = || Error::new(Code::ProtocolError, "malformed cursor reply");
+    let c = reply.get_document("cursor").map_err(|_| bad())?;
+    let id = c.get_i64("id").map_err(|_| bad())?;
+    let docs = c.get_array(key).map_err(|_| bad())?.iter().filter_map(|d| if let bson::Bson::Document(d) = d { Some(d.clone()) } else { None }).collect();
+    Ok((id, docs))
+}
+
 fn is_ok(reply: &Document) -> bool {
     matches!(reply.get("ok"), Some(bson::Bson::Double(v)) if *v == 1.0)
         || matches!(reply.get("ok"), Some(bson::Bson::Int32(1) | bson::Bson::Int64(1) | bson::Bson::Boolean(true)))
