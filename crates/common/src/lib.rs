@@ -135,6 +135,7 @@ impl Code {
     pub const StaleTerm: Code = Code(145, "StaleTerm");
     pub const OplogOutOfOrder: Code = Code(152, "OplogOutOfOrder");
     pub const PrimarySteppedDown: Code = Code(189, "PrimarySteppedDown");
+    pub const TooStaleToSyncFromSource: Code = Code(315, "TooStaleToSyncFromSource");
     pub const ExceededTimeLimit: Code = Code(262, "ExceededTimeLimit");
     pub const InterruptedDueToReplStateChange: Code = Code(11602, "InterruptedDueToReplStateChange");
     pub const NotPrimaryOrSecondary: Code = Code(13436, "NotPrimaryOrSecondary");

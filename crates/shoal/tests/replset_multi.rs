@@ -107,7 +107,12 @@ impl Set {
             if n.as_ref().is_ok_and(|n| *n == want) {
                 return;
             }
-            assert!(Instant::now() < deadline, "member {i} has {n:?} documents, not {want}");
+            if Instant::now() >= deadline {
+                // Say why: a member stuck outside SECONDARY shows its state and initial sync here.
+                let c = direct(&self.members[i]).await;
+                let status = admin(&c, doc! {"replSetGetStatus": 1, "initialSync": 1}).await;
+                panic!("member {i} has {n:?} documents, not {want}; its replSetGetStatus: {status:?}");
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -623,4 +628,62 @@ async fn an_arbiter_votes_but_holds_no_data() {
     assert_eq!(r.get_i32("n").unwrap(), 1);
     let r = c.database("app").run_command(doc! {"insert": "a", "documents": [{"_id": 3}], "writeConcern": {"w": "majority", "wtimeout": 500}}).await.unwrap();
     assert_eq!(r.get_document("writeConcernError").unwrap().get_i32("code").unwrap(), 64, "{r:?}");
+}
+
+#[tokio::test]
+async fn a_member_too_stale_for_one_source_fetches_from_another() {
+    // Members 1 and 3 are non-voters, so member 1 may take member 3 as its source; member 1
+    // is hidden, so member 3 never takes it as its own.
+    let mut set = Set::start(4, doc! {}, &[doc! {}, doc! {"votes": 0, "priority": 0, "hidden": true}, doc! {"priority": 0}, doc! {"votes": 0, "priority": 0}]).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("c");
+    for i in 0..10 {
+        coll.insert_one(doc! {"_id": i}).await.unwrap();
+    }
+    for i in 0..4 {
+        set.wait_for_count(i, "c", 10).await;
+    }
+    // Cut member 1 off (faults act on the links it opens), then write on.
+    for j in [0, 2, 3] {
+        set.fail_point(1, "alwaysOn", doc! {"host": host(&set.members[j]), "partition": true}).await;
+    }
+    for i in 10..20 {
+        coll.insert_one(doc! {"_id": i}).await.unwrap();
+    }
+    // Member 3 starts over empty: its initial sync copies the data, and its oplog begins
+    // after member 1's newest entry.
+    set.members[3].kill9();
+    std::fs::remove_dir_all(&set.members[3].dbpath).unwrap();
+    std::fs::create_dir_all(&set.members[3].dbpath).unwrap();
+    set.members[3].restart_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"]);
+    set.wait_for_count(3, "c", 20).await;
+    let (ours, theirs) = (oplog_edge(&set.members[1], -1).await, oplog_edge(&set.members[3], 1).await);
+    assert!((ours.time, ours.increment) < (theirs.time, theirs.increment), "member 3's oplog starts at {theirs:?}, member 1's ends at {ours:?}");
+    // Member 1 can reach member 3 only: member 3 cannot serve it, and that is no reason to
+    // roll back (there would be no common point) or to stop serving reads.
+    set.fail_point(1, "off", doc! {"host": host(&set.members[3])}).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = set.status(1).await.unwrap();
+        if member(&s, 1).get_str("infoMessage").unwrap().contains("too stale") {
+            assert_eq!(s.get_i32("myState").unwrap(), 2, "{s:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "member 1 never found member 3 too far ahead: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Reachable again, the primary serves it.
+    for j in [0, 2] {
+        set.fail_point(1, "off", doc! {"host": host(&set.members[j])}).await;
+    }
+    set.wait_for_count(1, "c", 20).await;
+    assert_eq!(set.status(1).await.unwrap().get_i32("myState").unwrap(), 2);
+    assert!(!set.members[1].dbpath.join("rollback").exists(), "member 1 rolled back");
+}
+
+/// The timestamp of a member's newest (`order` -1) or oldest (1) oplog entry.
+async fn oplog_edge(s: &Server, order: i32) -> mongodb::bson::Timestamp {
+    let e = direct(s).await.database("local").collection::<Document>("oplog.rs").find_one(doc! {}).sort(doc! {"$natural": order}).await.unwrap().unwrap();
+    e.get_timestamp("ts").unwrap()
 }

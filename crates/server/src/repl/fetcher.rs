@@ -22,6 +22,9 @@ const AWAIT_DATA_MS: i64 = 1000;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a command to the sync source may take beyond its own wait.
 const REPLY_SLACK: Duration = Duration::from_secs(10);
+/// How long a source whose oplog starts after our newest entry is passed over (mongod's
+/// too-stale denylist period).
+const TOO_STALE_DENY: Duration = Duration::from_secs(60);
 
 pub async fn fetch_loop(shared: Arc<Shared>) {
     let coord = shared.repl.as_ref().expect("replica set member");
@@ -34,7 +37,7 @@ pub async fn fetch_loop(shared: Arc<Shared>) {
         let last = shared.store.oplog_last().unwrap_or_default();
         let source = {
             let mut inner = coord.inner.lock();
-            let views: Vec<repl::sync_source::PeerView> = inner.peers.iter().map(|p| p.view.clone()).collect();
+            let views = source_views(&inner.peers);
             // replSetSyncFrom's member, once, if it is up; otherwise the usual choice.
             let s = inner.sync_from.take().filter(|&i| views[i].up).or_else(|| repl::sync_source::choose(&config, me, &views, last));
             inner.sync_source = s;
@@ -75,6 +78,18 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, host: &str) ->
     // The first entry must be our newest one: then the two oplogs agree up to here.
     let first = batch.first().and_then(|e| OpTime::from_doc(e));
     if first != Some(last) {
+        // The source's oplog starts after our newest entry (it was capped, or its own
+        // initial sync began later): it cannot tell whether we diverged, and another source
+        // may still hold our entry. mongod denylists such a source; rolling back against it
+        // would find no common point.
+        let oldest = oldest_entry(&mut conn).await?;
+        if oldest.is_some_and(|o| o.ts > last.ts) {
+            coord.inner.lock().peers[src].denied_until = Some(std::time::Instant::now() + TOO_STALE_DENY);
+            return Err(Error::new(
+                Code::TooStaleToSyncFromSource,
+                format!("too stale to sync from {host}: our newest entry {last:?} is older than its oldest {:?}", oldest.unwrap_or_default()),
+            ));
+        }
         // Our newest entries are not in the source's oplog: a former primary's writes that
         // no majority took. Undo them, then fetch again from the common point.
         return roll_back(shared, &mut conn, host, last).await;
@@ -115,6 +130,13 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, host: &str) ->
             coord.learn_commit_point(&shared.store, commit_seen);
         }
     }
+}
+
+/// The source's oldest oplog entry, if it has any.
+async fn oldest_entry(conn: &mut PeerConn) -> Result<Option<OpTime>> {
+    let reply = conn.command("local", doc! {"find": "oplog.rs", "sort": {"$natural": 1}, "limit": 1, "singleBatch": true, "projection": {"ts": 1, "t": 1}}, CONNECT_TIMEOUT).await?;
+    let (_, batch) = cursor_batch(&reply, "firstBatch")?;
+    Ok(batch.first().and_then(OpTime::from_doc))
 }
 
 /// Our oplog entries that rollback examines at most (mongod bounds rollback by time; this
@@ -318,8 +340,22 @@ fn should_change(shared: &Shared, current: usize) -> bool {
     if inner.sync_from.is_some() {
         return true;
     }
-    let views: Vec<repl::sync_source::PeerView> = inner.peers.iter().map(|p| p.view.clone()).collect();
+    let views = source_views(&inner.peers);
     repl::sync_source::should_change(&config, me, &views, last, current)
+}
+
+/// What heartbeats say of each member, for choosing a source: a member denied for a while
+/// (we are too stale for its oplog) counts as down.
+fn source_views(peers: &[super::Peer]) -> Vec<repl::sync_source::PeerView> {
+    let now = std::time::Instant::now();
+    peers
+        .iter()
+        .map(|p| {
+            let mut v = p.view.clone();
+            v.up &= p.denied_until.is_none_or(|t| t <= now);
+            v
+        })
+        .collect()
 }
 
 /// The sync source's term and commit point from `$replData`.

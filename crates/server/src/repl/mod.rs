@@ -84,6 +84,9 @@ pub(crate) struct Peer {
     pub last_response: Option<Instant>,
     pub message: String,
     pub up_since: Option<Instant>,
+    /// Not a sync source before this: its oplog starts after our newest entry (mongod
+    /// denylists a source it is too stale for).
+    pub denied_until: Option<Instant>,
 }
 
 struct Inner {
