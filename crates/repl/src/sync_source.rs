@@ -4,7 +4,8 @@
 //! Chaining off: the primary. Chaining on: a member that is up, primary or secondary, not
 //! hidden, not delayed, not this member and not fetching from it, strictly ahead of us (the
 //! primary may be level), and within maxSyncSourceLagSecs of the primary; voters take only
-//! voters; among those, the lowest ping, the primary winning ties.
+//! voters; among those, the lowest ping, except that the primary wins when its ping is within
+//! changeSyncSourceThresholdMillis of the lowest (mongod 5.0 on: same data center).
 //!
 //! "Strictly ahead" is what keeps the sync graph acyclic: along a cycle every member would
 //! have to be ahead of the next. Level secondaries were once accepted here, and an idle
@@ -32,12 +33,21 @@ pub struct PeerView {
     pub sync_source: Option<usize>,
 }
 
+fn primary_applied(peers: &[PeerView]) -> Option<OpTime> {
+    peers.iter().filter(|p| p.up && p.state == Some(MemberState::Primary)).map(|p| p.applied).max()
+}
+
+/// More than maxSyncSourceLagSecs behind the primary.
+fn lags(primary_applied: Option<OpTime>, p: &PeerView) -> bool {
+    primary_applied.is_some_and(|pa| pa.secs().saturating_sub(p.applied.secs()) > MAX_SYNC_SOURCE_LAG_SECS)
+}
+
 fn candidates<'a>(config: &'a ReplSetConfig, self_index: usize, peers: &'a [PeerView], my_last: OpTime) -> impl Iterator<Item = usize> + 'a {
     let me = &config.members[self_index];
-    let primary_applied = peers.iter().filter(|p| p.up && p.state == Some(MemberState::Primary)).map(|p| p.applied).max();
+    let primary_applied = primary_applied(peers);
     (0..config.members.len()).filter(move |&i| {
         let (m, p) = (&config.members[i], &peers[i]);
-        let lagging = primary_applied.is_some_and(|pa| pa.secs().saturating_sub(p.applied.secs()) > MAX_SYNC_SOURCE_LAG_SECS);
+        let lagging = lags(primary_applied, p);
         i != self_index
             && p.up
             && matches!(p.state, Some(MemberState::Primary | MemberState::Secondary))
@@ -59,7 +69,14 @@ pub fn choose(config: &ReplSetConfig, self_index: usize, peers: &[PeerView], my_
         return primary.filter(|&p| peers[p].applied >= my_last);
     }
     let ping = |i: usize| peers[i].ping_us.unwrap_or(u64::MAX);
-    candidates(config, self_index, peers, my_last).min_by_key(|&i| (ping(i), Some(i) != primary, i))
+    let nearest = candidates(config, self_index, peers, my_last).min_by_key(|&i| (ping(i), Some(i) != primary, i))?;
+    // mongod (5.0 on) takes the primary over a nearer secondary whose ping is within
+    // changeSyncSourceThresholdMillis of it: the two are taken to share a data center, and
+    // fetching from the primary saves a hop. Chains form across data centers only.
+    match primary {
+        Some(p) if candidates(config, self_index, peers, my_last).any(|i| i == p) && ping(p) <= ping(nearest).saturating_add(CHANGE_SYNC_SOURCE_THRESHOLD_MS * 1000) => Some(p),
+        _ => Some(nearest),
+    }
 }
 
 /// Whether the chain of sync sources starting at `from` leads back to `self_index`, by what
@@ -76,18 +93,26 @@ fn leads_back(peers: &[PeerView], self_index: usize, from: usize) -> bool {
     false
 }
 
+/// Whether `current` can serve us no longer, whatever the alternatives: it is down, fetches
+/// (through others) from us while not ahead, or lags the primary by more than
+/// maxSyncSourceLagSecs. What ends a replSetSyncFrom choice.
+pub fn is_unusable(peers: &[PeerView], self_index: usize, my_last: OpTime, current: usize) -> bool {
+    let source = &peers[current];
+    !source.up || lags(primary_applied(peers), source) || (source.state == Some(MemberState::Secondary) && source.applied <= my_last && leads_back(peers, self_index, current))
+}
+
 /// Whether a member fetching from `current` should choose again: the source is gone, no
 /// longer a candidate (it stopped being primary with chaining off, fell behind the primary,
 /// became hidden), is a secondary not ahead of us that fetches, through others, from us (a
-/// cycle formed from stale heartbeats: nothing would ever arrive), or another candidate is
-/// closer by more than the threshold.
+/// cycle formed from stale heartbeats: nothing would ever arrive), another candidate is
+/// closer by more than the threshold, or the primary is within the threshold of the nearest
+/// (`choose` then takes it).
 ///
 /// mongod also leaves a source that fetches from nobody, judged from the source's replies;
 /// heartbeats here are up to an interval old, and a member that was primary a moment ago
 /// still looks like it fetches from nobody, so that rule would undo replSetSyncFrom.
 pub fn should_change(config: &ReplSetConfig, self_index: usize, peers: &[PeerView], my_last: OpTime, current: usize) -> bool {
-    let source = &peers[current];
-    if source.up && source.state == Some(MemberState::Secondary) && source.applied <= my_last && leads_back(peers, self_index, current) {
+    if is_unusable(peers, self_index, my_last, current) {
         return true;
     }
     match choose(config, self_index, peers, my_last) {
@@ -100,7 +125,8 @@ pub fn should_change(config: &ReplSetConfig, self_index: usize, peers: &[PeerVie
                 false
             };
             let ping = |i: usize| peers[i].ping_us.unwrap_or(u64::MAX);
-            !still_candidate || ping(best).saturating_add(CHANGE_SYNC_SOURCE_THRESHOLD_MS * 1000) < ping(current)
+            let to_primary = peers[best].state == Some(MemberState::Primary);
+            !still_candidate || to_primary || ping(best).saturating_add(CHANGE_SYNC_SOURCE_THRESHOLD_MS * 1000) < ping(current)
         }
     }
 }
@@ -126,7 +152,8 @@ mod tests {
     #[test]
     fn chaining_picks_the_closest_qualified_member() {
         use MemberState::*;
-        let peers = vec![peer(Primary, 100, 900), peer(Secondary, 100, 200), peer(Secondary, 100, 100), peer(Secondary, 100, 50), peer(Secondary, 100, 10)];
+        // The primary is in another data center (40 ms), the secondaries in ours.
+        let peers = vec![peer(Primary, 100, 40_000), peer(Secondary, 100, 200), peer(Secondary, 100, 100), peer(Secondary, 100, 50), peer(Secondary, 100, 10)];
         let me = OpTime { ts: 90 << 32, term: 1 };
         // A voter takes voters only: not the non-voter at 50 µs nor the hidden one at 10 µs.
         assert_eq!(choose(&set(true), 1, &peers, me), Some(2));
@@ -140,17 +167,29 @@ mod tests {
         p2[3].sync_source = Some(4);
         assert_eq!(choose(&set(true), 1, &p2, me), Some(0));
         assert_eq!(choose(&set(true), 4, &p2, me), Some(1));
+        // In the same data center as the nearest candidate (within 5 ms), the primary wins.
+        let mut p3 = peers.clone();
+        p3[0].ping_us = Some(4_000);
+        assert_eq!(choose(&set(true), 1, &p3, me), Some(0));
+        assert!(should_change(&set(true), 1, &p3, me, 2), "a secondary in the primary's data center leaves a chain for it");
+        p3[0].ping_us = Some(6_000);
+        assert_eq!(choose(&set(true), 1, &p3, me), Some(2));
     }
 
     #[test]
     fn lagging_sources_and_small_ping_gains_are_handled() {
         use MemberState::*;
         let me = OpTime { ts: 10 << 32, term: 1 };
-        let mut peers = vec![peer(Primary, 100, 900), peer(Secondary, 100, 200), peer(Secondary, 100, 100), peer(Secondary, 100, 50), peer(Secondary, 100, 10)];
-        // 2 µs closer is under the threshold; 5 ms closer is not.
-        peers[0].ping_us = Some(102);
+        let mut peers = vec![peer(Primary, 100, 40_000), peer(Secondary, 100, 40_200), peer(Secondary, 100, 40_100), peer(Secondary, 100, 50), peer(Secondary, 100, 10)];
+        // Fetching from member 2 while the primary is as near: move to the primary.
+        assert!(should_change(&set(true), 1, &peers, me, 2));
+        // From the primary, a secondary 2 µs closer is no reason to move; 5 ms closer is not
+        // either (the primary within the threshold wins); 10 ms closer is.
+        peers[2].ping_us = Some(39_998);
         assert!(!should_change(&set(true), 1, &peers, me, 0));
-        peers[0].ping_us = Some(10_000);
+        peers[2].ping_us = Some(35_000);
+        assert!(!should_change(&set(true), 1, &peers, me, 0));
+        peers[2].ping_us = Some(30_000);
         assert!(should_change(&set(true), 1, &peers, me, 0));
         // A source 40 s behind the primary is dropped.
         peers[2].applied = OpTime { ts: 60 << 32, term: 1 };
@@ -173,8 +212,9 @@ mod tests {
         cyc[2].sync_source = Some(1);
         cyc[3].sync_source = Some(2);
         assert!(should_change(&set(true), 1, &cyc, me, 3));
-        // A healthy chain 1←2←0 is kept.
+        // A healthy chain 1←2←0, with the primary in another data center, is kept.
         let mut chain = level.clone();
+        chain[0].ping_us = Some(40_000);
         chain[2].sync_source = Some(0);
         chain[2].applied = OpTime { ts: 101 << 32, term: 1 };
         assert!(!should_change(&set(true), 1, &chain, me, 2));

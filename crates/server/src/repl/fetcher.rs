@@ -38,17 +38,18 @@ pub async fn fetch_loop(shared: Arc<Shared>) {
         let source = {
             let mut inner = coord.inner.lock();
             let views = source_views(&inner.peers);
-            // replSetSyncFrom's member, once, if it is up; otherwise the usual choice.
-            let s = inner.sync_from.take().filter(|&i| views[i].up).or_else(|| repl::sync_source::choose(&config, me, &views, last));
+            // replSetSyncFrom's member, if it is up; otherwise the usual choice.
+            let forced = inner.sync_from.take().filter(|&i| views[i].up);
+            let s = forced.or_else(|| repl::sync_source::choose(&config, me, &views, last));
             inner.sync_source = s;
-            s
+            s.map(|s| (s, forced.is_some()))
         };
-        let Some(src) = source else {
+        let Some((src, forced)) = source else {
             let _ = tokio::time::timeout(Duration::from_millis(100), coord.wake.notified()).await;
             continue;
         };
         let epoch = coord.epoch();
-        match fetch_from(&shared, epoch, src, &config.members[src].host).await {
+        match fetch_from(&shared, epoch, src, forced, &config.members[src].host).await {
             Ok(()) => {}
             Err(e) => {
                 tracing::info!(source = %config.members[src].host, "oplog fetching stopped: {}", e.message);
@@ -60,8 +61,9 @@ pub async fn fetch_loop(shared: Arc<Shared>) {
 }
 
 /// Tail `host`'s oplog until this member should stop (it became primary, the config
-/// changed, a better source appeared) or an error.
-async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, host: &str) -> Result<()> {
+/// changed, a better source appeared) or an error. A source `forced` by replSetSyncFrom is
+/// kept, as mongod keeps it, until the link breaks or it falls behind.
+async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, host: &str) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let mut conn = PeerConn::connect(host, CONNECT_TIMEOUT).await?;
     let last = shared.store.oplog_last().unwrap_or_default();
@@ -111,7 +113,7 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, host: &str) ->
         if id == 0 {
             return Err(Error::new(Code::CursorNotFound, format!("{host} closed the oplog cursor")));
         }
-        if coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, src) {
+        if coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, src, forced) {
             if let Some(p) = pending.take() {
                 let _ = p.await;
             }
@@ -332,7 +334,7 @@ fn save_rollback_doc(dbpath: &std::path::Path, ns: &str, stamp: &str, doc: &Docu
     f.sync_all().map_err(io)
 }
 
-fn should_change(shared: &Shared, current: usize) -> bool {
+fn should_change(shared: &Shared, current: usize, forced: bool) -> bool {
     let coord = shared.repl.as_ref().expect("replica set member");
     let Some((config, me)) = coord.config() else { return true };
     let last = shared.store.oplog_last().unwrap_or_default();
@@ -341,6 +343,9 @@ fn should_change(shared: &Shared, current: usize) -> bool {
         return true;
     }
     let views = source_views(&inner.peers);
+    if forced {
+        return repl::sync_source::is_unusable(&views, me, last, current);
+    }
     repl::sync_source::should_change(&config, me, &views, last, current)
 }
 
