@@ -2,7 +2,8 @@
 //! voters; the others are read-only: votes 0, priority 0), chaining on and off, each under
 //! YCSB inserts with 8 client threads at w:1 and at w:"majority". Reports throughput, the
 //! primary's CPU and the average insert latency, grouped by configuration and by member
-//! count.
+//! count. The read-only members sit in a second data center (fault-layer link delays), so
+//! that chaining on has something to chain across.
 
 use super::{cpu_avg, PhaseTimeline, Scenario, ScenarioContext, ScenarioReport, Table};
 use crate::sys;
@@ -66,6 +67,32 @@ fn insert_properties(seconds: u64) -> Properties {
 
 async fn direct(port: u16) -> Result<mongodb::Client> {
     Ok(mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{port}/?directConnection=true")).await?)
+}
+
+/// One-way delay between the two data centers (a heartbeat's round trip is twice this).
+pub const REMOTE_DELAY_MS: i64 = 5;
+
+/// Put the read-only members (those after the voters) in a second data center,
+/// 2 × REMOTE_DELAY_MS away, with the fault layer's link delays. The reports' read-only
+/// members serve reads elsewhere; on one host every ping would be within mongod's
+/// changeSyncSourceThresholdMillis (5 ms), and then, chaining on or off, every member
+/// would fetch from the primary. Across the gap, chaining on lets the remote members chain
+/// from each other. A delay applies to the links a member opens, so it is set on both sides.
+async fn place_read_only_members_remotely(ports: &[u16]) -> Result<()> {
+    if ports.len() <= VOTERS_MAX {
+        return Ok(());
+    }
+    let (local, remote) = ports.split_at(VOTERS_MAX);
+    for (side, other) in [(local, remote), (remote, local)] {
+        for &from in side {
+            let c = direct(from).await?;
+            for &to in other {
+                let cmd = doc! {"configureFailPoint": "replLink", "mode": "alwaysOn", "data": {"host": format!("127.0.0.1:{to}"), "delayMs": REMOTE_DELAY_MS}};
+                c.database("admin").run_command(cmd).await.context("configureFailPoint replLink")?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Initiate the set through its first member and wait until every member is primary or
@@ -156,9 +183,11 @@ impl Scenario for Chaining {
                     ctx.nodes.clear();
                     let tag = format!("m{n}-{}", if chaining { "chain" } else { "nochain" });
                     for i in 0..n {
-                        ctx.start_node(&format!("{tag}-{i}"), &["--replSet".into(), "rs0".into(), "--wiredTigerCacheSizeGB".into(), "0.25".into()])?;
+                        let args = ["--replSet", "rs0", "--wiredTigerCacheSizeGB", "0.25", "--setParameter", "enableTestCommands=1"];
+                        ctx.start_node(&format!("{tag}-{i}"), &args.map(String::from))?;
                     }
                     let ports: Vec<u16> = ctx.nodes.iter().map(|n| n.port).collect();
+                    place_read_only_members_remotely(&ports).await?;
                     initiate(&ports, chaining).await?;
                     let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
                     let node_names: Vec<String> = ctx.nodes.iter().map(|n| n.name.clone()).collect();
@@ -248,6 +277,10 @@ impl Scenario for Chaining {
                 notes: vec![
                     "w:\"majority\" waits until a majority of voters has the insert durable (writeConcernMajorityJournalDefault).".into(),
                     "CPU figures come from /proc/<pid>/stat, sampled every second; the primary is the first member.".into(),
+                    format!(
+                        "The read-only members (after the first {VOTERS_MAX}) are in a second data center, {} ms round trip away (fault-layer link delays): on one host every member is within 5 ms of the primary, where mongod's rule takes the primary as source and nothing chains.",
+                        2 * REMOTE_DELAY_MS
+                    ),
                 ],
             })
         })
