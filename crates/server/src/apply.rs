@@ -19,38 +19,46 @@ pub fn apply_entry(store: &Store, entry: &Document) -> Result<()> {
     let op = entry.get_str("op").map_err(|_| Error::new(Code::FailedToParse, "oplog entry has no string field 'op'"))?;
     let ns = entry.get_str("ns").map_err(|_| Error::new(Code::FailedToParse, "oplog entry has no string field 'ns'"))?;
     let o = entry.get_document("o").map_err(|_| Error::new(Code::FailedToParse, "oplog entry has no object field 'o'"))?;
+    // The collection's UUID on the member that logged the entry: a collection this creates
+    // takes it, so a collection has one UUID across the set.
+    let ui = match entry.get("ui") {
+        Some(Bson::Binary(b)) => Some(b.to_uuid().map_err(|_| Error::new(Code::FailedToParse, "oplog entry field 'ui' is not a UUID"))?),
+        _ => None,
+    };
     match op {
         "n" => Ok(()),
         "i" => {
-            let coll = collection(store, ns, true)?.expect("created");
+            let coll = collection(store, ns, Some(ui))?.expect("created");
             upsert(&coll, o)
         }
         "u" => {
             let id = entry.get_document("o2").ok().and_then(|o2| o2.get("_id")).ok_or_else(|| Error::new(Code::FailedToParse, "update oplog entry has no o2._id"))?;
-            let coll = collection(store, ns, true)?.expect("created");
+            let coll = collection(store, ns, Some(ui))?.expect("created");
             update(&coll, id, o)
         }
         "d" => {
             let id = o.get("_id").ok_or_else(|| Error::new(Code::FailedToParse, "delete oplog entry has no o._id"))?;
-            let Some(coll) = collection(store, ns, false)? else { return Ok(()) };
+            let Some(coll) = collection(store, ns, None)? else { return Ok(()) };
             let mut w = coll.writer();
             if let Some((rid, old)) = w.snapshot().find_by_id(id)? {
                 w.delete(rid, &old)?;
             }
             Ok(())
         }
-        "c" => command(store, ns, o),
+        "c" => command(store, ns, o, ui),
         other => Err(Error::new(Code::FailedToParse, format!("unknown oplog operation type '{other}'"))),
     }
 }
 
-/// `db.coll` split; the collection, created when `create` and missing.
-fn collection(store: &Store, ns: &str, create: bool) -> Result<Option<Collection>> {
+/// `db.coll` split; the collection, created when missing and `create` is given (with the
+/// entry's UUID, if it has one).
+fn collection(store: &Store, ns: &str, create: Option<Option<bson::Uuid>>) -> Result<Option<Collection>> {
     let (db, name) = ns.split_once('.').ok_or_else(|| Error::new(Code::InvalidNamespace, format!("invalid namespace in oplog entry: {ns}")))?;
-    match store.collection(db, name) {
-        Some(c) => Ok(Some(c)),
-        None if create => Ok(Some(store.collection_or_create(db, name)?)),
-        None => Ok(None),
+    match (store.collection(db, name), create) {
+        (Some(c), _) => Ok(Some(c)),
+        (None, Some(Some(uuid))) => Ok(Some(store.create_collection_as(db, name, Document::new(), uuid, true)?)),
+        (None, Some(None)) => Ok(Some(store.collection_or_create(db, name)?)),
+        (None, None) => Ok(None),
     }
 }
 
@@ -86,7 +94,7 @@ fn update(coll: &Collection, id: &Bson, o: &Document) -> Result<()> {
     w.update(rid, &old, &new)
 }
 
-fn command(store: &Store, ns: &str, o: &Document) -> Result<()> {
+fn command(store: &Store, ns: &str, o: &Document, ui: Option<bson::Uuid>) -> Result<()> {
     let db = ns.strip_suffix(".$cmd").ok_or_else(|| Error::new(Code::InvalidNamespace, format!("command oplog entry on {ns}, not on db.$cmd")))?;
     let (name, arg) = o.iter().next().ok_or_else(|| Error::new(Code::FailedToParse, "empty command in oplog entry"))?;
     let coll_name = || arg.as_str().ok_or_else(|| Error::new(Code::FailedToParse, format!("oplog {name} needs a collection name")));
@@ -94,7 +102,11 @@ fn command(store: &Store, ns: &str, o: &Document) -> Result<()> {
         "create" => {
             let mut options = o.clone();
             options.remove("create");
-            match store.create_collection(db, coll_name()?, options) {
+            let created = match ui {
+                Some(uuid) => store.create_collection_as(db, coll_name()?, options, uuid, false),
+                None => store.create_collection(db, coll_name()?, options),
+            };
+            match created {
                 Err(e) if e.code == Code::NamespaceExists.0 => Ok(()),
                 other => other.map(|_| ()),
             }
@@ -102,7 +114,7 @@ fn command(store: &Store, ns: &str, o: &Document) -> Result<()> {
         "drop" => store.drop_collection(db, coll_name()?).map(|_| ()),
         "dropDatabase" => store.drop_database(db),
         "createIndexes" => {
-            let coll = store.collection_or_create(db, coll_name()?)?;
+            let coll = collection(store, &format!("{db}.{}", coll_name()?), Some(ui))?.expect("created");
             let mut spec = o.clone();
             spec.remove("createIndexes");
             coll.create_index(IndexSpec::from_spec(spec)?).map(|_| ())

@@ -141,6 +141,13 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
     for i in 0..3 {
         set.wait_for_count(i, "c", 50).await;
     }
+    // The collection has one UUID across the set (secondaries create it with the UUID in
+    // the primary's oplog entry).
+    let uuid_on = |i: usize| collection_uuid(&set.members[i], "app", "c");
+    let want = uuid_on(0).await;
+    for i in 1..3 {
+        assert_eq!(uuid_on(i).await, want, "member {i}");
+    }
     let status = set.status(0).await.unwrap();
     assert_eq!(status.get_i32("majorityVoteCount").unwrap(), 2);
     let committed = path(&status, "optimes.lastCommittedOpTime").unwrap().clone();
@@ -511,6 +518,9 @@ async fn an_empty_member_joins_by_initial_sync_while_writes_continue() {
     assert!(st.get_document("databases").unwrap().get_i32("databasesCloned").unwrap() >= 2, "{st:?}");
     assert!(st.get_i64("documentsCopied").unwrap() >= 12_000, "{st:?}");
     assert!(st.get_datetime("initialSyncEnd").is_ok());
+    // The copies keep the source's collection UUIDs.
+    assert_eq!(collection_uuid(&set.members[3], "app", "c").await, collection_uuid(&set.members[p], "app", "c").await);
+    assert_eq!(collection_uuid(&set.members[3], "app", "capped").await, collection_uuid(&set.members[p], "app", "capped").await);
 }
 
 #[tokio::test]
@@ -686,4 +696,11 @@ async fn a_member_too_stale_for_one_source_fetches_from_another() {
 async fn oplog_edge(s: &Server, order: i32) -> mongodb::bson::Timestamp {
     let e = direct(s).await.database("local").collection::<Document>("oplog.rs").find_one(doc! {}).sort(doc! {"$natural": order}).await.unwrap().unwrap();
     e.get_timestamp("ts").unwrap()
+}
+
+/// `info.uuid` of `db.coll` in listCollections on a member.
+async fn collection_uuid(s: &Server, db: &str, coll: &str) -> Bson {
+    let r = direct(s).await.database(db).run_command(doc! {"listCollections": 1, "filter": {"name": coll}, "$readPreference": {"mode": "secondaryPreferred"}}).await.unwrap();
+    let first = r.get_document("cursor").unwrap().get_array("firstBatch").unwrap()[0].as_document().unwrap().clone();
+    first.get_document("info").unwrap().get("uuid").unwrap().clone()
 }

@@ -1266,7 +1266,14 @@ impl Store {
 
     /// Create explicitly: NamespaceExists if present; InvalidNamespace for bad names.
     pub fn create_collection(&self, db: &str, name: &str, options: Document) -> Result<Collection> {
-        self.create_inner(db, name, options, false)
+        self.create_inner(db, name, options, false, None)
+    }
+
+    /// Create a collection with the UUID another member gave it: oplog application and
+    /// initial sync, so that a collection has one UUID across the set, as in mongod.
+    /// Implicit when `existing_ok` (an insert's entry for a missing collection).
+    pub fn create_collection_as(&self, db: &str, name: &str, options: Document, uuid: bson::Uuid, existing_ok: bool) -> Result<Collection> {
+        self.create_inner(db, name, options, existing_ok, Some(uuid))
     }
 
     /// Implicit creation (insert into a missing collection).
@@ -1274,10 +1281,10 @@ impl Store {
         if let Some(c) = self.collection(db, name) {
             return Ok(c);
         }
-        self.create_inner(db, name, Document::new(), true)
+        self.create_inner(db, name, Document::new(), true, None)
     }
 
-    fn create_inner(&self, db: &str, name: &str, options: Document, existing_ok: bool) -> Result<Collection> {
+    fn create_inner(&self, db: &str, name: &str, options: Document, existing_ok: bool, uuid: Option<bson::Uuid>) -> Result<Collection> {
         validate_ns(db, name)?;
         let _cat = self.inner.catalog.lock();
         if let Some(c) = self.collection(db, name) {
@@ -1286,16 +1293,16 @@ impl Store {
             }
             return Err(Error::new(Code::NamespaceExists, format!("Collection {db}.{name} already exists.")));
         }
-        self.create_locked(db, name, options, true)
+        self.create_locked(db, name, options, true, uuid)
     }
 
     /// Create a collection (the caller holds the catalog lock and checked that it is absent),
     /// with an `_id` index unless it is the oplog.
-    fn create_locked(&self, db: &str, name: &str, options: Document, id_index: bool) -> Result<Collection> {
+    fn create_locked(&self, db: &str, name: &str, options: Document, id_index: bool, uuid: Option<bson::Uuid>) -> Result<Collection> {
         let shared = &self.inner.shared;
         let id = shared.alloc_id();
         let indexes = if id_index { vec![Arc::new(IndexRt::new(shared.alloc_id(), IndexSpec::id_index())?)] } else { Vec::new() };
-        let meta = MetaRt { uuid: bson::Uuid::new(), options, indexes };
+        let meta = MetaRt { uuid: uuid.unwrap_or_else(bson::Uuid::new), options, indexes };
         let stats = Stats { next_rid: 1, ..Stats::default() };
         let mut batch = Batch::new();
         batch.put(Space::Catalog, meta_key(db, name), encode_doc(&meta.to_doc(id, db, name))?);
@@ -1338,7 +1345,7 @@ impl Store {
         }
         let coll = match self.collection(OPLOG_DB, OPLOG_COLLECTION) {
             Some(c) => c,
-            None => self.create_locked(OPLOG_DB, OPLOG_COLLECTION, doc! {"capped": true, "size": cap_bytes as i64}, false)?,
+            None => self.create_locked(OPLOG_DB, OPLOG_COLLECTION, doc! {"capped": true, "size": cap_bytes as i64}, false, None)?,
         };
         let st = coll.state;
         let snap = shared.engine.snapshot();

@@ -114,8 +114,8 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
         if db == "local" {
             continue;
         }
-        for (name, options) in list_collections(conn, host, db).await? {
-            let n = clone_collection(shared, conn, host, db, &name, options).await?;
+        for (name, options, uuid) in list_collections(conn, host, db).await? {
+            let n = clone_collection(shared, conn, host, db, &name, options, uuid).await?;
             coord.inner.lock().initial_sync.documents_copied += n as i64;
         }
         coord.inner.lock().initial_sync.databases_cloned += 1;
@@ -163,8 +163,8 @@ async fn newest_entry(conn: &mut PeerConn) -> Result<Document> {
     }
 }
 
-/// Collections of `db` on the source, with their creation options.
-async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) -> Result<Vec<(String, Document)>> {
+/// Collections of `db` on the source, with their creation options and UUIDs.
+async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) -> Result<Vec<(String, Document, Option<bson::Uuid>)>> {
     let docs = all_docs(conn, host, db, "listCollections", doc! {"listCollections": 1, "$readPreference": secondary_ok()}).await?;
     let mut out = Vec::new();
     for c in docs {
@@ -172,19 +172,27 @@ async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) -> Result<V
             return Err(Error::new(Code::CommandNotSupported, format!("{host} has a {} in {db}, which initial sync cannot copy", c.get_str("type").unwrap_or("?"))));
         }
         let name = c.get_str("name").map_err(|_| malformed(host, "listCollections"))?.to_string();
-        out.push((name, c.get_document("options").cloned().unwrap_or_default()));
+        let uuid = match c.get_document("info").ok().and_then(|i| i.get("uuid")) {
+            Some(Bson::Binary(b)) => b.to_uuid().ok(),
+            _ => None,
+        };
+        out.push((name, c.get_document("options").cloned().unwrap_or_default(), uuid));
     }
     Ok(out)
 }
 
 /// Copy one collection: create it with its options, insert its documents batch by batch,
-/// then build its indexes. Returns how many documents were copied.
-async fn clone_collection(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, db: &str, name: &str, options: Document) -> Result<u64> {
+/// then build its indexes (the collection keeps the source's UUID). Returns how many
+/// documents were copied.
+async fn clone_collection(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, db: &str, name: &str, options: Document, uuid: Option<bson::Uuid>) -> Result<u64> {
     let store = shared.store.clone();
     let (d, n) = (db.to_string(), name.to_string());
     super::blocking(move || {
         let _replicated = storage::applying_replicated_ops();
-        store.create_collection(&d, &n, options).map(|_| ())
+        match uuid {
+            Some(u) => store.create_collection_as(&d, &n, options, u, false).map(|_| ()),
+            None => store.create_collection(&d, &n, options).map(|_| ()),
+        }
     })
     .await?;
     let mut copied = 0u64;
