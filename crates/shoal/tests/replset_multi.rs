@@ -704,3 +704,55 @@ async fn collection_uuid(s: &Server, db: &str, coll: &str) -> Bson {
     let first = r.get_document("cursor").unwrap().get_array("firstBatch").unwrap()[0].as_document().unwrap().clone();
     first.get_document("info").unwrap().get("uuid").unwrap().clone()
 }
+
+#[tokio::test]
+async fn a_new_primary_catches_up_from_a_member_ahead_of_it() {
+    // Member 1 is the only electable one besides member 0. Member 3 is hidden, so no
+    // secondary fetches from it on its own: only catch-up does.
+    let extras = [doc! {"priority": 2}, doc! {}, doc! {"priority": 0}, doc! {"priority": 0, "hidden": true}, doc! {"priority": 0}];
+    let mut set = Set::start(5, doc! {}, &extras).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("c");
+    for i in 0..10 {
+        coll.insert_one(doc! {"_id": i}).await.unwrap();
+    }
+    for i in 0..5 {
+        set.wait_for_count(i, "c", 10).await;
+    }
+    // Members 1, 2 and 4 hear nothing from 0 and 3; member 1 may not stand yet.
+    admin(&direct(&set.members[1]).await, doc! {"replSetFreeze": 120}).await.unwrap();
+    for i in [1, 2, 4] {
+        for j in [0, 3] {
+            set.fail_point(i, "alwaysOn", doc! {"host": host(&set.members[j]), "partition": true}).await;
+        }
+    }
+    // A write that only members 0 and 3 take, then member 0 dies.
+    let w2 = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(2)).w_timeout(Duration::from_secs(20)).build();
+    coll.insert_one(doc! {"_id": "x"}).with_options(mongodb::options::InsertOneOptions::builder().write_concern(w2).build()).await.unwrap();
+    set.members[0].kill9();
+    for i in [1, 2, 4] {
+        set.fail_point(i, "off", doc! {"host": host(&set.members[3])}).await;
+    }
+    // Once member 1 sees member 3 ahead of it, it may stand; members 2 and 4 elect it
+    // (member 3, ahead, refuses).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = set.status(1).await.unwrap();
+        let (mine, theirs) = (member(&s, 1).get_document("optime").unwrap().get_timestamp("ts").unwrap(), member(&s, 3).get_document("optime").unwrap().get_timestamp("ts").unwrap());
+        if member(&s, 3).get_f64("health").unwrap() == 1.0 && (theirs.time, theirs.increment) > (mine.time, mine.increment) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "member 1 never saw member 3 ahead: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    admin(&direct(&set.members[1]).await, doc! {"replSetFreeze": 0}).await.unwrap();
+    assert_eq!(set.wait_for_primary(Some(0)).await, 1);
+    // The new primary fetched the write before taking over, so nobody rolls it back.
+    let on_new = all_on(&set.members[1], "app", "c").await;
+    assert!(on_new.contains(&doc! {"_id": "x"}), "the new primary lacks the write member 3 had");
+    for i in [2, 3, 4] {
+        set.wait_for_count(i, "c", 11).await;
+    }
+    assert!(!set.members[3].dbpath.join("rollback").exists(), "member 3 rolled back");
+}

@@ -485,6 +485,7 @@ async fn run_election_steps(shared: &Arc<Shared>, dry_run_first: bool) -> Result
     if collect_votes(shared, &config, me, new_term, false, last).await < config.majority_vote_count() {
         return Err(Error::new(Code(211, "ElectionFailed"), format!("did not get a majority in term {new_term}")));
     }
+    catch_up(shared, &config, me, new_term).await;
     let s = shared.clone();
     super::blocking(move || {
         let coord = s.repl.as_ref().expect("replica set member");
@@ -499,6 +500,55 @@ async fn run_election_steps(shared: &Arc<Shared>, dry_run_first: bool) -> Result
         coord.become_primary(&s.store, new_term)
     })
     .await
+}
+
+/// How often catch-up checks its progress.
+const CATCH_UP_POLL: Duration = Duration::from_millis(10);
+
+/// Primary catch-up (mongod's): a member that won an election may still lack entries that
+/// another member has (w:1 writes the voters for it never received). Before writing its
+/// own first entry it fetches them from the member furthest ahead, by what heartbeats
+/// last said, so they are kept rather than rolled back there. Ends when caught up, after
+/// `settings.catchUpTimeoutMillis` (-1: no limit), when that member goes down, or when a
+/// later term begins. mongod reports the member PRIMARY (not writable) meanwhile; here it
+/// stays SECONDARY until it takes over.
+async fn catch_up(shared: &Arc<Shared>, config: &ReplSetConfig, me: usize, term: i64) {
+    let coord = shared.repl.as_ref().expect("replica set member");
+    let ahead = {
+        let inner = coord.inner.lock();
+        (0..inner.peers.len()).filter(|&i| i != me && inner.peers[i].view.up && !config.members[i].arbiter_only).max_by_key(|&i| inner.peers[i].view.applied)
+    };
+    let Some(src) = ahead else { return };
+    let target = coord.inner.lock().peers[src].view.applied;
+    if shared.store.oplog_last().unwrap_or_default() >= target {
+        return;
+    }
+    tracing::info!(term, host = %config.members[src].host, ?target, "won the election; catching up before taking over");
+    let started = Instant::now();
+    let limit = u64::try_from(config.settings.catch_up_timeout_ms).ok().map(Duration::from_millis);
+    // The fetcher takes this as a replSetSyncFrom request (which may name a hidden member).
+    coord.inner.lock().sync_from = Some(src);
+    coord.wake.notify_waiters();
+    loop {
+        if shared.store.oplog_last().unwrap_or_default() >= target {
+            tracing::info!(term, elapsed_ms = started.elapsed().as_millis() as u64, "caught up");
+            break;
+        }
+        let (same_term, up) = {
+            let inner = coord.inner.lock();
+            (inner.term == term && inner.state == MemberState::Secondary, inner.peers[src].view.up)
+        };
+        if !same_term || !up || limit.is_some_and(|l| started.elapsed() >= l) {
+            tracing::info!(term, same_term, source_up = up, "catch-up ended before reaching its target");
+            break;
+        }
+        tokio::time::sleep(CATCH_UP_POLL).await;
+    }
+    // Not taken yet (ended early): no request outlives the catch-up.
+    let mut inner = coord.inner.lock();
+    if inner.sync_from == Some(src) {
+        inner.sync_from = None;
+    }
 }
 
 /// replSetRequestVotes: grant or refuse a vote (repl::election::decide); a granted real
