@@ -426,17 +426,22 @@ async fn reconfig_adds_a_member_that_catches_up_and_removes_it_again() {
 
 /// Every document of `db.coll` on member `i`, by _id, read as a secondary-tolerant client.
 async fn all_on(s: &Server, db: &str, coll: &str) -> Vec<Document> {
+    try_all_on(s, db, coll).await.unwrap()
+}
+
+/// `all_on`, failing while the member serves no reads.
+async fn try_all_on(s: &Server, db: &str, coll: &str) -> mongodb::error::Result<Vec<Document>> {
     let c = direct(s).await;
     let opts = mongodb::options::FindOptions::builder()
         .sort(doc! {"_id": 1})
         .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::SecondaryPreferred { options: None }))
         .build();
-    let mut cursor = c.database(db).collection::<Document>(coll).find(doc! {}).with_options(opts).await.unwrap();
+    let mut cursor = c.database(db).collection::<Document>(coll).find(doc! {}).with_options(opts).await?;
     let mut out = Vec::new();
-    while cursor.advance().await.unwrap() {
-        out.push(cursor.deserialize_current().unwrap());
+    while cursor.advance().await? {
+        out.push(cursor.deserialize_current()?);
     }
-    out
+    Ok(out)
 }
 
 #[tokio::test]
@@ -755,4 +760,81 @@ async fn a_new_primary_catches_up_from_a_member_ahead_of_it() {
         set.wait_for_count(i, "c", 11).await;
     }
     assert!(!set.members[3].dbpath.join("rollback").exists(), "member 3 rolled back");
+}
+
+#[tokio::test]
+async fn rollback_undoes_catalog_changes_by_copying_the_collections_again() {
+    use mongodb::options::IndexOptions;
+    use mongodb::IndexModel;
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    let client = set.client().await;
+    let app = client.database("app");
+    let keep = app.collection::<Document>("keep");
+    keep.create_index(IndexModel::builder().keys(doc! {"k": 1}).options(IndexOptions::builder().name("k_1".to_string()).build()).build()).await.unwrap();
+    keep.insert_many((0..20).map(|i| doc! {"_id": i, "k": i})).await.unwrap();
+    app.collection::<Document>("other").insert_many((0..5).map(|i| doc! {"_id": i})).await.unwrap();
+    for i in 0..3 {
+        set.wait_for_count(i, "other", 5).await;
+    }
+    let old = host(&set.members[p]);
+    set.fail_point(p, "alwaysOn", doc! {"host": "*", "partition": true}).await;
+    for i in (0..3).filter(|&i| i != p) {
+        set.fail_point(i, "alwaysOn", doc! {"host": old.clone(), "partition": true}).await;
+    }
+    // On the cut-off primary, w:1 catalog changes no other member gets.
+    let lone = direct(&set.members[p]).await.database("app");
+    let w1 = doc! {"w": 1};
+    lone.run_command(doc! {"createIndexes": "keep", "indexes": [{"key": {"v": 1}, "name": "v_1"}], "writeConcern": w1.clone()}).await.unwrap();
+    lone.run_command(doc! {"dropIndexes": "keep", "index": "k_1", "writeConcern": w1.clone()}).await.unwrap();
+    lone.run_command(doc! {"insert": "keep", "documents": [{"_id": "lost", "k": -1}], "writeConcern": w1.clone()}).await.unwrap();
+    lone.run_command(doc! {"drop": "other", "writeConcern": w1}).await.unwrap();
+    let next = set.wait_for_primary(Some(p)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while set.status(p).await.unwrap().get_i32("myState").unwrap() == 1 {
+        assert!(Instant::now() < deadline, "the partitioned primary did not step down");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Meanwhile the majority writes on.
+    keep.insert_one(doc! {"_id": "new", "k": 100}).await.unwrap();
+    for i in 0..3 {
+        set.fail_point(i, "off", doc! {"host": if i == p { "*".to_string() } else { old.clone() }}).await;
+    }
+    // The old primary has the set's collections again: documents, indexes, UUIDs.
+    let want = all_on(&set.members[next], "app", "keep").await;
+    assert!(want.contains(&doc! {"_id": "new", "k": 100}));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while set.try_count_on(p, "other").await.ok() != Some(5) || try_all_on(&set.members[p], "app", "keep").await.ok().as_ref() != Some(&want) {
+        assert!(Instant::now() < deadline, "the old primary did not roll back: {:?}", set.status(p).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(set.wait_for_primary(None).await, next);
+    assert_eq!(all_on(&set.members[p], "app", "other").await, (0..5).map(|i| doc! {"_id": i}).collect::<Vec<_>>());
+    let index_names = |s: usize| {
+        let c = direct(&set.members[s]);
+        async move {
+            let r = c.await.database("app").run_command(doc! {"listIndexes": "keep", "$readPreference": {"mode": "secondaryPreferred"}}).await.unwrap();
+            let mut names: Vec<String> = r.get_document("cursor").unwrap().get_array("firstBatch").unwrap().iter().map(|d| d.as_document().unwrap().get_str("name").unwrap().to_string()).collect();
+            names.sort();
+            names
+        }
+    };
+    assert_eq!(index_names(p).await, vec!["_id_".to_string(), "k_1".to_string()]);
+    for coll in ["keep", "other"] {
+        assert_eq!(collection_uuid(&set.members[p], "app", coll).await, collection_uuid(&set.members[next], "app", coll).await, "{coll}");
+    }
+    // Its own keep (with "lost") is in a rollback file. (Its other was gone already: it had
+    // dropped it.)
+    let dir = set.members[p].dbpath.join("rollback").join("app.keep");
+    let mut saved = Vec::new();
+    for f in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let bytes = std::fs::read(f.unwrap().path()).unwrap();
+        let mut r = bytes.as_slice();
+        while !r.is_empty() {
+            saved.push(Document::from_reader(&mut r).unwrap());
+        }
+    }
+    assert!(saved.contains(&doc! {"_id": "lost", "k": -1}), "{saved:?}");
+    assert_eq!(saved.len(), 21, "its whole collection");
+    assert_eq!(set.status(p).await.unwrap().get_i32("myState").unwrap(), 2);
 }

@@ -150,9 +150,12 @@ const ROLLBACK_CHUNK: usize = 1000;
 /// Rollback by refetch (mongod's original algorithm): find the newest entry both oplogs
 /// share, save our current version of every document our later entries touched to a
 /// rollback file, replace each with the source's version (or delete it where the source has
-/// none), and cut our oplog back to the common point. The member is then RECOVERING until
-/// it has applied the source's oplog up to where the source was when the documents were
-/// read (minValid), since until then a document may be newer than the entries around it.
+/// none), and cut our oplog back to the common point. A collection that a later catalog
+/// command changed (create, drop, an index, a rename, a dropped database) is instead saved
+/// whole and copied whole from the source, as initial sync copies it. The member is then
+/// RECOVERING until it has applied the source's oplog up to where the source was after the
+/// last read (minValid), since until then a document may be newer than the entries around
+/// it.
 async fn roll_back(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, our_last: OpTime) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     coord.set_state(MemberState::Rollback);
@@ -196,28 +199,23 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
             return Err(Error::new(Code::OplogStartMissing, format!("more than {ROLLBACK_ENTRIES_MAX} entries to roll back: this member needs a resync")));
         }
     };
-    // The documents our divergent entries touched, by namespace.
+    // The documents our divergent entries touched, by namespace, and the namespaces a
+    // divergent catalog command changed: those are copied whole from the source.
     let mut touched: std::collections::BTreeMap<String, Vec<Bson>> = Default::default();
-    // Collections our divergent entries created: dropped unless the source has them.
-    let mut created: Vec<String> = Vec::new();
+    let mut resync: std::collections::BTreeSet<String> = Default::default();
+    let mut resync_dbs: std::collections::BTreeSet<String> = Default::default();
     for e in &ours {
         let op = e.get_str("op").unwrap_or("");
         let ns = e.get_str("ns").unwrap_or("").to_string();
         let id = match op {
             "n" => continue,
-            "c" if e.get_document("o").is_ok_and(|o| o.get_str("create").is_ok()) => {
-                let db = ns.strip_suffix(".$cmd").unwrap_or(&ns);
-                created.push(format!("{db}.{}", e.get_document("o").ok().and_then(|o| o.get_str("create").ok()).unwrap_or("")));
+            "c" => {
+                catalog_namespaces(e, &mut resync, &mut resync_dbs)?;
                 continue;
             }
             "i" | "d" => e.get_document("o").ok().and_then(|o| o.get("_id")).cloned(),
             "u" => e.get_document("o2").ok().and_then(|o| o.get("_id")).cloned(),
-            _ => {
-                return Err(Error::new(
-                    Code::OplogStartMissing,
-                    format!("cannot roll back the catalog command {} on {ns}: this member needs a resync", e.get_document("o").map(|o| o.to_string()).unwrap_or_default()),
-                ))
-            }
+            _ => return Err(Error::new(Code::OplogStartMissing, format!("cannot roll back oplog operation '{op}' on {ns}: this member needs a resync"))),
         };
         if let Some(id) = id {
             let ids = touched.entry(ns).or_default();
@@ -226,9 +224,15 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
             }
         }
     }
-    // minValid: the source's newest entry before we read its documents.
-    let status = conn.command("admin", doc! {"replSetGetStatus": 1}, CONNECT_TIMEOUT).await?;
-    let min_valid = status.get_document("optimes").ok().and_then(|o| o.get_document("appliedOpTime").ok()).and_then(OpTime::from_doc).unwrap_or(common);
+    // A dropped database: every collection it has here or on the source.
+    for db in &resync_dbs {
+        resync.extend(store.list_collections(db).into_iter().map(|m| format!("{db}.{}", m.name)));
+        resync.extend(super::initial_sync::list_collections(conn, host, db).await?.into_iter().map(|(name, _, _)| format!("{db}.{name}")));
+    }
+    touched.retain(|ns, _| !resync.contains(ns));
+    // minValid, first estimate: the source's newest entry before we read from it. Recorded
+    // before the first change, so a crash during rollback leaves this member RECOVERING.
+    let min_valid_early = source_applied(conn).await?.unwrap_or(common);
     let mut fetched: Vec<(String, Bson, Option<Document>)> = Vec::new();
     for (ns, ids) in &touched {
         let Some((db, coll)) = ns.split_once('.') else { continue };
@@ -243,24 +247,17 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
             }
         }
     }
-    let mut drop_colls = Vec::new();
-    for ns in created {
-        let Some((db, coll)) = ns.split_once('.') else { continue };
-        let reply = conn.command(db, doc! {"listCollections": 1, "filter": {"name": coll}, "nameOnly": true}, CONNECT_TIMEOUT).await?;
-        if cursor_batch(&reply, "firstBatch")?.1.is_empty() {
-            drop_colls.push(ns);
-        }
-    }
     let dbpath = shared.config.dbpath.clone();
     let undone = ours.len();
+    let stamp = bson::DateTime::now().try_to_rfc3339_string().unwrap_or_default().replace(':', "-");
     let s = shared.clone();
+    let (st, resync_list) = (stamp.clone(), resync.clone());
     super::blocking(move || -> Result<()> {
         let coord = s.repl.as_ref().expect("replica set member");
         let _apply = coord.apply_lock.lock();
         let _replicated = storage::applying_replicated_ops();
-        let stamp = bson::DateTime::now().try_to_rfc3339_string().unwrap_or_default().replace(':', "-");
         // From the first replaced document on, the data is inconsistent until minValid.
-        super::ReplCoord::persist_min_valid(&store, min_valid)?;
+        super::ReplCoord::persist_min_valid(&store, min_valid_early)?;
         for (ns, id, theirs) in fetched {
             let (db, coll) = ns.split_once('.').expect("split above");
             let Some(c) = store.collection(db, coll) else {
@@ -271,30 +268,90 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
             };
             let mine = c.snapshot().find_by_id(&id)?.map(|(_, d)| d);
             if let Some(m) = &mine {
-                save_rollback_doc(&dbpath, &ns, &stamp, m)?;
+                save_rollback_doc(&dbpath, &ns, &st, m)?;
             }
             match theirs {
                 Some(d) => crate::apply::apply_entry(&store, &doc! {"op": "i", "ns": ns.clone(), "o": d})?,
                 None => crate::apply::apply_entry(&store, &doc! {"op": "d", "ns": ns.clone(), "o": {"_id": id}})?,
             }
         }
-        for ns in drop_colls {
-            let (db, coll) = ns.split_once('.').expect("split above");
+        // Collections to copy whole: keep ours in the rollback files, then drop them.
+        for ns in resync_list {
+            let Some((db, coll)) = ns.split_once('.') else { continue };
             if let Some(c) = store.collection(db, coll) {
                 for (_, d) in c.snapshot().scan(None, usize::MAX)? {
-                    save_rollback_doc(&dbpath, &ns, &stamp, &d)?;
+                    save_rollback_doc(&dbpath, &ns, &st, &d)?;
                 }
                 store.drop_collection(db, coll)?;
             }
         }
         store.truncate_oplog_after(common)?;
-        store.commit_durable()?;
-        coord.recover_until(min_valid, store.oplog_last().unwrap_or_default());
+        store.commit_durable()
+    })
+    .await?;
+    // Copy them as initial sync does (with the source's options, UUID and indexes).
+    let mut source_colls: std::collections::BTreeMap<String, Vec<(String, Document, Option<bson::Uuid>)>> = Default::default();
+    for ns in &resync {
+        let Some((db, coll)) = ns.split_once('.') else { continue };
+        if !source_colls.contains_key(db) {
+            let list = super::initial_sync::list_collections(conn, host, db).await?;
+            source_colls.insert(db.to_string(), list);
+        }
+        if let Some((name, options, uuid)) = source_colls[db].iter().find(|(n, _, _)| n == coll).cloned() {
+            super::initial_sync::clone_collection(shared, conn, host, db, &name, options, uuid).await?;
+        }
+    }
+    // minValid: the source's newest entry after every read from it.
+    let min_valid = source_applied(conn).await?.unwrap_or(min_valid_early).max(min_valid_early);
+    let s = shared.clone();
+    super::blocking(move || -> Result<()> {
+        let coord = s.repl.as_ref().expect("replica set member");
+        super::ReplCoord::persist_min_valid(&s.store, min_valid)?;
+        s.store.commit_durable()?;
+        coord.recover_until(min_valid, s.store.oplog_last().unwrap_or_default());
         Ok(())
     })
     .await?;
     tracing::info!(%host, undone, ?common, ?min_valid, "rolled back entries no majority had");
     Ok(())
+}
+
+/// The namespaces a divergent catalog command changed (added to `colls`), or the database
+/// it dropped (added to `dbs`); rollback copies them whole from the source.
+fn catalog_namespaces(e: &Document, colls: &mut std::collections::BTreeSet<String>, dbs: &mut std::collections::BTreeSet<String>) -> Result<()> {
+    let ns = e.get_str("ns").unwrap_or("");
+    let db = ns.strip_suffix(".$cmd").unwrap_or(ns);
+    let o = e.get_document("o").ok();
+    let Some((name, arg)) = o.and_then(|o| o.iter().next()) else {
+        return Err(Error::new(Code::OplogStartMissing, format!("cannot roll back a malformed command entry on {ns}: this member needs a resync")));
+    };
+    match (name.as_str(), arg) {
+        ("create" | "drop" | "createIndexes" | "dropIndexes" | "deleteIndexes" | "collMod", Bson::String(coll)) => {
+            colls.insert(format!("{db}.{coll}"));
+        }
+        ("renameCollection", Bson::String(from)) => {
+            colls.insert(from.clone());
+            if let Some(to) = o.and_then(|o| o.get_str("to").ok()) {
+                colls.insert(to.to_string());
+            }
+        }
+        ("dropDatabase", _) => {
+            dbs.insert(db.to_string());
+        }
+        _ => {
+            return Err(Error::new(
+                Code::OplogStartMissing,
+                format!("cannot roll back the catalog command {} on {ns}: this member needs a resync", o.map(|o| o.to_string()).unwrap_or_default()),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// The source's newest applied optime (replSetGetStatus).
+async fn source_applied(conn: &mut PeerConn) -> Result<Option<OpTime>> {
+    let status = conn.command("admin", doc! {"replSetGetStatus": 1}, CONNECT_TIMEOUT).await?;
+    Ok(status.get_document("optimes").ok().and_then(|o| o.get_document("appliedOpTime").ok()).and_then(OpTime::from_doc))
 }
 
 /// The optimes of the source's entries from `from` on, at most up to `to` (a bounded read

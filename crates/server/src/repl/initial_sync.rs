@@ -164,7 +164,7 @@ async fn newest_entry(conn: &mut PeerConn) -> Result<Document> {
 }
 
 /// Collections of `db` on the source, with their creation options and UUIDs.
-async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) -> Result<Vec<(String, Document, Option<bson::Uuid>)>> {
+pub(super) async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) -> Result<Vec<(String, Document, Option<bson::Uuid>)>> {
     let docs = all_docs(conn, host, db, "listCollections", doc! {"listCollections": 1, "$readPreference": secondary_ok()}).await?;
     let mut out = Vec::new();
     for c in docs {
@@ -184,7 +184,7 @@ async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) -> Result<V
 /// Copy one collection: create it with its options, insert its documents batch by batch,
 /// then build its indexes (the collection keeps the source's UUID). Returns how many
 /// documents were copied.
-async fn clone_collection(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, db: &str, name: &str, options: Document, uuid: Option<bson::Uuid>) -> Result<u64> {
+pub(super) async fn clone_collection(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, db: &str, name: &str, options: Document, uuid: Option<bson::Uuid>) -> Result<u64> {
     let store = shared.store.clone();
     let (d, n) = (db.to_string(), name.to_string());
     super::blocking(move || {
