@@ -87,6 +87,8 @@ impl JournalSync {
 /// within these bounds. Larger memtables mean fewer tables for a point read to consult (64 MiB
 /// costs 10-30% less CPU per YCSB operation here than 16 MiB), smaller ones leave more of a
 /// small budget to the block cache.
+/// fjall background workers (flushes and compactions); see `FjallEngine::open`.
+const FJALL_WORKER_THREADS: usize = 1;
 const MEMTABLE_BYTES_MIN: u64 = 8 << 20;
 const MEMTABLE_BYTES_MAX: u64 = 64 << 20;
 /// The catalog keyspace holds catalog entries and collection statistics: small and few.
@@ -166,7 +168,11 @@ impl FjallEngine {
                 ),
             ));
         }
-        let db = Database::builder(path).cache_size(memory_bytes - memtables).open().map_err(engine_error)?;
+        // One background worker. With two or more, fjall's worker 0 hands every compaction
+        // request back to the queue (so that it stays free for flushes) and takes it again at
+        // once: while another worker compacts, worker 0 spins, a whole core on this 2-core
+        // machine (seen as fjall::worker_pool::worker_tick and flume sends in profiles).
+        let db = Database::builder(path).cache_size(memory_bytes - memtables).worker_threads(FJALL_WORKER_THREADS).open().map_err(engine_error)?;
         let open = |s: Space| {
             db.keyspace(s.name(), || KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes(s, memtable))).map_err(engine_error)
         };
