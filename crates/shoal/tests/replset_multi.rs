@@ -117,6 +117,19 @@ impl Set {
         }
     }
 
+    /// Insert `n` documents (_id 0..n) into app.`coll` and wait until every member has them;
+    /// returns the collection, through a client of the set.
+    async fn seed(&self, coll: &str, n: i32) -> mongodb::Collection<Document> {
+        let c = self.client().await.database("app").collection::<Document>(coll);
+        for i in 0..n {
+            c.insert_one(doc! {"_id": i}).await.unwrap();
+        }
+        for i in 0..self.members.len() {
+            self.wait_for_count(i, coll, n as u64).await;
+        }
+        c
+    }
+
     async fn fail_point(&self, i: usize, mode: &str, data: Document) {
         let c = direct(&self.members[i]).await;
         admin(&c, doc! {"configureFailPoint": "replLink", "mode": mode, "data": data}).await.unwrap();
@@ -651,14 +664,7 @@ async fn a_member_too_stale_for_one_source_fetches_from_another() {
     // is hidden, so member 3 never takes it as its own.
     let mut set = Set::start(4, doc! {}, &[doc! {}, doc! {"votes": 0, "priority": 0, "hidden": true}, doc! {"priority": 0}, doc! {"votes": 0, "priority": 0}]).await;
     assert_eq!(set.wait_for_primary(None).await, 0);
-    let client = set.client().await;
-    let coll = client.database("app").collection::<Document>("c");
-    for i in 0..10 {
-        coll.insert_one(doc! {"_id": i}).await.unwrap();
-    }
-    for i in 0..4 {
-        set.wait_for_count(i, "c", 10).await;
-    }
+    let coll = set.seed("c", 10).await;
     // Cut member 1 off (faults act on the links it opens), then write on.
     for j in [0, 2, 3] {
         set.fail_point(1, "alwaysOn", doc! {"host": host(&set.members[j]), "partition": true}).await;
@@ -717,14 +723,7 @@ async fn a_new_primary_catches_up_from_a_member_ahead_of_it() {
     let extras = [doc! {"priority": 2}, doc! {}, doc! {"priority": 0}, doc! {"priority": 0, "hidden": true}, doc! {"priority": 0}];
     let mut set = Set::start(5, doc! {}, &extras).await;
     assert_eq!(set.wait_for_primary(None).await, 0);
-    let client = set.client().await;
-    let coll = client.database("app").collection::<Document>("c");
-    for i in 0..10 {
-        coll.insert_one(doc! {"_id": i}).await.unwrap();
-    }
-    for i in 0..5 {
-        set.wait_for_count(i, "c", 10).await;
-    }
+    let coll = set.seed("c", 10).await;
     // Members 1, 2 and 4 hear nothing from 0 and 3; member 1 may not stand yet.
     admin(&direct(&set.members[1]).await, doc! {"replSetFreeze": 120}).await.unwrap();
     for i in [1, 2, 4] {
