@@ -56,8 +56,7 @@ fn collection(store: &Store, ns: &str, create: Option<Option<bson::Uuid>>) -> Re
     let (db, name) = ns.split_once('.').ok_or_else(|| Error::new(Code::InvalidNamespace, format!("invalid namespace in oplog entry: {ns}")))?;
     match (store.collection(db, name), create) {
         (Some(c), _) => Ok(Some(c)),
-        (None, Some(Some(uuid))) => Ok(Some(store.create_collection_as(db, name, Document::new(), uuid, true)?)),
-        (None, Some(None)) => Ok(Some(store.collection_or_create(db, name)?)),
+        (None, Some(uuid)) => Ok(Some(store.create_collection_as(db, name, Document::new(), uuid, true)?)),
         (None, None) => Ok(None),
     }
 }
@@ -102,11 +101,7 @@ fn command(store: &Store, ns: &str, o: &Document, ui: Option<bson::Uuid>) -> Res
         "create" => {
             let mut options = o.clone();
             options.remove("create");
-            let created = match ui {
-                Some(uuid) => store.create_collection_as(db, coll_name()?, options, uuid, false),
-                None => store.create_collection(db, coll_name()?, options),
-            };
-            match created {
+            match store.create_collection_as(db, coll_name()?, options, ui, false) {
                 Err(e) if e.code == Code::NamespaceExists.0 => Ok(()),
                 other => other.map(|_| ()),
             }

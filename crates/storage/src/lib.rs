@@ -1269,11 +1269,11 @@ impl Store {
         self.create_inner(db, name, options, false, None)
     }
 
-    /// Create a collection with the UUID another member gave it: oplog application and
-    /// initial sync, so that a collection has one UUID across the set, as in mongod.
-    /// Implicit when `existing_ok` (an insert's entry for a missing collection).
-    pub fn create_collection_as(&self, db: &str, name: &str, options: Document, uuid: bson::Uuid, existing_ok: bool) -> Result<Collection> {
-        self.create_inner(db, name, options, existing_ok, Some(uuid))
+    /// Create a collection with the UUID another member gave it, if it gave one: oplog
+    /// application and initial sync, so that a collection has one UUID across the set, as
+    /// in mongod. Implicit when `existing_ok` (an insert's entry for a missing collection).
+    pub fn create_collection_as(&self, db: &str, name: &str, options: Document, uuid: Option<bson::Uuid>, existing_ok: bool) -> Result<Collection> {
+        self.create_inner(db, name, options, existing_ok, uuid)
     }
 
     /// Implicit creation (insert into a missing collection).

@@ -224,10 +224,14 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
             }
         }
     }
+    // The source's collections (name, options, UUID) by database, each listed once.
+    let mut source_colls: std::collections::BTreeMap<String, Vec<(String, Document, Option<bson::Uuid>)>> = Default::default();
     // A dropped database: every collection it has here or on the source.
     for db in &resync_dbs {
         resync.extend(store.list_collections(db).into_iter().map(|m| format!("{db}.{}", m.name)));
-        resync.extend(super::initial_sync::list_collections(conn, host, db).await?.into_iter().map(|(name, _, _)| format!("{db}.{name}")));
+        let theirs = super::initial_sync::list_collections(conn, host, db).await?;
+        resync.extend(theirs.iter().map(|(name, _, _)| format!("{db}.{name}")));
+        source_colls.insert(db.clone(), theirs);
     }
     touched.retain(|ns, _| !resync.contains(ns));
     // minValid, first estimate: the source's newest entry before we read from it. Recorded
@@ -290,7 +294,6 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
     })
     .await?;
     // Copy them as initial sync does (with the source's options, UUID and indexes).
-    let mut source_colls: std::collections::BTreeMap<String, Vec<(String, Document, Option<bson::Uuid>)>> = Default::default();
     for ns in &resync {
         let Some((db, coll)) = ns.split_once('.') else { continue };
         if !source_colls.contains_key(db) {

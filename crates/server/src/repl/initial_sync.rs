@@ -189,10 +189,7 @@ pub(super) async fn clone_collection(shared: &Arc<Shared>, conn: &mut PeerConn, 
     let (d, n) = (db.to_string(), name.to_string());
     super::blocking(move || {
         let _replicated = storage::applying_replicated_ops();
-        match uuid {
-            Some(u) => store.create_collection_as(&d, &n, options, u, false).map(|_| ()),
-            None => store.create_collection(&d, &n, options).map(|_| ()),
-        }
+        store.create_collection_as(&d, &n, options, uuid, false).map(|_| ())
     })
     .await?;
     let mut copied = 0u64;

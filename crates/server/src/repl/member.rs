@@ -516,10 +516,10 @@ async fn catch_up(shared: &Arc<Shared>, config: &ReplSetConfig, me: usize, term:
     let coord = shared.repl.as_ref().expect("replica set member");
     let ahead = {
         let inner = coord.inner.lock();
-        (0..inner.peers.len()).filter(|&i| i != me && inner.peers[i].view.up && !config.members[i].arbiter_only).max_by_key(|&i| inner.peers[i].view.applied)
+        let src = (0..inner.peers.len()).filter(|&i| i != me && inner.peers[i].view.up && !config.members[i].arbiter_only).max_by_key(|&i| inner.peers[i].view.applied);
+        src.map(|i| (i, inner.peers[i].view.applied))
     };
-    let Some(src) = ahead else { return };
-    let target = coord.inner.lock().peers[src].view.applied;
+    let Some((src, target)) = ahead else { return };
     if shared.store.oplog_last().unwrap_or_default() >= target {
         return;
     }
