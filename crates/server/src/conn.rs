@@ -295,7 +295,7 @@ async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Do
 async fn wait_for_commit_point(shared: &Shared, wait: dispatch::ReadWait) -> common::Result<()> {
     let Some(repl) = &shared.repl else { return Ok(()) };
     let deadline = wait.deadline.map(tokio::time::Instant::from_std);
-    match wait_for_progress(repl, deadline, || repl.read_status(&shared.store, wait.at, wait.linearizable)).await {
+    match wait_for_progress(repl, deadline, None, || repl.read_status(&shared.store, wait.at, wait.linearizable)).await {
         Waited::Satisfied => Ok(()),
         Waited::SteppedDown => Err(common::Error::new(common::Code::PrimarySteppedDown, "stepped down while waiting to confirm a linearizable read")),
         Waited::TimedOut => Err(common::Error::new(common::Code::MaxTimeMSExpired, "operation exceeded time limit waiting for the majority commit point")),
@@ -312,10 +312,19 @@ enum Waited {
 
 /// Re-evaluate `status` whenever replication makes progress, until it is settled or
 /// `deadline` passes. Woken by progress; the periodic look is a backstop, not the mechanism.
-async fn wait_for_progress(repl: &crate::repl::ReplCoord, deadline: Option<tokio::time::Instant>, mut status: impl FnMut() -> crate::repl::WcStatus) -> Waited {
+/// A wait for a majority to have `majority_durable`'s optime durable is woken only when
+/// that may have happened (`ReplCoord::majority_durable_waiter`), not on every report.
+async fn wait_for_progress(
+    repl: &crate::repl::ReplCoord,
+    deadline: Option<tokio::time::Instant>,
+    majority_durable: Option<(&storage::Store, storage::OpTime)>,
+    mut status: impl FnMut() -> crate::repl::WcStatus,
+) -> Waited {
     use crate::repl::WcStatus;
     let mut changes = repl.progress_changes();
     loop {
+        // Subscribe before looking, so that a change in between wakes the wait.
+        let majority = majority_durable.map(|(store, at)| repl.majority_durable_waiter(store, at));
         changes.borrow_and_update();
         match status() {
             WcStatus::Satisfied => return Waited::Satisfied,
@@ -324,7 +333,14 @@ async fn wait_for_progress(repl: &crate::repl::ReplCoord, deadline: Option<tokio
         }
         let recheck = tokio::time::Instant::now() + WRITE_CONCERN_RECHECK;
         let until = deadline.map_or(recheck, |d| d.min(recheck));
-        let _ = tokio::time::timeout_at(until, changes.changed()).await;
+        match majority {
+            Some(woken) => {
+                let _ = tokio::time::timeout_at(until, woken).await;
+            }
+            None => {
+                let _ = tokio::time::timeout_at(until, changes.changed()).await;
+            }
+        }
         if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
             return Waited::TimedOut;
         }
@@ -336,7 +352,8 @@ async fn wait_for_progress(repl: &crate::repl::ReplCoord, deadline: Option<tokio
 async fn wait_for_replication(shared: &Shared, wait: dispatch::ReplicationWait, reply: &mut Document) {
     let Some(repl) = &shared.repl else { return };
     let deadline = wait.timeout.map(|t| tokio::time::Instant::now() + t);
-    let error = match wait_for_progress(repl, deadline, || repl.write_concern_status(&shared.store, wait.at, &wait.mode, wait.durable)).await {
+    let majority = (wait.durable && wait.mode == repl::progress::WMode::Majority).then_some((&shared.store, wait.at));
+    let error = match wait_for_progress(repl, deadline, majority, || repl.write_concern_status(&shared.store, wait.at, &wait.mode, wait.durable)).await {
         Waited::Satisfied => return,
         Waited::SteppedDown => {
             doc! {"code": 189, "codeName": "PrimarySteppedDown", "errmsg": "Primary stepped down while waiting for replication", "errInfo": {"writeConcern": wait.write_concern.clone()}}

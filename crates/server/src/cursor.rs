@@ -59,6 +59,9 @@ impl Tail {
             return Ok(true);
         }
         let snap = self.coll.snapshot();
+        // Entries of a unit still being written stay unread (after the snapshot: see
+        // `Collection::hidden_from`).
+        let hidden_from = self.coll.hidden_from();
         if let Some(last) = self.last {
             if snap.get(last)?.is_none() {
                 return Err(Error::new(Code::CappedPositionLost, "CollectionScan died due to position in capped collection being deleted"));
@@ -72,6 +75,9 @@ impl Tail {
             for (rid, doc) in chunk {
                 if self.limit.is_some_and(|l| self.returned >= l) {
                     return Ok(true);
+                }
+                if hidden_from.is_some_and(|h| rid >= h) {
+                    return Ok(false);
                 }
                 if out.len() >= docs_max || size >= BATCH_SIZE_BYTES_MAX {
                     return Ok(false);

@@ -5,7 +5,8 @@
 //! mongod's): each recorded reply is also written there, as an ordinary replicated write,
 //! so a new primary after a failover, or this member after a restart, still answers a retry
 //! with the first reply instead of writing twice. The record is written after the write it
-//! describes and before the write concern wait, which therefore covers both.
+//! describes and before the write concern wait, which therefore covers both; the two form
+//! one oplog unit, so secondaries fetch them together.
 
 use bson::Document;
 use common::{Code, Error, Result};
@@ -80,6 +81,8 @@ impl RetryTable {
         if self.saved_bytes.load(Ordering::Relaxed) > SAVED_REPLY_BYTES_MAX {
             return Err(Error::new(Code::TooManyLogicalSessions, "the retryable write table is full"));
         }
+        // The write and its record reach the secondaries together (one fetch, one apply).
+        let unit = store.map(|st| st.begin_oplog_unit());
         let reply = write()?;
         if let Some(st) = store {
             if let Err(e) = save_record(st, lsid, txn_number, &reply) {
@@ -87,6 +90,7 @@ impl RetryTable {
                 tracing::warn!("cannot record a retryable write in config.transactions: {}", e.message);
             }
         }
+        drop(unit);
         let bytes = crate::exec::approx_doc_size(&reply) as u64;
         self.saved_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.saved_bytes.fetch_sub(s.reply_bytes, Ordering::Relaxed);

@@ -390,6 +390,10 @@ struct Shared {
     ttl_passes: AtomicU64,
     /// The oplog of a replica-set member; `None` on a standalone.
     oplog: RwLock<Option<Arc<Oplog>>>,
+    /// Ids for oplog units, and how many have ended (a change `wait_for_write` reports: the
+    /// end of a unit makes its entries visible to tailing readers).
+    next_unit_id: AtomicU64,
+    units_ended: AtomicU64,
 }
 
 /// `local.oplog.rs` and the position of its newest entry.
@@ -407,6 +411,9 @@ struct OplogState {
     durable: OpTime,
     /// The term new entries are stamped with.
     term: i64,
+    /// Open units (`Store::begin_oplog_unit`): id, and the timestamp of the unit's first
+    /// entry once it has one. Tailing readers see no entry from the oldest such timestamp on.
+    units: Vec<(u64, Option<u64>)>,
 }
 
 /// Progress and outcome of one index build, shared by the builder and concurrent writers.
@@ -420,6 +427,10 @@ struct BuildState {
 }
 
 impl Shared {
+    fn write_seq(&self) -> u64 {
+        self.applied_seq.load(Ordering::SeqCst) + self.units_ended.load(Ordering::SeqCst)
+    }
+
     fn apply(&self, batch: Batch) -> Result<()> {
         if batch.is_empty() {
             return Ok(());
@@ -447,12 +458,21 @@ impl Shared {
         let mut stats = log.coll.stats.lock().clone();
         let mut last = st.last;
         let mut added_bytes = 0u64;
+        let first_ts = oplog::next_ts(last.ts, now_secs);
         for mut e in entries {
             last = OpTime { ts: oplog::next_ts(last.ts, now_secs), term: st.term };
             oplog::stamp(&mut e, last);
             stats.count += 1;
             added_bytes += e.len() as u64;
             batch.put(Space::Records, record_key(log.coll.id, last.ts), e);
+        }
+        // A unit's first entry hides it from tailing readers until it ends. Recorded before
+        // the batch is visible, as a reader takes its snapshot and then the bound.
+        let unit = oplog::current_unit();
+        if unit != 0 {
+            if let Some(u) = st.units.iter_mut().find(|u| u.0 == unit) {
+                u.1.get_or_insert(first_ts);
+            }
         }
         stats.data_bytes += added_bytes;
         batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
@@ -1135,6 +1155,27 @@ pub struct Store {
     inner: Arc<StoreInner>,
 }
 
+/// See `Store::begin_oplog_unit`. Units nest: an inner unit's entries belong to it alone.
+pub struct OplogUnit {
+    shared: Option<Arc<Shared>>,
+    id: u64,
+    /// The unit this thread was in before.
+    outer: u64,
+}
+
+impl Drop for OplogUnit {
+    fn drop(&mut self) {
+        oplog::set_current_unit(self.outer);
+        let Some(shared) = &self.shared else { return };
+        if let Some(log) = shared.oplog.read().clone() {
+            log.state.lock().units.retain(|u| u.0 != self.id);
+        }
+        shared.units_ended.fetch_add(1, Ordering::SeqCst);
+        drop(shared.applied_lock.lock());
+        shared.applied_cv.notify_all();
+    }
+}
+
 impl Store {
     /// Open (or create) a durable store in `path`.
     pub fn open(path: &std::path::Path, opts: StoreOptions) -> Result<Store> {
@@ -1161,6 +1202,8 @@ impl Store {
             ttl_deleted: AtomicU64::new(0),
             ttl_passes: AtomicU64::new(0),
             oplog: RwLock::new(None),
+            next_unit_id: AtomicU64::new(1),
+            units_ended: AtomicU64::new(0),
         });
         let ttl = Arc::new(TtlMonitor { enabled: AtomicBool::new(true), stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
         Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl }) }
@@ -1360,7 +1403,7 @@ impl Store {
             }
         };
         // What is in the engine after a restart was synced (or replayed from its journal).
-        let state = OplogState { last, durable: last, term: last.term.max(0) };
+        let state = OplogState { last, durable: last, term: last.term.max(0), units: Vec::new() };
         *shared.oplog.write() = Some(Arc::new(Oplog { coll: st, cap_bytes, state: Mutex::new(state) }));
         Ok(())
     }
@@ -1600,26 +1643,42 @@ impl Store {
         self.inner.shared.commit_durable()
     }
 
-    /// Number of engine syncs performed (group commit observability; tests).
-    /// A counter of applied write batches: what `wait_for_write` compares against.
+    /// A counter of applied write batches and ended oplog units: what `wait_for_write`
+    /// compares against.
     pub fn write_seq(&self) -> u64 {
-        self.inner.shared.applied_seq.load(Ordering::SeqCst)
+        self.inner.shared.write_seq()
     }
 
-    /// Block until a batch is applied after `write_seq()` returned `seen`, at most `timeout`.
-    /// Returns whether one was.
+    /// Block until a batch is applied (or an oplog unit ends) after `write_seq()` returned
+    /// `seen`, at most `timeout`. Returns whether one was.
     pub fn wait_for_write(&self, seen: u64, timeout: std::time::Duration) -> bool {
         let shared = &self.inner.shared;
         let deadline = std::time::Instant::now() + timeout;
         let mut guard = shared.applied_lock.lock();
-        while shared.applied_seq.load(Ordering::SeqCst) == seen {
+        while shared.write_seq() == seen {
             if shared.applied_cv.wait_until(&mut guard, deadline).timed_out() {
-                return shared.applied_seq.load(Ordering::SeqCst) != seen;
+                return shared.write_seq() != seen;
             }
         }
         true
     }
 
+    /// Begin a unit: the oplog entries this thread logs until the returned guard is dropped
+    /// reach tailing readers (secondaries fetching) together, and no later entry reaches them
+    /// before the unit's. A retryable write and its session record form one, so a secondary
+    /// fetches both in one batch instead of two round trips (mongod keeps both in one storage
+    /// transaction). A no-op without an oplog.
+    pub fn begin_oplog_unit(&self) -> OplogUnit {
+        let shared = &self.inner.shared;
+        let Some(log) = shared.oplog.read().clone() else {
+            return OplogUnit { shared: None, id: 0, outer: oplog::current_unit() };
+        };
+        let id = shared.next_unit_id.fetch_add(1, Ordering::Relaxed);
+        log.state.lock().units.push((id, None));
+        OplogUnit { shared: Some(shared.clone()), id, outer: oplog::set_current_unit(id) }
+    }
+
+    /// Number of engine syncs performed (group commit observability; tests).
     pub fn sync_count(&self) -> u64 {
         self.inner.shared.sync_count.load(Ordering::Relaxed)
     }
@@ -1761,6 +1820,19 @@ impl Collection {
     /// True once the collection was dropped (or renamed over): its handle sees no new data.
     pub fn is_dropped(&self) -> bool {
         self.state.dropped.load(Ordering::SeqCst)
+    }
+
+    /// For the live oplog: the record id from which tailing readers see nothing yet (the first
+    /// entry of the oldest open unit, see `Store::begin_oplog_unit`). Call it after taking
+    /// the snapshot to read from: an entry in the snapshot whose unit is still open is then
+    /// at or after the bound.
+    pub fn hidden_from(&self) -> Option<RecordId> {
+        let log = self.state.shared.oplog.read().clone()?;
+        if log.coll.id != self.state.id {
+            return None;
+        }
+        let st = log.state.lock();
+        st.units.iter().filter_map(|u| u.1).min()
     }
 
     /// Whether the collection was created capped (the oplog is).

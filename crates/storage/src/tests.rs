@@ -1053,6 +1053,46 @@ fn oplog_records_every_change_in_order_with_the_write() {
 }
 
 #[test]
+fn an_oplog_unit_is_hidden_from_tailing_readers_until_it_ends() {
+    let store = Store::open_in_memory();
+    store.enable_oplog(64 << 20).unwrap();
+    let c = store.collection_or_create("db", "c").unwrap();
+    let log = store.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
+    assert_eq!(log.hidden_from(), None);
+    assert_eq!(c.hidden_from(), None, "only the oplog hides entries");
+    let unit = store.begin_oplog_unit();
+    assert_eq!(log.hidden_from(), None, "a unit without entries hides nothing");
+    c.insert_many(&[doc! {"_id": 1}], true);
+    let first = store.oplog_last().unwrap();
+    // Another thread's write after the unit's first entry stays hidden behind it.
+    let other = store.clone();
+    std::thread::spawn(move || other.collection("db", "c").unwrap().insert_many(&[doc! {"_id": 2}], true)).join().unwrap();
+    c.insert_many(&[doc! {"_id": 3}], true);
+    assert_eq!(log.hidden_from(), Some(first.ts));
+    // A nested unit keeps its own entries; the outer one still hides from its first entry.
+    {
+        let _inner = store.begin_oplog_unit();
+        c.insert_many(&[doc! {"_id": 4}], true);
+    }
+    assert_eq!(log.hidden_from(), Some(first.ts));
+    // Ending the unit shows everything and wakes readers waiting for new data.
+    let seen = store.write_seq();
+    let waiter = {
+        let store = store.clone();
+        std::thread::spawn(move || store.wait_for_write(seen, std::time::Duration::from_secs(10)))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    drop(unit);
+    assert!(waiter.join().unwrap(), "the end of a unit is a change readers wait for");
+    assert_eq!(log.hidden_from(), None);
+    assert_eq!(oplog_entries(&store).len(), 5);
+    // Without an oplog a unit does nothing.
+    let standalone = Store::open_in_memory();
+    let _unit = standalone.begin_oplog_unit();
+    standalone.collection_or_create("db", "c").unwrap().insert_many(&[doc! {"_id": 1}], true);
+}
+
+#[test]
 fn oplog_survives_reopen_and_continues_after_its_newest_entry() {
     let dir = TempDir::new("oplog-reopen");
     let opts = StoreOptions { cache_size_bytes: crate::CACHE_SIZE_BYTES_MIN, fsync: true };

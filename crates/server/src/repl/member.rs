@@ -157,6 +157,7 @@ async fn on_heartbeat_reply(shared: &Arc<Shared>, index: usize, r: &Document, rt
         p.message.clear();
         let theirs = (p.config_term, p.config_version);
         let newer_config = inner.config.as_ref().is_some_and(|c| theirs > (c.term.unwrap_or(0), c.version));
+        coord.wake_majority_waiters(&shared.store, &inner);
         if state == Some(MemberState::Primary) && term >= my_term {
             inner.primary_seen = Instant::now();
             learned_commit = r.get_document("commitPoint").ok().and_then(OpTime::from_doc);
@@ -615,6 +616,7 @@ pub fn update_position(shared: &Shared, cmd: &Document) -> Result<Document> {
     }
     if moved {
         coord.advance_commit_point(&shared.store, &mut inner);
+        coord.wake_majority_waiters(&shared.store, &inner);
         drop(inner);
         coord.progress.send_modify(|c| *c += 1);
     }

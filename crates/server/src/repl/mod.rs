@@ -54,6 +54,10 @@ pub struct ReplCoord {
     /// Bumped on any replication progress (a member's optimes, the commit point, a role
     /// change): wakes write-concern waiters and the progress reporter.
     progress: tokio::sync::watch::Sender<u64>,
+    /// w:"majority" waiters by the optime they wait for (mongod's replication waiter list):
+    /// each is woken once, when a majority has its write durable or the role or config
+    /// changes, instead of on every member's report. Lock order: `inner`, then this.
+    majority_waiters: Mutex<MajorityWaiters>,
     /// Bumped when the config is installed or replaced: member tasks of an older config stop.
     config_epoch: AtomicU64,
     /// Wakes the member tasks at once (a newer config was seen, a role changed).
@@ -125,6 +129,15 @@ struct Inner {
     sync_from: Option<usize>,
 }
 
+#[derive(Default)]
+struct MajorityWaiters {
+    next_id: u64,
+    by_optime: std::collections::BTreeMap<(OpTime, u64), tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Waiters at most this many before those that gave up (timed out) are swept out.
+const MAJORITY_WAITERS_SWEEP: usize = 64;
+
 /// How a write-concern wait stands.
 #[derive(Debug, PartialEq)]
 pub enum WcStatus {
@@ -167,6 +180,7 @@ impl ReplCoord {
             primary: AtomicBool::new(false),
             topology: tokio::sync::watch::Sender::new(0),
             progress: tokio::sync::watch::Sender::new(0),
+            majority_waiters: Mutex::new(MajorityWaiters::default()),
             config_epoch: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
             tasks_started: AtomicBool::new(false),
@@ -337,6 +351,9 @@ impl ReplCoord {
 
     /// Something hello or the waiters care about changed.
     fn changed(&self) {
+        for (_, tx) in std::mem::take(&mut self.majority_waiters.lock().by_optime) {
+            let _ = tx.send(());
+        }
         self.topology.send_modify(|c| *c += 1);
         self.progress.send_modify(|c| *c += 1);
         self.wake.notify_waiters();
@@ -469,6 +486,41 @@ impl ReplCoord {
         match repl::progress::write_concern_met(config, mode, at, optime_of) {
             Ok(true) => WcStatus::Satisfied,
             _ => WcStatus::Pending,
+        }
+    }
+
+    /// Resolves once writeMajorityCount voting members may have made `at` durable, or the
+    /// role or config changed: a w:"majority" waiter then checks `write_concern_status`.
+    pub fn majority_durable_waiter(&self, store: &Store, at: OpTime) -> tokio::sync::oneshot::Receiver<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let inner = self.inner.lock();
+        if inner.state != MemberState::Primary || majority_durable(store, &inner).is_some_and(|m| m >= at) {
+            let _ = tx.send(());
+            return rx;
+        }
+        // Registered under `inner`, which a report holds while it computes whom to wake.
+        let mut w = self.majority_waiters.lock();
+        if w.by_optime.len() >= MAJORITY_WAITERS_SWEEP {
+            w.by_optime.retain(|_, t| !t.is_closed());
+        }
+        w.next_id += 1;
+        let id = w.next_id;
+        w.by_optime.insert((at, id), tx);
+        rx
+    }
+
+    /// Wake the w:"majority" waiters whose optime a majority now has durable.
+    fn wake_majority_waiters(&self, store: &Store, inner: &Inner) {
+        let mut w = self.majority_waiters.lock();
+        if w.by_optime.is_empty() {
+            return;
+        }
+        let Some(m) = majority_durable(store, inner) else { return };
+        while let Some(e) = w.by_optime.first_entry() {
+            if e.key().0 > m {
+                break;
+            }
+            let _ = e.remove().send(());
         }
     }
 
@@ -872,4 +924,12 @@ mod tests {
         ReplCoord::persist_min_valid(&store, last).unwrap();
         assert_eq!(start(&store).state(), MemberState::Secondary);
     }
+}
+
+/// The newest optime writeMajorityCount voting members have durable, this member included.
+fn majority_durable(store: &Store, inner: &Inner) -> Option<OpTime> {
+    let config = inner.config.as_ref()?;
+    let me = inner.self_index;
+    let own = store.oplog_durable().unwrap_or_default();
+    repl::progress::majority_optime(config, |i| if i == me { own } else { inner.peers[i].durable })
 }
