@@ -465,7 +465,7 @@ fn apply_batch(shared: &Shared, entries: Vec<Document>, epoch: u64) -> Result<()
 /// source whenever it changes (and at least every heartbeat interval).
 pub async fn report_loop(shared: Arc<Shared>) {
     let coord = shared.repl.as_ref().expect("replica set member");
-    let mut changes = coord.progress_changes();
+    let mut changes = coord.position_changes();
     let mut conn: Option<PeerConn> = None;
     loop {
         let interval = coord.config().map_or(2000, |(c, _)| c.settings.heartbeat_interval_ms).max(1) as u64;

@@ -618,6 +618,7 @@ pub fn update_position(shared: &Shared, cmd: &Document) -> Result<Document> {
         coord.advance_commit_point(&shared.store, &mut inner);
         coord.wake_majority_waiters(&shared.store, &inner);
         drop(inner);
+        coord.positions.send_modify(|c| *c += 1);
         coord.progress.send_modify(|c| *c += 1);
     }
     Ok(Document::new())

@@ -52,8 +52,13 @@ pub struct ReplCoord {
     /// topologyVersion.counter: bumped on every change hello reports, waking awaitable hellos.
     topology: tokio::sync::watch::Sender<i64>,
     /// Bumped on any replication progress (a member's optimes, the commit point, a role
-    /// change): wakes write-concern waiters and the progress reporter.
+    /// change): wakes read-concern and write-concern waiters (but w:"majority" ones, see
+    /// `majority_waiters`).
     progress: tokio::sync::watch::Sender<u64>,
+    /// Bumped when an optime this member reports upstream changes (its own, or a member's
+    /// downstream), or its role or config does: wakes the progress reporter, which must not
+    /// send a report for each commit point it learns (that doubled the reports).
+    positions: tokio::sync::watch::Sender<u64>,
     /// w:"majority" waiters by the optime they wait for (mongod's replication waiter list):
     /// each is woken once, when a majority has its write durable or the role or config
     /// changes, instead of on every member's report. Lock order: `inner`, then this.
@@ -180,6 +185,7 @@ impl ReplCoord {
             primary: AtomicBool::new(false),
             topology: tokio::sync::watch::Sender::new(0),
             progress: tokio::sync::watch::Sender::new(0),
+            positions: tokio::sync::watch::Sender::new(0),
             majority_waiters: Mutex::new(MajorityWaiters::default()),
             config_epoch: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
@@ -351,6 +357,7 @@ impl ReplCoord {
 
     /// Something hello or the waiters care about changed.
     fn changed(&self) {
+        self.positions.send_modify(|c| *c += 1);
         for (_, tx) in std::mem::take(&mut self.majority_waiters.lock().by_optime) {
             let _ = tx.send(());
         }
@@ -522,6 +529,11 @@ impl ReplCoord {
             }
             let _ = e.remove().send(());
         }
+    }
+
+    /// Changes whenever this member has new optimes to report upstream (see `positions`).
+    pub fn position_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.positions.subscribe()
     }
 
     /// Changes whenever replication makes progress (see `progress`).
@@ -842,6 +854,7 @@ impl ReplCoord {
             tracing::info!("caught up after rollback: secondary");
             self.changed();
         } else {
+            self.positions.send_modify(|c| *c += 1);
             self.progress.send_modify(|c| *c += 1);
         }
     }
