@@ -29,7 +29,7 @@ pub fn apply_entry(store: &Store, entry: &Document) -> Result<()> {
         "n" => Ok(()),
         "i" => {
             let coll = collection(store, ns, Some(ui))?.expect("created");
-            upsert(&coll, o)
+            upsert(&coll, o, true)
         }
         "u" => {
             let id = entry.get_document("o2").ok().and_then(|o2| o2.get("_id")).ok_or_else(|| Error::new(Code::FailedToParse, "update oplog entry has no o2._id"))?;
@@ -61,10 +61,18 @@ fn collection(store: &Store, ns: &str, create: Option<Option<bson::Uuid>>) -> Re
     }
 }
 
-/// Insert `doc`, or replace the document with its `_id`.
-fn upsert(coll: &Collection, doc: &Document) -> Result<()> {
+/// Insert `doc`, or replace the document with its `_id`. For an insert entry the insert
+/// is tried first (`insert_first`), as mongod's applier does: nearly every such entry needs
+/// it, and its unique check finds an existing `_id` without a lookup of its own.
+fn upsert(coll: &Collection, doc: &Document, insert_first: bool) -> Result<()> {
     let id = doc.get("_id").ok_or_else(|| Error::new(Code::FailedToParse, "insert oplog entry has no o._id"))?;
     let mut w = coll.writer();
+    if insert_first {
+        match w.insert(doc) {
+            Err(e) if e.code == Code::DuplicateKey.0 => {}
+            other => return other.map(|_| ()),
+        }
+    }
     match w.snapshot().find_by_id(id)? {
         Some((rid, old)) => w.update(rid, &old, doc),
         None => w.insert(doc).map(|_| ()),
@@ -82,7 +90,7 @@ fn update(coll: &Collection, id: &Bson, o: &Document) -> Result<()> {
         if !doc.contains_key("_id") {
             doc.insert("_id", id.clone());
         }
-        return upsert(coll, &doc);
+        return upsert(coll, &doc, false);
     }
     let u = Update::parse(&Bson::Document(o.clone()), None)?;
     let mut w = coll.writer();

@@ -380,4 +380,11 @@ async fn a_tailable_await_cursor_follows_the_oplog() {
     assert_eq!(code(&r), 2, "maxTimeMS on a getMore of a tailable cursor without awaitData: {r:?}");
     let r = wire::command(&mut s, 12, &doc! {"getMore": tid, "collection": "capped", "$db": "app"}).doc;
     assert_eq!(r.get_document("cursor").unwrap().get_array("nextBatch").unwrap().len(), 1, "{r:?}");
+    // New documents push the cursor's position out of the capped collection: the cursor dies.
+    let r = wire::command(&mut s, 13, &doc! {"getMore": tid, "collection": "capped", "$db": "app"}).doc;
+    assert_eq!(r.get_document("cursor").unwrap().get_array("nextBatch").unwrap().len(), 0, "{r:?}");
+    let big: Vec<Document> = (3..13).map(|i| doc! {"_id": i, "pad": "x".repeat(1000)}).collect();
+    wire::command(&mut s, 14, &doc! {"insert": "capped", "documents": big, "$db": "app"});
+    let r = wire::command(&mut s, 15, &doc! {"getMore": tid, "collection": "capped", "$db": "app"}).doc;
+    assert_eq!((code(&r), r.get_str("codeName").unwrap_or("")), (136, "CappedPositionLost"), "{r:?}");
 }

@@ -520,6 +520,7 @@ impl Shared {
         }
         batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
         self.apply(batch)?;
+        log.coll.removals.fetch_add(1, Ordering::SeqCst);
         *log.coll.stats.lock() = stats;
         let _ = self.total_data_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_sub(removed)));
         Ok(())
@@ -795,6 +796,9 @@ struct CollState {
     /// Published statistics; only the write lock holder changes them.
     stats: Mutex<Stats>,
     dropped: AtomicBool,
+    /// Bumped after records are deleted (a delete, the oplog's truncation): a tailing reader
+    /// checks that its position still exists only when this moved.
+    removals: AtomicU64,
 }
 
 impl CollState {
@@ -911,6 +915,9 @@ impl CollState {
         self.check_not_oplog()?;
         pending.batch.put(Space::Catalog, stats_key(self.id), pending.stats.to_bytes());
         self.shared.apply_logged(pending.batch, pending.oplog)?;
+        if pending.removes {
+            self.removals.fetch_add(1, Ordering::SeqCst);
+        }
         *self.stats.lock() = pending.stats;
         if pending.data_delta >= 0 {
             self.shared.total_data_bytes.fetch_add(pending.data_delta as u64, Ordering::Relaxed);
@@ -938,6 +945,7 @@ impl CollState {
         pending.stats.count = pending.stats.count.saturating_sub(1);
         pending.stats.data_bytes = pending.stats.data_bytes.saturating_sub(old_bytes.len() as u64);
         pending.data_delta -= old_bytes.len() as i64;
+        pending.removes = true;
         pending.batch.delete(Space::Records, record_key(self.id, rid));
         if let Some(log) = &pending.log {
             let id = oplog::id_doc(old_doc.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
@@ -1000,6 +1008,7 @@ impl CollState {
             record_size_hint_bytes: 0,
             log,
             oplog: Vec::new(),
+            removes: false,
         }
     }
 
@@ -1030,6 +1039,8 @@ struct Pending {
     log: Option<LogTarget>,
     /// Oplog entries describing this batch, stamped when it is applied.
     oplog: Vec<Vec<u8>>,
+    /// The batch deletes records (`CollState::removals` moves once it is applied).
+    removes: bool,
 }
 
 /// What every oplog entry of one batch shares.
@@ -1263,6 +1274,7 @@ impl Store {
                 lock: WriteLock::new(),
                 stats: Mutex::new(stats),
                 dropped: AtomicBool::new(false),
+                removals: AtomicU64::new(0),
             });
             colls.insert((db, name), st);
         }
@@ -1362,6 +1374,7 @@ impl Store {
             lock: WriteLock::new(),
             stats: Mutex::new(stats),
             dropped: AtomicBool::new(false),
+            removals: AtomicU64::new(0),
         });
         self.inner.colls.write().insert((db.to_string(), name.to_string()), st.clone());
         shared.commit_durable()?;
@@ -1479,6 +1492,7 @@ impl Store {
         }
         batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
         shared.apply(batch)?;
+        log.coll.removals.fetch_add(1, Ordering::SeqCst);
         *log.coll.stats.lock() = stats;
         let _ = shared.total_data_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_sub(removed_bytes)));
         st.last = at;
@@ -1833,6 +1847,13 @@ impl Collection {
         }
         let st = log.state.lock();
         st.units.iter().filter_map(|u| u.1).min()
+    }
+
+    /// A counter that moves once records of the collection were deleted. Read before taking
+    /// a snapshot: if it has not moved since a position was read, the snapshot still holds
+    /// that position's record.
+    pub fn removals(&self) -> u64 {
+        self.state.removals.load(Ordering::SeqCst)
     }
 
     /// Whether the collection was created capped (the oplog is).

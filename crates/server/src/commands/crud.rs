@@ -271,7 +271,8 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
             return Err(Error::new(Code::CommandNotSupported, "skip with a tailable cursor is not supported by shoal yet"));
         }
         let start_after = if (ctx.db, name.as_str()) == (storage::OPLOG_DB, storage::OPLOG_COLLECTION) { oplog_start(ctx.doc_arg("filter")?) } else { None };
-        let tail = crate::cursor::Tail { coll, filter, projection, last: None, start_after, await_data, limit, returned: 0 };
+        let removals_seen = coll.removals();
+        let tail = crate::cursor::Tail { coll, filter, projection, last: None, start_after, await_data, limit, returned: 0, removals_seen };
         let mut cursor = Cursor::new(ns.clone(), Source::Tail(Box::new(tail)));
         cursor.lsid = ctx.lsid();
         cursor.no_timeout = no_timeout;
