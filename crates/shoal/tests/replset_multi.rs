@@ -8,6 +8,7 @@ use common::*;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::{ReadPreference, SelectionCriteria};
 use mongodb::Client;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Short timeouts so that elections in tests take a second or two, not ten.
@@ -333,7 +334,17 @@ async fn chaining_follows_the_closest_member_and_can_be_turned_off() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut n = 0;
     // A secondary is a candidate only when strictly ahead of member 2 (what keeps chains
-    // acyclic), so keep writing: member 1, nearer the primary, is then ahead.
+    // acyclic), so keep writing until the end: member 1, nearer the primary, is then ahead
+    // whenever member 2 looks, not only in the moments after a write.
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = {
+        let (writing, bg) = (writing.clone(), client.database("app").collection::<Document>("bg"));
+        tokio::spawn(async move {
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                bg.insert_one(doc! {}).await.unwrap();
+            }
+        })
+    };
     loop {
         coll.insert_one(doc! {"_id": n as i64}).await.unwrap();
         n += 1;
@@ -354,6 +365,8 @@ async fn chaining_follows_the_closest_member_and_can_be_turned_off() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         seen = member(&set.status(0).await.unwrap(), 2).get_str("syncSourceHost").unwrap().to_string();
     }
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    writer.await.unwrap();
 }
 
 #[tokio::test]

@@ -138,10 +138,13 @@ struct Inner {
 struct MajorityWaiters {
     next_id: u64,
     by_optime: std::collections::BTreeMap<(OpTime, u64), tokio::sync::oneshot::Sender<()>>,
+    /// Waiters that gave up (timed out) are swept out when there are this many: twice as
+    /// many as the last sweep left, and at least MAJORITY_WAITERS_SWEEP_MIN, so sweeping
+    /// costs O(1) per wait however many connections wait.
+    sweep_at: usize,
 }
 
-/// Waiters at most this many before those that gave up (timed out) are swept out.
-const MAJORITY_WAITERS_SWEEP: usize = 64;
+const MAJORITY_WAITERS_SWEEP_MIN: usize = 64;
 
 /// How a write-concern wait stands.
 #[derive(Debug, PartialEq)]
@@ -507,8 +510,9 @@ impl ReplCoord {
         }
         // Registered under `inner`, which a report holds while it computes whom to wake.
         let mut w = self.majority_waiters.lock();
-        if w.by_optime.len() >= MAJORITY_WAITERS_SWEEP {
+        if w.by_optime.len() >= w.sweep_at.max(MAJORITY_WAITERS_SWEEP_MIN) {
             w.by_optime.retain(|_, t| !t.is_closed());
+            w.sweep_at = 2 * w.by_optime.len();
         }
         w.next_id += 1;
         let id = w.next_id;
