@@ -431,15 +431,20 @@ impl Shared {
         self.applied_seq.load(Ordering::SeqCst) + self.units_ended.load(Ordering::SeqCst)
     }
 
+    /// Wake `wait_for_write` callers after `write_seq` moved.
+    fn notify_write_seq(&self) {
+        // Under the lock, so a waiter between its check and its wait cannot miss this.
+        drop(self.applied_lock.lock());
+        self.applied_cv.notify_all();
+    }
+
     fn apply(&self, batch: Batch) -> Result<()> {
         if batch.is_empty() {
             return Ok(());
         }
         self.engine.write(batch)?;
         self.applied_seq.fetch_add(1, Ordering::SeqCst);
-        // Under the lock, so a waiter between its check and its wait cannot miss this.
-        drop(self.applied_lock.lock());
-        self.applied_cv.notify_all();
+        self.notify_write_seq();
         Ok(())
     }
 
@@ -1182,8 +1187,7 @@ impl Drop for OplogUnit {
             log.state.lock().units.retain(|u| u.0 != self.id);
         }
         shared.units_ended.fetch_add(1, Ordering::SeqCst);
-        drop(shared.applied_lock.lock());
-        shared.applied_cv.notify_all();
+        shared.notify_write_seq();
     }
 }
 
