@@ -176,6 +176,22 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
         assert_eq!(theirs, ours);
     }
     let db = client.database("app");
+    // An acknowledged write is in the primary's journal (j defaults to true): one sync per
+    // write for one client, whose writes never share a group commit.
+    let syncs = || async { path(&admin(&direct(&set.members[0]).await, doc! {"serverStatus": 1}).await.unwrap(), "journal.syncs").and_then(|v| v.as_i64()).unwrap() };
+    const WRITES: i64 = 20;
+    let before = syncs().await;
+    for i in 0..WRITES {
+        db.run_command(doc! {"insert": "c", "documents": [{"_id": 200 + i}], "writeConcern": {"w": 1}}).await.unwrap();
+    }
+    let w1_syncs = syncs().await - before;
+    assert!(w1_syncs >= WRITES, "w:1 writes sync on the primary: {w1_syncs} syncs for {WRITES} writes");
+    let before = syncs().await;
+    for i in 0..WRITES {
+        db.run_command(doc! {"insert": "c", "documents": [{"_id": 300 + i}], "writeConcern": {"w": 1, "j": false}}).await.unwrap();
+    }
+    let unjournaled = syncs().await - before;
+    assert!(unjournaled < WRITES, "j:false writes take no sync of their own: {unjournaled} syncs for {WRITES} writes");
     // w:3 waits for all three.
     let r = db.run_command(doc! {"insert": "c", "documents": [{"_id": 100}], "writeConcern": {"w": 3, "wtimeout": 10000}}).await.unwrap();
     assert!(r.get("writeConcernError").is_none(), "{r:?}");
@@ -195,7 +211,7 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
     assert_code_name(sec.database("app").run_command(doc! {"insert": "c", "documents": [{"_id": 1000}]}).await, 10107, "NotWritablePrimary");
     // The restarted member catches up from where its oplog ends.
     set.members[2].restart();
-    set.wait_for_count(2, "c", 54).await;
+    set.wait_for_count(2, "c", 54 + 2 * WRITES as u64).await;
 }
 
 #[tokio::test]

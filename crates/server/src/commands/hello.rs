@@ -174,6 +174,9 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
         "mem": { "bits": 64, "resident": (resident / (1024 * 1024)) as i32, "virtual": (virt / (1024 * 1024)) as i32, "supported": true },
         "metrics": { "cursor": { "open": { "total": s.cursors.open_count() as i64 } } },
         "storageEngine": { "name": s.config.storage_engine.clone(), "persistent": s.config.storage_engine != "inMemory", "supportsCommittedReads": true },
+        // Journal syncs (fsyncs) so far, group commits counted once: shoal's counterpart of
+        // WiredTiger's "log sync operations".
+        "journal": { "syncs": s.store.sync_count() as i64 },
     };
     // A member's serverStatus carries what hello says of the set (mongod's `repl` section).
     if let Some(repl) = &s.repl {
