@@ -8,7 +8,7 @@ use common::limits::MESSAGE_SIZE_MAX_BYTES;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use wire::{Compressor, Message, OpMsg, OpReply};
@@ -34,12 +34,24 @@ pub struct ConnState {
     pub replication_wait: Option<dispatch::ReplicationWait>,
     /// Set by a majority or linearizable read that must wait for the commit point.
     pub read_wait: Option<dispatch::ReadWait>,
+    /// An awaitData getMore found nothing new: the connection waits (on the async worker)
+    /// for a write after `write_seq` `seen`, until `deadline`, then runs it again.
+    pub await_data: Option<AwaitData>,
+    /// The deadline of the awaitData getMore being run again, so that its wait does not
+    /// start over.
+    pub await_deadline: Option<Instant>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct AwaitData {
+    pub seen: u64,
+    pub deadline: Instant,
 }
 
 pub async fn serve(shared: Arc<Shared>, mut stream: TcpStream, remote: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None };
+    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None };
     tracing::debug!(conn = id, %remote, "connection accepted");
     if let Err(reason) = serve_loop(&shared, &mut stream, &mut conn).await {
         tracing::info!(conn = id, %remote, "connection ended: {reason}");
@@ -271,10 +283,8 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<(Duration, i
 /// Run a command: on the async worker when it cannot block, otherwise off it (write locks and
 /// group commit wait on condition variables).
 async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Document {
-    // A getMore on an awaitData cursor may wait for new data: not on the worker.
-    let may_wait = request.name == "getMore" && request.body.get_i64("getMore").is_ok_and(|id| shared.cursors.is_await_data(id));
-    let mut reply = if crate::commands::never_blocks(&request.name) && !may_wait {
-        dispatch::run_command(shared, conn, request)
+    let mut reply = if crate::commands::never_blocks(&request.name) {
+        await_data_loop(shared, conn, request).await
     } else {
         tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request))
     };
@@ -299,6 +309,34 @@ async fn wait_for_commit_point(shared: &Shared, wait: dispatch::ReadWait) -> com
         Waited::Satisfied => Ok(()),
         Waited::SteppedDown => Err(common::Error::new(common::Code::PrimarySteppedDown, "stepped down while waiting to confirm a linearizable read")),
         Waited::TimedOut => Err(common::Error::new(common::Code::MaxTimeMSExpired, "operation exceeded time limit waiting for the majority commit point")),
+    }
+}
+
+/// Run a command on the worker; an awaitData getMore that found nothing new
+/// (`ConnState::await_data`) waits here for a write and runs again, until it has data or
+/// its wait ends. Waiting here, not in a blocked thread, is what lets any number of tailing
+/// cursors (every secondary's oplog fetcher holds one) wait at once: a thread per waiting
+/// getMore would take from tokio's bounded pool of blocking threads, which writes need.
+async fn await_data_loop(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Document {
+    loop {
+        let reply = dispatch::run_command(shared, conn, request.clone());
+        let Some(w) = conn.await_data.take() else {
+            conn.await_deadline = None;
+            return reply;
+        };
+        loop {
+            // Registered before the look, so a write in between is not missed.
+            let notified = shared.writes.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if shared.store.write_seq() != w.seen || tokio::time::Instant::now() >= tokio::time::Instant::from_std(w.deadline) {
+                break;
+            }
+            if tokio::time::timeout_at(tokio::time::Instant::from_std(w.deadline), notified).await.is_err() {
+                break;
+            }
+        }
+        conn.await_deadline = Some(w.deadline);
     }
 }
 

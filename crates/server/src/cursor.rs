@@ -233,11 +233,6 @@ impl CursorManager {
         self.cursors.lock().get(&id).is_some_and(|c| c.majority_read)
     }
 
-    /// Whether cursor `id` is a tailable awaitData cursor (its getMore may wait).
-    pub fn is_await_data(&self, id: i64) -> bool {
-        self.cursors.lock().get(&id).is_some_and(|c| matches!(&c.source, Source::Tail(t) if t.await_data))
-    }
-
     pub fn kill(&self, id: i64) -> bool {
         self.cursors.lock().remove(&id).is_some()
     }

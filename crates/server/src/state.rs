@@ -4,6 +4,7 @@ use crate::config::ServerConfig;
 use crate::cursor::CursorManager;
 use crate::ops::OpRegistry;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 use storage::Store;
 
@@ -51,11 +52,17 @@ pub struct Shared {
     pub repl: Option<crate::repl::ReplCoord>,
     /// Replies of retryable writes, by session.
     pub retry: crate::retry::RetryTable,
+    /// Notified after every write the store applies (`Store::set_write_listener`): awaitData
+    /// getMores wait on it on the async worker, not in a blocked thread.
+    pub writes: Arc<tokio::sync::Notify>,
 }
 
 impl Shared {
     pub fn new(config: ServerConfig, store: Store, repl: Option<crate::repl::ReplCoord>) -> Shared {
         let host_name = crate::sysinfo::hostname();
+        let writes = Arc::new(tokio::sync::Notify::new());
+        let w = writes.clone();
+        store.set_write_listener(Box::new(move || w.notify_waiters()));
         Shared {
             cursors: CursorManager::new(config.cursor_timeout_ms),
             config,
@@ -69,6 +76,7 @@ impl Shared {
             shutdown: tokio::sync::Notify::new(),
             repl,
             retry: Default::default(),
+            writes,
         }
     }
 

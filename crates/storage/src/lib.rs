@@ -376,9 +376,9 @@ struct Shared {
     engine: Arc<dyn Engine>,
     /// Count of write batches applied so far (their order of completion).
     applied_seq: AtomicU64,
-    /// Signalled after each applied batch, for readers that wait for new data (awaitData).
-    applied_lock: Mutex<()>,
-    applied_cv: Condvar,
+    /// Called after `write_seq` moves (`Store::set_write_listener`), for readers that wait
+    /// for new data (awaitData).
+    write_listener: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     commit: Mutex<CommitState>,
     commit_done: Condvar,
     sync_count: AtomicU64,
@@ -390,8 +390,8 @@ struct Shared {
     ttl_passes: AtomicU64,
     /// The oplog of a replica-set member; `None` on a standalone.
     oplog: RwLock<Option<Arc<Oplog>>>,
-    /// Ids for oplog units, and how many have ended (a change `wait_for_write` reports: the
-    /// end of a unit makes its entries visible to tailing readers).
+    /// Ids for oplog units, and how many have ended (a change `write_seq` counts: the end of
+    /// a unit makes its entries visible to tailing readers).
     next_unit_id: AtomicU64,
     units_ended: AtomicU64,
 }
@@ -431,11 +431,11 @@ impl Shared {
         self.applied_seq.load(Ordering::SeqCst) + self.units_ended.load(Ordering::SeqCst)
     }
 
-    /// Wake `wait_for_write` callers after `write_seq` moved.
+    /// Tell the write listener that `write_seq` moved.
     fn notify_write_seq(&self) {
-        // Under the lock, so a waiter between its check and its wait cannot miss this.
-        drop(self.applied_lock.lock());
-        self.applied_cv.notify_all();
+        if let Some(f) = self.write_listener.get() {
+            f();
+        }
     }
 
     fn apply(&self, batch: Batch) -> Result<()> {
@@ -1206,8 +1206,7 @@ impl Store {
         let shared = Arc::new(Shared {
             engine,
             applied_seq: AtomicU64::new(0),
-            applied_lock: Mutex::new(()),
-            applied_cv: Condvar::new(),
+            write_listener: std::sync::OnceLock::new(),
             commit: Mutex::new(CommitState { synced_seq: 0, syncing: false }),
             commit_done: Condvar::new(),
             sync_count: AtomicU64::new(0),
@@ -1661,24 +1660,18 @@ impl Store {
         self.inner.shared.commit_durable()
     }
 
-    /// A counter of applied write batches and ended oplog units: what `wait_for_write`
-    /// compares against.
+    /// A counter of applied write batches and ended oplog units: a reader that saw it
+    /// before looking for new data and finds none waits for the write listener
+    /// (`set_write_listener`) to report a change.
     pub fn write_seq(&self) -> u64 {
         self.inner.shared.write_seq()
     }
 
-    /// Block until a batch is applied (or an oplog unit ends) after `write_seq()` returned
-    /// `seen`, at most `timeout`. Returns whether one was.
-    pub fn wait_for_write(&self, seen: u64, timeout: std::time::Duration) -> bool {
-        let shared = &self.inner.shared;
-        let deadline = std::time::Instant::now() + timeout;
-        let mut guard = shared.applied_lock.lock();
-        while shared.write_seq() == seen {
-            if shared.applied_cv.wait_until(&mut guard, deadline).timed_out() {
-                return shared.write_seq() != seen;
-            }
-        }
-        true
+    /// Call `f` after every applied batch and ended oplog unit (whenever `write_seq` moves),
+    /// on the writing thread: it must be cheap and must not write. Set once; later calls are
+    /// ignored.
+    pub fn set_write_listener(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.inner.shared.write_listener.set(f);
     }
 
     /// Begin a unit: the oplog entries this thread logs until the returned guard is dropped

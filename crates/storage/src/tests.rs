@@ -27,6 +27,7 @@ impl Drop for TempDir {
 
 use super::*;
 use bson::{doc, Bson, Document};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 
 /// A store on each engine: (label, store, directory kept alive for fjall).
@@ -1075,15 +1076,17 @@ fn an_oplog_unit_is_hidden_from_tailing_readers_until_it_ends() {
         c.insert_many(&[doc! {"_id": 4}], true);
     }
     assert_eq!(log.hidden_from(), Some(first.ts));
-    // Ending the unit shows everything and wakes readers waiting for new data.
+    // Ending the unit shows everything and tells the write listener, which wakes readers
+    // waiting for new data.
+    let told = Arc::new(AtomicU64::new(0));
+    let t = told.clone();
+    store.set_write_listener(Box::new(move || {
+        t.fetch_add(1, Ordering::SeqCst);
+    }));
     let seen = store.write_seq();
-    let waiter = {
-        let store = store.clone();
-        std::thread::spawn(move || store.wait_for_write(seen, std::time::Duration::from_secs(10)))
-    };
-    std::thread::sleep(std::time::Duration::from_millis(20));
     drop(unit);
-    assert!(waiter.join().unwrap(), "the end of a unit is a change readers wait for");
+    assert_ne!(store.write_seq(), seen, "the end of a unit is a change readers wait for");
+    assert_eq!(told.load(Ordering::SeqCst), 1, "and the listener hears of it");
     assert_eq!(log.hidden_from(), None);
     assert_eq!(oplog_entries(&store).len(), 5);
     // Without an oplog a unit does nothing.

@@ -332,7 +332,10 @@ const AWAIT_DATA_MS_MAX: i64 = 60_000;
 
 pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
     check_fields("getMore", ctx.cmd, &["collection", "batchSize", "term", "lastKnownCommittedOpTime", "maxTimeMS"])?;
-    Counters::add(&ctx.shared.counters.getmore, 1);
+    // A getMore run again after its awaitData wait (conn::await_data_loop) is the same one.
+    if ctx.conn.await_deadline.is_none() {
+        Counters::add(&ctx.shared.counters.getmore, 1);
+    }
     let id = match ctx.cmd.get("getMore") {
         Some(Bson::Int64(id)) => *id,
         Some(v) => return Err(Error::type_mismatch(format!("BSON field 'getMore.getMore' is the wrong type '{}', expected type 'long'", super::type_name(v)))),
@@ -359,19 +362,16 @@ pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
     }
     // Errors kill the cursor (it is not restored), as in MongoDB.
     let seen = ctx.shared.store.write_seq();
-    let (mut batch, mut done) = cursor.next_batch(batch_size, ctx.op)?;
+    let (batch, done) = cursor.next_batch(batch_size, ctx.op)?;
     if batch.is_empty() && !done && await_data {
         let wait = Duration::from_millis(await_ms.unwrap_or(AWAIT_DATA_MS_DEFAULT).min(AWAIT_DATA_MS_MAX) as u64);
-        let deadline = Instant::now() + wait;
-        // Any write wakes the wait; one that was not to this collection waits again.
-        let mut seen = seen;
-        while batch.is_empty() && !done {
-            let now = Instant::now();
-            if now >= deadline || !ctx.shared.store.wait_for_write(seen, deadline - now) {
-                break;
-            }
-            seen = ctx.shared.store.write_seq();
-            (batch, done) = cursor.next_batch(batch_size, ctx.op)?;
+        let deadline = ctx.conn.await_deadline.unwrap_or_else(|| Instant::now() + wait);
+        if Instant::now() < deadline {
+            // The connection waits for a write, off this thread, and runs the getMore
+            // again; any write wakes it, and one that was not to this collection waits again.
+            ctx.shared.cursors.restore(cursor);
+            ctx.conn.await_data = Some(crate::conn::AwaitData { seen, deadline });
+            return Ok(Document::new());
         }
     }
     let id = if done { 0 } else { cursor.id };
