@@ -65,10 +65,8 @@ impl Tail {
         // cost a primary 6% of its CPU when done for every getMore of its secondaries.
         // (Before the snapshot: see `Collection::removals`.)
         let removals = self.coll.removals();
-        let snap = self.coll.snapshot();
-        // Entries of a unit still being written stay unread (after the snapshot: see
-        // `Collection::hidden_from`).
-        let hidden_from = self.coll.hidden_from();
+        // Entries of a unit still being written stay unread.
+        let (snap, hidden_from) = self.coll.tail_snapshot();
         if let Some(last) = self.last.filter(|_| removals != self.removals_seen) {
             if snap.get(last)?.is_none() {
                 return Err(Error::new(Code::CappedPositionLost, "CollectionScan died due to position in capped collection being deleted"));

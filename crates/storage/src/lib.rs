@@ -1833,17 +1833,21 @@ impl Collection {
         self.state.dropped.load(Ordering::SeqCst)
     }
 
-    /// For the live oplog: the record id from which tailing readers see nothing yet (the first
-    /// entry of the oldest open unit, see `Store::begin_oplog_unit`). Call it after taking
-    /// the snapshot to read from: an entry in the snapshot whose unit is still open is then
-    /// at or after the bound.
-    pub fn hidden_from(&self) -> Option<RecordId> {
-        let log = self.state.shared.oplog.read().clone()?;
-        if log.coll.id != self.state.id {
-            return None;
+    /// A snapshot to tail the collection from, and for the live oplog the record id from
+    /// which it must be read no further (the first entry of the oldest open unit, see
+    /// `Store::begin_oplog_unit`). Both are taken under the oplog lock, which every logged
+    /// batch and every unit's end also take, so each unit is either in the snapshot whole or
+    /// still open and behind the bound. (With the bound read after the snapshot instead, a
+    /// unit that ended in between reached secondaries in two batches: a tenth of them.)
+    pub fn tail_snapshot(&self) -> (Snapshot, Option<RecordId>) {
+        let log = self.state.shared.oplog.read().clone();
+        match log.filter(|l| l.coll.id == self.state.id) {
+            Some(log) => {
+                let st = log.state.lock();
+                (self.state.snapshot(), st.units.iter().filter_map(|u| u.1).min())
+            }
+            None => (self.state.snapshot(), None),
         }
-        let st = log.state.lock();
-        st.units.iter().filter_map(|u| u.1).min()
     }
 
     /// A counter that moves once records of the collection were deleted. Read before taking

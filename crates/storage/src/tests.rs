@@ -1059,23 +1059,23 @@ fn an_oplog_unit_is_hidden_from_tailing_readers_until_it_ends() {
     store.enable_oplog(64 << 20).unwrap();
     let c = store.collection_or_create("db", "c").unwrap();
     let log = store.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
-    assert_eq!(log.hidden_from(), None);
-    assert_eq!(c.hidden_from(), None, "only the oplog hides entries");
+    assert_eq!(log.tail_snapshot().1, None);
+    assert_eq!(c.tail_snapshot().1, None, "only the oplog hides entries");
     let unit = store.begin_oplog_unit();
-    assert_eq!(log.hidden_from(), None, "a unit without entries hides nothing");
+    assert_eq!(log.tail_snapshot().1, None, "a unit without entries hides nothing");
     c.insert_many(&[doc! {"_id": 1}], true);
     let first = store.oplog_last().unwrap();
     // Another thread's write after the unit's first entry stays hidden behind it.
     let other = store.clone();
     std::thread::spawn(move || other.collection("db", "c").unwrap().insert_many(&[doc! {"_id": 2}], true)).join().unwrap();
     c.insert_many(&[doc! {"_id": 3}], true);
-    assert_eq!(log.hidden_from(), Some(first.ts));
+    assert_eq!(log.tail_snapshot().1, Some(first.ts));
     // A nested unit keeps its own entries; the outer one still hides from its first entry.
     {
         let _inner = store.begin_oplog_unit();
         c.insert_many(&[doc! {"_id": 4}], true);
     }
-    assert_eq!(log.hidden_from(), Some(first.ts));
+    assert_eq!(log.tail_snapshot().1, Some(first.ts));
     // Ending the unit shows everything and tells the write listener, which wakes readers
     // waiting for new data.
     let told = Arc::new(AtomicU64::new(0));
@@ -1087,12 +1087,49 @@ fn an_oplog_unit_is_hidden_from_tailing_readers_until_it_ends() {
     drop(unit);
     assert_ne!(store.write_seq(), seen, "the end of a unit is a change readers wait for");
     assert_eq!(told.load(Ordering::SeqCst), 1, "and the listener hears of it");
-    assert_eq!(log.hidden_from(), None);
+    assert_eq!(log.tail_snapshot().1, None);
     assert_eq!(oplog_entries(&store).len(), 5);
     // Without an oplog a unit does nothing.
     let standalone = Store::open_in_memory();
     let _unit = standalone.begin_oplog_unit();
     standalone.collection_or_create("db", "c").unwrap().insert_many(&[doc! {"_id": 1}], true);
+}
+
+#[test]
+fn a_tailing_reader_sees_each_unit_whole_while_units_end_concurrently() {
+    // Units of two entries are written by one thread while another reads tail snapshots up
+    // to their bound: every read must see whole units (an even number of entries). With
+    // the bound read apart from the snapshot, units ending in between were seen halved.
+    const UNITS: i32 = 2000;
+    let store = Store::open_in_memory();
+    store.enable_oplog(256 << 20).unwrap();
+    let c = store.collection_or_create("db", "c").unwrap();
+    let log = store.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
+    let base = log.snapshot().count().unwrap();
+    let writer = {
+        let store = store.clone();
+        let c = c.clone();
+        std::thread::spawn(move || {
+            for i in 0..UNITS {
+                let _unit = store.begin_oplog_unit();
+                c.insert_many(&[doc! {"_id": 2 * i}], true);
+                c.insert_many(&[doc! {"_id": 2 * i + 1}], true);
+            }
+        })
+    };
+    let mut reads = 0;
+    loop {
+        let done = writer.is_finished();
+        let (snap, bound) = log.tail_snapshot();
+        let visible = snap.scan(None, usize::MAX).unwrap().into_iter().filter(|(rid, _)| bound.is_none_or(|b| *rid < b)).count() as u64 - base;
+        assert_eq!(visible % 2, 0, "read {reads} saw half a unit: {visible} entries");
+        reads += 1;
+        if done {
+            assert_eq!(visible, 2 * UNITS as u64);
+            break;
+        }
+    }
+    writer.join().unwrap();
 }
 
 #[test]
