@@ -324,15 +324,14 @@ async fn await_data_loop(shared: &Arc<Shared>, conn: &mut ConnState, request: Re
             conn.await_deadline = None;
             return reply;
         };
+        let deadline = tokio::time::Instant::from_std(w.deadline);
         loop {
-            // Registered before the look, so a write in between is not missed.
+            // Registered before the look, so a write in between is not missed; a deadline
+            // already past ends the wait at once.
             let notified = shared.writes.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if shared.store.write_seq() != w.seen || tokio::time::Instant::now() >= tokio::time::Instant::from_std(w.deadline) {
-                break;
-            }
-            if tokio::time::timeout_at(tokio::time::Instant::from_std(w.deadline), notified).await.is_err() {
+            if shared.store.write_seq() != w.seen || tokio::time::timeout_at(deadline, notified).await.is_err() {
                 break;
             }
         }
