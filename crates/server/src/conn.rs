@@ -40,6 +40,44 @@ pub struct ConnState {
     /// The deadline of the awaitData getMore being run again, so that its wait does not
     /// start over.
     pub await_deadline: Option<Instant>,
+    /// Set by a command whose reply batch is raw BSON (`commands::cursor_batch_reply`).
+    pub raw_batch: Option<RawReplyBatch>,
+}
+
+/// A cursor batch kept as BSON (an oplog tail's records as stored), written into the
+/// reply's empty `cursor.<key>` array when the reply is encoded: a primary sends each entry
+/// to its secondaries without decoding and encoding it for every fetch.
+pub struct RawReplyBatch {
+    pub key: &'static str,
+    pub docs: Vec<bson::RawDocumentBuf>,
+}
+
+/// A command's reply as it goes to the encoder.
+struct Reply {
+    body: Document,
+    batch: Option<RawReplyBatch>,
+}
+
+impl Reply {
+    fn encode(self, reply_id: i32, response_to: i32, flags: u32, compressor: Option<Compressor>) -> Vec<u8> {
+        let batch = self.batch.as_ref().map(|b| wire::RawBatch { key: b.key, docs: &b.docs });
+        wire::encode_msg_with_batch(reply_id, response_to, &OpMsg { flags, body: self.body, sequences: vec![] }, batch, compressor)
+    }
+
+    /// The body with the raw batch decoded into it, for an encoder that does not take one.
+    fn into_document(self) -> Document {
+        let Some(b) = self.batch else { return self.body };
+        let mut body = self.body;
+        let docs: Result<Vec<Bson>, _> = b.docs.iter().map(|d| Document::try_from(d.as_ref()).map(Bson::Document)).collect();
+        match (docs, body.get_document_mut("cursor")) {
+            (Ok(docs), Ok(c)) => {
+                c.insert(b.key, docs);
+                body
+            }
+            (Err(e), _) => dispatch::error_reply(&common::Error::new(common::Code::InvalidBSON, format!("invalid BSON in a cursor batch: {e}"))),
+            (_, Err(_)) => dispatch::error_reply(&common::Error::internal("a raw cursor batch without a cursor reply")),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -51,7 +89,7 @@ pub struct AwaitData {
 pub async fn serve(shared: Arc<Shared>, mut stream: TcpStream, remote: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None };
+    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None };
     tracing::debug!(conn = id, %remote, "connection accepted");
     if let Err(reason) = serve_loop(&shared, &mut stream, &mut conn).await {
         tracing::info!(conn = id, %remote, "connection ended: {reason}");
@@ -203,11 +241,11 @@ async fn handle_msg(shared: &Arc<Shared>, stream: &mut TcpStream, conn: &mut Con
             let mut response_to = request_id;
             loop {
                 wait_for_topology_change(shared, seen, wait).await;
-                let body = run(shared, conn, request.clone()).await;
-                seen = body.get_document("topologyVersion").ok().and_then(|t| t.get_i64("counter").ok()).unwrap_or(seen);
+                let reply = run(shared, conn, request.clone()).await;
+                seen = reply.body.get_document("topologyVersion").ok().and_then(|t| t.get_i64("counter").ok()).unwrap_or(seen);
                 let flags = if exhaust { wire::flags::MORE_TO_COME } else { 0 };
                 let reply_id = next_request_id();
-                let out = wire::encode_msg(reply_id, response_to, &OpMsg { flags, body, sequences: vec![] }, reply_comp);
+                let out = reply.encode(reply_id, response_to, flags, reply_comp);
                 write_frame(shared, stream, &out).await?;
                 if !exhaust {
                     return Ok(());
@@ -219,25 +257,25 @@ async fn handle_msg(shared: &Arc<Shared>, stream: &mut TcpStream, conn: &mut Con
 
     // Only an exhaust getMore re-runs its request; don't copy big insert batches otherwise.
     let again = (exhaust && name == "getMore").then(|| request.clone());
-    let body = run(shared, conn, request).await;
+    let reply = run(shared, conn, request).await;
     if more_to_come {
         // Unacknowledged (w:0) request: the client expects no reply.
         return Ok(());
     }
-    let mut cursor_open = again.is_some() && cursor_id_of(&body) != 0;
+    let mut cursor_open = again.is_some() && cursor_id_of(&reply.body) != 0;
     let reply_id = next_request_id();
     let flags = if cursor_open { wire::flags::MORE_TO_COME } else { 0 };
-    let out = wire::encode_msg(reply_id, request_id, &OpMsg { flags, body, sequences: vec![] }, reply_comp);
+    let out = reply.encode(reply_id, request_id, flags, reply_comp);
     write_frame(shared, stream, &out).await?;
     // Exhaust cursor: keep sending batches until the cursor is exhausted, each reply
     // responding to the previous one, as the OP_MSG spec describes.
     let mut response_to = reply_id;
     while let (true, Some(request)) = (cursor_open, &again) {
-        let body = run(shared, conn, request.clone()).await;
-        cursor_open = cursor_id_of(&body) != 0;
+        let reply = run(shared, conn, request.clone()).await;
+        cursor_open = cursor_id_of(&reply.body) != 0;
         let reply_id = next_request_id();
         let flags = if cursor_open { wire::flags::MORE_TO_COME } else { 0 };
-        let out = wire::encode_msg(reply_id, response_to, &OpMsg { flags, body, sequences: vec![] }, reply_comp);
+        let out = reply.encode(reply_id, response_to, flags, reply_comp);
         write_frame(shared, stream, &out).await?;
         response_to = reply_id;
     }
@@ -282,7 +320,7 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<(Duration, i
 
 /// Run a command: on the async worker when it cannot block, otherwise off it (write locks and
 /// group commit wait on condition variables).
-async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Document {
+async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Reply {
     let mut reply = if crate::commands::never_blocks(&request.name) {
         await_data_loop(shared, conn, request).await
     } else {
@@ -296,7 +334,10 @@ async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Do
             reply = dispatch::error_reply(&dispatch::with_topology_version(shared, e));
         }
     }
-    reply
+    // A raw batch belongs to a successful cursor reply only.
+    let ok = matches!(reply.get("ok"), Some(Bson::Double(v)) if *v == 1.0);
+    let batch = conn.raw_batch.take().filter(|_| ok);
+    Reply { body: reply, batch }
 }
 
 /// Wait until a read's entries are majority-committed (dispatch::ReadWait). Without
@@ -418,7 +459,7 @@ async fn handle_op_query(shared: &Arc<Shared>, conn: &mut ConnState, q: wire::Op
                 let mut body = cmd;
                 body.insert("$db", db);
                 match Request::from_msg(body, Vec::new()) {
-                    Ok(r) => run(shared, conn, r).await,
+                    Ok(r) => run(shared, conn, r).await.into_document(),
                     Err(e) => dispatch::error_reply(&e),
                 }
             } else {

@@ -10,7 +10,7 @@
 
 use crate::exec::{approx_doc_size, Scan};
 use crate::ops::OpCtx;
-use bson::{Bson, Document};
+use bson::{Bson, Document, RawDocumentBuf};
 use common::{Code, Error, Result};
 use parking_lot::Mutex;
 use query::projection::Projection;
@@ -43,6 +43,10 @@ pub struct Tail {
     pub start_after: Option<storage::RecordId>,
     /// getMore waits for new data when it has none (awaitData).
     pub await_data: bool,
+    /// `filter` holds for every record after `start_after` and there is no projection (an
+    /// oplog fetcher's `{ts: {$gte: T}}`): batches are the records' BSON as stored, sent
+    /// without decoding and encoding each entry again.
+    pub raw: bool,
     pub limit: Option<u64>,
     pub returned: u64,
     /// `Collection::removals` when the last batch was read: while it stays, no record was
@@ -54,10 +58,45 @@ pub struct Tail {
 const TAIL_CHUNK_DOCS: usize = 256;
 
 impl Tail {
-    /// The next documents after `last`, read from a fresh snapshot; `done` when the collection
+    /// The next batch after `last`, read from a fresh snapshot; `done` when the collection
     /// is gone or the limit is reached. CappedPositionLost when the record the cursor stood on
     /// was truncated away (the reader fell behind the cap).
-    fn next_batch(&mut self, docs_max: usize, op: &OpCtx, out: &mut Vec<Document>) -> Result<bool> {
+    fn next_batch(&mut self, docs_max: usize, op: &OpCtx) -> Result<(Batch, bool)> {
+        if self.raw {
+            let mut out = Vec::new();
+            let done = self.fill(docs_max, op, &mut out, |_, _, bytes| {
+                let len = bytes.len();
+                let d = RawDocumentBuf::from_bytes(bytes).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid BSON record: {e}")))?;
+                Ok(Some((d, len)))
+            })?;
+            return Ok((Batch::Raw(out), done));
+        }
+        let mut out = Vec::new();
+        let done = self.fill(docs_max, op, &mut out, |filter, projection, bytes| {
+            let doc = storage::decode_record(&bytes)?;
+            let (ok, details) = filter.try_matches_details(&doc)?;
+            if !ok {
+                return Ok(None);
+            }
+            let doc = match projection {
+                Some(p) => p.apply(&doc, &details)?,
+                None => doc,
+            };
+            let size = approx_doc_size(&doc);
+            Ok(Some((doc, size)))
+        })?;
+        Ok((Batch::Docs(out), done))
+    }
+
+    /// Append to `out` what `keep` makes of each record after `last` (None: the record does
+    /// not match), up to `docs_max` results and about BATCH_SIZE_BYTES_MAX bytes.
+    fn fill<T>(
+        &mut self,
+        docs_max: usize,
+        op: &OpCtx,
+        out: &mut Vec<T>,
+        keep: impl Fn(&query::filter::Filter, Option<&Projection>, Vec<u8>) -> Result<Option<(T, usize)>>,
+    ) -> Result<bool> {
         if self.coll.is_dropped() {
             return Ok(true);
         }
@@ -76,9 +115,9 @@ impl Tail {
         let mut size = 0usize;
         loop {
             op.check()?;
-            let chunk = snap.scan(self.last.or(self.start_after), TAIL_CHUNK_DOCS)?;
+            let chunk = snap.scan_raw(self.last.or(self.start_after), TAIL_CHUNK_DOCS)?;
             let full = chunk.len() == TAIL_CHUNK_DOCS;
-            for (rid, doc) in chunk {
+            for (rid, bytes) in chunk {
                 if self.limit.is_some_and(|l| self.returned >= l) {
                     return Ok(true);
                 }
@@ -89,22 +128,36 @@ impl Tail {
                     return Ok(false);
                 }
                 self.last = Some(rid);
-                let (ok, details) = self.filter.try_matches_details(&doc)?;
-                if !ok {
-                    continue;
-                }
-                let doc = match &self.projection {
-                    Some(p) => p.apply(&doc, &details)?,
-                    None => doc,
-                };
-                size += approx_doc_size(&doc);
+                let Some((item, item_size)) = keep(&self.filter, self.projection.as_ref(), bytes)? else { continue };
+                size += item_size;
                 self.returned += 1;
-                out.push(doc);
+                out.push(item);
             }
             if !full {
                 return Ok(self.limit.is_some_and(|l| self.returned >= l));
             }
         }
+    }
+}
+
+/// One reply's worth of a cursor's results.
+pub enum Batch {
+    Docs(Vec<Document>),
+    /// Records' BSON as stored, for a tail whose filter and projection do nothing
+    /// (`Tail::raw`): written into the reply as they are.
+    Raw(Vec<RawDocumentBuf>),
+}
+
+impl Batch {
+    pub fn len(&self) -> usize {
+        match self {
+            Batch::Docs(d) => d.len(),
+            Batch::Raw(r) => r.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -128,11 +181,16 @@ impl Cursor {
 
     /// Fill the next batch: at most `docs_max` documents and about BATCH_SIZE_BYTES_MAX bytes.
     /// Returns the batch and whether the cursor is exhausted.
-    pub fn next_batch(&mut self, docs_max: usize, op: &OpCtx) -> Result<(Vec<Document>, bool)> {
+    pub fn next_batch(&mut self, docs_max: usize, op: &OpCtx) -> Result<(Batch, bool)> {
         let mut out = Vec::new();
         let mut size = 0usize;
         let done = match &mut self.source {
-            Source::Tail(t) => t.next_batch(docs_max, op, &mut out)?,
+            Source::Tail(t) => {
+                let (batch, done) = t.next_batch(docs_max, op)?;
+                self.n_returned += batch.len() as u64;
+                self.last_used = Instant::now();
+                return Ok((batch, done));
+            }
             Source::Buffered(q) => {
                 while out.len() < docs_max {
                     let Some(d) = q.front() else { break };
@@ -170,7 +228,7 @@ impl Cursor {
         };
         self.n_returned += out.len() as u64;
         self.last_used = Instant::now();
-        Ok((out, done))
+        Ok((Batch::Docs(out), done))
     }
 }
 

@@ -325,6 +325,58 @@ async fn applying_a_members_oplog_rebuilds_its_data_and_reapplying_changes_nothi
     assert_eq!(s.database("app").collection::<Document>("c").count_documents(doc! {"_id": 500}).await.unwrap(), 1);
 }
 
+/// A tail of the oplog from a timestamp (`{ts: {$gte: T}}` alone: what a secondary's fetcher
+/// sends) is answered with the entries as stored, without decoding them; a client must read
+/// exactly what any other read of the oplog gives.
+#[tokio::test]
+async fn an_oplog_tail_from_a_timestamp_reads_what_any_oplog_read_does() {
+    let server = Server::start_with_args(&["--replSet", "rs0"]);
+    initiate(&server).await;
+    let client = direct(&server).await;
+    let c = client.database("app").collection::<Document>("c");
+    let bin = mongodb::bson::Binary { subtype: mongodb::bson::spec::BinarySubtype::Generic, bytes: vec![0, 1, 255] };
+    let docs: Vec<Document> = (0..20).map(|i| doc! {"_id": i, "s": format!("é{i}"), "n": {"a": [i, {"b": Bson::Null}]}, "bin": bin.clone()}).collect();
+    c.insert_many(docs).await.unwrap();
+    c.update_one(doc! {"_id": 3}, doc! {"$set": {"x": 1.5}}).await.unwrap();
+    c.delete_one(doc! {"_id": 4}).await.unwrap();
+    let all = oplog(&client, doc! {}).await;
+    assert!(all.len() > 20, "{}", all.len());
+    let local = client.database("local");
+    let t = all[5].get_timestamp("ts").unwrap();
+    let cases = [
+        (doc! {"ts": {"$gte": t}}, None, 5),
+        (doc! {"ts": {"$gt": t}}, None, 6),
+        // Not the bare timestamp condition: filtered and projected as any find.
+        (doc! {"ts": {"$gte": t}, "op": {"$exists": true}}, None, 5),
+        (doc! {"ts": {"$gte": t}}, Some(doc! {"op": 1, "ns": 1}), 5),
+    ];
+    for (filter, projection, from) in cases {
+        let expected: Vec<Document> = all[from..]
+            .iter()
+            .map(|e| match &projection {
+                Some(_) => doc! {"op": e.get_str("op").unwrap(), "ns": e.get_str("ns").unwrap()},
+                None => e.clone(),
+            })
+            .collect();
+        let mut find = doc! {"find": "oplog.rs", "filter": filter.clone(), "tailable": true, "batchSize": 4};
+        if let Some(p) = &projection {
+            find.insert("projection", p.clone());
+        }
+        let r = local.run_command(find).await.unwrap();
+        let cursor = r.get_document("cursor").unwrap();
+        let id = cursor.get_i64("id").unwrap();
+        let mut got: Vec<Document> = cursor.get_array("firstBatch").unwrap().iter().map(|d| d.as_document().unwrap().clone()).collect();
+        assert_eq!(got.len(), 4, "{filter}");
+        while got.len() < expected.len() {
+            let r = local.run_command(doc! {"getMore": id, "collection": "oplog.rs", "batchSize": 4}).await.unwrap();
+            let batch = r.get_document("cursor").unwrap().get_array("nextBatch").unwrap().clone();
+            assert!(!batch.is_empty(), "{filter}: {} of {}", got.len(), expected.len());
+            got.extend(batch.into_iter().map(|d| d.as_document().unwrap().clone()));
+        }
+        assert_eq!(got[..expected.len()], expected[..], "{filter} {projection:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_tailable_await_cursor_follows_the_oplog() {
     let server = Server::start_with_args(&["--replSet", "rs0"]);

@@ -349,6 +349,11 @@ fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::new(Code::InvalidBSON, format!("corrupt data in storage: {what}"))
 }
 
+/// A record's `Document` from its stored BSON (as `Snapshot::scan_raw` returns it).
+pub fn decode_record(bytes: &[u8]) -> Result<Document> {
+    decode_doc(bytes)
+}
+
 fn decode_doc(bytes: &[u8]) -> Result<Document> {
     let raw = bson::RawDocument::from_bytes(bytes).map_err(|e| corrupt(format!("invalid BSON record: {e}")))?;
     Document::try_from(raw).map_err(|e| corrupt(format!("invalid BSON record: {e}")))
@@ -2298,7 +2303,23 @@ impl Snapshot {
         self.scan_records(Bound::Included(record_key(id, 0)), upper, true, max_docs)
     }
 
+    /// `scan`, with each record's BSON as stored instead of a decoded `Document` (an oplog
+    /// tail sends its entries on as they are; `decode_record` reads one).
+    pub fn scan_raw(&self, after: Option<RecordId>, max_docs: usize) -> Result<Vec<(RecordId, Vec<u8>)>> {
+        let id = self.coll.id;
+        let lower = match after {
+            Some(rid) if rid == u64::MAX => return Ok(Vec::new()),
+            Some(rid) => record_key(id, rid + 1),
+            None => record_key(id, 0),
+        };
+        self.scan_with(Bound::Included(lower), prefix_bounds(&id.to_be_bytes()).1, false, max_docs, Ok)
+    }
+
     fn scan_records(&self, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>, reverse: bool, max_docs: usize) -> Result<Vec<(RecordId, Document)>> {
+        self.scan_with(lower, upper, reverse, max_docs, |v| decode_doc(&v))
+    }
+
+    fn scan_with<T>(&self, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>, reverse: bool, max_docs: usize, decode: impl Fn(Vec<u8>) -> Result<T>) -> Result<Vec<(RecordId, T)>> {
         let mut out = Vec::new();
         if max_docs == 0 {
             return Ok(out);
@@ -2306,7 +2327,7 @@ impl Snapshot {
         for kv in self.snap.iter(Space::Records, lower, upper, reverse) {
             let (k, v) = kv?;
             let rid = read_u64(k.get(8..).unwrap_or(&[])).ok_or_else(|| corrupt("record key"))?;
-            out.push((rid, decode_doc(&v)?));
+            out.push((rid, decode(v)?));
             if out.len() >= max_docs {
                 break;
             }

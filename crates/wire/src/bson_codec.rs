@@ -221,6 +221,14 @@ pub(crate) fn read_document(bytes: &[u8]) -> Result<(Document, usize)> {
     Ok((doc, len))
 }
 
+/// Check one document at the start of `bytes` as `read_document` does, without building a
+/// `Document`; returns its length. (Strings are checked for UTF-8 when decoded.)
+pub(crate) fn read_raw_document(bytes: &[u8]) -> Result<usize> {
+    let len = document_length(bytes)?;
+    validate_structure(&bytes[..len])?;
+    Ok(len)
+}
+
 /// Exact encoded size of `doc` in bytes (used to pre-size frames; also handy for batching).
 pub fn document_size_bytes(doc: &Document) -> usize {
     doc_size(doc, 0)
@@ -288,18 +296,91 @@ fn write_doc(buf: &mut Vec<u8>, doc: &Document, depth: usize) -> Result<()> {
     let start = buf.len();
     buf.extend_from_slice(&[0; 4]);
     for (key, value) in doc {
-        if key.as_bytes().contains(&0) {
-            return Err(invalid(format!(
-                "Invalid BSON: field name contains a NUL byte: {key:?}"
-            )));
-        }
         buf.push(value.element_type() as u8);
-        buf.extend_from_slice(key.as_bytes());
-        buf.push(0);
+        write_key(buf, key)?;
         write_value(buf, value, depth)?;
     }
     buf.push(0);
     patch_length(buf, start)
+}
+
+/// Append `body` as BSON, with the empty array `cursor.<batch_key>` written from `batch`, a
+/// cursor batch whose documents are already BSON (an oplog tail's records as stored): they
+/// are copied into the frame instead of being decoded and encoded again.
+pub(crate) fn write_cursor_reply(
+    buf: &mut Vec<u8>,
+    body: &Document,
+    batch_key: &str,
+    batch: &[bson::RawDocumentBuf],
+) -> Result<()> {
+    let start = buf.len();
+    buf.extend_from_slice(&[0; 4]);
+    let mut spliced = false;
+    for (key, value) in body {
+        buf.push(value.element_type() as u8);
+        write_key(buf, key)?;
+        match value {
+            Bson::Document(cursor) if key == "cursor" => {
+                let cursor_start = buf.len();
+                buf.extend_from_slice(&[0; 4]);
+                for (k, v) in cursor {
+                    buf.push(v.element_type() as u8);
+                    write_key(buf, k)?;
+                    if k == batch_key && matches!(v, Bson::Array(a) if a.is_empty()) {
+                        write_raw_array(buf, batch)?;
+                        spliced = true;
+                    } else {
+                        write_value(buf, v, 1)?;
+                    }
+                }
+                buf.push(0);
+                patch_length(buf, cursor_start)?;
+            }
+            _ => write_value(buf, value, 0)?,
+        }
+    }
+    buf.push(0);
+    patch_length(buf, start)?;
+    if !spliced {
+        return Err(Error::internal(format!(
+            "reply has no empty cursor.{batch_key} to hold its batch"
+        )));
+    }
+    Ok(())
+}
+
+fn write_key(buf: &mut Vec<u8>, key: &str) -> Result<()> {
+    if key.as_bytes().contains(&0) {
+        return Err(invalid(format!(
+            "Invalid BSON: field name contains a NUL byte: {key:?}"
+        )));
+    }
+    buf.extend_from_slice(key.as_bytes());
+    buf.push(0);
+    Ok(())
+}
+
+fn write_raw_array(buf: &mut Vec<u8>, docs: &[bson::RawDocumentBuf]) -> Result<()> {
+    let start = buf.len();
+    buf.extend_from_slice(&[0; 4]);
+    let mut digits = [0u8; 20];
+    for (i, d) in docs.iter().enumerate() {
+        buf.push(bson::spec::ElementType::EmbeddedDocument as u8);
+        buf.extend_from_slice(format_index(i, &mut digits));
+        buf.push(0);
+        buf.extend_from_slice(d.as_bytes());
+    }
+    buf.push(0);
+    patch_length(buf, start)
+}
+
+/// Encoded size of `cursor.<key>` array holding `batch` (for pre-sizing a frame).
+pub(crate) fn raw_array_size_bytes(batch: &[bson::RawDocumentBuf]) -> usize {
+    5 + batch
+        .iter()
+        .enumerate()
+        .map(|(i, d)| 2 + decimal_digits(i) + d.as_bytes().len())
+        .sum::<usize>()
 }
 
 /// Write the int32 length of the object that starts at `start` and runs to the end of `buf`.

@@ -145,6 +145,51 @@ pub fn frame_length(prefix: [u8; 4], max_message_size_bytes: usize) -> Result<us
 
 /// Decode one whole frame (header included). See the crate docs for the checks made.
 pub fn decode(frame: &[u8], max_message_size_bytes: usize) -> Result<Decoded> {
+    let (header, bytes, compressor) = uncompressed(frame, max_message_size_bytes)?;
+    let message = decode_uncompressed(&header, &bytes)?;
+    Ok(Decoded {
+        header,
+        message,
+        compressor,
+    })
+}
+
+/// Decode an OP_MSG frame's body without building a `Document`: its structure is checked as
+/// `decode` checks it, and its strings are checked for UTF-8 when read. A member fetching the
+/// oplog reads its batches this way, since it writes the entries into its own oplog as they
+/// came. Document sequences (which replies do not use) are refused.
+pub fn decode_raw_body(
+    frame: &[u8],
+    max_message_size_bytes: usize,
+) -> Result<(Header, bson::RawDocumentBuf)> {
+    let (header, bytes, _) = uncompressed(frame, max_message_size_bytes)?;
+    if header.op_code != OP_MSG {
+        return Err(protocol(format!(
+            "expected an OP_MSG, got op code {}",
+            header.op_code
+        )));
+    }
+    let (_, sections) = msg_sections(&bytes)?;
+    let mut reader = Reader::new(sections);
+    if reader.u8("section kind")? != 0 {
+        return Err(protocol("expected an OP_MSG with only a body section"));
+    }
+    let len = bson_codec::read_raw_document(reader.rest())?;
+    let body = reader.take(len, "body")?;
+    if !reader.is_empty() {
+        return Err(protocol("expected an OP_MSG with only a body section"));
+    }
+    let body = bson::RawDocumentBuf::from_bytes(body.to_vec())
+        .map_err(|e| Error::new(Code::InvalidBSON, format!("Invalid BSON: {e}")))?;
+    Ok((header, body))
+}
+
+/// The frame with OP_COMPRESSED undone (the inner message behind a reconstructed header),
+/// and the compressor that was used.
+fn uncompressed(
+    frame: &[u8],
+    max_message_size_bytes: usize,
+) -> Result<(Header, std::borrow::Cow<'_, [u8]>, Option<Compressor>)> {
     let header = Header::parse(frame)?;
     let prefix = [frame[0], frame[1], frame[2], frame[3]];
     let length = frame_length(prefix, max_message_size_bytes)?;
@@ -155,12 +200,7 @@ pub fn decode(frame: &[u8], max_message_size_bytes: usize) -> Result<Decoded> {
         )));
     }
     if header.op_code != OP_COMPRESSED {
-        let message = decode_uncompressed(&header, frame)?;
-        return Ok(Decoded {
-            header,
-            message,
-            compressor: None,
-        });
+        return Ok((header, std::borrow::Cow::Borrowed(frame), None));
     }
 
     let body = &frame[HEADER_SIZE_BYTES..];
@@ -205,12 +245,7 @@ pub fn decode(frame: &[u8], max_message_size_bytes: usize) -> Result<Decoded> {
         &body[COMPRESSION_HEADER_SIZE_BYTES..],
         &mut buffer[HEADER_SIZE_BYTES..],
     )?;
-    let message = decode_uncompressed(&inner, &buffer)?;
-    Ok(Decoded {
-        header: inner,
-        message,
-        compressor: Some(compressor),
-    })
+    Ok((inner, std::borrow::Cow::Owned(buffer), Some(compressor)))
 }
 
 fn unsupported_op_code(op_code: i32) -> Error {
@@ -301,7 +336,9 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn decode_msg(frame: &[u8]) -> Result<OpMsg> {
+/// An OP_MSG's flags and its sections (after the flags, before the checksum), with the
+/// flags and the checksum checked.
+fn msg_sections(frame: &[u8]) -> Result<(u32, &[u8])> {
     let mut reader = Reader::new(&frame[HEADER_SIZE_BYTES..]);
     let flag_bits = reader.u32("OP_MSG flags")?;
     if flag_bits & flags::REQUIRED_MASK & !flags::KNOWN_REQUIRED != 0 {
@@ -333,7 +370,12 @@ fn decode_msg(frame: &[u8]) -> Result<OpMsg> {
             ));
         }
     }
-    let mut reader = Reader::new(&frame[HEADER_SIZE_BYTES + 4..sections_end]);
+    Ok((flag_bits, &frame[HEADER_SIZE_BYTES + 4..sections_end]))
+}
+
+fn decode_msg(frame: &[u8]) -> Result<OpMsg> {
+    let (flag_bits, sections) = msg_sections(frame)?;
+    let mut reader = Reader::new(sections);
     let mut body: Option<Document> = None;
     let mut sequences: Vec<DocumentSequence> = Vec::new();
     while !reader.is_empty() {
@@ -507,9 +549,32 @@ pub fn try_encode_msg(
     msg: &OpMsg,
     compressor: Option<Compressor>,
 ) -> Result<Vec<u8>> {
+    try_encode_msg_with_batch(request_id, response_to, msg, None, compressor)
+}
+
+/// A cursor batch already in BSON, for the empty array `cursor.<key>` of a reply body
+/// (`key` is "firstBatch" or "nextBatch").
+#[derive(Clone, Copy)]
+pub struct RawBatch<'a> {
+    pub key: &'a str,
+    pub docs: &'a [bson::RawDocumentBuf],
+}
+
+/// `try_encode_msg`, with the body's cursor batch written from `batch` when given.
+pub fn try_encode_msg_with_batch(
+    request_id: i32,
+    response_to: i32,
+    msg: &OpMsg,
+    batch: Option<RawBatch>,
+    compressor: Option<Compressor>,
+) -> Result<Vec<u8>> {
     let checksum = msg.flags & flags::CHECKSUM_PRESENT != 0;
-    let mut size =
-        4 + 1 + document_size_bytes(&msg.body) + if checksum { CHECKSUM_SIZE_BYTES } else { 0 };
+    let batch_size = batch.map_or(0, |b| bson_codec::raw_array_size_bytes(b.docs));
+    let mut size = 4
+        + 1
+        + document_size_bytes(&msg.body)
+        + batch_size
+        + if checksum { CHECKSUM_SIZE_BYTES } else { 0 };
     for s in &msg.sequences {
         size += 1
             + 4
@@ -520,7 +585,10 @@ pub fn try_encode_msg(
     let mut buf = frame_start(request_id, response_to, OP_MSG, size);
     buf.extend_from_slice(&msg.flags.to_le_bytes());
     buf.push(0);
-    bson_codec::write_document(&mut buf, &msg.body)?;
+    match batch {
+        Some(b) => bson_codec::write_cursor_reply(&mut buf, &msg.body, b.key, b.docs)?,
+        None => bson_codec::write_document(&mut buf, &msg.body)?,
+    }
     for s in &msg.sequences {
         if s.identifier.as_bytes().contains(&0) {
             return Err(Error::new(
@@ -619,7 +687,18 @@ pub fn encode_msg(
     msg: &OpMsg,
     compressor: Option<Compressor>,
 ) -> Vec<u8> {
-    try_encode_msg(request_id, response_to, msg, compressor).unwrap_or_else(|e| {
+    encode_msg_with_batch(request_id, response_to, msg, None, compressor)
+}
+
+/// `encode_msg`, with the body's cursor batch written from `batch` when given.
+pub fn encode_msg_with_batch(
+    request_id: i32,
+    response_to: i32,
+    msg: &OpMsg,
+    batch: Option<RawBatch>,
+    compressor: Option<Compressor>,
+) -> Vec<u8> {
+    try_encode_msg_with_batch(request_id, response_to, msg, batch, compressor).unwrap_or_else(|e| {
         let fallback = OpMsg {
             flags: msg.flags & flags::CHECKSUM_PRESENT,
             body: error_document(&e),

@@ -816,3 +816,62 @@ proptest! {
         let _ = decode(&f, MAX);
     }
 }
+
+#[test]
+fn a_raw_cursor_batch_encodes_as_the_same_documents_would() {
+    let docs = vec![rich_document(), doc! {"ts": Timestamp { time: 5, increment: 1 }, "op": "i"}];
+    let raw: Vec<bson::RawDocumentBuf> = docs.iter().map(|d| bson::RawDocumentBuf::try_from(d).unwrap()).collect();
+    let reply = |batch: Vec<Bson>| doc! {"cursor": {"nextBatch": batch, "id": 7i64, "ns": "local.oplog.rs"}, "ok": 1.0};
+    let expected = reply(docs.iter().cloned().map(Bson::Document).collect());
+    for compressor in compressors() {
+        for flags in [0, flags::CHECKSUM_PRESENT] {
+            let msg = OpMsg { flags, body: reply(vec![]), sequences: vec![] };
+            let batch = RawBatch { key: "nextBatch", docs: &raw };
+            let frame = try_encode_msg_with_batch(3, 2, &msg, Some(batch), compressor).unwrap();
+            let plain = try_encode_msg(3, 2, &OpMsg { flags, body: expected.clone(), sequences: vec![] }, compressor).unwrap();
+            assert_eq!(frame, plain, "byte for byte what the decoded batch encodes to");
+            match decode(&frame, MAX).unwrap().message {
+                Message::Msg(m) => assert_eq!(m.body, expected),
+                other => panic!("{other:?}"),
+            }
+            let (header, body) = decode_raw_body(&frame, MAX).unwrap();
+            assert_eq!((header.request_id, header.response_to), (3, 2));
+            assert_eq!(Document::try_from(body.as_ref()).unwrap(), expected);
+        }
+    }
+    // A body without the empty batch array to fill is an encoding error, not a wrong reply.
+    let msg = OpMsg { flags: 0, body: doc! {"ok": 1.0}, sequences: vec![] };
+    assert!(try_encode_msg_with_batch(1, 0, &msg, Some(RawBatch { key: "nextBatch", docs: &raw }), None).is_err());
+    match decode(&encode_msg_with_batch(1, 0, &msg, Some(RawBatch { key: "nextBatch", docs: &raw }), None), MAX).unwrap().message {
+        Message::Msg(m) => assert_eq!(m.body.get_i32("code").ok(), Some(Code::InternalError.0), "{:?}", m.body),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_raw_body_decode_checks_what_the_document_decode_checks() {
+    for frame in valid_frames() {
+        let full = decode(&frame, MAX).unwrap();
+        match (full.message, decode_raw_body(&frame, MAX)) {
+            (Message::Msg(m), Ok((_, raw))) if m.sequences.is_empty() => {
+                assert_eq!(Document::try_from(raw.as_ref()).unwrap(), m.body)
+            }
+            (Message::Msg(_), r) => assert!(r.is_err(), "document sequences are refused"),
+            (_, r) => assert_eq!(code_of(r), Code::ProtocolError.0, "not an OP_MSG"),
+        }
+    }
+    // Truncations and corruptions of a reply are errors, never panics.
+    let good = encode_msg(9, 1, &sample_msg(flags::CHECKSUM_PRESENT), None);
+    for cut in 0..good.len() {
+        let mut f = good[..cut].to_vec();
+        if f.len() >= 4 {
+            f[..4].copy_from_slice(&(cut as i32).to_le_bytes());
+        }
+        assert!(decode_raw_body(&f, MAX).is_err());
+    }
+    let mut bad = encode_msg(9, 1, &OpMsg { flags: 0, body: doc! {"a": {"b": 1}}, sequences: vec![] }, None);
+    // Header, flags, section kind, outer length, type byte, "a\0": the inner length.
+    bad[HEADER_SIZE_BYTES + 4 + 1 + 4 + 1 + 2] = 0x7f;
+    assert!(decode(&bad, MAX).is_err());
+    assert!(decode_raw_body(&bad, MAX).is_err());
+}

@@ -1,7 +1,7 @@
 //! The aggregate command: feed a collection scan into the pure pipeline of the `query` crate.
 //! Stages that need the catalog (`$collStats`) are answered here.
 
-use super::{check_fields, cursor_reply, Ctx};
+use super::{check_fields, Ctx};
 use crate::cursor::{Cursor, Source, FIRST_BATCH_DOCS_DEFAULT};
 use crate::exec::planned_scan;
 use bson::{doc, Bson, DateTime, Document};
@@ -79,7 +79,7 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
     cursor.lsid = ctx.lsid();
     let (batch, done) = cursor.next_batch(batch_size, ctx.op)?;
     let id = if done { 0 } else { ctx.shared.cursors.register(cursor)? };
-    Ok(cursor_reply(&ns, id, batch, true))
+    Ok(super::cursor_batch_reply(ctx, &ns, id, batch, true))
 }
 
 fn coll_stats_stage(ctx: &Ctx, coll: &str, spec: &Document) -> Result<Document> {

@@ -270,9 +270,11 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
         if skip > 0 {
             return Err(Error::new(Code::CommandNotSupported, "skip with a tailable cursor is not supported by shoal yet"));
         }
-        let start_after = if (ctx.db, name.as_str()) == (storage::OPLOG_DB, storage::OPLOG_COLLECTION) { oplog_start(ctx.doc_arg("filter")?) } else { None };
+        let oplog = (ctx.db, name.as_str()) == (storage::OPLOG_DB, storage::OPLOG_COLLECTION);
+        let (start_after, implied) = if oplog { oplog_start(ctx.doc_arg("filter")?) } else { (None, false) };
+        let raw = implied && projection.is_none();
         let removals_seen = coll.removals();
-        let tail = crate::cursor::Tail { coll, filter, projection, last: None, start_after, await_data, limit, returned: 0, removals_seen };
+        let tail = crate::cursor::Tail { coll, filter, projection, last: None, start_after, await_data, raw, limit, returned: 0, removals_seen };
         let mut cursor = Cursor::new(ns.clone(), Source::Tail(Box::new(tail)));
         cursor.lsid = ctx.lsid();
         cursor.no_timeout = no_timeout;
@@ -280,7 +282,7 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
         // As mongod: over an empty capped collection there is no position to tail from.
         let positioned = matches!(&cursor.source, Source::Tail(t) if t.last.is_some());
         let id = if done || single_batch || !positioned { 0 } else { ctx.shared.cursors.register(cursor)? };
-        return Ok(cursor_reply(&ns, id, batch, true));
+        return Ok(super::cursor_batch_reply(ctx, &ns, id, batch, true));
     }
     drop(filter);
     let filter_doc = ctx.doc_arg("filter")?.cloned().unwrap_or_default();
@@ -312,18 +314,27 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     }
     let (batch, done) = cursor.next_batch(docs_max, ctx.op)?;
     let id = if done || single_batch { 0 } else { ctx.shared.cursors.register(cursor)? };
-    Ok(cursor_reply(&ns, id, batch, true))
+    Ok(super::cursor_batch_reply(ctx, &ns, id, batch, true))
 }
 
 /// Where an oplog read can start: oplog record ids are timestamps, so a filter with
 /// `ts: {$gte: T}` or `{$gt: T}` at its top level starts just before or at T (mongod's
-/// oplogReplay optimization). The filter itself still decides what matches.
-fn oplog_start(filter: Option<&Document>) -> Option<storage::RecordId> {
-    let ts = filter?.get_document("ts").ok()?;
+/// oplogReplay optimization). The filter itself still decides what matches, unless it is
+/// that condition alone.
+///
+/// Also whether the filter is that condition alone, so that every record after the start
+/// matches it (oplog record ids increase with `ts`): then the tail need not look at them.
+fn oplog_start(filter: Option<&Document>) -> (Option<storage::RecordId>, bool) {
+    let Some(filter) = filter else { return (None, false) };
+    let Ok(ts) = filter.get_document("ts") else { return (None, false) };
+    let alone = filter.len() == 1 && ts.len() == 1;
     if let Ok(t) = ts.get_timestamp("$gte") {
-        return Some(common::optime::ts_value(t).checked_sub(1).unwrap_or(0));
+        return (Some(common::optime::ts_value(t).checked_sub(1).unwrap_or(0)), alone);
     }
-    ts.get_timestamp("$gt").ok().map(common::optime::ts_value)
+    match ts.get_timestamp("$gt") {
+        Ok(t) => (Some(common::optime::ts_value(t)), alone),
+        Err(_) => (None, false),
+    }
 }
 
 /// How long an awaitData getMore waits for data without maxTimeMS (mongod: 1 s), and at most.
@@ -378,7 +389,7 @@ pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
     if !done {
         ctx.shared.cursors.restore(cursor);
     }
-    Ok(cursor_reply(&ns, id, batch, false))
+    Ok(super::cursor_batch_reply(ctx, &ns, id, batch, false))
 }
 
 pub fn kill_cursors(ctx: &mut Ctx) -> Result<Document> {

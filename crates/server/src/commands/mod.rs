@@ -286,6 +286,19 @@ impl Ctx<'_> {
 }
 
 /// `{cursor: {firstBatch|nextBatch, id, ns}}`.
+/// `cursor_reply` for a batch a cursor produced: a raw batch goes beside the reply
+/// (`ConnState::raw_batch`) and is written into its empty batch array when it is encoded.
+pub fn cursor_batch_reply(ctx: &mut Ctx, ns: &str, id: i64, batch: crate::cursor::Batch, first: bool) -> Document {
+    match batch {
+        crate::cursor::Batch::Docs(docs) => cursor_reply(ns, id, docs, first),
+        crate::cursor::Batch::Raw(docs) => {
+            let key = if first { "firstBatch" } else { "nextBatch" };
+            ctx.conn.raw_batch = Some(crate::conn::RawReplyBatch { key, docs });
+            cursor_reply(ns, id, Vec::new(), first)
+        }
+    }
+}
+
 pub fn cursor_reply(ns: &str, id: i64, batch: Vec<Document>, first: bool) -> Document {
     let key = if first { "firstBatch" } else { "nextBatch" };
     let mut c = Document::new();

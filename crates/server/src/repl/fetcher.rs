@@ -6,9 +6,9 @@
 //! Fetching and applying overlap: the next batch is fetched while the previous one is being
 //! applied (at most one of each in flight).
 
-use super::peer::{cursor_batch, PeerConn};
+use super::peer::{cursor_batch, cursor_batch_raw, PeerConn};
 use crate::state::Shared;
-use bson::{doc, Bson, Document};
+use bson::{doc, Bson, Document, RawDocument, RawDocumentBuf};
 use common::{Code, Error, Result};
 use repl::MemberState;
 use std::sync::Arc;
@@ -74,11 +74,11 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
         return Ok(());
     }
     let find = doc! {"find": "oplog.rs", "filter": {"ts": {"$gte": last.timestamp()}}, "tailable": true, "awaitData": true, "batchSize": FETCH_BATCH_DOCS, "$replData": 1};
-    let reply = conn.command("local", find, CONNECT_TIMEOUT + REPLY_SLACK).await?;
-    let (mut id, mut batch) = cursor_batch(&reply, "firstBatch")?;
+    let reply = conn.command_raw("local", find, CONNECT_TIMEOUT + REPLY_SLACK).await?;
+    let (mut id, mut batch) = cursor_batch_raw(&reply, "firstBatch")?;
     on_repl_data(shared, &reply);
     // The first entry must be our newest one: then the two oplogs agree up to here.
-    let first = batch.first().and_then(|e| OpTime::from_doc(e));
+    let first = batch.first().and_then(|e| optime_of(e));
     if first != Some(last) {
         // The source's oplog starts after our newest entry (it was capped, or its own
         // initial sync began later): it cannot tell whether we diverged, and another source
@@ -120,8 +120,8 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
             return Ok(());
         }
         let get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1};
-        let reply = conn.command("local", get_more, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await?;
-        (id, batch) = cursor_batch(&reply, "nextBatch")?;
+        let reply = conn.command_raw("local", get_more, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await?;
+        (id, batch) = cursor_batch_raw(&reply, "nextBatch")?;
         if let Some(cp) = on_repl_data(shared, &reply) {
             commit_seen = commit_seen.max(cp);
         }
@@ -424,7 +424,7 @@ fn source_views(peers: &[super::Peer]) -> Vec<repl::sync_source::PeerView> {
 }
 
 /// The sync source's term and commit point from `$replData`.
-fn on_repl_data(shared: &Shared, reply: &Document) -> Option<OpTime> {
+fn on_repl_data(shared: &Shared, reply: &RawDocument) -> Option<OpTime> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let d = reply.get_document("$replData").ok()?;
     if let Ok(t) = d.get_i64("term") {
@@ -432,12 +432,17 @@ fn on_repl_data(shared: &Shared, reply: &Document) -> Option<OpTime> {
             coord.observe_term(&shared.store, t);
         }
     }
-    d.get_document("lastOpCommitted").ok().and_then(OpTime::from_doc)
+    d.get_document("lastOpCommitted").ok().and_then(optime_of)
+}
+
+/// The `ts` and `t` of an entry (or an optime document) kept as BSON.
+fn optime_of(d: &RawDocument) -> Option<OpTime> {
+    Document::try_from(d).ok().as_ref().and_then(OpTime::from_doc)
 }
 
 /// Apply fetched entries, log them with their own optimes, make them durable, and let the
 /// reporter tell upstream.
-fn apply_batch(shared: &Shared, entries: Vec<Document>, epoch: u64) -> Result<()> {
+fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let store = &shared.store;
     {
@@ -448,10 +453,12 @@ fn apply_batch(shared: &Shared, entries: Vec<Document>, epoch: u64) -> Result<()
         let mut logged = Vec::with_capacity(entries.len());
         {
             let _replicated = storage::applying_replicated_ops();
-            for e in &entries {
-                let at = OpTime::from_doc(e).ok_or_else(|| Error::new(Code::FailedToParse, "fetched oplog entry has no ts and t"))?;
-                crate::apply::apply_entry(store, e).map_err(|err| Error::new(Code(err.code, err.code_name), format!("applying oplog entry {at:?} failed: {}", err.message)))?;
-                logged.push((at, e.to_vec().map_err(|e| Error::internal(e.to_string()))?));
+            for raw in entries {
+                // Decoded to apply; logged as it came.
+                let e = Document::try_from(raw.as_ref()).map_err(|err| Error::new(Code::InvalidBSON, format!("fetched oplog entry is not valid BSON: {err}")))?;
+                let at = OpTime::from_doc(&e).ok_or_else(|| Error::new(Code::FailedToParse, "fetched oplog entry has no ts and t"))?;
+                crate::apply::apply_entry(store, &e).map_err(|err| Error::new(Code(err.code, err.code_name), format!("applying oplog entry {at:?} failed: {}", err.message)))?;
+                logged.push((at, raw.into_bytes()));
             }
         }
         store.append_oplog_replicated(&logged)?;

@@ -5,7 +5,7 @@
 //! After any error the connection is unusable (a reply may be in flight) and the caller
 //! opens a new one.
 
-use bson::Document;
+use bson::{Document, RawDocument, RawDocumentBuf};
 use common::{Code, Error, Result};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,7 +39,14 @@ impl PeerConn {
 
     /// Run `body` on database `db` and return the reply; a reply with ok:0 is an `Err` with
     /// the reply's code, and any network error or timeout breaks the connection.
-    pub async fn command(&mut self, db: &str, mut body: Document, timeout: Duration) -> Result<Document> {
+    pub async fn command(&mut self, db: &str, body: Document, timeout: Duration) -> Result<Document> {
+        let raw = self.command_raw(db, body, timeout).await?;
+        Document::try_from(raw.as_ref()).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid BSON in a reply from {}: {e}", self.host)))
+    }
+
+    /// `command`, with the reply left as BSON (its structure checked, not decoded): the oplog
+    /// fetcher writes the entries of a batch into its own oplog as they came.
+    pub async fn command_raw(&mut self, db: &str, mut body: Document, timeout: Duration) -> Result<RawDocumentBuf> {
         if self.broken {
             return Err(Error::new(Code::HostUnreachable, format!("connection to {} was broken by an earlier error", self.host)));
         }
@@ -55,13 +62,13 @@ impl PeerConn {
         if is_ok(&reply) {
             return Ok(reply);
         }
-        let code = reply.get_i32("code").unwrap_or(Code::UnknownError.0);
-        let name = reply.get_str("codeName").unwrap_or("UnknownError");
-        let msg = reply.get_str("errmsg").unwrap_or("");
+        let code = reply.get_i32("code").ok().unwrap_or(Code::UnknownError.0);
+        let name = reply.get_str("codeName").ok().unwrap_or("UnknownError");
+        let msg = reply.get_str("errmsg").ok().unwrap_or("");
         Err(Error::remote(code, name, format!("{} replied: {msg}", self.host)))
     }
 
-    async fn round_trip(&mut self, body: Document) -> Result<Document> {
+    async fn round_trip(&mut self, body: Document) -> Result<RawDocumentBuf> {
         crate::fault::before_send(&self.host).await?;
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
@@ -74,12 +81,12 @@ impl PeerConn {
         let mut buf = vec![0u8; len];
         buf[..4].copy_from_slice(&prefix);
         self.stream.read_exact(&mut buf[4..]).await.map_err(io)?;
-        let decoded = wire::decode(&buf, REPLY_BYTES_MAX)?;
+        let (header, body) = wire::decode_raw_body(&buf, REPLY_BYTES_MAX)?;
         crate::fault::after_receive(&self.host).await?;
-        match decoded.message {
-            wire::Message::Msg(m) if decoded.header.response_to == id => Ok(m.body),
-            _ => Err(Error::new(Code::ProtocolError, format!("unexpected reply from {}", self.host))),
+        if header.response_to != id {
+            return Err(Error::new(Code::ProtocolError, format!("unexpected reply from {}", self.host)));
         }
+        Ok(body)
     }
 }
 
@@ -92,7 +99,22 @@ pub(super) fn cursor_batch(reply: &Document, key: &str) -> Result<(i64, Vec<Docu
     Ok((id, docs))
 }
 
-fn is_ok(reply: &Document) -> bool {
-    matches!(reply.get("ok"), Some(bson::Bson::Double(v)) if *v == 1.0)
-        || matches!(reply.get("ok"), Some(bson::Bson::Int32(1) | bson::Bson::Int64(1) | bson::Bson::Boolean(true)))
+/// `cursor_batch` of a raw reply: the batch's documents as BSON.
+pub(super) fn cursor_batch_raw(reply: &RawDocument, key: &str) -> Result<(i64, Vec<RawDocumentBuf>)> {
+    let bad = || Error::new(Code::ProtocolError, "malformed cursor reply");
+    let c = reply.get_document("cursor").ok().ok_or_else(bad)?;
+    let id = c.get_i64("id").ok().ok_or_else(bad)?;
+    let mut docs = Vec::new();
+    for v in c.get_array(key).ok().ok_or_else(bad)? {
+        if let Some(d) = v.map_err(|_| bad())?.as_document() {
+            docs.push(d.to_owned());
+        }
+    }
+    Ok((id, docs))
+}
+
+fn is_ok(reply: &RawDocument) -> bool {
+    use bson::RawBsonRef;
+    matches!(reply.get("ok"), Ok(Some(RawBsonRef::Double(v))) if v == 1.0)
+        || matches!(reply.get("ok"), Ok(Some(RawBsonRef::Int32(1) | RawBsonRef::Int64(1) | RawBsonRef::Boolean(true))))
 }
