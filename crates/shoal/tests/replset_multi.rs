@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use mongodb::bson::{doc, Bson, Document};
+use mongodb::bson::{doc, Bson, Document, Timestamp};
 use mongodb::options::{ReadPreference, SelectionCriteria};
 use mongodb::Client;
 use std::sync::Arc;
@@ -192,6 +192,17 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
     }
     let unjournaled = syncs().await - before;
     assert!(unjournaled < WRITES, "j:false writes take no sync of their own: {unjournaled} syncs for {WRITES} writes");
+    // A secondary reports each applied batch on its next getMore: majority writes take no
+    // replSetUpdatePosition each (two per write if both secondaries sent one).
+    // (The count also holds heartbeats, driver monitoring and the second serverStatus.)
+    let primary = direct(&set.members[0]).await;
+    let count = || async { path(&admin(&primary, doc! {"serverStatus": 1}).await.unwrap(), "opcounters.command").and_then(|v| v.as_i64()).unwrap() };
+    let before = count().await;
+    for i in 0..WRITES {
+        db.run_command(doc! {"insert": "c", "documents": [{"_id": 400 + i}], "writeConcern": {"w": "majority"}}).await.unwrap();
+    }
+    let commands = count().await - before;
+    assert!(commands < WRITES, "{commands} commands on the primary during {WRITES} majority writes");
     // w:3 waits for all three.
     let r = db.run_command(doc! {"insert": "c", "documents": [{"_id": 100}], "writeConcern": {"w": 3, "wtimeout": 10000}}).await.unwrap();
     assert!(r.get("writeConcernError").is_none(), "{r:?}");
@@ -211,7 +222,22 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
     assert_code_name(sec.database("app").run_command(doc! {"insert": "c", "documents": [{"_id": 1000}]}).await, 10107, "NotWritablePrimary");
     // The restarted member catches up from where its oplog ends.
     set.members[2].restart();
-    set.wait_for_count(2, "c", 54 + 2 * WRITES as u64).await;
+    set.wait_for_count(2, "c", 54 + 3 * WRITES as u64).await;
+
+    // The progress a getMore carries counts as replSetUpdatePosition's would: here a
+    // position far ahead for member 1, which the primary then reports.
+    let p = direct(&set.members[0]).await;
+    let local = p.database("local");
+    let r = local.run_command(doc! {"find": "oplog.rs", "filter": {"ts": {"$gte": Timestamp { time: 0, increment: 0 }}}, "tailable": true, "batchSize": 1}).await.unwrap();
+    let id = path(&r, "cursor.id").and_then(|v| v.as_i64()).unwrap();
+    let term = path(&set.status(0).await.unwrap(), "term").and_then(|v| v.as_i64()).unwrap();
+    let ahead = doc! {"ts": Timestamp { time: 4_000_000_000, increment: 1 }, "t": term};
+    let progress = vec![doc! {"memberId": 1, "cfgver": 1, "appliedOpTime": ahead.clone(), "durableOpTime": ahead.clone()}];
+    assert_code(local.run_command(doc! {"getMore": id, "collection": "oplog.rs", "batchSize": 1, "$replProgress": 1}).await, 14);
+    let r = local.run_command(doc! {"getMore": id, "collection": "oplog.rs", "batchSize": 1, "$replProgress": progress}).await;
+    assert!(r.is_ok(), "{r:?}");
+    let status = set.status(0).await.unwrap();
+    assert_eq!(path(member(&status, 1), "optimeDurable.ts"), Some(&Bson::Timestamp(Timestamp { time: 4_000_000_000, increment: 1 })), "{status:?}");
 }
 
 #[tokio::test]

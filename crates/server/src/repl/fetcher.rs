@@ -1,10 +1,12 @@
 //! A secondary's replication: fetch the oplog from the sync source with a tailable,
 //! awaitData find on its `local.oplog.rs` (what mongod's OplogFetcher does), apply each
 //! batch, write the same entries into our own oplog with their original optimes, make them
-//! durable, and report progress upstream with replSetUpdatePosition.
+//! durable, and report progress upstream: on the next getMore (`$replProgress`), or with
+//! replSetUpdatePosition when that getMore has already gone.
 //!
-//! Fetching and applying overlap: the next batch is fetched while the previous one is being
-//! applied (at most one of each in flight).
+//! Fetching and applying overlap only while the source is far ahead (full batches): the
+//! next batch is fetched while the previous one is being applied (at most one of each in
+//! flight). Otherwise each batch is applied before the next getMore, which then reports it.
 
 use super::peer::{cursor_batch, cursor_batch_raw, PeerConn};
 use crate::state::Shared;
@@ -98,6 +100,11 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
     }
     batch.remove(0);
     coord.set_info_message("");
+    // A batch is applied while the next is fetched only when the source is far ahead (the
+    // batch came full); then the reporter sends our progress. Otherwise the batch is applied
+    // first and the next getMore carries our progress: one round trip per batch reports and
+    // fetches (a replSetUpdatePosition beside each getMore cost the source a command and us
+    // a wakeup and a send per batch).
     let mut pending: Option<tokio::task::JoinHandle<Result<()>>> = None;
     let mut commit_seen = OpTime::default();
     loop {
@@ -106,9 +113,16 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
                 p.await.map_err(|e| Error::internal(e.to_string()))??;
                 coord.learn_commit_point(&shared.store, commit_seen);
             }
+            let behind = is_full(&batch);
             let s = shared.clone();
             let entries = std::mem::take(&mut batch);
-            pending = Some(tokio::task::spawn_blocking(move || apply_batch(&s, entries, epoch)));
+            let apply = tokio::task::spawn_blocking(move || apply_batch(&s, entries, epoch, !behind));
+            if behind {
+                pending = Some(apply);
+            } else {
+                apply.await.map_err(|e| Error::internal(e.to_string()))??;
+                coord.learn_commit_point(&shared.store, commit_seen);
+            }
         }
         if id == 0 {
             return Err(Error::new(Code::CursorNotFound, format!("{host} closed the oplog cursor")));
@@ -119,7 +133,10 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
             }
             return Ok(());
         }
-        let get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1};
+        let mut get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1};
+        if let Some(progress) = progress_optimes(shared, Some(src)) {
+            get_more.insert("$replProgress", progress);
+        }
         let reply = conn.command_raw("local", get_more, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await?;
         (id, batch) = cursor_batch_raw(&reply, "nextBatch")?;
         if let Some(cp) = on_repl_data(shared, &reply) {
@@ -132,6 +149,11 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
             coord.learn_commit_point(&shared.store, commit_seen);
         }
     }
+}
+
+/// Whether a fetched batch is as large as the source sends (it has more waiting).
+fn is_full(batch: &[RawDocumentBuf]) -> bool {
+    batch.len() >= FETCH_BATCH_DOCS as usize || batch.iter().map(|d| d.as_bytes().len()).sum::<usize>() >= crate::cursor::BATCH_SIZE_BYTES_MAX / 2
 }
 
 /// The source's oldest oplog entry, if it has any.
@@ -442,7 +464,7 @@ fn optime_of(d: &RawDocument) -> Option<OpTime> {
 
 /// Apply fetched entries, log them with their own optimes, make them durable, and let the
 /// reporter tell upstream.
-fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<()> {
+fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64, reported_by_fetch: bool) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let store = &shared.store;
     {
@@ -464,7 +486,7 @@ fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Res
         store.append_oplog_replicated(&logged)?;
     }
     store.commit_durable()?;
-    coord.after_apply(store.oplog_last().unwrap_or_default());
+    coord.after_apply(store.oplog_last().unwrap_or_default(), reported_by_fetch);
     Ok(())
 }
 
@@ -481,21 +503,10 @@ pub async fn report_loop(shared: Arc<Shared>) {
         if coord.state() != MemberState::Secondary {
             continue;
         }
-        let Some((config, me)) = coord.config() else { continue };
+        let Some((config, _)) = coord.config() else { continue };
         let Some(src) = coord.sync_source() else { continue };
         let host = &config.members[src].host;
-        let mut optimes = Vec::with_capacity(config.members.len());
-        let applied = shared.store.oplog_last().unwrap_or_default();
-        let durable = shared.store.oplog_durable().unwrap_or_default();
-        optimes.push(position(config.members[me].id, config.version, applied, durable));
-        {
-            let inner = coord.inner.lock();
-            for (i, p) in inner.peers.iter().enumerate() {
-                if i != me && i != src && p.view.applied > OpTime::default() {
-                    optimes.push(position(config.members[i].id, config.version, p.view.applied, p.durable));
-                }
-            }
-        }
+        let Some(optimes) = progress_optimes(&shared, Some(src)) else { continue };
         if conn.as_ref().is_some_and(|c| c.is_broken() || c.host != *host) {
             conn = None;
         }
@@ -511,6 +522,25 @@ pub async fn report_loop(shared: Arc<Shared>) {
             conn = None;
         }
     }
+}
+
+/// This member's applied and durable optimes, and what it knows of the members other than
+/// `src` (those downstream of it, when it is their sync source), in replSetUpdatePosition's
+/// `optimes` shape.
+fn progress_optimes(shared: &Shared, src: Option<usize>) -> Option<Vec<Bson>> {
+    let coord = shared.repl.as_ref().expect("replica set member");
+    let (config, me) = coord.config()?;
+    let mut optimes = Vec::with_capacity(config.members.len());
+    let applied = shared.store.oplog_last().unwrap_or_default();
+    let durable = shared.store.oplog_durable().unwrap_or_default();
+    optimes.push(position(config.members[me].id, config.version, applied, durable));
+    let inner = coord.inner.lock();
+    for (i, p) in inner.peers.iter().enumerate() {
+        if i != me && Some(i) != src && p.view.applied > OpTime::default() {
+            optimes.push(position(config.members[i].id, config.version, p.view.applied, p.durable));
+        }
+    }
+    Some(optimes)
 }
 
 fn position(member_id: i32, cfgver: i32, applied: OpTime, durable: OpTime) -> Bson {

@@ -590,10 +590,17 @@ pub fn request_votes(shared: &Shared, cmd: &Document) -> Result<Document> {
 /// replSetUpdatePosition: members downstream report their applied and durable optimes; a
 /// primary advances the commit point, a secondary passes them on (fetcher::report_loop).
 pub fn update_position(shared: &Shared, cmd: &Document) -> Result<Document> {
-    let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     let Ok(optimes) = cmd.get_array("optimes") else {
         return Err(Error::type_mismatch("replSetUpdatePosition needs an 'optimes' array"));
     };
+    update_positions(shared, optimes)?;
+    Ok(Document::new())
+}
+
+/// Record downstream members' progress (replSetUpdatePosition's `optimes`, or a fetcher's
+/// getMore's `$replProgress`), moving the commit point and waking the writes it satisfies.
+pub fn update_positions(shared: &Shared, optimes: &[Bson]) -> Result<()> {
+    let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     let mut inner = coord.inner.lock();
     let Some(config) = inner.config.clone() else { return Err(super::not_initialized()) };
     let mut moved = false;
@@ -621,7 +628,7 @@ pub fn update_position(shared: &Shared, cmd: &Document) -> Result<Document> {
         coord.positions.send_modify(|c| *c += 1);
         coord.progress.send_modify(|c| *c += 1);
     }
-    Ok(Document::new())
+    Ok(())
 }
 
 /// replSetStepDown: stop being primary once an electable secondary has caught up (within

@@ -29,7 +29,7 @@ pub use member::spawn_tasks;
 
 /// The handlers of the member-to-member commands.
 pub(crate) mod member_commands {
-    pub use super::member::{freeze, heartbeat, request_votes, step_down_command, step_up, sync_from, update_position};
+    pub use super::member::{freeze, heartbeat, request_votes, step_down_command, step_up, sync_from, update_position, update_positions};
 }
 
 const CONFIG_DB: &str = "local";
@@ -839,12 +839,13 @@ impl ReplCoord {
     pub(crate) fn recover_until(&self, min_valid: OpTime, applied: OpTime) {
         self.inner.lock().min_valid = Some(min_valid);
         self.set_state(MemberState::Recovering);
-        self.after_apply(applied);
+        self.after_apply(applied, false);
     }
 
-    /// A fetched batch is applied and durable: report it, and leave RECOVERING once the
-    /// oplog reaches minValid.
-    pub(crate) fn after_apply(&self, applied: OpTime) {
+    /// A fetched batch is applied and durable: report it (unless `reported_by_fetch`: the
+    /// fetcher's next getMore carries it), and leave RECOVERING once the oplog reaches
+    /// minValid.
+    pub(crate) fn after_apply(&self, applied: OpTime, reported_by_fetch: bool) {
         let recovered = {
             let mut inner = self.inner.lock();
             let done = inner.state == MemberState::Recovering && inner.min_valid.is_some_and(|m| applied >= m);
@@ -858,7 +859,9 @@ impl ReplCoord {
             tracing::info!("caught up after rollback: secondary");
             self.changed();
         } else {
-            self.positions.send_modify(|c| *c += 1);
+            if !reported_by_fetch {
+                self.positions.send_modify(|c| *c += 1);
+            }
             self.progress.send_modify(|c| *c += 1);
         }
     }
@@ -935,7 +938,7 @@ mod tests {
         assert_eq!(coord.state(), MemberState::Recovering);
         assert!(!coord.serves_secondary_reads());
         // Reached: recovering ends with the batch that reaches it.
-        coord.after_apply(ahead);
+        coord.after_apply(ahead, false);
         assert_eq!(coord.state(), MemberState::Secondary);
         // An old minValid the oplog has passed: a secondary again.
         ReplCoord::persist_min_valid(&store, last).unwrap();
