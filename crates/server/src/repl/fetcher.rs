@@ -2,17 +2,17 @@
 //! awaitData find on its `local.oplog.rs` (what mongod's OplogFetcher does), apply each
 //! batch, write the same entries into our own oplog with their original optimes, make them
 //! durable, and report progress upstream: on the next getMore (`$replProgress`), or with
-//! replSetUpdatePosition when that getMore has already gone.
+//! replSetUpdatePosition when a getMore is already out.
 //!
-//! Fetching and applying overlap only while the source is far ahead (full batches): the
-//! next batch is fetched while the previous one is being applied (at most one of each in
-//! flight). Otherwise each batch is applied before the next getMore, which then reports it.
+//! Fetching and applying overlap: the next batch is fetched while the previous one is being
+//! applied (at most one of each in flight).
 
 use super::peer::{cursor_batch, cursor_batch_raw, PeerConn};
 use crate::state::Shared;
 use bson::{doc, Bson, Document, RawDocument, RawDocumentBuf};
 use common::{Code, Error, Result};
 use repl::MemberState;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use storage::OpTime;
@@ -100,12 +100,14 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
     }
     batch.remove(0);
     coord.set_info_message("");
-    // A batch is applied while the next is fetched only when the source is far ahead (the
-    // batch came full); then the reporter sends our progress. Otherwise the batch is applied
-    // first and the next getMore carries our progress: one round trip per batch reports and
-    // fetches (a replSetUpdatePosition beside each getMore cost the source a command and us
-    // a wakeup and a send per batch).
+    // Each batch is applied while the next is fetched. Its progress goes upstream on the
+    // next getMore when none is out at the moment the batch is durable (the fetcher then
+    // sends one at once); otherwise, since that getMore may wait for new entries, the
+    // reporter sends it (replSetUpdatePosition). Under load the reply to the getMore sent
+    // beside an apply comes back before the apply ends, so one round trip per batch both
+    // reports and fetches.
     let mut pending: Option<tokio::task::JoinHandle<Result<()>>> = None;
+    let fetching = Arc::new(AtomicBool::new(false));
     let mut commit_seen = OpTime::default();
     loop {
         if !batch.is_empty() {
@@ -113,16 +115,10 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
                 p.await.map_err(|e| Error::internal(e.to_string()))??;
                 coord.learn_commit_point(&shared.store, commit_seen);
             }
-            let behind = is_full(&batch);
             let s = shared.clone();
+            let f = fetching.clone();
             let entries = std::mem::take(&mut batch);
-            let apply = tokio::task::spawn_blocking(move || apply_batch(&s, entries, epoch, !behind));
-            if behind {
-                pending = Some(apply);
-            } else {
-                apply.await.map_err(|e| Error::internal(e.to_string()))??;
-                coord.learn_commit_point(&shared.store, commit_seen);
-            }
+            pending = Some(tokio::task::spawn_blocking(move || apply_batch(&s, entries, epoch, &f)));
         }
         if id == 0 {
             return Err(Error::new(Code::CursorNotFound, format!("{host} closed the oplog cursor")));
@@ -134,10 +130,14 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
             return Ok(());
         }
         let mut get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1};
+        // Set before our progress is read: an apply that ends after the read reports itself.
+        fetching.store(true, Ordering::SeqCst);
         if let Some(progress) = progress_optimes(shared, Some(src)) {
             get_more.insert("$replProgress", progress);
         }
-        let reply = conn.command_raw("local", get_more, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await?;
+        let reply = conn.command_raw("local", get_more, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await;
+        fetching.store(false, Ordering::SeqCst);
+        let reply = reply?;
         (id, batch) = cursor_batch_raw(&reply, "nextBatch")?;
         if let Some(cp) = on_repl_data(shared, &reply) {
             commit_seen = commit_seen.max(cp);
@@ -149,11 +149,6 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
             coord.learn_commit_point(&shared.store, commit_seen);
         }
     }
-}
-
-/// Whether a fetched batch is as large as the source sends (it has more waiting).
-fn is_full(batch: &[RawDocumentBuf]) -> bool {
-    batch.len() >= FETCH_BATCH_DOCS as usize || batch.iter().map(|d| d.as_bytes().len()).sum::<usize>() >= crate::cursor::BATCH_SIZE_BYTES_MAX / 2
 }
 
 /// The source's oldest oplog entry, if it has any.
@@ -464,7 +459,9 @@ fn optime_of(d: &RawDocument) -> Option<OpTime> {
 
 /// Apply fetched entries, log them with their own optimes, make them durable, and let the
 /// reporter tell upstream.
-fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64, reported_by_fetch: bool) -> Result<()> {
+/// `fetching`: a getMore to the source is out; when none is, the fetcher sends one at once
+/// and it carries this batch's progress.
+fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64, fetching: &AtomicBool) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let store = &shared.store;
     {
@@ -486,7 +483,7 @@ fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64, report
         store.append_oplog_replicated(&logged)?;
     }
     store.commit_durable()?;
-    coord.after_apply(store.oplog_last().unwrap_or_default(), reported_by_fetch);
+    coord.after_apply(store.oplog_last().unwrap_or_default(), !fetching.load(Ordering::SeqCst));
     Ok(())
 }
 
