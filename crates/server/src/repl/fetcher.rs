@@ -12,7 +12,6 @@ use crate::state::Shared;
 use bson::{doc, Bson, Document, RawDocument, RawDocumentBuf};
 use common::{Code, Error, Result};
 use repl::MemberState;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use storage::OpTime;
@@ -107,7 +106,7 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
     // beside an apply comes back before the apply ends, so one round trip per batch both
     // reports and fetches.
     let mut pending: Option<tokio::task::JoinHandle<Result<()>>> = None;
-    let fetching = Arc::new(AtomicBool::new(false));
+    let fetching = Arc::new(parking_lot::Mutex::new(false));
     let mut commit_seen = OpTime::default();
     loop {
         if !batch.is_empty() {
@@ -130,13 +129,14 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
             return Ok(());
         }
         let mut get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1};
-        // Set before our progress is read: an apply that ends after the read reports itself.
-        fetching.store(true, Ordering::SeqCst);
-        if let Some(progress) = progress_optimes(shared, Some(src)) {
+        // Set before our progress is read, under the lock the apply reads it with: an apply
+        // that reads it unset made its batch durable before, so our progress has the batch.
+        *fetching.lock() = true;
+        if let Some(progress) = progress_optimes(shared, src) {
             get_more.insert("$replProgress", progress);
         }
         let reply = conn.command_raw("local", get_more, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await;
-        fetching.store(false, Ordering::SeqCst);
+        *fetching.lock() = false;
         let reply = reply?;
         (id, batch) = cursor_batch_raw(&reply, "nextBatch")?;
         if let Some(cp) = on_repl_data(shared, &reply) {
@@ -457,11 +457,10 @@ fn optime_of(d: &RawDocument) -> Option<OpTime> {
     Document::try_from(d).ok().as_ref().and_then(OpTime::from_doc)
 }
 
-/// Apply fetched entries, log them with their own optimes, make them durable, and let the
-/// reporter tell upstream.
-/// `fetching`: a getMore to the source is out; when none is, the fetcher sends one at once
-/// and it carries this batch's progress.
-fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64, fetching: &AtomicBool) -> Result<()> {
+/// Apply fetched entries, log them with their own optimes and make them durable. Upstream
+/// hears of them on the fetcher's next getMore when `fetching` (a getMore to the source is
+/// out) is unset, since the fetcher then sends one at once; otherwise through the reporter.
+fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64, fetching: &parking_lot::Mutex<bool>) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let store = &shared.store;
     {
@@ -483,7 +482,8 @@ fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64, fetchi
         store.append_oplog_replicated(&logged)?;
     }
     store.commit_durable()?;
-    coord.after_apply(store.oplog_last().unwrap_or_default(), !fetching.load(Ordering::SeqCst));
+    let reported_by_fetch = !*fetching.lock();
+    coord.after_apply(store.oplog_last().unwrap_or_default(), reported_by_fetch);
     Ok(())
 }
 
@@ -503,7 +503,7 @@ pub async fn report_loop(shared: Arc<Shared>) {
         let Some((config, _)) = coord.config() else { continue };
         let Some(src) = coord.sync_source() else { continue };
         let host = &config.members[src].host;
-        let Some(optimes) = progress_optimes(&shared, Some(src)) else { continue };
+        let Some(optimes) = progress_optimes(&shared, src) else { continue };
         if conn.as_ref().is_some_and(|c| c.is_broken() || c.host != *host) {
             conn = None;
         }
@@ -524,7 +524,7 @@ pub async fn report_loop(shared: Arc<Shared>) {
 /// This member's applied and durable optimes, and what it knows of the members other than
 /// `src` (those downstream of it, when it is their sync source), in replSetUpdatePosition's
 /// `optimes` shape.
-fn progress_optimes(shared: &Shared, src: Option<usize>) -> Option<Vec<Bson>> {
+fn progress_optimes(shared: &Shared, src: usize) -> Option<Vec<Bson>> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let (config, me) = coord.config()?;
     let mut optimes = Vec::with_capacity(config.members.len());
@@ -533,7 +533,7 @@ fn progress_optimes(shared: &Shared, src: Option<usize>) -> Option<Vec<Bson>> {
     optimes.push(position(config.members[me].id, config.version, applied, durable));
     let inner = coord.inner.lock();
     for (i, p) in inner.peers.iter().enumerate() {
-        if i != me && Some(i) != src && p.view.applied > OpTime::default() {
+        if i != me && i != src && p.view.applied > OpTime::default() {
             optimes.push(position(config.members[i].id, config.version, p.view.applied, p.durable));
         }
     }
