@@ -585,6 +585,27 @@ async fn an_empty_member_joins_by_initial_sync_while_writes_continue() {
     assert_eq!(collection_uuid(&set.members[3], "app", "capped").await, collection_uuid(&set.members[p], "app", "capped").await);
 }
 
+/// A secondary reports a durable batch at once: on its next getMore, or on its own when a
+/// getMore is already out, waiting for entries, as between these one-at-a-time writes. Left
+/// to that getMore, each write would wait out its 1 s await (or the 2 s periodic report at
+/// the default heartbeat interval): 20 s or so in all, against well under one.
+#[tokio::test]
+async fn majority_writes_do_not_wait_for_the_fetchers_next_getmore() {
+    const WRITES: i32 = 20;
+    let mut set = Set::start(3, doc! {"heartbeatIntervalMillis": 2000, "electionTimeoutMillis": 10_000}, &[]).await;
+    set.wait_for_primary(None).await;
+    let client = set.client().await;
+    let db = client.database("app");
+    db.run_command(doc! {"insert": "c", "documents": [{"_id": -1}]}).await.unwrap();
+    let started = Instant::now();
+    for i in 0..WRITES {
+        let r = db.run_command(doc! {"insert": "c", "documents": [{"_id": i}], "writeConcern": {"w": "majority", "wtimeout": 30_000}}).await.unwrap();
+        assert!(r.get("writeConcernError").is_none(), "write {i}: {r:?}");
+    }
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_secs(8), "{WRITES} majority writes one at a time took {elapsed:?}");
+}
+
 #[tokio::test]
 async fn majority_and_linearizable_reads_wait_for_the_commit_point() {
     let mut set = Set::start(3, doc! {}, &[]).await;
