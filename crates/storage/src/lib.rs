@@ -2282,13 +2282,19 @@ pub struct Snapshot {
 impl Snapshot {
     /// Records in RecordId order after `after` (exclusive), at most `max_docs`.
     pub fn scan(&self, after: Option<RecordId>, max_docs: usize) -> Result<Vec<(RecordId, Document)>> {
+        let Some((lower, upper)) = self.bounds_after(after) else { return Ok(Vec::new()) };
+        self.scan_records(lower, upper, false, max_docs)
+    }
+
+    /// Key bounds of the records after `after` (all of them for None); None when nothing can
+    /// follow it.
+    fn bounds_after(&self, after: Option<RecordId>) -> Option<(Bound<Vec<u8>>, Bound<Vec<u8>>)> {
         let id = self.coll.id;
         let lower = match after {
-            Some(rid) if rid == u64::MAX => return Ok(Vec::new()),
-            Some(rid) => record_key(id, rid + 1),
+            Some(rid) => record_key(id, rid.checked_add(1)?),
             None => record_key(id, 0),
         };
-        self.scan_records(Bound::Included(lower), prefix_bounds(&id.to_be_bytes()).1, false, max_docs)
+        Some((Bound::Included(lower), prefix_bounds(&id.to_be_bytes()).1))
     }
 
     /// Records in descending RecordId order before `before` (exclusive), at most `max_docs`
@@ -2306,13 +2312,8 @@ impl Snapshot {
     /// `scan`, with each record's BSON as stored instead of a decoded `Document` (an oplog
     /// tail sends its entries on as they are; `decode_record` reads one).
     pub fn scan_raw(&self, after: Option<RecordId>, max_docs: usize) -> Result<Vec<(RecordId, Vec<u8>)>> {
-        let id = self.coll.id;
-        let lower = match after {
-            Some(rid) if rid == u64::MAX => return Ok(Vec::new()),
-            Some(rid) => record_key(id, rid + 1),
-            None => record_key(id, 0),
-        };
-        self.scan_with(Bound::Included(lower), prefix_bounds(&id.to_be_bytes()).1, false, max_docs, Ok)
+        let Some((lower, upper)) = self.bounds_after(after) else { return Ok(Vec::new()) };
+        self.scan_with(lower, upper, false, max_docs, Ok)
     }
 
     fn scan_records(&self, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>, reverse: bool, max_docs: usize) -> Result<Vec<(RecordId, Document)>> {

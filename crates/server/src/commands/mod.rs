@@ -285,22 +285,29 @@ impl Ctx<'_> {
     }
 }
 
-/// `{cursor: {firstBatch|nextBatch, id, ns}}`.
 /// `cursor_reply` for a batch a cursor produced: a raw batch goes beside the reply
 /// (`ConnState::raw_batch`) and is written into its empty batch array when it is encoded.
 pub fn cursor_batch_reply(ctx: &mut Ctx, ns: &str, id: i64, batch: crate::cursor::Batch, first: bool) -> Document {
     match batch {
         crate::cursor::Batch::Docs(docs) => cursor_reply(ns, id, docs, first),
         crate::cursor::Batch::Raw(docs) => {
-            let key = if first { "firstBatch" } else { "nextBatch" };
-            ctx.conn.raw_batch = Some(crate::conn::RawReplyBatch { key, docs });
+            ctx.conn.raw_batch = Some(crate::conn::RawReplyBatch { key: batch_key(first), docs });
             cursor_reply(ns, id, Vec::new(), first)
         }
     }
 }
 
+fn batch_key(first: bool) -> &'static str {
+    if first {
+        "firstBatch"
+    } else {
+        "nextBatch"
+    }
+}
+
+/// `{cursor: {firstBatch|nextBatch, id, ns}}`.
 pub fn cursor_reply(ns: &str, id: i64, batch: Vec<Document>, first: bool) -> Document {
-    let key = if first { "firstBatch" } else { "nextBatch" };
+    let key = batch_key(first);
     let mut c = Document::new();
     c.insert(key, Bson::Array(batch.into_iter().map(Bson::Document).collect()));
     c.insert("id", id);
