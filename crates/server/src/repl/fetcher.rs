@@ -11,7 +11,7 @@ use super::peer::{cursor_batch, cursor_batch_raw, PeerConn};
 use crate::state::Shared;
 use bson::{doc, Bson, Document, RawDocument, RawDocumentBuf};
 use common::{Code, Error, Result};
-use repl::MemberState;
+use repl::{MemberState, ReplSetConfig};
 use std::sync::Arc;
 use std::time::Duration;
 use storage::OpTime;
@@ -30,6 +30,9 @@ const TOO_STALE_DENY: Duration = Duration::from_secs(60);
 pub async fn fetch_loop(shared: Arc<Shared>) {
     let coord = shared.repl.as_ref().expect("replica set member");
     loop {
+        // Read before the config: a config installed after it moves the epoch and ends the
+        // fetch, which uses this config throughout.
+        let epoch = coord.epoch();
         let fetching = matches!(coord.state(), MemberState::Secondary | MemberState::Startup2 | MemberState::Recovering);
         let Some((config, me)) = coord.config().filter(|_| fetching) else {
             let _ = tokio::time::timeout(Duration::from_millis(200), coord.wake.notified()).await;
@@ -49,8 +52,7 @@ pub async fn fetch_loop(shared: Arc<Shared>) {
             let _ = tokio::time::timeout(Duration::from_millis(100), coord.wake.notified()).await;
             continue;
         };
-        let epoch = coord.epoch();
-        match fetch_from(&shared, epoch, src, forced, &config.members[src].host).await {
+        match fetch_from(&shared, epoch, &config, me, src, forced).await {
             Ok(()) => {}
             Err(e) => {
                 tracing::info!(source = %config.members[src].host, "oplog fetching stopped: {}", e.message);
@@ -63,9 +65,11 @@ pub async fn fetch_loop(shared: Arc<Shared>) {
 
 /// Tail `host`'s oplog until this member should stop (it became primary, the config
 /// changed, a better source appeared) or an error. A source `forced` by replSetSyncFrom is
-/// kept, as mongod keeps it, until the link breaks or it falls behind.
-async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, host: &str) -> Result<()> {
+/// kept, as mongod keeps it, until the link breaks or it falls behind. `config` (with our
+/// index `me`) is the one of `epoch`: the fetch ends when the epoch moves.
+async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me: usize, src: usize, forced: bool) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
+    let host = config.members[src].host.as_str();
     let mut conn = PeerConn::connect(host, CONNECT_TIMEOUT).await?;
     let last = shared.store.oplog_last().unwrap_or_default();
     if last == OpTime::default() {
@@ -132,9 +136,7 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, src: usize, forced: bool, 
         // Set before our progress is read, under the lock the apply reads it with: an apply
         // that reads it unset made its batch durable before, so our progress has the batch.
         *fetching.lock() = true;
-        if let Some(progress) = progress_optimes(shared, src) {
-            get_more.insert("$replProgress", progress);
-        }
+        get_more.insert("$replProgress", progress_optimes(shared, config, me, src));
         let reply = conn.command_raw("local", get_more, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await;
         *fetching.lock() = false;
         let reply = reply?;
@@ -500,10 +502,10 @@ pub async fn report_loop(shared: Arc<Shared>) {
         if coord.state() != MemberState::Secondary {
             continue;
         }
-        let Some((config, _)) = coord.config() else { continue };
+        let Some((config, me)) = coord.config() else { continue };
         let Some(src) = coord.sync_source() else { continue };
         let host = &config.members[src].host;
-        let Some(optimes) = progress_optimes(&shared, src) else { continue };
+        let optimes = progress_optimes(&shared, &config, me, src);
         if conn.as_ref().is_some_and(|c| c.is_broken() || c.host != *host) {
             conn = None;
         }
@@ -524,9 +526,8 @@ pub async fn report_loop(shared: Arc<Shared>) {
 /// This member's applied and durable optimes, and what it knows of the members other than
 /// `src` (those downstream of it, when it is their sync source), in replSetUpdatePosition's
 /// `optimes` shape.
-fn progress_optimes(shared: &Shared, src: usize) -> Option<Vec<Bson>> {
+fn progress_optimes(shared: &Shared, config: &ReplSetConfig, me: usize, src: usize) -> Vec<Bson> {
     let coord = shared.repl.as_ref().expect("replica set member");
-    let (config, me) = coord.config()?;
     let mut optimes = Vec::with_capacity(config.members.len());
     let applied = shared.store.oplog_last().unwrap_or_default();
     let durable = shared.store.oplog_durable().unwrap_or_default();
@@ -537,7 +538,7 @@ fn progress_optimes(shared: &Shared, src: usize) -> Option<Vec<Bson>> {
             optimes.push(position(config.members[i].id, config.version, p.view.applied, p.durable));
         }
     }
-    Some(optimes)
+    optimes
 }
 
 fn position(member_id: i32, cfgver: i32, applied: OpTime, durable: OpTime) -> Bson {
