@@ -103,54 +103,61 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
     }
     batch.remove(0);
     coord.set_info_message("");
-    // Each batch is applied while the next is fetched. Its progress goes upstream on the
-    // next getMore when none is out at the moment the batch is durable (the fetcher then
-    // sends one at once); otherwise, since that getMore may wait for new entries, the
-    // reporter sends it (replSetUpdatePosition). Under load the reply to the getMore sent
-    // beside an apply comes back before the apply ends, so one round trip per batch both
-    // reports and fetches.
-    let mut pending: Option<tokio::task::JoinHandle<Result<()>>> = None;
-    let fetching = Arc::new(parking_lot::Mutex::new(false));
+    // Each batch is applied while the source looks for the next: the getMore goes out
+    // first, then the batch is applied here (this thread is the fetcher's own), then the
+    // reply is read. The progress the apply made goes upstream at once, without waiting for
+    // a reply (`report_applied`): one wake-up of this thread per batch.
+    let mut report: Option<PeerConn> = None;
     let mut commit_seen = OpTime::default();
     loop {
+        let stop = id == 0 || coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, src, forced);
+        let sent = if stop {
+            None
+        } else {
+            let get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1};
+            Some(conn.send_command("local", get_more, REPLY_SLACK).await?)
+        };
         if !batch.is_empty() {
-            if let Some(p) = pending.take() {
-                p.await.map_err(|e| Error::internal(e.to_string()))??;
-                coord.learn_commit_point(&shared.store, commit_seen);
-            }
-            let s = shared.clone();
-            let f = fetching.clone();
-            let entries = std::mem::take(&mut batch);
-            pending = Some(tokio::task::spawn_blocking(move || apply_batch(&s, entries, epoch, &f)));
+            let applied = apply_batch(shared, std::mem::take(&mut batch), epoch)?;
+            coord.learn_commit_point(&shared.store, commit_seen);
+            let reported = report_applied(shared, &mut report, config, me, src).await;
+            coord.after_apply(applied, reported);
         }
-        if id == 0 {
-            return Err(Error::new(Code::CursorNotFound, format!("{host} closed the oplog cursor")));
-        }
-        if coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, src, forced) {
-            if let Some(p) = pending.take() {
-                let _ = p.await;
+        let Some(sent) = sent else {
+            if id == 0 {
+                return Err(Error::new(Code::CursorNotFound, format!("{host} closed the oplog cursor")));
             }
             return Ok(());
-        }
-        let mut get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1};
-        // Set before our progress is read, under the lock the apply reads it with: an apply
-        // that reads it unset made its batch durable before, so our progress has the batch.
-        *fetching.lock() = true;
-        get_more.insert("$replProgress", progress_optimes(shared, config, me, src));
-        let reply = conn.command_raw("local", get_more, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await;
-        *fetching.lock() = false;
-        let reply = reply?;
+        };
+        let reply = conn.receive_raw(sent, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await?;
         (id, batch) = cursor_batch_raw(&reply, "nextBatch")?;
         if let Some(cp) = on_repl_data(shared, &reply) {
             commit_seen = commit_seen.max(cp);
         }
         if batch.is_empty() {
-            if let Some(p) = pending.take() {
-                p.await.map_err(|e| Error::internal(e.to_string()))??;
-            }
             coord.learn_commit_point(&shared.store, commit_seen);
         }
     }
+}
+
+/// Tell the sync source what this member (and those downstream of it) have applied, as
+/// replSetUpdatePosition with moreToCome: no reply to wait for. True when it went out; when
+/// it did not, the reporter (`report_loop`) sends it and hears the answer.
+async fn report_applied(shared: &Shared, conn: &mut Option<PeerConn>, config: &ReplSetConfig, me: usize, src: usize) -> bool {
+    let host = &config.members[src].host;
+    let optimes = progress_optimes(shared, config, me, src);
+    let r = async {
+        if conn.as_ref().is_none_or(|c| c.is_broken()) {
+            *conn = Some(PeerConn::connect(host, CONNECT_TIMEOUT).await?);
+        }
+        conn.as_mut().expect("connected").notify("admin", doc! {"replSetUpdatePosition": 1, "optimes": optimes}, CONNECT_TIMEOUT).await
+    }
+    .await;
+    if let Err(e) = &r {
+        tracing::debug!(%host, "replSetUpdatePosition failed: {}", e.message);
+        *conn = None;
+    }
+    r.is_ok()
 }
 
 /// The source's oldest oplog entry, if it has any.
@@ -459,10 +466,9 @@ fn optime_of(d: &RawDocument) -> Option<OpTime> {
     Document::try_from(d).ok().as_ref().and_then(OpTime::from_doc)
 }
 
-/// Apply fetched entries, log them with their own optimes and make them durable. Upstream
-/// hears of them on the fetcher's next getMore when `fetching` (a getMore to the source is
-/// out) is unset, since the fetcher then sends one at once; otherwise through the reporter.
-fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64, fetching: &parking_lot::Mutex<bool>) -> Result<()> {
+/// Apply fetched entries, log them with their own optimes and make them durable; returns
+/// the newest optime now applied.
+fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<OpTime> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let store = &shared.store;
     {
@@ -484,9 +490,7 @@ fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64, fetchi
         store.append_oplog_replicated(&logged)?;
     }
     store.commit_durable()?;
-    let reported_by_fetch = !*fetching.lock();
-    coord.after_apply(store.oplog_last().unwrap_or_default(), reported_by_fetch);
-    Ok(())
+    Ok(store.oplog_last().unwrap_or_default())
 }
 
 /// Send this member's progress, and what it knows of the members downstream, to its sync

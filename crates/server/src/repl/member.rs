@@ -35,7 +35,18 @@ pub fn spawn_tasks(shared: Arc<Shared>) {
     let _ = coord.shared.set(Arc::downgrade(&shared));
     tokio::spawn(supervise(shared.clone()));
     tokio::spawn(tick_loop(shared.clone()));
-    tokio::spawn(super::fetcher::fetch_loop(shared.clone()));
+    // The fetcher applies each batch on its own thread, in line: no hop to a blocking pool
+    // and back per batch, and the server's workers stay free for clients.
+    let fetcher = shared.clone();
+    let spawned = std::thread::Builder::new().name("shoal-oplog-fetcher".into()).spawn(move || {
+        match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt.block_on(super::fetcher::fetch_loop(fetcher)),
+            Err(e) => tracing::error!("cannot start the oplog fetcher's runtime: {e}"),
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the oplog fetcher's thread: {e}");
+    }
     tokio::spawn(super::fetcher::report_loop(shared));
 }
 
@@ -597,9 +608,9 @@ pub fn update_position(shared: &Shared, cmd: &Document) -> Result<Document> {
     Ok(Document::new())
 }
 
-/// Record downstream members' progress (replSetUpdatePosition's `optimes`, or a fetcher's
-/// getMore's `$replProgress`), moving the commit point and waking the writes it satisfies.
-pub fn update_positions(shared: &Shared, optimes: &[Bson]) -> Result<()> {
+/// Record downstream members' progress (replSetUpdatePosition's `optimes`), moving the
+/// commit point and waking the writes it satisfies.
+fn update_positions(shared: &Shared, optimes: &[Bson]) -> Result<()> {
     let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     let mut inner = coord.inner.lock();
     let Some(config) = inner.config.clone() else { return Err(super::not_initialized()) };

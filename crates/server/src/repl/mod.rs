@@ -29,7 +29,7 @@ pub use member::spawn_tasks;
 
 /// The handlers of the member-to-member commands.
 pub(crate) mod member_commands {
-    pub use super::member::{freeze, heartbeat, request_votes, step_down_command, step_up, sync_from, update_position, update_positions};
+    pub use super::member::{freeze, heartbeat, request_votes, step_down_command, step_up, sync_from, update_position};
 }
 
 const CONFIG_DB: &str = "local";
@@ -842,10 +842,10 @@ impl ReplCoord {
         self.after_apply(applied, false);
     }
 
-    /// A fetched batch is applied and durable: report it (unless `reported_by_fetch`: the
-    /// fetcher's next getMore carries it), and leave RECOVERING once the oplog reaches
-    /// minValid.
-    pub(crate) fn after_apply(&self, applied: OpTime, reported_by_fetch: bool) {
+    /// A fetched batch is applied and durable: have the reporter report it (unless
+    /// `reported`: the fetcher already sent it upstream), and leave RECOVERING once the oplog
+    /// reaches minValid.
+    pub(crate) fn after_apply(&self, applied: OpTime, reported: bool) {
         let recovered = {
             let mut inner = self.inner.lock();
             let done = inner.state == MemberState::Recovering && inner.min_valid.is_some_and(|m| applied >= m);
@@ -859,7 +859,7 @@ impl ReplCoord {
             tracing::info!("caught up after rollback: secondary");
             self.changed();
         } else {
-            if !reported_by_fetch {
+            if !reported {
                 self.positions.send_modify(|c| *c += 1);
             }
             self.progress.send_modify(|c| *c += 1);
