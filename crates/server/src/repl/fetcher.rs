@@ -110,7 +110,7 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
     let mut report: Option<PeerConn> = None;
     let mut commit_seen = OpTime::default();
     loop {
-        let stop = id == 0 || coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, src, forced);
+        let stop = id == 0 || coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, config, me, src, forced);
         let sent = if stop {
             None
         } else {
@@ -420,9 +420,10 @@ fn save_rollback_doc(dbpath: &std::path::Path, ns: &str, stamp: &str, doc: &Docu
     f.sync_all().map_err(io)
 }
 
-fn should_change(shared: &Shared, current: usize, forced: bool) -> bool {
+/// Whether to leave source `current`. `config` is the fetch's (the caller ends the fetch
+/// first when the epoch moved), so it is not copied for every batch.
+fn should_change(shared: &Shared, config: &ReplSetConfig, me: usize, current: usize, forced: bool) -> bool {
     let coord = shared.repl.as_ref().expect("replica set member");
-    let Some((config, me)) = coord.config() else { return true };
     let last = shared.store.oplog_last().unwrap_or_default();
     let inner = coord.inner.lock();
     if inner.sync_from.is_some() {
@@ -432,7 +433,7 @@ fn should_change(shared: &Shared, current: usize, forced: bool) -> bool {
     if forced {
         return repl::sync_source::is_unusable(&views, me, last, current);
     }
-    repl::sync_source::should_change(&config, me, &views, last, current)
+    repl::sync_source::should_change(config, me, &views, last, current)
 }
 
 /// What heartbeats say of each member, for choosing a source: a member denied for a while

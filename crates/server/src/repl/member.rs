@@ -612,8 +612,10 @@ pub fn update_position(shared: &Shared, cmd: &Document) -> Result<Document> {
 /// commit point and waking the writes it satisfies.
 fn update_positions(shared: &Shared, optimes: &[Bson]) -> Result<()> {
     let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
-    let mut inner = coord.inner.lock();
-    let Some(config) = inner.config.clone() else { return Err(super::not_initialized()) };
+    let mut guard = coord.inner.lock();
+    // Borrowed field by field: the config is not copied for every report.
+    let inner = &mut *guard;
+    let Some(config) = inner.config.as_ref() else { return Err(super::not_initialized()) };
     let mut moved = false;
     for o in optimes {
         let Bson::Document(o) = o else { continue };
@@ -633,9 +635,9 @@ fn update_positions(shared: &Shared, optimes: &[Bson]) -> Result<()> {
         }
     }
     if moved {
-        coord.advance_commit_point(&shared.store, &mut inner);
-        coord.wake_majority_waiters(&shared.store, &inner);
-        drop(inner);
+        coord.advance_commit_point(&shared.store, &mut guard);
+        coord.wake_majority_waiters(&shared.store, &guard);
+        drop(guard);
         coord.positions.send_modify(|c| *c += 1);
         coord.progress.send_modify(|c| *c += 1);
     }
