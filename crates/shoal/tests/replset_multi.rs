@@ -170,10 +170,21 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
         let s = set.status(i).await.unwrap();
         assert_eq!(s.get_i32("myState").unwrap(), 2);
         assert!(!s.get_str("syncSourceHost").unwrap().is_empty(), "a secondary has a sync source");
-        // Each member's own oplog holds the same entries as the primary's.
-        let theirs = direct(&set.members[i]).await.database("local").collection::<Document>("oplog.rs").count_documents(doc! {}).await.unwrap();
-        let ours = direct(&set.members[0]).await.database("local").collection::<Document>("oplog.rs").count_documents(doc! {}).await.unwrap();
-        assert_eq!(theirs, ours);
+        // Each member's own oplog holds the same entries as the primary's, once it has
+        // logged the batch whose documents it applied.
+        let oplog_count = |m: usize| {
+            let c = &set.members[m];
+            async move { direct(c).await.database("local").collection::<Document>("oplog.rs").count_documents(doc! {}).await.unwrap() }
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (theirs, ours) = (oplog_count(i).await, oplog_count(0).await);
+            if theirs == ours {
+                break;
+            }
+            assert!(Instant::now() < deadline, "member {i} logs {theirs} entries, the primary {ours}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     let db = client.database("app");
     // An acknowledged write is in the primary's journal (j defaults to true): one sync per
@@ -213,30 +224,20 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
     set.members[2].restart();
     set.wait_for_count(2, "c", 54 + 2 * WRITES as u64).await;
 
-    // A fetcher reports each applied batch as replSetUpdatePosition with moreToCome: the
-    // primary takes it (here a position far ahead for member 1, which it then reports) and
-    // sends no reply, so the next reply on the connection is the ping's.
+    // The progress a getMore carries counts as replSetUpdatePosition's would: here a
+    // position far ahead for member 1, which the primary then reports.
+    let p = direct(&set.members[0]).await;
+    let local = p.database("local");
+    let r = local.run_command(doc! {"find": "oplog.rs", "filter": {"ts": {"$gte": Timestamp { time: 0, increment: 0 }}}, "tailable": true, "batchSize": 1}).await.unwrap();
+    let id = path(&r, "cursor.id").and_then(|v| v.as_i64()).unwrap();
     let term = path(&set.status(0).await.unwrap(), "term").and_then(|v| v.as_i64()).unwrap();
     let ahead = doc! {"ts": Timestamp { time: 4_000_000_000, increment: 1 }, "t": term};
     let progress = vec![doc! {"memberId": 1, "cfgver": 1, "appliedOpTime": ahead.clone(), "durableOpTime": ahead.clone()}];
-    let port = set.members[0].port;
-    tokio::task::spawn_blocking(move || {
-        use std::io::Write;
-        let mut s = wire::connect(port);
-        let report = doc! {"replSetUpdatePosition": 1, "optimes": progress, "$db": "admin"};
-        s.write_all(&wire::op_msg(7, wire::FLAG_MORE_TO_COME, &report)).unwrap();
-        let r = wire::command(&mut s, 8, &doc! {"ping": 1, "$db": "admin"});
-        assert_eq!(r.doc.get_f64("ok").ok(), Some(1.0), "{:?}", r.doc);
-    })
-    .await
-    .unwrap();
+    assert_code(local.run_command(doc! {"getMore": id, "collection": "oplog.rs", "batchSize": 1, "$replProgress": 1}).await, 14);
+    let r = local.run_command(doc! {"getMore": id, "collection": "oplog.rs", "batchSize": 1, "$replProgress": progress}).await;
+    assert!(r.is_ok(), "{r:?}");
     let status = set.status(0).await.unwrap();
     assert_eq!(path(member(&status, 1), "optimeDurable.ts"), Some(&Bson::Timestamp(Timestamp { time: 4_000_000_000, increment: 1 })), "{status:?}");
-    // Progress rides only on replSetUpdatePosition; a getMore does not take it.
-    let local = direct(&set.members[0]).await.database("local");
-    let r = local.run_command(doc! {"find": "oplog.rs", "filter": {"ts": {"$gte": Timestamp { time: 0, increment: 0 }}}, "tailable": true, "batchSize": 1}).await.unwrap();
-    let id = path(&r, "cursor.id").and_then(|v| v.as_i64()).unwrap();
-    assert_code(local.run_command(doc! {"getMore": id, "collection": "oplog.rs", "$replProgress": []}).await, 40415);
 }
 
 #[tokio::test]
@@ -595,10 +596,10 @@ async fn an_empty_member_joins_by_initial_sync_while_writes_continue() {
     assert_eq!(collection_uuid(&set.members[3], "app", "capped").await, collection_uuid(&set.members[p], "app", "capped").await);
 }
 
-/// A secondary reports a durable batch at once, although its next getMore is already out,
-/// waiting for entries, as between these one-at-a-time writes. Left to that getMore, or to
-/// the periodic report (2 s at the default heartbeat interval), each write would wait a
-/// second or more: 20 s or so in all, against well under one.
+/// A secondary reports a durable batch at once: the getMore it sends as soon as the batch is
+/// durable carries it. Left to a getMore sent before, which waits for entries as between
+/// these one-at-a-time writes, each write would wait out its 1 s await (or the 2 s periodic
+/// report at the default heartbeat interval): 20 s or so in all, against well under one.
 #[tokio::test]
 async fn majority_writes_do_not_wait_for_the_fetchers_next_getmore() {
     const WRITES: i32 = 20;

@@ -342,10 +342,18 @@ const AWAIT_DATA_MS_DEFAULT: i64 = 1000;
 const AWAIT_DATA_MS_MAX: i64 = 60_000;
 
 pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
-    check_fields("getMore", ctx.cmd, &["collection", "batchSize", "term", "lastKnownCommittedOpTime", "maxTimeMS"])?;
+    check_fields("getMore", ctx.cmd, &["collection", "batchSize", "term", "lastKnownCommittedOpTime", "maxTimeMS", "$replProgress"])?;
     // A getMore run again after its awaitData wait (conn::await_data_loop) is the same one.
     if ctx.conn.await_deadline.is_none() {
         Counters::add(&ctx.shared.counters.getmore, 1);
+        // A fetching member's progress (replSetUpdatePosition's `optimes`) rides on its
+        // next getMore: one round trip per batch both reports and fetches.
+        if let Some(progress) = ctx.cmd.get("$replProgress") {
+            let Bson::Array(optimes) = progress else {
+                return Err(Error::type_mismatch("BSON field 'getMore.$replProgress' must be an array"));
+            };
+            crate::repl::member_commands::update_positions(ctx.shared, optimes)?;
+        }
     }
     let id = match ctx.cmd.get("getMore") {
         Some(Bson::Int64(id)) => *id,

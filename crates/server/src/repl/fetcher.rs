@@ -103,33 +103,42 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
     }
     batch.remove(0);
     coord.set_info_message("");
-    // Each batch is applied while the source looks for the next: the getMore goes out
-    // first, then the batch is applied here (this thread is the fetcher's own), then the
-    // reply is read. The progress the apply made goes upstream at once, without waiting for
-    // a reply (`report_applied`): one wake-up of this thread per batch.
-    let mut report: Option<PeerConn> = None;
+    // Apply a batch (here, in line: this thread is the fetcher's own), then fetch the next
+    // with a getMore that carries the progress the apply made (`$replProgress`,
+    // replSetUpdatePosition's `optimes`): one round trip per batch both reports and fetches,
+    // and the next batch is everything the source logged meanwhile. Fetching during the
+    // apply instead got back, under load, a batch of the few entries logged just after the
+    // getMore went out, and left the rest to the batch after: smaller batches, an fsync and
+    // a report each, and a longer wait for w:"majority".
     let mut commit_seen = OpTime::default();
     loop {
-        let stop = id == 0 || coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, config, me, src, forced);
-        let sent = if stop {
-            None
-        } else {
-            let get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1};
-            Some(conn.send_command("local", get_more, REPLY_SLACK).await?)
-        };
-        if !batch.is_empty() {
-            let applied = apply_batch(shared, std::mem::take(&mut batch), epoch)?;
+        let applied = if batch.is_empty() { None } else { Some(apply_batch(shared, std::mem::take(&mut batch), epoch)?) };
+        if applied.is_some() {
             coord.learn_commit_point(&shared.store, commit_seen);
-            let reported = report_applied(shared, &mut report, config, me, src).await;
-            coord.after_apply(applied, reported);
         }
-        let Some(sent) = sent else {
+        let stop = id == 0 || coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, config, me, src, forced);
+        // Reported by the getMore below, or else by the reporter (replSetUpdatePosition).
+        if let Some(at) = applied {
+            coord.after_apply(at, !stop);
+        }
+        if stop {
             if id == 0 {
                 return Err(Error::new(Code::CursorNotFound, format!("{host} closed the oplog cursor")));
             }
             return Ok(());
+        }
+        let mut get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1};
+        get_more.insert("$replProgress", progress_optimes(shared, config, me, src));
+        let reply = match conn.command_raw("local", get_more, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(at) = applied {
+                    // The source may not have heard of the batch: leave it to the reporter.
+                    coord.after_apply(at, false);
+                }
+                return Err(e);
+            }
         };
-        let reply = conn.receive_raw(sent, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await?;
         (id, batch) = cursor_batch_raw(&reply, "nextBatch")?;
         if let Some(cp) = on_repl_data(shared, &reply) {
             commit_seen = commit_seen.max(cp);
@@ -138,26 +147,6 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
             coord.learn_commit_point(&shared.store, commit_seen);
         }
     }
-}
-
-/// Tell the sync source what this member (and those downstream of it) have applied, as
-/// replSetUpdatePosition with moreToCome: no reply to wait for. True when it went out; when
-/// it did not, the reporter (`report_loop`) sends it and hears the answer.
-async fn report_applied(shared: &Shared, conn: &mut Option<PeerConn>, config: &ReplSetConfig, me: usize, src: usize) -> bool {
-    let host = &config.members[src].host;
-    let optimes = progress_optimes(shared, config, me, src);
-    let r = async {
-        if conn.as_ref().is_none_or(|c| c.is_broken()) {
-            *conn = Some(PeerConn::connect(host, CONNECT_TIMEOUT).await?);
-        }
-        conn.as_mut().expect("connected").notify("admin", doc! {"replSetUpdatePosition": 1, "optimes": optimes}, CONNECT_TIMEOUT).await
-    }
-    .await;
-    if let Err(e) = &r {
-        tracing::debug!(%host, "replSetUpdatePosition failed: {}", e.message);
-        *conn = None;
-    }
-    r.is_ok()
 }
 
 /// The source's oldest oplog entry, if it has any.

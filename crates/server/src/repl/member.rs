@@ -608,9 +608,9 @@ pub fn update_position(shared: &Shared, cmd: &Document) -> Result<Document> {
     Ok(Document::new())
 }
 
-/// Record downstream members' progress (replSetUpdatePosition's `optimes`), moving the
-/// commit point and waking the writes it satisfies.
-fn update_positions(shared: &Shared, optimes: &[Bson]) -> Result<()> {
+/// Record downstream members' progress (replSetUpdatePosition's `optimes`, or a fetcher's
+/// getMore's `$replProgress`), moving the commit point and waking the writes it satisfies.
+pub fn update_positions(shared: &Shared, optimes: &[Bson]) -> Result<()> {
     let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     let mut guard = coord.inner.lock();
     // Borrowed field by field: the config is not copied for every report.

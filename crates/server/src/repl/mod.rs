@@ -29,7 +29,7 @@ pub use member::spawn_tasks;
 
 /// The handlers of the member-to-member commands.
 pub(crate) mod member_commands {
-    pub use super::member::{freeze, heartbeat, request_votes, step_down_command, step_up, sync_from, update_position};
+    pub use super::member::{freeze, heartbeat, request_votes, step_down_command, step_up, sync_from, update_position, update_positions};
 }
 
 const CONFIG_DB: &str = "local";
@@ -843,8 +843,8 @@ impl ReplCoord {
     }
 
     /// A fetched batch is applied and durable: have the reporter report it (unless
-    /// `reported`: the fetcher already sent it upstream), and leave RECOVERING once the oplog
-    /// reaches minValid.
+    /// `reported`: the fetcher's next getMore carries it), and leave RECOVERING once the
+    /// oplog reaches minValid.
     pub(crate) fn after_apply(&self, applied: OpTime, reported: bool) {
         let recovered = {
             let mut inner = self.inner.lock();

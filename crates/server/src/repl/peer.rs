@@ -46,47 +46,19 @@ impl PeerConn {
 
     /// `command`, with the reply left as BSON (its structure checked, not decoded): the oplog
     /// fetcher writes the entries of a batch into its own oplog as they came.
-    pub async fn command_raw(&mut self, db: &str, body: Document, timeout: Duration) -> Result<RawDocumentBuf> {
-        let id = self.send(db, body, 0, timeout).await?;
-        self.receive_raw(id, timeout).await
-    }
-
-    /// Send `body` without waiting for its reply, which `receive_raw` then reads: the oplog
-    /// fetcher has its next getMore out while it applies the batch before.
-    pub async fn send_command(&mut self, db: &str, body: Document, timeout: Duration) -> Result<i32> {
-        self.send(db, body, 0, timeout).await
-    }
-
-    /// Send `body` with moreToCome: the peer runs it and sends no reply. For reports whose
-    /// answer the sender has no use for (progress upstream, repeated until it lands).
-    pub async fn notify(&mut self, db: &str, body: Document, timeout: Duration) -> Result<()> {
-        self.send(db, body, wire::flags::MORE_TO_COME, timeout).await.map(|_| ())
-    }
-
-    async fn send(&mut self, db: &str, mut body: Document, flags: u32, timeout: Duration) -> Result<i32> {
+    pub async fn command_raw(&mut self, db: &str, mut body: Document, timeout: Duration) -> Result<RawDocumentBuf> {
         if self.broken {
             return Err(Error::new(Code::HostUnreachable, format!("connection to {} was broken by an earlier error", self.host)));
         }
         body.insert("$db", db);
-        let id = self.next_id;
-        self.next_id = self.next_id.wrapping_add(1);
-        let r = match tokio::time::timeout(timeout, self.write(id, flags, body)).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::new(Code::NetworkTimeout, format!("cannot send to {} within {} ms", self.host, timeout.as_millis()))),
-        };
-        self.check(r).map(|()| id)
-    }
-
-    /// The reply to request `id`; a reply with ok:0 is an `Err` with the reply's code.
-    pub async fn receive_raw(&mut self, id: i32, timeout: Duration) -> Result<RawDocumentBuf> {
-        if self.broken {
-            return Err(Error::new(Code::HostUnreachable, format!("connection to {} was broken by an earlier error", self.host)));
-        }
-        let r = match tokio::time::timeout(timeout, self.read(id)).await {
+        let r = match tokio::time::timeout(timeout, self.round_trip(body)).await {
             Ok(r) => r,
             Err(_) => Err(Error::new(Code::NetworkTimeout, format!("no reply from {} within {} ms", self.host, timeout.as_millis()))),
         };
-        let reply = self.check(r)?;
+        if r.as_ref().is_err_and(|e| e.code == Code::HostUnreachable.0 || e.code == Code::NetworkTimeout.0 || e.code == Code::ProtocolError.0) {
+            self.broken = true;
+        }
+        let reply = r?;
         if is_ok(&reply) {
             return Ok(reply);
         }
@@ -96,23 +68,13 @@ impl PeerConn {
         Err(Error::remote(code, name, format!("{} replied: {msg}", self.host)))
     }
 
-    /// Any network error, timeout or malformed reply breaks the connection.
-    fn check<T>(&mut self, r: Result<T>) -> Result<T> {
-        if r.as_ref().is_err_and(|e| e.code == Code::HostUnreachable.0 || e.code == Code::NetworkTimeout.0 || e.code == Code::ProtocolError.0) {
-            self.broken = true;
-        }
-        r
-    }
-
-    async fn write(&mut self, id: i32, flags: u32, body: Document) -> Result<()> {
+    async fn round_trip(&mut self, body: Document) -> Result<RawDocumentBuf> {
         crate::fault::before_send(&self.host).await?;
-        let frame = wire::try_encode_msg(id, 0, &wire::OpMsg { flags, body, sequences: Vec::new() }, None)?;
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        let frame = wire::try_encode_msg(id, 0, &wire::OpMsg { flags: 0, body, sequences: Vec::new() }, None)?;
         let io = |e: std::io::Error| Error::new(Code::HostUnreachable, format!("connection to {} failed: {e}", self.host));
-        self.stream.write_all(&frame).await.map_err(io)
-    }
-
-    async fn read(&mut self, id: i32) -> Result<RawDocumentBuf> {
-        let io = |e: std::io::Error| Error::new(Code::HostUnreachable, format!("connection to {} failed: {e}", self.host));
+        self.stream.write_all(&frame).await.map_err(io)?;
         let mut prefix = [0u8; 4];
         self.stream.read_exact(&mut prefix).await.map_err(io)?;
         let len = wire::frame_length(prefix, REPLY_BYTES_MAX)?;
