@@ -55,7 +55,7 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
         None => None,
     };
     let shared = Arc::new(Shared::new(config, store, repl));
-    repl::spawn_tasks(shared.clone());
+    repl::spawn_tasks(shared.clone())?;
     tracing::info!(port = shared.config.port, dbpath = %shared.config.dbpath.display(), fd_limit = fds, "waiting for connections");
 
     // Idle cursor reaper (MongoDB's clientCursorMonitor runs every 4 s).

@@ -2,10 +2,10 @@
 //! awaitData find on its `local.oplog.rs` (what mongod's OplogFetcher does), apply each
 //! batch, write the same entries into our own oplog with their original optimes, make them
 //! durable, and report progress upstream: on the next getMore (`$replProgress`), or with
-//! replSetUpdatePosition when a getMore is already out.
+//! replSetUpdatePosition when there is none.
 //!
-//! Fetching and applying overlap: the next batch is fetched while the previous one is being
-//! applied (at most one of each in flight).
+//! The fetcher runs on a thread of its own and applies each batch there, then fetches the
+//! next: the batch after an apply is everything the source logged during it.
 
 use super::peer::{cursor_batch, cursor_batch_raw, PeerConn};
 use crate::state::Shared;

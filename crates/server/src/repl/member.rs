@@ -27,10 +27,10 @@ fn heartbeat_timeout(config: &ReplSetConfig) -> Duration {
 
 /// Start the member's background work: one heartbeat task per other member (restarted when
 /// the config changes), the election and step-down ticker, and the oplog fetcher.
-pub fn spawn_tasks(shared: Arc<Shared>) {
-    let Some(coord) = &shared.repl else { return };
+pub fn spawn_tasks(shared: Arc<Shared>) -> Result<()> {
+    let Some(coord) = &shared.repl else { return Ok(()) };
     if coord.tasks_started.swap(true, std::sync::atomic::Ordering::SeqCst) {
-        return;
+        return Ok(());
     }
     let _ = coord.shared.set(Arc::downgrade(&shared));
     tokio::spawn(supervise(shared.clone()));
@@ -38,16 +38,13 @@ pub fn spawn_tasks(shared: Arc<Shared>) {
     // The fetcher applies each batch on its own thread, in line: no hop to a blocking pool
     // and back per batch, and the server's workers stay free for clients.
     let fetcher = shared.clone();
-    let spawned = std::thread::Builder::new().name("shoal-oplog-fetcher".into()).spawn(move || {
-        match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => rt.block_on(super::fetcher::fetch_loop(fetcher)),
-            Err(e) => tracing::error!("cannot start the oplog fetcher's runtime: {e}"),
-        }
-    });
-    if let Err(e) = spawned {
-        tracing::error!("cannot start the oplog fetcher's thread: {e}");
-    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::internal(format!("cannot start the oplog fetcher's runtime: {e}")))?;
+    std::thread::Builder::new()
+        .name("shoal-oplog-fetcher".into())
+        .spawn(move || rt.block_on(super::fetcher::fetch_loop(fetcher)))
+        .map_err(|e| Error::internal(format!("cannot start the oplog fetcher's thread: {e}")))?;
     tokio::spawn(super::fetcher::report_loop(shared));
+    Ok(())
 }
 
 /// (Re)start the heartbeat tasks whenever the config epoch changes.
@@ -311,7 +308,9 @@ async fn fetch_config_from(shared: Arc<Shared>, from: String) {
 /// replSetInitiate's quorum check: every other member answers a heartbeat and is not in a
 /// set already.
 pub async fn check_quorum_for_initiate(config: &ReplSetConfig, self_index: usize) -> Result<()> {
-    let timeout = heartbeat_timeout(config).min(Duration::from_secs(10));
+    // heartbeatTimeoutSecs as mongod's quorum checker, not cut to the election timeout as for
+    // liveness: a member slow to answer once on a loaded machine is still a member.
+    let timeout = Duration::from_secs(config.settings.heartbeat_timeout_secs.clamp(1, 10) as u64);
     let mut set = tokio::task::JoinSet::new();
     for (i, m) in config.members.iter().enumerate() {
         if i == self_index {
