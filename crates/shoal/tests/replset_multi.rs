@@ -203,6 +203,17 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
     }
     let unjournaled = syncs().await - before;
     assert!(unjournaled < WRITES, "j:false writes take no sync of their own: {unjournaled} syncs for {WRITES} writes");
+    // A secondary reports each applied batch on its next getMore: majority writes take no
+    // replSetUpdatePosition each (two per write if both secondaries sent one).
+    // (The count also holds heartbeats, driver monitoring and the second serverStatus.)
+    let primary = direct(&set.members[0]).await;
+    let count = || async { path(&admin(&primary, doc! {"serverStatus": 1}).await.unwrap(), "opcounters.command").and_then(|v| v.as_i64()).unwrap() };
+    let before = count().await;
+    for i in 0..WRITES {
+        db.run_command(doc! {"insert": "c", "documents": [{"_id": 400 + i}], "writeConcern": {"w": "majority"}}).await.unwrap();
+    }
+    let commands = count().await - before;
+    assert!(commands < WRITES, "{commands} commands on the primary during {WRITES} majority writes");
     // w:3 waits for all three.
     let r = db.run_command(doc! {"insert": "c", "documents": [{"_id": 100}], "writeConcern": {"w": 3, "wtimeout": 10000}}).await.unwrap();
     assert!(r.get("writeConcernError").is_none(), "{r:?}");
@@ -222,7 +233,7 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
     assert_code_name(sec.database("app").run_command(doc! {"insert": "c", "documents": [{"_id": 1000}]}).await, 10107, "NotWritablePrimary");
     // The restarted member catches up from where its oplog ends.
     set.members[2].restart();
-    set.wait_for_count(2, "c", 54 + 2 * WRITES as u64).await;
+    set.wait_for_count(2, "c", 54 + 3 * WRITES as u64).await;
 
     // The progress a getMore carries counts as replSetUpdatePosition's would: here a
     // position far ahead for member 1, which the primary then reports.
