@@ -12,7 +12,109 @@ use bson::{Bson, Document};
 use common::{Code, Error, Result};
 use query::filter::MatchDetails;
 use query::update::Update;
-use storage::{Collection, IndexSpec, Store};
+use std::collections::HashMap;
+use storage::{Collection, IndexSpec, OpTime, ReplicatedChange, Store};
+
+/// Apply a secondary's fetched batch (`entries`, decoded) and log it in our oplog as it came
+/// (`logged`: each entry's optime and BSON). A batch of CRUD entries whose updates are whole
+/// documents (what shoal logs) goes to the engine as one write: each document's final state
+/// (`Store::apply_replicated`). Anything else (catalog commands, update operators), or a
+/// batch whose final states move a unique key between documents, is applied entry by entry.
+pub fn apply_batch(store: &Store, entries: Vec<Document>, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
+    debug_assert_eq!(entries.len(), logged.len());
+    let entries = if entries.iter().all(is_final_state) {
+        match store.apply_replicated(&final_states(store, entries)?, logged) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.code == Code::DuplicateKey.0 => tracing::debug!("a batch moves a unique key: applying it entry by entry ({})", e.message),
+            Err(e) => return Err(e),
+        }
+        // Taken apart above; decoded again from the entries as logged.
+        logged.iter().map(|(_, b)| storage::decode_record(b)).collect::<Result<Vec<_>>>()?
+    } else {
+        entries
+    };
+    for (e, (at, _)) in entries.iter().zip(logged) {
+        apply_entry(store, e).map_err(|err| Error::new(Code(err.code, err.code_name), format!("applying oplog entry {at:?} failed: {}", err.message)))?;
+    }
+    store.append_oplog_replicated(logged)
+}
+
+/// Whether `entry` leaves a document in a state of its own (insert, whole-document update,
+/// delete) or changes nothing (no-op), so that only the last such entry of each document
+/// in a batch matters.
+fn is_final_state(entry: &Document) -> bool {
+    match entry.get_str("op") {
+        Ok("n" | "i" | "d") => true,
+        Ok("u") => entry.get_document("o").is_ok_and(|o| !o.keys().next().is_some_and(|k| k.starts_with('$'))),
+        _ => false,
+    }
+}
+
+/// Each collection's documents as `entries` (all `is_final_state`) leave them: the last
+/// insert, whole-document update or delete of each `_id`. Collections that inserts or
+/// updates name are created first, as `apply_entry` creates them.
+fn final_states(store: &Store, entries: Vec<Document>) -> Result<Vec<(Collection, Vec<ReplicatedChange>)>> {
+    struct Group {
+        ns: String,
+        coll: Option<Collection>,
+        changes: Vec<ReplicatedChange>,
+        /// A change's index in `changes` by its `_id`'s index key.
+        by_id: HashMap<Vec<u8>, usize>,
+    }
+    let mut groups: Vec<Group> = Vec::new();
+    for mut entry in entries {
+        let op = entry.get_str("op").map_err(|_| Error::new(Code::FailedToParse, "oplog entry has no string field 'op'"))?;
+        if op == "n" {
+            continue;
+        }
+        let (is_update, is_delete) = (op == "u", op == "d");
+        let o = match entry.remove("o") {
+            Some(Bson::Document(o)) => o,
+            _ => return Err(Error::new(Code::FailedToParse, "oplog entry has no object field 'o'")),
+        };
+        let change = match () {
+            _ if is_delete => ReplicatedChange::Delete { id: o.get("_id").ok_or_else(|| Error::new(Code::FailedToParse, "delete oplog entry has no o._id"))?.clone() },
+            _ if is_update && !o.contains_key("_id") => {
+                let id = entry.get_document("o2").ok().and_then(|o2| o2.get("_id")).ok_or_else(|| Error::new(Code::FailedToParse, "update oplog entry has no o2._id"))?;
+                let mut doc = o;
+                doc.insert("_id", id.clone());
+                ReplicatedChange::Put { doc }
+            }
+            _ => ReplicatedChange::Put { doc: o },
+        };
+        let id = match &change {
+            ReplicatedChange::Put { doc } => doc.get("_id").ok_or_else(|| Error::new(Code::FailedToParse, "insert oplog entry has no o._id"))?,
+            ReplicatedChange::Delete { id } => id,
+        };
+        let mut key = Vec::with_capacity(16);
+        storage::encode_component(id, false, &mut key);
+        let ns = entry.get_str("ns").map_err(|_| Error::new(Code::FailedToParse, "oplog entry has no string field 'ns'"))?;
+        let g = match groups.iter().position(|g| g.ns == ns) {
+            Some(i) => i,
+            None => {
+                groups.push(Group { ns: ns.to_string(), coll: collection(store, ns, None)?, changes: Vec::new(), by_id: HashMap::new() });
+                groups.len() - 1
+            }
+        };
+        let g = &mut groups[g];
+        if g.coll.is_none() && matches!(change, ReplicatedChange::Put { .. }) {
+            let ui = match entry.get("ui") {
+                Some(Bson::Binary(b)) => Some(b.to_uuid().map_err(|_| Error::new(Code::FailedToParse, "oplog entry field 'ui' is not a UUID"))?),
+                _ => None,
+            };
+            g.coll = collection(store, ns, Some(ui))?;
+        }
+        match g.by_id.get(&key) {
+            Some(&i) => g.changes[i] = change,
+            None => {
+                g.by_id.insert(key, g.changes.len());
+                g.changes.push(change);
+            }
+        }
+    }
+    // Deletes in a collection that does not exist have nothing to delete.
+    Ok(groups.into_iter().filter_map(|g| g.coll.map(|c| (c, g.changes))).collect())
+}
 
 /// Apply `entry`; the caller makes the result durable (`Store::commit_durable`).
 pub fn apply_entry(store: &Store, entry: &Document) -> Result<()> {
@@ -145,5 +247,102 @@ fn command(store: &Store, ns: &str, o: &Document, ui: Option<bson::Uuid>) -> Res
             store.rename_collection(&from_db, &from_c, &to_db, &to_c, drop_target)
         }
         other => Err(Error::new(Code::CommandNotSupported, format!("applying oplog command '{other}' is not supported yet"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    /// The entries `primary` logged after `after`, as a fetcher receives them.
+    fn entries_after(primary: &Store, after: OpTime) -> (Vec<Document>, Vec<(OpTime, Vec<u8>)>) {
+        let log = primary.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).unwrap();
+        let raw = log.snapshot().scan_raw(Some(after.ts), usize::MAX).unwrap();
+        let docs: Vec<Document> = raw.iter().map(|(_, b)| storage::decode_record(b).unwrap()).collect();
+        let logged = raw.into_iter().zip(&docs).map(|((_, b), d)| (OpTime::from_doc(d).unwrap(), b)).collect();
+        (docs, logged)
+    }
+
+    fn contents(store: &Store, ns: &str) -> Vec<Document> {
+        let (db, name) = ns.split_once('.').unwrap();
+        let Some(c) = store.collection(db, name) else { return Vec::new() };
+        let report = c.validate();
+        assert!(report.valid, "{ns}: {:?}", report.errors);
+        let mut docs: Vec<Document> = c.snapshot().scan(None, usize::MAX).unwrap().into_iter().map(|(_, d)| d).collect();
+        docs.sort_by_key(|d| format!("{:?}", d.get("_id")));
+        docs
+    }
+
+    /// Each batch reaches one secondary through `apply_batch` (final states, in one engine
+    /// write where it can) and another entry by entry: both end with the primary's data
+    /// and oplog, valid indexes included. The batches hold documents written several times,
+    /// deleted and inserted again, deletes of documents inserted in the same batch, and a
+    /// unique key that moves from one document to another (which `apply_replicated`
+    /// refuses, and `apply_batch` then applies entry by entry).
+    #[test]
+    fn a_batch_applied_as_final_states_leaves_what_entry_by_entry_leaves() {
+        let primary = Store::open_in_memory();
+        let (batched, one_by_one) = (Store::open_in_memory(), Store::open_in_memory());
+        for s in [&primary, &batched, &one_by_one] {
+            s.enable_oplog(64 << 20).unwrap();
+        }
+        let mut at = primary.oplog_last().unwrap();
+        let mut ship = |label: &str, primary: &Store| {
+            let (docs, logged) = entries_after(primary, at);
+            assert!(!docs.is_empty(), "{label}");
+            at = logged.last().unwrap().0;
+            {
+                let _replicated = storage::applying_replicated_ops();
+                apply_batch(&batched, docs.clone(), &logged).unwrap();
+                for d in &docs {
+                    apply_entry(&one_by_one, d).unwrap();
+                }
+                one_by_one.append_oplog_replicated(&logged).unwrap();
+            }
+            for ns in ["db.a", "db.b"] {
+                let want = contents(primary, ns);
+                assert_eq!(contents(&batched, ns), want, "{label}: {ns} applied as a batch");
+                assert_eq!(contents(&one_by_one, ns), want, "{label}: {ns} applied entry by entry");
+            }
+            for s in [&batched, &one_by_one] {
+                assert_eq!(entries_after(s, OpTime::default()).1, entries_after(primary, OpTime::default()).1, "{label}: the oplog is a copy");
+            }
+        };
+        // Catalog commands (applied entry by entry).
+        let a = primary.collection_or_create("db", "a").unwrap();
+        a.create_index(IndexSpec::from_spec(doc! {"key": {"k": 1}, "name": "k_1", "unique": true}).unwrap()).unwrap();
+        a.create_index(IndexSpec::from_spec(doc! {"key": {"tags": 1}, "name": "tags_1"}).unwrap()).unwrap();
+        let b = primary.collection_or_create("db", "b").unwrap();
+        ship("catalog", &primary);
+        // Inserts, updates, deletes; some documents changed several times in the batch.
+        let docs: Vec<Document> = (0..40).map(|i| doc! {"_id": i, "k": i, "tags": [i % 3, i % 5]}).collect();
+        assert!(a.insert_many(&docs, true).errors.is_empty());
+        assert!(b.insert_many(&[doc! {"_id": "x", "v": 1}, doc! {"_id": "y", "v": 1}], true).errors.is_empty());
+        let replace = |c: &Collection, id: Bson, new: Document| {
+            let mut w = c.writer();
+            let (rid, old) = w.snapshot().find_by_id(&id).unwrap().unwrap();
+            w.update(rid, &old, &new).unwrap();
+        };
+        let delete = |c: &Collection, id: Bson| {
+            let mut w = c.writer();
+            let (rid, old) = w.snapshot().find_by_id(&id).unwrap().unwrap();
+            w.delete(rid, &old).unwrap();
+        };
+        for round in 0..3 {
+            replace(&a, Bson::Int32(5), doc! {"_id": 5, "k": 100 + round, "tags": [round]});
+        }
+        delete(&a, Bson::Int32(7));
+        assert!(a.insert_many(&[doc! {"_id": 7, "k": 7, "tags": ["again"]}], true).errors.is_empty());
+        delete(&a, Bson::Int32(8));
+        replace(&b, Bson::String("x".into()), doc! {"_id": "x", "v": 2});
+        assert!(b.insert_many(&[doc! {"_id": "z"}], true).errors.is_empty());
+        delete(&b, Bson::String("z".into()));
+        ship("documents", &primary);
+        // A unique key moves: document 1 gives up k: 1, document 99 takes it.
+        replace(&a, Bson::Int32(1), doc! {"_id": 1, "k": 1001});
+        assert!(a.insert_many(&[doc! {"_id": 99, "k": 1}], true).errors.is_empty());
+        delete(&b, Bson::String("y".into()));
+        ship("a unique key that moves", &primary);
     }
 }

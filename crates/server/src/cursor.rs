@@ -102,12 +102,10 @@ impl Tail {
         }
         // Only a deletion can take the cursor's record away; the point read that checks
         // cost a primary 6% of its CPU when done for every getMore of its secondaries.
-        // (Before the snapshot: see `Collection::removals`.)
+        // (Before the read: see `Collection::removals`.)
         let removals = self.coll.removals();
-        // Entries of a unit still being written stay unread.
-        let (snap, hidden_from) = self.coll.tail_snapshot();
         if let Some(last) = self.last.filter(|_| removals != self.removals_seen) {
-            if snap.get(last)?.is_none() {
+            if self.coll.snapshot().get(last)?.is_none() {
                 return Err(Error::new(Code::CappedPositionLost, "CollectionScan died due to position in capped collection being deleted"));
             }
         }
@@ -115,14 +113,12 @@ impl Tail {
         let mut size = 0usize;
         loop {
             op.check()?;
-            let chunk = snap.scan_raw(self.last.or(self.start_after), TAIL_CHUNK_DOCS)?;
+            // Entries of a unit still being written stay unread (`tail_chunk` stops before).
+            let chunk = self.coll.tail_chunk(self.last.or(self.start_after), TAIL_CHUNK_DOCS)?;
             let full = chunk.len() == TAIL_CHUNK_DOCS;
             for (rid, bytes) in chunk {
                 if self.limit.is_some_and(|l| self.returned >= l) {
                     return Ok(true);
-                }
-                if hidden_from.is_some_and(|h| rid >= h) {
-                    return Ok(false);
                 }
                 if out.len() >= docs_max || size >= BATCH_SIZE_BYTES_MAX {
                     return Ok(false);

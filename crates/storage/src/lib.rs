@@ -84,6 +84,12 @@ const INDEX_BUILD_CHUNK_DOCS: usize = 1000;
 const INDEX_BUILD_WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 /// Oplog entries deleted per truncation (the oplog lock is held meanwhile).
 const OPLOG_TRUNCATE_ENTRIES_MAX: usize = 10_000;
+/// Bytes of the newest oplog entries kept in memory for tailing readers (`OplogState::recent`).
+/// A fetcher that is caught up, or behind by less than this (a second of writes at 16k
+/// inserts/s of 1 KB), reads its batches from memory.
+const OPLOG_RECENT_BYTES_MAX: usize = 16 << 20;
+/// What an entry of `recent` costs beside its bytes (deque slot, Arc header).
+const OPLOG_RECENT_ENTRY_OVERHEAD_BYTES: usize = 40;
 /// Deletes per write batch while removing dropped data.
 const GARBAGE_CHUNK_KEYS: usize = 1000;
 
@@ -419,6 +425,46 @@ struct OplogState {
     /// Open units (`Store::begin_oplog_unit`): id, and the timestamp of the unit's first
     /// entry once it has one. Tailing readers see no entry from the oldest such timestamp on.
     units: Vec<(u64, Option<u64>)>,
+    /// The newest entries as written, oldest first: every entry after `recent_floor` is
+    /// here. A secondary's fetcher tails the oplog a few entries behind its newest; reading
+    /// those back through the engine (a snapshot and an LSM seek per getMore) was an eighth of
+    /// a primary's CPU with two secondaries, and grows with each member that fetches from it.
+    recent: std::collections::VecDeque<(u64, Arc<[u8]>)>,
+    recent_floor: u64,
+    recent_bytes: usize,
+}
+
+impl OplogState {
+    fn new(last: OpTime) -> OplogState {
+        OplogState { last, durable: last, term: last.term.max(0), units: Vec::new(), recent: Default::default(), recent_floor: last.ts, recent_bytes: 0 }
+    }
+
+    /// Keep a new entry (the newest) in `recent`, dropping the oldest past the bound.
+    fn remember(&mut self, ts: u64, entry: &[u8]) {
+        debug_assert!(self.recent.back().is_none_or(|(t, _)| *t < ts) && ts > self.recent_floor);
+        self.recent_bytes += entry.len() + OPLOG_RECENT_ENTRY_OVERHEAD_BYTES;
+        self.recent.push_back((ts, Arc::from(entry)));
+        while self.recent_bytes > OPLOG_RECENT_BYTES_MAX {
+            let Some((t, e)) = self.recent.pop_front() else { break };
+            self.recent_bytes -= e.len() + OPLOG_RECENT_ENTRY_OVERHEAD_BYTES;
+            self.recent_floor = t;
+        }
+    }
+
+    /// Entries after `after` are gone (a rollback's truncation).
+    fn forget_after(&mut self, after: u64) {
+        while self.recent.back().is_some_and(|(t, _)| *t > after) {
+            if let Some((_, e)) = self.recent.pop_back() {
+                self.recent_bytes -= e.len() + OPLOG_RECENT_ENTRY_OVERHEAD_BYTES;
+            }
+        }
+        self.recent_floor = self.recent_floor.min(after);
+    }
+
+    /// The first entry of the oldest open unit: tailing readers stop before it.
+    fn hidden_from(&self) -> Option<RecordId> {
+        self.units.iter().filter_map(|u| u.1).min()
+    }
 }
 
 /// Progress and outcome of one index build, shared by the builder and concurrent writers.
@@ -474,6 +520,8 @@ impl Shared {
             oplog::stamp(&mut e, last);
             stats.count += 1;
             added_bytes += e.len() as u64;
+            // Readers of `recent` hold the oplog lock, so they see these only once applied.
+            st.remember(last.ts, &e);
             batch.put(Space::Records, record_key(log.coll.id, last.ts), e);
         }
         // A unit's first entry hides it from tailing readers until it ends. Recorded before
@@ -486,7 +534,11 @@ impl Shared {
         }
         stats.data_bytes += added_bytes;
         batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
-        self.apply(batch)?;
+        if let Err(e) = self.apply(batch) {
+            let newest = st.last.ts;
+            st.forget_after(newest);
+            return Err(e);
+        }
         st.last = last;
         self.after_oplog_append(&log, stats, added_bytes);
         Ok(())
@@ -860,7 +912,9 @@ impl CollState {
     }
 
     /// Add one document to `pending` (nothing is added if it fails a check).
-    fn prepare_insert(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, doc: &Document, pending: &mut Pending) -> Result<RecordId> {
+    /// `id_absent`: the caller found no `_id` entry for `doc` in `snap`; the `_id` index's
+    /// own check then only looks at `pending`.
+    fn prepare_insert(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, doc: &Document, id_absent: bool, pending: &mut Pending) -> Result<RecordId> {
         // Documents of one batch tend to be alike: size the buffer like the previous one.
         let bytes = encode_record(doc, pending.record_size_hint_bytes + pending.record_size_hint_bytes / 8)?;
         pending.record_size_hint_bytes = bytes.len();
@@ -882,7 +936,8 @@ impl CollState {
             if idx.spec.unique {
                 let mut conflicts = Vec::new();
                 for (i, (stored, value)) in entries.iter().enumerate() {
-                    if pending.unique_keys.contains(stored) || snap.get(Space::Index, stored)?.is_some() {
+                    let checked = id_absent && idx.spec.name == ID_INDEX_NAME;
+                    if pending.unique_keys.contains(stored) || (!checked && snap.get(Space::Index, stored)?.is_some()) {
                         if !idx.building_conflict(self.dup_error(idx, value)) {
                             return Err(self.dup_error(idx, value));
                         }
@@ -924,7 +979,46 @@ impl CollState {
     fn commit_pending(&self, mut pending: Pending) -> Result<()> {
         self.check_not_oplog()?;
         pending.batch.put(Space::Catalog, stats_key(self.id), pending.stats.to_bytes());
-        self.shared.apply_logged(pending.batch, pending.oplog)?;
+        let batch = std::mem::take(&mut pending.batch);
+        let entries = std::mem::take(&mut pending.oplog);
+        self.shared.apply_logged(batch, entries)?;
+        self.publish_pending(pending);
+        Ok(())
+    }
+
+    /// The record whose `_id` is `id`, in `snap`.
+    fn rid_by_id(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, id: &Bson) -> Result<Option<RecordId>> {
+        let Some(idx) = meta.index(ID_INDEX_NAME) else { return Ok(None) };
+        let mut key = idx.prefix.to_vec();
+        encode_component(id, false, &mut key);
+        match snap.get(Space::Index, &key)? {
+            Some(v) => Ok(Some(read_u64(&v).ok_or_else(|| corrupt("_id index entry"))?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Add one replicated change to `pending` (see `Store::apply_replicated`).
+    fn prepare_replicated(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, change: &ReplicatedChange, pending: &mut Pending) -> Result<()> {
+        match change {
+            ReplicatedChange::Put { doc } => {
+                let id = doc.get("_id").ok_or_else(|| Error::new(Code::FailedToParse, "a replicated document has no _id"))?;
+                match self.rid_by_id(meta, snap, id)? {
+                    Some(rid) => {
+                        let (old_bytes, old) = self.stored_doc(snap, rid)?;
+                        self.prepare_update(meta, snap, rid, old_bytes.len(), &old, doc, pending)
+                    }
+                    None => self.prepare_insert(meta, snap, doc, true, pending).map(|_| ()),
+                }
+            }
+            ReplicatedChange::Delete { id } => match self.rid_by_id(meta, snap, id)? {
+                Some(rid) => self.prepare_delete(meta, snap, rid, pending),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// Publish what `pending` changed once its batch is applied (the write lock is held).
+    fn publish_pending(&self, pending: Pending) {
         if pending.removes {
             self.removals.fetch_add(1, Ordering::SeqCst);
         }
@@ -935,6 +1029,80 @@ impl CollState {
             let d = pending.data_delta.unsigned_abs();
             let _ = self.shared.total_data_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_sub(d)));
         }
+    }
+
+    /// Add the replacement of record `id` (stored as `old`, `old_len` bytes) by `new` to
+    /// `pending`, maintaining indexes: only index entries that change are written.
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_update(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, id: RecordId, old_len: usize, old: &Document, new: &Document, pending: &mut Pending) -> Result<()> {
+        let st = self;
+        let old_doc = old;
+        let new_bytes = encode_record(new, old_len + old_len / 8)?;
+        if new_bytes.len() > BSON_OBJECT_SIZE_MAX_BYTES {
+            return Err(Error::new(
+                Code::BSONObjectTooLarge,
+                format!("Resulting document after update is larger than {BSON_OBJECT_SIZE_MAX_BYTES}"),
+            ));
+        }
+        if matches!(new.get("_id"), Some(Bson::Array(_))) {
+            return Err(Error::new(Code::InvalidIdField, "The '_id' value cannot be of type array"));
+        }
+        let mut changes = Vec::with_capacity(meta.indexes.len());
+        for idx in &meta.indexes {
+            let (old_entries, _) = idx.entries(old_doc, id)?;
+            let (new_entries, multikey) = idx.entries(new, id)?;
+            let old_map: BTreeMap<&[u8], &[u8]> = old_entries.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+            let new_keys: HashSet<&[u8]> = new_entries.iter().map(|(k, _)| k.as_slice()).collect();
+            let mut delta: i64 = 0;
+            let mut ops = Vec::new();
+            for (k, v) in &old_entries {
+                if !new_keys.contains(k.as_slice()) {
+                    delta -= (k.len() + v.len()) as i64;
+                    ops.push(BatchOp::Delete(Space::Index, k.clone()));
+                }
+            }
+            for (k, v) in &new_entries {
+                let old = old_map.get(k.as_slice());
+                // A building index may lack the old entry (record not yet scanned), and the
+                // builder skips records changed since it read them: always write, and check
+                // uniqueness even for keys the old version had.
+                if idx.ready() && old.is_some_and(|ov| *ov == v.as_slice()) {
+                    continue;
+                }
+                if idx.spec.unique && (old.is_none() || !idx.ready()) {
+                    if let Some(existing) = snap.get(Space::Index, k)? {
+                        if read_u64(&existing) != Some(id) {
+                            if idx.building_conflict(st.dup_error(idx, v)) {
+                                continue;
+                            }
+                            return Err(st.dup_error(idx, v));
+                        }
+                    }
+                }
+                match old {
+                    Some(ov) => delta += v.len() as i64 - ov.len() as i64,
+                    None => delta += (k.len() + v.len()) as i64,
+                }
+                ops.push(BatchOp::Put(Space::Index, k.clone(), v.clone()));
+            }
+            changes.push((idx.id, ops, delta, multikey));
+        }
+        for (iid, ops, delta, multikey) in changes {
+            pending.batch.ops.extend(ops);
+            let b = pending.stats.index_bytes.entry(iid).or_insert(0);
+            *b = (*b as i64 + delta).max(0) as u64;
+            if multikey {
+                pending.stats.multikey.insert(iid);
+            }
+        }
+        let delta = new_bytes.len() as i64 - old_len as i64;
+        pending.stats.data_bytes = (pending.stats.data_bytes as i64 + delta).max(0) as u64;
+        pending.data_delta += delta;
+        if let Some(log) = &pending.log {
+            let id_doc = oplog::id_doc(new.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
+            pending.oplog.push(oplog::update_entry(&log.ns, log.ui, &new_bytes, &id_doc, log.wall_ms));
+        }
+        pending.batch.put(Space::Records, record_key(st.id, id), new_bytes);
         Ok(())
     }
 
@@ -1174,6 +1342,15 @@ const TTL_DELETE_BATCH_DOCS: usize = 1000;
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<StoreInner>,
+}
+
+/// One document's change in `Store::apply_replicated`.
+#[derive(Debug, Clone)]
+pub enum ReplicatedChange {
+    /// The document with this `_id` becomes `doc` (inserted, or replacing the stored one).
+    Put { doc: Document },
+    /// The document with this `_id`, if any, is deleted.
+    Delete { id: Bson },
 }
 
 /// See `Store::begin_oplog_unit`. Units nest: an inner unit's entries belong to it alone.
@@ -1424,7 +1601,7 @@ impl Store {
             }
         };
         // What is in the engine after a restart was synced (or replayed from its journal).
-        let state = OplogState { last, durable: last, term: last.term.max(0), units: Vec::new() };
+        let state = OplogState::new(last);
         *shared.oplog.write() = Some(Arc::new(Oplog { coll: st, cap_bytes, state: Mutex::new(state) }));
         Ok(())
     }
@@ -1461,6 +1638,8 @@ impl Store {
             last = *at;
             stats.count += 1;
             added_bytes += e.len() as u64;
+            // Members that chain from this one tail these.
+            st.remember(at.ts, e);
             batch.put(Space::Records, record_key(log.coll.id, at.ts), e.clone());
         }
         if batch.is_empty() {
@@ -1468,10 +1647,86 @@ impl Store {
         }
         stats.data_bytes += added_bytes;
         batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
-        shared.apply(batch)?;
+        if let Err(e) = shared.apply(batch) {
+            let newest = st.last.ts;
+            st.forget_after(newest);
+            return Err(e);
+        }
         st.last = last;
         st.term = st.term.max(last.term);
         shared.after_oplog_append(&log, stats, added_bytes);
+        Ok(())
+    }
+
+    /// A secondary's batch in one engine write (one journal append): the final state of
+    /// each document the fetched `entries` changed, per collection, and the entries
+    /// themselves, appended to the oplog as `append_oplog_replicated` does. Each collection
+    /// appears once and each `_id` at most once in it. Applying a document's final state
+    /// instead of every entry is what oplog application allows (entries are idempotent and
+    /// the batch ends at the source's state as of its last entry); one write instead of one
+    /// per entry halved a secondary's work per insert. Fails, having changed nothing, on a
+    /// unique-key conflict among the changes (a key that moved between documents within the
+    /// batch): the caller then applies the entries one by one.
+    pub fn apply_replicated(&self, changes: &[(Collection, Vec<ReplicatedChange>)], entries: &[(OpTime, Vec<u8>)]) -> Result<()> {
+        let shared = &self.inner.shared;
+        let Some(log) = shared.oplog.read().clone() else {
+            return Err(Error::new(Code::NoReplicationEnabled, "no oplog: not running with --replSet"));
+        };
+        // Write locks in collection order (deadlock-free with any writer that holds one).
+        let mut order: Vec<&(Collection, Vec<ReplicatedChange>)> = changes.iter().collect();
+        order.sort_by_key(|(c, _)| c.state.id);
+        if order.windows(2).any(|w| w[0].0.state.id == w[1].0.state.id) {
+            return Err(Error::internal("apply_replicated: a collection appears twice"));
+        }
+        let _guards: Vec<WriteGuard> = order.iter().map(|(c, _)| WriteGuard::acquire(&c.state)).collect();
+        let snap = shared.engine.snapshot();
+        let mut batch = Batch::new();
+        let mut published = Vec::with_capacity(order.len());
+        for (coll, changes) in order {
+            let st = &coll.state;
+            st.check_live()?;
+            st.check_not_oplog()?;
+            let meta = st.meta.read().clone();
+            let mut pending = st.pending();
+            // Replicated changes are logged as the entries that carry them, below.
+            pending.log = None;
+            for change in changes {
+                st.prepare_replicated(&meta, &*snap, change, &mut pending)?;
+            }
+            pending.batch.put(Space::Catalog, stats_key(st.id), pending.stats.to_bytes());
+            batch.ops.append(&mut pending.batch.ops);
+            published.push((st, pending));
+        }
+        let mut ost = log.state.lock();
+        let mut last = ost.last;
+        let mut stats = log.coll.stats.lock().clone();
+        let mut added_bytes = 0u64;
+        for (at, e) in entries {
+            if at.ts <= last.ts {
+                let newest = ost.last.ts;
+                ost.forget_after(newest);
+                return Err(Error::new(Code::OplogOutOfOrder, format!("oplog entry {:?} is not after the newest entry {:?}", at, last)));
+            }
+            last = *at;
+            stats.count += 1;
+            added_bytes += e.len() as u64;
+            ost.remember(at.ts, e);
+            batch.put(Space::Records, record_key(log.coll.id, at.ts), e.clone());
+        }
+        stats.data_bytes += added_bytes;
+        batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
+        if let Err(e) = shared.apply(batch) {
+            let newest = ost.last.ts;
+            ost.forget_after(newest);
+            return Err(e);
+        }
+        ost.last = last;
+        ost.term = ost.term.max(last.term);
+        shared.after_oplog_append(&log, stats, added_bytes);
+        drop(ost);
+        for (st, pending) in published {
+            st.publish_pending(pending);
+        }
         Ok(())
     }
 
@@ -1505,6 +1760,7 @@ impl Store {
         let _ = shared.total_data_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_sub(removed_bytes)));
         st.last = at;
         st.durable = st.durable.min(at);
+        st.forget_after(at.ts);
         Ok(removed)
     }
 
@@ -1838,21 +2094,37 @@ impl Collection {
         self.state.dropped.load(Ordering::SeqCst)
     }
 
-    /// A snapshot to tail the collection from, and for the live oplog the record id from
-    /// which it must be read no further (the first entry of the oldest open unit, see
-    /// `Store::begin_oplog_unit`). Both are taken under the oplog lock, which every logged
-    /// batch and every unit's end also take, so each unit is either in the snapshot whole or
-    /// still open and behind the bound. (With the bound read after the snapshot instead, a
-    /// unit that ended in between reached secondaries in two batches: a tenth of them.)
-    pub fn tail_snapshot(&self) -> (Snapshot, Option<RecordId>) {
+    /// Up to `max_docs` records after `after` (from the first when None), as stored, for a
+    /// tailing reader. On the live oplog it reads no further than the first entry of the
+    /// oldest open unit (`Store::begin_oplog_unit`), and takes the newest entries from
+    /// memory (`OplogState::recent`) when they are all there. The bound and the entries are
+    /// read under the oplog lock, which every logged batch and every unit's end also take, so
+    /// each unit is either read whole or still open and behind the bound. (With the bound
+    /// read apart from the entries, a unit that ended in between reached secondaries in two
+    /// batches: a tenth of them.)
+    pub fn tail_chunk(&self, after: Option<RecordId>, max_docs: usize) -> Result<Vec<(RecordId, Vec<u8>)>> {
         let log = self.state.shared.oplog.read().clone();
-        match log.filter(|l| l.coll.id == self.state.id) {
-            Some(log) => {
-                let st = log.state.lock();
-                (self.state.snapshot(), st.units.iter().filter_map(|u| u.1).min())
+        let Some(log) = log.filter(|l| l.coll.id == self.state.id) else {
+            return self.state.snapshot().scan_raw(after, max_docs);
+        };
+        let (snap, hidden_from) = {
+            let st = log.state.lock();
+            let hidden_from = st.hidden_from();
+            if let Some(after) = after.filter(|a| *a >= st.recent_floor) {
+                let start = st.recent.partition_point(|(ts, _)| *ts <= after);
+                let hits: Vec<(u64, Arc<[u8]>)> =
+                    st.recent.range(start..).take_while(|(ts, _)| hidden_from.is_none_or(|h| *ts < h)).take(max_docs).cloned().collect();
+                drop(st);
+                // Copied out of the lock.
+                return Ok(hits.into_iter().map(|(ts, e)| (ts, e.to_vec())).collect());
             }
-            None => (self.state.snapshot(), None),
+            (self.state.snapshot(), hidden_from)
+        };
+        let mut chunk = snap.scan_raw(after, max_docs)?;
+        if let Some(h) = hidden_from {
+            chunk.retain(|(rid, _)| *rid < h);
         }
+        Ok(chunk)
     }
 
     /// A counter that moves once records of the collection were deleted. Read before taking
@@ -1890,7 +2162,7 @@ impl Collection {
         let mut ok = Vec::with_capacity(docs.len());
         let mut errors = Vec::new();
         for (i, d) in docs.iter().enumerate() {
-            match st.prepare_insert(&meta, &*snap, d, &mut pending) {
+            match st.prepare_insert(&meta, &*snap, d, false, &mut pending) {
                 Ok(_) => ok.push(i),
                 Err(e) => {
                     errors.push((i, e));
@@ -2539,7 +2811,7 @@ impl Writer {
         let meta = st.meta.read().clone();
         let snap = st.shared.engine.snapshot();
         let mut pending = st.pending();
-        let rid = st.prepare_insert(&meta, &*snap, doc, &mut pending)?;
+        let rid = st.prepare_insert(&meta, &*snap, doc, false, &mut pending)?;
         st.commit_pending(pending)?;
         Ok(rid)
     }
@@ -2557,74 +2829,8 @@ impl Writer {
             .get(Space::Records, &record_key(st.id, id))?
             .ok_or_else(|| Error::new(Code::NoSuchKey, format!("record {id} not found in {}", st.ns_string())))?;
         debug_assert!(decode_doc(&old_bytes).is_ok_and(|d| &d == old), "Writer::update given a stale document");
-        let old_doc = old;
-        let new_bytes = encode_record(new, old_bytes.len() + old_bytes.len() / 8)?;
-        if new_bytes.len() > BSON_OBJECT_SIZE_MAX_BYTES {
-            return Err(Error::new(
-                Code::BSONObjectTooLarge,
-                format!("Resulting document after update is larger than {BSON_OBJECT_SIZE_MAX_BYTES}"),
-            ));
-        }
-        if matches!(new.get("_id"), Some(Bson::Array(_))) {
-            return Err(Error::new(Code::InvalidIdField, "The '_id' value cannot be of type array"));
-        }
         let mut pending = st.pending();
-        let mut changes = Vec::with_capacity(meta.indexes.len());
-        for idx in &meta.indexes {
-            let (old_entries, _) = idx.entries(old_doc, id)?;
-            let (new_entries, multikey) = idx.entries(new, id)?;
-            let old_map: BTreeMap<&[u8], &[u8]> = old_entries.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
-            let new_keys: HashSet<&[u8]> = new_entries.iter().map(|(k, _)| k.as_slice()).collect();
-            let mut delta: i64 = 0;
-            let mut ops = Vec::new();
-            for (k, v) in &old_entries {
-                if !new_keys.contains(k.as_slice()) {
-                    delta -= (k.len() + v.len()) as i64;
-                    ops.push(BatchOp::Delete(Space::Index, k.clone()));
-                }
-            }
-            for (k, v) in &new_entries {
-                let old = old_map.get(k.as_slice());
-                // A building index may lack the old entry (record not yet scanned), and the
-                // builder skips records changed since it read them: always write, and check
-                // uniqueness even for keys the old version had.
-                if idx.ready() && old.is_some_and(|ov| *ov == v.as_slice()) {
-                    continue;
-                }
-                if idx.spec.unique && (old.is_none() || !idx.ready()) {
-                    if let Some(existing) = snap.get(Space::Index, k)? {
-                        if read_u64(&existing) != Some(id) {
-                            if idx.building_conflict(st.dup_error(idx, v)) {
-                                continue;
-                            }
-                            return Err(st.dup_error(idx, v));
-                        }
-                    }
-                }
-                match old {
-                    Some(ov) => delta += v.len() as i64 - ov.len() as i64,
-                    None => delta += (k.len() + v.len()) as i64,
-                }
-                ops.push(BatchOp::Put(Space::Index, k.clone(), v.clone()));
-            }
-            changes.push((idx.id, ops, delta, multikey));
-        }
-        for (iid, ops, delta, multikey) in changes {
-            pending.batch.ops.extend(ops);
-            let b = pending.stats.index_bytes.entry(iid).or_insert(0);
-            *b = (*b as i64 + delta).max(0) as u64;
-            if multikey {
-                pending.stats.multikey.insert(iid);
-            }
-        }
-        let delta = new_bytes.len() as i64 - old_bytes.len() as i64;
-        pending.stats.data_bytes = (pending.stats.data_bytes as i64 + delta).max(0) as u64;
-        pending.data_delta = delta;
-        if let Some(log) = &pending.log {
-            let id_doc = oplog::id_doc(new.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
-            pending.oplog.push(oplog::update_entry(&log.ns, log.ui, &new_bytes, &id_doc, log.wall_ms));
-        }
-        pending.batch.put(Space::Records, record_key(st.id, id), new_bytes);
+        st.prepare_update(&meta, &*snap, id, old_bytes.len(), old, new, &mut pending)?;
         st.commit_pending(pending)
     }
 

@@ -1053,29 +1053,54 @@ fn oplog_records_every_change_in_order_with_the_write() {
     }
 }
 
+/// The record ids a tailing reader sees after `after`, read in chunks of `chunk` as a cursor does.
+fn tail_ids(c: &Collection, after: Option<RecordId>, chunk: usize) -> Vec<RecordId> {
+    let mut ids = Vec::new();
+    let mut at = after;
+    loop {
+        let got = c.tail_chunk(at, chunk).unwrap();
+        let n = got.len();
+        for (rid, bytes) in got {
+            let ts = crate::decode_record(&bytes).unwrap().get_timestamp("ts").unwrap();
+            assert_eq!(ts_of(rid), ts, "an entry is the record its id names");
+            ids.push(rid);
+            at = Some(rid);
+        }
+        if n < chunk {
+            return ids;
+        }
+    }
+}
+
 #[test]
 fn an_oplog_unit_is_hidden_from_tailing_readers_until_it_ends() {
     let store = Store::open_in_memory();
     store.enable_oplog(64 << 20).unwrap();
     let c = store.collection_or_create("db", "c").unwrap();
     let log = store.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
-    assert_eq!(log.tail_snapshot().1, None);
-    assert_eq!(c.tail_snapshot().1, None, "only the oplog hides entries");
+    let start = store.oplog_last().unwrap().ts;
+    let visible = |log: &Collection| tail_ids(log, Some(start), 2).len();
+    assert_eq!(visible(&log), 0);
     let unit = store.begin_oplog_unit();
-    assert_eq!(log.tail_snapshot().1, None, "a unit without entries hides nothing");
+    c.insert_many(&[doc! {"_id": 0}], true);
+    assert_eq!(visible(&log), 0, "hidden while its unit is open");
+    drop(unit);
+    assert_eq!(visible(&log), 1);
+    let unit = store.begin_oplog_unit();
+    assert_eq!(visible(&log), 1, "a unit without entries hides nothing");
     c.insert_many(&[doc! {"_id": 1}], true);
-    let first = store.oplog_last().unwrap();
+    assert_eq!(visible(&log), 1);
     // Another thread's write after the unit's first entry stays hidden behind it.
     let other = store.clone();
     std::thread::spawn(move || other.collection("db", "c").unwrap().insert_many(&[doc! {"_id": 2}], true)).join().unwrap();
     c.insert_many(&[doc! {"_id": 3}], true);
-    assert_eq!(log.tail_snapshot().1, Some(first.ts));
+    assert_eq!(visible(&log), 1);
     // A nested unit keeps its own entries; the outer one still hides from its first entry.
     {
         let _inner = store.begin_oplog_unit();
         c.insert_many(&[doc! {"_id": 4}], true);
     }
-    assert_eq!(log.tail_snapshot().1, Some(first.ts));
+    assert_eq!(visible(&log), 1);
     // Ending the unit shows everything and tells the write listener, which wakes readers
     // waiting for new data.
     let told = Arc::new(AtomicU64::new(0));
@@ -1087,8 +1112,10 @@ fn an_oplog_unit_is_hidden_from_tailing_readers_until_it_ends() {
     drop(unit);
     assert_ne!(store.write_seq(), seen, "the end of a unit is a change readers wait for");
     assert_eq!(told.load(Ordering::SeqCst), 1, "and the listener hears of it");
-    assert_eq!(log.tail_snapshot().1, None);
-    assert_eq!(oplog_entries(&store).len(), 5);
+    assert_eq!(visible(&log), 5);
+    // A read from before the entries in memory (the engine) sees the same.
+    assert_eq!(tail_ids(&log, None, 3).len(), oplog_entries(&store).len());
+    assert_eq!(oplog_entries(&store).len(), 6);
     // Without an oplog a unit does nothing.
     let standalone = Store::open_in_memory();
     let _unit = standalone.begin_oplog_unit();
@@ -1097,15 +1124,15 @@ fn an_oplog_unit_is_hidden_from_tailing_readers_until_it_ends() {
 
 #[test]
 fn a_tailing_reader_sees_each_unit_whole_while_units_end_concurrently() {
-    // Units of two entries are written by one thread while another reads tail snapshots up
-    // to their bound: every read must see whole units (an even number of entries). With
-    // the bound read apart from the snapshot, units ending in between were seen halved.
+    // Units of two entries are written by one thread while another tails the oplog: every
+    // read must end on a whole unit (an even number of entries). With the bound read apart
+    // from the entries, units ending in between were seen halved.
     const UNITS: i32 = 2000;
     let store = Store::open_in_memory();
     store.enable_oplog(256 << 20).unwrap();
     let c = store.collection_or_create("db", "c").unwrap();
     let log = store.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
-    let base = log.snapshot().count().unwrap();
+    let start = store.oplog_last().unwrap().ts;
     let writer = {
         let store = store.clone();
         let c = c.clone();
@@ -1120,16 +1147,69 @@ fn a_tailing_reader_sees_each_unit_whole_while_units_end_concurrently() {
     let mut reads = 0;
     loop {
         let done = writer.is_finished();
-        let (snap, bound) = log.tail_snapshot();
-        let visible = snap.scan(None, usize::MAX).unwrap().into_iter().filter(|(rid, _)| bound.is_none_or(|b| *rid < b)).count() as u64 - base;
+        let visible = tail_ids(&log, Some(start), 7).len();
         assert_eq!(visible % 2, 0, "read {reads} saw half a unit: {visible} entries");
         reads += 1;
         if done {
-            assert_eq!(visible, 2 * UNITS as u64);
+            assert_eq!(visible, 2 * UNITS as usize);
             break;
         }
     }
     writer.join().unwrap();
+}
+
+#[test]
+fn tailing_readers_get_the_same_entries_from_memory_as_from_the_engine() {
+    // More entries than the cap holds, and than memory keeps (OPLOG_RECENT_BYTES_MAX): the
+    // cap truncates the oldest, memory drops them; a rollback's truncation removes the
+    // newest. At each step, a read from any position sees what the engine holds after it.
+    let store = Store::open_in_memory();
+    store.enable_oplog(20 << 20).unwrap();
+    let c = store.collection_or_create("db", "c").unwrap();
+    let log = store.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
+    let pad = "x".repeat(2000);
+    let engine_ids = |after: RecordId| -> Vec<RecordId> {
+        log.snapshot().scan_raw(Some(after), usize::MAX).unwrap().into_iter().map(|(rid, _)| rid).collect()
+    };
+    let check = |label: &str| {
+        let all = engine_ids(0);
+        for (i, &after) in all.iter().enumerate().step_by(997) {
+            assert_eq!(tail_ids(&log, Some(after), 64), all[i + 1..].to_vec(), "{label}: after entry {i}");
+        }
+        if let Some(&newest) = all.last() {
+            assert!(tail_ids(&log, Some(newest), 64).is_empty(), "{label}: caught up");
+        }
+    };
+    for i in 0..6000 {
+        c.insert_many(&[doc! {"_id": i, "pad": pad.clone()}], true);
+    }
+    check("within the bounds");
+    for i in 6000..12_000 {
+        c.insert_many(&[doc! {"_id": i, "pad": pad.clone()}], true);
+    }
+    assert!(engine_ids(0).len() < 12_000, "the cap truncated");
+    check("past the cap and the memory bound");
+    let all = engine_ids(0);
+    let keep = all[all.len() - 10];
+    store.truncate_oplog_after(OpTime { ts: keep, term: store.oplog_last().unwrap().term }).unwrap();
+    assert_eq!(tail_ids(&log, Some(keep), 64), Vec::<RecordId>::new(), "truncated entries are gone from memory");
+    c.insert_many(&[doc! {"_id": "after rollback"}], true);
+    let newest = store.oplog_last().unwrap().ts;
+    assert_eq!(tail_ids(&log, Some(all[all.len() - 12]), 64), vec![all[all.len() - 11], keep, newest]);
+    check("after a rollback");
+    // Entries a secondary copies in are tailed from memory too (members chain from it).
+    let secondary = Store::open_in_memory();
+    secondary.enable_oplog(64 << 20).unwrap();
+    let entries: Vec<(OpTime, Vec<u8>)> = log
+        .snapshot()
+        .scan_raw(Some(keep), usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|(rid, e)| (OpTime { ts: rid, term: crate::decode_record(&e).unwrap().get_i64("t").unwrap() }, e))
+        .collect();
+    secondary.append_oplog_replicated(&entries).unwrap();
+    let slog = secondary.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
+    assert_eq!(tail_ids(&slog, Some(keep), 1), vec![newest]);
 }
 
 #[test]

@@ -18,6 +18,8 @@ pub struct Chaining;
 pub const THREADS: usize = 8;
 /// mongod's limit on voting members.
 pub const VOTERS_MAX: usize = 7;
+/// mongod's limit on members.
+pub const MEMBERS_MAX: usize = 50;
 const SET_READY_TIMEOUT: Duration = Duration::from_secs(90);
 
 #[derive(Debug, Clone)]
@@ -175,6 +177,12 @@ impl Scenario for Chaining {
             let mut sizes = sizes(ctx.quick);
             if let Some(s) = ctx.sizes.seconds_per_phase {
                 sizes.seconds_per_run = s.max(1);
+            }
+            if let Some(m) = &ctx.sizes.members {
+                if m.iter().any(|&n| !(1..=MEMBERS_MAX).contains(&n)) {
+                    bail!("--members: each set has 1 to {} members", MEMBERS_MAX);
+                }
+                sizes.member_counts = m.clone();
             }
             let mut runs = Vec::new();
             let mut phases = Vec::new();

@@ -59,10 +59,14 @@ impl Drop for Node {
 }
 
 /// Command-line overrides of a scenario's sizes.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct SizeOverrides {
     pub records: Option<u64>,
     pub seconds_per_phase: Option<u64>,
+    /// Replica-set sizes (the chaining scenario).
+    pub members: Option<Vec<usize>>,
+    /// The shoal binary to start servers from, instead of the running one.
+    pub server: Option<PathBuf>,
 }
 
 pub struct ScenarioContext {
@@ -87,7 +91,11 @@ impl ScenarioContext {
         let work_dir = std::env::temp_dir().join(format!("shoal-bench-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&work_dir).with_context(|| format!("create {}", work_dir.display()))?;
         std::fs::create_dir_all(out_dir).with_context(|| format!("create {}", out_dir.display()))?;
-        let server_exe = std::env::current_exe().context("locate the shoal executable")?;
+        let server_exe = match &sizes.server {
+            Some(p) if p.is_file() => p.clone(),
+            Some(p) => bail!("--server {}: no such file", p.display()),
+            None => std::env::current_exe().context("locate the shoal executable")?,
+        };
         Ok(ScenarioContext { quick, sizes, out_dir: out_dir.to_path_buf(), work_dir, nodes: Vec::new(), server_exe })
     }
 

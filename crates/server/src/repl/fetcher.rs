@@ -461,23 +461,22 @@ fn optime_of(d: &RawDocument) -> Option<OpTime> {
 fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<OpTime> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let store = &shared.store;
+    let mut decoded = Vec::with_capacity(entries.len());
+    let mut logged = Vec::with_capacity(entries.len());
+    for raw in entries {
+        // Decoded to apply; logged as it came.
+        let e = Document::try_from(raw.as_ref()).map_err(|err| Error::new(Code::InvalidBSON, format!("fetched oplog entry is not valid BSON: {err}")))?;
+        let at = OpTime::from_doc(&e).ok_or_else(|| Error::new(Code::FailedToParse, "fetched oplog entry has no ts and t"))?;
+        decoded.push(e);
+        logged.push((at, raw.into_bytes()));
+    }
     {
         let _apply = coord.apply_lock.lock();
         if coord.epoch() != epoch || coord.state() == MemberState::Primary {
             return Err(Error::new(Code::InterruptedDueToReplStateChange, "the member's role or config changed while fetching"));
         }
-        let mut logged = Vec::with_capacity(entries.len());
-        {
-            let _replicated = storage::applying_replicated_ops();
-            for raw in entries {
-                // Decoded to apply; logged as it came.
-                let e = Document::try_from(raw.as_ref()).map_err(|err| Error::new(Code::InvalidBSON, format!("fetched oplog entry is not valid BSON: {err}")))?;
-                let at = OpTime::from_doc(&e).ok_or_else(|| Error::new(Code::FailedToParse, "fetched oplog entry has no ts and t"))?;
-                crate::apply::apply_entry(store, &e).map_err(|err| Error::new(Code(err.code, err.code_name), format!("applying oplog entry {at:?} failed: {}", err.message)))?;
-                logged.push((at, raw.into_bytes()));
-            }
-        }
-        store.append_oplog_replicated(&logged)?;
+        let _replicated = storage::applying_replicated_ops();
+        crate::apply::apply_batch(store, decoded, &logged)?;
     }
     store.commit_durable()?;
     Ok(store.oplog_last().unwrap_or_default())
