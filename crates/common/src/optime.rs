@@ -48,6 +48,18 @@ impl OpTime {
         Some(OpTime { ts: ts_value(ts), term })
     }
 
+    /// `from_doc` without decoding the document.
+    pub fn from_raw(d: &bson::RawDocument) -> Option<OpTime> {
+        let ts = d.get_timestamp("ts").ok()?;
+        let term = match d.get("t").ok()?? {
+            bson::RawBsonRef::Int64(t) => t,
+            bson::RawBsonRef::Int32(t) => i64::from(t),
+            bson::RawBsonRef::Double(t) => t as i64,
+            _ => return None,
+        };
+        Some(OpTime { ts: ts_value(ts), term })
+    }
+
     /// Seconds of the timestamp (a wall-clock approximation of when the entry was written).
     pub fn secs(&self) -> u32 {
         (self.ts >> 32) as u32

@@ -8,33 +8,34 @@
 //! effect (create of an existing collection, drop of a missing one, an index that exists)
 //! succeed.
 
-use bson::{Bson, Document};
+use bson::{Bson, Document, RawDocument};
 use common::{Code, Error, Result};
 use query::filter::MatchDetails;
 use query::update::Update;
 use std::collections::HashMap;
 use storage::{Collection, IndexSpec, OpTime, ReplicatedChange, Store};
 
-/// Apply a secondary's fetched batch (`entries`, decoded) and log it in our oplog as it came
-/// (`logged`: each entry's optime and BSON). A batch of CRUD entries whose updates are whole
-/// documents (what shoal logs) goes to the engine as one write: each document's final state
-/// (`Store::apply_replicated`). Anything else (catalog commands, update operators), or a
-/// batch whose final states move a unique key between documents, is applied entry by entry.
-pub fn apply_batch(store: &Store, entries: Vec<Document>, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
-    debug_assert_eq!(entries.len(), logged.len());
-    let entries = if entries.iter().all(is_final_state) {
-        match store.apply_replicated(&final_states(store, entries)?, logged) {
+/// Apply a secondary's fetched batch and log it in our oplog as it came (`logged`: each
+/// entry's optime and BSON). A batch of CRUD entries whose updates are whole documents (what
+/// shoal logs) goes to the engine as one write of each document's final state
+/// (`Store::apply_replicated`), read from the entries without decoding them. Anything else
+/// (catalog commands, update operators), or a batch whose final states move a unique key
+/// between documents, is decoded and applied entry by entry.
+pub fn apply_batch(store: &Store, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
+    let raw: Vec<&RawDocument> = logged
+        .iter()
+        .map(|(_, b)| RawDocument::from_bytes(b).map_err(|e| Error::new(Code::InvalidBSON, format!("oplog entry is not valid BSON: {e}"))))
+        .collect::<Result<_>>()?;
+    if raw.iter().all(|e| is_final_state(e)) {
+        match store.apply_replicated(&final_states(store, &raw)?, logged) {
             Ok(()) => return Ok(()),
             Err(e) if e.code == Code::DuplicateKey.0 => tracing::debug!("a batch moves a unique key: applying it entry by entry ({})", e.message),
             Err(e) => return Err(e),
         }
-        // Taken apart above; decoded again from the entries as logged.
-        logged.iter().map(|(_, b)| storage::decode_record(b)).collect::<Result<Vec<_>>>()?
-    } else {
-        entries
-    };
-    for (e, (at, _)) in entries.iter().zip(logged) {
-        apply_entry(store, e).map_err(|err| Error::new(Code(err.code, err.code_name), format!("applying oplog entry {at:?} failed: {}", err.message)))?;
+    }
+    for (e, (at, _)) in raw.iter().zip(logged) {
+        let e = Document::try_from(*e).map_err(|err| Error::new(Code::InvalidBSON, format!("oplog entry {at:?} is not valid BSON: {err}")))?;
+        apply_entry(store, &e).map_err(|err| Error::new(Code(err.code, err.code_name), format!("applying oplog entry {at:?} failed: {}", err.message)))?;
     }
     store.append_oplog_replicated(logged)
 }
@@ -42,10 +43,10 @@ pub fn apply_batch(store: &Store, entries: Vec<Document>, logged: &[(OpTime, Vec
 /// Whether `entry` leaves a document in a state of its own (insert, whole-document update,
 /// delete) or changes nothing (no-op), so that only the last such entry of each document
 /// in a batch matters.
-fn is_final_state(entry: &Document) -> bool {
+fn is_final_state(entry: &RawDocument) -> bool {
     match entry.get_str("op") {
         Ok("n" | "i" | "d") => true,
-        Ok("u") => entry.get_document("o").is_ok_and(|o| !o.keys().next().is_some_and(|k| k.starts_with('$'))),
+        Ok("u") => entry.get_document("o").is_ok_and(|o| !o.into_iter().next().is_some_and(|f| f.is_ok_and(|(k, _)| k.as_str().starts_with('$')))),
         _ => false,
     }
 }
@@ -53,7 +54,7 @@ fn is_final_state(entry: &Document) -> bool {
 /// Each collection's documents as `entries` (all `is_final_state`) leave them: the last
 /// insert, whole-document update or delete of each `_id`. Collections that inserts or
 /// updates name are created first, as `apply_entry` creates them.
-fn final_states(store: &Store, entries: Vec<Document>) -> Result<Vec<(Collection, Vec<ReplicatedChange>)>> {
+fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collection, Vec<ReplicatedChange>)>> {
     struct Group {
         ns: String,
         coll: Option<Collection>,
@@ -61,34 +62,39 @@ fn final_states(store: &Store, entries: Vec<Document>) -> Result<Vec<(Collection
         /// A change's index in `changes` by its `_id`'s index key.
         by_id: HashMap<Vec<u8>, usize>,
     }
+    let parse = |what: &str| Error::new(Code::FailedToParse, format!("oplog entry has no {what}"));
     let mut groups: Vec<Group> = Vec::new();
-    for mut entry in entries {
-        let op = entry.get_str("op").map_err(|_| Error::new(Code::FailedToParse, "oplog entry has no string field 'op'"))?;
+    for entry in entries {
+        let op = entry.get_str("op").map_err(|_| parse("string field 'op'"))?;
         if op == "n" {
             continue;
         }
-        let (is_update, is_delete) = (op == "u", op == "d");
-        let o = match entry.remove("o") {
-            Some(Bson::Document(o)) => o,
-            _ => return Err(Error::new(Code::FailedToParse, "oplog entry has no object field 'o'")),
-        };
-        let change = match () {
-            _ if is_delete => ReplicatedChange::Delete { id: o.get("_id").ok_or_else(|| Error::new(Code::FailedToParse, "delete oplog entry has no o._id"))?.clone() },
-            _ if is_update && !o.contains_key("_id") => {
-                let id = entry.get_document("o2").ok().and_then(|o2| o2.get("_id")).ok_or_else(|| Error::new(Code::FailedToParse, "update oplog entry has no o2._id"))?;
-                let mut doc = o;
-                doc.insert("_id", id.clone());
-                ReplicatedChange::Put { doc }
+        let o = entry.get_document("o").map_err(|_| parse("object field 'o'"))?;
+        let raw_id = o.get("_id").ok().flatten();
+        let (change, id) = match (op, raw_id) {
+            ("d", Some(id)) => {
+                let id = Bson::try_from(id).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid _id in an oplog entry: {e}")))?;
+                (ReplicatedChange::Delete { id: id.clone() }, id)
             }
-            _ => ReplicatedChange::Put { doc: o },
-        };
-        let id = match &change {
-            ReplicatedChange::Put { doc } => doc.get("_id").ok_or_else(|| Error::new(Code::FailedToParse, "insert oplog entry has no o._id"))?,
-            ReplicatedChange::Delete { id } => id,
+            ("d", None) => return Err(parse("o._id (delete)")),
+            (_, Some(id)) => {
+                let id = Bson::try_from(id).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid _id in an oplog entry: {e}")))?;
+                (ReplicatedChange::Put { doc: o.to_owned() }, id)
+            }
+            ("u", None) => {
+                // A whole document without its _id: the _id comes from o2, as apply_entry does.
+                let id = entry.get_document("o2").ok().and_then(|o2| o2.get("_id").ok().flatten()).ok_or_else(|| parse("o2._id (update)"))?;
+                let id = Bson::try_from(id).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid _id in an oplog entry: {e}")))?;
+                let mut doc = Document::try_from(o).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid oplog entry: {e}")))?;
+                doc.insert("_id", id.clone());
+                let doc = bson::RawDocumentBuf::try_from(&doc).map_err(|e| Error::bad_value(format!("cannot encode a document: {e}")))?;
+                (ReplicatedChange::Put { doc }, id)
+            }
+            _ => return Err(parse("o._id (insert)")),
         };
         let mut key = Vec::with_capacity(16);
-        storage::encode_component(id, false, &mut key);
-        let ns = entry.get_str("ns").map_err(|_| Error::new(Code::FailedToParse, "oplog entry has no string field 'ns'"))?;
+        storage::encode_component(&id, false, &mut key);
+        let ns = entry.get_str("ns").map_err(|_| parse("string field 'ns'"))?;
         let g = match groups.iter().position(|g| g.ns == ns) {
             Some(i) => i,
             None => {
@@ -98,9 +104,9 @@ fn final_states(store: &Store, entries: Vec<Document>) -> Result<Vec<(Collection
         };
         let g = &mut groups[g];
         if g.coll.is_none() && matches!(change, ReplicatedChange::Put { .. }) {
-            let ui = match entry.get("ui") {
-                Some(Bson::Binary(b)) => Some(b.to_uuid().map_err(|_| Error::new(Code::FailedToParse, "oplog entry field 'ui' is not a UUID"))?),
-                _ => None,
+            let ui = match entry.get_binary("ui") {
+                Ok(b) => Some(<[u8; 16]>::try_from(b.bytes).map(bson::Uuid::from_bytes).map_err(|_| Error::new(Code::FailedToParse, "oplog entry field 'ui' is not a UUID"))?),
+                Err(_) => None,
             };
             g.coll = collection(store, ns, Some(ui))?;
         }
@@ -294,7 +300,7 @@ mod tests {
             at = logged.last().unwrap().0;
             {
                 let _replicated = storage::applying_replicated_ops();
-                apply_batch(&batched, docs.clone(), &logged).unwrap();
+                apply_batch(&batched, &logged).unwrap();
                 for d in &docs {
                     apply_entry(&one_by_one, d).unwrap();
                 }
@@ -344,5 +350,11 @@ mod tests {
         assert!(a.insert_many(&[doc! {"_id": 99, "k": 1}], true).errors.is_empty());
         delete(&b, Bson::String("y".into()));
         ship("a unique key that moves", &primary);
+        // Documents the secondaries hold, replaced: in a collection with secondary indexes
+        // (keys from the decoded documents) and in one indexed on _id alone (stored as
+        // fetched, never decoded).
+        replace(&a, Bson::Int32(2), doc! {"_id": 2, "k": 2002, "tags": ["replaced"]});
+        replace(&b, Bson::String("x".into()), doc! {"_id": "x", "v": 3, "w": "longer than before"});
+        ship("replacements", &primary);
     }
 }

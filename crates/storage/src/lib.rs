@@ -918,6 +918,12 @@ impl CollState {
         // Documents of one batch tend to be alike: size the buffer like the previous one.
         let bytes = encode_record(doc, pending.record_size_hint_bytes + pending.record_size_hint_bytes / 8)?;
         pending.record_size_hint_bytes = bytes.len();
+        self.prepare_insert_encoded(meta, snap, doc, bytes, id_absent, pending)
+    }
+
+    /// `prepare_insert` of a document already encoded as `bytes`. `doc` gives the index keys:
+    /// the document itself, or only its `_id` when the `_id` index is the only one.
+    fn prepare_insert_encoded(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, doc: &Document, bytes: Vec<u8>, id_absent: bool, pending: &mut Pending) -> Result<RecordId> {
         if bytes.len() > BSON_OBJECT_SIZE_MAX_BYTES {
             return Err(Error::new(
                 Code::BSONObjectTooLarge,
@@ -1001,13 +1007,31 @@ impl CollState {
     fn prepare_replicated(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, change: &ReplicatedChange, pending: &mut Pending) -> Result<()> {
         match change {
             ReplicatedChange::Put { doc } => {
-                let id = doc.get("_id").ok_or_else(|| Error::new(Code::FailedToParse, "a replicated document has no _id"))?;
-                match self.rid_by_id(meta, snap, id)? {
+                let invalid = |e: bson::error::Error| Error::new(Code::InvalidBSON, format!("invalid replicated document: {e}"));
+                let id = doc.get("_id").map_err(invalid)?.ok_or_else(|| Error::new(Code::FailedToParse, "a replicated document has no _id"))?;
+                let id = Bson::try_from(id).map_err(invalid)?;
+                let rid = self.rid_by_id(meta, snap, &id)?;
+                // The index keys of a collection indexed on `_id` alone come from the `_id`:
+                // the document is stored as it came, never decoded.
+                let id_only = meta.indexes.iter().all(|i| i.spec.name == ID_INDEX_NAME);
+                let keys_doc = match id_only {
+                    true => doc! {"_id": id},
+                    false => Document::try_from(doc.as_ref()).map_err(invalid)?,
+                };
+                let bytes = doc.as_bytes().to_vec();
+                match rid {
+                    Some(rid) if id_only => {
+                        let old_len = snap
+                            .get(Space::Records, &record_key(self.id, rid))?
+                            .ok_or_else(|| corrupt(format!("_id index entry points at missing record {rid}")))?
+                            .len();
+                        self.prepare_update_encoded(meta, snap, rid, old_len, &keys_doc, &keys_doc, bytes, pending)
+                    }
                     Some(rid) => {
                         let (old_bytes, old) = self.stored_doc(snap, rid)?;
-                        self.prepare_update(meta, snap, rid, old_bytes.len(), &old, doc, pending)
+                        self.prepare_update_encoded(meta, snap, rid, old_bytes.len(), &old, &keys_doc, bytes, pending)
                     }
-                    None => self.prepare_insert(meta, snap, doc, true, pending).map(|_| ()),
+                    None => self.prepare_insert_encoded(meta, snap, &keys_doc, bytes, true, pending).map(|_| ()),
                 }
             }
             ReplicatedChange::Delete { id } => match self.rid_by_id(meta, snap, id)? {
@@ -1035,9 +1059,27 @@ impl CollState {
     /// `pending`, maintaining indexes: only index entries that change are written.
     #[allow(clippy::too_many_arguments)]
     fn prepare_update(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, id: RecordId, old_len: usize, old: &Document, new: &Document, pending: &mut Pending) -> Result<()> {
+        let new_bytes = encode_record(new, old_len + old_len / 8)?;
+        self.prepare_update_encoded(meta, snap, id, old_len, old, new, new_bytes, pending)
+    }
+
+    /// `prepare_update` to a document already encoded as `new_bytes`. `old` and `new` give
+    /// the index keys: the documents themselves, or only their `_id` when the `_id` index is
+    /// the only one.
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_update_encoded(
+        &self,
+        meta: &MetaRt,
+        snap: &dyn EngineSnapshot,
+        id: RecordId,
+        old_len: usize,
+        old: &Document,
+        new: &Document,
+        new_bytes: Vec<u8>,
+        pending: &mut Pending,
+    ) -> Result<()> {
         let st = self;
         let old_doc = old;
-        let new_bytes = encode_record(new, old_len + old_len / 8)?;
         if new_bytes.len() > BSON_OBJECT_SIZE_MAX_BYTES {
             return Err(Error::new(
                 Code::BSONObjectTooLarge,
@@ -1347,8 +1389,9 @@ pub struct Store {
 /// One document's change in `Store::apply_replicated`.
 #[derive(Debug, Clone)]
 pub enum ReplicatedChange {
-    /// The document with this `_id` becomes `doc` (inserted, or replacing the stored one).
-    Put { doc: Document },
+    /// The document with this `_id` becomes `doc` (inserted, or replacing the stored one),
+    /// stored as these bytes.
+    Put { doc: bson::RawDocumentBuf },
     /// The document with this `_id`, if any, is deleted.
     Delete { id: Bson },
 }

@@ -453,7 +453,7 @@ fn on_repl_data(shared: &Shared, reply: &RawDocument) -> Option<OpTime> {
 
 /// The `ts` and `t` of an entry (or an optime document) kept as BSON.
 fn optime_of(d: &RawDocument) -> Option<OpTime> {
-    Document::try_from(d).ok().as_ref().and_then(OpTime::from_doc)
+    OpTime::from_raw(d)
 }
 
 /// Apply fetched entries, log them with their own optimes and make them durable; returns
@@ -461,22 +461,21 @@ fn optime_of(d: &RawDocument) -> Option<OpTime> {
 fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<OpTime> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let store = &shared.store;
-    let mut decoded = Vec::with_capacity(entries.len());
-    let mut logged = Vec::with_capacity(entries.len());
-    for raw in entries {
-        // Decoded to apply; logged as it came.
-        let e = Document::try_from(raw.as_ref()).map_err(|err| Error::new(Code::InvalidBSON, format!("fetched oplog entry is not valid BSON: {err}")))?;
-        let at = OpTime::from_doc(&e).ok_or_else(|| Error::new(Code::FailedToParse, "fetched oplog entry has no ts and t"))?;
-        decoded.push(e);
-        logged.push((at, raw.into_bytes()));
-    }
+    // Applied and logged as they came: decoded only when applied entry by entry.
+    let logged = entries
+        .into_iter()
+        .map(|raw| {
+            let at = OpTime::from_raw(&raw).ok_or_else(|| Error::new(Code::FailedToParse, "fetched oplog entry has no ts and t"))?;
+            Ok((at, raw.into_bytes()))
+        })
+        .collect::<Result<Vec<_>>>()?;
     {
         let _apply = coord.apply_lock.lock();
         if coord.epoch() != epoch || coord.state() == MemberState::Primary {
             return Err(Error::new(Code::InterruptedDueToReplStateChange, "the member's role or config changed while fetching"));
         }
         let _replicated = storage::applying_replicated_ops();
-        crate::apply::apply_batch(store, decoded, &logged)?;
+        crate::apply::apply_batch(store, &logged)?;
     }
     store.commit_durable()?;
     Ok(store.oplog_last().unwrap_or_default())
