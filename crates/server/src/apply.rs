@@ -79,6 +79,7 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
             ("d", None) => return Err(parse("o._id (delete)")),
             (_, Some(id)) => {
                 let id = Bson::try_from(id).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid _id in an oplog entry: {e}")))?;
+                check_strings(o)?;
                 (ReplicatedChange::Put { doc: o.to_owned() }, id)
             }
             ("u", None) => {
@@ -120,6 +121,27 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
     }
     // Deletes in a collection that does not exist have nothing to delete.
     Ok(groups.into_iter().filter_map(|g| g.coll.map(|c| (c, g.changes))).collect())
+}
+
+/// A document stored as it came from the sync source is checked as decoding it would check
+/// it: the wire layer checked its structure, and reading each element checks its strings and
+/// field names for UTF-8.
+fn check_strings(doc: &RawDocument) -> Result<()> {
+    let invalid = |e: bson::error::Error| Error::new(Code::InvalidBSON, format!("invalid document in an oplog entry: {e}"));
+    let mut open: Vec<bson::raw::RawIter<'_>> = vec![doc.iter_elements()];
+    while let Some(it) = open.last_mut() {
+        let Some(element) = it.next() else {
+            open.pop();
+            continue;
+        };
+        match element.and_then(|e| e.value()).map_err(invalid)? {
+            bson::RawBsonRef::Document(d) => open.push(d.iter_elements()),
+            bson::RawBsonRef::Array(a) => open.push(a.iter_elements()),
+            bson::RawBsonRef::JavaScriptCodeWithScope(c) => open.push(c.scope.iter_elements()),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Apply `entry`; the caller makes the result durable (`Store::commit_durable`).
@@ -356,5 +378,20 @@ mod tests {
         replace(&a, Bson::Int32(2), doc! {"_id": 2, "k": 2002, "tags": ["replaced"]});
         replace(&b, Bson::String("x".into()), doc! {"_id": "x", "v": 3, "w": "longer than before"});
         ship("replacements", &primary);
+        // A fetched document whose strings are not UTF-8 is refused, as decoding it would be,
+        // though it is stored without being decoded: nothing is applied or logged.
+        let marker = "\u{1}\u{2}";
+        let entry = doc! {"ts": bson::Timestamp { time: u32::MAX, increment: 1 }, "t": 1_i64, "op": "i", "ns": "db.b", "o": {"_id": "bad", "s": marker}};
+        let mut bad = bson::RawDocumentBuf::try_from(&entry).unwrap().into_bytes();
+        let at = bad.windows(2).position(|w| w == marker.as_bytes()).unwrap();
+        bad[at..at + 2].copy_from_slice(&[0xff, 0xfe]);
+        let before = entries_after(&batched, OpTime::default()).1.len();
+        let err = {
+            let _replicated = storage::applying_replicated_ops();
+            apply_batch(&batched, &[(OpTime { ts: u64::from(u32::MAX) << 32 | 1, term: 1 }, bad)]).unwrap_err()
+        };
+        assert_eq!(err.code, Code::InvalidBSON.0, "{}", err.message);
+        assert_eq!(entries_after(&batched, OpTime::default()).1.len(), before);
+        assert_eq!(contents(&batched, "db.b"), contents(&primary, "db.b"));
     }
 }

@@ -1665,49 +1665,17 @@ impl Store {
     /// crash in between leaves changes whose entries are fetched and applied again, which
     /// oplog application tolerates. Entries must be newer than the newest one, in order.
     pub fn append_oplog_replicated(&self, entries: &[(OpTime, Vec<u8>)]) -> Result<()> {
-        let shared = &self.inner.shared;
-        let Some(log) = shared.oplog.read().clone() else {
-            return Err(Error::new(Code::NoReplicationEnabled, "no oplog: not running with --replSet"));
-        };
-        let mut st = log.state.lock();
-        let mut last = st.last;
-        let mut stats = log.coll.stats.lock().clone();
-        let mut batch = Batch::new();
-        let mut added_bytes = 0u64;
-        for (at, e) in entries {
-            if at.ts <= last.ts {
-                return Err(Error::new(Code::OplogOutOfOrder, format!("oplog entry {:?} is not after the newest entry {:?}", at, last)));
-            }
-            last = *at;
-            stats.count += 1;
-            added_bytes += e.len() as u64;
-            // Members that chain from this one tail these.
-            st.remember(at.ts, e);
-            batch.put(Space::Records, record_key(log.coll.id, at.ts), e.clone());
-        }
-        if batch.is_empty() {
-            return Ok(());
-        }
-        stats.data_bytes += added_bytes;
-        batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
-        if let Err(e) = shared.apply(batch) {
-            let newest = st.last.ts;
-            st.forget_after(newest);
-            return Err(e);
-        }
-        st.last = last;
-        st.term = st.term.max(last.term);
-        shared.after_oplog_append(&log, stats, added_bytes);
-        Ok(())
+        self.apply_replicated(&[], entries)
     }
 
     /// A secondary's batch in one engine write (one journal append): the final state of
     /// each document the fetched `entries` changed, per collection, and the entries
-    /// themselves, appended to the oplog as `append_oplog_replicated` does. Each collection
-    /// appears once and each `_id` at most once in it. Applying a document's final state
-    /// instead of every entry is what oplog application allows (entries are idempotent and
-    /// the batch ends at the source's state as of its last entry); one write instead of one
-    /// per entry halved a secondary's work per insert. Fails, having changed nothing, on a
+    /// themselves, appended to the oplog with their own optimes (newer than the newest
+    /// entry, in order). Each collection appears once and each `_id` at most once in it.
+    /// Applying a document's final state instead of every entry is what oplog application
+    /// allows (entries are idempotent and the batch ends at the source's state as of its last
+    /// entry), and one engine write per batch instead of one per entry takes a lock, a
+    /// snapshot and a journal append per batch. Fails, having changed nothing, on a
     /// unique-key conflict among the changes (a key that moved between documents within the
     /// batch): the caller then applies the entries one by one.
     pub fn apply_replicated(&self, changes: &[(Collection, Vec<ReplicatedChange>)], entries: &[(OpTime, Vec<u8>)]) -> Result<()> {
@@ -1715,6 +1683,9 @@ impl Store {
         let Some(log) = shared.oplog.read().clone() else {
             return Err(Error::new(Code::NoReplicationEnabled, "no oplog: not running with --replSet"));
         };
+        if changes.is_empty() && entries.is_empty() {
+            return Ok(());
+        }
         // Write locks in collection order (deadlock-free with any writer that holds one).
         let mut order: Vec<&(Collection, Vec<ReplicatedChange>)> = changes.iter().collect();
         order.sort_by_key(|(c, _)| c.state.id);
