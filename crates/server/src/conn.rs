@@ -431,12 +431,18 @@ async fn wait_for_replication(shared: &Shared, wait: dispatch::ReplicationWait, 
     let Some(repl) = &shared.repl else { return };
     let deadline = wait.timeout.map(|t| tokio::time::Instant::now() + t);
     let majority = (wait.durable && wait.mode == repl::progress::WMode::Majority).then_some((&shared.store, wait.at));
-    let error = match wait_for_progress(repl, deadline, majority, || repl.write_concern_status(&shared.store, wait.at, &wait.mode, wait.durable)).await {
+    let started = std::time::Instant::now();
+    let waited = wait_for_progress(repl, deadline, majority, || repl.write_concern_status(&shared.store, wait.at, &wait.mode, wait.durable)).await;
+    let c = &shared.counters;
+    Counters::add(&c.wc_waits, 1);
+    Counters::add(&c.wc_wait_us, started.elapsed().as_micros() as u64);
+    let error = match waited {
         Waited::Satisfied => return,
         Waited::SteppedDown => {
             doc! {"code": 189, "codeName": "PrimarySteppedDown", "errmsg": "Primary stepped down while waiting for replication", "errInfo": {"writeConcern": wait.write_concern.clone()}}
         }
         Waited::TimedOut => {
+            Counters::add(&c.wc_timeouts, 1);
             doc! {"code": 64, "codeName": "WriteConcernFailed", "errmsg": "waiting for replication timed out", "errInfo": {"wtimeout": true, "writeConcern": wait.write_concern.clone()}}
         }
     };

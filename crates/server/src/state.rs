@@ -24,6 +24,20 @@ pub struct Counters {
     pub bytes_out: AtomicU64,
     pub requests: AtomicU64,
     pub connections_rejected: AtomicU64,
+    /// Write-concern waits for other members (serverStatus metrics.getLastError): how many,
+    /// their total time, and how many timed out.
+    pub wc_waits: AtomicU64,
+    pub wc_wait_us: AtomicU64,
+    pub wc_timeouts: AtomicU64,
+    /// A secondary's oplog application (metrics.repl.apply): batches, their total time
+    /// (applying and logging, not the journal sync), and entries.
+    pub repl_apply_batches: AtomicU64,
+    pub repl_apply_us: AtomicU64,
+    pub repl_apply_ops: AtomicU64,
+    /// The fetcher's getMores to its sync source and their total time, waits included
+    /// (metrics.repl.network.getmores).
+    pub repl_getmores: AtomicU64,
+    pub repl_getmore_us: AtomicU64,
 }
 
 impl Counters {

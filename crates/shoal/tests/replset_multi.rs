@@ -207,13 +207,25 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
     // replSetUpdatePosition each (two per write if both secondaries sent one).
     // (The count also holds heartbeats, driver monitoring and the second serverStatus.)
     let primary = direct(&set.members[0]).await;
-    let count = || async { path(&admin(&primary, doc! {"serverStatus": 1}).await.unwrap(), "opcounters.command").and_then(|v| v.as_i64()).unwrap() };
-    let before = count().await;
+    let metric = |status: &Document, p: &str| path(status, p).and_then(|v| v.as_i64()).unwrap_or_else(|| panic!("serverStatus has no {p}"));
+    let secondary = direct(&set.members[1]).await;
+    let (p0, s0) = (admin(&primary, doc! {"serverStatus": 1}).await.unwrap(), admin(&secondary, doc! {"serverStatus": 1}).await.unwrap());
     for i in 0..WRITES {
         db.run_command(doc! {"insert": "c", "documents": [{"_id": 400 + i}], "writeConcern": {"w": "majority"}}).await.unwrap();
     }
-    let commands = count().await - before;
+    let (p1, s1) = (admin(&primary, doc! {"serverStatus": 1}).await.unwrap(), admin(&secondary, doc! {"serverStatus": 1}).await.unwrap());
+    let commands = metric(&p1, "opcounters.command") - metric(&p0, "opcounters.command");
     assert!(commands < WRITES, "{commands} commands on the primary during {WRITES} majority writes");
+    // mongod's replication metrics: each write waited for the others once
+    // (metrics.getLastError.wtime); the secondary applied at least the writes' entries, in
+    // batches it fetched with getMores.
+    let delta = |a: &Document, b: &Document, p: &str| metric(b, p) - metric(a, p);
+    assert_eq!(delta(&p0, &p1, "metrics.getLastError.wtime.num"), WRITES);
+    assert_eq!(delta(&p0, &p1, "metrics.getLastError.wtimeouts"), 0);
+    assert!(delta(&s0, &s1, "metrics.repl.apply.ops") >= WRITES, "{s1:?}");
+    assert!((1..=delta(&s0, &s1, "metrics.repl.apply.ops")).contains(&delta(&s0, &s1, "metrics.repl.apply.batches.num")));
+    assert!(delta(&s0, &s1, "metrics.repl.network.getmores.num") >= 1);
+    assert!(metric(&s1, "journal.syncMillis") >= 0 && metric(&s1, "journal.syncs") > 0);
     // w:3 waits for all three.
     let r = db.run_command(doc! {"insert": "c", "documents": [{"_id": 100}], "writeConcern": {"w": 3, "wtimeout": 10000}}).await.unwrap();
     assert!(r.get("writeConcernError").is_none(), "{r:?}");
@@ -226,6 +238,9 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
     assert_eq!(r.get_i32("n").unwrap(), 1, "the write itself is applied: {r:?}");
     assert_eq!(path(&r, "writeConcernError.code"), Some(&Bson::Int32(64)), "{r:?}");
     assert_eq!(path(&r, "writeConcernError.errInfo.wtimeout"), Some(&Bson::Boolean(true)));
+    let p2 = admin(&primary, doc! {"serverStatus": 1}).await.unwrap();
+    assert_eq!(delta(&p1, &p2, "metrics.getLastError.wtimeouts"), 1, "the timed-out wait is counted");
+    assert!(delta(&p1, &p2, "metrics.getLastError.wtime.totalMillis") >= 300, "{p2:?}");
     let r = db.run_command(doc! {"insert": "c", "documents": [{"_id": 103}], "writeConcern": {"w": "majority", "wtimeout": 10000}}).await.unwrap();
     assert!(r.get("writeConcernError").is_none(), "{r:?}");
     // A secondary refuses writes and serves reads that allow it.

@@ -393,6 +393,8 @@ struct Shared {
     commit: Mutex<CommitState>,
     commit_done: Condvar,
     sync_count: AtomicU64,
+    /// Time spent in those syncs.
+    sync_us: AtomicU64,
     next_internal_id: AtomicU64,
     total_data_bytes: AtomicU64,
     /// Index builds in progress.
@@ -614,7 +616,9 @@ impl Shared {
                 None => (None, self.applied_seq.load(Ordering::SeqCst)),
             };
             drop(st);
+            let started = std::time::Instant::now();
             let r = self.engine.sync();
+            self.sync_us.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
             self.sync_count.fetch_add(1, Ordering::Relaxed);
             if let (true, Some(l), Some(at)) = (r.is_ok(), &log, log_at) {
                 let mut ls = l.state.lock();
@@ -1435,6 +1439,7 @@ impl Store {
             commit: Mutex::new(CommitState { synced_seq: 0, syncing: false }),
             commit_done: Condvar::new(),
             sync_count: AtomicU64::new(0),
+            sync_us: AtomicU64::new(0),
             next_internal_id: AtomicU64::new(1),
             total_data_bytes: AtomicU64::new(0),
             builds: Mutex::new(Vec::new()),
@@ -1967,6 +1972,11 @@ impl Store {
     /// Number of engine syncs performed (group commit observability; tests).
     pub fn sync_count(&self) -> u64 {
         self.inner.shared.sync_count.load(Ordering::Relaxed)
+    }
+
+    /// Time spent in engine syncs so far.
+    pub fn sync_time_us(&self) -> u64 {
+        self.inner.shared.sync_us.load(Ordering::Relaxed)
     }
 
     pub fn database_stats(&self, db: &str) -> DbStats {

@@ -172,11 +172,26 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
             "numRequests": Counters::get(&c.requests) as i64,
         },
         "mem": { "bits": 64, "resident": (resident / (1024 * 1024)) as i32, "virtual": (virt / (1024 * 1024)) as i32, "supported": true },
-        "metrics": { "cursor": { "open": { "total": s.cursors.open_count() as i64 } } },
+        "metrics": {
+            "cursor": { "open": { "total": s.cursors.open_count() as i64 } },
+            // Waits for other members' acknowledgement (w above 1 or "majority").
+            "getLastError": {
+                "wtime": { "num": Counters::get(&c.wc_waits) as i64, "totalMillis": (Counters::get(&c.wc_wait_us) / 1000) as i64 },
+                "wtimeouts": Counters::get(&c.wc_timeouts) as i64,
+            },
+            // A secondary's fetching and application (the journal sync is in `journal`).
+            "repl": {
+                "apply": {
+                    "batches": { "num": Counters::get(&c.repl_apply_batches) as i64, "totalMillis": (Counters::get(&c.repl_apply_us) / 1000) as i64 },
+                    "ops": Counters::get(&c.repl_apply_ops) as i64,
+                },
+                "network": { "getmores": { "num": Counters::get(&c.repl_getmores) as i64, "totalMillis": (Counters::get(&c.repl_getmore_us) / 1000) as i64 } },
+            },
+        },
         "storageEngine": { "name": s.config.storage_engine.clone(), "persistent": s.config.storage_engine != "inMemory", "supportsCommittedReads": true },
         // Journal syncs (fsyncs) so far, group commits counted once: shoal's counterpart of
         // WiredTiger's "log sync operations".
-        "journal": { "syncs": s.store.sync_count() as i64 },
+        "journal": { "syncs": s.store.sync_count() as i64, "syncMillis": (s.store.sync_time_us() / 1000) as i64 },
     };
     // A member's serverStatus carries what hello says of the set (mongod's `repl` section).
     if let Some(repl) = &s.repl {

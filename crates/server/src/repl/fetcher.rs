@@ -8,7 +8,7 @@
 //! next: the batch after an apply is everything the source logged during it.
 
 use super::peer::{cursor_batch, cursor_batch_raw, PeerConn};
-use crate::state::Shared;
+use crate::state::{Counters, Shared};
 use bson::{doc, Bson, Document, RawDocument, RawDocumentBuf};
 use common::{Code, Error, Result};
 use repl::{MemberState, ReplSetConfig};
@@ -129,7 +129,11 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
         }
         let mut get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1};
         get_more.insert("$replProgress", progress_optimes(shared, config, me, src));
-        let reply = match conn.command_raw("local", get_more, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await {
+        let started = std::time::Instant::now();
+        let reply = conn.command_raw("local", get_more, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await;
+        Counters::add(&shared.counters.repl_getmores, 1);
+        Counters::add(&shared.counters.repl_getmore_us, started.elapsed().as_micros() as u64);
+        let reply = match reply {
             Ok(r) => r,
             Err(e) => {
                 if let Some(at) = applied {
@@ -475,7 +479,12 @@ fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Res
             return Err(Error::new(Code::InterruptedDueToReplStateChange, "the member's role or config changed while fetching"));
         }
         let _replicated = storage::applying_replicated_ops();
+        let started = std::time::Instant::now();
         crate::apply::apply_batch(store, &logged)?;
+        let c = &shared.counters;
+        Counters::add(&c.repl_apply_batches, 1);
+        Counters::add(&c.repl_apply_us, started.elapsed().as_micros() as u64);
+        Counters::add(&c.repl_apply_ops, logged.len() as u64);
     }
     store.commit_durable()?;
     Ok(store.oplog_last().unwrap_or_default())
