@@ -65,6 +65,8 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
     let parse = |what: &str| Error::new(Code::FailedToParse, format!("oplog entry has no {what}"));
     let mut groups: Vec<Group> = Vec::new();
     for entry in entries {
+        // Logged and stored as they came, so checked as decoding them would check them.
+        check_strings(entry)?;
         let op = entry.get_str("op").map_err(|_| parse("string field 'op'"))?;
         if op == "n" {
             continue;
@@ -79,7 +81,6 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
             ("d", None) => return Err(parse("o._id (delete)")),
             (_, Some(id)) => {
                 let id = Bson::try_from(id).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid _id in an oplog entry: {e}")))?;
-                check_strings(o)?;
                 (ReplicatedChange::Put { doc: o.to_owned() }, id)
             }
             ("u", None) => {
@@ -123,8 +124,8 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
     Ok(groups.into_iter().filter_map(|g| g.coll.map(|c| (c, g.changes))).collect())
 }
 
-/// A document stored as it came from the sync source is checked as decoding it would check
-/// it: the wire layer checked its structure, and reading each element checks its strings and
+/// An entry stored as it came from the sync source is checked as decoding it would check it:
+/// the wire layer checked its structure, and reading each element checks its strings and
 /// field names for UTF-8.
 fn check_strings(doc: &RawDocument) -> Result<()> {
     let invalid = |e: bson::error::Error| Error::new(Code::InvalidBSON, format!("invalid document in an oplog entry: {e}"));
@@ -378,7 +379,7 @@ mod tests {
         replace(&a, Bson::Int32(2), doc! {"_id": 2, "k": 2002, "tags": ["replaced"]});
         replace(&b, Bson::String("x".into()), doc! {"_id": "x", "v": 3, "w": "longer than before"});
         ship("replacements", &primary);
-        // A fetched document whose strings are not UTF-8 is refused, as decoding it would be,
+        // A fetched entry whose strings are not UTF-8 is refused, as decoding it would be,
         // though it is stored without being decoded: nothing is applied or logged.
         let marker = "\u{1}\u{2}";
         let entry = doc! {"ts": bson::Timestamp { time: u32::MAX, increment: 1 }, "t": 1_i64, "op": "i", "ns": "db.b", "o": {"_id": "bad", "s": marker}};
