@@ -63,6 +63,7 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
         by_id: HashMap<Vec<u8>, usize>,
     }
     let parse = |what: &str| Error::new(Code::FailedToParse, format!("oplog entry has no {what}"));
+    let to_bson = |id| Bson::try_from(id).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid _id in an oplog entry: {e}")));
     let mut groups: Vec<Group> = Vec::new();
     for entry in entries {
         // Logged and stored as they came, so checked as decoding them would check them.
@@ -75,18 +76,18 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
         let raw_id = o.get("_id").ok().flatten();
         let (change, id) = match (op, raw_id) {
             ("d", Some(id)) => {
-                let id = Bson::try_from(id).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid _id in an oplog entry: {e}")))?;
+                let id = to_bson(id)?;
                 (ReplicatedChange::Delete { id: id.clone() }, id)
             }
             ("d", None) => return Err(parse("o._id (delete)")),
             (_, Some(id)) => {
-                let id = Bson::try_from(id).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid _id in an oplog entry: {e}")))?;
+                let id = to_bson(id)?;
                 (ReplicatedChange::Put { doc: o.to_owned() }, id)
             }
             ("u", None) => {
                 // A whole document without its _id: the _id comes from o2, as apply_entry does.
                 let id = entry.get_document("o2").ok().and_then(|o2| o2.get("_id").ok().flatten()).ok_or_else(|| parse("o2._id (update)"))?;
-                let id = Bson::try_from(id).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid _id in an oplog entry: {e}")))?;
+                let id = to_bson(id)?;
                 let mut doc = Document::try_from(o).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid oplog entry: {e}")))?;
                 doc.insert("_id", id.clone());
                 let doc = bson::RawDocumentBuf::try_from(&doc).map_err(|e| Error::bad_value(format!("cannot encode a document: {e}")))?;

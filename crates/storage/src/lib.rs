@@ -916,17 +916,17 @@ impl CollState {
     }
 
     /// Add one document to `pending` (nothing is added if it fails a check).
-    /// `id_absent`: the caller found no `_id` entry for `doc` in `snap`; the `_id` index's
-    /// own check then only looks at `pending`.
-    fn prepare_insert(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, doc: &Document, id_absent: bool, pending: &mut Pending) -> Result<RecordId> {
+    fn prepare_insert(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, doc: &Document, pending: &mut Pending) -> Result<RecordId> {
         // Documents of one batch tend to be alike: size the buffer like the previous one.
         let bytes = encode_record(doc, pending.record_size_hint_bytes + pending.record_size_hint_bytes / 8)?;
         pending.record_size_hint_bytes = bytes.len();
-        self.prepare_insert_encoded(meta, snap, doc, bytes, id_absent, pending)
+        self.prepare_insert_encoded(meta, snap, doc, bytes, false, pending)
     }
 
     /// `prepare_insert` of a document already encoded as `bytes`. `doc` gives the index keys:
     /// the document itself, or only its `_id` when the `_id` index is the only one.
+    /// `id_absent`: the caller found no `_id` entry for `doc` in `snap`; the `_id` index's
+    /// own check then only looks at `pending`.
     fn prepare_insert_encoded(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, doc: &Document, bytes: Vec<u8>, id_absent: bool, pending: &mut Pending) -> Result<RecordId> {
         if bytes.len() > BSON_OBJECT_SIZE_MAX_BYTES {
             return Err(Error::new(
@@ -2186,7 +2186,7 @@ impl Collection {
         let mut ok = Vec::with_capacity(docs.len());
         let mut errors = Vec::new();
         for (i, d) in docs.iter().enumerate() {
-            match st.prepare_insert(&meta, &*snap, d, false, &mut pending) {
+            match st.prepare_insert(&meta, &*snap, d, &mut pending) {
                 Ok(_) => ok.push(i),
                 Err(e) => {
                     errors.push((i, e));
@@ -2641,11 +2641,7 @@ impl Snapshot {
 
     /// Lookup via the `_id` index.
     pub fn find_by_id(&self, id: &Bson) -> Result<Option<(RecordId, Document)>> {
-        let Some(idx) = self.meta.index(ID_INDEX_NAME) else { return Ok(None) };
-        let mut key = idx.prefix.to_vec();
-        encode_component(id, false, &mut key);
-        let Some(v) = self.snap.get(Space::Index, &key)? else { return Ok(None) };
-        let rid = read_u64(&v).ok_or_else(|| corrupt("_id index entry"))?;
+        let Some(rid) = self.coll.rid_by_id(&self.meta, &*self.snap, id)? else { return Ok(None) };
         match self.get(rid)? {
             Some(d) => Ok(Some((rid, d))),
             None => Err(corrupt(format!("_id index entry points at missing record {rid}"))),
@@ -2835,7 +2831,7 @@ impl Writer {
         let meta = st.meta.read().clone();
         let snap = st.shared.engine.snapshot();
         let mut pending = st.pending();
-        let rid = st.prepare_insert(&meta, &*snap, doc, false, &mut pending)?;
+        let rid = st.prepare_insert(&meta, &*snap, doc, &mut pending)?;
         st.commit_pending(pending)?;
         Ok(rid)
     }

@@ -83,7 +83,7 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
     let (mut id, mut batch) = cursor_batch_raw(&reply, "firstBatch")?;
     on_repl_data(shared, &reply);
     // The first entry must be our newest one: then the two oplogs agree up to here.
-    let first = batch.first().and_then(|e| optime_of(e));
+    let first = batch.first().and_then(|e| OpTime::from_raw(e));
     if first != Some(last) {
         // The source's oplog starts after our newest entry (it was capped, or its own
         // initial sync began later): it cannot tell whether we diverged, and another source
@@ -452,12 +452,7 @@ fn on_repl_data(shared: &Shared, reply: &RawDocument) -> Option<OpTime> {
             coord.observe_term(&shared.store, t);
         }
     }
-    d.get_document("lastOpCommitted").ok().and_then(optime_of)
-}
-
-/// The `ts` and `t` of an entry (or an optime document) kept as BSON.
-fn optime_of(d: &RawDocument) -> Option<OpTime> {
-    OpTime::from_raw(d)
+    d.get_document("lastOpCommitted").ok().and_then(OpTime::from_raw)
 }
 
 /// Apply fetched entries, log them with their own optimes and make them durable; returns
