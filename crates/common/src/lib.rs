@@ -121,6 +121,7 @@ impl Code {
     pub const NoReplicationEnabled: Code = Code(76, "NoReplicationEnabled");
     pub const NotYetInitialized: Code = Code(94, "NotYetInitialized");
     pub const NotPrimaryNoSecondaryOk: Code = Code(13435, "NotPrimaryNoSecondaryOk");
+    pub const IncompleteTransactionHistory: Code = Code(217, "IncompleteTransactionHistory");
     pub const TransactionTooOld: Code = Code(225, "TransactionTooOld");
     pub const UnsatisfiableWriteConcern: Code = Code(100, "UnsatisfiableWriteConcern");
     pub const CappedPositionLost: Code = Code(136, "CappedPositionLost");

@@ -25,6 +25,10 @@ impl Ord for OpTime {
 }
 
 impl OpTime {
+    /// mongod's null optime, `{ts: Timestamp(0, 0), t: -1}`: the `prevOpTime` of a
+    /// retryable write's first oplog entry.
+    pub const NULL: OpTime = OpTime { ts: 0, term: -1 };
+
     pub fn timestamp(&self) -> Timestamp {
         ts_of(self.ts)
     }

@@ -34,10 +34,37 @@ pub fn apply_batch(store: &Store, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
         }
     }
     for (e, (at, _)) in raw.iter().zip(logged) {
-        let e = Document::try_from(*e).map_err(|err| Error::new(Code::InvalidBSON, format!("oplog entry {at:?} is not valid BSON: {err}")))?;
-        apply_entry(store, &e).map_err(|err| Error::new(Code(err.code, err.code_name), format!("applying oplog entry {at:?} failed: {}", err.message)))?;
+        apply_fetched(store, e, *at)?;
     }
     store.append_oplog_replicated(logged)
+}
+
+/// Apply one fetched entry (logged at `at` on the source), and the session record it
+/// carries if it is a retryable write's.
+fn apply_fetched(store: &Store, entry: &RawDocument, at: OpTime) -> Result<()> {
+    let e = Document::try_from(entry).map_err(|err| Error::new(Code::InvalidBSON, format!("oplog entry {at:?} is not valid BSON: {err}")))?;
+    apply_entry(store, &e).map_err(|err| Error::new(Code(err.code, err.code_name), format!("applying oplog entry {at:?} failed: {}", err.message)))?;
+    if let Some(record) = session_record_of(entry, at)? {
+        let doc = Document::try_from(record.as_ref()).map_err(|e| Error::internal(format!("session record: {e}")))?;
+        upsert(&session_records(store)?, &doc, false)?;
+    }
+    Ok(())
+}
+
+/// The `config.transactions` record a retryable write's entry (logged at `at`) leaves, as
+/// the primary wrote it with the entry (`storage::Store::begin_retryable_write`); `None` for
+/// an entry of no session.
+fn session_record_of(entry: &RawDocument, at: OpTime) -> Result<Option<bson::RawDocumentBuf>> {
+    let Ok(lsid) = entry.get_document("lsid") else { return Ok(None) };
+    let bad = |what: &str| Error::new(Code::FailedToParse, format!("oplog entry {at:?} has an lsid but no {what}"));
+    let id = lsid.get_binary("id").map_err(|_| bad("binary lsid.id"))?;
+    let txn = entry.get_i64("txnNumber").map_err(|_| bad("long txnNumber"))?;
+    let wall_ms = entry.get_datetime("wall").map(|w| w.timestamp_millis()).unwrap_or(0);
+    Ok(Some(storage::session_record(id.bytes, txn, at, wall_ms)))
+}
+
+fn session_records(store: &Store) -> Result<Collection> {
+    store.collection_or_create(storage::SESSION_RECORDS_DB, storage::SESSION_RECORDS_COLLECTION)
 }
 
 /// Whether `entry` leaves a document in a state of its own (insert, whole-document update,
@@ -65,9 +92,23 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
     let parse = |what: &str| Error::new(Code::FailedToParse, format!("oplog entry has no {what}"));
     let to_bson = |id| Bson::try_from(id).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid _id in an oplog entry: {e}")));
     let mut groups: Vec<Group> = Vec::new();
+    // Sessions' records (config.transactions), by lsid: the newest entry of each session.
+    let mut sessions: Vec<ReplicatedChange> = Vec::new();
+    let mut session_by_lsid: HashMap<Vec<u8>, usize> = HashMap::new();
     for entry in entries {
         // Logged and stored as they came, so checked as decoding them would check them.
         check_strings(entry)?;
+        let at = OpTime::from_raw(entry).ok_or_else(|| parse("ts and t"))?;
+        if let Some(doc) = session_record_of(entry, at)? {
+            let lsid = entry.get_document("lsid").and_then(|l| l.get_binary("id")).map(|b| b.bytes.to_vec()).unwrap_or_default();
+            match session_by_lsid.get(&lsid) {
+                Some(&i) => sessions[i] = ReplicatedChange::Put { doc },
+                None => {
+                    session_by_lsid.insert(lsid, sessions.len());
+                    sessions.push(ReplicatedChange::Put { doc });
+                }
+            }
+        }
         let op = entry.get_str("op").map_err(|_| parse("string field 'op'"))?;
         if op == "n" {
             continue;
@@ -119,6 +160,19 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
                 g.by_id.insert(key, g.changes.len());
                 g.changes.push(change);
             }
+        }
+    }
+    if !sessions.is_empty() {
+        // The records are derived, not logged: a group for config.transactions holds only
+        // direct writes to it, if any (a record written both ways in one batch is refused as
+        // a duplicate key, and the batch is applied entry by entry).
+        let ns = format!("{}.{}", storage::SESSION_RECORDS_DB, storage::SESSION_RECORDS_COLLECTION);
+        match groups.iter_mut().find(|g| g.ns == ns) {
+            Some(g) => {
+                g.coll = Some(session_records(store)?);
+                g.changes.extend(sessions);
+            }
+            None => groups.push(Group { ns, coll: Some(session_records(store)?), changes: sessions, by_id: HashMap::new() }),
         }
     }
     // Deletes in a collection that does not exist have nothing to delete.
@@ -325,12 +379,12 @@ mod tests {
             {
                 let _replicated = storage::applying_replicated_ops();
                 apply_batch(&batched, &logged).unwrap();
-                for d in &docs {
-                    apply_entry(&one_by_one, d).unwrap();
+                for (at, bytes) in &logged {
+                    apply_fetched(&one_by_one, RawDocument::from_bytes(bytes).unwrap(), *at).unwrap();
                 }
                 one_by_one.append_oplog_replicated(&logged).unwrap();
             }
-            for ns in ["db.a", "db.b"] {
+            for ns in ["db.a", "db.b", "config.transactions"] {
                 let want = contents(primary, ns);
                 assert_eq!(contents(&batched, ns), want, "{label}: {ns} applied as a batch");
                 assert_eq!(contents(&one_by_one, ns), want, "{label}: {ns} applied entry by entry");
@@ -344,6 +398,8 @@ mod tests {
         a.create_index(IndexSpec::from_spec(doc! {"key": {"k": 1}, "name": "k_1", "unique": true}).unwrap()).unwrap();
         a.create_index(IndexSpec::from_spec(doc! {"key": {"tags": 1}, "name": "tags_1"}).unwrap()).unwrap();
         let b = primary.collection_or_create("db", "b").unwrap();
+        // (The first retryable write creates config.transactions.)
+        drop(primary.begin_retryable_write(&[1; 16], 1, OpTime::NULL).unwrap());
         ship("catalog", &primary);
         // Inserts, updates, deletes; some documents changed several times in the batch.
         let docs: Vec<Document> = (0..40).map(|i| doc! {"_id": i, "k": i, "tags": [i % 3, i % 5]}).collect();
@@ -368,10 +424,21 @@ mod tests {
         replace(&b, Bson::String("x".into()), doc! {"_id": "x", "v": 2});
         assert!(b.insert_many(&[doc! {"_id": "z"}], true).errors.is_empty());
         delete(&b, Bson::String("z".into()));
+        // Retryable writes: each member derives the sessions' records from their entries
+        // (session 2 writes twice: its record names the second).
+        for (lsid, txn) in [([2; 16], 1), ([3; 16], 7), ([2; 16], 2)] {
+            let w = primary.begin_retryable_write(&lsid, txn, OpTime::NULL).unwrap();
+            w.set_statement_per_document(vec![0]);
+            assert!(b.insert_many(&[doc! {"_id": format!("s{}-{txn}", lsid[0])}], true).errors.is_empty());
+        }
         ship("documents", &primary);
         // A unique key moves: document 1 gives up k: 1, document 99 takes it.
         replace(&a, Bson::Int32(1), doc! {"_id": 1, "k": 1001});
-        assert!(a.insert_many(&[doc! {"_id": 99, "k": 1}], true).errors.is_empty());
+        {
+            let w = primary.begin_retryable_write(&[3; 16], 8, OpTime::NULL).unwrap();
+            w.set_statement_per_document(vec![0]);
+            assert!(a.insert_many(&[doc! {"_id": 99, "k": 1}], true).errors.is_empty());
+        }
         delete(&b, Bson::String("y".into()));
         ship("a unique key that moves", &primary);
         // Documents the secondaries hold, replaced: in a collection with secondary indexes

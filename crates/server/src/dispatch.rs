@@ -358,18 +358,12 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
     };
     let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, req.body.clone(), deadline);
     let wait = replication_wait(shared, req, write_concern.as_ref(), wc_unsatisfiable.is_some());
-    let commit_deferred = retry_key.is_some() && shared.repl.is_some();
-    let mut ctx = Ctx { shared, conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, commit_deferred };
     let mut reply = match (retry_key, txn_number) {
-        (Some(lsid), Some(txn)) => {
-            let r = shared.retry.run_durable(&lsid, txn, shared.repl.as_ref().map(|_| &shared.store), || handler(&mut ctx));
-            // One sync for the write and its session record (see Ctx::commit_deferred).
-            if commit_deferred {
-                ctx.commit_now()?;
-            }
-            r?
-        }
-        _ => handler(&mut ctx)?,
+        (Some(lsid), Some(txn)) => shared.retry.run(&shared.store, &lsid, txn, |executed, guard| {
+            let retry = Some(commands::RetryCtx { executed, guard });
+            handler(&mut Ctx { shared, conn: &mut *conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, retry })
+        })?,
+        _ => handler(&mut Ctx { shared, conn: &mut *conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, retry: None })?,
     };
     if let Some(w) = read_wait(shared, req, read_level, deadline)? {
         if read_level == Some(ReadLevel::Majority) && req.name != "getMore" {

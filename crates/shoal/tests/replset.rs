@@ -136,7 +136,19 @@ async fn a_one_member_set_serves_drivers_and_logs_every_write() {
     assert_eq!(entries[4].get_document("o").unwrap(), &doc! {"_id": 2});
     assert!(entries.windows(2).all(|w| ts_key(&w[0]) < ts_key(&w[1])));
     assert!(entries.iter().all(|e| e.get_i64("t").unwrap() == 1 && e.get_i64("v").unwrap() == 2 && e.get_datetime("wall").is_ok()));
+    // The driver's writes were retryable: each entry names its session and transaction, as
+    // mongod's do, and the session's record in config.transactions, written with them but
+    // not logged, names the newest.
+    for e in &entries[1..] {
+        assert!(e.get_document("lsid").is_ok() && e.get_i64("txnNumber").is_ok() && e.get_i32("stmtId").ok() == Some(0), "{e}");
+        assert_eq!(path(e, "prevOpTime.t"), Some(&Bson::Int64(-1)), "one entry per transaction: {e}");
+    }
+    let records = collect(direct.database("config").collection::<Document>("transactions").find(doc! {}).await.unwrap()).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].get_i64("txnNum").unwrap(), entries[4].get_i64("txnNumber").unwrap());
+    assert_eq!(records[0].get_document("lastWriteOpTime").unwrap().get_timestamp("ts").unwrap(), entries[4].get_timestamp("ts").unwrap());
     let all = oplog(&direct, doc! {}).await;
+    assert!(all.iter().all(|e| e.get_str("ns").ok() != Some("config.transactions") || e.get_str("op").ok() == Some("c")));
     assert_eq!(all[0].get_document("o").unwrap(), &doc! {"msg": "initiating set"});
     assert_eq!(all[1].get_document("o").unwrap(), &doc! {"msg": "new primary"});
 
@@ -172,9 +184,7 @@ async fn a_one_member_set_serves_drivers_and_logs_every_write() {
     assert!(hello.get_bool("isWritablePrimary").unwrap(), "{hello:?}");
     assert_eq!(hello.get_object_id("electionId").unwrap().to_hex(), "7fffffff0000000000000002");
     direct.database("app").collection::<Document>("c").insert_one(doc! {"_id": 3}).await.unwrap();
-    // (The driver's retryable insert also records its session in config.transactions.)
-    let after = oplog(&direct, doc! {"ns": {"$ne": "config.transactions"}}).await;
-    let all: Vec<Document> = all.into_iter().filter(|e| e.get_str("ns").ok() != Some("config.transactions")).collect();
+    let after = oplog(&direct, doc! {}).await;
     assert_eq!(after.len(), all.len() + 2, "a new-primary entry and the insert");
     let last = after.last().unwrap();
     assert_eq!((last.get_str("op").unwrap(), last.get_i64("t").unwrap()), ("i", 2));
@@ -192,8 +202,10 @@ async fn a_retried_write_is_applied_once() {
     };
     let first = wire::command(&mut s, 1, &update(1)).doc;
     assert_eq!(first.get_f64("ok").unwrap(), 1.0, "{first:?}");
-    // The retry (same session and txnNumber) replays the reply and writes nothing.
-    let retry = wire::command(&mut s, 2, &update(1)).doc;
+    // The retry (same session and txnNumber) gets the first result, rebuilt from the
+    // oplog, with mongod's retriedStmtIds, and writes nothing.
+    let mut retry = wire::command(&mut s, 2, &update(1)).doc;
+    assert_eq!(retry.remove("retriedStmtIds"), Some(Bson::Array(vec![Bson::Int32(0)])), "{retry:?}");
     assert_eq!(retry, first);
     let next = wire::command(&mut s, 3, &update(2)).doc;
     assert_eq!(next.get_i32("nModified").unwrap(), 1, "{next:?}");

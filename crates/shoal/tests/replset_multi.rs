@@ -939,3 +939,82 @@ async fn rollback_undoes_catalog_changes_by_copying_the_collections_again() {
     assert_eq!(saved.len(), 21, "its whole collection");
     assert_eq!(set.status(p).await.unwrap().get_i32("myState").unwrap(), 2);
 }
+
+/// A retryable write retried on a new primary after a step-down gets its first attempt's
+/// results, rebuilt from the oplog entries the write left (mongod's design: the entries
+/// carry lsid, txnNumber, stmtId and prevOpTime, and every member derives the session's
+/// config.transactions record from them), and nothing is applied twice.
+#[tokio::test]
+async fn a_write_retried_after_failover_gets_its_first_results_and_applies_nothing_twice() {
+    use mongodb::bson::spec::BinarySubtype;
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    // One session per command: a retry is of a session's newest transaction.
+    let with_session = |i: usize, cmd: &Document| {
+        let mut c = cmd.clone();
+        c.insert("lsid", doc! {"id": Bson::Binary(mongodb::bson::Binary { subtype: BinarySubtype::Uuid, bytes: vec![i as u8 + 1; 16] })});
+        c.insert("txnNumber", 5i64);
+        c.insert("writeConcern", doc! {"w": "majority"});
+        c.insert("$db", "app");
+        c
+    };
+    let commands = [
+        // An ordered insert that stops at a duplicate: the retry inserts nothing and fails alike.
+        doc! {"insert": "r", "documents": [{"_id": 1, "n": 0}, {"_id": 2, "n": 0}, {"_id": 2}]},
+        // An update and an upsert.
+        doc! {"update": "r", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}, {"q": {"_id": 3}, "u": {"$inc": {"n": 1}}, "upsert": true}]},
+        // findAndModify returning the document before, after (projected), and removed.
+        doc! {"findAndModify": "r", "query": {"_id": 2}, "update": {"$inc": {"n": 10}}},
+        doc! {"findAndModify": "r", "query": {"_id": 2}, "update": {"$inc": {"n": 100}}, "new": true, "fields": {"n": 1}},
+        doc! {"findAndModify": "r", "query": {"_id": 3}, "remove": true},
+        doc! {"delete": "r", "deletes": [{"q": {"_id": 1}, "limit": 1}]},
+    ];
+    let mut s = wire::connect(set.members[p].port);
+    let mut firsts = Vec::new();
+    for (i, c) in commands.iter().enumerate() {
+        let r = wire::command(&mut s, i as i32 + 1, &with_session(i, c)).doc;
+        assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r:?}");
+        firsts.push(r);
+    }
+    assert_eq!(firsts[0].get_i32("n").unwrap(), 2);
+    assert_eq!(path(&firsts[2], "value.n"), Some(&Bson::Int32(0)));
+    let data_before = all_on(&set.members[p], "app", "r").await;
+    assert_eq!(data_before, vec![doc! {"_id": 2, "n": 110}]);
+    let c = direct(&set.members[p]).await;
+    admin(&c, doc! {"replSetStepDown": 30, "secondaryCatchUpPeriodSecs": 5}).await.unwrap();
+    let q = set.wait_for_primary(Some(p)).await;
+    // Every member derived the six sessions' records.
+    for i in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while try_all_on(&set.members[i], "config", "transactions").await.map_or(0, |r| r.len()) != 6 {
+            assert!(Instant::now() < deadline, "member {i} lacks session records");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let mut s = wire::connect(set.members[q].port);
+    let fields = ["n", "nModified", "upserted", "writeErrors", "lastErrorObject", "value"];
+    for (i, c) in commands.iter().enumerate() {
+        let r = wire::command(&mut s, 100 + i as i32, &with_session(i, c)).doc;
+        assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r:?}");
+        for f in fields {
+            let (a, b) = (firsts[i].get(f), r.get(f));
+            match (f, a, b) {
+                // The duplicate's message is the same; compare what identifies it.
+                ("writeErrors", Some(Bson::Array(a)), Some(Bson::Array(b))) => {
+                    let key = |e: &Bson| e.as_document().map(|d| (d.get_i32("index").ok(), d.get_i32("code").ok()));
+                    assert_eq!(a.iter().map(key).collect::<Vec<_>>(), b.iter().map(key).collect::<Vec<_>>(), "command {i}");
+                }
+                _ => assert_eq!(a, b, "command {i}, field {f}: first {:?}, retry {r:?}", firsts[i]),
+            }
+        }
+        let retried = r.get_array("retriedStmtIds").map(|a| a.len()).or_else(|_| r.get_i32("retriedStmtId").map(|_| 1));
+        assert_eq!(retried.unwrap_or(0), if i < 2 { 2 } else { 1 }, "command {i}: {r:?}");
+    }
+    assert_eq!(all_on(&set.members[q], "app", "r").await, data_before, "a retry applied nothing again");
+    // A new transaction of a session runs; an older one is refused.
+    let mut next = with_session(5, &doc! {"insert": "r", "documents": [{"_id": 9}]});
+    next.insert("txnNumber", 6i64);
+    assert_eq!(wire::command(&mut s, 200, &next).doc.get_i32("n").unwrap(), 1);
+    let old = wire::command(&mut s, 201, &with_session(5, &commands[5])).doc;
+    assert_eq!(old.get_i32("code").unwrap(), 225, "{old:?}");
+}

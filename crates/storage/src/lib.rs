@@ -504,12 +504,20 @@ impl Shared {
     /// Apply `batch` with the oplog `entries` that describe it: under the oplog lock, stamp
     /// each entry with the next optime and add it to the same engine batch, so entries reach
     /// the engine (and become visible) in timestamp order.
-    fn apply_logged(&self, mut batch: Batch, entries: Vec<Vec<u8>>) -> Result<()> {
+    fn apply_logged(&self, batch: Batch, entries: Vec<Vec<u8>>) -> Result<()> {
+        self.apply_logged_with(batch, entries, None).map(|_| ())
+    }
+
+    /// `apply_logged`, for a retryable write when `session` is given: every entry is stamped
+    /// with its transaction's previous entry (`prevOpTime`, the first with `session.prev`),
+    /// and the session record at `session.record_op` in `batch` with the newest. Returns the
+    /// newest entry's optime.
+    fn apply_logged_with(&self, mut batch: Batch, entries: Vec<Vec<u8>>, session: Option<SessionStamp>) -> Result<Option<OpTime>> {
         if entries.is_empty() {
-            return self.apply(batch);
+            return self.apply(batch).map(|_| None);
         }
         let Some(log) = self.oplog.read().clone() else {
-            return self.apply(batch);
+            return self.apply(batch).map(|_| None);
         };
         let mut st = log.state.lock();
         let now_secs = (oplog::wall_now_ms() / 1000).clamp(0, u32::MAX as i64) as u32;
@@ -517,9 +525,14 @@ impl Shared {
         let mut last = st.last;
         let mut added_bytes = 0u64;
         let first_ts = oplog::next_ts(last.ts, now_secs);
+        let mut prev = session.as_ref().map(|s| s.prev);
         for mut e in entries {
             last = OpTime { ts: oplog::next_ts(last.ts, now_secs), term: st.term };
             oplog::stamp(&mut e, last);
+            if let Some(p) = prev.as_mut() {
+                oplog::stamp_prev(&mut e, *p);
+                *p = last;
+            }
             stats.count += 1;
             added_bytes += e.len() as u64;
             // Readers of `recent` hold the oplog lock, so they see these only once applied.
@@ -536,6 +549,16 @@ impl Shared {
         }
         stats.data_bytes += added_bytes;
         batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
+        if let Some(SessionStamp { record_op, .. }) = session {
+            match batch.ops.get_mut(record_op) {
+                Some(BatchOp::Put(Space::Records, _, record)) => oplog::stamp_session_record(record, last),
+                _ => {
+                    let newest = st.last.ts;
+                    st.forget_after(newest);
+                    return Err(Error::internal("a retryable write's batch lost its session record"));
+                }
+            }
+        }
         if let Err(e) = self.apply(batch) {
             let newest = st.last.ts;
             st.forget_after(newest);
@@ -543,7 +566,7 @@ impl Shared {
         }
         st.last = last;
         self.after_oplog_append(&log, stats, added_bytes);
-        Ok(())
+        Ok(Some(last))
     }
 
     /// After a batch of oplog entries is applied (the caller holds the oplog lock): publish
@@ -882,6 +905,12 @@ impl CollState {
         Ok(())
     }
 
+    /// `config.transactions`, where retryable writes keep their sessions' records.
+    fn is_session_records(&self) -> bool {
+        let ns = self.ns.read();
+        ns.0 == SESSION_RECORDS_DB && ns.1 == SESSION_RECORDS_COLLECTION
+    }
+
     fn check_live(&self) -> Result<()> {
         if self.dropped.load(Ordering::SeqCst) {
             return Err(Error::new(Code::NamespaceNotFound, format!("collection {} was dropped", self.ns_string())));
@@ -965,7 +994,7 @@ impl CollState {
         pending.stats.data_bytes += bytes.len() as u64;
         pending.data_delta += bytes.len() as i64;
         if let Some(log) = &pending.log {
-            pending.oplog.push(oplog::insert_entry(&log.ns, log.ui, &bytes, log.wall_ms));
+            pending.oplog.push(oplog::insert_entry(&log.ns, log.ui, &bytes, log.wall_ms, log.session.as_ref().map(|t| (t, oplog::current_stmt()))));
         }
         pending.batch.put(Space::Records, record_key(self.id, rid), bytes);
         for (idx, entries, multikey) in all {
@@ -989,9 +1018,43 @@ impl CollState {
     fn commit_pending(&self, mut pending: Pending) -> Result<()> {
         self.check_not_oplog()?;
         pending.batch.put(Space::Catalog, stats_key(self.id), pending.stats.to_bytes());
-        let batch = std::mem::take(&mut pending.batch);
+        let mut batch = std::mem::take(&mut pending.batch);
         let entries = std::mem::take(&mut pending.oplog);
-        self.shared.apply_logged(batch, entries)?;
+        let tagged = pending.log.as_ref().is_some_and(|l| l.session.is_some()) && !entries.is_empty();
+        let session = if tagged { oplog::with_session(|s| s.map(|s| (s.records.clone(), s.lsid.clone(), s.txn, s.prev))) } else { None };
+        let Some((records, lsid, txn, prev)) = session else {
+            self.shared.apply_logged(batch, entries)?;
+            self.publish_pending(pending);
+            return Ok(());
+        };
+        // A retryable write: the session's record goes into the same batch, unlogged (each
+        // member derives it from the entries, as mongod's secondaries do), so the write and
+        // the record that makes a retry find it are one atomic engine write. The record's
+        // collection is locked after this one's, as `Store::apply_replicated` locks it last.
+        let _records_lock = WriteGuard::acquire(&records);
+        records.check_live()?;
+        let meta = records.meta.read().clone();
+        let snap = self.shared.engine.snapshot();
+        let mut rp = records.pending();
+        rp.log = None;
+        let wall_ms = pending.log.as_ref().map_or_else(oplog::wall_now_ms, |l| l.wall_ms);
+        let record = oplog::session_record(&lsid, txn, OpTime::default(), wall_ms);
+        let doc = bson::RawDocumentBuf::from_bytes(record).map_err(|e| Error::internal(format!("session record: {e}")))?;
+        records.prepare_replicated(&meta, &*snap, &ReplicatedChange::Put { doc }, &mut rp)?;
+        let prefix = records.id.to_be_bytes();
+        let at = rp.batch.ops.iter().position(|op| matches!(op, BatchOp::Put(Space::Records, k, _) if k.starts_with(&prefix)));
+        let record_op = batch.ops.len() + at.ok_or_else(|| Error::internal("a session record was not prepared"))?;
+        rp.batch.put(Space::Catalog, stats_key(records.id), rp.stats.to_bytes());
+        batch.ops.append(&mut rp.batch.ops);
+        let last = self.shared.apply_logged_with(batch, entries, Some(SessionStamp { prev, record_op }))?;
+        if let Some(last) = last {
+            oplog::with_session(|s| {
+                if let Some(s) = s {
+                    s.prev = last;
+                }
+            });
+        }
+        records.publish_pending(rp);
         self.publish_pending(pending);
         Ok(())
     }
@@ -1145,8 +1208,12 @@ impl CollState {
         pending.stats.data_bytes = (pending.stats.data_bytes as i64 + delta).max(0) as u64;
         pending.data_delta += delta;
         if let Some(log) = &pending.log {
+            let session = log.session.as_ref().map(|t| (t, oplog::current_stmt()));
+            if let Some(tag) = session.filter(|_| oplog::wants_pre_image()) {
+                pending.oplog.push(oplog::pre_image_entry(&log.ns, log.ui, &encode_record(old_doc, old_len)?, log.wall_ms, tag));
+            }
             let id_doc = oplog::id_doc(new.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
-            pending.oplog.push(oplog::update_entry(&log.ns, log.ui, &new_bytes, &id_doc, log.wall_ms));
+            pending.oplog.push(oplog::update_entry(&log.ns, log.ui, &new_bytes, &id_doc, log.wall_ms, session));
         }
         pending.batch.put(Space::Records, record_key(st.id, id), new_bytes);
         Ok(())
@@ -1172,8 +1239,12 @@ impl CollState {
         pending.removes = true;
         pending.batch.delete(Space::Records, record_key(self.id, rid));
         if let Some(log) = &pending.log {
+            let session = log.session.as_ref().map(|t| (t, oplog::current_stmt()));
+            if let Some(tag) = session.filter(|_| oplog::wants_pre_image()) {
+                pending.oplog.push(oplog::pre_image_entry(&log.ns, log.ui, &old_bytes, log.wall_ms, tag));
+            }
             let id = oplog::id_doc(old_doc.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
-            pending.oplog.push(oplog::delete_entry(&log.ns, log.ui, &id, log.wall_ms));
+            pending.oplog.push(oplog::delete_entry(&log.ns, log.ui, &id, log.wall_ms, session));
         }
         Ok(())
     }
@@ -1223,7 +1294,11 @@ impl CollState {
     }
 
     fn pending(&self) -> Pending {
-        let log = self.logs_changes().then(|| LogTarget { ns: self.ns_string(), ui: self.meta.read().uuid, wall_ms: oplog::wall_now_ms() });
+        let log = self.logs_changes().then(|| {
+            // The session record's own collection is written in the same batch, not tagged.
+            let session = oplog::with_session(|s| s.filter(|s| s.records.id != self.id).map(|s| oplog::SessionTag { lsid: s.lsid.clone(), txn: s.txn }));
+            LogTarget { ns: self.ns_string(), ui: self.meta.read().uuid, wall_ms: oplog::wall_now_ms(), session }
+        });
         Pending {
             batch: Batch::new(),
             stats: self.stats.lock().clone(),
@@ -1272,6 +1347,16 @@ struct LogTarget {
     ns: String,
     ui: bson::Uuid,
     wall_ms: i64,
+    /// The retryable write the entries belong to.
+    session: Option<oplog::SessionTag>,
+}
+
+/// How `Shared::apply_logged_with` stamps a retryable write's batch.
+struct SessionStamp {
+    /// The transaction's newest entry before this batch (`OpTime::NULL` if none).
+    prev: OpTime,
+    /// The position in the batch of the put of the session's `config.transactions` record.
+    record_op: usize,
 }
 
 /// MongoDB's shell-like rendering used in duplicate key messages: `{ _id: 1, a: "x" }`.
@@ -1398,6 +1483,58 @@ pub enum ReplicatedChange {
     Put { doc: bson::RawDocumentBuf },
     /// The document with this `_id`, if any, is deleted.
     Delete { id: Bson },
+}
+
+/// A session's `config.transactions` record, as a member applying a retryable write's
+/// entry derives it: `{_id: {id: lsid}, txnNum, lastWriteOpTime, lastWriteDate}`.
+pub fn session_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64) -> bson::RawDocumentBuf {
+    bson::RawDocumentBuf::from_bytes(oplog::session_record(lsid, txn, last, wall_ms)).expect("session_record encodes a valid document")
+}
+
+/// `config.transactions`.
+pub const SESSION_RECORDS_DB: &str = "config";
+pub const SESSION_RECORDS_COLLECTION: &str = "transactions";
+
+/// See `Store::begin_retryable_write`; ends the retryable write (on this thread).
+pub struct RetryableWriteGuard {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for RetryableWriteGuard {
+    fn drop(&mut self) {
+        oplog::set_session(None);
+    }
+}
+
+impl RetryableWriteGuard {
+    /// The statement (`stmtId`) the next writes belong to.
+    pub fn set_statement(&self, stmt: i32) {
+        oplog::with_session(|s| {
+            if let Some(s) = s {
+                s.stmt = stmt;
+                s.stmt_per_document = None;
+            }
+        });
+    }
+
+    /// The statement of each document of the next `Collection::insert_many`.
+    pub fn set_statement_per_document(&self, stmts: Vec<i32>) {
+        oplog::with_session(|s| {
+            if let Some(s) = s {
+                s.stmt_per_document = Some(stmts);
+            }
+        });
+    }
+
+    /// Log the documents the next updates and deletes change, as they were, before their
+    /// changes (a findAndModify's retry returns them).
+    pub fn set_pre_image(&self, on: bool) {
+        oplog::with_session(|s| {
+            if let Some(s) = s {
+                s.pre_image = on;
+            }
+        });
+    }
 }
 
 /// See `Store::begin_oplog_unit`. Units nest: an inner unit's entries belong to it alone.
@@ -1691,9 +1828,10 @@ impl Store {
         if changes.is_empty() && entries.is_empty() {
             return Ok(());
         }
-        // Write locks in collection order (deadlock-free with any writer that holds one).
+        // Write locks in collection order (deadlock-free with any writer that holds one),
+        // `config.transactions` last: a retryable write locks it after its own collection.
         let mut order: Vec<&(Collection, Vec<ReplicatedChange>)> = changes.iter().collect();
-        order.sort_by_key(|(c, _)| c.state.id);
+        order.sort_by_key(|(c, _)| (c.state.is_session_records(), c.state.id));
         if order.windows(2).any(|w| w[0].0.state.id == w[1].0.state.id) {
             return Err(Error::internal("apply_replicated: a collection appears twice"));
         }
@@ -1954,6 +2092,26 @@ impl Store {
         let _ = self.inner.shared.write_listener.set(f);
     }
 
+    /// Run this thread's next writes as retryable write `txn` of session `lsid` until the
+    /// returned guard is dropped, as mongod does: each oplog entry carries `lsid`,
+    /// `txnNumber`, the statement it belongs to (`set_retryable_statement`) and `prevOpTime`
+    /// (the transaction's previous entry; `prev` for the first, `OpTime::NULL` when it has
+    /// none), and each engine write that logs entries also writes the session's record in
+    /// `config.transactions` (`lastWriteOpTime`: its newest entry). A retry finds what the
+    /// transaction already did by walking the entries back from that record. A replica-set
+    /// member only (no oplog: an error).
+    pub fn begin_retryable_write(&self, lsid: &[u8], txn: i64, prev: OpTime) -> Result<RetryableWriteGuard> {
+        if self.inner.shared.oplog.read().is_none() {
+            return Err(Error::new(Code::IllegalOperation, "Transaction numbers are only allowed on a replica set member or mongos"));
+        }
+        let records = self.collection_or_create(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION)?;
+        let s = oplog::SessionWrite { lsid: lsid.to_vec(), txn, records: records.state, prev, stmt: 0, stmt_per_document: None, pre_image: false };
+        if oplog::set_session(Some(s)).is_some() {
+            return Err(Error::internal("a retryable write began inside another"));
+        }
+        Ok(RetryableWriteGuard { _not_send: std::marker::PhantomData })
+    }
+
     /// Begin a unit: the oplog entries this thread logs until the returned guard is dropped
     /// reach tailing readers (secondaries fetching) together, and no later entry reaches them
     /// before the unit's. A retryable write and its session record form one, so a secondary
@@ -2186,6 +2344,7 @@ impl Collection {
         let mut ok = Vec::with_capacity(docs.len());
         let mut errors = Vec::new();
         for (i, d) in docs.iter().enumerate() {
+            oplog::select_document_statement(i);
             match st.prepare_insert(&meta, &*snap, d, &mut pending) {
                 Ok(_) => ok.push(i),
                 Err(e) => {

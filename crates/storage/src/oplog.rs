@@ -21,6 +21,66 @@ thread_local! {
     static APPLYING_REPLICATED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// The oplog unit this thread's logged writes belong to (0: none).
     static UNIT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// The retryable write this thread runs (`Store::begin_retryable_write`).
+    static SESSION: std::cell::RefCell<Option<SessionWrite>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A retryable write in progress on this thread: its entries carry mongod's session fields
+/// (`lsid`, `txnNumber`, `stmtId`, `prevOpTime`), and every batch that logs them also writes
+/// the session's `config.transactions` record (see `Store::begin_retryable_write`).
+pub(crate) struct SessionWrite {
+    pub lsid: Vec<u8>,
+    pub txn: i64,
+    /// `config.transactions`.
+    pub records: std::sync::Arc<crate::CollState>,
+    /// The optime of this transaction's newest entry (`prevOpTime` of its next), or
+    /// `OpTime::NULL`.
+    pub prev: OpTime,
+    /// The statement the next entries belong to.
+    pub stmt: i32,
+    /// The statement of each document of the next `insert_many` (an insert command's
+    /// documents are its statements).
+    pub stmt_per_document: Option<Vec<i32>>,
+    /// Log the document an update or delete changes as a no-op entry before the change's own
+    /// (findAndModify returns it, so a retry needs it).
+    pub pre_image: bool,
+}
+
+pub(crate) fn set_session(s: Option<SessionWrite>) -> Option<SessionWrite> {
+    SESSION.with(|c| c.replace(s))
+}
+
+pub(crate) fn with_session<R>(f: impl FnOnce(Option<&mut SessionWrite>) -> R) -> R {
+    SESSION.with(|c| f(c.borrow_mut().as_mut()))
+}
+
+/// The statement of the entry being prepared (0 outside a retryable write, where it is not
+/// used).
+pub(crate) fn current_stmt() -> i32 {
+    with_session(|s| s.map_or(0, |s| s.stmt))
+}
+
+pub(crate) fn wants_pre_image() -> bool {
+    with_session(|s| s.is_some_and(|s| s.pre_image))
+}
+
+/// `insert_many` is preparing its `i`th document: its entry belongs to that document's
+/// statement, when statements were given per document.
+pub(crate) fn select_document_statement(i: usize) {
+    with_session(|s| {
+        if let Some(s) = s {
+            if let Some(stmt) = s.stmt_per_document.as_ref().and_then(|ids| ids.get(i)) {
+                s.stmt = *stmt;
+            }
+        }
+    })
+}
+
+/// The session fields of an entry: `lsid` bytes and `txnNumber` (the statement is per
+/// entry).
+pub(crate) struct SessionTag {
+    pub lsid: Vec<u8>,
+    pub txn: i64,
 }
 
 pub(crate) fn current_unit() -> u64 {
@@ -121,7 +181,99 @@ fn raw_doc_field(out: &mut Vec<u8>, name: &[u8], raw: &[u8]) {
     out.extend_from_slice(raw);
 }
 
-fn finish(mut out: Vec<u8>, start: usize, wall_ms: i64) -> Vec<u8> {
+/// Byte offsets, from an entry's end, of `prevOpTime`'s `ts` and `t` in an entry that has
+/// session fields: `prevOpTime` is followed only by `wall` (1 + 5 + 8 bytes) and the
+/// terminating 0; its value is `{ts: Timestamp, t: Int64}` (28 bytes).
+const PREV_TS_FROM_END: usize = 15 + 28 - 8;
+const PREV_TERM_FROM_END: usize = 15 + 28 - 19;
+
+fn session_fields(out: &mut Vec<u8>, tag: &SessionTag, stmt: i32) {
+    out.push(0x03);
+    out.extend_from_slice(b"lsid\0");
+    let start = begin(out);
+    out.push(0x05);
+    out.extend_from_slice(b"id\0");
+    out.extend_from_slice(&(tag.lsid.len() as i32).to_le_bytes());
+    out.push(u8::from(BinarySubtype::Uuid));
+    out.extend_from_slice(&tag.lsid);
+    end(out, start);
+    out.push(0x12);
+    out.extend_from_slice(b"txnNumber\0");
+    out.extend_from_slice(&tag.txn.to_le_bytes());
+    out.push(0x10);
+    out.extend_from_slice(b"stmtId\0");
+    out.extend_from_slice(&stmt.to_le_bytes());
+    // Stamped with the transaction's previous entry when the batch is applied.
+    out.push(0x03);
+    out.extend_from_slice(b"prevOpTime\0");
+    append_optime(out, OpTime::default());
+}
+
+/// `{ts: Timestamp, t: Int64}` (28 bytes).
+fn append_optime(out: &mut Vec<u8>, at: OpTime) {
+    let start = begin(out);
+    out.push(0x11);
+    out.extend_from_slice(b"ts\0");
+    out.extend_from_slice(&at.ts.to_le_bytes());
+    out.push(0x12);
+    out.extend_from_slice(b"t\0");
+    out.extend_from_slice(&at.term.to_le_bytes());
+    end(out, start);
+}
+
+/// Stamp an entry that has session fields with the optime of its transaction's previous
+/// entry.
+pub(crate) fn stamp_prev(entry: &mut [u8], prev: OpTime) {
+    let n = entry.len();
+    debug_assert_eq!(&entry[n - PREV_TS_FROM_END - 3..n - PREV_TS_FROM_END], b"ts\0", "an entry without session fields");
+    entry[n - PREV_TS_FROM_END..n - PREV_TS_FROM_END + 8].copy_from_slice(&prev.ts.to_le_bytes());
+    entry[n - PREV_TERM_FROM_END..n - PREV_TERM_FROM_END + 8].copy_from_slice(&prev.term.to_le_bytes());
+}
+
+/// A session's `config.transactions` record, as mongod keeps it for retryable writes:
+/// `{_id: {id: lsid}, txnNum, lastWriteOpTime: {ts, t}, lastWriteDate}`.
+pub(crate) fn session_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    let start = begin(&mut out);
+    out.push(0x03);
+    out.extend_from_slice(b"_id\0");
+    let id = begin(&mut out);
+    out.push(0x05);
+    out.extend_from_slice(b"id\0");
+    out.extend_from_slice(&(lsid.len() as i32).to_le_bytes());
+    out.push(u8::from(BinarySubtype::Uuid));
+    out.extend_from_slice(lsid);
+    end(&mut out, id);
+    out.push(0x12);
+    out.extend_from_slice(b"txnNum\0");
+    out.extend_from_slice(&txn.to_le_bytes());
+    out.push(0x03);
+    out.extend_from_slice(b"lastWriteOpTime\0");
+    append_optime(&mut out, last);
+    out.push(0x09);
+    out.extend_from_slice(b"lastWriteDate\0");
+    out.extend_from_slice(&wall_ms.to_le_bytes());
+    end(&mut out, start);
+    out
+}
+
+/// `lastWriteOpTime`'s `ts` and `t`, from the record's end: then come `lastWriteDate`
+/// (1 + 14 + 8 bytes) and the terminating 0.
+const RECORD_TS_FROM_END: usize = 24 + 28 - 8;
+const RECORD_TERM_FROM_END: usize = 24 + 28 - 19;
+
+/// Stamp a `session_record` with the optime of its transaction's newest entry.
+pub(crate) fn stamp_session_record(record: &mut [u8], last: OpTime) {
+    let n = record.len();
+    debug_assert_eq!(&record[n - RECORD_TS_FROM_END - 3..n - RECORD_TS_FROM_END], b"ts\0", "not a session record");
+    record[n - RECORD_TS_FROM_END..n - RECORD_TS_FROM_END + 8].copy_from_slice(&last.ts.to_le_bytes());
+    record[n - RECORD_TERM_FROM_END..n - RECORD_TERM_FROM_END + 8].copy_from_slice(&last.term.to_le_bytes());
+}
+
+fn finish(mut out: Vec<u8>, start: usize, wall_ms: i64, session: Option<(&SessionTag, i32)>) -> Vec<u8> {
+    if let Some((tag, stmt)) = session {
+        session_fields(&mut out, tag, stmt);
+    }
     out.push(0x09); // UTC datetime
     out.extend_from_slice(b"wall\0");
     out.extend_from_slice(&wall_ms.to_le_bytes());
@@ -144,29 +296,42 @@ pub(crate) fn wall_now_ms() -> i64 {
     bson::DateTime::now().timestamp_millis()
 }
 
+/// Room for the session fields of a retryable write's entries.
+const SESSION_FIELDS_BYTES: usize = 128;
+
 /// An insert: `o` is the stored document.
-pub(crate) fn insert_entry(ns: &str, ui: bson::Uuid, record: &[u8], wall_ms: i64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(record.len() + ns.len() + 96);
+pub(crate) fn insert_entry(ns: &str, ui: bson::Uuid, record: &[u8], wall_ms: i64, session: Option<(&SessionTag, i32)>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(record.len() + ns.len() + 96 + SESSION_FIELDS_BYTES);
     let start = head(&mut out, "i", ns, Some(ui));
     raw_doc_field(&mut out, b"o", record);
-    finish(out, start, wall_ms)
+    finish(out, start, wall_ms, session)
 }
 
 /// An update, logged as the whole new document (a replacement-style entry), which applies
 /// idempotently whatever the update operators were.
-pub(crate) fn update_entry(ns: &str, ui: bson::Uuid, record: &[u8], id: &[u8], wall_ms: i64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(record.len() + id.len() + ns.len() + 100);
+pub(crate) fn update_entry(ns: &str, ui: bson::Uuid, record: &[u8], id: &[u8], wall_ms: i64, session: Option<(&SessionTag, i32)>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(record.len() + id.len() + ns.len() + 100 + SESSION_FIELDS_BYTES);
     let start = head(&mut out, "u", ns, Some(ui));
     raw_doc_field(&mut out, b"o", record);
     raw_doc_field(&mut out, b"o2", id);
-    finish(out, start, wall_ms)
+    finish(out, start, wall_ms, session)
 }
 
-pub(crate) fn delete_entry(ns: &str, ui: bson::Uuid, id: &[u8], wall_ms: i64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(id.len() + ns.len() + 96);
+pub(crate) fn delete_entry(ns: &str, ui: bson::Uuid, id: &[u8], wall_ms: i64, session: Option<(&SessionTag, i32)>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(id.len() + ns.len() + 96 + SESSION_FIELDS_BYTES);
     let start = head(&mut out, "d", ns, Some(ui));
     raw_doc_field(&mut out, b"o", id);
-    finish(out, start, wall_ms)
+    finish(out, start, wall_ms, session)
+}
+
+/// The document a retryable findAndModify changes, as it was (a no-op on `ns` whose `o` is
+/// the document, as mongod logged pre-images before it kept them in
+/// `config.image_collection`), so that a retry can return it.
+pub(crate) fn pre_image_entry(ns: &str, ui: bson::Uuid, record: &[u8], wall_ms: i64, session: (&SessionTag, i32)) -> Vec<u8> {
+    let mut out = Vec::with_capacity(record.len() + ns.len() + 96 + SESSION_FIELDS_BYTES);
+    let start = head(&mut out, "n", ns, Some(ui));
+    raw_doc_field(&mut out, b"o", record);
+    finish(out, start, wall_ms, Some(session))
 }
 
 /// A command on database `db` (`ns` is `db.$cmd`), such as `{create: "c"}` or `{drop: "c"}`.
@@ -176,7 +341,7 @@ pub(crate) fn command_entry(db: &str, ui: Option<bson::Uuid>, o: &Document, wall
     out.push(0x03);
     out.extend_from_slice(b"o\0");
     append_value(&Bson::Document(o.clone()), &mut out)?;
-    Ok(finish(out, start, wall_ms))
+    Ok(finish(out, start, wall_ms, None))
 }
 
 /// A no-op (`op: "n"`, `ns: ""`) carrying a message, as replSetInitiate and new terms log.
@@ -186,7 +351,7 @@ pub(crate) fn noop_entry(o: &Document, wall_ms: i64) -> Result<Vec<u8>, String> 
     out.push(0x03);
     out.extend_from_slice(b"o\0");
     append_value(&Bson::Document(o.clone()), &mut out)?;
-    Ok(finish(out, start, wall_ms))
+    Ok(finish(out, start, wall_ms, None))
 }
 
 #[cfg(test)]
@@ -211,9 +376,9 @@ mod tests {
         let id = id_doc(&Bson::Int32(5)).unwrap();
         let at = OpTime { ts: (1_700_000_000u64 << 32) | 3, term: 4 };
         for (mut e, op) in [
-            (insert_entry("db.c", ui, &record, 1234), "i"),
-            (update_entry("db.c", ui, &record, &id, 1234), "u"),
-            (delete_entry("db.c", ui, &id, 1234), "d"),
+            (insert_entry("db.c", ui, &record, 1234, None), "i"),
+            (update_entry("db.c", ui, &record, &id, 1234, None), "u"),
+            (delete_entry("db.c", ui, &id, 1234, None), "d"),
         ] {
             stamp(&mut e, at);
             let d = Document::from_reader(&mut e.as_slice()).unwrap();

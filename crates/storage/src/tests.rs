@@ -1254,3 +1254,51 @@ fn oplog_is_capped() {
     let first = entries[0].get_document("o").unwrap().get_i32("_id").unwrap();
     assert!(first > 0 && first as usize == 1000 - entries.len(), "first kept {first}, {} kept", entries.len());
 }
+
+#[test]
+fn a_retryable_writes_entries_chain_back_and_its_record_names_the_newest() {
+    let store = Store::open_in_memory();
+    store.enable_oplog(64 << 20).unwrap();
+    let c = store.collection_or_create("db", "c").unwrap();
+    let log = store.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
+    let lsid = [7u8; 16];
+    let start = store.oplog_last().unwrap();
+    {
+        let w = store.begin_retryable_write(&lsid, 5, OpTime::NULL).unwrap();
+        // An insert command's documents are its statements; an update's statement is set.
+        w.set_statement_per_document(vec![0, 2]);
+        assert!(c.insert_many(&[doc! {"_id": 1}, doc! {"_id": 2}], true).errors.is_empty());
+        w.set_statement(3);
+        w.set_pre_image(true);
+        let mut wr = c.writer();
+        let (rid, old) = wr.snapshot().find_by_id(&Bson::Int32(1)).unwrap().unwrap();
+        wr.update(rid, &old, &doc! {"_id": 1, "x": 1}).unwrap();
+    }
+    // Outside the write: no session fields, no record change.
+    assert!(c.insert_many(&[doc! {"_id": 3}], true).errors.is_empty());
+    // (The first retryable write created config.transactions: a logged catalog command.)
+    let entries: Vec<Document> = log.snapshot().scan(Some(start.ts), usize::MAX).unwrap().into_iter().map(|(_, d)| d).filter(|e| e.get_str("op").ok() != Some("c")).collect();
+    let shape: Vec<(&str, Option<i32>)> = entries.iter().map(|e| (e.get_str("op").unwrap(), e.get_i32("stmtId").ok())).collect();
+    assert_eq!(shape, [("i", Some(0)), ("i", Some(2)), ("n", Some(3)), ("u", Some(3)), ("i", None)]);
+    assert_eq!(entries[2].get_document("o").unwrap(), &doc! {"_id": 1}, "the pre-image");
+    let mut prev = OpTime::NULL;
+    for e in &entries[..4] {
+        assert_eq!(e.get_i64("txnNumber").unwrap(), 5);
+        assert!(matches!(e.get_document("lsid").unwrap().get("id"), Some(Bson::Binary(b)) if b.bytes == lsid), "{e}");
+        assert_eq!(OpTime::from_doc(e.get_document("prevOpTime").unwrap()), Some(prev), "{e}");
+        prev = OpTime::from_doc(e).unwrap();
+    }
+    assert!(!entries[4].contains_key("lsid"));
+    // The record came with the entries, unlogged, and names the newest of them.
+    let records = store.collection(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION).unwrap();
+    let all: Vec<Document> = records.snapshot().scan(None, usize::MAX).unwrap().into_iter().map(|(_, d)| d).collect();
+    assert_eq!(all.len(), 1);
+    let r = &all[0];
+    assert_eq!(r.get_i64("txnNum").unwrap(), 5);
+    assert_eq!(OpTime::from_doc(r.get_document("lastWriteOpTime").unwrap()), Some(prev));
+    assert!(entries.iter().all(|e| e.get_str("ns").unwrap() != "config.transactions"), "the record is not logged");
+    assert!(records.validate().valid);
+    // A retryable write needs an oplog.
+    let standalone = Store::open_in_memory();
+    assert_eq!(standalone.begin_retryable_write(&lsid, 1, OpTime::NULL).err().unwrap().code, Code::IllegalOperation.0);
+}

@@ -112,7 +112,15 @@ pub fn insert(ctx: &mut Ctx) -> Result<Document> {
     let mut errors: Vec<(usize, Error)> = Vec::new();
     let mut prepared = Vec::with_capacity(docs.len());
     let mut positions = Vec::with_capacity(docs.len());
+    let mut stmt_ids = Vec::with_capacity(docs.len());
+    // A retry's documents inserted by an earlier attempt: counted, not inserted again.
+    let mut retried = Vec::new();
     for (i, d) in docs.iter().enumerate() {
+        let stmt = ctx.statement_id(i);
+        if ctx.retry.as_ref().is_some_and(|r| r.executed.statement(stmt).is_some()) {
+            retried.push(stmt);
+            continue;
+        }
         let r = match d {
             Bson::Document(d) => prepare_for_insert(d.clone()),
             other => Err(Error::type_mismatch(format!("BSON field 'insert.documents' elements must be objects, got {}", super::type_name(other)))),
@@ -121,6 +129,7 @@ pub fn insert(ctx: &mut Ctx) -> Result<Document> {
             Ok(d) => {
                 prepared.push(d);
                 positions.push(i);
+                stmt_ids.push(stmt);
             }
             Err(e) => {
                 errors.push((i, e));
@@ -133,6 +142,9 @@ pub fn insert(ctx: &mut Ctx) -> Result<Document> {
     let mut inserted = 0usize;
     if !prepared.is_empty() {
         let coll = ctx.shared.store.collection_or_create(ctx.db, &name)?;
+        if let Some(r) = &ctx.retry {
+            r.guard.set_statement_per_document(stmt_ids);
+        }
         let out = coll.insert_many(&prepared, ordered);
         inserted = out.inserted;
         enforce_capped(ctx, &coll)?;
@@ -149,11 +161,28 @@ pub fn insert(ctx: &mut Ctx) -> Result<Document> {
         errors.sort_by_key(|(i, _)| *i);
     }
     Counters::add(&ctx.shared.counters.insert, inserted as u64);
-    let mut r = doc! { "n": inserted as i32 };
+    let mut r = doc! { "n": (inserted + retried.len()) as i32 };
     if !errors.is_empty() {
         r.insert("writeErrors", errors.iter().map(|(i, e)| write_error(*i, e)).collect::<Vec<_>>());
     }
+    add_retried(&mut r, retried);
     Ok(r)
+}
+
+/// mongod's `retriedStmtIds`: the statements of a retry that an earlier attempt applied.
+fn add_retried(reply: &mut Document, retried: Vec<i32>) {
+    if !retried.is_empty() {
+        reply.insert("retriedStmtIds", retried);
+    }
+}
+
+fn entry_op(e: &Document) -> &str {
+    e.get_str("op").unwrap_or("")
+}
+
+/// The `_id` of the document an insert entry inserted.
+fn entry_id(e: &Document) -> Result<Bson> {
+    e.get_document("o").ok().and_then(|o| o.get("_id")).cloned().ok_or_else(|| Error::new(Code::IncompleteTransactionHistory, "a retryable write's insert entry has no o._id"))
 }
 
 fn non_negative(ctx: &Ctx, field: &str) -> Result<Option<i64>> {
@@ -548,7 +577,28 @@ pub fn update(ctx: &mut Ctx) -> Result<Document> {
     let (mut n, mut modified) = (0u64, 0u64);
     let mut upserted = Vec::new();
     let mut errors = Vec::new();
+    let mut retried = Vec::new();
     for (i, s) in stmts.iter().enumerate() {
+        let stmt_id = ctx.statement_id(i);
+        if let Some(entries) = ctx.begin_statement(stmt_id) {
+            // Applied by an earlier attempt: its result, from what it logged (an update
+            // logs the documents it changed; an upsert, the document it inserted).
+            for e in entries {
+                match entry_op(e) {
+                    "u" => {
+                        n += 1;
+                        modified += 1;
+                    }
+                    "i" => {
+                        n += 1;
+                        upserted.push(Bson::Document(doc! { "index": i as i32, "_id": entry_id(e)? }));
+                    }
+                    _ => {}
+                }
+            }
+            retried.push(stmt_id);
+            continue;
+        }
         Counters::add(&ctx.shared.counters.update, 1);
         let r = parse_update_stmt(s).and_then(|stmt| apply_update(ctx, &name, &stmt, None));
         match r {
@@ -576,6 +626,7 @@ pub fn update(ctx: &mut Ctx) -> Result<Document> {
     if !errors.is_empty() {
         r.insert("writeErrors", errors);
     }
+    add_retried(&mut r, retried);
     Ok(r)
 }
 
@@ -610,7 +661,14 @@ pub fn delete(ctx: &mut Ctx) -> Result<Document> {
     check_batch_len(stmts.len())?;
     let mut n = 0u64;
     let mut errors = Vec::new();
+    let mut retried = Vec::new();
     for (i, s) in stmts.iter().enumerate() {
+        let stmt_id = ctx.statement_id(i);
+        if let Some(entries) = ctx.begin_statement(stmt_id) {
+            n += entries.iter().filter(|e| entry_op(e) == "d").count() as u64;
+            retried.push(stmt_id);
+            continue;
+        }
         Counters::add(&ctx.shared.counters.delete, 1);
         let r = (|| -> Result<u64> {
             let Bson::Document(s) = s else { return Err(Error::type_mismatch("BSON field 'delete.deletes' elements must be objects")) };
@@ -651,6 +709,7 @@ pub fn delete(ctx: &mut Ctx) -> Result<Document> {
     if !errors.is_empty() {
         r.insert("writeErrors", errors);
     }
+    add_retried(&mut r, retried);
     Ok(r)
 }
 
@@ -675,6 +734,18 @@ pub fn find_and_modify(ctx: &mut Ctx) -> Result<Document> {
             (None, _) => Bson::Null,
         })
     };
+    if let Some(r) = &ctx.retry {
+        // What a retry returns and its entry does not hold: the document before the change.
+        r.guard.set_pre_image(remove || !return_new);
+    }
+    let stmt = match ctx.cmd.get("stmtId") {
+        Some(Bson::Int32(id)) => *id,
+        _ => 0,
+    };
+    if let Some(entries) = ctx.begin_statement(stmt) {
+        let (leo, value) = find_and_modify_retried(entries, return_new)?;
+        return Ok(doc! { "lastErrorObject": leo, "value": project(value)?, "retriedStmtId": stmt });
+    }
     if remove {
         if update.is_some() {
             return Err(Error::failed_to_parse("Cannot specify both an update and remove=true"));
@@ -808,4 +879,20 @@ pub fn distinct(ctx: &mut Ctx) -> Result<Document> {
         }
     }
     Ok(doc! { "values": values })
+}
+
+/// A retried findAndModify's `lastErrorObject` and document, from the entries its earlier
+/// attempt logged: the change, and before it the document as it was (a no-op entry) when
+/// the reply shows that.
+fn find_and_modify_retried(entries: &[Document], return_new: bool) -> Result<(Document, Option<Document>)> {
+    let incomplete = |what: &str| Error::new(Code::IncompleteTransactionHistory, format!("a retried findAndModify's oplog entries lack {what}"));
+    let pre_image = || entries.iter().find(|e| entry_op(e) == "n").and_then(|e| e.get_document("o").ok()).cloned().ok_or_else(|| incomplete("the document before the change"));
+    let change = entries.iter().rev().find(|e| entry_op(e) != "n").ok_or_else(|| incomplete("the change"))?;
+    let post_image = || change.get_document("o").cloned().map_err(|_| incomplete("the changed document"));
+    Ok(match entry_op(change) {
+        "d" => (doc! { "n": 1 }, Some(pre_image()?)),
+        "u" => (doc! { "n": 1, "updatedExisting": true }, Some(if return_new { post_image()? } else { pre_image()? })),
+        "i" => (doc! { "n": 1, "updatedExisting": false, "upserted": entry_id(change)? }, if return_new { Some(post_image()?) } else { None }),
+        other => return Err(incomplete(&format!("a change it can make (op {other:?})"))),
+    })
 }

@@ -23,9 +23,34 @@ pub struct Ctx<'a> {
     pub cmd: &'a Document,
     pub op: &'a OpCtx<'a>,
     pub write_concern: Option<WriteConcern>,
-    /// Set for a retryable write on a replica-set member: `commit_write` leaves the sync to
-    /// dispatch, which syncs once after the session's record is written too.
-    pub commit_deferred: bool,
+    /// Set for a retryable write (`retry`).
+    pub retry: Option<RetryCtx<'a>>,
+}
+
+/// A retryable write's context: what earlier attempts did, and the guard on which the
+/// handler names the statement each of its writes belongs to.
+pub struct RetryCtx<'a> {
+    pub executed: &'a crate::retry::Executed,
+    pub guard: &'a storage::RetryableWriteGuard,
+}
+
+impl Ctx<'_> {
+    /// A retryable write's statement `stmt` is next: the entries it logs carry it. `None`
+    /// if it already took effect in an earlier attempt (its entries, to rebuild its result).
+    pub fn begin_statement(&self, stmt: i32) -> Option<&[Document]> {
+        let r = self.retry.as_ref()?;
+        r.guard.set_statement(stmt);
+        r.executed.statement(stmt)
+    }
+
+    /// The statement id of the command's `i`th statement: its `stmtIds` entry if it has one
+    /// (what mongos sends), else its position.
+    pub fn statement_id(&self, i: usize) -> i32 {
+        match self.cmd.get_array("stmtIds").ok().and_then(|ids| ids.get(i)) {
+            Some(Bson::Int32(id)) => *id,
+            _ => i as i32,
+        }
+    }
 }
 
 pub type Handler = fn(&mut Ctx) -> Result<Document>;
@@ -267,14 +292,10 @@ impl Ctx<'_> {
 
     /// Make applied writes durable unless the write concern waives it (w:0 or j:false).
     pub fn commit_write(&self) -> Result<()> {
-        if self.commit_deferred {
-            return Ok(());
-        }
         self.commit_now()
     }
 
-    /// `commit_write`, even when deferred.
-    pub fn commit_now(&self) -> Result<()> {
+    fn commit_now(&self) -> Result<()> {
         let wc = self.write_concern.as_ref();
         let unack = wc.map(|w| w.is_unacknowledged()).unwrap_or(false);
         let j = wc.and_then(|w| w.j);

@@ -224,6 +224,15 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
     let mut resync: std::collections::BTreeSet<String> = Default::default();
     let mut resync_dbs: std::collections::BTreeSet<String> = Default::default();
     for e in &ours {
+        // A retryable write's session record was derived from the entry: the source's is
+        // copied too (mongod's rollback refetches the sessions it undoes).
+        if let Some(lsid) = e.get_document("lsid").ok().and_then(|l| l.get("id")) {
+            let ids = touched.entry(format!("{}.{}", storage::SESSION_RECORDS_DB, storage::SESSION_RECORDS_COLLECTION)).or_default();
+            let id = Bson::Document(doc! {"id": lsid.clone()});
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
         let op = e.get_str("op").unwrap_or("");
         let ns = e.get_str("ns").unwrap_or("").to_string();
         let id = match op {
