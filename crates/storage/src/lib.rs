@@ -403,10 +403,6 @@ struct Shared {
     ttl_passes: AtomicU64,
     /// The oplog of a replica-set member; `None` on a standalone.
     oplog: RwLock<Option<Arc<Oplog>>>,
-    /// Ids for oplog units, and how many have ended (a change `write_seq` counts: the end of
-    /// a unit makes its entries visible to tailing readers).
-    next_unit_id: AtomicU64,
-    units_ended: AtomicU64,
 }
 
 /// `local.oplog.rs` and the position of its newest entry.
@@ -424,9 +420,6 @@ struct OplogState {
     durable: OpTime,
     /// The term new entries are stamped with.
     term: i64,
-    /// Open units (`Store::begin_oplog_unit`): id, and the timestamp of the unit's first
-    /// entry once it has one. Tailing readers see no entry from the oldest such timestamp on.
-    units: Vec<(u64, Option<u64>)>,
     /// The newest entries as written, oldest first: every entry after `recent_floor` is
     /// here. A secondary's fetcher tails the oplog a few entries behind its newest; reading
     /// those back through the engine (a snapshot and an LSM seek per getMore) was an eighth of
@@ -438,7 +431,7 @@ struct OplogState {
 
 impl OplogState {
     fn new(last: OpTime) -> OplogState {
-        OplogState { last, durable: last, term: last.term.max(0), units: Vec::new(), recent: Default::default(), recent_floor: last.ts, recent_bytes: 0 }
+        OplogState { last, durable: last, term: last.term.max(0), recent: Default::default(), recent_floor: last.ts, recent_bytes: 0 }
     }
 
     /// Keep a new entry (the newest) in `recent`, dropping the oldest past the bound.
@@ -462,11 +455,6 @@ impl OplogState {
         }
         self.recent_floor = self.recent_floor.min(after);
     }
-
-    /// The first entry of the oldest open unit: tailing readers stop before it.
-    fn hidden_from(&self) -> Option<RecordId> {
-        self.units.iter().filter_map(|u| u.1).min()
-    }
 }
 
 /// Progress and outcome of one index build, shared by the builder and concurrent writers.
@@ -481,7 +469,7 @@ struct BuildState {
 
 impl Shared {
     fn write_seq(&self) -> u64 {
-        self.applied_seq.load(Ordering::SeqCst) + self.units_ended.load(Ordering::SeqCst)
+        self.applied_seq.load(Ordering::SeqCst)
     }
 
     /// Tell the write listener that `write_seq` moved.
@@ -524,7 +512,6 @@ impl Shared {
         let mut stats = log.coll.stats.lock().clone();
         let mut last = st.last;
         let mut added_bytes = 0u64;
-        let first_ts = oplog::next_ts(last.ts, now_secs);
         let mut prev = session.as_ref().map(|s| s.prev);
         for mut e in entries {
             last = OpTime { ts: oplog::next_ts(last.ts, now_secs), term: st.term };
@@ -538,14 +525,6 @@ impl Shared {
             // Readers of `recent` hold the oplog lock, so they see these only once applied.
             st.remember(last.ts, &e);
             batch.put(Space::Records, record_key(log.coll.id, last.ts), e);
-        }
-        // A unit's first entry hides it from tailing readers until it ends. Recorded before
-        // the batch is visible, as a reader takes its snapshot and then the bound.
-        let unit = oplog::current_unit();
-        if unit != 0 {
-            if let Some(u) = st.units.iter_mut().find(|u| u.0 == unit) {
-                u.1.get_or_insert(first_ts);
-            }
         }
         stats.data_bytes += added_bytes;
         batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
@@ -1537,26 +1516,6 @@ impl RetryableWriteGuard {
     }
 }
 
-/// See `Store::begin_oplog_unit`. Units nest: an inner unit's entries belong to it alone.
-pub struct OplogUnit {
-    shared: Option<Arc<Shared>>,
-    id: u64,
-    /// The unit this thread was in before.
-    outer: u64,
-}
-
-impl Drop for OplogUnit {
-    fn drop(&mut self) {
-        oplog::set_current_unit(self.outer);
-        let Some(shared) = &self.shared else { return };
-        if let Some(log) = shared.oplog.read().clone() {
-            log.state.lock().units.retain(|u| u.0 != self.id);
-        }
-        shared.units_ended.fetch_add(1, Ordering::SeqCst);
-        shared.notify_write_seq();
-    }
-}
-
 impl Store {
     /// Open (or create) a durable store in `path`.
     pub fn open(path: &std::path::Path, opts: StoreOptions) -> Result<Store> {
@@ -1583,8 +1542,6 @@ impl Store {
             ttl_deleted: AtomicU64::new(0),
             ttl_passes: AtomicU64::new(0),
             oplog: RwLock::new(None),
-            next_unit_id: AtomicU64::new(1),
-            units_ended: AtomicU64::new(0),
         });
         let ttl = Arc::new(TtlMonitor { enabled: AtomicBool::new(true), stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
         Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl }) }
@@ -2078,14 +2035,14 @@ impl Store {
         self.inner.shared.commit_durable()
     }
 
-    /// A counter of applied write batches and ended oplog units: a reader that saw it
+    /// A counter of applied write batches: a reader that saw it
     /// before looking for new data and finds none waits for the write listener
     /// (`set_write_listener`) to report a change.
     pub fn write_seq(&self) -> u64 {
         self.inner.shared.write_seq()
     }
 
-    /// Call `f` after every applied batch and ended oplog unit (whenever `write_seq` moves),
+    /// Call `f` after every applied batch (whenever `write_seq` moves),
     /// on the writing thread: it must be cheap and must not write. Set once; later calls are
     /// ignored.
     pub fn set_write_listener(&self, f: Box<dyn Fn() + Send + Sync>) {
@@ -2110,21 +2067,6 @@ impl Store {
             return Err(Error::internal("a retryable write began inside another"));
         }
         Ok(RetryableWriteGuard { _not_send: std::marker::PhantomData })
-    }
-
-    /// Begin a unit: the oplog entries this thread logs until the returned guard is dropped
-    /// reach tailing readers (secondaries fetching) together, and no later entry reaches them
-    /// before the unit's. A retryable write and its session record form one, so a secondary
-    /// fetches both in one batch instead of two round trips (mongod keeps both in one storage
-    /// transaction). A no-op without an oplog.
-    pub fn begin_oplog_unit(&self) -> OplogUnit {
-        let shared = &self.inner.shared;
-        let Some(log) = shared.oplog.read().clone() else {
-            return OplogUnit { shared: None, id: 0, outer: oplog::current_unit() };
-        };
-        let id = shared.next_unit_id.fetch_add(1, Ordering::Relaxed);
-        log.state.lock().units.push((id, None));
-        OplogUnit { shared: Some(shared.clone()), id, outer: oplog::set_current_unit(id) }
     }
 
     /// Number of engine syncs performed (group commit observability; tests).
@@ -2277,36 +2219,26 @@ impl Collection {
     }
 
     /// Up to `max_docs` records after `after` (from the first when None), as stored, for a
-    /// tailing reader. On the live oplog it reads no further than the first entry of the
-    /// oldest open unit (`Store::begin_oplog_unit`), and takes the newest entries from
-    /// memory (`OplogState::recent`) when they are all there. The bound and the entries are
-    /// read under the oplog lock, which every logged batch and every unit's end also take, so
-    /// each unit is either read whole or still open and behind the bound. (With the bound
-    /// read apart from the entries, a unit that ended in between reached secondaries in two
-    /// batches: a tenth of them.)
+    /// tailing reader. On the live oplog it takes the newest entries from memory
+    /// (`OplogState::recent`) when they are all there, under the oplog lock, which every
+    /// logged batch holds until it is applied: a batch's entries are read all or none.
     pub fn tail_chunk(&self, after: Option<RecordId>, max_docs: usize) -> Result<Vec<(RecordId, Vec<u8>)>> {
         let log = self.state.shared.oplog.read().clone();
         let Some(log) = log.filter(|l| l.coll.id == self.state.id) else {
             return self.state.snapshot().scan_raw(after, max_docs);
         };
-        let (snap, hidden_from) = {
+        let snap = {
             let st = log.state.lock();
-            let hidden_from = st.hidden_from();
             if let Some(after) = after.filter(|a| *a >= st.recent_floor) {
                 let start = st.recent.partition_point(|(ts, _)| *ts <= after);
-                let hits: Vec<(u64, Arc<[u8]>)> =
-                    st.recent.range(start..).take_while(|(ts, _)| hidden_from.is_none_or(|h| *ts < h)).take(max_docs).cloned().collect();
+                let hits: Vec<(u64, Arc<[u8]>)> = st.recent.range(start..).take(max_docs).cloned().collect();
                 drop(st);
                 // Copied out of the lock.
                 return Ok(hits.into_iter().map(|(ts, e)| (ts, e.to_vec())).collect());
             }
-            (self.state.snapshot(), hidden_from)
+            self.state.snapshot()
         };
-        let mut chunk = snap.scan_raw(after, max_docs)?;
-        if let Some(h) = hidden_from {
-            chunk.retain(|(rid, _)| *rid < h);
-        }
-        Ok(chunk)
+        snap.scan_raw(after, max_docs)
     }
 
     /// A counter that moves once records of the collection were deleted. Read before taking

@@ -7,8 +7,8 @@
 //! oplog lock, stamps each entry with the next timestamp and the current term, and writes
 //! the batch while still holding it. So timestamps are assigned in the order batches reach
 //! the engine, and a reader never sees an entry before an earlier one (no oplog holes).
-//! Writes that belong together (a retryable write and its session record) form a unit
-//! (`Store::begin_oplog_unit`) that tailing readers see whole or not at all.
+//! A retryable write's entries also carry its session (`SessionWrite`), and the batch that
+//! logs them writes the session's record.
 //!
 //! An entry's record id is its timestamp as `secs << 32 | inc`, so record order is oplog
 //! order and `Snapshot::scan` reads the oplog forward from any point.
@@ -19,8 +19,6 @@ use bson::{Bson, Document};
 
 thread_local! {
     static APPLYING_REPLICATED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// The oplog unit this thread's logged writes belong to (0: none).
-    static UNIT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// The retryable write this thread runs (`Store::begin_retryable_write`).
     static SESSION: std::cell::RefCell<Option<SessionWrite>> = const { std::cell::RefCell::new(None) };
 }
@@ -81,15 +79,6 @@ pub(crate) fn select_document_statement(i: usize) {
 pub(crate) struct SessionTag {
     pub lsid: Vec<u8>,
     pub txn: i64,
-}
-
-pub(crate) fn current_unit() -> u64 {
-    UNIT.with(|u| u.get())
-}
-
-/// Returns the previous unit.
-pub(crate) fn set_current_unit(id: u64) -> u64 {
-    UNIT.with(|u| u.replace(id))
 }
 
 /// While alive, changes made by this thread are not logged: a secondary applying entries
