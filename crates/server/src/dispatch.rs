@@ -359,7 +359,7 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
     let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, req.body.clone(), deadline);
     let wait = replication_wait(shared, req, write_concern.as_ref(), wc_unsatisfiable.is_some());
     let mut reply = match (retry_key, txn_number) {
-        (Some(lsid), Some(txn)) => shared.retry.run(&shared.store, &lsid, txn, |executed, guard| {
+        (Some(lsid), Some(txn)) => shared.retry.run(&shared.store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
             let retry = Some(commands::RetryCtx { executed, guard });
             handler(&mut Ctx { shared, conn: &mut *conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, retry })
         })?,

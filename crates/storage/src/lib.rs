@@ -1505,6 +1505,11 @@ impl RetryableWriteGuard {
         });
     }
 
+    /// The optime of the transaction's newest entry (what its session record says now).
+    pub fn last_write(&self) -> OpTime {
+        oplog::with_session(|s| s.map_or(OpTime::NULL, |s| s.prev))
+    }
+
     /// Log the documents the next updates and deletes change, as they were, before their
     /// changes (a findAndModify's retry returns them).
     pub fn set_pre_image(&self, on: bool) {
