@@ -2056,7 +2056,7 @@ impl Store {
 
     /// Run this thread's next writes as retryable write `txn` of session `lsid` until the
     /// returned guard is dropped, as mongod does: each oplog entry carries `lsid`,
-    /// `txnNumber`, the statement it belongs to (`set_retryable_statement`) and `prevOpTime`
+    /// `txnNumber`, the statement it belongs to (`RetryableWriteGuard::set_statement`) and `prevOpTime`
     /// (the transaction's previous entry; `prev` for the first, `OpTime::NULL` when it has
     /// none), and each engine write that logs entries also writes the session's record in
     /// `config.transactions` (`lastWriteOpTime`: its newest entry). A retry finds what the
@@ -2066,11 +2066,11 @@ impl Store {
         if self.inner.shared.oplog.read().is_none() {
             return Err(Error::new(Code::IllegalOperation, "Transaction numbers are only allowed on a replica set member or mongos"));
         }
-        let records = self.collection_or_create(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION)?;
-        let s = oplog::SessionWrite { lsid: lsid.to_vec(), txn, records: records.state, prev, stmt: 0, stmt_per_document: None, pre_image: false };
-        if oplog::set_session(Some(s)).is_some() {
+        if oplog::with_session(|s| s.is_some()) {
             return Err(Error::internal("a retryable write began inside another"));
         }
+        let records = self.collection_or_create(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION)?;
+        oplog::set_session(Some(oplog::SessionWrite { lsid: lsid.to_vec(), txn, records: records.state, prev, stmt: 0, stmt_per_document: None, pre_image: false }));
         Ok(RetryableWriteGuard { _not_send: std::marker::PhantomData })
     }
 
