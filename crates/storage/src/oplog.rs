@@ -176,16 +176,21 @@ fn raw_doc_field(out: &mut Vec<u8>, name: &[u8], raw: &[u8]) {
 const PREV_TS_FROM_END: usize = 15 + 28 - 8;
 const PREV_TERM_FROM_END: usize = 15 + 28 - 19;
 
-fn session_fields(out: &mut Vec<u8>, tag: &SessionTag, stmt: i32) {
-    out.push(0x03);
-    out.extend_from_slice(b"lsid\0");
+/// `{id: BinData(4, lsid)}`, a session id as drivers send it.
+fn append_lsid(out: &mut Vec<u8>, lsid: &[u8]) {
     let start = begin(out);
     out.push(0x05);
     out.extend_from_slice(b"id\0");
-    out.extend_from_slice(&(tag.lsid.len() as i32).to_le_bytes());
+    out.extend_from_slice(&(lsid.len() as i32).to_le_bytes());
     out.push(u8::from(BinarySubtype::Uuid));
-    out.extend_from_slice(&tag.lsid);
+    out.extend_from_slice(lsid);
     end(out, start);
+}
+
+fn session_fields(out: &mut Vec<u8>, tag: &SessionTag, stmt: i32) {
+    out.push(0x03);
+    out.extend_from_slice(b"lsid\0");
+    append_lsid(out, &tag.lsid);
     out.push(0x12);
     out.extend_from_slice(b"txnNumber\0");
     out.extend_from_slice(&tag.txn.to_le_bytes());
@@ -226,13 +231,7 @@ pub(crate) fn session_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64) 
     let start = begin(&mut out);
     out.push(0x03);
     out.extend_from_slice(b"_id\0");
-    let id = begin(&mut out);
-    out.push(0x05);
-    out.extend_from_slice(b"id\0");
-    out.extend_from_slice(&(lsid.len() as i32).to_le_bytes());
-    out.push(u8::from(BinarySubtype::Uuid));
-    out.extend_from_slice(lsid);
-    end(&mut out, id);
+    append_lsid(&mut out, lsid);
     out.push(0x12);
     out.extend_from_slice(b"txnNum\0");
     out.extend_from_slice(&txn.to_le_bytes());
