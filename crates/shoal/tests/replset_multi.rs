@@ -875,6 +875,15 @@ async fn rollback_undoes_catalog_changes_by_copying_the_collections_again() {
     keep.create_index(IndexModel::builder().keys(doc! {"k": 1}).options(IndexOptions::builder().name("k_1".to_string()).build()).build()).await.unwrap();
     keep.insert_many((0..20).map(|i| doc! {"_id": i, "k": i})).await.unwrap();
     app.collection::<Document>("other").insert_many((0..5).map(|i| doc! {"_id": i})).await.unwrap();
+    // A retryable write's session, written by the set and then by the cut-off primary alone:
+    // its record there names the lost write until the rollback copies the set's.
+    let session_insert = |txn: i64, id: &str, w: Document| {
+        let lsid = doc! {"id": Bson::Binary(mongodb::bson::Binary { subtype: mongodb::bson::spec::BinarySubtype::Uuid, bytes: vec![42; 16] })};
+        doc! {"insert": "sess", "documents": [{"_id": id}], "lsid": lsid, "txnNumber": txn, "writeConcern": w, "$db": "app"}
+    };
+    let mut raw = wire::connect(set.members[p].port);
+    let r = wire::command(&mut raw, 1, &session_insert(1, "kept", doc! {"w": "majority"})).doc;
+    assert_eq!(r.get_i32("n").unwrap(), 1, "{r:?}");
     for i in 0..3 {
         set.wait_for_count(i, "other", 5).await;
     }
@@ -889,7 +898,9 @@ async fn rollback_undoes_catalog_changes_by_copying_the_collections_again() {
     lone.run_command(doc! {"createIndexes": "keep", "indexes": [{"key": {"v": 1}, "name": "v_1"}], "writeConcern": w1.clone()}).await.unwrap();
     lone.run_command(doc! {"dropIndexes": "keep", "index": "k_1", "writeConcern": w1.clone()}).await.unwrap();
     lone.run_command(doc! {"insert": "keep", "documents": [{"_id": "lost", "k": -1}], "writeConcern": w1.clone()}).await.unwrap();
-    lone.run_command(doc! {"drop": "other", "writeConcern": w1}).await.unwrap();
+    lone.run_command(doc! {"drop": "other", "writeConcern": w1.clone()}).await.unwrap();
+    let r = wire::command(&mut raw, 2, &session_insert(2, "lost", w1)).doc;
+    assert_eq!(r.get_i32("n").unwrap(), 1, "{r:?}");
     let next = set.wait_for_primary(Some(p)).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while set.status(p).await.unwrap().get_i32("myState").unwrap() == 1 {
@@ -938,6 +949,16 @@ async fn rollback_undoes_catalog_changes_by_copying_the_collections_again() {
     assert!(saved.contains(&doc! {"_id": "lost", "k": -1}), "{saved:?}");
     assert_eq!(saved.len(), 21, "its whole collection");
     assert_eq!(set.status(p).await.unwrap().get_i32("myState").unwrap(), 2);
+    // The session's lost write is undone, and its record is the set's again (txnNum 1).
+    assert_eq!(all_on(&set.members[p], "app", "sess").await, vec![doc! {"_id": "kept"}]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while try_all_on(&set.members[p], "config", "transactions").await.ok() != try_all_on(&set.members[next], "config", "transactions").await.ok() {
+        assert!(Instant::now() < deadline, "session records differ after the rollback");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let records = all_on(&set.members[p], "config", "transactions").await;
+    let ours = records.iter().find(|r| matches!(path(r, "_id.id"), Some(Bson::Binary(b)) if b.bytes == vec![42; 16])).expect("the session's record");
+    assert_eq!(ours.get_i64("txnNum").unwrap(), 1, "{ours:?}");
 }
 
 /// A retryable write retried on a new primary after a step-down gets its first attempt's
