@@ -292,10 +292,6 @@ impl Ctx<'_> {
 
     /// Make applied writes durable unless the write concern waives it (w:0 or j:false).
     pub fn commit_write(&self) -> Result<()> {
-        self.commit_now()
-    }
-
-    fn commit_now(&self) -> Result<()> {
         let wc = self.write_concern.as_ref();
         let unack = wc.map(|w| w.is_unacknowledged()).unwrap_or(false);
         let j = wc.and_then(|w| w.j);
