@@ -15,19 +15,32 @@ use query::update::Update;
 use std::collections::HashMap;
 use storage::{Collection, IndexSpec, OpTime, ReplicatedChange, Store};
 
-/// Apply a secondary's fetched batch and log it in our oplog as it came (`logged`: each
-/// entry's optime and BSON). A batch of CRUD entries whose updates are whole documents (what
-/// shoal logs) goes to the engine as one write of each document's final state
-/// (`Store::apply_replicated`), read from the entries without decoding them. Anything else
-/// (catalog commands, update operators), or a batch whose final states move a unique key
-/// between documents, is decoded and applied entry by entry.
-pub fn apply_batch(store: &Store, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
+/// Write a secondary's fetched batch into our oplog as it came (`logged`: each entry's
+/// optime and BSON), ahead of applying it (`apply_written`). Entries are checked first as
+/// decoding them would check them, so nothing invalid is logged.
+pub fn write_fetched(store: &Store, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
+    for (at, bytes) in logged {
+        let entry = RawDocument::from_bytes(bytes).map_err(|e| Error::new(Code::InvalidBSON, format!("oplog entry {at:?} is not valid BSON: {e}")))?;
+        // Logged and stored as they came, so checked as decoding them would check them.
+        check_strings(entry)?;
+    }
+    store.write_oplog_replicated(logged)
+}
+
+/// Apply entries `write_fetched` wrote: the oldest written entries not yet applied, in
+/// order; moves the applied-through point to the last of them. A batch of CRUD entries
+/// whose updates are whole documents (what shoal logs) goes to the engine as one write of
+/// each document's final state (`Store::apply_written`), read from the entries without
+/// decoding them. Anything else (catalog commands, update operators), or a batch whose
+/// final states move a unique key between documents, is decoded and applied entry by entry.
+pub fn apply_written(store: &Store, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
+    let Some(&(through, _)) = logged.last() else { return Ok(()) };
     let raw: Vec<&RawDocument> = logged
         .iter()
         .map(|(_, b)| RawDocument::from_bytes(b).map_err(|e| Error::new(Code::InvalidBSON, format!("oplog entry is not valid BSON: {e}"))))
         .collect::<Result<_>>()?;
     if raw.iter().all(|e| is_final_state(e)) {
-        match store.apply_replicated(&final_states(store, &raw)?, logged) {
+        match store.apply_written(&final_states(store, &raw)?, through) {
             Ok(()) => return Ok(()),
             Err(e) if e.code == Code::DuplicateKey.0 => tracing::debug!("a batch moves a unique key: applying it entry by entry ({})", e.message),
             Err(e) => return Err(e),
@@ -36,8 +49,26 @@ pub fn apply_batch(store: &Store, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
     for (e, (at, _)) in raw.iter().zip(logged) {
         apply_fetched(store, e, *at)?;
     }
-    store.append_oplog_replicated(logged)
+    store.apply_written(&[], through)
 }
+
+/// Apply every entry written and not yet applied (after a restart, or before this member
+/// takes writes), in batches; returns how many. The caller holds the apply lock.
+pub fn apply_unapplied(store: &Store) -> Result<u64> {
+    let _replicated = storage::applying_replicated_ops();
+    let mut applied = 0u64;
+    loop {
+        let batch = store.oplog_unapplied(UNAPPLIED_BATCH_ENTRIES)?;
+        if batch.is_empty() {
+            return Ok(applied);
+        }
+        apply_written(store, &batch)?;
+        applied += batch.len() as u64;
+    }
+}
+
+/// Entries per batch when applying the written, unapplied tail of the oplog.
+const UNAPPLIED_BATCH_ENTRIES: usize = 5000;
 
 /// Apply one fetched entry (logged at `at` on the source), and the session record it
 /// carries if it is a retryable write's.
@@ -96,8 +127,7 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
     let mut sessions: Vec<ReplicatedChange> = Vec::new();
     let mut session_by_lsid: HashMap<Vec<u8>, usize> = HashMap::new();
     for entry in entries {
-        // Logged and stored as they came, so checked as decoding them would check them.
-        check_strings(entry)?;
+        // (`write_fetched` checked its strings.)
         let at = OpTime::from_raw(entry).ok_or_else(|| parse("ts and t"))?;
         if let Some(doc) = session_record_of(entry, at)? {
             let lsid = entry.get_document("lsid").and_then(|l| l.get_binary("id")).map(|b| b.bytes.to_vec()).unwrap_or_default();
@@ -358,12 +388,12 @@ mod tests {
         docs
     }
 
-    /// Each batch reaches one secondary through `apply_batch` (final states, in one engine
-    /// write where it can) and another entry by entry: both end with the primary's data
+    /// Each batch reaches one secondary through `write_fetched` and `apply_written` (final
+    /// states, in one engine write where it can) and another entry by entry: both end with the primary's data
     /// and oplog, valid indexes included. The batches hold documents written several times,
     /// deleted and inserted again, deletes of documents inserted in the same batch, and a
     /// unique key that moves from one document to another (which `apply_replicated`
-    /// refuses, and `apply_batch` then applies entry by entry).
+    /// refuses, and `apply_written` then applies entry by entry).
     #[test]
     fn a_batch_applied_as_final_states_leaves_what_entry_by_entry_leaves() {
         let primary = Store::open_in_memory();
@@ -375,10 +405,14 @@ mod tests {
         let mut ship = |label: &str, primary: &Store| {
             let (docs, logged) = entries_after(primary, at);
             assert!(!docs.is_empty(), "{label}");
+            let at_before = batched.oplog_last().unwrap();
             at = logged.last().unwrap().0;
             {
                 let _replicated = storage::applying_replicated_ops();
-                apply_batch(&batched, &logged).unwrap();
+                write_fetched(&batched, &logged).unwrap();
+                assert_eq!(batched.oplog_applied(), Some(at_before), "{label}: written, not applied");
+                apply_written(&batched, &logged).unwrap();
+                assert_eq!(batched.oplog_applied(), batched.oplog_last(), "{label}: applied");
                 for (at, bytes) in &logged {
                     apply_fetched(&one_by_one, RawDocument::from_bytes(bytes).unwrap(), *at).unwrap();
                 }
@@ -457,7 +491,7 @@ mod tests {
         let before = entries_after(&batched, OpTime::default()).1.len();
         let err = {
             let _replicated = storage::applying_replicated_ops();
-            apply_batch(&batched, &[(OpTime { ts: u64::from(u32::MAX) << 32 | 1, term: 1 }, bad)]).unwrap_err()
+            write_fetched(&batched, &[(OpTime { ts: u64::from(u32::MAX) << 32 | 1, term: 1 }, bad)]).unwrap_err()
         };
         assert_eq!(err.code, Code::InvalidBSON.0, "{}", err.message);
         assert_eq!(entries_after(&batched, OpTime::default()).1.len(), before);

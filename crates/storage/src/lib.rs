@@ -7,6 +7,8 @@
 //!   - `'m' db 0x00 name` → collection metadata (BSON: id, db, name, uuid, options, indexes).
 //!   - `'s' coll_id` → collection statistics (BSON: next record id, count, data bytes,
 //!     per-index entry bytes, multikey index ids). Rewritten in every write batch.
+//!   - `'a'` → the oplog's applied-through point (an optime: timestamp, term) while a
+//!     secondary has written entries after it that it may not have applied yet.
 //!   - `'g' kind coll_or_index_id` → garbage marker: data of a dropped collection (`'c'`) or
 //!     index (`'i'`), or of an index build in progress, still to be deleted (resumed at open).
 //! - `Space::Records`: `coll_id record_id` → document BSON.
@@ -316,6 +318,7 @@ pub struct IndexEntry {
 const CATALOG_META: u8 = b'm';
 const CATALOG_STATS: u8 = b's';
 const CATALOG_GARBAGE: u8 = b'g';
+const CATALOG_APPLIED_THROUGH: u8 = b'a';
 const GARBAGE_COLLECTION: u8 = b'c';
 const GARBAGE_INDEX: u8 = b'i';
 
@@ -326,6 +329,28 @@ fn meta_key(db: &str, name: &str) -> Vec<u8> {
     k.push(0);
     k.extend_from_slice(name.as_bytes());
     k
+}
+
+/// How a secondary's oplog batch moves the applied-through point (`OplogState::applied_through`).
+enum Marker {
+    /// Unchanged: the entries' changes are applied already (or nothing is written).
+    Keep,
+    /// The entries are written ahead of their application.
+    Written,
+    /// Every written entry up to this one is applied.
+    Applied(OpTime),
+}
+
+fn encode_optime(at: OpTime) -> Vec<u8> {
+    let mut v = at.ts.to_be_bytes().to_vec();
+    v.extend_from_slice(&at.term.to_be_bytes());
+    v
+}
+
+fn decode_optime(v: &[u8]) -> Option<OpTime> {
+    let ts = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
+    let term = i64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
+    Some(OpTime { ts, term })
 }
 
 fn stats_key(coll_id: u64) -> Vec<u8> {
@@ -427,11 +452,17 @@ struct OplogState {
     recent: std::collections::VecDeque<(u64, Arc<[u8]>)>,
     recent_floor: u64,
     recent_bytes: usize,
+    /// Entries after this one are written but perhaps not applied: a secondary writes a
+    /// fetched batch to its oplog, makes it durable (which acknowledges it) and applies it
+    /// after (`Store::write_oplog_replicated`, `Store::apply_written`). `None` when the data
+    /// holds every entry. Persisted (`CATALOG_APPLIED_THROUGH`) in the batches that move it,
+    /// so a restart finds what is left to apply.
+    applied_through: Option<OpTime>,
 }
 
 impl OplogState {
     fn new(last: OpTime) -> OplogState {
-        OplogState { last, durable: last, term: last.term.max(0), recent: Default::default(), recent_floor: last.ts, recent_bytes: 0 }
+        OplogState { last, durable: last, term: last.term.max(0), recent: Default::default(), recent_floor: last.ts, recent_bytes: 0, applied_through: None }
     }
 
     /// Keep a new entry (the newest) in `recent`, dropping the oldest past the bound.
@@ -1748,7 +1779,11 @@ impl Store {
             }
         };
         // What is in the engine after a restart was synced (or replayed from its journal).
-        let state = OplogState::new(last);
+        let mut state = OplogState::new(last);
+        state.applied_through = match snap.get(Space::Catalog, &[CATALOG_APPLIED_THROUGH])? {
+            Some(v) => Some(decode_optime(&v).ok_or_else(|| corrupt("oplog applied-through point"))?),
+            None => None,
+        };
         *shared.oplog.write() = Some(Arc::new(Oplog { coll: st, cap_bytes, state: Mutex::new(state) }));
         Ok(())
     }
@@ -1756,6 +1791,15 @@ impl Store {
     /// The newest oplog entry's optime (None without an oplog; zero when it is empty).
     pub fn oplog_last(&self) -> Option<OpTime> {
         self.inner.shared.oplog.read().as_ref().map(|l| l.state.lock().last)
+    }
+
+    /// The newest entry whose change the data holds: the newest entry, unless a secondary
+    /// has written entries it has not applied yet (`write_oplog_replicated`).
+    pub fn oplog_applied(&self) -> Option<OpTime> {
+        self.inner.shared.oplog.read().as_ref().map(|l| {
+            let st = l.state.lock();
+            st.applied_through.unwrap_or(st.last)
+        })
     }
 
     /// The newest oplog entry known durable (what a member reports as its durable optime).
@@ -1769,7 +1813,44 @@ impl Store {
     /// crash in between leaves changes whose entries are fetched and applied again, which
     /// oplog application tolerates. Entries must be newer than the newest one, in order.
     pub fn append_oplog_replicated(&self, entries: &[(OpTime, Vec<u8>)]) -> Result<()> {
-        self.apply_replicated(&[], entries)
+        self.apply_replicated_marked(&[], entries, Marker::Keep)
+    }
+
+    /// Write fetched entries to the oplog (as `append_oplog_replicated`) before their changes
+    /// are applied: from here until `apply_written` covers them, `oplog_applied` stays at the
+    /// newest entry applied before, and a restart applies the rest first
+    /// (`oplog_unapplied`). mongod 8.0's secondaries do the same: a batch is acknowledged
+    /// once durable in the oplog, and applied meanwhile.
+    pub fn write_oplog_replicated(&self, entries: &[(OpTime, Vec<u8>)]) -> Result<()> {
+        self.apply_replicated_marked(&[], entries, Marker::Written)
+    }
+
+    /// Apply the changes of entries already written (`write_oplog_replicated`), up to and
+    /// including `through`, in one engine write with the moved applied-through point.
+    /// `changes` as for `apply_replicated`; empty when the caller applied them itself, entry
+    /// by entry (each its own write: a crash in between applies them again, which oplog
+    /// application tolerates).
+    pub fn apply_written(&self, changes: &[(Collection, Vec<ReplicatedChange>)], through: OpTime) -> Result<()> {
+        self.apply_replicated_marked(changes, &[], Marker::Applied(through))
+    }
+
+    /// The written entries not yet applied (`write_oplog_replicated`), oldest first, at most
+    /// `limit`: what a restart, or a member about to take writes, applies first.
+    pub fn oplog_unapplied(&self, limit: usize) -> Result<Vec<(OpTime, Vec<u8>)>> {
+        let shared = &self.inner.shared;
+        let Some(log) = shared.oplog.read().clone() else { return Ok(Vec::new()) };
+        let Some(from) = log.state.lock().applied_through else { return Ok(Vec::new()) };
+        let snap = shared.engine.snapshot();
+        let lo = std::ops::Bound::Excluded(record_key(log.coll.id, from.ts));
+        let (_, hi) = prefix_bounds(&log.coll.id.to_be_bytes());
+        let mut out = Vec::new();
+        for kv in snap.iter(Space::Records, lo, hi, false).take(limit) {
+            let (_, v) = kv?;
+            let raw = bson::RawDocument::from_bytes(&v).map_err(|_| corrupt("oplog entry"))?;
+            let at = OpTime::from_raw(raw).ok_or_else(|| corrupt("oplog entry without ts and t"))?;
+            out.push((at, v.to_vec()));
+        }
+        Ok(out)
     }
 
     /// A secondary's batch in one engine write (one journal append): the final state of
@@ -1783,11 +1864,15 @@ impl Store {
     /// unique-key conflict among the changes (a key that moved between documents within the
     /// batch): the caller then applies the entries one by one.
     pub fn apply_replicated(&self, changes: &[(Collection, Vec<ReplicatedChange>)], entries: &[(OpTime, Vec<u8>)]) -> Result<()> {
+        self.apply_replicated_marked(changes, entries, Marker::Keep)
+    }
+
+    fn apply_replicated_marked(&self, changes: &[(Collection, Vec<ReplicatedChange>)], entries: &[(OpTime, Vec<u8>)], marker: Marker) -> Result<()> {
         let shared = &self.inner.shared;
         let Some(log) = shared.oplog.read().clone() else {
             return Err(Error::new(Code::NoReplicationEnabled, "no oplog: not running with --replSet"));
         };
-        if changes.is_empty() && entries.is_empty() {
+        if changes.is_empty() && entries.is_empty() && matches!(marker, Marker::Keep | Marker::Written) {
             return Ok(());
         }
         // Write locks in collection order (deadlock-free with any writer that holds one),
@@ -1834,11 +1919,28 @@ impl Store {
         }
         stats.data_bytes += added_bytes;
         batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
+        let applied_through = match marker {
+            Marker::Keep => ost.applied_through,
+            Marker::Written => Some(ost.applied_through.unwrap_or(ost.last)),
+            Marker::Applied(through) => {
+                if ost.applied_through.is_none_or(|a| through <= a) || through > last {
+                    return Err(Error::internal(format!("apply_written: {through:?} is not among the written, unapplied entries")));
+                }
+                (through < last).then_some(through)
+            }
+        };
+        if applied_through != ost.applied_through {
+            match applied_through {
+                Some(at) => batch.put(Space::Catalog, vec![CATALOG_APPLIED_THROUGH], encode_optime(at)),
+                None => batch.delete(Space::Catalog, vec![CATALOG_APPLIED_THROUGH]),
+            }
+        }
         if let Err(e) = shared.apply(batch) {
             let newest = ost.last.ts;
             ost.forget_after(newest);
             return Err(e);
         }
+        ost.applied_through = applied_through;
         ost.last = last;
         ost.term = ost.term.max(last.term);
         shared.after_oplog_append(&log, stats, added_bytes);
@@ -1880,6 +1982,7 @@ impl Store {
         st.last = at;
         st.durable = st.durable.min(at);
         st.forget_after(at.ts);
+        debug_assert!(st.applied_through.is_none(), "rollback runs on a member that applied every entry it wrote");
         Ok(removed)
     }
 

@@ -1,11 +1,15 @@
 //! A secondary's replication: fetch the oplog from the sync source with a tailable,
-//! awaitData find on its `local.oplog.rs` (what mongod's OplogFetcher does), apply each
-//! batch, write the same entries into our own oplog with their original optimes, make them
-//! durable, and report progress upstream: on the next getMore (`$replProgress`), or with
-//! replSetUpdatePosition when there is none.
+//! awaitData find on its `local.oplog.rs` (what mongod's OplogFetcher does), write each
+//! batch into our own oplog with the entries' original optimes, make it durable, report
+//! progress upstream on the next getMore (`$replProgress`, or replSetUpdatePosition when
+//! there is none), and apply the batch while that getMore waits for the next one.
 //!
-//! The fetcher runs on a thread of its own and applies each batch there, then fetches the
-//! next: the batch after an apply is everything the source logged during it.
+//! As in mongod 8.0, a batch is acknowledged once durable in the oplog, not once applied:
+//! a w:"majority" write waits for the fetch, the oplog write and the fsync, not for the
+//! apply. Until applied, the entries sit after the oplog's applied-through point
+//! (`Store::oplog_applied`); a restart applies them first, as does a member about to take
+//! writes. The fetcher runs on a thread of its own: the batch after an apply is everything
+//! the source logged meanwhile.
 
 use super::peer::{cursor_batch, cursor_batch_raw, PeerConn};
 use crate::state::{Counters, Shared};
@@ -70,6 +74,9 @@ pub async fn fetch_loop(shared: Arc<Shared>) {
 async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me: usize, src: usize, forced: bool) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let host = config.members[src].host.as_str();
+    // A batch whose apply failed last time is applied first: rollback, and the comparison
+    // with the source below, take the oplog as applied.
+    apply_unapplied(shared)?;
     let mut conn = PeerConn::connect(host, CONNECT_TIMEOUT).await?;
     let last = shared.store.oplog_last().unwrap_or_default();
     if last == OpTime::default() {
@@ -103,25 +110,26 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
     }
     batch.remove(0);
     coord.set_info_message("");
-    // Apply a batch (here, in line: this thread is the fetcher's own), then fetch the next
-    // with a getMore that carries the progress the apply made (`$replProgress`,
-    // replSetUpdatePosition's `optimes`): one round trip per batch both reports and fetches,
-    // and the next batch is everything the source logged meanwhile. Fetching during the
-    // apply instead got back, under load, a batch of the few entries logged just after the
-    // getMore went out, and left the rest to the batch after: smaller batches, an fsync and
-    // a report each, and a longer wait for w:"majority".
+    // Write a batch to the oplog and make it durable, send the getMore that reports it
+    // (`$replProgress`, replSetUpdatePosition's `optimes`) and asks for the next, and apply
+    // the batch while the source waits for new entries: one round trip per batch both
+    // reports and fetches, and the next batch is everything the source logged meanwhile.
+    // Fetching during the write instead got back, under load, a batch of the few entries
+    // logged just after the getMore went out, and left the rest to the batch after: smaller
+    // batches, an fsync and a report each, and a longer wait for w:"majority".
     let mut commit_seen = OpTime::default();
     loop {
-        let applied = if batch.is_empty() { None } else { Some(apply_batch(shared, std::mem::take(&mut batch), epoch)?) };
-        if applied.is_some() {
+        let written = if batch.is_empty() { None } else { Some(write_batch(shared, std::mem::take(&mut batch), epoch)?) };
+        if written.is_some() {
             coord.learn_commit_point(&shared.store, commit_seen);
         }
         let stop = id == 0 || coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, config, me, src, forced);
-        // Reported by the getMore below, or else by the reporter (replSetUpdatePosition).
-        if let Some(at) = applied {
-            coord.after_apply(at, !stop);
-        }
         if stop {
+            if let Some(logged) = &written {
+                apply_written(shared, logged)?;
+                // No getMore carries it: the reporter does.
+                coord.after_apply(shared.store.oplog_applied().unwrap_or_default(), false);
+            }
             if id == 0 {
                 return Err(Error::new(Code::CursorNotFound, format!("{host} closed the oplog cursor")));
             }
@@ -130,15 +138,26 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
         let mut get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1};
         get_more.insert("$replProgress", progress_optimes(shared, config, me, src));
         let started = std::time::Instant::now();
-        let reply = conn.command_raw("local", get_more, Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK).await;
+        let wait = Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK;
+        let sent = conn.send("local", get_more, wait).await;
+        if let Some(logged) = &written {
+            apply_written(shared, logged)?;
+            // The getMore in flight reported the batch durable (what a write concern
+            // counts); the next one reports it applied.
+            coord.after_apply(shared.store.oplog_applied().unwrap_or_default(), sent.is_ok());
+        }
+        let reply = match sent {
+            Ok(request) => conn.recv_raw(request, wait).await,
+            Err(e) => Err(e),
+        };
         Counters::add(&shared.counters.repl_getmores, 1);
         Counters::add(&shared.counters.repl_getmore_us, started.elapsed().as_micros() as u64);
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
-                if let Some(at) = applied {
+                if written.is_some() {
                     // The source may not have heard of the batch: leave it to the reporter.
-                    coord.after_apply(at, false);
+                    coord.after_apply(shared.store.oplog_applied().unwrap_or_default(), false);
                 }
                 return Err(e);
             }
@@ -339,7 +358,7 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
         let coord = s.repl.as_ref().expect("replica set member");
         super::ReplCoord::persist_min_valid(&s.store, min_valid)?;
         s.store.commit_durable()?;
-        coord.recover_until(min_valid, s.store.oplog_last().unwrap_or_default());
+        coord.recover_until(min_valid, s.store.oplog_applied().unwrap_or_default());
         Ok(())
     })
     .await?;
@@ -464,12 +483,11 @@ fn on_repl_data(shared: &Shared, reply: &RawDocument) -> Option<OpTime> {
     d.get_document("lastOpCommitted").ok().and_then(OpTime::from_raw)
 }
 
-/// Apply fetched entries, log them with their own optimes and make them durable; returns
-/// the newest optime now applied.
-fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<OpTime> {
+/// Write fetched entries to our oplog with their own optimes and make them durable (what
+/// a write concern counts); returns them for `apply_written`.
+fn write_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<Vec<(OpTime, Vec<u8>)>> {
     let coord = shared.repl.as_ref().expect("replica set member");
-    let store = &shared.store;
-    // Applied and logged as they came: decoded only when applied entry by entry.
+    // Written as they came: decoded only when applied entry by entry.
     let logged = entries
         .into_iter()
         .map(|raw| {
@@ -482,16 +500,37 @@ fn apply_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Res
         if coord.epoch() != epoch || coord.state() == MemberState::Primary {
             return Err(Error::new(Code::InterruptedDueToReplStateChange, "the member's role or config changed while fetching"));
         }
-        let _replicated = storage::applying_replicated_ops();
-        let started = std::time::Instant::now();
-        crate::apply::apply_batch(store, &logged)?;
-        let c = &shared.counters;
-        Counters::add(&c.repl_apply_batches, 1);
-        Counters::add(&c.repl_apply_us, started.elapsed().as_micros() as u64);
-        Counters::add(&c.repl_apply_ops, logged.len() as u64);
+        crate::apply::write_fetched(&shared.store, &logged)?;
     }
-    store.commit_durable()?;
-    Ok(store.oplog_last().unwrap_or_default())
+    shared.store.commit_durable()?;
+    Ok(logged)
+}
+
+/// Apply a batch `write_batch` wrote, unless a member that became primary meanwhile
+/// applied it already (`ReplCoord::become_primary`). Durable with the next batch's fsync;
+/// a restart before then applies it again from the oplog.
+fn apply_written(shared: &Shared, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
+    let coord = shared.repl.as_ref().expect("replica set member");
+    let Some(&(through, _)) = logged.last() else { return Ok(()) };
+    let _apply = coord.apply_lock.lock();
+    if shared.store.oplog_applied().unwrap_or_default() >= through {
+        return Ok(());
+    }
+    let _replicated = storage::applying_replicated_ops();
+    let started = std::time::Instant::now();
+    crate::apply::apply_written(&shared.store, logged)?;
+    let c = &shared.counters;
+    Counters::add(&c.repl_apply_batches, 1);
+    Counters::add(&c.repl_apply_us, started.elapsed().as_micros() as u64);
+    Counters::add(&c.repl_apply_ops, logged.len() as u64);
+    Ok(())
+}
+
+/// Apply whatever is written and not applied (a batch whose apply failed).
+fn apply_unapplied(shared: &Shared) -> Result<()> {
+    let coord = shared.repl.as_ref().expect("replica set member");
+    let _apply = coord.apply_lock.lock();
+    crate::apply::apply_unapplied(&shared.store).map(|_| ())
 }
 
 /// Send this member's progress, and what it knows of the members downstream, to its sync
@@ -534,7 +573,7 @@ pub async fn report_loop(shared: Arc<Shared>) {
 fn progress_optimes(shared: &Shared, config: &ReplSetConfig, me: usize, src: usize) -> Vec<Bson> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let mut optimes = Vec::with_capacity(config.members.len());
-    let applied = shared.store.oplog_last().unwrap_or_default();
+    let applied = shared.store.oplog_applied().unwrap_or_default();
     let durable = shared.store.oplog_durable().unwrap_or_default();
     optimes.push(position(config.members[me].id, config.version, applied, durable));
     let inner = coord.inner.lock();

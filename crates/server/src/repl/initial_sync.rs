@@ -139,7 +139,7 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
     .await?;
     let documents_copied = coord.inner.lock().initial_sync.documents_copied;
     tracing::info!(%host, documents_copied, ?begin_at, ?min_valid, "initial sync cloned the data; applying the oplog up to minValid");
-    coord.recover_until(min_valid, shared.store.oplog_last().unwrap_or_default());
+    coord.recover_until(min_valid, shared.store.oplog_applied().unwrap_or_default());
     Ok(())
 }
 

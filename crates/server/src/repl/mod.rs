@@ -202,6 +202,13 @@ impl ReplCoord {
         if let Some(d) = stored {
             let config = ReplSetConfig::parse(&d)?;
             store.enable_oplog(oplog_size_bytes)?;
+            // A secondary stopped between writing a batch to its oplog and applying it
+            // applies the rest now, before anything reads or fetches.
+            let applied = crate::apply::apply_unapplied(store)?;
+            if applied > 0 {
+                store.commit_durable()?;
+                tracing::info!(applied, "applied the oplog entries written before the restart");
+            }
             let last = store.oplog_last().unwrap_or_default();
             let vote = first_doc(store, ELECTION_COLLECTION)?;
             {
@@ -301,6 +308,8 @@ impl ReplCoord {
 
     /// Win term `term`: stamp new entries with it and log "new primary".
     fn become_primary(&self, store: &Store, term: i64) -> Result<()> {
+        // Entries this member wrote as a secondary are applied before it writes its own.
+        crate::apply::apply_unapplied(store)?;
         store.set_oplog_term(term);
         let at = store.append_oplog_noop(&doc! {"msg": "new primary"})?;
         {
@@ -490,7 +499,10 @@ impl ReplCoord {
             } else if durable {
                 inner.peers[i].durable
             } else {
-                inner.peers[i].view.applied
+                // A secondary acknowledges a batch once it is durable in its oplog and
+                // applies it after (mongod 8.0 counts such a member's lastWritten), so what
+                // it has durable it has at least written.
+                inner.peers[i].view.applied.max(inner.peers[i].durable)
             }
         };
         match repl::progress::write_concern_met(config, mode, at, optime_of) {
@@ -688,7 +700,8 @@ impl ReplCoord {
     pub fn status(&self, store: &Store, uptime_secs: i64, initial_sync: bool) -> Result<Document> {
         let inner = self.inner.lock();
         let config = inner.config.as_ref().ok_or_else(not_initialized)?;
-        let last = store.oplog_last().unwrap_or_default();
+        let last = store.oplog_applied().unwrap_or_default();
+        let written = store.oplog_last().unwrap_or_default();
         let durable = store.oplog_durable().unwrap_or_default();
         let commit = Self::reported_commit_point(&inner, store);
         let sync_host = inner.sync_source.map(|i| config.members[i].host.clone()).unwrap_or_default();
@@ -763,7 +776,8 @@ impl ReplCoord {
             "optimes": {
                 "lastCommittedOpTime": commit.to_doc(), "lastCommittedWallTime": wall_of(commit),
                 "readConcernMajorityOpTime": commit.to_doc(), "readConcernMajorityWallTime": wall_of(commit),
-                "appliedOpTime": last.to_doc(), "durableOpTime": durable.to_doc(), "lastAppliedWallTime": wall_of(last), "lastDurableWallTime": wall_of(durable),
+                "appliedOpTime": last.to_doc(), "durableOpTime": durable.to_doc(), "writtenOpTime": written.to_doc(),
+                "lastAppliedWallTime": wall_of(last), "lastDurableWallTime": wall_of(durable), "lastWrittenWallTime": wall_of(written),
             },
             "members": members,
         };
@@ -917,6 +931,53 @@ fn store_config(store: &Store, config: &ReplSetConfig) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A secondary stopped after writing a fetched batch to its oplog (which acknowledged
+    /// it) and before applying it applies the batch when it starts again, before it serves
+    /// anything; the applied-through point is gone afterwards, across another restart too.
+    #[test]
+    fn a_restart_applies_what_was_written_and_not_applied() {
+        let dir = std::env::temp_dir().join(format!("shoal-unapplied-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let opts = storage::StoreOptions { cache_size_bytes: storage::CACHE_SIZE_BYTES_MIN, fsync: true };
+        // The primary's entries: a create (applied entry by entry on restart) and inserts
+        // and a replacement (as final states).
+        let primary = Store::open_in_memory();
+        primary.enable_oplog(1 << 20).unwrap();
+        let c = primary.collection_or_create("db", "c").unwrap();
+        assert!(c.insert_many(&[doc! {"_id": 1, "v": 1}, doc! {"_id": 2}], true).errors.is_empty());
+        {
+            let mut w = c.writer();
+            let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(1)).unwrap().unwrap();
+            w.update(rid, &old, &doc! {"_id": 1, "v": 2}).unwrap();
+        }
+        let oplog = primary.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).unwrap();
+        let logged: Vec<(OpTime, Vec<u8>)> =
+            oplog.snapshot().scan(None, usize::MAX).unwrap().into_iter().map(|(_, d)| (OpTime::from_doc(&d).unwrap(), d.to_vec().unwrap())).collect();
+        assert!(logged.len() >= 4);
+        let contents = |s: &Store| s.collection("db", "c").map(|c| c.snapshot().scan(None, usize::MAX).unwrap().into_iter().map(|(_, d)| d).collect::<Vec<_>>()).unwrap_or_default();
+        let config = doc! {"_id": "rs0", "version": 1, "term": 1_i64, "members": [{"_id": 0, "host": "127.0.0.1:27017"}, {"_id": 1, "host": "127.0.0.1:27018"}]};
+        {
+            let secondary = Store::open(&dir, opts.clone()).unwrap();
+            put_single_doc(&secondary, CONFIG_COLLECTION, &config).unwrap();
+            secondary.enable_oplog(1 << 20).unwrap();
+            crate::apply::write_fetched(&secondary, &logged).unwrap();
+            secondary.commit_durable().unwrap();
+            assert_eq!(secondary.oplog_last(), Some(logged.last().unwrap().0));
+            assert_eq!(secondary.oplog_applied(), Some(OpTime::default()), "written, not applied");
+            assert_eq!(secondary.oplog_unapplied(usize::MAX).unwrap(), logged);
+            assert!(contents(&secondary).is_empty());
+        }
+        for restart in 0..2 {
+            let secondary = Store::open(&dir, opts.clone()).unwrap();
+            let coord = ReplCoord::start(&secondary, "rs0".into(), "127.0.0.1:27017".into(), 27017, 1 << 20).unwrap();
+            assert_eq!(coord.state(), MemberState::Secondary, "restart {restart}");
+            assert_eq!(secondary.oplog_applied(), secondary.oplog_last(), "restart {restart}");
+            assert!(secondary.oplog_unapplied(usize::MAX).unwrap().is_empty(), "restart {restart}");
+            assert_eq!(contents(&secondary), contents(&primary), "restart {restart}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// A member that stops between a rollback's or an initial sync's first change and
     /// minValid comes back RECOVERING, not SECONDARY, and serves no reads.

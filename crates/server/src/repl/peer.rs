@@ -46,19 +46,34 @@ impl PeerConn {
 
     /// `command`, with the reply left as BSON (its structure checked, not decoded): the oplog
     /// fetcher writes the entries of a batch into its own oplog as they came.
-    pub async fn command_raw(&mut self, db: &str, mut body: Document, timeout: Duration) -> Result<RawDocumentBuf> {
+    pub async fn command_raw(&mut self, db: &str, body: Document, timeout: Duration) -> Result<RawDocumentBuf> {
+        let request = self.send(db, body, timeout).await?;
+        self.recv_raw(request, timeout).await
+    }
+
+    /// Send a command without waiting for its reply, which `recv_raw` reads: the oplog
+    /// fetcher applies a batch while its getMore for the next is out. Returns the request id.
+    pub async fn send(&mut self, db: &str, mut body: Document, timeout: Duration) -> Result<i32> {
         if self.broken {
             return Err(Error::new(Code::HostUnreachable, format!("connection to {} was broken by an earlier error", self.host)));
         }
         body.insert("$db", db);
-        let r = match tokio::time::timeout(timeout, self.round_trip(body)).await {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        let r = match tokio::time::timeout(timeout, self.write_request(id, body)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(Code::NetworkTimeout, format!("could not send to {} within {} ms", self.host, timeout.as_millis()))),
+        };
+        self.break_on_network_error(r).map(|()| id)
+    }
+
+    /// The reply to `request`; a reply with ok:0 is an `Err` with the reply's code.
+    pub async fn recv_raw(&mut self, request: i32, timeout: Duration) -> Result<RawDocumentBuf> {
+        let r = match tokio::time::timeout(timeout, self.read_reply(request)).await {
             Ok(r) => r,
             Err(_) => Err(Error::new(Code::NetworkTimeout, format!("no reply from {} within {} ms", self.host, timeout.as_millis()))),
         };
-        if r.as_ref().is_err_and(|e| e.code == Code::HostUnreachable.0 || e.code == Code::NetworkTimeout.0 || e.code == Code::ProtocolError.0) {
-            self.broken = true;
-        }
-        let reply = r?;
+        let reply = self.break_on_network_error(r)?;
         if is_ok(&reply) {
             return Ok(reply);
         }
@@ -68,13 +83,23 @@ impl PeerConn {
         Err(Error::remote(code, name, format!("{} replied: {msg}", self.host)))
     }
 
-    async fn round_trip(&mut self, body: Document) -> Result<RawDocumentBuf> {
+    /// After a network error or a timeout a reply may be in flight: the connection is done.
+    fn break_on_network_error<T>(&mut self, r: Result<T>) -> Result<T> {
+        if r.as_ref().is_err_and(|e| e.code == Code::HostUnreachable.0 || e.code == Code::NetworkTimeout.0 || e.code == Code::ProtocolError.0) {
+            self.broken = true;
+        }
+        r
+    }
+
+    async fn write_request(&mut self, id: i32, body: Document) -> Result<()> {
         crate::fault::before_send(&self.host).await?;
-        let id = self.next_id;
-        self.next_id = self.next_id.wrapping_add(1);
         let frame = wire::try_encode_msg(id, 0, &wire::OpMsg { flags: 0, body, sequences: Vec::new() }, None)?;
         let io = |e: std::io::Error| Error::new(Code::HostUnreachable, format!("connection to {} failed: {e}", self.host));
-        self.stream.write_all(&frame).await.map_err(io)?;
+        self.stream.write_all(&frame).await.map_err(io)
+    }
+
+    async fn read_reply(&mut self, request: i32) -> Result<RawDocumentBuf> {
+        let io = |e: std::io::Error| Error::new(Code::HostUnreachable, format!("connection to {} failed: {e}", self.host));
         let mut prefix = [0u8; 4];
         self.stream.read_exact(&mut prefix).await.map_err(io)?;
         let len = wire::frame_length(prefix, REPLY_BYTES_MAX)?;
@@ -83,7 +108,7 @@ impl PeerConn {
         self.stream.read_exact(&mut buf[4..]).await.map_err(io)?;
         let (header, body) = wire::decode_raw_body(&buf, REPLY_BYTES_MAX)?;
         crate::fault::after_receive(&self.host).await?;
-        if header.response_to != id {
+        if header.response_to != request {
             return Err(Error::new(Code::ProtocolError, format!("unexpected reply from {}", self.host)));
         }
         Ok(body)
