@@ -575,27 +575,29 @@ impl Shared {
             return Err(e);
         }
         st.last = last;
-        self.after_oplog_append(&log, stats, added_bytes);
+        self.after_oplog_append(&log, stats, added_bytes, None);
         Ok(Some(last))
     }
 
     /// After a batch of oplog entries is applied (the caller holds the oplog lock): publish
     /// the collection's new stats, and truncate the oldest entries once over the cap.
-    fn after_oplog_append(&self, log: &Oplog, stats: Stats, added_bytes: u64) {
+    /// `applied_through`: entries after it are not applied yet, and capping keeps them.
+    fn after_oplog_append(&self, log: &Oplog, stats: Stats, added_bytes: u64, applied_through: Option<OpTime>) {
         self.total_data_bytes.fetch_add(added_bytes, Ordering::Relaxed);
         let over_cap = stats.data_bytes > log.cap_bytes;
         *log.coll.stats.lock() = stats;
         if over_cap {
             // The write itself succeeded; a failed truncation is retried after the next one.
-            if let Err(e) = self.truncate_oplog(log) {
+            if let Err(e) = self.truncate_oplog(log, applied_through) {
                 tracing::warn!("oplog truncation failed: {}", e.message);
             }
         }
     }
 
     /// Delete the oldest oplog entries until they take at most 90% of the cap (at most
-    /// OPLOG_TRUNCATE_ENTRIES_MAX per call). The caller holds the oplog lock.
-    fn truncate_oplog(&self, log: &Oplog) -> Result<()> {
+    /// OPLOG_TRUNCATE_ENTRIES_MAX per call), never one after `applied_through` (written, not
+    /// yet applied: a restart applies it from here). The caller holds the oplog lock.
+    fn truncate_oplog(&self, log: &Oplog, applied_through: Option<OpTime>) -> Result<()> {
         let mut stats = log.coll.stats.lock().clone();
         let target = log.cap_bytes / 10 * 9;
         let snap = self.engine.snapshot();
@@ -607,6 +609,10 @@ impl Shared {
                 break;
             }
             let (k, v) = kv?;
+            let ts = read_u64(k.get(8..).unwrap_or(&[])).ok_or_else(|| corrupt("oplog key"))?;
+            if applied_through.is_some_and(|a| ts > a.ts) {
+                break;
+            }
             stats.data_bytes = stats.data_bytes.saturating_sub(v.len() as u64);
             stats.count = stats.count.saturating_sub(1);
             removed += v.len() as u64;
@@ -1943,7 +1949,7 @@ impl Store {
         ost.applied_through = applied_through;
         ost.last = last;
         ost.term = ost.term.max(last.term);
-        shared.after_oplog_append(&log, stats, added_bytes);
+        shared.after_oplog_append(&log, stats, added_bytes, applied_through);
         drop(ost);
         for (st, pending) in published {
             st.publish_pending(pending);

@@ -1169,6 +1169,57 @@ fn oplog_is_capped() {
     assert!(first > 0 && first as usize == 1000 - entries.len(), "first kept {first}, {} kept", entries.len());
 }
 
+/// A secondary's entries written ahead of their application: `oplog_applied` stays behind
+/// until `apply_written` covers them, they are what `oplog_unapplied` returns, and capping
+/// never deletes one of them, however far past the cap they take the oplog.
+#[test]
+fn entries_written_and_not_applied_are_kept_until_applied() {
+    let primary = Store::open_in_memory();
+    primary.enable_oplog(64 << 20).unwrap();
+    let c = primary.collection_or_create("db", "c").unwrap();
+    let pad = "x".repeat(1000);
+    for i in 0..300 {
+        assert_eq!(c.insert_many(&[doc! {"_id": i, "pad": pad.as_str()}], true).inserted, 1);
+    }
+    let log = primary.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
+    let entries: Vec<(OpTime, Vec<u8>)> = log
+        .snapshot()
+        .scan_raw(None, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|(rid, e)| (OpTime { ts: rid, term: crate::decode_record(&e).unwrap().get_i64("t").unwrap() }, e))
+        .collect();
+    let secondary = Store::open_in_memory();
+    let cap_bytes = 64 << 10;
+    secondary.enable_oplog(cap_bytes).unwrap();
+    let (first, rest) = entries.split_at(10);
+    secondary.append_oplog_replicated(first).unwrap();
+    assert_eq!(secondary.oplog_applied(), secondary.oplog_last());
+    // The rest, written: about 300 KB in a 64 KB oplog.
+    secondary.write_oplog_replicated(rest).unwrap();
+    assert_eq!(secondary.oplog_applied(), Some(first.last().unwrap().0));
+    assert_eq!(secondary.oplog_last(), Some(rest.last().unwrap().0));
+    assert_eq!(secondary.oplog_unapplied(usize::MAX).unwrap(), rest, "none capped away");
+    assert_eq!(secondary.oplog_unapplied(3).unwrap(), rest[..3]);
+    // Applied in two steps: the first moves the point, the second clears it.
+    let (a, b) = rest.split_at(100);
+    secondary.apply_written(&[], a.last().unwrap().0).unwrap();
+    assert_eq!(secondary.oplog_applied(), Some(a.last().unwrap().0));
+    assert_eq!(secondary.oplog_unapplied(usize::MAX).unwrap(), b);
+    secondary.apply_written(&[], b.last().unwrap().0).unwrap();
+    assert_eq!(secondary.oplog_applied(), secondary.oplog_last());
+    assert!(secondary.oplog_unapplied(usize::MAX).unwrap().is_empty());
+    // Nothing left to apply: applying again is refused.
+    assert!(secondary.apply_written(&[], b.last().unwrap().0).is_err());
+    // Now capping may take the old entries, with the next write.
+    secondary.write_oplog_replicated(&[]).unwrap();
+    let next = OpTime { ts: b.last().unwrap().0.ts + 1, term: b.last().unwrap().0.term };
+    let noop = doc! {"ts": bson::Timestamp { time: (next.ts >> 32) as u32, increment: next.ts as u32 }, "t": next.term, "op": "n", "ns": "", "o": {"msg": "x"}}.to_vec().unwrap();
+    secondary.append_oplog_replicated(&[(next, noop)]).unwrap();
+    let stats = secondary.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap().stats();
+    assert!(stats.size_bytes <= cap_bytes, "{} > {cap_bytes}", stats.size_bytes);
+}
+
 #[test]
 fn a_retryable_writes_entries_chain_back_and_its_record_names_the_newest() {
     let store = Store::open_in_memory();
