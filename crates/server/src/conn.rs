@@ -432,10 +432,13 @@ async fn wait_for_replication(shared: &Shared, wait: dispatch::ReplicationWait, 
     let deadline = wait.timeout.map(|t| tokio::time::Instant::now() + t);
     let majority = (wait.durable && wait.mode == repl::progress::WMode::Majority).then_some((&shared.store, wait.at));
     let started = std::time::Instant::now();
-    let waited = wait_for_progress(repl, deadline, majority, || repl.write_concern_status(&shared.store, wait.at, &wait.mode, wait.durable)).await;
+    let waited = wait_for_progress(repl, deadline, majority, || repl.write_concern_status(&shared.store, wait.at, &wait.mode, wait.durable, wait.own_durable)).await;
     let c = &shared.counters;
-    Counters::add(&c.wc_waits, 1);
-    Counters::add(&c.wc_wait_us, started.elapsed().as_micros() as u64);
+    if wait.mode.needs_others() {
+        // mongod's metrics.getLastError.wtime counts waits for other members only.
+        Counters::add(&c.wc_waits, 1);
+        Counters::add(&c.wc_wait_us, started.elapsed().as_micros() as u64);
+    }
     let error = match waited {
         Waited::Satisfied => return,
         Waited::SteppedDown => {

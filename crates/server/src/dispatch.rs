@@ -73,20 +73,25 @@ pub struct ReplicationWait {
     pub mode: repl::progress::WMode,
     /// Durable on those members (j), not only applied.
     pub durable: bool,
+    /// Durable on this member: every acknowledged write unless j:false. The write's handler
+    /// leaves the fsync to the journal flusher, and this wait counts it.
+    pub own_durable: bool,
     pub timeout: Option<Duration>,
     /// The write concern as sent, for writeConcernError.errInfo.
     pub write_concern: Document,
 }
 
 /// The wait a write needs on a set with other data-bearing members: w:"majority" when the
-/// client says nothing (MongoDB's implicit default since 5.0), none for w:0 and w:1.
+/// client says nothing (MongoDB's implicit default since 5.0); for w:1, only this member's
+/// journal (none with j:false); none for w:0.
 fn replication_wait(shared: &Shared, req: &Request, wc: Option<&WriteConcern>, unsatisfiable: bool) -> Option<ReplicationWait> {
     let repl = shared.repl.as_ref()?;
     if unsatisfiable || commands::on_secondary(&req.name) != commands::OnSecondary::Never || wc.is_some_and(|w| w.is_unacknowledged()) || !repl.replicates() {
         return None;
     }
     let mode = repl::progress::WMode::from_w(wc.and_then(|w| w.w.as_ref()))?;
-    if !mode.needs_others() {
+    let own_durable = wc.and_then(|w| w.j) != Some(false);
+    if !mode.needs_others() && !own_durable {
         return None;
     }
     // writeConcernMajorityJournalDefault: majority means durable on the majority.
@@ -96,7 +101,7 @@ fn replication_wait(shared: &Shared, req: &Request, wc: Option<&WriteConcern>, u
     if !write_concern.contains_key("provenance") {
         write_concern.insert("provenance", if req.body.contains_key("writeConcern") { "clientSupplied" } else { "implicitDefault" });
     }
-    Some(ReplicationWait { at: storage::OpTime::default(), mode, durable, timeout, write_concern })
+    Some(ReplicationWait { at: storage::OpTime::default(), mode, durable, own_durable, timeout, write_concern })
 }
 
 /// Parsed `writeConcern`. Standalone semantics: w:1 and "majority" both mean "applied and,
@@ -358,12 +363,13 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
     };
     let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, req.body.clone(), deadline);
     let wait = replication_wait(shared, req, write_concern.as_ref(), wc_unsatisfiable.is_some());
+    let defer_durable = wait.as_ref().is_some_and(|w| w.own_durable);
     let mut reply = match (retry_key, txn_number) {
         (Some(lsid), Some(txn)) => shared.retry.run(&shared.store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
             let retry = Some(commands::RetryCtx { executed, guard });
-            handler(&mut Ctx { shared, conn: &mut *conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, retry })
+            handler(&mut Ctx { shared, conn: &mut *conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, retry, defer_durable })
         })?,
-        _ => handler(&mut Ctx { shared, conn: &mut *conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, retry: None })?,
+        _ => handler(&mut Ctx { shared, conn: &mut *conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, retry: None, defer_durable })?,
     };
     if let Some(w) = read_wait(shared, req, read_level, deadline)? {
         if read_level == Some(ReadLevel::Majority) && req.name != "getMore" {

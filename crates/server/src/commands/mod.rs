@@ -25,6 +25,10 @@ pub struct Ctx<'a> {
     pub write_concern: Option<WriteConcern>,
     /// Set for a retryable write (`retry`).
     pub retry: Option<RetryCtx<'a>>,
+    /// The reply waits (`conn::wait_for_replication`) until the write is durable here too:
+    /// its fsync is left to the journal flusher (`ReplCoord::request_journal_flush`),
+    /// shared by every write meanwhile, instead of a thread blocked in a group commit.
+    pub defer_durable: bool,
 }
 
 /// A retryable write's context: what earlier attempts did, and the guard on which the
@@ -296,6 +300,10 @@ impl Ctx<'_> {
         let unack = wc.map(|w| w.is_unacknowledged()).unwrap_or(false);
         let j = wc.and_then(|w| w.j);
         if unack || j == Some(false) {
+            return Ok(());
+        }
+        if let (true, Some(repl)) = (self.defer_durable, &self.shared.repl) {
+            repl.request_journal_flush();
             return Ok(());
         }
         self.shared.store.commit_durable()

@@ -43,6 +43,11 @@ pub fn spawn_tasks(shared: Arc<Shared>) -> Result<()> {
         .name("shoal-oplog-fetcher".into())
         .spawn(move || rt.block_on(super::fetcher::fetch_loop(fetcher)))
         .map_err(|e| Error::internal(format!("cannot start the oplog fetcher's thread: {e}")))?;
+    let flusher = shared.clone();
+    std::thread::Builder::new()
+        .name("shoal-journal-flusher".into())
+        .spawn(move || flusher.repl.as_ref().expect("replica set member").journal_flush_loop(&flusher.store))
+        .map_err(|e| Error::internal(format!("cannot start the journal flusher's thread: {e}")))?;
     tokio::spawn(super::fetcher::report_loop(shared));
     Ok(())
 }

@@ -72,6 +72,10 @@ pub struct ReplCoord {
     /// Held while fetched entries are applied, and while this member becomes primary: no
     /// fetched entry lands after the "new primary" entry of its own term.
     pub(crate) apply_lock: Mutex<()>,
+    /// Set when a write leaves its fsync to the journal flusher thread (`journal_flush_loop`),
+    /// which syncs and then counts this member's new durable optime.
+    journal_flush_requested: Mutex<bool>,
+    journal_flush_wake: parking_lot::Condvar,
     /// The server state, for tasks that commands start (set by `spawn_tasks`).
     shared: std::sync::OnceLock<std::sync::Weak<crate::state::Shared>>,
 }
@@ -194,6 +198,8 @@ impl ReplCoord {
             wake: tokio::sync::Notify::new(),
             tasks_started: AtomicBool::new(false),
             apply_lock: Mutex::new(()),
+            journal_flush_requested: Mutex::new(false),
+            journal_flush_wake: parking_lot::Condvar::new(),
             shared: std::sync::OnceLock::new(),
         };
         // Until this member is primary, deletions come from the primary's oplog only.
@@ -484,15 +490,15 @@ impl ReplCoord {
     }
 
     /// Whether a write at `at` has reached the members `mode` needs (`durable`: in their
-    /// journals, else applied).
-    pub fn write_concern_status(&self, store: &Store, at: OpTime, mode: &WMode, durable: bool) -> WcStatus {
+    /// journals, else applied; `own_durable`: in this member's journal in any case).
+    pub fn write_concern_status(&self, store: &Store, at: OpTime, mode: &WMode, durable: bool, own_durable: bool) -> WcStatus {
         let inner = self.inner.lock();
         let Some(config) = &inner.config else { return WcStatus::Satisfied };
         if inner.state != MemberState::Primary || inner.term != at.term {
             return WcStatus::SteppedDown;
         }
         let me = inner.self_index;
-        let own = if durable { store.oplog_durable() } else { store.oplog_last() }.unwrap_or_default();
+        let own = if durable || own_durable { store.oplog_durable() } else { store.oplog_last() }.unwrap_or_default();
         let optime_of = |i: usize| {
             if i == me {
                 own
@@ -575,6 +581,46 @@ impl ReplCoord {
             // Majority reads wait for it (woken without holding the lock: watch receivers
             // only read a counter).
             self.progress.send_modify(|c| *c += 1);
+        }
+    }
+
+    /// Have the journal flusher make this member's applied writes durable soon.
+    pub fn request_journal_flush(&self) {
+        let mut requested = self.journal_flush_requested.lock();
+        if !*requested {
+            *requested = true;
+            self.journal_flush_wake.notify_one();
+        }
+    }
+
+    /// The journal flusher (mongod has one too): wait for a request, sync (a group commit:
+    /// writers that sync themselves share it), and count the new durable optime toward the
+    /// waiting write concerns and the commit point. One thread, so a burst of writes takes
+    /// one fsync and no thread blocked for it.
+    pub(crate) fn journal_flush_loop(&self, store: &Store) {
+        loop {
+            {
+                let mut requested = self.journal_flush_requested.lock();
+                while !*requested {
+                    self.journal_flush_wake.wait(&mut requested);
+                }
+                *requested = false;
+            }
+            if let Err(e) = store.commit_durable() {
+                // Every later sync fails too (storage treats a failed fsync as fatal): the
+                // majority's waiters time out or step down.
+                tracing::error!("journal flush failed: {}", e.message);
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                continue;
+            }
+            let mut inner = self.inner.lock();
+            if inner.state == MemberState::Primary {
+                self.advance_commit_point(store, &mut inner);
+                self.wake_majority_waiters(store, &inner);
+                drop(inner);
+                // Other write concerns re-check on any progress.
+                self.progress.send_modify(|c| *c += 1);
+            }
         }
     }
 
