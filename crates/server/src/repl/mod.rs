@@ -607,9 +607,11 @@ impl ReplCoord {
                 *requested = false;
             }
             if let Err(e) = store.commit_durable() {
-                // Every later sync fails too (storage treats a failed fsync as fatal): the
-                // majority's waiters time out or step down.
+                // Every later sync fails too (storage treats a failed fsync as fatal, as
+                // mongod does): stop taking writes, so that the waiting ones fail with
+                // PrimarySteppedDown instead of waiting for a durability that cannot come.
                 tracing::error!("journal flush failed: {}", e.message);
+                self.step_down("the journal cannot be synced");
                 std::thread::sleep(std::time::Duration::from_secs(1));
                 continue;
             }
