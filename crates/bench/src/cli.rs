@@ -107,6 +107,9 @@ pub struct ScenarioArgs {
     /// Override the replica-set sizes a scenario runs (chaining: 3,7,15).
     #[arg(long, value_delimiter = ',')]
     pub members: Option<Vec<usize>>,
+    /// Override the chaining modes a scenario runs (chaining: on,off,auto).
+    #[arg(long, value_delimiter = ',')]
+    pub chaining: Option<Vec<String>>,
     /// The shoal binary whose servers the scenario starts (default: this one), to compare
     /// two builds under the same client.
     #[arg(long)]
@@ -271,7 +274,7 @@ async fn run_scenario(a: ScenarioArgs) -> Result<()> {
     let Some(s) = registry.iter().find(|s| s.name() == name) else {
         bail!("unknown scenario {name:?}; known: {}", registry.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "));
     };
-    let sizes = scenario::SizeOverrides { records: a.records, seconds_per_phase: a.seconds_per_phase, members: a.members.clone(), server: a.server.clone() };
+    let sizes = scenario::SizeOverrides { records: a.records, seconds_per_phase: a.seconds_per_phase, members: a.members.clone(), chaining: a.chaining.clone(), server: a.server.clone() };
     let report = scenario::run_scenario(s.as_ref(), a.quick, sizes, &a.out).await?;
     println!("{}", report.display());
     Ok(())

@@ -44,9 +44,39 @@ impl MemberConfig {
     }
 }
 
+/// `settings.chainingAllowed`: mongod's boolean, plus shoal's `"auto"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chaining {
+    /// Every secondary fetches from the primary.
+    Off,
+    /// Secondaries may fetch from the nearest member ahead of them (mongod's rule).
+    On,
+    /// Voters fetch from the primary, so a majority acknowledgement takes one hop; members
+    /// without a vote chain from secondaries, which takes their load off the primary.
+    Auto,
+}
+
+impl Chaining {
+    fn parse(v: &Bson, field: &str) -> Result<Chaining> {
+        match v {
+            Bson::String(s) if s == "auto" => Ok(Chaining::Auto),
+            Bson::String(s) => Err(Error::bad_value(format!("{field} must be true, false or \"auto\", not \"{s}\""))),
+            other => Ok(if boolean(other, field)? { Chaining::On } else { Chaining::Off }),
+        }
+    }
+
+    fn to_bson(self) -> Bson {
+        match self {
+            Chaining::Off => Bson::Boolean(false),
+            Chaining::On => Bson::Boolean(true),
+            Chaining::Auto => Bson::String("auto".into()),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
-    pub chaining_allowed: bool,
+    pub chaining_allowed: Chaining,
     pub heartbeat_interval_ms: i64,
     pub heartbeat_timeout_secs: i64,
     pub election_timeout_ms: i64,
@@ -61,7 +91,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            chaining_allowed: true,
+            chaining_allowed: Chaining::On,
             heartbeat_interval_ms: 2000,
             heartbeat_timeout_secs: 10,
             election_timeout_ms: 10_000,
@@ -408,7 +438,7 @@ impl Settings {
         let mut s = Settings::default();
         for (k, v) in d {
             match k.as_str() {
-                "chainingAllowed" => s.chaining_allowed = boolean(v, k)?,
+                "chainingAllowed" => s.chaining_allowed = Chaining::parse(v, k)?,
                 "heartbeatIntervalMillis" => s.heartbeat_interval_ms = positive(v, k)?,
                 "heartbeatTimeoutSecs" => s.heartbeat_timeout_secs = positive(v, k)?,
                 "electionTimeoutMillis" => s.election_timeout_ms = positive(v, k)?,
@@ -446,7 +476,7 @@ impl Settings {
 
     fn to_doc(&self) -> Document {
         let mut d = doc! {
-            "chainingAllowed": self.chaining_allowed,
+            "chainingAllowed": self.chaining_allowed.to_bson(),
             "heartbeatIntervalMillis": self.heartbeat_interval_ms,
             "heartbeatTimeoutSecs": self.heartbeat_timeout_secs,
             "electionTimeoutMillis": self.election_timeout_ms,
@@ -519,9 +549,14 @@ mod tests {
     fn a_fifteen_member_set_with_seven_voters_is_valid() {
         let c = check(doc! {"_id": "rs0", "version": 1, "members": members(15, 7), "settings": {"chainingAllowed": false}}).unwrap();
         assert_eq!((c.voters(), c.majority_vote_count(), c.write_majority_count()), (7, 4, 4));
-        assert!(!c.settings.chaining_allowed);
+        assert_eq!(c.settings.chaining_allowed, Chaining::Off);
         let round = ReplSetConfig::parse(&c.to_doc()).unwrap();
         assert_eq!(round, c, "to_doc round-trips");
+        let auto = check(doc! {"_id": "rs0", "version": 1, "members": members(15, 7), "settings": {"chainingAllowed": "auto"}}).unwrap();
+        assert_eq!(auto.settings.chaining_allowed, Chaining::Auto);
+        assert_eq!(ReplSetConfig::parse(&auto.to_doc()).unwrap(), auto, "\"auto\" round-trips");
+        let e = check(doc! {"_id": "rs0", "version": 1, "members": members(3, 3), "settings": {"chainingAllowed": "sometimes"}}).unwrap_err();
+        assert_eq!(e.code, Code::BadValue.0);
     }
 
     #[test]

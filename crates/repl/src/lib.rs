@@ -11,5 +11,5 @@ pub mod sync_source;
 pub mod topology;
 
 pub use common::optime::OpTime;
-pub use config::{MemberConfig, ReplSetConfig, Settings, MEMBERS_MAX, VOTERS_MAX};
+pub use config::{Chaining, MemberConfig, ReplSetConfig, Settings, MEMBERS_MAX, VOTERS_MAX};
 pub use topology::{election_id, MemberState};

@@ -11,7 +11,7 @@
 //! have to be ahead of the next. Level secondaries were once accepted here, and an idle
 //! 7-member set formed the cycle 2←7←4←5←2 that no write could ever leave.
 
-use crate::config::ReplSetConfig;
+use crate::config::{Chaining, ReplSetConfig};
 use crate::topology::MemberState;
 use common::optime::OpTime;
 
@@ -65,17 +65,35 @@ fn candidates<'a>(config: &'a ReplSetConfig, self_index: usize, peers: &'a [Peer
 /// The member to fetch from, or None when no member qualifies.
 pub fn choose(config: &ReplSetConfig, self_index: usize, peers: &[PeerView], my_last: OpTime) -> Option<usize> {
     let primary = (0..peers.len()).find(|&i| i != self_index && peers[i].up && peers[i].state == Some(MemberState::Primary));
-    if !config.settings.chaining_allowed {
-        return primary.filter(|&p| peers[p].applied >= my_last);
-    }
+    let from_primary = || primary.filter(|&p| peers[p].applied >= my_last);
     let ping = |i: usize| peers[i].ping_us.unwrap_or(u64::MAX);
-    let nearest = candidates(config, self_index, peers, my_last).min_by_key(|&i| (ping(i), Some(i) != primary, i))?;
-    // mongod (5.0 on) takes the primary over a nearer secondary whose ping is within
-    // changeSyncSourceThresholdMillis of it: the two are taken to share a data center, and
-    // fetching from the primary saves a hop. Chains form across data centers only.
-    match primary {
-        Some(p) if candidates(config, self_index, peers, my_last).any(|i| i == p) && ping(p) <= ping(nearest).saturating_add(CHANGE_SYNC_SOURCE_THRESHOLD_MS * 1000) => Some(p),
-        _ => Some(nearest),
+    match config.settings.chaining_allowed {
+        Chaining::Off => from_primary(),
+        Chaining::Auto if config.members[self_index].is_voter() => from_primary(),
+        Chaining::Auto => {
+            // A member without a vote takes a secondary: among those within the threshold
+            // of the nearest, the one feeding the fewest members, so the read-only members
+            // spread over the secondaries instead of all landing on the nearest. The
+            // primary only when no secondary qualifies.
+            let secondaries = || candidates(config, self_index, peers, my_last).filter(|&i| Some(i) != primary);
+            let Some(nearest) = secondaries().min_by_key(|&i| (ping(i), i)) else {
+                return candidates(config, self_index, peers, my_last).find(|&i| Some(i) == primary);
+            };
+            let near = ping(nearest).saturating_add(CHANGE_SYNC_SOURCE_THRESHOLD_MS * 1000);
+            let fed = |i: usize| peers.iter().enumerate().filter(|&(j, p)| j != self_index && p.sync_source == Some(i)).count();
+            secondaries().filter(|&i| ping(i) <= near).min_by_key(|&i| (fed(i), ping(i), i))
+        }
+        Chaining::On => {
+            let nearest = candidates(config, self_index, peers, my_last).min_by_key(|&i| (ping(i), Some(i) != primary, i))?;
+            // mongod (5.0 on) takes the primary over a nearer secondary whose ping is within
+            // changeSyncSourceThresholdMillis of it: the two are taken to share a data
+            // center, and fetching from the primary saves a hop. Chains form across data
+            // centers only.
+            match primary {
+                Some(p) if candidates(config, self_index, peers, my_last).any(|i| i == p) && ping(p) <= ping(nearest).saturating_add(CHANGE_SYNC_SOURCE_THRESHOLD_MS * 1000) => Some(p),
+                _ => Some(nearest),
+            }
+        }
     }
 }
 
@@ -119,14 +137,23 @@ pub fn should_change(config: &ReplSetConfig, self_index: usize, peers: &[PeerVie
         None => !peers[current].up,
         Some(best) if best == current => false,
         Some(best) => {
-            let still_candidate = if config.settings.chaining_allowed {
-                candidates(config, self_index, peers, OpTime::default()).any(|i| i == current)
-            } else {
-                false
+            let chains = match config.settings.chaining_allowed {
+                Chaining::Off => false,
+                Chaining::On => true,
+                Chaining::Auto => !config.members[self_index].is_voter(),
             };
+            let still_candidate = chains && candidates(config, self_index, peers, OpTime::default()).any(|i| i == current);
             let ping = |i: usize| peers[i].ping_us.unwrap_or(u64::MAX);
-            let to_primary = peers[best].state == Some(MemberState::Primary);
-            !still_candidate || to_primary || ping(best).saturating_add(CHANGE_SYNC_SOURCE_THRESHOLD_MS * 1000) < ping(current)
+            let is_primary = |i: usize| peers[i].state == Some(MemberState::Primary);
+            // Under "auto" a member without a vote leaves the primary once a secondary
+            // qualifies, and otherwise moves, as under "on", only for a clearly nearer
+            // source: spreading by fan-out happens when it chooses, not by moving.
+            let better = if config.settings.chaining_allowed == Chaining::Auto {
+                is_primary(current) && !is_primary(best)
+            } else {
+                is_primary(best)
+            };
+            !still_candidate || better || ping(best).saturating_add(CHANGE_SYNC_SOURCE_THRESHOLD_MS * 1000) < ping(current)
         }
     }
 }
@@ -134,9 +161,13 @@ pub fn should_change(config: &ReplSetConfig, self_index: usize, peers: &[PeerVie
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bson::doc;
+    use bson::{doc, Bson};
 
     fn set(chaining: bool) -> ReplSetConfig {
+        set_with(Bson::Boolean(chaining))
+    }
+
+    fn set_with(chaining: Bson) -> ReplSetConfig {
         ReplSetConfig::parse(&doc! {"_id": "rs", "version": 1, "settings": {"chainingAllowed": chaining}, "members": [
             {"_id": 0, "host": "a:1"}, {"_id": 1, "host": "b:1"}, {"_id": 2, "host": "c:1"},
             {"_id": 3, "host": "d:1", "votes": 0, "priority": 0},
@@ -218,5 +249,36 @@ mod tests {
         chain[2].sync_source = Some(0);
         chain[2].applied = OpTime { ts: 101 << 32, term: 1 };
         assert!(!should_change(&set(true), 1, &chain, me, 2));
+    }
+
+    #[test]
+    fn auto_chaining_keeps_voters_on_the_primary_and_spreads_the_others_over_secondaries() {
+        use MemberState::*;
+        let auto = set_with(Bson::String("auto".into()));
+        let me = OpTime { ts: 90 << 32, term: 1 };
+        // One host: every ping within the threshold, the primary nearest of all.
+        let mut peers = vec![peer(Primary, 100, 10), peer(Secondary, 100, 200), peer(Secondary, 100, 100), peer(Secondary, 100, 50), peer(Secondary, 100, 60)];
+        // Voters fetch from the primary, even with a nearer secondary (chaining "on" would
+        // take that one across data centers).
+        peers[0].ping_us = Some(40_000);
+        assert_eq!(choose(&auto, 1, &peers, me), Some(0));
+        assert_eq!(choose(&set(true), 1, &peers, me), Some(2));
+        assert!(should_change(&auto, 1, &peers, me, 2), "a voter leaves a secondary source for the primary");
+        // A member without a vote takes a secondary, never the primary while one qualifies.
+        peers[0].ping_us = Some(10);
+        assert_eq!(choose(&set(true), 3, &peers, me), Some(0), "chaining on: the primary within the threshold wins");
+        let chosen = choose(&auto, 3, &peers, me).unwrap();
+        assert_ne!(chosen, 0);
+        assert!(should_change(&auto, 3, &peers, me, 0), "it leaves the primary once a secondary qualifies");
+        assert!(!should_change(&auto, 3, &peers, me, chosen), "and keeps its choice");
+        // Among secondaries within the threshold, the one feeding the fewest members.
+        peers[2].sync_source = Some(0);
+        peers[4].sync_source = Some(2);
+        assert_eq!(choose(&auto, 3, &peers, me), Some(1), "member 2 feeds member 4 already");
+        // No secondary ahead of us: the primary.
+        for p in &mut peers[1..] {
+            p.applied = me;
+        }
+        assert_eq!(choose(&auto, 3, &peers, me), Some(0));
     }
 }

@@ -3,7 +3,7 @@
 //! `<dir>/m<i>.log`; `<dir>/cluster.pids` lists each member's process and host for `down`
 //! and `status`.
 
-use bench::scenario::chaining::{set_config, VOTERS_MAX};
+use bench::scenario::chaining::{set_config, ChainingMode, VOTERS_MAX};
 use clap::{Args, Subcommand, ValueEnum};
 use mongodb::bson::{doc, Bson, Document};
 use std::path::{Path, PathBuf};
@@ -25,9 +25,11 @@ pub enum ClusterCommand {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-pub enum OnOff {
+pub enum ChainingArg {
     On,
     Off,
+    /// Voters fetch from the primary; members without a vote chain from secondaries.
+    Auto,
 }
 
 #[derive(Args)]
@@ -43,7 +45,7 @@ pub struct UpArgs {
     hidden: usize,
     /// settings.chainingAllowed.
     #[arg(long, value_enum, default_value = "on")]
-    chaining: OnOff,
+    chaining: ChainingArg,
     /// The port every member listens on (each on its own 127.0.0.x address).
     #[arg(long, default_value_t = 27017)]
     port: u16,
@@ -127,7 +129,11 @@ async fn up(a: UpArgs) -> Result<(), String> {
             }
         }
         let first = client(&hosts[0]).await?;
-        let cfg = set_config(&a.repl_set, &hosts, voters, a.hidden, matches!(a.chaining, OnOff::On));
+        let cfg = set_config(&a.repl_set, &hosts, voters, a.hidden, match a.chaining {
+            ChainingArg::On => ChainingMode::On,
+            ChainingArg::Off => ChainingMode::Off,
+            ChainingArg::Auto => ChainingMode::Auto,
+        });
         first.database("admin").run_command(doc! {"replSetInitiate": cfg}).await.map_err(|e| format!("replSetInitiate: {e}"))?;
         loop {
             let s = first.database("admin").run_command(doc! {"replSetGetStatus": 1}).await.map_err(|e| e.to_string())?;

@@ -462,6 +462,48 @@ async fn without_chaining_every_member_fetches_from_the_primary() {
 }
 
 #[tokio::test]
+async fn auto_chaining_keeps_voters_on_the_primary_and_chains_the_others() {
+    // One host: every member within 5 ms of every other, where chaining "on" would send
+    // all of them to the primary. Under "auto" the voters do go to the primary and the
+    // member without a vote fetches from a secondary.
+    let mut set = Set::start(4, doc! {"chainingAllowed": "auto"}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}, doc! {"priority": 0, "votes": 0}]).await;
+    let p = set.wait_for_primary(None).await;
+    assert_eq!(p, 0);
+    let config = admin(&direct(&set.members[0]).await, doc! {"replSetGetConfig": 1}).await.unwrap();
+    assert_eq!(config.get_document("config").unwrap().get_document("settings").unwrap().get_str("chainingAllowed").unwrap(), "auto");
+    let client = set.client().await;
+    // A secondary is a candidate only when strictly ahead of member 3: keep writing.
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = {
+        let (writing, bg) = (writing.clone(), client.database("app").collection::<Document>("bg"));
+        tokio::spawn(async move {
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                bg.insert_one(doc! {}).await.unwrap();
+            }
+        })
+    };
+    let primary = host(&set.members[0]);
+    let secondaries = [host(&set.members[1]), host(&set.members[2])];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let source = set.status(3).await.unwrap().get_str("syncSourceHost").unwrap().to_string();
+        if secondaries.contains(&source) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "member 3 syncs from {source:?}, not a secondary");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 1..3 {
+        assert_eq!(set.status(i).await.unwrap().get_str("syncSourceHost").unwrap(), primary, "voter {i}");
+    }
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    writer.await.unwrap();
+    let coll = client.database("app").collection::<Document>("c");
+    coll.insert_one(doc! {"_id": 1}).await.unwrap();
+    set.wait_for_count(3, "c", 1).await;
+}
+
+#[tokio::test]
 async fn reconfig_adds_a_member_that_catches_up_and_removes_it_again() {
     let mut set = Set::start(3, doc! {}, &[]).await;
     let p = set.wait_for_primary(None).await;

@@ -41,9 +41,42 @@ pub fn warmup_seconds(seconds_per_run: u64) -> u64 {
     (seconds_per_run / 3).max(1)
 }
 
+/// `settings.chainingAllowed`: mongod's on and off, and shoal's "auto" (voters fetch from
+/// the primary, the members without a vote chain from secondaries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainingMode {
+    On,
+    Off,
+    Auto,
+}
+
+impl ChainingMode {
+    pub const ALL: [ChainingMode; 3] = [ChainingMode::On, ChainingMode::Off, ChainingMode::Auto];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ChainingMode::On => "on",
+            ChainingMode::Off => "off",
+            ChainingMode::Auto => "auto",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ChainingMode> {
+        ChainingMode::ALL.into_iter().find(|m| m.label() == s)
+    }
+
+    fn to_bson(self) -> Bson {
+        match self {
+            ChainingMode::On => Bson::Boolean(true),
+            ChainingMode::Off => Bson::Boolean(false),
+            ChainingMode::Auto => Bson::String("auto".into()),
+        }
+    }
+}
+
 /// A replica-set config for `hosts` in the reports' shape: the first `voters` members vote;
 /// the rest are read-only (votes 0, priority 0), the first `hidden` of them hidden.
-pub fn set_config(name: &str, hosts: &[String], voters: usize, hidden: usize, chaining: bool) -> Document {
+pub fn set_config(name: &str, hosts: &[String], voters: usize, hidden: usize, chaining: ChainingMode) -> Document {
     let members: Vec<Bson> = hosts
         .iter()
         .enumerate()
@@ -59,7 +92,7 @@ pub fn set_config(name: &str, hosts: &[String], voters: usize, hidden: usize, ch
             Bson::Document(m)
         })
         .collect();
-    doc! {"_id": name, "version": 1, "members": members, "settings": {"chainingAllowed": chaining}}
+    doc! {"_id": name, "version": 1, "members": members, "settings": {"chainingAllowed": chaining.to_bson()}}
 }
 
 /// YCSB inserts for `seconds`: a load phase with more records than can be written.
@@ -104,7 +137,7 @@ async fn place_read_only_members_remotely(ports: &[u16]) -> Result<()> {
 
 /// Initiate the set through its first member and wait until every member is primary or
 /// secondary.
-async fn initiate(ports: &[u16], chaining: bool) -> Result<()> {
+async fn initiate(ports: &[u16], chaining: ChainingMode) -> Result<()> {
     let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let first = direct(ports[0]).await?;
     first.database("admin").run_command(doc! {"replSetInitiate": set_config("rs0", &hosts, VOTERS_MAX, 0, chaining)}).await.context("replSetInitiate")?;
@@ -130,7 +163,7 @@ fn cpu_all(r: &YcsbResult, nodes: usize) -> f64 {
 
 /// The halves of one write concern's run, as one: operations over total time, latency
 /// weighted by operations, CPU averaged over the halves (they run equally long).
-fn combine(members: usize, chaining: bool, w: &'static str, rs: &[&YcsbResult]) -> Run {
+fn combine(members: usize, chaining: ChainingMode, w: &'static str, rs: &[&YcsbResult]) -> Run {
     let ops: u64 = rs.iter().map(|r| r.operations).sum();
     let ms: u64 = rs.iter().map(|r| r.runtime_ms).sum();
     let weighted = |f: &dyn Fn(&YcsbResult) -> Option<f64>| -> Option<f64> {
@@ -160,7 +193,7 @@ fn combine(members: usize, chaining: bool, w: &'static str, rs: &[&YcsbResult]) 
 
 struct Run {
     members: usize,
-    chaining: bool,
+    chaining: ChainingMode,
     w: &'static str,
     ops_per_s: f64,
     latency_us: Option<f64>,
@@ -174,7 +207,7 @@ impl Scenario for Chaining {
     }
 
     fn description(&self) -> &'static str {
-        "replica sets of 3, 7 and 15 members x chaining on/off x w:1/majority: YCSB inserts with 8 threads"
+        "replica sets of 3, 7 and 15 members x chaining on/off/auto x w:1/majority: YCSB inserts with 8 threads"
     }
 
     fn run<'a>(&'a self, ctx: &'a mut ScenarioContext) -> BoxFuture<'a, Result<ScenarioReport>> {
@@ -189,12 +222,16 @@ impl Scenario for Chaining {
                 }
                 sizes.member_counts = m.clone();
             }
+            let modes: Vec<ChainingMode> = match &ctx.sizes.chaining {
+                Some(m) => m.iter().map(|s| ChainingMode::parse(s).with_context(|| format!("--chaining: {s} is not on, off or auto"))).collect::<Result<_>>()?,
+                None => ChainingMode::ALL.to_vec(),
+            };
             let mut runs = Vec::new();
             let mut phases = Vec::new();
             for &n in &sizes.member_counts {
-                for chaining in [true, false] {
+                for &chaining in &modes {
                     ctx.nodes.clear();
-                    let tag = format!("m{n}-{}", if chaining { "chain" } else { "nochain" });
+                    let tag = format!("m{n}-chain-{}", chaining.label());
                     for i in 0..n {
                         let args = ["--replSet", "rs0", "--wiredTigerCacheSizeGB", "0.25", "--setParameter", "enableTestCommands=1"];
                         ctx.start_node(&format!("{tag}-{i}"), &args.map(String::from))?;
@@ -210,7 +247,7 @@ impl Scenario for Chaining {
                     // 3-member configurations), and the first measured segment, always w:1,
                     // would get them.
                     let warmup_url = format!("mongodb://{}/ycsb_warmup?replicaSet=rs0&w=1", hosts.join(","));
-                    let warmup_label = format!("{n} members, chaining {}, warm-up (not measured)", if chaining { "on" } else { "off" });
+                    let warmup_label = format!("{n} members, chaining {}, warm-up (not measured)", chaining.label());
                     ctx.ycsb(&warmup_label, Phase::Load, &warmup_url, &insert_properties(warmup_seconds(sizes.seconds_per_run))).await?;
                     // ABBA: w:1, majority, majority, w:1, each half the run. The disk's
                     // fsync latency and the LSM's background work drift over a run (this
@@ -219,7 +256,7 @@ impl Scenario for Chaining {
                     let mut parts: Vec<(&str, YcsbResult)> = Vec::new();
                     for (round, w) in ["1", "majority", "majority", "1"].into_iter().enumerate() {
                         let url = format!("mongodb://{}/ycsb_w{w}_{round}?replicaSet=rs0&w={w}", hosts.join(","));
-                        let label = format!("{n} members, chaining {}, w:{w} ({}/2)", if chaining { "on" } else { "off" }, if round < 2 { 1 } else { 2 });
+                        let label = format!("{n} members, chaining {}, w:{w} ({}/2)", chaining.label(), if round < 2 { 1 } else { 2 });
                         let r = ctx.ycsb(&label, Phase::Load, &url, &insert_properties(sizes.seconds_per_run.div_ceil(2))).await?;
                         phases.push(PhaseTimeline { label, timeline: r.timeline.clone(), node_names: node_names.clone() });
                         parts.push((w, r));
@@ -243,7 +280,7 @@ impl Scenario for Chaining {
                     .map(|r| {
                         vec![
                             r.members.to_string(),
-                            if r.chaining { "on" } else { "off" }.into(),
+                            r.chaining.label().into(),
                             r.w.into(),
                             format!("{:.0}", r.ops_per_s),
                             fmt(r.latency_us.map(|u| u / 1000.0), 2),
@@ -255,23 +292,53 @@ impl Scenario for Chaining {
                     })
                     .collect(),
             };
-            let find = |n: usize, chaining: bool, w: &str| runs.iter().find(|r| r.members == n && r.chaining == chaining && r.w == w).map(|r| r.ops_per_s);
+            let find = |n: usize, chaining: ChainingMode, w: &str| runs.iter().find(|r| r.members == n && r.chaining == chaining && r.w == w).map(|r| r.ops_per_s);
             let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
                 (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
                 _ => "-".into(),
             };
+            use ChainingMode::{Auto, Off, On};
             let by_members = Table {
                 title: "By member count (inserts/s and ratios)".into(),
-                headers: ["Members", "w:1 chain on", "w:1 chain off", "majority chain on", "majority chain off", "majority / w:1 (chain on)", "w:1 chain off / on"]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
+                headers: [
+                    "Members",
+                    "w:1 chain on",
+                    "w:1 chain off",
+                    "w:1 chain auto",
+                    "majority chain on",
+                    "majority chain off",
+                    "majority chain auto",
+                    "majority / w:1 (chain on)",
+                    "w:1 chain off / on",
+                    "auto / best of on, off (w:1)",
+                    "auto / best of on, off (majority)",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
                 rows: sizes
                     .member_counts
                     .iter()
                     .map(|&n| {
-                        let (a, b, c, d) = (find(n, true, "1"), find(n, false, "1"), find(n, true, "majority"), find(n, false, "majority"));
-                        vec![n.to_string(), fmt(a, 0), fmt(b, 0), fmt(c, 0), fmt(d, 0), ratio(c, a), ratio(b, a)]
+                        let best = |w: &str| match (find(n, On, w), find(n, Off, w)) {
+                            (Some(a), Some(b)) => Some(a.max(b)),
+                            _ => None,
+                        };
+                        let (a, b, c, d) = (find(n, On, "1"), find(n, Off, "1"), find(n, On, "majority"), find(n, Off, "majority"));
+                        let (a_auto, c_auto) = (find(n, Auto, "1"), find(n, Auto, "majority"));
+                        vec![
+                            n.to_string(),
+                            fmt(a, 0),
+                            fmt(b, 0),
+                            fmt(a_auto, 0),
+                            fmt(c, 0),
+                            fmt(d, 0),
+                            fmt(c_auto, 0),
+                            ratio(c, a),
+                            ratio(b, a),
+                            ratio(a_auto, best("1")),
+                            ratio(c_auto, best("majority")),
+                        ]
                     })
                     .collect(),
             };
@@ -279,7 +346,7 @@ impl Scenario for Chaining {
                 title: "shoal replica sets: chaining and write concern".into(),
                 summary: format!(
                     "Replica sets of {:?} members started on this machine (the first {VOTERS_MAX} vote; the rest have votes 0 and priority 0), \
-                     with settings.chainingAllowed on and off. Each set takes YCSB inserts (one document per insert, 10 fields x 100 bytes) \
+                     with settings.chainingAllowed on, off and \"auto\" (voters fetch from the primary, the others chain from secondaries). Each set takes YCSB inserts (one document per insert, 10 fields x 100 bytes) \
                      from {THREADS} client threads for {} s at each write concern, run as w:1, w:\"majority\", w:\"majority\", w:1 in halves so that drift \
                      (fsync latency, background compaction) falls on both alike, after {} s of unmeasured w:1 inserts that take the new set past its \
                      first flushes and compactions. Every member and the client share this machine's cores and disk, \
@@ -291,6 +358,7 @@ impl Scenario for Chaining {
                 parameters: vec![
                     ("mode".into(), if ctx.quick { "quick".into() } else { "full".into() }),
                     ("members".into(), format!("{:?}", sizes.member_counts)),
+                    ("chaining".into(), modes.iter().map(|m| m.label()).collect::<Vec<_>>().join(", ")),
                     ("seconds per run".into(), sizes.seconds_per_run.to_string()),
                     ("warm-up seconds per configuration".into(), warmup_seconds(sizes.seconds_per_run).to_string()),
                     ("threads".into(), THREADS.to_string()),
@@ -319,7 +387,7 @@ mod tests {
     #[test]
     fn sets_have_at_most_seven_voters() {
         let hosts: Vec<String> = (0..15).map(|i| format!("127.0.0.1:{}", 30000 + i)).collect();
-        let c = set_config("rs0", &hosts, VOTERS_MAX, 1, false);
+        let c = set_config("rs0", &hosts, VOTERS_MAX, 1, ChainingMode::Off);
         let members = c.get_array("members").unwrap();
         assert_eq!(members.len(), 15);
         let voters = members.iter().filter(|m| m.as_document().unwrap().get_i32("votes").unwrap_or(1) > 0).count();
@@ -327,5 +395,7 @@ mod tests {
         assert_eq!(members.iter().filter(|m| m.as_document().unwrap().get_bool("hidden").unwrap_or(false)).count(), 1);
         assert_eq!(c.get_document("settings").unwrap().get_bool("chainingAllowed").unwrap(), false);
         assert!(sizes(true).member_counts.contains(&15));
+        let auto = set_config("rs0", &hosts, VOTERS_MAX, 0, ChainingMode::Auto);
+        assert_eq!(auto.get_document("settings").unwrap().get_str("chainingAllowed").unwrap(), "auto");
     }
 }

@@ -65,6 +65,8 @@ pub struct SizeOverrides {
     pub seconds_per_phase: Option<u64>,
     /// Replica-set sizes (the chaining scenario).
     pub members: Option<Vec<usize>>,
+    /// settings.chainingAllowed modes to run: on, off, auto (the chaining scenario).
+    pub chaining: Option<Vec<String>>,
     /// The shoal binary to start servers from, instead of the running one.
     pub server: Option<PathBuf>,
 }
