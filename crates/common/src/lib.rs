@@ -138,6 +138,7 @@ impl Code {
     pub const PrimarySteppedDown: Code = Code(189, "PrimarySteppedDown");
     pub const TooStaleToSyncFromSource: Code = Code(315, "TooStaleToSyncFromSource");
     pub const ExceededTimeLimit: Code = Code(262, "ExceededTimeLimit");
+    pub const FailedToSatisfyReadPreference: Code = Code(133, "FailedToSatisfyReadPreference");
     pub const InterruptedDueToReplStateChange: Code = Code(11602, "InterruptedDueToReplStateChange");
     pub const NotPrimaryOrSecondary: Code = Code(13436, "NotPrimaryOrSecondary");
 }

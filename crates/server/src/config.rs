@@ -13,6 +13,34 @@ pub const CONNECTIONS_MAX_DEFAULT: usize = 65_536;
 /// mongod's smallest default oplog (it takes 5% of free disk, at least 990 MB).
 pub const OPLOG_SIZE_MB_DEFAULT: u64 = 990;
 
+/// How a secondary gets the oplog from its sync source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogTransport {
+    /// mongod's oplog fetcher: a getMore per batch, each asking for the next.
+    Pull,
+    /// The source streams batches as they are logged, against credits the member returns
+    /// with its acknowledgements on the same connection, and the member applies them on a
+    /// thread of its own while it writes the next.
+    Push,
+}
+
+impl LogTransport {
+    pub fn parse(s: &str) -> Result<LogTransport> {
+        match s {
+            "pull" => Ok(LogTransport::Pull),
+            "push" => Ok(LogTransport::Push),
+            other => Err(bad_option(format!("replication.logTransport must be pull or push, not '{other}'"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LogTransport::Pull => "pull",
+            LogTransport::Push => "push",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub port: u16,
@@ -30,6 +58,13 @@ pub struct ServerConfig {
     pub connections_max: usize,
     /// Idle cursors are killed after this long (mongod `cursorTimeoutMillis`, default 10 min).
     pub cursor_timeout_ms: u64,
+    /// `--strictConsistency` / `replication.strictConsistency`: reads on this member, when it
+    /// is a secondary, see every write the primary had applied when they arrived (as if
+    /// each carried readConcern level "strict").
+    pub strict_consistency: bool,
+    /// `--logTransport` / `replication.logTransport`: how this member, as a secondary, gets
+    /// the oplog from its sync source.
+    pub log_transport: LogTransport,
     /// `setParameter enableTestCommands`: fail points (fault injection) are available.
     pub enable_test_commands: bool,
     /// Where the config file was read from, for getCmdLineOpts.
@@ -53,6 +88,8 @@ impl Default for ServerConfig {
             compressors: vec!["snappy".into(), "zstd".into(), "zlib".into()],
             connections_max: CONNECTIONS_MAX_DEFAULT,
             cursor_timeout_ms: 600_000,
+            strict_consistency: false,
+            log_transport: LogTransport::Pull,
             enable_test_commands: false,
             config_file: None,
             argv: Vec::new(),
@@ -75,6 +112,8 @@ pub struct Overrides {
     pub cache_size_gb: Option<f64>,
     pub repl_set: Option<String>,
     pub oplog_size_mb: Option<u64>,
+    pub strict_consistency: bool,
+    pub log_transport: Option<String>,
     /// `--setParameter name=value`, each.
     pub set_parameters: Vec<String>,
 }
@@ -121,6 +160,12 @@ impl ServerConfig {
         }
         if let Some(mb) = o.oplog_size_mb {
             c.oplog_size_bytes = oplog_size_bytes(mb)?;
+        }
+        if o.strict_consistency {
+            c.strict_consistency = true;
+        }
+        if let Some(t) = &o.log_transport {
+            c.log_transport = LogTransport::parse(t)?;
         }
         for p in &o.set_parameters {
             let (k, v) = p.split_once('=').ok_or_else(|| bad_option(format!("Illegal --setParameter parameter: \"{p}\"")))?;
@@ -173,6 +218,8 @@ impl ServerConfig {
                         match key_str(k)? {
                             "replSetName" => self.repl_set_name = Some(as_str(v, "replication.replSetName")?.to_string()),
                             "oplogSizeMB" => self.oplog_size_bytes = oplog_size_bytes(as_u64(v, "replication.oplogSizeMB")?)?,
+                            "strictConsistency" => self.strict_consistency = as_bool(v, "replication.strictConsistency")?,
+                            "logTransport" => self.log_transport = LogTransport::parse(as_str(v, "replication.logTransport")?)?,
                             other => return Err(bad_option(format!("Unrecognized option: replication.{other}"))),
                         }
                     }
@@ -287,7 +334,7 @@ impl ServerConfig {
             parsed.insert("config", f.display().to_string());
         }
         if let Some(name) = &self.repl_set_name {
-            parsed.insert("replication", bson::doc! {"replSet": name.clone(), "oplogSizeMB": (self.oplog_size_bytes >> 20) as i64});
+            parsed.insert("replication", bson::doc! {"replSet": name.clone(), "oplogSizeMB": (self.oplog_size_bytes >> 20) as i64, "strictConsistency": self.strict_consistency, "logTransport": self.log_transport.name()});
         }
         parsed
     }
@@ -379,6 +426,15 @@ mod tests {
         assert_eq!(c.dbpath, PathBuf::from("/tmp/x"));
         let c = ServerConfig::build(&Overrides { config: Some(f), port: Some(1234), ..Default::default() }, vec![]).unwrap();
         assert_eq!(c.port, 1234);
+        let mut c = ServerConfig::default();
+        assert!(!c.strict_consistency);
+        c.apply_yaml("replication:\n  replSetName: rs0\n  strictConsistency: true\n").unwrap();
+        assert!(c.strict_consistency);
+        assert!(c.apply_yaml("replication:\n  strictConsistency: sometimes\n").is_err());
+        assert_eq!(c.log_transport, LogTransport::Pull);
+        c.apply_yaml("replication:\n  logTransport: push\n").unwrap();
+        assert_eq!(c.log_transport, LogTransport::Push);
+        assert!(c.apply_yaml("replication:\n  logTransport: carrier-pigeon\n").is_err());
     }
 
     #[test]

@@ -117,7 +117,7 @@ impl FrameReader {
     }
 
     /// The next whole frame, or None at a clean end of stream (between frames).
-    async fn next(&mut self, stream: &mut TcpStream) -> Result<Option<std::ops::Range<usize>>, String> {
+    async fn next(&mut self, stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> Result<Option<std::ops::Range<usize>>, String> {
         loop {
             let available = self.end - self.start;
             let mut needed = 4;
@@ -193,6 +193,7 @@ async fn serve_loop(shared: &Arc<Shared>, stream: &mut TcpStream, conn: &mut Con
         let request_id = decoded.header.request_id;
         let compressor = decoded.compressor;
         match decoded.message {
+            Message::Msg(msg) if is_oplog_stream(&msg) => stream_oplog(shared, stream, &mut reader, conn, request_id, msg).await?,
             Message::Msg(msg) => handle_msg(shared, stream, conn, request_id, compressor, msg).await?,
             Message::Query(q) => {
                 let reply = handle_op_query(shared, conn, q).await;
@@ -282,6 +283,95 @@ async fn handle_msg(shared: &Arc<Shared>, stream: &mut TcpStream, conn: &mut Con
     Ok(())
 }
 
+/// Batches a push stream may have sent and not had acknowledged (the receiver asks for fewer).
+const STREAM_CREDITS_MAX: i64 = 64;
+
+/// An exhaust getMore with `$replStream`: a downstream member opening a push stream of its
+/// sync source's oplog (`replication.logTransport: push`).
+fn is_oplog_stream(msg: &OpMsg) -> bool {
+    msg.flags & wire::flags::EXHAUST_ALLOWED != 0 && msg.body.contains_key("getMore") && msg.body.contains_key("$replStream")
+}
+
+/// Serve a push stream: run the getMore again and again, sending each batch as a reply with
+/// `moreToCome` as soon as there is one, with no request per batch, while the downstream
+/// member sends back, on the same connection, `moreToCome` messages that acknowledge batches
+/// (`replSetUpdatePosition` with its optimes) and return credits. A batch goes out only
+/// against a credit (`$replStream.credits` to start with, then one per batch acknowledged),
+/// so the member decides how far ahead of its writes the stream may run; while it has none,
+/// entries accumulate into the next, larger batch.
+async fn stream_oplog(shared: &Arc<Shared>, stream: &mut TcpStream, reader: &mut FrameReader, conn: &mut ConnState, request_id: i32, msg: OpMsg) -> Result<(), String> {
+    let credits_asked = msg.body.get_document("$replStream").ok().and_then(|s| s.get("credits")).and_then(|c| c.as_i64().or(c.as_i32().map(i64::from)));
+    let OpMsg { body, sequences, .. } = msg;
+    let request = match (Request::from_msg(body, sequences), credits_asked) {
+        (Ok(r), Some(c)) if (1..=STREAM_CREDITS_MAX).contains(&c) => (r, c),
+        (Err(e), _) => return refuse_stream(shared, stream, request_id, &e).await,
+        _ => return refuse_stream(shared, stream, request_id, &common::Error::bad_value(format!("$replStream.credits must be 1 to {STREAM_CREDITS_MAX}"))).await,
+    };
+    let (request, mut credits) = request;
+    let (mut rd, mut wr) = stream.split();
+    let mut response_to = request_id;
+    enum Next {
+        Ack(Result<Option<std::ops::Range<usize>>, String>),
+        Batch(Reply),
+    }
+    loop {
+        let next = if credits == 0 {
+            Next::Ack(reader.next(&mut rd).await)
+        } else {
+            // Acknowledgements first; a getMore waiting for entries is dropped and run again
+            // (it has taken nothing from the cursor until it returns).
+            tokio::select! {
+                biased;
+                f = reader.next(&mut rd) => Next::Ack(f),
+                r = run(shared, conn, request.clone()) => Next::Batch(r),
+            }
+        };
+        match next {
+            Next::Batch(reply) => {
+                let open = cursor_id_of(&reply.body) != 0;
+                let ok = matches!(reply.body.get("ok"), Some(Bson::Double(v)) if *v == 1.0);
+                let reply_id = next_request_id();
+                let out = reply.encode(reply_id, response_to, if open && ok { wire::flags::MORE_TO_COME } else { 0 }, None);
+                Counters::add(&shared.counters.bytes_out, out.len() as u64);
+                wr.write_all(&out).await.map_err(|e| format!("write error: {e}"))?;
+                if !(open && ok) {
+                    return Ok(());
+                }
+                response_to = reply_id;
+                credits -= 1;
+            }
+            Next::Ack(frame) => {
+                let Some(range) = frame? else { return Ok(()) };
+                let buf = &reader.buf[range];
+                Counters::add(&shared.counters.bytes_in, buf.len() as u64);
+                let ack = match wire::decode(buf, MESSAGE_SIZE_MAX_BYTES) {
+                    Ok(wire::Decoded { message: Message::Msg(m), .. }) if m.flags & wire::flags::MORE_TO_COME != 0 => m,
+                    _ => return Err("a push stream takes only moreToCome acknowledgements".into()),
+                };
+                let returned = ack.body.get("$replCredits").and_then(|c| c.as_i64().or(c.as_i32().map(i64::from))).unwrap_or(0);
+                if !(0..=STREAM_CREDITS_MAX).contains(&returned) {
+                    return Err(format!("a push stream acknowledgement returned {returned} credits"));
+                }
+                credits = (credits + returned).min(STREAM_CREDITS_MAX);
+                let mut body = ack.body;
+                body.remove("$replCredits");
+                if body.contains_key("replSetUpdatePosition") {
+                    let positions = Request::from_msg(body, ack.sequences).map_err(|e| e.message)?;
+                    let reply = run(shared, conn, positions).await;
+                    if !matches!(reply.body.get("ok"), Some(Bson::Double(v)) if *v == 1.0) {
+                        tracing::debug!(conn = conn.id, "a push stream's position report failed: {}", reply.body);
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn refuse_stream(shared: &Shared, stream: &mut TcpStream, request_id: i32, e: &common::Error) -> Result<(), String> {
+    let out = wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body: dispatch::error_reply(e), sequences: vec![] }, None);
+    write_frame(shared, stream, &out).await
+}
+
 fn cursor_id_of(reply: &Document) -> i64 {
     reply.get_document("cursor").ok().and_then(|c| c.get_i64("id").ok()).unwrap_or(0)
 }
@@ -321,6 +411,31 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<(Duration, i
 /// Run a command: on the async worker when it cannot block, otherwise off it (write locks and
 /// group commit wait on condition variables).
 async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Reply {
+    let mut reply = run_with_times(shared, conn, request).await;
+    if let Some(repl) = &shared.repl {
+        // Replies carry the times causally consistent sessions chain their reads with.
+        if let Some((cluster_time, operation_time)) = repl.reply_times(&shared.store) {
+            reply.body.insert("$clusterTime", cluster_time);
+            reply.body.insert("operationTime", operation_time);
+        }
+    }
+    reply
+}
+
+async fn run_with_times(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Reply {
+    if let Some(repl) = &shared.repl {
+        if let Ok(t) = request.body.get_document("$clusterTime").and_then(|c| c.get_timestamp("clusterTime")) {
+            repl.gossip_cluster_time(t);
+        }
+        let waited = match dispatch::read_after(shared, &request) {
+            Ok(Some(after)) => wait_before_read(shared, after).await,
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = waited {
+            return Reply { body: dispatch::error_reply(&dispatch::with_topology_version(shared, e)), batch: None };
+        }
+    }
     let mut reply = if crate::commands::never_blocks(&request.name) {
         await_data_loop(shared, conn, request).await
     } else {
@@ -351,6 +466,40 @@ async fn wait_for_commit_point(shared: &Shared, wait: dispatch::ReadWait) -> com
         Waited::SteppedDown => Err(common::Error::new(common::Code::PrimarySteppedDown, "stepped down while waiting to confirm a linearizable read")),
         Waited::TimedOut => Err(common::Error::new(common::Code::MaxTimeMSExpired, "operation exceeded time limit waiting for the majority commit point")),
     }
+}
+
+/// Wait until this member has applied what a read must see (`dispatch::ReadAfter`): for a
+/// strict read, first where the primary stood once the read arrived.
+async fn wait_before_read(shared: &Shared, after: dispatch::ReadAfter) -> common::Result<()> {
+    let Some(repl) = &shared.repl else { return Ok(()) };
+    let started = std::time::Instant::now();
+    // No maxTimeMS: wait as long as it takes, as mongod waits for afterClusterTime.
+    let deadline = tokio::time::Instant::from_std(after.deadline.unwrap_or_else(|| started + Duration::from_secs(365 * 86_400)));
+    let timed_out = || common::Error::new(common::Code::MaxTimeMSExpired, "operation exceeded time limit waiting to apply what the read must see");
+    let mut ts = after.ts;
+    if after.strict {
+        match repl.primary_position.after_now(deadline).await {
+            None => return Err(timed_out()),
+            Some(Err(e)) => return Err(e),
+            Some(Ok(p)) => ts = ts.max(p.ts),
+        }
+    }
+    let mut changes = repl.progress_changes();
+    loop {
+        // Subscribe before looking, so that an apply in between wakes the wait.
+        changes.borrow_and_update();
+        if shared.store.oplog_applied().unwrap_or_default().ts >= ts {
+            break;
+        }
+        match tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + WRITE_CONCERN_RECHECK), changes.changed()).await {
+            Ok(_) => {}
+            Err(_) if tokio::time::Instant::now() >= deadline => return Err(timed_out()),
+            Err(_) => {}
+        }
+    }
+    Counters::add(&shared.counters.repl_read_waits, 1);
+    Counters::add(&shared.counters.repl_read_wait_us, started.elapsed().as_micros() as u64);
+    Ok(())
 }
 
 /// Run a command on the worker; an awaitData getMore that found nothing new

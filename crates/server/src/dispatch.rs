@@ -184,6 +184,52 @@ pub struct ReadWait {
     pub deadline: Option<Instant>,
 }
 
+/// What a read on a replica-set member waits for before it runs: that this member has
+/// applied through timestamp `ts` (readConcern afterClusterTime or afterOpTime: a causally
+/// consistent session's earlier operations), and, when `strict`, through what the primary
+/// had applied when the read arrived (`repl::strict`).
+#[derive(Debug)]
+pub struct ReadAfter {
+    pub ts: u64,
+    pub strict: bool,
+    pub deadline: Option<Instant>,
+}
+
+/// The wait before `req` runs, if it needs one (checked again, with errors, when it runs).
+pub fn read_after(shared: &Shared, req: &Request) -> Result<Option<ReadAfter>> {
+    let Some(repl) = &shared.repl else { return Ok(None) };
+    if req.name == "getMore" || commands::on_secondary(&req.name) == commands::OnSecondary::Never {
+        return Ok(None);
+    }
+    let rc = match req.body.get("readConcern") {
+        Some(Bson::Document(d)) => Some(d),
+        _ => None,
+    };
+    let level = rc.and_then(|d| d.get_str("level").ok());
+    let primary = repl.is_writable_primary();
+    let strict = !primary && (level == Some("strict") || (shared.config.strict_consistency && level != Some("linearizable")));
+    let mut ts = 0;
+    if let Some(Bson::Timestamp(t)) = rc.and_then(|d| d.get("afterClusterTime")) {
+        let t = common::optime::ts_value(*t);
+        let clock = repl.cluster_time(&shared.store);
+        if t > clock {
+            return Err(Error::new(
+                Code::InvalidOptions,
+                format!("readConcern afterClusterTime value must not be greater than the current clusterTime. Requested clusterTime: {t}; current clusterTime: {clock}"),
+            ));
+        }
+        ts = t;
+    }
+    if let Some(at) = rc.and_then(|d| d.get_document("afterOpTime").ok()).and_then(storage::OpTime::from_doc) {
+        ts = ts.max(at.ts);
+    }
+    if !strict && ts <= shared.store.oplog_applied().unwrap_or_default().ts {
+        return Ok(None);
+    }
+    let deadline = parse_max_time(&req.body)?.map(|d| Instant::now() + d);
+    Ok(Some(ReadAfter { ts, strict, deadline }))
+}
+
 /// `repl`: set with --replSet; asked only about linearizable reads.
 fn check_read_concern(cmd: &Document, repl: Option<&crate::repl::ReplCoord>) -> Result<Option<ReadLevel>> {
     let mut level = None;
@@ -195,7 +241,9 @@ fn check_read_concern(cmd: &Document, repl: Option<&crate::repl::ReplCoord>) -> 
     for (k, v) in rc {
         match k.as_str() {
             "level" => match v.as_str() {
-                Some("local" | "available") => {}
+                // "strict" is shoal's: a local read that, on a secondary, first waits until
+                // it has applied what the primary had when the read arrived (`read_after`).
+                Some("local" | "available" | "strict") => {}
                 // A standalone's applied writes are its committed writes; a set's wait for
                 // the commit point (ReadWait).
                 Some("majority") => level = Some(ReadLevel::Majority),
@@ -206,6 +254,16 @@ fn check_read_concern(cmd: &Document, repl: Option<&crate::repl::ReplCoord>) -> 
                 Some(other) => return Err(Error::bad_value(format!("Invalid readConcern level '{other}'"))),
                 None => return Err(Error::type_mismatch("readConcern.level must be a string")),
             },
+            "afterClusterTime" if repl.is_none() => {
+                return Err(Error::new(Code::InvalidOptions, "Cannot specify afterClusterTime readConcern without replication enabled"));
+            }
+            "afterClusterTime" if !matches!(v, Bson::Timestamp(_)) => {
+                return Err(Error::type_mismatch("BSON field 'readConcern.afterClusterTime' is the wrong type, expected type 'timestamp'"));
+            }
+            "afterOpTime" if repl.is_none() => return Err(Error::new(Code::NoReplicationEnabled, "node needs to be a replica set member to use read concern")),
+            "afterOpTime" if !matches!(v, Bson::Document(d) if storage::OpTime::from_doc(d).is_some()) => {
+                return Err(Error::type_mismatch("BSON field 'readConcern.afterOpTime' is the wrong type, expected type 'object' with ts and t"));
+            }
             "afterClusterTime" | "afterOpTime" => {}
             "provenance" => {}
             other => return Err(Error::new(Code::FailedToParse, format!("unrecognized readConcern field: {other}"))),

@@ -241,7 +241,7 @@ mod tests {
     #[test]
     fn shapes_have_voters_then_hidden_then_read_only() {
         let hosts: Vec<String> = (0..15).map(|i| host(i, 27017)).collect();
-        let c = set_config("rs0", &hosts, 7, 1, true);
+        let c = set_config("rs0", &hosts, 7, 1, ChainingMode::On);
         let m: Vec<&Document> = c.get_array("members").unwrap().iter().map(|b| b.as_document().unwrap()).collect();
         assert_eq!(m.iter().filter(|d| d.get_i32("votes").unwrap_or(1) == 1).count(), 7);
         assert_eq!(m.iter().filter(|d| d.get_bool("hidden").unwrap_or(false)).count(), 1);

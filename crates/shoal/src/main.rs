@@ -63,6 +63,14 @@ struct ServeArgs {
     /// The oplog's size in MB [default: 990].
     #[arg(long = "oplogSize")]
     oplog_size: Option<u64>,
+    /// Reads on a secondary see every write the primary had applied when they arrived
+    /// (readConcern level "strict" by default).
+    #[arg(long = "strictConsistency")]
+    strict_consistency: bool,
+    /// How this member, as a secondary, gets the oplog: pull (a getMore per batch, as
+    /// mongod) or push (its sync source streams it) [default: pull].
+    #[arg(long = "logTransport")]
+    log_transport: Option<String>,
     /// A server parameter, name=value (repeatable): cursorTimeoutMillis, enableTestCommands.
     #[arg(long = "setParameter")]
     set_parameter: Vec<String>,
@@ -90,6 +98,8 @@ fn main() {
                 cache_size_gb: a.wired_tiger_cache_size_gb,
                 repl_set: a.repl_set,
                 oplog_size_mb: a.oplog_size,
+                strict_consistency: a.strict_consistency,
+                log_transport: a.log_transport,
                 set_parameters: a.set_parameter,
             };
             let config = match server::config::ServerConfig::build(&overrides, argv) {

@@ -34,7 +34,18 @@ async fn admin(c: &Client, cmd: Document) -> mongodb::error::Result<Document> {
 impl Set {
     /// Start `n` members and initiate them with `members_extra[i]` merged into member i.
     async fn start(n: usize, settings: Document, members_extra: &[Document]) -> Set {
-        let members: Vec<Server> = (0..n).map(|_| Server::start_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"])).collect();
+        Self::start_with_args(n, settings, members_extra, &[]).await
+    }
+
+    /// `start`, with `args[i]` added to member i's command line.
+    async fn start_with_args(n: usize, settings: Document, members_extra: &[Document], args: &[&[&str]]) -> Set {
+        let members: Vec<Server> = (0..n)
+            .map(|i| {
+                let mut a = vec!["--replSet", "rs0", "--setParameter", "enableTestCommands=1"];
+                a.extend_from_slice(args.get(i).copied().unwrap_or(&[]));
+                Server::start_with_args(&a)
+            })
+            .collect();
         let mut config_members = Vec::new();
         for (i, m) in members.iter().enumerate() {
             let mut d = doc! {"_id": i as i32, "host": host(m)};
@@ -501,6 +512,183 @@ async fn auto_chaining_keeps_voters_on_the_primary_and_chains_the_others() {
     let coll = client.database("app").collection::<Document>("c");
     coll.insert_one(doc! {"_id": 1}).await.unwrap();
     set.wait_for_count(3, "c", 1).await;
+}
+
+fn w1() -> mongodb::options::WriteConcern {
+    mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(1)).build()
+}
+
+/// Member 2 of a fresh 3-member set whose links to the primary are slow (25 ms each way),
+/// so that its plain reads trail the primary.
+async fn set_with_a_slow_secondary() -> Set {
+    let mut set = Set::start(3, doc! {"chainingAllowed": false}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}]).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    set.fail_point(2, "alwaysOn", doc! {"host": host(&set.members[0]), "delayMs": 25}).await;
+    set
+}
+
+#[tokio::test]
+async fn strict_reads_on_a_secondary_see_every_acknowledged_write() {
+    let set = set_with_a_slow_secondary().await;
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("c");
+    let secondary = direct(&set.members[2]).await;
+    let db = secondary.database("app");
+    let find = |id: i32, level: &str| doc! {"find": "c", "filter": {"_id": id}, "readConcern": {"level": level}, "$readPreference": {"mode": "secondary"}};
+    let found = |r: &Document| !r.get_document("cursor").unwrap().get_array("firstBatch").unwrap().is_empty();
+    let (mut stale_local, mut stale_strict) = (0, 0);
+    for i in 0..20 {
+        coll.insert_one(doc! {"_id": i}).write_concern(w1()).await.unwrap();
+        // A plain read right after the w:1 acknowledgement usually misses the write ...
+        if !found(&db.run_command(find(i, "local")).await.unwrap()) {
+            stale_local += 1;
+        }
+        // ... a strict one never does.
+        if !found(&db.run_command(find(i, "strict")).await.unwrap()) {
+            stale_strict += 1;
+        }
+    }
+    assert!(stale_local > 0, "the slow secondary was never behind: the test shows nothing");
+    assert_eq!(stale_strict, 0, "strict reads returned stale data");
+    let status = admin(&secondary, doc! {"serverStatus": 1}).await.unwrap();
+    let waits = status.get_document("metrics").unwrap().get_document("repl").unwrap().get_document("readWaits").unwrap();
+    assert!(waits.get_i64("num").unwrap() >= 20 && waits.get_i64("primaryAsks").unwrap() >= 1, "{waits}");
+    // Lag and transport metrics: the secondary counts what it fetched, the primary how long
+    // entries took to reach it, and how far each member trails.
+    let network = status.get_document("metrics").unwrap().get_document("repl").unwrap().get_document("network").unwrap();
+    assert!(network.get_i64("ops").unwrap() >= 20 && network.get_i64("bytes").unwrap() > 20 * 20, "{network}");
+    let primary = direct(&set.members[0]).await;
+    let lag = admin(&primary, doc! {"serverStatus": 1}).await.unwrap().get_document("metrics").unwrap().get_document("repl").unwrap().get_document("lag").unwrap().clone();
+    assert!(lag.get_i64("samples").unwrap() >= 1, "{lag}");
+    // Each write took at least the slow link's 25 ms one way to arrive there.
+    assert!(lag.get_i64("maxMicros").unwrap() >= 25_000, "{lag}");
+    let st = admin(&primary, doc! {"replSetGetStatus": 1}).await.unwrap();
+    let m2 = member(&st, 2);
+    assert!(m2.get_i64("lagEntries").is_ok() && m2.get_f64("lagMillis").is_ok() && m2.get_f64("durableLagMillis").is_ok(), "{m2}");
+    // Bad read concerns are refused as mongod refuses them.
+    let e = db.run_command(doc! {"find": "c", "readConcern": {"afterClusterTime": 5}, "$readPreference": {"mode": "secondary"}}).await.unwrap_err();
+    assert!(matches!(*e.kind, mongodb::error::ErrorKind::Command(ref c) if c.code == 14), "{e}");
+    let far = Timestamp { time: u32::MAX, increment: 1 };
+    let e = db.run_command(doc! {"find": "c", "readConcern": {"afterClusterTime": far}, "$readPreference": {"mode": "secondary"}}).await.unwrap_err();
+    assert!(matches!(*e.kind, mongodb::error::ErrorKind::Command(ref c) if c.code == 72), "{e}");
+}
+
+#[tokio::test]
+async fn causally_consistent_sessions_read_their_writes_on_a_secondary() {
+    let set = set_with_a_slow_secondary().await;
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("c");
+    // Only member 2 serves the reads.
+    let to_member_2 = SelectionCriteria::Predicate(Arc::new({
+        let h = host(&set.members[2]);
+        move |s: &mongodb::ServerInfo| s.address().to_string() == h
+    }));
+    let mut session = client.start_session().causal_consistency(true).await.unwrap();
+    for i in 0..10 {
+        coll.insert_one(doc! {"_id": i}).write_concern(w1()).session(&mut session).await.unwrap();
+        assert!(session.operation_time().is_some(), "replies carry operationTime");
+        let got = coll.find_one(doc! {"_id": i}).selection_criteria(to_member_2.clone()).session(&mut session).await.unwrap();
+        assert_eq!(got, Some(doc! {"_id": i}), "read {i} on the secondary missed the session's own write");
+    }
+    let secondary = direct(&set.members[2]).await;
+    let status = admin(&secondary, doc! {"serverStatus": 1}).await.unwrap();
+    let waits = status.get_document("metrics").unwrap().get_document("repl").unwrap().get_document("readWaits").unwrap();
+    assert!(waits.get_i64("num").unwrap() >= 1, "no read waited: {waits}");
+}
+
+/// Every member's oplog from the first entry, in order.
+async fn oplog_of(s: &Server) -> Vec<Document> {
+    let c = direct(s).await;
+    let mut cursor = c.database("local").collection::<Document>("oplog.rs").find(doc! {}).sort(doc! {"$natural": 1}).await.unwrap();
+    let mut out = Vec::new();
+    while cursor.advance().await.unwrap() {
+        out.push(cursor.deserialize_current().unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn pull_and_push_deliver_the_same_oplog_under_faults() {
+    // Member 1 pulls, member 2 has the oplog pushed; both links lose and delay messages.
+    let mut set = Set::start_with_args(
+        3,
+        doc! {"chainingAllowed": false},
+        &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}],
+        &[&[], &["--logTransport", "pull"], &["--logTransport", "push"]],
+    )
+    .await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    for i in 1..3 {
+        set.fail_point(i, "alwaysOn", doc! {"host": host(&set.members[0]), "delayMs": 2, "lossPercent": 3}).await;
+    }
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("c");
+    for round in 0..20i64 {
+        let docs: Vec<Document> = (0..100i64).map(|i| doc! {"_id": round * 100 + i, "v": 0i64, "pad": "x".repeat(200)}).collect();
+        coll.insert_many(docs).write_concern(w1()).await.unwrap();
+        coll.update_many(doc! {"_id": {"$lt": round * 100 + 50}}, doc! {"$inc": {"v": 1i64}}).write_concern(w1()).await.unwrap();
+        coll.delete_one(doc! {"_id": round * 100 + 99}).write_concern(w1()).await.unwrap();
+    }
+    for i in 1..3 {
+        set.fail_point(i, "off", doc! {"host": host(&set.members[0])}).await;
+    }
+    coll.insert_one(doc! {"_id": "last"}).await.unwrap();
+    for i in 1..3 {
+        set.wait_for_count(i, "c", 20 * 99 + 1).await;
+    }
+    let want = oplog_of(&set.members[0]).await;
+    assert!(want.len() > 20 * 150, "{} entries", want.len());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for i in 1..3 {
+        loop {
+            let got = oplog_of(&set.members[i]).await;
+            // A member's oplog starts where its initial sync began, before any write of the
+            // workload: from there on it is the primary's.
+            let first = got.first().map(|e| e.get_timestamp("ts").unwrap());
+            let from = want.iter().position(|e| Some(e.get_timestamp("ts").unwrap()) == first).unwrap_or(usize::MAX);
+            let first_write = want.iter().position(|e| e.get_str("ns").ok() == Some("app.c")).unwrap();
+            if from <= first_write && got[..] == want[from..] {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let want = &want[from.min(want.len())..];
+                let first_diff = got.iter().zip(want.iter()).position(|(a, b)| a != b);
+                panic!(
+                    "member {i}'s oplog differs from the primary's: {} entries against {}; first difference at {first_diff:?}: {:?} against {:?}; last {:?} against {:?}",
+                    got.len(),
+                    want.len(),
+                    first_diff.map(|d| &got[d]),
+                    first_diff.map(|d| &want[d]),
+                    got.last(),
+                    want.last()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // And the data agrees.
+    let all = |i: usize| {
+        let s = &set.members[i];
+        async move {
+            let c = direct(s).await;
+            let mut cursor = c.database("app").collection::<Document>("c").find(doc! {}).sort(doc! {"_id": 1}).selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::SecondaryPreferred { options: None })).await.unwrap();
+            let mut out = Vec::new();
+            while cursor.advance().await.unwrap() {
+                out.push(cursor.deserialize_current().unwrap());
+            }
+            out
+        }
+    };
+    let primary_docs = all(0).await;
+    for i in 1..3 {
+        assert_eq!(all(i).await, primary_docs, "member {i}'s data");
+    }
+    // Each transport did the work: member 1 asked for batches, member 2 was sent them.
+    let network = |d: Document| d.get_document("metrics").unwrap().get_document("repl").unwrap().get_document("network").unwrap().clone();
+    let n1 = network(admin(&direct(&set.members[1]).await, doc! {"serverStatus": 1}).await.unwrap());
+    let n2 = network(admin(&direct(&set.members[2]).await, doc! {"serverStatus": 1}).await.unwrap());
+    assert!(n1.get_document("getmores").unwrap().get_i64("num").unwrap() > 0 && n1.get_i64("streamBatches").unwrap() == 0, "{n1}");
+    assert!(n2.get_i64("streamBatches").unwrap() > 0, "{n2}");
 }
 
 #[tokio::test]

@@ -90,6 +90,8 @@ const OPLOG_TRUNCATE_ENTRIES_MAX: usize = 10_000;
 /// A fetcher that is caught up, or behind by less than this (a second of writes at 16k
 /// inserts/s of 1 KB), reads its batches from memory.
 const OPLOG_RECENT_BYTES_MAX: usize = 16 << 20;
+/// Batches whose logging time `OplogState::logged_at` keeps (for replication lag).
+const OPLOG_LOGGED_MARKS_MAX: usize = 65_536;
 /// What an entry of `recent` costs beside its bytes (deque slot, Arc header).
 const OPLOG_RECENT_ENTRY_OVERHEAD_BYTES: usize = 40;
 /// Deletes per write batch while removing dropped data.
@@ -452,6 +454,9 @@ struct OplogState {
     recent: std::collections::VecDeque<(u64, Arc<[u8]>)>,
     recent_floor: u64,
     recent_bytes: usize,
+    /// When each recent batch was logged here: its first entry's timestamp and the time,
+    /// oldest first. What a member's replication lag is measured with (`Store::oplog_lag`).
+    logged_at: std::collections::VecDeque<(u64, std::time::Instant)>,
     /// Entries after this one are written but perhaps not applied: a secondary writes a
     /// fetched batch to its oplog, makes it durable (which acknowledges it) and applies it
     /// after (`Store::write_oplog_replicated`, `Store::apply_written`). `None` when the data
@@ -462,7 +467,7 @@ struct OplogState {
 
 impl OplogState {
     fn new(last: OpTime) -> OplogState {
-        OplogState { last, durable: last, term: last.term.max(0), recent: Default::default(), recent_floor: last.ts, recent_bytes: 0, applied_through: None }
+        OplogState { last, durable: last, term: last.term.max(0), recent: Default::default(), recent_floor: last.ts, recent_bytes: 0, logged_at: Default::default(), applied_through: None }
     }
 
     /// Keep a new entry (the newest) in `recent`, dropping the oldest past the bound.
@@ -477,8 +482,19 @@ impl OplogState {
         }
     }
 
+    /// A batch whose first entry is `first_ts` was logged now.
+    fn mark_logged(&mut self, first_ts: u64) {
+        if self.logged_at.len() >= OPLOG_LOGGED_MARKS_MAX {
+            self.logged_at.pop_front();
+        }
+        self.logged_at.push_back((first_ts, std::time::Instant::now()));
+    }
+
     /// Entries after `after` are gone (a rollback's truncation).
     fn forget_after(&mut self, after: u64) {
+        while self.logged_at.back().is_some_and(|(t, _)| *t > after) {
+            self.logged_at.pop_back();
+        }
         while self.recent.back().is_some_and(|(t, _)| *t > after) {
             if let Some((_, e)) = self.recent.pop_back() {
                 self.recent_bytes -= e.len() + OPLOG_RECENT_ENTRY_OVERHEAD_BYTES;
@@ -544,6 +560,7 @@ impl Shared {
         let mut last = st.last;
         let mut added_bytes = 0u64;
         let mut prev = session.as_ref().map(|s| s.prev);
+        st.mark_logged(oplog::next_ts(last.ts, now_secs));
         for mut e in entries {
             last = OpTime { ts: oplog::next_ts(last.ts, now_secs), term: st.term };
             oplog::stamp(&mut e, last);
@@ -1808,6 +1825,24 @@ impl Store {
         })
     }
 
+    /// How far a member whose newest entry is `after` trails this oplog: how many entries
+    /// follow it, and how long ago the oldest of them was logged here (zero when none
+    /// does). `None` when those entries are no longer all in memory (far behind).
+    pub fn oplog_lag(&self, after: OpTime) -> Option<(u64, std::time::Duration)> {
+        let log = self.inner.shared.oplog.read().clone()?;
+        let st = log.state.lock();
+        if after.ts < st.recent_floor {
+            return None;
+        }
+        let start = st.recent.partition_point(|(ts, _)| *ts <= after.ts);
+        let Some(&(next, _)) = st.recent.get(start) else { return Some((0, std::time::Duration::ZERO)) };
+        let behind = (st.recent.len() - start) as u64;
+        // The batch holding that entry: the newest whose first entry is not after it.
+        let i = st.logged_at.partition_point(|(first, _)| *first <= next);
+        let age = i.checked_sub(1).and_then(|i| st.logged_at.get(i)).map_or(std::time::Duration::ZERO, |(_, at)| at.elapsed());
+        Some((behind, age))
+    }
+
     /// The newest oplog entry known durable (what a member reports as its durable optime).
     pub fn oplog_durable(&self) -> Option<OpTime> {
         self.inner.shared.oplog.read().as_ref().map(|l| l.state.lock().durable)
@@ -1911,6 +1946,9 @@ impl Store {
         let mut last = ost.last;
         let mut stats = log.coll.stats.lock().clone();
         let mut added_bytes = 0u64;
+        if let Some((first, _)) = entries.first().filter(|(at, _)| at.ts > last.ts) {
+            ost.mark_logged(first.ts);
+        }
         for (at, e) in entries {
             if at.ts <= last.ts {
                 let newest = ost.last.ts;

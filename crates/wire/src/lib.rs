@@ -162,6 +162,14 @@ pub fn decode_raw_body(
     frame: &[u8],
     max_message_size_bytes: usize,
 ) -> Result<(Header, bson::RawDocumentBuf)> {
+    decode_raw_msg(frame, max_message_size_bytes).map(|(header, _, body)| (header, body))
+}
+
+/// `decode_raw_body`, with the OP_MSG flags (a streamed reply has `flags::MORE_TO_COME`).
+pub fn decode_raw_msg(
+    frame: &[u8],
+    max_message_size_bytes: usize,
+) -> Result<(Header, u32, bson::RawDocumentBuf)> {
     let (header, bytes, _) = uncompressed(frame, max_message_size_bytes)?;
     if header.op_code != OP_MSG {
         return Err(protocol(format!(
@@ -169,7 +177,7 @@ pub fn decode_raw_body(
             header.op_code
         )));
     }
-    let (_, sections) = msg_sections(&bytes)?;
+    let (flags, sections) = msg_sections(&bytes)?;
     let mut reader = Reader::new(sections);
     if reader.u8("section kind")? != 0 {
         return Err(protocol("expected an OP_MSG with only a body section"));
@@ -181,7 +189,7 @@ pub fn decode_raw_body(
     }
     let body = bson::RawDocumentBuf::from_bytes(body.to_vec())
         .map_err(|e| Error::new(Code::InvalidBSON, format!("Invalid BSON: {e}")))?;
-    Ok((header, body))
+    Ok((header, flags, body))
 }
 
 /// The frame with OP_COMPRESSED undone (the inner message behind a reconstructed header),

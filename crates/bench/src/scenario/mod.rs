@@ -4,6 +4,7 @@
 //! and run phases; the report and chart writers are shared.
 
 pub mod chaining;
+pub mod logship;
 pub mod chart;
 pub mod instance;
 
@@ -31,7 +32,7 @@ pub trait Scenario: Send + Sync {
 
 /// Every scenario `shoal bench scenario NAME` knows.
 pub fn registry() -> Vec<Box<dyn Scenario>> {
-    vec![Box::new(instance::Instance), Box::new(chaining::Chaining)]
+    vec![Box::new(instance::Instance), Box::new(chaining::Chaining), Box::new(logship::Logship)]
 }
 
 /// A server process started by a scenario; killed when dropped.

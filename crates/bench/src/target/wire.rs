@@ -45,6 +45,8 @@ pub struct WireConnector {
     write_concern: Option<Document>,
     /// `$readPreference` added to reads when the URL asks for other than primary.
     read_preference: Option<Document>,
+    /// `readConcern` added to reads (readConcernLevel in the URL).
+    read_concern: Option<Document>,
 }
 
 impl WireConnector {
@@ -65,7 +67,11 @@ impl WireConnector {
             },
             _ => None,
         };
-        let connector = WireConnector { addr, db, write_concern, read_preference: mode.map(|m| doc! {"mode": m}) };
+        let read_concern = match &options.read_concern {
+            Some(rc) => Some(bson::serialize_to_document(rc).context("readConcern from URL")?).filter(|d| !d.is_empty()),
+            None => None,
+        };
+        let connector = WireConnector { addr, db, write_concern, read_preference: mode.map(|m| doc! {"mode": m}), read_concern };
         // Fail fast with a clear message instead of every operation failing.
         let mut conn = connector.connect().await?;
         conn.command(doc! {"ping": 1, "$db": "admin"}).await.with_context(|| format!("ping {}", connector.addr))?;
@@ -81,7 +87,7 @@ impl WireConnector {
     /// One connection per worker, as YCSB threads each hold one pooled connection at a time.
     pub async fn session(&self) -> Result<WireTarget> {
         let conn = self.connect().await?;
-        Ok(WireTarget { conn: Mutex::new(conn), db: self.db.clone(), write_concern: self.write_concern.clone(), read_preference: self.read_preference.clone() })
+        Ok(WireTarget { conn: Mutex::new(conn), db: self.db.clone(), write_concern: self.write_concern.clone(), read_preference: self.read_preference.clone(), read_concern: self.read_concern.clone() })
     }
 }
 
@@ -177,6 +183,7 @@ pub struct WireTarget {
     db: String,
     write_concern: Option<Document>,
     read_preference: Option<Document>,
+    read_concern: Option<Document>,
 }
 
 impl WireTarget {
@@ -192,6 +199,9 @@ impl WireTarget {
         body.insert("$db", self.db.as_str());
         if let Some(rp) = &self.read_preference {
             body.insert("$readPreference", rp.clone());
+        }
+        if let Some(rc) = &self.read_concern {
+            body.insert("readConcern", rc.clone());
         }
         body
     }

@@ -371,7 +371,7 @@ const AWAIT_DATA_MS_DEFAULT: i64 = 1000;
 const AWAIT_DATA_MS_MAX: i64 = 60_000;
 
 pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
-    check_fields("getMore", ctx.cmd, &["collection", "batchSize", "term", "lastKnownCommittedOpTime", "maxTimeMS", "$replProgress"])?;
+    check_fields("getMore", ctx.cmd, &["collection", "batchSize", "term", "lastKnownCommittedOpTime", "maxTimeMS", "$replProgress", "$replStream"])?;
     // A getMore run again after its awaitData wait (conn::await_data_loop) is the same one.
     if ctx.conn.await_deadline.is_none() {
         Counters::add(&ctx.shared.counters.getmore, 1);

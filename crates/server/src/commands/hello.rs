@@ -185,7 +185,23 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
                     "batches": { "num": Counters::get(&c.repl_apply_batches) as i64, "totalMillis": (Counters::get(&c.repl_apply_us) / 1000) as i64 },
                     "ops": Counters::get(&c.repl_apply_ops) as i64,
                 },
-                "network": { "getmores": { "num": Counters::get(&c.repl_getmores) as i64, "totalMillis": (Counters::get(&c.repl_getmore_us) / 1000) as i64 } },
+                "network": {
+                    "getmores": { "num": Counters::get(&c.repl_getmores) as i64, "totalMillis": (Counters::get(&c.repl_getmore_us) / 1000) as i64 },
+                    "bytes": Counters::get(&c.repl_fetched_bytes) as i64,
+                    "ops": Counters::get(&c.repl_fetched_ops) as i64,
+                    "streamBatches": Counters::get(&c.repl_stream_batches) as i64,
+                },
+                // On a sync source: how long entries took to become durable on the members
+                // that report to it (buckets of quarter doublings in µs, see
+                // state::LatencyHistogram).
+                "lag": c.repl_lag.to_doc(),
+                // Reads that waited to apply up to a point (afterClusterTime, level
+                // "strict"), and the asks of the primary's position strict reads shared.
+                "readWaits": {
+                    "num": Counters::get(&c.repl_read_waits) as i64,
+                    "totalMillis": (Counters::get(&c.repl_read_wait_us) / 1000) as i64,
+                    "primaryAsks": Counters::get(&c.repl_strict_asks) as i64,
+                },
             },
         },
         "storageEngine": { "name": s.config.storage_engine.clone(), "persistent": s.config.storage_engine != "inMemory", "supportsCommittedReads": true },

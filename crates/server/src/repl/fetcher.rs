@@ -110,6 +110,9 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
     }
     batch.remove(0);
     coord.set_info_message("");
+    if shared.config.log_transport == crate::config::LogTransport::Push {
+        return push_loop(shared, &mut conn, epoch, config, me, src, forced, id, batch).await;
+    }
     // Write a batch to the oplog and make it durable, send the getMore that reports it
     // (`$replProgress`, replSetUpdatePosition's `optimes`) and asks for the next, and apply
     // the batch while the source waits for new entries: one round trip per batch both
@@ -169,6 +172,117 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
         if batch.is_empty() {
             coord.learn_commit_point(&shared.store, commit_seen);
         }
+    }
+}
+
+/// Batches a push stream may send ahead of this member's acknowledgements: one being written
+/// here while the next travels. More only lets the source cut smaller batches.
+const PUSH_CREDITS: i32 = 2;
+/// Written batches waiting for the applier; the fetcher waits (and stops returning credits)
+/// beyond this, so the source's stream slows to the apply rate.
+const APPLY_QUEUE_BATCHES: usize = 4;
+
+/// `logTransport: push`: open a stream on the oplog cursor `id` (an exhaust getMore with
+/// `$replStream`); the source sends each batch as soon as it has one and a credit. Each
+/// batch is written to the oplog and made durable, then acknowledged on the same connection
+/// (replSetUpdatePosition with `moreToCome`, returning its credit), and handed to the applier
+/// thread, which applies batches in order while the next is written. `first` is the find's
+/// batch, past the entry both oplogs share.
+#[allow(clippy::too_many_arguments)]
+async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config: &ReplSetConfig, me: usize, src: usize, forced: bool, id: i64, first: Vec<RawDocumentBuf>) -> Result<()> {
+    let coord = shared.repl.as_ref().expect("replica set member");
+    let host = config.members[src].host.clone();
+    let mut applier = Applier::start(shared.clone())?;
+    let r = async {
+        if !first.is_empty() {
+            applier.send(write_batch(shared, first, epoch)?)?;
+        }
+        let mut open = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1, "$replStream": {"credits": PUSH_CREDITS}};
+        open.insert("$replProgress", progress_optimes(shared, config, me, src));
+        let wait = Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK;
+        let mut response_to = conn.send_flags("local", open, wire::flags::EXHAUST_ALLOWED, wait).await?;
+        let mut commit_seen = OpTime::default();
+        loop {
+            let (reply_id, more, reply) = conn.recv_streamed(response_to, wait).await?;
+            response_to = reply_id;
+            let (id, batch) = cursor_batch_raw(&reply, "nextBatch")?;
+            if let Some(cp) = on_repl_data(shared, &reply) {
+                commit_seen = commit_seen.max(cp);
+            }
+            let written = if batch.is_empty() { None } else { Some(write_batch(shared, batch, epoch)?) };
+            coord.learn_commit_point(&shared.store, commit_seen);
+            if !more || id == 0 {
+                return Err(Error::new(Code::CursorNotFound, format!("{host} ended the oplog stream")));
+            }
+            // The batch is durable: report it and return its credit.
+            let ack = doc! {"replSetUpdatePosition": 1, "optimes": progress_optimes(shared, config, me, src), "$replCredits": 1};
+            conn.send_flags("admin", ack, wire::flags::MORE_TO_COME, wait).await?;
+            Counters::add(&shared.counters.repl_stream_batches, 1);
+            if let Some(logged) = written {
+                applier.send(logged)?;
+            }
+            if coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, config, me, src, forced) {
+                return Ok(());
+            }
+        }
+    }
+    .await;
+    // Nothing returns before the applier is done: the next fetch may roll back the oplog.
+    let applied = applier.finish();
+    r.and(applied)
+}
+
+/// A thread that applies written batches in order (`apply_written`), for a push stream.
+struct Applier {
+    tx: Option<std::sync::mpsc::SyncSender<Vec<(OpTime, Vec<u8>)>>>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl Applier {
+    fn start(shared: Arc<Shared>) -> Result<Applier> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<(OpTime, Vec<u8>)>>(APPLY_QUEUE_BATCHES);
+        let thread = std::thread::Builder::new()
+            .name("shoal-oplog-applier".into())
+            .spawn(move || -> Result<()> {
+                let coord = shared.repl.as_ref().expect("replica set member");
+                for logged in rx {
+                    apply_written(&shared, &logged)?;
+                    // Applied: the reporter tells the source (the stream carries durability).
+                    coord.after_apply(shared.store.oplog_applied().unwrap_or_default(), false);
+                }
+                Ok(())
+            })
+            .map_err(|e| Error::internal(format!("cannot start the oplog applier's thread: {e}")))?;
+        Ok(Applier { tx: Some(tx), thread: Some(thread) })
+    }
+
+    /// Queue a written batch; waits while the queue is full. Fails once the applier stopped
+    /// (an apply failed: `finish` says why).
+    fn send(&mut self, logged: Vec<(OpTime, Vec<u8>)>) -> Result<()> {
+        let sent = self.tx.as_ref().is_some_and(|tx| tx.send(logged).is_ok());
+        if sent {
+            return Ok(());
+        }
+        match self.finish() {
+            Err(e) => Err(e),
+            Ok(()) => Err(Error::internal("the oplog applier stopped")),
+        }
+    }
+
+    /// Apply what is queued, stop the thread and report how it ended.
+    fn finish(&mut self) -> Result<()> {
+        self.tx = None;
+        match self.thread.take().map(|t| t.join()) {
+            None => Ok(()),
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(Error::internal("the oplog applier panicked")),
+        }
+    }
+}
+
+impl Drop for Applier {
+    fn drop(&mut self) {
+        let _ = self.finish();
     }
 }
 
@@ -305,6 +419,7 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
     let (st, resync_list) = (stamp.clone(), resync.clone());
     super::blocking(move || -> Result<()> {
         let coord = s.repl.as_ref().expect("replica set member");
+        let _write = coord.oplog_write_lock.lock();
         let _apply = coord.apply_lock.lock();
         let _replicated = storage::applying_replicated_ops();
         // From the first replaced document on, the data is inconsistent until minValid.
@@ -495,8 +610,10 @@ fn write_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Res
             Ok((at, raw.into_bytes()))
         })
         .collect::<Result<Vec<_>>>()?;
+    Counters::add(&shared.counters.repl_fetched_ops, logged.len() as u64);
+    Counters::add(&shared.counters.repl_fetched_bytes, logged.iter().map(|(_, b)| b.len() as u64).sum());
     {
-        let _apply = coord.apply_lock.lock();
+        let _write = coord.oplog_write_lock.lock();
         if coord.epoch() != epoch || coord.state() == MemberState::Primary {
             return Err(Error::new(Code::InterruptedDueToReplStateChange, "the member's role or config changed while fetching"));
         }

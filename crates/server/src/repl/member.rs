@@ -48,6 +48,7 @@ pub fn spawn_tasks(shared: Arc<Shared>) -> Result<()> {
         .name("shoal-journal-flusher".into())
         .spawn(move || flusher.repl.as_ref().expect("replica set member").journal_flush_loop(&flusher.store))
         .map_err(|e| Error::internal(format!("cannot start the journal flusher's thread: {e}")))?;
+    tokio::spawn(super::strict::ask_loop(shared.clone()));
     tokio::spawn(super::fetcher::report_loop(shared));
     Ok(())
 }
@@ -505,7 +506,9 @@ async fn run_election_steps(shared: &Arc<Shared>, dry_run_first: bool) -> Result
     let s = shared.clone();
     super::blocking(move || {
         let coord = s.repl.as_ref().expect("replica set member");
-        // The fetcher applies nothing more once this holds (see fetcher::apply_batch).
+        // The fetcher writes and applies nothing more once these hold (fetcher::write_batch
+        // and apply_written check the role under them).
+        let _write = coord.oplog_write_lock.lock();
         let _apply = coord.apply_lock.lock();
         {
             let inner = coord.inner.lock();
@@ -630,6 +633,13 @@ pub fn update_positions(shared: &Shared, optimes: &[Bson]) -> Result<()> {
         let applied = o.get_document("appliedOpTime").ok().and_then(OpTime::from_doc).unwrap_or_default();
         let durable = o.get_document("durableOpTime").ok().and_then(OpTime::from_doc).unwrap_or_default();
         let p = &mut inner.peers[i];
+        if durable > p.durable {
+            // The entries this report makes durable there: the oldest was logged here this
+            // long ago (the longest any of them took to replicate).
+            if let Some((_, age)) = shared.store.oplog_lag(p.durable) {
+                shared.counters.repl_lag.record(age.as_micros() as u64);
+            }
+        }
         if applied > p.view.applied || durable > p.durable {
             p.view.applied = p.view.applied.max(applied);
             p.durable = p.durable.max(durable);

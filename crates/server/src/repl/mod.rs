@@ -14,6 +14,7 @@ mod fetcher;
 mod initial_sync;
 mod member;
 mod peer;
+pub(crate) mod strict;
 
 use bson::{doc, Bson, DateTime, Document, Timestamp};
 use common::{Code, Error, Result};
@@ -69,8 +70,13 @@ pub struct ReplCoord {
     pub(crate) wake: tokio::sync::Notify,
     /// Set once the background tasks run (they need the shared server state).
     tasks_started: AtomicBool,
-    /// Held while fetched entries are applied, and while this member becomes primary: no
-    /// fetched entry lands after the "new primary" entry of its own term.
+    /// Held while fetched entries are written to the oplog, and while this member becomes
+    /// primary: no fetched entry lands after the "new primary" entry of its own term.
+    /// Taken before `apply_lock` where both are.
+    pub(crate) oplog_write_lock: Mutex<()>,
+    /// Held while written entries are applied, and while this member becomes primary or
+    /// rolls back. Apart from `oplog_write_lock`, so that a push stream's applier applies a
+    /// batch while the fetcher writes the next.
     pub(crate) apply_lock: Mutex<()>,
     /// Set when a write leaves its fsync to the journal flusher thread (`journal_flush_loop`),
     /// which syncs and then counts this member's new durable optime.
@@ -78,6 +84,10 @@ pub struct ReplCoord {
     journal_flush_wake: parking_lot::Condvar,
     /// The server state, for tasks that commands start (set by `spawn_tasks`).
     shared: std::sync::OnceLock<std::sync::Weak<crate::state::Shared>>,
+    /// Where the primary stood, asked for strict-consistency reads (`strict`).
+    pub(crate) primary_position: strict::PrimaryPosition,
+    /// The newest cluster time clients gossiped (`$clusterTime`), as `secs << 32 | inc`.
+    gossiped_cluster_time: AtomicU64,
 }
 
 /// What this member knows of another, from heartbeats and progress reports.
@@ -194,9 +204,12 @@ impl ReplCoord {
             progress: tokio::sync::watch::Sender::new(0),
             positions: tokio::sync::watch::Sender::new(0),
             majority_waiters: Mutex::new(MajorityWaiters::default()),
+            primary_position: strict::PrimaryPosition::default(),
+            gossiped_cluster_time: AtomicU64::new(0),
             config_epoch: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
             tasks_started: AtomicBool::new(false),
+            oplog_write_lock: Mutex::new(()),
             apply_lock: Mutex::new(()),
             journal_flush_requested: Mutex::new(false),
             journal_flush_wake: parking_lot::Condvar::new(),
@@ -649,6 +662,29 @@ impl ReplCoord {
         matches!(self.inner.lock().state, MemberState::Primary | MemberState::Secondary)
     }
 
+    /// This member's cluster time (mongod's logical clock): its newest oplog entry, or a
+    /// newer time a client gossiped.
+    pub fn cluster_time(&self, store: &Store) -> u64 {
+        store.oplog_last().unwrap_or_default().ts.max(self.gossiped_cluster_time.load(Ordering::Relaxed))
+    }
+
+    /// A request's `$clusterTime` moves the clock forward (a causally consistent read on a
+    /// secondary may ask for a time the secondary has not applied yet, and waits for it).
+    /// Unsigned: shoal runs without keys, as mongod without auth accepts the zero signature.
+    pub fn gossip_cluster_time(&self, t: Timestamp) {
+        self.gossiped_cluster_time.fetch_max(common::optime::ts_value(t), Ordering::Relaxed);
+    }
+
+    /// `$clusterTime` and `operationTime` for a reply: the operation's time is the newest
+    /// entry this member has applied (at least what the operation read or wrote), the
+    /// cluster time at least that. None before the set is initiated.
+    pub fn reply_times(&self, store: &Store) -> Option<(Document, Timestamp)> {
+        let applied = store.oplog_applied()?;
+        let cluster = self.cluster_time(store).max(applied.ts);
+        let signature = doc! {"hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0i64};
+        Some((doc! {"clusterTime": common::optime::ts_of(cluster), "signature": signature}, applied.timestamp()))
+    }
+
     pub fn is_writable_primary(&self) -> bool {
         self.primary.load(Ordering::SeqCst)
     }
@@ -804,6 +840,20 @@ impl ReplCoord {
                 }
                 d.insert("configVersion", p.config_version);
                 d.insert("configTerm", p.config_term);
+                // How far the member trails this one's oplog, by what it last reported:
+                // entries, and how long ago the oldest of them was logged here (absent when
+                // they are no longer all in memory: far behind).
+                if !config.members[i].arbiter_only {
+                    let lag = |at: OpTime| store.oplog_lag(at).map(|(n, age)| (n as i64, age.as_secs_f64() * 1000.0));
+                    if let Some((entries, ms)) = lag(p.view.applied) {
+                        d.insert("lagEntries", entries);
+                        d.insert("lagMillis", ms);
+                    }
+                    if let Some((entries, ms)) = lag(p.durable) {
+                        d.insert("durableLagEntries", entries);
+                        d.insert("durableLagMillis", ms);
+                    }
+                }
             }
             members.push(Bson::Document(d));
         }

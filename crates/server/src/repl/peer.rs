@@ -53,14 +53,20 @@ impl PeerConn {
 
     /// Send a command without waiting for its reply, which `recv_raw` reads: the oplog
     /// fetcher applies a batch while its getMore for the next is out. Returns the request id.
-    pub async fn send(&mut self, db: &str, mut body: Document, timeout: Duration) -> Result<i32> {
+    pub async fn send(&mut self, db: &str, body: Document, timeout: Duration) -> Result<i32> {
+        self.send_flags(db, body, 0, timeout).await
+    }
+
+    /// `send` with OP_MSG `flags`: `EXHAUST_ALLOWED` opens a push stream of replies,
+    /// `MORE_TO_COME` sends a message that gets no reply (a push stream's acknowledgement).
+    pub async fn send_flags(&mut self, db: &str, mut body: Document, flags: u32, timeout: Duration) -> Result<i32> {
         if self.broken {
             return Err(Error::new(Code::HostUnreachable, format!("connection to {} was broken by an earlier error", self.host)));
         }
         body.insert("$db", db);
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        let r = match tokio::time::timeout(timeout, self.write_request(id, body)).await {
+        let r = match tokio::time::timeout(timeout, self.write_request(id, body, flags)).await {
             Ok(r) => r,
             Err(_) => Err(Error::new(Code::NetworkTimeout, format!("could not send to {} within {} ms", self.host, timeout.as_millis()))),
         };
@@ -77,10 +83,32 @@ impl PeerConn {
         if is_ok(&reply) {
             return Ok(reply);
         }
-        let code = reply.get_i32("code").ok().unwrap_or(Code::UnknownError.0);
-        let name = reply.get_str("codeName").ok().unwrap_or("UnknownError");
-        let msg = reply.get_str("errmsg").ok().unwrap_or("");
-        Err(Error::remote(code, name, format!("{} replied: {msg}", self.host)))
+        Err(remote_error(&self.host, &reply))
+    }
+
+    /// The next reply of a push stream, which answers `response_to` (the request that opened
+    /// the stream, then each reply the one before): its id, whether more follow, and its
+    /// body; a reply with ok:0 is an `Err` and ends the stream.
+    pub async fn recv_streamed(&mut self, response_to: i32, timeout: Duration) -> Result<(i32, bool, RawDocumentBuf)> {
+        let r = match tokio::time::timeout(timeout, self.read_frame()).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(Code::NetworkTimeout, format!("nothing from {} within {} ms", self.host, timeout.as_millis()))),
+        };
+        let (header, flags, reply) = self.break_on_network_error(r)?;
+        if header.response_to != response_to {
+            self.broken = true;
+            return Err(Error::new(Code::ProtocolError, format!("out-of-order reply in the stream from {}", self.host)));
+        }
+        let more = flags & wire::flags::MORE_TO_COME != 0;
+        if !more {
+            // The stream ended: the connection is back to request and reply, but the caller
+            // starts over with a new one.
+            self.broken = true;
+        }
+        if is_ok(&reply) {
+            return Ok((header.request_id, more, reply));
+        }
+        Err(remote_error(&self.host, &reply))
     }
 
     /// After a network error or a timeout a reply may be in flight: the connection is done.
@@ -91,14 +119,22 @@ impl PeerConn {
         r
     }
 
-    async fn write_request(&mut self, id: i32, body: Document) -> Result<()> {
+    async fn write_request(&mut self, id: i32, body: Document, flags: u32) -> Result<()> {
         crate::fault::before_send(&self.host).await?;
-        let frame = wire::try_encode_msg(id, 0, &wire::OpMsg { flags: 0, body, sequences: Vec::new() }, None)?;
+        let frame = wire::try_encode_msg(id, 0, &wire::OpMsg { flags, body, sequences: Vec::new() }, None)?;
         let io = |e: std::io::Error| Error::new(Code::HostUnreachable, format!("connection to {} failed: {e}", self.host));
         self.stream.write_all(&frame).await.map_err(io)
     }
 
     async fn read_reply(&mut self, request: i32) -> Result<RawDocumentBuf> {
+        let (header, _, body) = self.read_frame().await?;
+        if header.response_to != request {
+            return Err(Error::new(Code::ProtocolError, format!("unexpected reply from {}", self.host)));
+        }
+        Ok(body)
+    }
+
+    async fn read_frame(&mut self) -> Result<(wire::Header, u32, RawDocumentBuf)> {
         let io = |e: std::io::Error| Error::new(Code::HostUnreachable, format!("connection to {} failed: {e}", self.host));
         let mut prefix = [0u8; 4];
         self.stream.read_exact(&mut prefix).await.map_err(io)?;
@@ -106,13 +142,17 @@ impl PeerConn {
         let mut buf = vec![0u8; len];
         buf[..4].copy_from_slice(&prefix);
         self.stream.read_exact(&mut buf[4..]).await.map_err(io)?;
-        let (header, body) = wire::decode_raw_body(&buf, REPLY_BYTES_MAX)?;
+        let decoded = wire::decode_raw_msg(&buf, REPLY_BYTES_MAX)?;
         crate::fault::after_receive(&self.host).await?;
-        if header.response_to != request {
-            return Err(Error::new(Code::ProtocolError, format!("unexpected reply from {}", self.host)));
-        }
-        Ok(body)
+        Ok(decoded)
     }
+}
+
+fn remote_error(host: &str, reply: &RawDocument) -> Error {
+    let code = reply.get_i32("code").ok().unwrap_or(Code::UnknownError.0);
+    let name = reply.get_str("codeName").ok().unwrap_or("UnknownError");
+    let msg = reply.get_str("errmsg").ok().unwrap_or("");
+    Error::remote(code, name, format!("{host} replied: {msg}"))
 }
 
 /// A cursor reply's id and its `key` batch ("firstBatch" or "nextBatch").
