@@ -307,7 +307,7 @@ async fn stream_oplog(shared: &Arc<Shared>, stream: &mut TcpStream, reader: &mut
         (Err(e), _) => return refuse_stream(shared, stream, request_id, &e).await,
         _ => return refuse_stream(shared, stream, request_id, &common::Error::bad_value(format!("$replStream.credits must be 1 to {STREAM_CREDITS_MAX}"))).await,
     };
-    let (request, mut credits) = request;
+    let (mut request, mut credits) = request;
     let (mut rd, mut wr) = stream.split();
     let mut response_to = request_id;
     enum Next {
@@ -315,6 +315,8 @@ async fn stream_oplog(shared: &Arc<Shared>, stream: &mut TcpStream, reader: &mut
         Batch(Reply),
     }
     loop {
+        // A getMore dropped while it waited for entries starts its wait over when run again.
+        conn.await_deadline = None;
         let next = if credits == 0 {
             Next::Ack(reader.next(&mut rd).await)
         } else {
@@ -339,6 +341,12 @@ async fn stream_oplog(shared: &Arc<Shared>, stream: &mut TcpStream, reader: &mut
                 }
                 response_to = reply_id;
                 credits -= 1;
+                if request.body.contains_key("$replProgress") {
+                    // The opening getMore's report counts once; acknowledgements carry the rest.
+                    let mut body = (*request.body).clone();
+                    body.remove("$replProgress");
+                    request.body = Arc::new(body);
+                }
             }
             Next::Ack(frame) => {
                 let Some(range) = frame? else { return Ok(()) };
@@ -442,7 +450,12 @@ async fn run_with_times(shared: &Arc<Shared>, conn: &mut ConnState, request: Req
         tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request))
     };
     if let Some(wait) = conn.replication_wait.take() {
+        let at = wait.at;
         wait_for_replication(shared, wait, &mut reply).await;
+        if let Some(repl) = &shared.repl {
+            // The reply goes out now: strict reads on secondaries must see this write.
+            repl.note_acknowledged(at);
+        }
     }
     if let Some(wait) = conn.read_wait.take() {
         if let Err(e) = wait_for_commit_point(shared, wait).await {
@@ -478,7 +491,14 @@ async fn wait_before_read(shared: &Shared, after: dispatch::ReadAfter) -> common
     let timed_out = || common::Error::new(common::Code::MaxTimeMSExpired, "operation exceeded time limit waiting to apply what the read must see");
     let mut ts = after.ts;
     if after.strict {
-        match repl.primary_position.after_now(deadline).await {
+        let position = match repl.primary_position.from_page(repl.term()) {
+            Some(ts) => {
+                Counters::add(&shared.counters.repl_strict_page_reads, 1);
+                Some(Ok(storage::OpTime { ts, term: 0 }))
+            }
+            None => repl.primary_position.after_now(deadline).await,
+        };
+        match position {
             None => return Err(timed_out()),
             Some(Err(e)) => return Err(e),
             Some(Ok(p)) => ts = ts.max(p.ts),

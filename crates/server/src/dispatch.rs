@@ -198,7 +198,8 @@ pub struct ReadAfter {
 /// The wait before `req` runs, if it needs one (checked again, with errors, when it runs).
 pub fn read_after(shared: &Shared, req: &Request) -> Result<Option<ReadAfter>> {
     let Some(repl) = &shared.repl else { return Ok(None) };
-    if req.name == "getMore" || commands::on_secondary(&req.name) == commands::OnSecondary::Never {
+    // The reads of data that take a read concern (a getMore reads at its cursor's).
+    if !matches!(req.name.as_str(), "find" | "aggregate" | "count" | "distinct") {
         return Ok(None);
     }
     let rc = match req.body.get("readConcern") {
@@ -207,7 +208,9 @@ pub fn read_after(shared: &Shared, req: &Request) -> Result<Option<ReadAfter>> {
     };
     let level = rc.and_then(|d| d.get_str("level").ok());
     let primary = repl.is_writable_primary();
-    let strict = !primary && (level == Some("strict") || (shared.config.strict_consistency && level != Some("linearizable")));
+    // --strictConsistency makes strict the default level; a read that names "local" or
+    // "available" gets what it names.
+    let strict = !primary && (level == Some("strict") || (shared.config.strict_consistency && matches!(level, None | Some("majority"))));
     let mut ts = 0;
     if let Some(Bson::Timestamp(t)) = rc.and_then(|d| d.get("afterClusterTime")) {
         let t = common::optime::ts_value(*t);
@@ -436,6 +439,13 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
             }
         }
         conn.read_wait = Some(w);
+    }
+    if let Some(repl) = shared.repl.as_ref().filter(|_| commands::on_secondary(&req.name) == commands::OnSecondary::Never) {
+        // A write acknowledged without waiting for its own sync (j:false, w:0) counts for
+        // strict reads now; one that waits for it is counted by the durable optime.
+        if !wait.as_ref().is_some_and(|w| w.own_durable) {
+            repl.note_acknowledged(shared.store.oplog_last().unwrap_or_default());
+        }
     }
     if let Some(mut wait) = wait {
         // The write is applied here; the connection waits (off the worker thread) for the

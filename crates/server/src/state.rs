@@ -44,6 +44,8 @@ pub struct Counters {
     pub repl_read_waits: AtomicU64,
     pub repl_read_wait_us: AtomicU64,
     pub repl_strict_asks: AtomicU64,
+    /// Strict reads that read the primary's position page instead of asking.
+    pub repl_strict_page_reads: AtomicU64,
     /// Oplog bytes and entries a secondary fetched (metrics.repl.network.bytes, ops).
     pub repl_fetched_bytes: AtomicU64,
     pub repl_fetched_ops: AtomicU64,

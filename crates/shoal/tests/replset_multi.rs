@@ -148,6 +148,31 @@ impl Set {
     }
 }
 
+/// Inserts into app.bg without pause until stopped: keeps secondaries moving ahead of a
+/// member choosing its sync source (a candidate must be strictly ahead of it).
+struct BackgroundWriter {
+    writing: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BackgroundWriter {
+    fn start(client: &Client) -> BackgroundWriter {
+        let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (w, bg) = (writing.clone(), client.database("app").collection::<Document>("bg"));
+        let task = tokio::spawn(async move {
+            while w.load(std::sync::atomic::Ordering::Relaxed) {
+                bg.insert_one(doc! {}).await.unwrap();
+            }
+        });
+        BackgroundWriter { writing, task }
+    }
+
+    async fn stop(self) {
+        self.writing.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap();
+    }
+}
+
 fn member<'a>(status: &'a Document, i: usize) -> &'a Document {
     status.get_array("members").unwrap()[i].as_document().unwrap()
 }
@@ -422,15 +447,7 @@ async fn chaining_follows_the_closest_member_and_can_be_turned_off() {
     // A secondary is a candidate only when strictly ahead of member 2 (what keeps chains
     // acyclic), so keep writing until the end: member 1, nearer the primary, is then ahead
     // whenever member 2 looks, not only in the moments after a write.
-    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let writer = {
-        let (writing, bg) = (writing.clone(), client.database("app").collection::<Document>("bg"));
-        tokio::spawn(async move {
-            while writing.load(std::sync::atomic::Ordering::Relaxed) {
-                bg.insert_one(doc! {}).await.unwrap();
-            }
-        })
-    };
+    let writer = BackgroundWriter::start(&client);
     loop {
         coll.insert_one(doc! {"_id": n as i64}).await.unwrap();
         n += 1;
@@ -451,8 +468,7 @@ async fn chaining_follows_the_closest_member_and_can_be_turned_off() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         seen = member(&set.status(0).await.unwrap(), 2).get_str("syncSourceHost").unwrap().to_string();
     }
-    writing.store(false, std::sync::atomic::Ordering::Relaxed);
-    writer.await.unwrap();
+    writer.stop().await;
 }
 
 #[tokio::test]
@@ -484,15 +500,7 @@ async fn auto_chaining_keeps_voters_on_the_primary_and_chains_the_others() {
     assert_eq!(config.get_document("config").unwrap().get_document("settings").unwrap().get_str("chainingAllowed").unwrap(), "auto");
     let client = set.client().await;
     // A secondary is a candidate only when strictly ahead of member 3: keep writing.
-    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let writer = {
-        let (writing, bg) = (writing.clone(), client.database("app").collection::<Document>("bg"));
-        tokio::spawn(async move {
-            while writing.load(std::sync::atomic::Ordering::Relaxed) {
-                bg.insert_one(doc! {}).await.unwrap();
-            }
-        })
-    };
+    let writer = BackgroundWriter::start(&client);
     let primary = host(&set.members[0]);
     let secondaries = [host(&set.members[1]), host(&set.members[2])];
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -507,8 +515,7 @@ async fn auto_chaining_keeps_voters_on_the_primary_and_chains_the_others() {
     for i in 1..3 {
         assert_eq!(set.status(i).await.unwrap().get_str("syncSourceHost").unwrap(), primary, "voter {i}");
     }
-    writing.store(false, std::sync::atomic::Ordering::Relaxed);
-    writer.await.unwrap();
+    writer.stop().await;
     let coll = client.database("app").collection::<Document>("c");
     coll.insert_one(doc! {"_id": 1}).await.unwrap();
     set.wait_for_count(3, "c", 1).await;
@@ -520,8 +527,11 @@ fn w1() -> mongodb::options::WriteConcern {
 
 /// Member 2 of a fresh 3-member set whose links to the primary are slow (25 ms each way),
 /// so that its plain reads trail the primary.
-async fn set_with_a_slow_secondary() -> Set {
-    let mut set = Set::start(3, doc! {"chainingAllowed": false}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}]).await;
+/// With `strict_by_default`, member 2 runs with --strictConsistency.
+async fn set_with_a_slow_secondary(strict_by_default: bool) -> Set {
+    let members = [doc! {}, doc! {"priority": 0}, doc! {"priority": 0}];
+    let member_2: &[&str] = if strict_by_default { &["--strictConsistency"] } else { &[] };
+    let mut set = Set::start_with_args(3, doc! {"chainingAllowed": false}, &members, &[&[], &[], member_2]).await;
     assert_eq!(set.wait_for_primary(None).await, 0);
     set.fail_point(2, "alwaysOn", doc! {"host": host(&set.members[0]), "delayMs": 25}).await;
     set
@@ -529,30 +539,40 @@ async fn set_with_a_slow_secondary() -> Set {
 
 #[tokio::test]
 async fn strict_reads_on_a_secondary_see_every_acknowledged_write() {
-    let set = set_with_a_slow_secondary().await;
+    // Member 2 reads strictly by default (a read that names "local" still gets local).
+    let set = set_with_a_slow_secondary(true).await;
     let client = set.client().await;
     let coll = client.database("app").collection::<Document>("c");
     let secondary = direct(&set.members[2]).await;
     let db = secondary.database("app");
     let find = |id: i32, level: &str| doc! {"find": "c", "filter": {"_id": id}, "readConcern": {"level": level}, "$readPreference": {"mode": "secondary"}};
     let found = |r: &Document| !r.get_document("cursor").unwrap().get_array("firstBatch").unwrap().is_empty();
-    let (mut stale_local, mut stale_strict) = (0, 0);
+    let (mut stale_local, mut stale_strict, mut stale_default) = (0, 0, 0);
+    let find_default = |id: i32| doc! {"find": "c", "filter": {"_id": id}, "$readPreference": {"mode": "secondary"}};
     for i in 0..20 {
         coll.insert_one(doc! {"_id": i}).write_concern(w1()).await.unwrap();
         // A plain read right after the w:1 acknowledgement usually misses the write ...
         if !found(&db.run_command(find(i, "local")).await.unwrap()) {
             stale_local += 1;
         }
-        // ... a strict one never does.
+        // ... a strict one never does, nor one without a read concern on a member started
+        // with --strictConsistency.
         if !found(&db.run_command(find(i, "strict")).await.unwrap()) {
             stale_strict += 1;
         }
+        coll.update_one(doc! {"_id": i}, doc! {"$set": {"seen": true}}).write_concern(w1()).await.unwrap();
+        if db.run_command(find_default(i)).await.unwrap().get_document("cursor").unwrap().get_array("firstBatch").unwrap().first().and_then(|d| d.as_document()).is_none_or(|d| !d.contains_key("seen")) {
+            stale_default += 1;
+        }
     }
+    assert_eq!(stale_default, 0, "reads on a --strictConsistency member returned stale data");
     assert!(stale_local > 0, "the slow secondary was never behind: the test shows nothing");
     assert_eq!(stale_strict, 0, "strict reads returned stale data");
     let status = admin(&secondary, doc! {"serverStatus": 1}).await.unwrap();
     let waits = status.get_document("metrics").unwrap().get_document("repl").unwrap().get_document("readWaits").unwrap();
-    assert!(waits.get_i64("num").unwrap() >= 20 && waits.get_i64("primaryAsks").unwrap() >= 1, "{waits}");
+    assert!(waits.get_i64("num").unwrap() >= 40 && waits.get_i64("primaryAsks").unwrap() >= 1, "{waits}");
+    // On one host, after the first ask, the secondary reads the primary's position page.
+    assert!(waits.get_i64("positionPageReads").unwrap() >= 1, "{waits}");
     // Lag and transport metrics: the secondary counts what it fetched, the primary how long
     // entries took to reach it, and how far each member trails.
     let network = status.get_document("metrics").unwrap().get_document("repl").unwrap().get_document("network").unwrap();
@@ -575,7 +595,7 @@ async fn strict_reads_on_a_secondary_see_every_acknowledged_write() {
 
 #[tokio::test]
 async fn causally_consistent_sessions_read_their_writes_on_a_secondary() {
-    let set = set_with_a_slow_secondary().await;
+    let set = set_with_a_slow_secondary(false).await;
     let client = set.client().await;
     let coll = client.database("app").collection::<Document>("c");
     // Only member 2 serves the reads.

@@ -170,6 +170,17 @@ pub fn decode_raw_msg(
     frame: &[u8],
     max_message_size_bytes: usize,
 ) -> Result<(Header, u32, bson::RawDocumentBuf)> {
+    with_raw_msg(frame, max_message_size_bytes, |header, flags, body| Ok((header, flags, body.to_owned())))
+}
+
+/// Run `f` on an OP_MSG's header, flags and body, the body borrowed from `frame` unless
+/// the message was compressed: a reader that keeps only parts of a large reply copies
+/// only those.
+pub fn with_raw_msg<T>(
+    frame: &[u8],
+    max_message_size_bytes: usize,
+    f: impl FnOnce(Header, u32, &bson::RawDocument) -> Result<T>,
+) -> Result<T> {
     let (header, bytes, _) = uncompressed(frame, max_message_size_bytes)?;
     if header.op_code != OP_MSG {
         return Err(protocol(format!(
@@ -187,9 +198,9 @@ pub fn decode_raw_msg(
     if !reader.is_empty() {
         return Err(protocol("expected an OP_MSG with only a body section"));
     }
-    let body = bson::RawDocumentBuf::from_bytes(body.to_vec())
+    let body = bson::RawDocument::from_bytes(body)
         .map_err(|e| Error::new(Code::InvalidBSON, format!("Invalid BSON: {e}")))?;
-    Ok((header, flags, body))
+    f(header, flags, body)
 }
 
 /// The frame with OP_COMPRESSED undone (the inner message behind a reconstructed header),

@@ -201,6 +201,7 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
                     "num": Counters::get(&c.repl_read_waits) as i64,
                     "totalMillis": (Counters::get(&c.repl_read_wait_us) / 1000) as i64,
                     "primaryAsks": Counters::get(&c.repl_strict_asks) as i64,
+                    "positionPageReads": Counters::get(&c.repl_strict_page_reads) as i64,
                 },
             },
         },

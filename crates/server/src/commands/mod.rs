@@ -111,6 +111,7 @@ pub fn lookup(name: &str) -> Option<Handler> {
         "replSetHeartbeat" => repl::repl_set_heartbeat,
         "replSetRequestVotes" => repl::repl_set_request_votes,
         "replSetUpdatePosition" => repl::repl_set_update_position,
+        "replSetGetAcknowledged" => repl::repl_set_get_acknowledged,
         "replSetStepDown" => repl::repl_set_step_down,
         "replSetFreeze" => repl::repl_set_freeze,
         "replSetReconfig" => repl::repl_set_reconfig,
@@ -126,7 +127,7 @@ pub fn lookup(name: &str) -> Option<Handler> {
 /// (collection write lock, group commit) and leaves the worker first. The hop off the worker
 /// costs a thread handoff per command, a sixth of the server's CPU on a point-read workload.
 pub fn never_blocks(name: &str) -> bool {
-    matches!(name, "find" | "getMore" | "count" | "distinct" | "aggregate" | "killCursors" | "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "listIndexes" | "listCollections" | "endSessions" | "replSetUpdatePosition")
+    matches!(name, "find" | "getMore" | "count" | "distinct" | "aggregate" | "killCursors" | "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "listIndexes" | "listCollections" | "endSessions" | "replSetUpdatePosition" | "replSetGetAcknowledged")
 }
 
 /// Where a command may run on a replica-set member that is not primary (mongod's

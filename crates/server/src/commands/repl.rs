@@ -93,6 +93,18 @@ pub fn repl_set_request_votes(ctx: &mut Ctx) -> Result<Document> {
     crate::repl::member_commands::request_votes(ctx.shared, ctx.cmd)
 }
 
+/// replSetGetAcknowledged (shoal's, member to member): where the primary's acknowledged
+/// writes reach, for a secondary's strict-consistency reads (`repl::strict`).
+pub fn repl_set_get_acknowledged(ctx: &mut Ctx) -> Result<Document> {
+    let coord = member_cmd(ctx)?;
+    let mut reply = bson::doc! {"isWritablePrimary": coord.is_writable_primary(), "acknowledgedOpTime": coord.acknowledged(&ctx.shared.store).to_doc()};
+    if let Some(page) = &coord.position_page {
+        // A member on this host reads the same from shared memory from now on.
+        reply.insert("positionPage", bson::doc! {"path": page.path().map(|p| p.display().to_string()).unwrap_or_default(), "nonce": page.nonce() as i64});
+    }
+    Ok(reply)
+}
+
 /// replSetUpdatePosition (a member to its sync source).
 pub fn repl_set_update_position(ctx: &mut Ctx) -> Result<Document> {
     member_cmd(ctx)?;

@@ -178,9 +178,11 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
 /// Batches a push stream may send ahead of this member's acknowledgements: one being written
 /// here while the next travels. More only lets the source cut smaller batches.
 const PUSH_CREDITS: i32 = 2;
-/// Written batches waiting for the applier; the fetcher waits (and stops returning credits)
-/// beyond this, so the source's stream slows to the apply rate.
-const APPLY_QUEUE_BATCHES: usize = 4;
+/// Written batches waiting for the applier (at most 16 MiB each, so at most 256 MiB); the
+/// fetcher waits (and stops returning credits) beyond this, so the source's stream slows
+/// to the apply rate. Deep enough that a member catching up writes (and acknowledges) at the
+/// rate the log arrives, applying behind.
+const APPLY_QUEUE_BATCHES: usize = 16;
 
 /// `logTransport: push`: open a stream on the oplog cursor `id` (an exhaust getMore with
 /// `$replStream`); the source sends each batch as soon as it has one and a credit. Each
@@ -203,13 +205,23 @@ async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config
         let mut response_to = conn.send_flags("local", open, wire::flags::EXHAUST_ALLOWED, wait).await?;
         let mut commit_seen = OpTime::default();
         loop {
-            let (reply_id, more, reply) = conn.recv_streamed(response_to, wait).await?;
+            let (reply_id, more, (id, batch, cp)) = conn
+                .recv_streamed(response_to, wait, |reply| {
+                    let (id, batch) = cursor_batch_raw(reply, "nextBatch")?;
+                    Ok((id, batch, on_repl_data(shared, reply)))
+                })
+                .await?;
             response_to = reply_id;
-            let (id, batch) = cursor_batch_raw(&reply, "nextBatch")?;
-            if let Some(cp) = on_repl_data(shared, &reply) {
+            if let Some(cp) = cp {
                 commit_seen = commit_seen.max(cp);
             }
-            let written = if batch.is_empty() { None } else { Some(write_batch(shared, batch, epoch)?) };
+            if !batch.is_empty() {
+                // The applier takes the batch as soon as it is in the engine, and applies it
+                // while the journal syncs: the journal keeps engine writes in order, so no
+                // apply is durable before the entries it applied.
+                applier.send(write_batch_unsynced(shared, batch, epoch)?)?;
+                shared.store.commit_durable()?;
+            }
             coord.learn_commit_point(&shared.store, commit_seen);
             if !more || id == 0 {
                 return Err(Error::new(Code::CursorNotFound, format!("{host} ended the oplog stream")));
@@ -218,9 +230,6 @@ async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config
             let ack = doc! {"replSetUpdatePosition": 1, "optimes": progress_optimes(shared, config, me, src), "$replCredits": 1};
             conn.send_flags("admin", ack, wire::flags::MORE_TO_COME, wait).await?;
             Counters::add(&shared.counters.repl_stream_batches, 1);
-            if let Some(logged) = written {
-                applier.send(logged)?;
-            }
             if coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, config, me, src, forced) {
                 return Ok(());
             }
@@ -231,6 +240,9 @@ async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config
     let applied = applier.finish();
     r.and(applied)
 }
+
+/// The most a push stream's applier applies in one engine write, when batches queued up.
+const APPLY_COALESCE_BYTES_MAX: usize = 32 << 20;
 
 /// A thread that applies written batches in order (`apply_written`), for a push stream.
 struct Applier {
@@ -245,7 +257,15 @@ impl Applier {
             .name("shoal-oplog-applier".into())
             .spawn(move || -> Result<()> {
                 let coord = shared.repl.as_ref().expect("replica set member");
-                for logged in rx {
+                while let Ok(mut logged) = rx.recv() {
+                    // Batches that queued up while the last apply ran are applied as one: one
+                    // engine write, and each document touched in several written once.
+                    let mut bytes: usize = logged.iter().map(|(_, e)| e.len()).sum();
+                    while bytes < APPLY_COALESCE_BYTES_MAX {
+                        let Ok(more) = rx.try_recv() else { break };
+                        bytes += more.iter().map(|(_, e)| e.len()).sum::<usize>();
+                        logged.extend(more);
+                    }
                     apply_written(&shared, &logged)?;
                     // Applied: the reporter tells the source (the stream carries durability).
                     coord.after_apply(shared.store.oplog_applied().unwrap_or_default(), false);
@@ -601,6 +621,13 @@ fn on_repl_data(shared: &Shared, reply: &RawDocument) -> Option<OpTime> {
 /// Write fetched entries to our oplog with their own optimes and make them durable (what
 /// a write concern counts); returns them for `apply_written`.
 fn write_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<Vec<(OpTime, Vec<u8>)>> {
+    let logged = write_batch_unsynced(shared, entries, epoch)?;
+    shared.store.commit_durable()?;
+    Ok(logged)
+}
+
+/// `write_batch` without the sync: the entries are in the engine, not yet durable.
+fn write_batch_unsynced(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<Vec<(OpTime, Vec<u8>)>> {
     let coord = shared.repl.as_ref().expect("replica set member");
     // Written as they came: decoded only when applied entry by entry.
     let logged = entries
@@ -619,7 +646,6 @@ fn write_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Res
         }
         crate::apply::write_fetched(&shared.store, &logged)?;
     }
-    shared.store.commit_durable()?;
     Ok(logged)
 }
 

@@ -14,6 +14,7 @@ mod fetcher;
 mod initial_sync;
 mod member;
 mod peer;
+pub(crate) mod shm;
 pub(crate) mod strict;
 
 use bson::{doc, Bson, DateTime, Document, Timestamp};
@@ -88,6 +89,12 @@ pub struct ReplCoord {
     pub(crate) primary_position: strict::PrimaryPosition,
     /// The newest cluster time clients gossiped (`$clusterTime`), as `secs << 32 | inc`.
     gossiped_cluster_time: AtomicU64,
+    /// On a primary: the newest entry of a write whose reply was sent or is being sent
+    /// (`secs << 32 | inc`). A strict-consistency read on a secondary must see this far.
+    acknowledged_ts: AtomicU64,
+    /// The same, and the term while primary, in shared memory for secondaries on this host
+    /// (`shm`); None where /dev/shm is not available.
+    pub(crate) position_page: Option<shm::PositionPage>,
 }
 
 /// What this member knows of another, from heartbeats and progress reports.
@@ -206,6 +213,8 @@ impl ReplCoord {
             majority_waiters: Mutex::new(MajorityWaiters::default()),
             primary_position: strict::PrimaryPosition::default(),
             gossiped_cluster_time: AtomicU64::new(0),
+            acknowledged_ts: AtomicU64::new(0),
+            position_page: shm::PositionPage::create(port),
             config_epoch: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
             tasks_started: AtomicBool::new(false),
@@ -312,6 +321,9 @@ impl ReplCoord {
                     _ => MemberState::Secondary,
                 };
                 self.primary.store(false, Ordering::SeqCst);
+                if let Some(p) = &self.position_page {
+                    p.set_primary(None);
+                }
             }
             inner.config = Some(config.clone());
         }
@@ -348,6 +360,11 @@ impl ReplCoord {
                 }
             }
             self.primary.store(true, Ordering::SeqCst);
+            if let Some(p) = &self.position_page {
+                // Whatever this member acknowledged in an earlier term is durable here.
+                p.note_acknowledged(store.oplog_durable().unwrap_or_default().ts);
+                p.set_primary(Some(term));
+            }
         }
         store.set_ttl_deletes_enabled(true);
         self.changed();
@@ -365,6 +382,9 @@ impl ReplCoord {
         inner.state = MemberState::Secondary;
         inner.primary_seen = Instant::now();
         self.primary.store(false, Ordering::SeqCst);
+        if let Some(p) = &self.position_page {
+            p.set_primary(None);
+        }
         drop(inner);
         tracing::info!("stepping down: {why}");
         self.changed();
@@ -660,6 +680,25 @@ impl ReplCoord {
     /// do not.
     pub fn serves_secondary_reads(&self) -> bool {
         matches!(self.inner.lock().state, MemberState::Primary | MemberState::Secondary)
+    }
+
+    /// A write that logged through `at` is about to be acknowledged.
+    pub fn note_acknowledged(&self, at: OpTime) {
+        self.acknowledged_ts.fetch_max(at.ts, Ordering::SeqCst);
+        if let Some(p) = &self.position_page {
+            p.note_acknowledged(at.ts);
+        }
+    }
+
+    /// How far a strict read must see: every write this primary acknowledged. Its
+    /// acknowledgement needs its entries durable here unless the client said j:false or w:0,
+    /// and those record themselves (`note_acknowledged`). Entries logged and not yet
+    /// acknowledged (a write waiting for its sync) are not included: a read that arrives
+    /// before a write's reply may or may not see it, on the primary as anywhere.
+    pub fn acknowledged(&self, store: &Store) -> OpTime {
+        let durable = store.oplog_durable().unwrap_or_default();
+        let ts = self.acknowledged_ts.load(Ordering::SeqCst).max(durable.ts);
+        OpTime { ts, term: self.term().max(durable.term) }
     }
 
     /// This member's cluster time (mongod's logical clock): its newest oplog entry, or a

@@ -19,6 +19,9 @@ pub struct PeerConn {
     pub host: String,
     next_id: i32,
     broken: bool,
+    /// The frame being read, kept between frames: an oplog batch is megabytes, and a fresh
+    /// buffer for each was memory the kernel zeroed again every time.
+    frame: Vec<u8>,
 }
 
 impl PeerConn {
@@ -30,7 +33,7 @@ impl PeerConn {
             Err(_) => return Err(Error::new(Code::NetworkTimeout, format!("timed out connecting to {host}"))),
         };
         let _ = stream.set_nodelay(true);
-        Ok(PeerConn { stream, host: host.to_string(), next_id: 1, broken: false })
+        Ok(PeerConn { stream, host: host.to_string(), next_id: 1, broken: false, frame: Vec::new() })
     }
 
     pub fn is_broken(&self) -> bool {
@@ -89,26 +92,30 @@ impl PeerConn {
     /// The next reply of a push stream, which answers `response_to` (the request that opened
     /// the stream, then each reply the one before): its id, whether more follow, and its
     /// body; a reply with ok:0 is an `Err` and ends the stream.
-    pub async fn recv_streamed(&mut self, response_to: i32, timeout: Duration) -> Result<(i32, bool, RawDocumentBuf)> {
-        let r = match tokio::time::timeout(timeout, self.read_frame()).await {
+    /// `f` reads the body, borrowed from the connection's buffer (only what it keeps is
+    /// copied).
+    pub async fn recv_streamed<T>(&mut self, response_to: i32, timeout: Duration, f: impl FnOnce(&RawDocument) -> Result<T>) -> Result<(i32, bool, T)> {
+        let r = match tokio::time::timeout(timeout, self.read_frame_bytes()).await {
             Ok(r) => r,
             Err(_) => Err(Error::new(Code::NetworkTimeout, format!("nothing from {} within {} ms", self.host, timeout.as_millis()))),
         };
-        let (header, flags, reply) = self.break_on_network_error(r)?;
-        if header.response_to != response_to {
+        let len = self.break_on_network_error(r)?;
+        let host = self.host.clone();
+        let r = wire::with_raw_msg(&self.frame[..len], REPLY_BYTES_MAX, |header, flags, reply| {
+            if header.response_to != response_to {
+                return Err(Error::new(Code::ProtocolError, format!("out-of-order reply in the stream from {host}")));
+            }
+            if !is_ok(reply) {
+                return Err(remote_error(&host, reply));
+            }
+            Ok((header.request_id, flags & wire::flags::MORE_TO_COME != 0, f(reply)?))
+        });
+        // The stream ended (no more to come) or went wrong: the caller starts over with a new
+        // connection.
+        if !matches!(r, Ok((_, true, _))) {
             self.broken = true;
-            return Err(Error::new(Code::ProtocolError, format!("out-of-order reply in the stream from {}", self.host)));
         }
-        let more = flags & wire::flags::MORE_TO_COME != 0;
-        if !more {
-            // The stream ended: the connection is back to request and reply, but the caller
-            // starts over with a new one.
-            self.broken = true;
-        }
-        if is_ok(&reply) {
-            return Ok((header.request_id, more, reply));
-        }
-        Err(remote_error(&self.host, &reply))
+        r
     }
 
     /// After a network error or a timeout a reply may be in flight: the connection is done.
@@ -135,16 +142,23 @@ impl PeerConn {
     }
 
     async fn read_frame(&mut self) -> Result<(wire::Header, u32, RawDocumentBuf)> {
+        let len = self.read_frame_bytes().await?;
+        wire::decode_raw_msg(&self.frame[..len], REPLY_BYTES_MAX)
+    }
+
+    /// Read the next frame into `frame`; returns its length.
+    async fn read_frame_bytes(&mut self) -> Result<usize> {
         let io = |e: std::io::Error| Error::new(Code::HostUnreachable, format!("connection to {} failed: {e}", self.host));
         let mut prefix = [0u8; 4];
         self.stream.read_exact(&mut prefix).await.map_err(io)?;
         let len = wire::frame_length(prefix, REPLY_BYTES_MAX)?;
-        let mut buf = vec![0u8; len];
-        buf[..4].copy_from_slice(&prefix);
-        self.stream.read_exact(&mut buf[4..]).await.map_err(io)?;
-        let decoded = wire::decode_raw_msg(&buf, REPLY_BYTES_MAX)?;
+        if self.frame.len() < len {
+            self.frame.resize(len, 0);
+        }
+        self.frame[..4].copy_from_slice(&prefix);
+        self.stream.read_exact(&mut self.frame[4..len]).await.map_err(io)?;
         crate::fault::after_receive(&self.host).await?;
-        Ok(decoded)
+        Ok(len)
     }
 }
 

@@ -1,12 +1,13 @@
 //! Strict-consistency reads on a secondary: a read waits until this member has applied
-//! everything the primary had applied when the read arrived, so it sees every write
-//! acknowledged before it (w:1 included), as a read on the primary would.
+//! every write the primary had acknowledged when the read arrived (w:1 included), as a read
+//! on the primary would see them.
 //!
-//! Where the primary stood is asked of the primary (its hello's `lastWrite.opTime`), once
+//! Where the primary stood is asked of the primary (replSetGetAcknowledged), once
 //! for many reads: an ask that starts after a read arrived answers for that read, so every
 //! read that arrived while an ask was in flight shares the next one (the ReadIndex batching
 //! of Raft). One asker task, one connection: under any number of reading threads the
-//! primary sees at most one hello in flight from each secondary.
+//! primary sees at most one ask in flight from each secondary. A secondary on the
+//! primary's host reads the primary's position page instead (`shm`): no ask at all.
 
 use super::peer::PeerConn;
 use crate::state::{Counters, Shared};
@@ -22,6 +23,8 @@ use storage::OpTime;
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct PrimaryPosition {
+    /// The primary's position page, when it is on this host (`shm`): read instead of asking.
+    page: parking_lot::RwLock<Option<super::shm::PositionPage>>,
     state: Mutex<AskState>,
     /// Wakes the asker when `wanted` moves past `started`.
     wake: tokio::sync::Notify,
@@ -41,6 +44,7 @@ struct AskState {
 impl Default for PrimaryPosition {
     fn default() -> Self {
         PrimaryPosition {
+            page: parking_lot::RwLock::new(None),
             state: Mutex::new(AskState { wanted: 0, started: 0, last: (0, Ok(OpTime::default())) }),
             wake: tokio::sync::Notify::new(),
             done: tokio::sync::watch::channel(0).0,
@@ -49,7 +53,13 @@ impl Default for PrimaryPosition {
 }
 
 impl PrimaryPosition {
-    /// The primary's newest applied optime, asked after this call began; None when
+    /// Where the primary's acknowledged writes reach now, read from its position page, if
+    /// this member maps one and its owner is primary in `term` (the newest this member knows).
+    pub fn from_page(&self, term: i64) -> Option<u64> {
+        self.page.read().as_ref()?.acknowledged_in(term)
+    }
+
+    /// Where the primary's acknowledged writes reach, asked after this call began; None when
     /// `deadline` passed first.
     pub async fn after_now(&self, deadline: tokio::time::Instant) -> Option<Result<OpTime>> {
         let mut done = self.done.subscribe();
@@ -114,7 +124,7 @@ async fn ask(shared: &Shared, conn: &mut Option<PeerConn>) -> Result<OpTime> {
         let inner = coord.inner.lock();
         if inner.state == MemberState::Primary {
             drop(inner);
-            return Ok(shared.store.oplog_last().unwrap_or_default());
+            return Ok(coord.acknowledged(&shared.store));
         }
         let config = inner.config.as_ref().ok_or_else(|| Error::new(Code::NotYetInitialized, "no replica set config"))?;
         let primary = inner.peers.iter().position(|p| p.view.up && p.view.state == Some(MemberState::Primary));
@@ -129,16 +139,23 @@ async fn ask(shared: &Shared, conn: &mut Option<PeerConn>) -> Result<OpTime> {
     if conn.is_none() {
         *conn = Some(PeerConn::connect(&host, ASK_TIMEOUT).await?);
     }
-    let reply = conn.as_mut().expect("connected").command("admin", doc! {"hello": 1}, ASK_TIMEOUT).await?;
+    let reply = conn.as_mut().expect("connected").command("admin", doc! {"replSetGetAcknowledged": 1}, ASK_TIMEOUT).await?;
     if !reply.get_bool("isWritablePrimary").unwrap_or(false) {
         return Err(no_primary(&format!("{host} is no longer primary")));
     }
+    if let Ok(p) = reply.get_document("positionPage") {
+        let (path, nonce) = (p.get_str("path").unwrap_or(""), p.get_i64("nonce").unwrap_or(0) as u64);
+        let position = &coord.primary_position;
+        if position.page.read().as_ref().is_none_or(|page| page.nonce() != nonce) {
+            // Opens only on the same host; elsewhere the asks go on.
+            *position.page.write() = super::shm::PositionPage::open(path, nonce);
+        }
+    }
     reply
-        .get_document("lastWrite")
+        .get_document("acknowledgedOpTime")
         .ok()
-        .and_then(|w| w.get_document("opTime").ok())
         .and_then(OpTime::from_doc)
-        .ok_or_else(|| Error::new(Code::ProtocolError, format!("{host}'s hello has no lastWrite.opTime")))
+        .ok_or_else(|| Error::new(Code::ProtocolError, format!("{host}'s replSetGetAcknowledged has no acknowledgedOpTime")))
 }
 
 fn no_primary(why: &str) -> Error {
