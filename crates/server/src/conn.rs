@@ -419,7 +419,7 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<(Duration, i
 /// Run a command: on the async worker when it cannot block, otherwise off it (write locks and
 /// group commit wait on condition variables).
 async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Reply {
-    let mut reply = run_with_times(shared, conn, request).await;
+    let mut reply = execute(shared, conn, request).await;
     if let Some(repl) = &shared.repl {
         // Replies carry the times causally consistent sessions chain their reads with.
         if let Some((cluster_time, operation_time)) = repl.reply_times(&shared.store) {
@@ -430,7 +430,9 @@ async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Re
     reply
 }
 
-async fn run_with_times(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Reply {
+/// `run` without the reply's times: the wait a read needs before it runs, the command, and
+/// the waits its reply needs.
+async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Reply {
     if let Some(repl) = &shared.repl {
         if let Ok(t) = request.body.get_document("$clusterTime").and_then(|c| c.get_timestamp("clusterTime")) {
             repl.gossip_cluster_time(t);

@@ -226,7 +226,7 @@ pub fn read_after(shared: &Shared, req: &Request) -> Result<Option<ReadAfter>> {
     if let Some(at) = rc.and_then(|d| d.get_document("afterOpTime").ok()).and_then(storage::OpTime::from_doc) {
         ts = ts.max(at.ts);
     }
-    if !strict && ts <= shared.store.oplog_applied().unwrap_or_default().ts {
+    if !strict && (ts == 0 || ts <= shared.store.oplog_applied().unwrap_or_default().ts) {
         return Ok(None);
     }
     let deadline = parse_max_time(&req.body)?.map(|d| Instant::now() + d);

@@ -445,3 +445,59 @@ async fn wire_compression_negotiation_and_op_compressed() {
     let list = hello.doc.get_array("compression").map(|a| a.len()).unwrap_or(0);
     assert_eq!(list, 0, "{:?}", hello.doc);
 }
+
+#[tokio::test]
+async fn push_streams_enforce_their_credits_and_take_only_acknowledgements() {
+    let mut server = Server::start();
+    let mut s = connect(server.port);
+    let r = command(&mut s, 1, &doc! {"create": "log", "capped": true, "size": 1_000_000, "$db": "test"});
+    assert_eq!(r.doc.get("ok").and_then(num), Some(1.0), "{:?}", r.doc);
+    let r = command(&mut s, 2, &doc! {"insert": "log", "documents": [{"_id": 0}], "$db": "test"});
+    assert_eq!(r.doc.get("ok").and_then(num), Some(1.0), "{:?}", r.doc);
+    let open = |s: &mut std::net::TcpStream, id: i32| -> i64 {
+        let r = command(s, id, &doc! {"find": "log", "tailable": true, "awaitData": true, "batchSize": 1, "$db": "test"});
+        r.doc.get_document("cursor").unwrap().get_i64("id").unwrap()
+    };
+    let stream = |cursor: i64, credits: Bson| doc! {"getMore": cursor, "collection": "log", "maxTimeMS": 100, "$replStream": {"credits": credits}, "$db": "test"};
+    // Credits out of range (1 to 64): refused with a reply, the connection kept.
+    for (i, credits) in [Bson::Int32(0), Bson::Int32(65), Bson::String("many".into())].into_iter().enumerate() {
+        let cursor = open(&mut s, 10 + i as i32);
+        s.write_all(&op_msg(20 + i as i32, FLAG_EXHAUST_ALLOWED, &stream(cursor, credits.clone()))).expect("write");
+        let r = read_reply(&mut s).expect("reply");
+        assert_eq!(r.doc.get("code").and_then(num), Some(2.0), "credits {credits}: {:?}", r.doc);
+    }
+    // A valid stream sends batches with moreToCome, each against a credit: with one credit,
+    // one batch and then nothing until an acknowledgement returns it.
+    let cursor = open(&mut s, 30);
+    s.write_all(&op_msg(31, FLAG_EXHAUST_ALLOWED, &stream(cursor, Bson::Int32(1)))).expect("write");
+    let first = read_reply(&mut s).expect("first batch");
+    assert_eq!(first.response_to, 31);
+    assert_ne!(first.flags & FLAG_MORE_TO_COME, 0, "{:?}", first.doc);
+    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    assert!(read_reply(&mut s).is_err(), "a second batch came without a credit");
+    s.set_read_timeout(Some(PROBE_TIMEOUT)).unwrap();
+    s.write_all(&op_msg(32, FLAG_MORE_TO_COME, &doc! {"ping": 1, "$replCredits": 1, "$db": "admin"})).expect("write");
+    let second = read_reply(&mut s).expect("a batch after the credit came back");
+    assert_eq!(second.response_to, first.request_id, "each batch answers the one before");
+    // Anything but a moreToCome acknowledgement ends the stream, as do credits out of range.
+    s.write_all(&op_msg(33, 0, &doc! {"ping": 1, "$db": "admin"})).expect("write");
+    closed_soon(&mut s, "a request that wants a reply");
+    let mut s = connect(server.port);
+    let cursor = open(&mut s, 40);
+    s.write_all(&op_msg(41, FLAG_EXHAUST_ALLOWED, &stream(cursor, Bson::Int32(1)))).expect("write");
+    read_reply(&mut s).expect("first batch");
+    s.write_all(&op_msg(42, FLAG_MORE_TO_COME, &doc! {"ping": 1, "$replCredits": 1000, "$db": "admin"})).expect("write");
+    closed_soon(&mut s, "credits out of range");
+    assert_alive(&mut server, "push streams").await;
+}
+
+/// The server closes `s` (empty batches still in flight are read past).
+fn closed_soon(s: &mut std::net::TcpStream, case: &str) {
+    s.set_read_timeout(Some(PROBE_TIMEOUT)).unwrap();
+    for _ in 0..100 {
+        if read_reply(s).is_err() {
+            return;
+        }
+    }
+    panic!("{case}: the stream went on");
+}

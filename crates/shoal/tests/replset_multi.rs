@@ -311,7 +311,19 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
 
 #[tokio::test]
 async fn failover_under_load_keeps_every_acknowledged_write_exactly_once() {
-    let mut set = Set::start(3, doc! {}, &[]).await;
+    failover_under_load("pull").await;
+}
+
+#[tokio::test]
+async fn failover_under_load_with_pushed_oplogs_keeps_every_acknowledged_write_exactly_once() {
+    failover_under_load("push").await;
+}
+
+/// Kill the primary of a 3-member set whose members get the oplog by `transport` while a
+/// client inserts with retryable writes; every acknowledged insert is on the new primary, once.
+async fn failover_under_load(transport: &str) {
+    let args: &[&str] = &["--logTransport", transport];
+    let mut set = Set::start_with_args(3, doc! {}, &[], &[args, args, args]).await;
     let p = set.wait_for_primary(None).await;
     let client = set.client().await;
     let coll = client.database("app").collection::<Document>("load");

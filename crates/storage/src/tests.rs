@@ -27,7 +27,6 @@ impl Drop for TempDir {
 
 use super::*;
 use bson::{doc, Bson, Document};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 
 /// A store on each engine: (label, store, directory kept alive for fjall).

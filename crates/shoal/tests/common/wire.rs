@@ -13,6 +13,7 @@ pub const OP_MSG: i32 = 2013;
 pub const HEADER_SIZE_BYTES: usize = 16;
 pub const FLAG_CHECKSUM_PRESENT: u32 = 1;
 pub const FLAG_MORE_TO_COME: u32 = 1 << 1;
+pub const FLAG_EXHAUST_ALLOWED: u32 = 1 << 16;
 /// Largest reply a test will accept; the server's own cap is 48 MB.
 pub const REPLY_SIZE_BYTES_MAX: usize = 64 * 1024 * 1024;
 pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
