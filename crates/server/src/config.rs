@@ -22,6 +22,9 @@ pub enum LogTransport {
     /// with its acknowledgements on the same connection, and the member applies them on a
     /// thread of its own while it writes the next.
     Push,
+    /// Push, with the batches in a ring of shared memory when the source is on this host
+    /// (`repl::shm::LogRing`); push over TCP otherwise.
+    Shm,
 }
 
 impl LogTransport {
@@ -29,7 +32,8 @@ impl LogTransport {
         match s {
             "pull" => Ok(LogTransport::Pull),
             "push" => Ok(LogTransport::Push),
-            other => Err(bad_option(format!("replication.logTransport must be pull or push, not '{other}'"))),
+            "shm" => Ok(LogTransport::Shm),
+            other => Err(bad_option(format!("replication.logTransport must be pull, push or shm, not '{other}'"))),
         }
     }
 
@@ -37,6 +41,7 @@ impl LogTransport {
         match self {
             LogTransport::Pull => "pull",
             LogTransport::Push => "push",
+            LogTransport::Shm => "shm",
         }
     }
 }

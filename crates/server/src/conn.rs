@@ -308,8 +308,21 @@ async fn stream_oplog(shared: &Arc<Shared>, stream: &mut TcpStream, reader: &mut
         _ => return refuse_stream(shared, stream, request_id, &common::Error::bad_value(format!("$replStream.credits must be 1 to {STREAM_CREDITS_MAX}"))).await,
     };
     let (mut request, mut credits) = request;
+    let wants_ring = request.body.get_document("$replStream").ok().and_then(|s| s.get_bool("shm").ok()).unwrap_or(false);
+    let ring = if wants_ring { crate::repl::shm::LogRing::create(shared.config.port, conn.id, credits as u64) } else { None };
     let (mut rd, mut wr) = stream.split();
     let mut response_to = request_id;
+    if let Some(ring) = &ring {
+        // Announce the ring; batches go there from now on (a member that cannot map it, on
+        // another host, closes the stream and opens one without).
+        credits = credits.min(ring.slots() as i64);
+        let path = ring.path().map(|p| p.display().to_string()).unwrap_or_default();
+        let body = doc! {"ok": 1.0, "$replRing": {"path": path, "nonce": ring.nonce() as i64}};
+        let reply_id = next_request_id();
+        let out = wire::encode_msg(reply_id, response_to, &OpMsg { flags: wire::flags::MORE_TO_COME, body, sequences: vec![] }, None);
+        wr.write_all(&out).await.map_err(|e| format!("write error: {e}"))?;
+        response_to = reply_id;
+    }
     enum Next {
         Ack(Result<Option<std::ops::Range<usize>>, String>),
         Batch(Reply),
@@ -334,8 +347,13 @@ async fn stream_oplog(shared: &Arc<Shared>, stream: &mut TcpStream, reader: &mut
                 let ok = matches!(reply.body.get("ok"), Some(Bson::Double(v)) if *v == 1.0);
                 let reply_id = next_request_id();
                 let out = reply.encode(reply_id, response_to, if open && ok { wire::flags::MORE_TO_COME } else { 0 }, None);
-                Counters::add(&shared.counters.bytes_out, out.len() as u64);
-                wr.write_all(&out).await.map_err(|e| format!("write error: {e}"))?;
+                match &ring {
+                    Some(ring) => ring.publish(&out)?,
+                    None => {
+                        Counters::add(&shared.counters.bytes_out, out.len() as u64);
+                        wr.write_all(&out).await.map_err(|e| format!("write error: {e}"))?;
+                    }
+                }
                 if !(open && ok) {
                     return Ok(());
                 }
@@ -505,6 +523,11 @@ async fn wait_before_read(shared: &Shared, after: dispatch::ReadAfter) -> common
             Some(Err(e)) => return Err(e),
             Some(Ok(p)) => ts = ts.max(p.ts),
         }
+    }
+    // Applied already (the usual case): no subscription to progress.
+    if shared.store.oplog_applied().unwrap_or_default().ts >= ts {
+        Counters::add(&shared.counters.repl_read_waits, 1);
+        return Ok(());
     }
     let mut changes = repl.progress_changes();
     loop {

@@ -38,9 +38,9 @@ pub struct Counters {
     /// (metrics.repl.network.getmores).
     pub repl_getmores: AtomicU64,
     pub repl_getmore_us: AtomicU64,
-    /// Reads that waited for this member to apply up to a point (readConcern
-    /// afterClusterTime, or level "strict"), their total wait, and the asks of the primary's
-    /// position that strict reads shared (metrics.repl.readWaits).
+    /// Reads that had to find this member applied up to a point first (readConcern
+    /// afterClusterTime, or level "strict"), their total wait (those that waited), and the
+    /// asks of the primary's position that strict reads shared (metrics.repl.readWaits).
     pub repl_read_waits: AtomicU64,
     pub repl_read_wait_us: AtomicU64,
     pub repl_strict_asks: AtomicU64,
@@ -49,8 +49,10 @@ pub struct Counters {
     /// Oplog bytes and entries a secondary fetched (metrics.repl.network.bytes, ops).
     pub repl_fetched_bytes: AtomicU64,
     pub repl_fetched_ops: AtomicU64,
-    /// Batches a push stream brought (metrics.repl.network.streamBatches).
+    /// Batches a push stream brought (metrics.repl.network.streamBatches), and those of them
+    /// that came through a shared-memory ring (ringBatches).
     pub repl_stream_batches: AtomicU64,
+    pub repl_ring_batches: AtomicU64,
     /// Replication lag as the source sees it (metrics.repl.lag): each time a member reports
     /// new entries durable, how long ago the oldest of them was logged here.
     pub repl_lag: LatencyHistogram,

@@ -68,7 +68,8 @@ struct ServeArgs {
     #[arg(long = "strictConsistency")]
     strict_consistency: bool,
     /// How this member, as a secondary, gets the oplog: pull (a getMore per batch, as
-    /// mongod) or push (its sync source streams it) [default: pull].
+    /// mongod), push (its sync source streams it) or shm (push through shared memory when
+    /// the source is on this host) [default: pull].
     #[arg(long = "logTransport")]
     log_transport: Option<String>,
     /// A server parameter, name=value (repeatable): cursorTimeoutMillis, enableTestCommands.

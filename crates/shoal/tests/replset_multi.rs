@@ -319,6 +319,11 @@ async fn failover_under_load_with_pushed_oplogs_keeps_every_acknowledged_write_e
     failover_under_load("push").await;
 }
 
+#[tokio::test]
+async fn failover_under_load_with_oplogs_in_shared_memory_keeps_every_acknowledged_write_exactly_once() {
+    failover_under_load("shm").await;
+}
+
 /// Kill the primary of a 3-member set whose members get the oplog by `transport` while a
 /// client inserts with retryable writes; every acknowledged insert is on the new primary, once.
 async fn failover_under_load(transport: &str) {
@@ -640,17 +645,27 @@ async fn oplog_of(s: &Server) -> Vec<Document> {
 }
 
 #[tokio::test]
-async fn pull_and_push_deliver_the_same_oplog_under_faults() {
-    // Member 1 pulls, member 2 has the oplog pushed; both links lose and delay messages.
+async fn pull_push_and_shm_deliver_the_same_oplog_under_faults() {
+    // Member 1 pulls, member 2 has the oplog pushed over TCP, member 3 through shared memory;
+    // every link loses and delays messages.
     let mut set = Set::start_with_args(
-        3,
+        4,
         doc! {"chainingAllowed": false},
-        &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}],
-        &[&[], &["--logTransport", "pull"], &["--logTransport", "push"]],
+        &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}, doc! {"priority": 0, "votes": 0}],
+        &[&[], &["--logTransport", "pull"], &["--logTransport", "push"], &["--logTransport", "shm"]],
     )
     .await;
     assert_eq!(set.wait_for_primary(None).await, 0);
-    for i in 1..3 {
+    // Every member done with its initial sync before the workload: then each one's oplog
+    // holds all of the workload's entries.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for i in 1..4 {
+        while set.status(i).await.and_then(|s| s.get_i32("myState").ok()) != Some(2) {
+            assert!(Instant::now() < deadline, "member {i} did not become secondary");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for i in 1..4 {
         set.fail_point(i, "alwaysOn", doc! {"host": host(&set.members[0]), "delayMs": 2, "lossPercent": 3}).await;
     }
     let client = set.client().await;
@@ -661,17 +676,17 @@ async fn pull_and_push_deliver_the_same_oplog_under_faults() {
         coll.update_many(doc! {"_id": {"$lt": round * 100 + 50}}, doc! {"$inc": {"v": 1i64}}).write_concern(w1()).await.unwrap();
         coll.delete_one(doc! {"_id": round * 100 + 99}).write_concern(w1()).await.unwrap();
     }
-    for i in 1..3 {
+    for i in 1..4 {
         set.fail_point(i, "off", doc! {"host": host(&set.members[0])}).await;
     }
     coll.insert_one(doc! {"_id": "last"}).await.unwrap();
-    for i in 1..3 {
+    for i in 1..4 {
         set.wait_for_count(i, "c", 20 * 99 + 1).await;
     }
     let want = oplog_of(&set.members[0]).await;
     assert!(want.len() > 20 * 150, "{} entries", want.len());
     let deadline = Instant::now() + Duration::from_secs(20);
-    for i in 1..3 {
+    for i in 1..4 {
         loop {
             let got = oplog_of(&set.members[i]).await;
             // A member's oplog starts where its initial sync began, before any write of the
@@ -712,15 +727,18 @@ async fn pull_and_push_deliver_the_same_oplog_under_faults() {
         }
     };
     let primary_docs = all(0).await;
-    for i in 1..3 {
+    for i in 1..4 {
         assert_eq!(all(i).await, primary_docs, "member {i}'s data");
     }
-    // Each transport did the work: member 1 asked for batches, member 2 was sent them.
+    // Each transport did the work: member 1 asked for batches, members 2 and 3 were sent
+    // them, member 3's through a ring.
     let network = |d: Document| d.get_document("metrics").unwrap().get_document("repl").unwrap().get_document("network").unwrap().clone();
     let n1 = network(admin(&direct(&set.members[1]).await, doc! {"serverStatus": 1}).await.unwrap());
     let n2 = network(admin(&direct(&set.members[2]).await, doc! {"serverStatus": 1}).await.unwrap());
+    let n3 = network(admin(&direct(&set.members[3]).await, doc! {"serverStatus": 1}).await.unwrap());
     assert!(n1.get_document("getmores").unwrap().get_i64("num").unwrap() > 0 && n1.get_i64("streamBatches").unwrap() == 0, "{n1}");
-    assert!(n2.get_i64("streamBatches").unwrap() > 0, "{n2}");
+    assert!(n2.get_i64("streamBatches").unwrap() > 0 && n2.get_i64("ringBatches").unwrap() == 0, "{n2}");
+    assert!(n3.get_i64("ringBatches").unwrap() > 0, "{n3}");
 }
 
 #[tokio::test]

@@ -98,7 +98,7 @@ fn link_fault(host: String, partition: bool) -> Document {
 }
 
 /// The transports compared: mongod's pull first, the baseline.
-pub const TRANSPORTS: [&str; 2] = ["pull", "push"];
+pub const TRANSPORTS: [&str; 3] = ["pull", "push", "shm"];
 
 struct CatchUp {
     transport: &'static str,

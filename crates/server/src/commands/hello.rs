@@ -190,6 +190,7 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
                     "bytes": Counters::get(&c.repl_fetched_bytes) as i64,
                     "ops": Counters::get(&c.repl_fetched_ops) as i64,
                     "streamBatches": Counters::get(&c.repl_stream_batches) as i64,
+                    "ringBatches": Counters::get(&c.repl_ring_batches) as i64,
                 },
                 // On a sync source: how long entries took to become durable on the members
                 // that report to it (buckets of quarter doublings in µs, see

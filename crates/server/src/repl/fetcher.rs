@@ -110,7 +110,7 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
     }
     batch.remove(0);
     coord.set_info_message("");
-    if shared.config.log_transport == crate::config::LogTransport::Push {
+    if shared.config.log_transport != crate::config::LogTransport::Pull {
         return push_loop(shared, &mut conn, epoch, config, me, src, forced, id, batch).await;
     }
     // Write a batch to the oplog and make it durable, send the getMore that reports it
@@ -199,19 +199,43 @@ async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config
         if !first.is_empty() {
             applier.send(write_batch(shared, first, epoch)?)?;
         }
-        let mut open = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1, "$replStream": {"credits": PUSH_CREDITS}};
+        // shm: ask for a ring unless this source is known to be on another host.
+        let want_ring = shared.config.log_transport == crate::config::LogTransport::Shm && !NO_RING.with(|n| n.borrow().contains(&host));
+        let mut open = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1, "$replStream": {"credits": PUSH_CREDITS, "shm": want_ring}};
         open.insert("$replProgress", progress_optimes(shared, config, me, src));
         let wait = Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK;
         let mut response_to = conn.send_flags("local", open, wire::flags::EXHAUST_ALLOWED, wait).await?;
         let mut commit_seen = OpTime::default();
+        let mut ring: Option<super::shm::LogRing> = None;
         loop {
-            let (reply_id, more, (id, batch, cp)) = conn
-                .recv_streamed(response_to, wait, |reply| {
-                    let (id, batch) = cursor_batch_raw(reply, "nextBatch")?;
-                    Ok((id, batch, on_repl_data(shared, reply)))
-                })
-                .await?;
+            let parse = |reply: &RawDocument| -> Result<StreamFrame> {
+                if let Ok(r) = reply.get_document("$replRing") {
+                    let path = r.get_str("path").map_err(|_| Error::new(Code::ProtocolError, "a ring announcement without a path"))?;
+                    return Ok(StreamFrame::Ring(path.to_string(), r.get_i64("nonce").unwrap_or(0) as u64));
+                }
+                let (id, batch) = cursor_batch_raw(reply, "nextBatch")?;
+                Ok(StreamFrame::Batch(id, batch, on_repl_data(shared, reply)))
+            };
+            let (reply_id, more, frame) = match &ring {
+                None => conn.recv_streamed(response_to, wait, parse).await?,
+                Some(r) => {
+                    let frame = r.recv(wait, |f| super::peer::parse_streamed(f, &host, response_to, parse)).map_err(|e| Error::new(Code::HostUnreachable, format!("{host}'s ring: {e}")))??;
+                    crate::fault::after_receive(&host).await?;
+                    frame
+                }
+            };
             response_to = reply_id;
+            let (id, batch, cp) = match frame {
+                StreamFrame::Batch(id, batch, cp) => (id, batch, cp),
+                StreamFrame::Ring(path, nonce) => {
+                    ring = super::shm::LogRing::open(&path, nonce);
+                    if ring.is_none() {
+                        NO_RING.with(|n| n.borrow_mut().insert(host.clone()));
+                        return Err(Error::new(Code::HostUnreachable, format!("cannot map {host}'s ring (another host?): pushing over TCP from now on")));
+                    }
+                    continue;
+                }
+            };
             if let Some(cp) = cp {
                 commit_seen = commit_seen.max(cp);
             }
@@ -230,6 +254,9 @@ async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config
             let ack = doc! {"replSetUpdatePosition": 1, "optimes": progress_optimes(shared, config, me, src), "$replCredits": 1};
             conn.send_flags("admin", ack, wire::flags::MORE_TO_COME, wait).await?;
             Counters::add(&shared.counters.repl_stream_batches, 1);
+            if ring.is_some() {
+                Counters::add(&shared.counters.repl_ring_batches, 1);
+            }
             if coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, config, me, src, forced) {
                 return Ok(());
             }
@@ -239,6 +266,19 @@ async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config
     // Nothing returns before the applier is done: the next fetch may roll back the oplog.
     let applied = applier.finish();
     r.and(applied)
+}
+
+/// What a push stream brings: a batch (cursor id, entries, the source's commit point), or
+/// the announcement of the ring the batches come through from now on (path, nonce).
+enum StreamFrame {
+    Batch(i64, Vec<RawDocumentBuf>, Option<OpTime>),
+    Ring(String, u64),
+}
+
+thread_local! {
+    /// Sources whose ring this member could not map (another host): their streams stay on
+    /// TCP. The fetcher runs on one thread.
+    static NO_RING: std::cell::RefCell<std::collections::HashSet<String>> = Default::default();
 }
 
 /// The most a push stream's applier applies in one engine write, when batches queued up.

@@ -100,16 +100,7 @@ impl PeerConn {
             Err(_) => Err(Error::new(Code::NetworkTimeout, format!("nothing from {} within {} ms", self.host, timeout.as_millis()))),
         };
         let len = self.break_on_network_error(r)?;
-        let host = self.host.clone();
-        let r = wire::with_raw_msg(&self.frame[..len], REPLY_BYTES_MAX, |header, flags, reply| {
-            if header.response_to != response_to {
-                return Err(Error::new(Code::ProtocolError, format!("out-of-order reply in the stream from {host}")));
-            }
-            if !is_ok(reply) {
-                return Err(remote_error(&host, reply));
-            }
-            Ok((header.request_id, flags & wire::flags::MORE_TO_COME != 0, f(reply)?))
-        });
+        let r = parse_streamed(&self.frame[..len], &self.host, response_to, f);
         // The stream ended (no more to come) or went wrong: the caller starts over with a new
         // connection.
         if !matches!(r, Ok((_, true, _))) {
@@ -160,6 +151,20 @@ impl PeerConn {
         crate::fault::after_receive(&self.host).await?;
         Ok(len)
     }
+}
+
+/// A push stream's frame (from the socket or a shared-memory ring): it must answer
+/// `response_to` and be ok; `f` reads the body. Returns the frame's id and whether more follow.
+pub(super) fn parse_streamed<T>(frame: &[u8], host: &str, response_to: i32, f: impl FnOnce(&RawDocument) -> Result<T>) -> Result<(i32, bool, T)> {
+    wire::with_raw_msg(frame, REPLY_BYTES_MAX, |header, flags, reply| {
+        if header.response_to != response_to {
+            return Err(Error::new(Code::ProtocolError, format!("out-of-order reply in the stream from {host}")));
+        }
+        if !is_ok(reply) {
+            return Err(remote_error(host, reply));
+        }
+        Ok((header.request_id, flags & wire::flags::MORE_TO_COME != 0, f(reply)?))
+    })
 }
 
 fn remote_error(host: &str, reply: &RawDocument) -> Error {
