@@ -219,7 +219,9 @@ async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config
             let (reply_id, more, frame) = match &ring {
                 None => conn.recv_streamed(response_to, wait, parse).await?,
                 Some(r) => {
-                    let frame = r.recv(wait, |f| super::peer::parse_streamed(f, &host, response_to, parse)).map_err(|e| Error::new(Code::HostUnreachable, format!("{host}'s ring: {e}")))??;
+                    // Waits in this thread: the fetcher's runtime has nothing else to run.
+                    let live = || !conn.peer_closed() && coord.epoch() == epoch && coord.state() != MemberState::Primary;
+                    let frame = r.recv(wait, live, |f| super::peer::parse_streamed(f, &host, response_to, parse)).map_err(|e| Error::new(Code::HostUnreachable, format!("{host}'s ring: {e}")))??;
                     crate::fault::after_receive(&host).await?;
                     frame
                 }

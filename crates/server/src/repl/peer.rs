@@ -40,6 +40,16 @@ impl PeerConn {
         self.broken
     }
 
+    /// Whether the other side closed the connection (it sends nothing meanwhile: a stream
+    /// whose batches come through shared memory). Does not wait or consume anything.
+    pub fn peer_closed(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut b = [0u8; 1];
+        // SAFETY: peeks at most one byte into a live buffer, without blocking.
+        let n = unsafe { libc::recv(self.stream.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        n == 0 || (n < 0 && !matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN | libc::EINTR)))
+    }
+
     /// Run `body` on database `db` and return the reply; a reply with ok:0 is an `Err` with
     /// the reply's code, and any network error or timeout breaks the connection.
     pub async fn command(&mut self, db: &str, body: Document, timeout: Duration) -> Result<Document> {

@@ -297,8 +297,10 @@ impl LogRing {
     }
 
     /// Member: wait (at most `timeout`) for the next frame and run `f` on it; the slot is
-    /// released when `f` returns. Err when the source closed the ring or nothing came.
-    pub fn recv<T>(&self, timeout: std::time::Duration, f: impl FnOnce(&[u8]) -> T) -> Result<T, String> {
+    /// released when `f` returns. Err when the source closed the ring, nothing came, or
+    /// `live` (asked every 100 ms of waiting) says to stop: a source killed outright never
+    /// closes its ring, but its connection ends.
+    pub fn recv<T>(&self, timeout: std::time::Duration, live: impl Fn() -> bool, f: impl FnOnce(&[u8]) -> T) -> Result<T, String> {
         let h = self.header();
         let deadline = std::time::Instant::now() + timeout;
         let n = h.read.load(Ordering::SeqCst);
@@ -306,7 +308,7 @@ impl LogRing {
             if h.written.load(Ordering::SeqCst) > n {
                 break;
             }
-            if h.closed.load(Ordering::SeqCst) != 0 {
+            if h.closed.load(Ordering::SeqCst) != 0 || !live() {
                 return Err("the source closed the ring".into());
             }
             let now = std::time::Instant::now();
@@ -404,17 +406,18 @@ mod tests {
         let member = LogRing::open(&path, source.nonce()).unwrap();
         assert_eq!(member.slots(), 2);
         let timeout = std::time::Duration::from_millis(50);
-        assert!(member.recv(timeout, |_| ()).is_err(), "nothing published yet");
+        assert!(member.recv(timeout, || true, |_| ()).is_err(), "nothing published yet");
+        assert!(member.recv(std::time::Duration::from_secs(5), || false, |_| ()).is_err(), "the caller stops the wait");
         source.publish(b"first").unwrap();
         source.publish(&vec![7u8; 100_000]).unwrap();
         assert!(source.publish(b"third").is_err(), "both slots are held");
-        assert_eq!(member.recv(timeout, |f| f.to_vec()).unwrap(), b"first");
+        assert_eq!(member.recv(timeout, || true, |f| f.to_vec()).unwrap(), b"first");
         source.publish(b"third").unwrap();
-        assert_eq!(member.recv(timeout, |f| f.len()).unwrap(), 100_000);
-        assert_eq!(member.recv(timeout, |f| f.to_vec()).unwrap(), b"third");
+        assert_eq!(member.recv(timeout, || true, |f| f.len()).unwrap(), 100_000);
+        assert_eq!(member.recv(timeout, || true, |f| f.to_vec()).unwrap(), b"third");
         // A member that waits is woken by the next publish.
         std::thread::scope(|scope| {
-            let waiter = scope.spawn(|| member.recv(std::time::Duration::from_secs(5), |f| f.to_vec()));
+            let waiter = scope.spawn(|| member.recv(std::time::Duration::from_secs(5), || true, |f| f.to_vec()));
             std::thread::sleep(std::time::Duration::from_millis(50));
             source.publish(b"fourth").unwrap();
             assert_eq!(waiter.join().unwrap().unwrap(), b"fourth");
@@ -422,6 +425,6 @@ mod tests {
         // The member removed the name once it had the ring mapped.
         assert!(!Path::new(&path).exists());
         drop(source);
-        assert!(member.recv(timeout, |_| ()).is_err(), "the source closed the ring");
+        assert!(member.recv(timeout, || true, |_| ()).is_err(), "the source closed the ring");
     }
 }
