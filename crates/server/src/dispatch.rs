@@ -186,8 +186,8 @@ pub struct ReadWait {
 
 /// What a read on a replica-set member waits for before it runs: that this member has
 /// applied through timestamp `ts` (readConcern afterClusterTime or afterOpTime: a causally
-/// consistent session's earlier operations), and, when `strict`, through what the primary
-/// had applied when the read arrived (`repl::strict`).
+/// consistent session's earlier operations), and, when `strict`, through every write the
+/// primary had acknowledged when the read arrived (`repl::strict`).
 #[derive(Debug)]
 pub struct ReadAfter {
     pub ts: u64,
@@ -442,7 +442,7 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
     }
     if let Some(repl) = shared.repl.as_ref().filter(|_| commands::on_secondary(&req.name) == commands::OnSecondary::Never) {
         // A write acknowledged without waiting for its own sync (j:false, w:0) counts for
-        // strict reads now; one that waits for it is counted by the durable optime.
+        // strict reads now; one that waits counts when its wait ends (`conn::run`).
         if !wait.as_ref().is_some_and(|w| w.own_durable) {
             repl.note_acknowledged(shared.store.oplog_last().unwrap_or_default());
         }
