@@ -300,7 +300,7 @@ fn is_oplog_stream(msg: &OpMsg) -> bool {
 /// so the member decides how far ahead of its writes the stream may run; while it has none,
 /// entries accumulate into the next, larger batch.
 async fn stream_oplog(shared: &Arc<Shared>, stream: &mut TcpStream, reader: &mut FrameReader, conn: &mut ConnState, request_id: i32, msg: OpMsg) -> Result<(), String> {
-    let credits_asked = msg.body.get_document("$replStream").ok().and_then(|s| s.get("credits")).and_then(|c| c.as_i64().or(c.as_i32().map(i64::from)));
+    let credits_asked = msg.body.get_document("$replStream").ok().and_then(|s| s.get("credits")).and_then(integer);
     let OpMsg { body, sequences, .. } = msg;
     let request = match (Request::from_msg(body, sequences), credits_asked) {
         (Ok(r), Some(c)) if (1..=STREAM_CREDITS_MAX).contains(&c) => (r, c),
@@ -344,7 +344,7 @@ async fn stream_oplog(shared: &Arc<Shared>, stream: &mut TcpStream, reader: &mut
         match next {
             Next::Batch(reply) => {
                 let open = cursor_id_of(&reply.body) != 0;
-                let ok = matches!(reply.body.get("ok"), Some(Bson::Double(v)) if *v == 1.0);
+                let ok = reply_ok(&reply.body);
                 let reply_id = next_request_id();
                 let out = reply.encode(reply_id, response_to, if open && ok { wire::flags::MORE_TO_COME } else { 0 }, None);
                 match &ring {
@@ -374,7 +374,7 @@ async fn stream_oplog(shared: &Arc<Shared>, stream: &mut TcpStream, reader: &mut
                     Ok(wire::Decoded { message: Message::Msg(m), .. }) if m.flags & wire::flags::MORE_TO_COME != 0 => m,
                     _ => return Err("a push stream takes only moreToCome acknowledgements".into()),
                 };
-                let returned = ack.body.get("$replCredits").and_then(|c| c.as_i64().or(c.as_i32().map(i64::from))).unwrap_or(0);
+                let returned = ack.body.get("$replCredits").and_then(integer).unwrap_or(0);
                 if !(0..=STREAM_CREDITS_MAX).contains(&returned) {
                     return Err(format!("a push stream acknowledgement returned {returned} credits"));
                 }
@@ -384,13 +384,23 @@ async fn stream_oplog(shared: &Arc<Shared>, stream: &mut TcpStream, reader: &mut
                 if body.contains_key("replSetUpdatePosition") {
                     let positions = Request::from_msg(body, ack.sequences).map_err(|e| e.message)?;
                     let reply = run(shared, conn, positions).await;
-                    if !matches!(reply.body.get("ok"), Some(Bson::Double(v)) if *v == 1.0) {
+                    if !reply_ok(&reply.body) {
                         tracing::debug!(conn = conn.id, "a push stream's position report failed: {}", reply.body);
                     }
                 }
             }
         }
     }
+}
+
+/// An int32 or int64 (a stream's credits).
+fn integer(v: &Bson) -> Option<i64> {
+    v.as_i64().or(v.as_i32().map(i64::from))
+}
+
+/// A reply with ok:1.
+fn reply_ok(reply: &Document) -> bool {
+    matches!(reply.get("ok"), Some(Bson::Double(v)) if *v == 1.0)
 }
 
 async fn refuse_stream(shared: &Shared, stream: &mut TcpStream, request_id: i32, e: &common::Error) -> Result<(), String> {
@@ -483,7 +493,7 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
         }
     }
     // A raw batch belongs to a successful cursor reply only.
-    let ok = matches!(reply.get("ok"), Some(Bson::Double(v)) if *v == 1.0);
+    let ok = reply_ok(&reply);
     let batch = conn.raw_batch.take().filter(|_| ok);
     Reply { body: reply, batch }
 }
@@ -643,7 +653,7 @@ async fn wait_for_replication(shared: &Shared, wait: dispatch::ReplicationWait, 
             doc! {"code": 64, "codeName": "WriteConcernFailed", "errmsg": "waiting for replication timed out", "errInfo": {"wtimeout": true, "writeConcern": wait.write_concern.clone()}}
         }
     };
-    if reply.get("ok").is_some_and(|ok| matches!(ok, Bson::Double(v) if *v == 1.0)) {
+    if reply_ok(reply) {
         reply.insert("writeConcernError", error);
     }
 }

@@ -157,15 +157,8 @@ pub fn decode(frame: &[u8], max_message_size_bytes: usize) -> Result<Decoded> {
 /// Decode an OP_MSG frame's body without building a `Document`: its structure is checked as
 /// `decode` checks it, and its strings are checked for UTF-8 when read. A member fetching the
 /// oplog reads its batches this way, since it writes the entries into its own oplog as they
-/// came. Document sequences (which replies do not use) are refused.
-pub fn decode_raw_body(
-    frame: &[u8],
-    max_message_size_bytes: usize,
-) -> Result<(Header, bson::RawDocumentBuf)> {
-    decode_raw_msg(frame, max_message_size_bytes).map(|(header, _, body)| (header, body))
-}
-
-/// `decode_raw_body`, with the OP_MSG flags (a streamed reply has `flags::MORE_TO_COME`).
+/// came. Returns the header, the OP_MSG flags (a streamed reply has `flags::MORE_TO_COME`)
+/// and the body. Document sequences (which replies do not use) are refused.
 pub fn decode_raw_msg(
     frame: &[u8],
     max_message_size_bytes: usize,

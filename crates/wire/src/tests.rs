@@ -834,7 +834,7 @@ fn a_raw_cursor_batch_encodes_as_the_same_documents_would() {
                 Message::Msg(m) => assert_eq!(m.body, expected),
                 other => panic!("{other:?}"),
             }
-            let (header, body) = decode_raw_body(&frame, MAX).unwrap();
+            let (header, _, body) = decode_raw_msg(&frame, MAX).unwrap();
             assert_eq!((header.request_id, header.response_to), (3, 2));
             assert_eq!(Document::try_from(body.as_ref()).unwrap(), expected);
         }
@@ -852,8 +852,8 @@ fn a_raw_cursor_batch_encodes_as_the_same_documents_would() {
 fn a_raw_body_decode_checks_what_the_document_decode_checks() {
     for frame in valid_frames() {
         let full = decode(&frame, MAX).unwrap();
-        match (full.message, decode_raw_body(&frame, MAX)) {
-            (Message::Msg(m), Ok((_, raw))) if m.sequences.is_empty() => {
+        match (full.message, decode_raw_msg(&frame, MAX)) {
+            (Message::Msg(m), Ok((_, _, raw))) if m.sequences.is_empty() => {
                 assert_eq!(Document::try_from(raw.as_ref()).unwrap(), m.body)
             }
             (Message::Msg(_), r) => assert!(r.is_err(), "document sequences are refused"),
@@ -867,11 +867,11 @@ fn a_raw_body_decode_checks_what_the_document_decode_checks() {
         if f.len() >= 4 {
             f[..4].copy_from_slice(&(cut as i32).to_le_bytes());
         }
-        assert!(decode_raw_body(&f, MAX).is_err());
+        assert!(decode_raw_msg(&f, MAX).is_err());
     }
     let mut bad = encode_msg(9, 1, &OpMsg { flags: 0, body: doc! {"a": {"b": 1}}, sequences: vec![] }, None);
     // Header, flags, section kind, outer length, type byte, "a\0": the inner length.
     bad[HEADER_SIZE_BYTES + 4 + 1 + 4 + 1 + 2] = 0x7f;
     assert!(decode(&bad, MAX).is_err());
-    assert!(decode_raw_body(&bad, MAX).is_err());
+    assert!(decode_raw_msg(&bad, MAX).is_err());
 }

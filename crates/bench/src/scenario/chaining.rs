@@ -105,7 +105,8 @@ fn insert_properties(seconds: u64) -> Properties {
     p
 }
 
-async fn direct(port: u16) -> Result<mongodb::Client> {
+/// A client of the node on `port` alone.
+pub(super) async fn direct(port: u16) -> Result<mongodb::Client> {
     Ok(mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{port}/?directConnection=true")).await?)
 }
 

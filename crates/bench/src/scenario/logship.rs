@@ -13,6 +13,7 @@
 //!    updates; the strict ones wait until the secondary has applied what the primary had
 //!    when they arrived.
 
+use super::chaining::direct;
 use super::{PhaseTimeline, Scenario, ScenarioContext, ScenarioReport, Table};
 use crate::sys;
 use crate::target::BoxFuture;
@@ -46,10 +47,6 @@ pub fn sizes(quick: bool) -> Sizes {
     } else {
         Sizes { catch_up_entries: 300_000, read_records: 100_000, read_threads: vec![1, 4, 8, 16], seconds_per_read_phase: 20, background_writes_per_s: 1000 }
     }
-}
-
-async fn direct(port: u16) -> Result<mongodb::Client> {
-    Ok(mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{port}/?directConnection=true")).await?)
 }
 
 /// Start a primary and one secondary without a vote (so the primary keeps its role while the
@@ -294,7 +291,7 @@ impl Scenario for Logship {
     }
 
     fn description(&self) -> &'static str {
-        "replication-log shipping, pull and push: a secondary's catch-up throughput, lag against write rate, strict-consistency secondary reads against client threads"
+        "replication-log shipping, pull, push and shm: a secondary's catch-up throughput, lag against write rate, strict-consistency secondary reads against client threads"
     }
 
     fn run<'a>(&'a self, ctx: &'a mut ScenarioContext) -> BoxFuture<'a, Result<ScenarioReport>> {
@@ -375,7 +372,7 @@ impl Scenario for Logship {
                      {RECORD_BYTES}-byte documents go to the primary, then let go; the rate at which it writes the entries durably to its oplog, and applies them, \
                      with the primary otherwise idle. Lag: YCSB inserts at 20-80% of the peak rate, and how long entries take to become durable on \
                      the secondary. Secondary reads: YCSB reads (zipfian) on the secondary for {seconds} s per run, readConcern \"local\" and \
-                     \"strict\" (wait until the secondary has applied what the primary had when the read arrived), while the primary takes {} updates/s.",
+                     \"strict\" (wait until the secondary has applied every write the primary had acknowledged when the read arrived), while the primary takes {} updates/s.",
                     sz.background_writes_per_s
                 ),
                 parameters: vec![

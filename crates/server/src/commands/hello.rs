@@ -196,8 +196,8 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
                 // that report to it (buckets of quarter doublings in µs, see
                 // state::LatencyHistogram).
                 "lag": c.repl_lag.to_doc(),
-                // Reads that waited to apply up to a point (afterClusterTime, level
-                // "strict"), and the asks of the primary's position strict reads shared.
+                // Reads that had to find this member applied up to a point (afterClusterTime,
+                // level "strict"), and how strict reads learned the primary's position.
                 "readWaits": {
                     "num": Counters::get(&c.repl_read_waits) as i64,
                     "totalMillis": (Counters::get(&c.repl_read_wait_us) / 1000) as i64,

@@ -126,7 +126,7 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
         if written.is_some() {
             coord.learn_commit_point(&shared.store, commit_seen);
         }
-        let stop = id == 0 || coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, config, me, src, forced);
+        let stop = id == 0 || superseded(coord, epoch) || should_change(shared, config, me, src, forced);
         if stop {
             if let Some(logged) = &written {
                 apply_written(shared, logged)?;
@@ -220,7 +220,7 @@ async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config
                 None => conn.recv_streamed(response_to, wait, parse).await?,
                 Some(r) => {
                     // Waits in this thread: the fetcher's runtime has nothing else to run.
-                    let live = || !conn.peer_closed() && coord.epoch() == epoch && coord.state() != MemberState::Primary;
+                    let live = || !conn.peer_closed() && !superseded(coord, epoch);
                     let frame = r.recv(wait, live, |f| super::peer::parse_streamed(f, &host, response_to, parse)).map_err(|e| Error::new(Code::HostUnreachable, format!("{host}'s ring: {e}")))??;
                     crate::fault::after_receive(&host).await?;
                     frame
@@ -259,7 +259,7 @@ async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config
             if ring.is_some() {
                 Counters::add(&shared.counters.repl_ring_batches, 1);
             }
-            if coord.epoch() != epoch || coord.state() == MemberState::Primary || should_change(shared, config, me, src, forced) {
+            if superseded(coord, epoch) || should_change(shared, config, me, src, forced) {
                 return Ok(());
             }
         }
@@ -660,6 +660,12 @@ fn on_repl_data(shared: &Shared, reply: &RawDocument) -> Option<OpTime> {
     d.get_document("lastOpCommitted").ok().and_then(OpTime::from_raw)
 }
 
+/// Whether a fetch begun in config `epoch` must end: the config changed, or this member
+/// became primary (it takes no more fetched entries).
+fn superseded(coord: &super::ReplCoord, epoch: u64) -> bool {
+    coord.epoch() != epoch || coord.state() == MemberState::Primary
+}
+
 /// Write fetched entries to our oplog with their own optimes and make them durable (what
 /// a write concern counts); returns them for `apply_written`.
 fn write_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<Vec<(OpTime, Vec<u8>)>> {
@@ -683,7 +689,7 @@ fn write_batch_unsynced(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u6
     Counters::add(&shared.counters.repl_fetched_bytes, logged.iter().map(|(_, b)| b.len() as u64).sum());
     {
         let _write = coord.oplog_write_lock.lock();
-        if coord.epoch() != epoch || coord.state() == MemberState::Primary {
+        if superseded(coord, epoch) {
             return Err(Error::new(Code::InterruptedDueToReplStateChange, "the member's role or config changed while fetching"));
         }
         crate::apply::write_fetched(&shared.store, &logged)?;

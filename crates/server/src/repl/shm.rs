@@ -58,15 +58,7 @@ impl PositionPage {
             }
         }
         let path = Path::new(SHM_DIR).join(format!("{prefix}{}.position", std::process::id()));
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).ok()?;
-        if file.set_len(PAGE_BYTES as u64).is_err() {
-            let _ = std::fs::remove_file(&path);
-            return None;
-        }
-        let Some(ptr) = map(&file, true) else {
-            let _ = std::fs::remove_file(&path);
-            return None;
-        };
+        let ptr = create_mapped(&path, PAGE_BYTES)?.cast::<Layout>();
         let page = PositionPage { ptr, owned: Some(path) };
         let l = page.layout();
         l.nonce.store(rand::random::<u64>() | 1, Ordering::SeqCst);
@@ -87,7 +79,7 @@ impl PositionPage {
         if file.metadata().ok()?.len() < PAGE_BYTES as u64 {
             return None;
         }
-        let page = PositionPage { ptr: map(&file, false)?, owned: None };
+        let page = PositionPage { ptr: map_bytes(&file, PAGE_BYTES, false)?.cast::<Layout>(), owned: None };
         let l = page.layout();
         (l.magic.load(Ordering::SeqCst) == MAGIC && l.nonce.load(Ordering::SeqCst) == nonce).then_some(page)
     }
@@ -122,17 +114,6 @@ impl PositionPage {
         // read is one the owner reached as that term's primary (or later).
         (l.primary_term.load(Ordering::SeqCst) == term).then(|| l.acknowledged_ts.load(Ordering::SeqCst))
     }
-}
-
-fn map(file: &std::fs::File, writable: bool) -> Option<std::ptr::NonNull<Layout>> {
-    use std::os::fd::AsRawFd;
-    let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
-    // SAFETY: maps PAGE_BYTES of a file at least that long; the result is checked.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), PAGE_BYTES, prot, libc::MAP_SHARED, file.as_raw_fd(), 0) };
-    if p == libc::MAP_FAILED {
-        return None;
-    }
-    std::ptr::NonNull::new(p.cast::<Layout>())
 }
 
 impl Drop for PositionPage {
@@ -198,16 +179,8 @@ impl LogRing {
     pub fn create(port: u16, id: u64, slots: u64) -> Option<LogRing> {
         let slots = slots.clamp(1, RING_SLOTS_MAX);
         let path = Path::new(SHM_DIR).join(format!("shoal-{port}-{}-{id}.ring", std::process::id()));
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).ok()?;
         // Sparse: only the pages frames touch take memory.
-        if file.set_len(Self::bytes(slots) as u64).is_err() {
-            let _ = std::fs::remove_file(&path);
-            return None;
-        }
-        let Some(ptr) = map_bytes(&file, Self::bytes(slots), true) else {
-            let _ = std::fs::remove_file(&path);
-            return None;
-        };
+        let ptr = create_mapped(&path, Self::bytes(slots))?;
         let ring = LogRing { ptr, len: Self::bytes(slots), slots, owned: Some(path) };
         let h = ring.header();
         h.nonce.store(rand::random::<u64>() | 1, Ordering::SeqCst);
@@ -350,6 +323,24 @@ impl Drop for LogRing {
             let _ = std::fs::remove_file(p);
         }
     }
+}
+
+/// Create `path` (replacing any file there) `len` bytes long and map it shared, writable;
+/// None (and no file left) where that fails.
+fn create_mapped(path: &Path, len: usize) -> Option<std::ptr::NonNull<u8>> {
+    let mapped = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .ok()
+        .filter(|file| file.set_len(len as u64).is_ok())
+        .and_then(|file| map_bytes(&file, len, true));
+    if mapped.is_none() {
+        let _ = std::fs::remove_file(path);
+    }
+    mapped
 }
 
 fn map_bytes(file: &std::fs::File, len: usize, writable: bool) -> Option<std::ptr::NonNull<u8>> {
