@@ -76,8 +76,8 @@ impl Set {
         admin(&c, doc! {"replSetGetStatus": 1}).await.ok()
     }
 
-    /// Wait until some running member (other than `except`) is primary and every running
-    /// member reports it; returns its index.
+    /// Wait until some running member (other than `except`) says it is primary; returns its
+    /// index. Other members may still be in STARTUP2 (see `wait_for_secondary`).
     async fn wait_for_primary(&mut self, except: Option<usize>) -> usize {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -97,6 +97,20 @@ impl Set {
             }
             assert!(Instant::now() < deadline, "no primary within 30 s");
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Wait until member `i` says it is SECONDARY, i.e. its initial sync is done and it
+    /// serves reads.
+    async fn wait_for_secondary(&self, i: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let state = self.status(i).await.map(|s| s.get_i32("myState").unwrap_or(0));
+            if state == Some(2) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "member {i} is not SECONDARY within 30 s: state {state:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -550,6 +564,8 @@ async fn set_with_a_slow_secondary(strict_by_default: bool) -> Set {
     let member_2: &[&str] = if strict_by_default { &["--strictConsistency"] } else { &[] };
     let mut set = Set::start_with_args(3, doc! {"chainingAllowed": false}, &members, &[&[], &[], member_2]).await;
     assert_eq!(set.wait_for_primary(None).await, 0);
+    // The tests read on member 2 at once: a member still in initial sync would refuse.
+    set.wait_for_secondary(2).await;
     set.fail_point(2, "alwaysOn", doc! {"host": host(&set.members[0]), "delayMs": 25}).await;
     set
 }
@@ -658,12 +674,8 @@ async fn pull_push_and_shm_deliver_the_same_oplog_under_faults() {
     assert_eq!(set.wait_for_primary(None).await, 0);
     // Every member done with its initial sync before the workload: then each one's oplog
     // holds all of the workload's entries.
-    let deadline = Instant::now() + Duration::from_secs(30);
     for i in 1..4 {
-        while set.status(i).await.and_then(|s| s.get_i32("myState").ok()) != Some(2) {
-            assert!(Instant::now() < deadline, "member {i} did not become secondary");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        set.wait_for_secondary(i).await;
     }
     for i in 1..4 {
         set.fail_point(i, "alwaysOn", doc! {"host": host(&set.members[0]), "delayMs": 2, "lossPercent": 3}).await;
