@@ -49,7 +49,7 @@ pub struct ConnState {
 /// to its secondaries without decoding and encoding it for every fetch.
 pub struct RawReplyBatch {
     pub key: &'static str,
-    pub docs: Vec<bson::RawDocumentBuf>,
+    pub docs: Vec<storage::RawRecord>,
 }
 
 /// A command's reply as it goes to the encoder.
@@ -68,13 +68,13 @@ impl Reply {
     fn into_document(self) -> Document {
         let Some(b) = self.batch else { return self.body };
         let mut body = self.body;
-        let docs: Result<Vec<Bson>, _> = b.docs.iter().map(|d| Document::try_from(d.as_ref()).map(Bson::Document)).collect();
+        let docs: Result<Vec<Bson>, _> = b.docs.iter().map(|d| storage::decode_record(d.as_ref()).map(Bson::Document)).collect();
         match (docs, body.get_document_mut("cursor")) {
             (Ok(docs), Ok(c)) => {
                 c.insert(b.key, docs);
                 body
             }
-            (Err(e), _) => dispatch::error_reply(&common::Error::new(common::Code::InvalidBSON, format!("invalid BSON in a cursor batch: {e}"))),
+            (Err(e), _) => dispatch::error_reply(&common::Error::new(common::Code::InvalidBSON, format!("invalid BSON in a cursor batch: {}", e.message))),
             (_, Err(_)) => dispatch::error_reply(&common::Error::internal("a raw cursor batch without a cursor reply")),
         }
     }

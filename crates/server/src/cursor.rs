@@ -10,7 +10,7 @@
 
 use crate::exec::{approx_doc_size, Scan};
 use crate::ops::OpCtx;
-use bson::{Bson, Document, RawDocumentBuf};
+use bson::{Bson, Document};
 use common::{Code, Error, Result};
 use parking_lot::Mutex;
 use query::projection::Projection;
@@ -64,16 +64,16 @@ impl Tail {
     fn next_batch(&mut self, docs_max: usize, op: &OpCtx) -> Result<(Batch, bool)> {
         if self.raw {
             let mut out = Vec::new();
-            let done = self.fill(docs_max, op, &mut out, |_, _, bytes| {
-                let len = bytes.len();
-                let d = RawDocumentBuf::from_bytes(bytes).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid BSON record: {e}")))?;
-                Ok(Some((d, len)))
+            // Passed on as they are: the reply's encoder checks each one's framing.
+            let done = self.fill(docs_max, op, &mut out, |_, _, record| {
+                let len = record.as_ref().len();
+                Ok(Some((record, len)))
             })?;
             return Ok((Batch::Raw(out), done));
         }
         let mut out = Vec::new();
         let done = self.fill(docs_max, op, &mut out, |filter, projection, bytes| {
-            let doc = storage::decode_record(&bytes)?;
+            let doc = storage::decode_record(bytes.as_ref())?;
             let (ok, details) = filter.try_matches_details(&doc)?;
             if !ok {
                 return Ok(None);
@@ -95,7 +95,7 @@ impl Tail {
         docs_max: usize,
         op: &OpCtx,
         out: &mut Vec<T>,
-        keep: impl Fn(&query::filter::Filter, Option<&Projection>, Vec<u8>) -> Result<Option<(T, usize)>>,
+        keep: impl Fn(&query::filter::Filter, Option<&Projection>, storage::RawRecord) -> Result<Option<(T, usize)>>,
     ) -> Result<bool> {
         if self.coll.is_dropped() {
             return Ok(true);
@@ -140,8 +140,9 @@ impl Tail {
 pub enum Batch {
     Docs(Vec<Document>),
     /// Records' BSON as stored, for a tail whose filter and projection do nothing
-    /// (`Tail::raw`): written into the reply as they are.
-    Raw(Vec<RawDocumentBuf>),
+    /// (`Tail::raw`): written into the reply as they are. Oplog entries still in memory are
+    /// shared, not copied, by the batches of every member tailing them.
+    Raw(Vec<storage::RawRecord>),
 }
 
 impl Batch {

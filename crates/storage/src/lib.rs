@@ -382,6 +382,24 @@ fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::new(Code::InvalidBSON, format!("corrupt data in storage: {what}"))
 }
 
+/// A record's BSON as `Collection::tail_chunk` returns it: shared with the in-memory oplog
+/// tail (every downstream member's batch refers to the one copy written when the entry was
+/// logged) or read from the engine.
+#[derive(Clone, Debug)]
+pub enum RawRecord {
+    Shared(Arc<[u8]>),
+    Owned(Vec<u8>),
+}
+
+impl AsRef<[u8]> for RawRecord {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            RawRecord::Shared(b) => b,
+            RawRecord::Owned(b) => b,
+        }
+    }
+}
+
 /// A record's `Document` from its stored BSON (as `Snapshot::scan_raw` returns it).
 pub fn decode_record(bytes: &[u8]) -> Result<Document> {
     decode_doc(bytes)
@@ -2374,23 +2392,22 @@ impl Collection {
     /// tailing reader. On the live oplog it takes the newest entries from memory
     /// (`OplogState::recent`) when they are all there, under the oplog lock, which every
     /// logged batch holds until it is applied: a batch's entries are read all or none.
-    pub fn tail_chunk(&self, after: Option<RecordId>, max_docs: usize) -> Result<Vec<(RecordId, Vec<u8>)>> {
+    /// Entries from memory are not copied: they are shared (`RawRecord::Shared`).
+    pub fn tail_chunk(&self, after: Option<RecordId>, max_docs: usize) -> Result<Vec<(RecordId, RawRecord)>> {
+        let scan = |snap: Snapshot| -> Result<Vec<(RecordId, RawRecord)>> { Ok(snap.scan_raw(after, max_docs)?.into_iter().map(|(rid, b)| (rid, RawRecord::Owned(b))).collect()) };
         let log = self.state.shared.oplog.read().clone();
         let Some(log) = log.filter(|l| l.coll.id == self.state.id) else {
-            return self.state.snapshot().scan_raw(after, max_docs);
+            return scan(self.state.snapshot());
         };
         let snap = {
             let st = log.state.lock();
             if let Some(after) = after.filter(|a| *a >= st.recent_floor) {
                 let start = st.recent.partition_point(|(ts, _)| *ts <= after);
-                let hits: Vec<(u64, Arc<[u8]>)> = st.recent.range(start..).take(max_docs).cloned().collect();
-                drop(st);
-                // Copied out of the lock.
-                return Ok(hits.into_iter().map(|(ts, e)| (ts, e.to_vec())).collect());
+                return Ok(st.recent.range(start..).take(max_docs).map(|(ts, e)| (*ts, RawRecord::Shared(e.clone()))).collect());
             }
             self.state.snapshot()
         };
-        snap.scan_raw(after, max_docs)
+        scan(snap)
     }
 
     /// A counter that moves once records of the collection were deleted. Read before taking

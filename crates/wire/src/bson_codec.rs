@@ -311,7 +311,7 @@ pub(crate) fn write_cursor_reply(
     buf: &mut Vec<u8>,
     body: &Document,
     batch_key: &str,
-    batch: &[bson::RawDocumentBuf],
+    batch: &[impl AsRef<[u8]>],
 ) -> Result<()> {
     let start = buf.len();
     buf.extend_from_slice(&[0; 4]);
@@ -360,26 +360,37 @@ fn write_key(buf: &mut Vec<u8>, key: &str) -> Result<()> {
     Ok(())
 }
 
-fn write_raw_array(buf: &mut Vec<u8>, docs: &[bson::RawDocumentBuf]) -> Result<()> {
+/// The documents are written as they are; each is checked to be framed as one (its length
+/// prefix is its length and it ends in NUL), so the frame stays well formed.
+fn write_raw_array(buf: &mut Vec<u8>, docs: &[impl AsRef<[u8]>]) -> Result<()> {
     let start = buf.len();
     buf.extend_from_slice(&[0; 4]);
     let mut digits = [0u8; 20];
     for (i, d) in docs.iter().enumerate() {
+        let d = d.as_ref();
+        let framed = d.len() >= 5
+            && d.last() == Some(&0)
+            && d[..4] == i32::try_from(d.len()).unwrap_or(-1).to_le_bytes();
+        if !framed {
+            return Err(invalid(format!(
+                "Invalid BSON: batch document {i} is not framed as a document"
+            )));
+        }
         buf.push(bson::spec::ElementType::EmbeddedDocument as u8);
         buf.extend_from_slice(format_index(i, &mut digits));
         buf.push(0);
-        buf.extend_from_slice(d.as_bytes());
+        buf.extend_from_slice(d);
     }
     buf.push(0);
     patch_length(buf, start)
 }
 
 /// Encoded size of `cursor.<key>` array holding `batch` (for pre-sizing a frame).
-pub(crate) fn raw_array_size_bytes(batch: &[bson::RawDocumentBuf]) -> usize {
+pub(crate) fn raw_array_size_bytes(batch: &[impl AsRef<[u8]>]) -> usize {
     5 + batch
         .iter()
         .enumerate()
-        .map(|(i, d)| 2 + decimal_digits(i) + d.as_bytes().len())
+        .map(|(i, d)| 2 + decimal_digits(i) + d.as_ref().len())
         .sum::<usize>()
 }
 

@@ -561,15 +561,15 @@ pub fn try_encode_msg(
     msg: &OpMsg,
     compressor: Option<Compressor>,
 ) -> Result<Vec<u8>> {
-    try_encode_msg_with_batch(request_id, response_to, msg, None, compressor)
+    try_encode_msg_with_batch(request_id, response_to, msg, None::<RawBatch<Vec<u8>>>, compressor)
 }
 
 /// A cursor batch already in BSON, for the empty array `cursor.<key>` of a reply body
-/// (`key` is "firstBatch" or "nextBatch").
-#[derive(Clone, Copy)]
-pub struct RawBatch<'a> {
+/// (`key` is "firstBatch" or "nextBatch"). The documents' bytes go into the frame as they
+/// are, so a batch can refer to buffers it shares with other replies.
+pub struct RawBatch<'a, D: AsRef<[u8]>> {
     pub key: &'a str,
-    pub docs: &'a [bson::RawDocumentBuf],
+    pub docs: &'a [D],
 }
 
 /// `try_encode_msg`, with the body's cursor batch written from `batch` when given.
@@ -577,11 +577,11 @@ pub fn try_encode_msg_with_batch(
     request_id: i32,
     response_to: i32,
     msg: &OpMsg,
-    batch: Option<RawBatch>,
+    batch: Option<RawBatch<impl AsRef<[u8]>>>,
     compressor: Option<Compressor>,
 ) -> Result<Vec<u8>> {
     let checksum = msg.flags & flags::CHECKSUM_PRESENT != 0;
-    let batch_size = batch.map_or(0, |b| bson_codec::raw_array_size_bytes(b.docs));
+    let batch_size = batch.as_ref().map_or(0, |b| bson_codec::raw_array_size_bytes(b.docs));
     let mut size = 4
         + 1
         + document_size_bytes(&msg.body)
@@ -699,7 +699,7 @@ pub fn encode_msg(
     msg: &OpMsg,
     compressor: Option<Compressor>,
 ) -> Vec<u8> {
-    encode_msg_with_batch(request_id, response_to, msg, None, compressor)
+    encode_msg_with_batch(request_id, response_to, msg, None::<RawBatch<Vec<u8>>>, compressor)
 }
 
 /// `encode_msg`, with the body's cursor batch written from `batch` when given.
@@ -707,7 +707,7 @@ pub fn encode_msg_with_batch(
     request_id: i32,
     response_to: i32,
     msg: &OpMsg,
-    batch: Option<RawBatch>,
+    batch: Option<RawBatch<impl AsRef<[u8]>>>,
     compressor: Option<Compressor>,
 ) -> Vec<u8> {
     try_encode_msg_with_batch(request_id, response_to, msg, batch, compressor).unwrap_or_else(|e| {

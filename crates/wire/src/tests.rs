@@ -820,7 +820,7 @@ proptest! {
 #[test]
 fn a_raw_cursor_batch_encodes_as_the_same_documents_would() {
     let docs = vec![rich_document(), doc! {"ts": Timestamp { time: 5, increment: 1 }, "op": "i"}];
-    let raw: Vec<bson::RawDocumentBuf> = docs.iter().map(|d| bson::RawDocumentBuf::try_from(d).unwrap()).collect();
+    let raw: Vec<Vec<u8>> = docs.iter().map(|d| bson::RawDocumentBuf::try_from(d).unwrap().into_bytes()).collect();
     let reply = |batch: Vec<Bson>| doc! {"cursor": {"nextBatch": batch, "id": 7i64, "ns": "local.oplog.rs"}, "ok": 1.0};
     let expected = reply(docs.iter().cloned().map(Bson::Document).collect());
     for compressor in compressors() {
@@ -838,6 +838,17 @@ fn a_raw_cursor_batch_encodes_as_the_same_documents_would() {
             assert_eq!((header.request_id, header.response_to), (3, 2));
             assert_eq!(Document::try_from(body.as_ref()).unwrap(), expected);
         }
+    }
+    // Bytes not framed as a document (length prefix, trailing NUL) never reach the frame.
+    let body = reply(vec![]);
+    let mut short = raw[1].clone();
+    short.pop();
+    let mut no_nul = raw[1].clone();
+    *no_nul.last_mut().unwrap() = 1;
+    for bad in [short, no_nul, vec![5, 0, 0]] {
+        let msg = OpMsg { flags: 0, body: body.clone(), sequences: vec![] };
+        let batch = [raw[0].clone(), bad];
+        assert!(try_encode_msg_with_batch(1, 0, &msg, Some(RawBatch { key: "nextBatch", docs: &batch }), None).is_err());
     }
     // A body without the empty batch array to fill is an encoding error, not a wrong reply.
     let msg = OpMsg { flags: 0, body: doc! {"ok": 1.0}, sequences: vec![] };
