@@ -33,7 +33,11 @@ impl Code {
     pub const NoSuchKey: Code = Code(4, "NoSuchKey");
     pub const GraphContainsCycle: Code = Code(5, "GraphContainsCycle");
     pub const FailedToParse: Code = Code(9, "FailedToParse");
+    pub const UserNotFound: Code = Code(11, "UserNotFound");
     pub const Unauthorized: Code = Code(13, "Unauthorized");
+    pub const AuthenticationFailed: Code = Code(18, "AuthenticationFailed");
+    pub const RoleNotFound: Code = Code(31, "RoleNotFound");
+    pub const MechanismUnavailable: Code = Code(334, "MechanismUnavailable");
     pub const TypeMismatch: Code = Code(14, "TypeMismatch");
     pub const Overflow: Code = Code(15, "Overflow");
     pub const InvalidLength: Code = Code(16, "InvalidLength");

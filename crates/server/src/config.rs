@@ -70,6 +70,9 @@ pub struct ServerConfig {
     /// `--logTransport` / `replication.logTransport`: how this member, as a secondary, gets
     /// the oplog from its sync source.
     pub log_transport: LogTransport,
+    /// `--auth` / `security.authorization: enabled`: commands need an authenticated user
+    /// with the privileges they take.
+    pub authorization: bool,
     /// `setParameter enableTestCommands`: fail points (fault injection) are available.
     pub enable_test_commands: bool,
     /// Where the config file was read from, for getCmdLineOpts.
@@ -95,6 +98,7 @@ impl Default for ServerConfig {
             cursor_timeout_ms: 600_000,
             strict_consistency: false,
             log_transport: LogTransport::Pull,
+            authorization: false,
             enable_test_commands: false,
             config_file: None,
             argv: Vec::new(),
@@ -119,6 +123,7 @@ pub struct Overrides {
     pub oplog_size_mb: Option<u64>,
     pub strict_consistency: bool,
     pub log_transport: Option<String>,
+    pub auth: bool,
     /// `--setParameter name=value`, each.
     pub set_parameters: Vec<String>,
 }
@@ -172,6 +177,9 @@ impl ServerConfig {
         if let Some(t) = &o.log_transport {
             c.log_transport = LogTransport::parse(t)?;
         }
+        if o.auth {
+            c.authorization = true;
+        }
         for p in &o.set_parameters {
             let (k, v) = p.split_once('=').ok_or_else(|| bad_option(format!("Illegal --setParameter parameter: \"{p}\"")))?;
             c.set_parameter(k, &Value::String(v.to_string()))?;
@@ -199,6 +207,10 @@ impl ServerConfig {
         if self.bind_ip.is_empty() {
             return Err(bad_option("net.bindIp must name at least one address"));
         }
+        if self.authorization && self.repl_set_name.is_some() {
+            // Members would have to authenticate to each other (security.keyFile).
+            return Err(bad_option("security.authorization with a replica set needs internal authentication (security.keyFile), which shoal does not support yet"));
+        }
         Ok(())
     }
 
@@ -218,6 +230,20 @@ impl ServerConfig {
                 "storage" => self.apply_storage(v)?,
                 "systemLog" | "processManagement" => check_known(section, v, &["destination", "path", "logAppend", "verbosity", "quiet", "fork", "pidFilePath", "timeZoneInfo"])?,
                 "setParameter" => self.apply_set_parameter(v)?,
+                "security" => {
+                    for (k, v) in mapping("security", v)? {
+                        match key_str(k)? {
+                            "authorization" => {
+                                self.authorization = match as_str(v, "security.authorization")? {
+                                    "enabled" => true,
+                                    "disabled" => false,
+                                    other => return Err(bad_option(format!("security.authorization must be enabled or disabled, not '{other}'"))),
+                                }
+                            }
+                            other => return Err(bad_option(format!("Unrecognized option: security.{other}"))),
+                        }
+                    }
+                }
                 "replication" => {
                     for (k, v) in mapping("replication", v)? {
                         match key_str(k)? {
@@ -338,6 +364,9 @@ impl ServerConfig {
         if let Some(f) = &self.config_file {
             parsed.insert("config", f.display().to_string());
         }
+        if self.authorization {
+            parsed.insert("security", bson::doc! {"authorization": "enabled"});
+        }
         if let Some(name) = &self.repl_set_name {
             parsed.insert("replication", bson::doc! {"replSet": name.clone(), "oplogSizeMB": (self.oplog_size_bytes >> 20) as i64, "strictConsistency": self.strict_consistency, "logTransport": self.log_transport.name()});
         }
@@ -434,6 +463,11 @@ mod tests {
         let mut c = ServerConfig::default();
         assert!(!c.strict_consistency);
         c.apply_yaml("replication:\n  replSetName: rs0\n  strictConsistency: true\n").unwrap();
+        let mut s = ServerConfig::default();
+        s.apply_yaml("security:\n  authorization: enabled\n").unwrap();
+        assert!(s.authorization);
+        assert!(s.apply_yaml("security:\n  authorization: maybe\n").is_err());
+        assert!(s.apply_yaml("security:\n  keyFile: /k\n").is_err(), "keyFile is not supported yet");
         assert!(c.strict_consistency);
         assert!(c.apply_yaml("replication:\n  strictConsistency: sometimes\n").is_err());
         assert_eq!(c.log_transport, LogTransport::Pull);

@@ -42,6 +42,8 @@ pub struct ConnState {
     pub await_deadline: Option<Instant>,
     /// Set by a command whose reply batch is raw BSON (`commands::cursor_batch_reply`).
     pub raw_batch: Option<RawReplyBatch>,
+    /// Who the connection authenticated as, and a SCRAM conversation under way.
+    pub auth: crate::auth::ConnAuth,
 }
 
 /// A cursor batch kept as BSON (an oplog tail's records as stored), written into the
@@ -89,7 +91,7 @@ pub struct AwaitData {
 pub async fn serve(shared: Arc<Shared>, mut stream: TcpStream, remote: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None };
+    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None, auth: Default::default() };
     tracing::debug!(conn = id, %remote, "connection accepted");
     if let Err(reason) = serve_loop(&shared, &mut stream, &mut conn).await {
         tracing::info!(conn = id, %remote, "connection ended: {reason}");

@@ -364,6 +364,9 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Docum
     if commands::op_kind(&req.name) == "command" {
         Counters::add(&shared.counters.command, 1);
     }
+    if let Err(e) = crate::auth::check(shared, conn, &req.db, &req.name, &req.body) {
+        return error_reply(&with_topology_version(shared, e));
+    }
     match prepare_and_run(shared, conn, &req, handler) {
         Ok(mut reply) => {
             reply.insert("ok", 1.0);

@@ -4,6 +4,7 @@
 
 pub mod config;
 mod apply;
+pub mod auth;
 mod commands;
 mod conn;
 mod cursor;

@@ -183,6 +183,8 @@ pub struct Shared {
     /// Notified after every write the store applies (`Store::set_write_listener`): awaitData
     /// getMores wait on it on the async worker, not in a blocked thread.
     pub writes: Arc<tokio::sync::Notify>,
+    /// Users and whether commands need them (`security.authorization`).
+    pub auth: crate::auth::AuthState,
 }
 
 impl Shared {
@@ -191,6 +193,7 @@ impl Shared {
         let writes = Arc::new(tokio::sync::Notify::new());
         let w = writes.clone();
         store.set_write_listener(Box::new(move || w.notify_waiters()));
+        let auth = crate::auth::AuthState { enabled: config.authorization, ..Default::default() };
         Shared {
             cursors: CursorManager::new(config.cursor_timeout_ms),
             config,
@@ -205,6 +208,7 @@ impl Shared {
             repl,
             retry: Default::default(),
             writes,
+            auth,
         }
     }
 

@@ -72,6 +72,10 @@ struct ServeArgs {
     /// the source is on this host) [default: pull].
     #[arg(long = "logTransport")]
     log_transport: Option<String>,
+    /// Commands need an authenticated user with the privileges they take
+    /// (security.authorization: enabled). Create the first user from this host.
+    #[arg(long = "auth")]
+    auth: bool,
     /// A server parameter, name=value (repeatable): cursorTimeoutMillis, enableTestCommands.
     #[arg(long = "setParameter")]
     set_parameter: Vec<String>,
@@ -113,6 +117,7 @@ fn main() {
                 oplog_size_mb: a.oplog_size,
                 strict_consistency: a.strict_consistency,
                 log_transport: a.log_transport,
+                auth: a.auth,
                 set_parameters: a.set_parameter,
             };
             let config = match server::config::ServerConfig::build(&overrides, argv) {

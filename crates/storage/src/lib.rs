@@ -1469,9 +1469,12 @@ fn validate_ns(db: &str, name: &str) -> Result<()> {
     if name.is_empty() || name.contains('$') || name.contains('\0') || name.starts_with('.') {
         return Err(Error::new(Code::InvalidNamespace, format!("Invalid collection name: {name}")));
     }
-    // local.system.replset holds a replica-set member's configuration.
+    // local.system.replset holds a replica-set member's configuration, admin.system.users
+    // the users (written by the user-management commands, or by a client with the
+    // privileges to, as with mongod).
     let replset_config = db == OPLOG_DB && name == "system.replset";
-    if name.starts_with("system.") && !SYSTEM_COLLECTIONS_ALLOWED.contains(&name) && !replset_config {
+    let users = db == "admin" && name == "system.users";
+    if name.starts_with("system.") && !SYSTEM_COLLECTIONS_ALLOWED.contains(&name) && !replset_config && !users {
         return Err(Error::new(Code::InvalidNamespace, format!("Invalid system namespace: {db}.{name}")));
     }
     if db.len() + 1 + name.len() > NAMESPACE_LENGTH_MAX_BYTES {

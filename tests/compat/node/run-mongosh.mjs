@@ -23,9 +23,9 @@ const env = {
   MONGOSH_GLOBAL_CONFIG_FILE_FOR_TESTING: globalConfig,
 };
 
-// Scripts named replset_*.js each get their own server started with --replSet rs0; the
-// others share one standalone.
-const REPLSET_PREFIX = 'replset_';
+// Scripts named replset_*.js each get their own server started with --replSet rs0,
+// auth_*.js one started with --auth; the others share one standalone.
+const OWN_SERVER_ARGS = { replset_: ['--replSet', 'rs0'], auth_: ['--auth'] };
 
 function run(uri, file) {
   return new Promise((resolve) => {
@@ -44,7 +44,8 @@ let failed = 0;
 const server = await startServer();
 try {
   for (const name of scripts) {
-    const own = name.startsWith(REPLSET_PREFIX) ? await startServer(['--replSet', 'rs0']) : null;
+    const prefix = Object.keys(OWN_SERVER_ARGS).find((p) => name.startsWith(p));
+    const own = prefix ? await startServer(OWN_SERVER_ARGS[prefix]) : null;
     const { code, out } = await run((own ?? server).uri, path.join(scriptsDir, name));
     if (own) await own.stop();
     if (code === 0) {

@@ -26,9 +26,23 @@ pub fn list_databases(ctx: &mut Ctx) -> Result<Document> {
         None => None,
     };
     let name_only = ctx.bool_arg("nameOnly")?.unwrap_or(false);
+    // Under authorization, a user without the cluster-wide listDatabases action sees the
+    // databases their roles name (mongod's authorizedDatabases default), or is refused when
+    // asking for all.
+    let visible: Option<Vec<String>> = if ctx.shared.auth.enabled && !crate::auth::is_authorized(ctx.conn, "listDatabases", &crate::auth::roles::Resource::Cluster) {
+        if ctx.bool_arg("authorizedDatabases")? == Some(false) {
+            return Err(Error::new(Code::Unauthorized, "Insufficient permissions to list all databases"));
+        }
+        Some(ctx.conn.auth.user.as_ref().map(|u| u.roles.iter().filter_map(|(r, d)| crate::auth::roles::database_of(r, d)).collect()).unwrap_or_default())
+    } else {
+        None
+    };
     let mut dbs = Vec::new();
     let mut total: i64 = 0;
     for name in ctx.shared.store.database_names() {
+        if visible.as_ref().is_some_and(|v| !v.contains(&name)) {
+            continue;
+        }
         let d = if name_only {
             doc! { "name": name.clone() }
         } else {

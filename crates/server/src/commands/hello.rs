@@ -60,6 +60,7 @@ pub fn hello(ctx: &mut Ctx) -> Result<Document> {
     if cmd.contains_key("compression") {
         r.insert("compression", negotiated);
     }
+    super::users::hello_auth_fields(ctx, &mut r)?;
     Ok(r)
 }
 
@@ -238,9 +239,15 @@ pub fn host_info(ctx: &mut Ctx) -> Result<Document> {
     })
 }
 
-pub fn connection_status(_ctx: &mut Ctx) -> Result<Document> {
-    // No authentication yet (issue #8): every connection is unauthenticated with no roles.
-    Ok(doc! { "authInfo": { "authenticatedUsers": [], "authenticatedUserRoles": [] } })
+pub fn connection_status(ctx: &mut Ctx) -> Result<Document> {
+    if ctx.bool_arg("showPrivileges")? == Some(true) {
+        return Err(Error::new(Code::CommandNotSupported, "connectionStatus showPrivileges is not supported by shoal yet"));
+    }
+    let (users, roles): (Vec<Bson>, Vec<Bson>) = match &ctx.conn.auth.user {
+        Some(u) => (vec![Bson::Document(doc! {"user": &u.user, "db": &u.db})], u.roles.iter().map(|(r, d)| Bson::Document(doc! {"role": r, "db": d})).collect()),
+        None => (Vec::new(), Vec::new()),
+    };
+    Ok(doc! { "authInfo": { "authenticatedUsers": users, "authenticatedUserRoles": roles } })
 }
 
 pub fn whatsmyuri(ctx: &mut Ctx) -> Result<Document> {
@@ -257,17 +264,9 @@ pub fn get_log(ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn list_commands(_ctx: &mut Ctx) -> Result<Document> {
-    let names = [
-        "aggregate", "buildInfo", "collStats", "connectionStatus", "count", "create", "createIndexes", "currentOp",
-        "dbStats", "delete", "distinct", "drop", "explain", "dropDatabase", "dropIndexes", "endSessions", "find", "findAndModify",
-        "getCmdLineOpts", "getLog", "getMore", "getParameter", "hello", "hostInfo", "insert", "isMaster", "killAllSessions",
-        "killCursors", "killOp", "killSessions", "shutdown", "listCommands", "listCollections", "listDatabases", "listIndexes", "ping",
-        "refreshSessions", "renameCollection", "serverStatus", "startSession", "update", "validate", "whatsmyuri",
-    ];
     let mut cmds = Document::new();
-    for n in names {
-        debug_assert!(super::lookup(n).is_some(), "listCommands names a missing command {n}");
-        cmds.insert(n, doc! { "help": "", "adminOnly": false });
+    for n in super::NAMES {
+        cmds.insert(*n, doc! { "help": "", "adminOnly": false });
     }
     Ok(doc! { "commands": cmds })
 }

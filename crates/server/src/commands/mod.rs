@@ -7,6 +7,7 @@ mod explain;
 mod aggregate;
 mod hello;
 mod repl;
+pub mod users;
 
 use crate::conn::ConnState;
 use crate::dispatch::WriteConcern;
@@ -59,67 +60,91 @@ impl Ctx<'_> {
 
 pub type Handler = fn(&mut Ctx) -> Result<Document>;
 
-/// The command table. Names are case-sensitive as in MongoDB (isMaster has its lowercase alias).
-pub fn lookup(name: &str) -> Option<Handler> {
-    Some(match name {
-        "hello" | "isMaster" | "ismaster" => hello::hello,
-        "ping" => hello::ping,
-        "buildInfo" | "buildinfo" => hello::build_info,
-        "getParameter" => hello::get_parameter,
-        "getCmdLineOpts" => hello::get_cmd_line_opts,
-        "serverStatus" => hello::server_status,
-        "hostInfo" => hello::host_info,
-        "connectionStatus" => hello::connection_status,
-        "whatsmyuri" => hello::whatsmyuri,
-        "getLog" => hello::get_log,
-        "listCommands" => hello::list_commands,
-        "endSessions" => hello::end_sessions,
-        "killAllSessions" => hello::kill_all_sessions,
-        "killSessions" => hello::end_sessions,
-        "refreshSessions" => hello::refresh_sessions,
-        "startSession" => hello::start_session,
-        "currentOp" => hello::current_op,
-        "killOp" => hello::kill_op,
-        "shutdown" => hello::shutdown,
-        "listDatabases" => admin::list_databases,
-        "listCollections" => admin::list_collections,
-        "listIndexes" => admin::list_indexes,
-        "create" => admin::create,
-        "drop" => admin::drop,
-        "dropDatabase" => admin::drop_database,
-        "renameCollection" => admin::rename_collection,
-        "collStats" => admin::coll_stats,
-        "dbStats" => admin::db_stats,
-        "validate" => admin::validate,
-        "createIndexes" => admin::create_indexes,
-        "dropIndexes" | "deleteIndexes" => admin::drop_indexes,
-        "insert" => crud::insert,
-        "find" => crud::find,
-        "getMore" => crud::get_more,
-        "killCursors" => crud::kill_cursors,
-        "update" => crud::update,
-        "delete" => crud::delete,
-        "findAndModify" | "findandmodify" => crud::find_and_modify,
-        "count" => crud::count,
-        "distinct" => crud::distinct,
-        "aggregate" => aggregate::aggregate,
-        "explain" => explain::explain,
-        "replSetInitiate" => repl::repl_set_initiate,
-        "replSetGetConfig" => repl::repl_set_get_config,
-        "replSetGetStatus" => repl::repl_set_get_status,
-        "applyOps" => repl::apply_ops,
-        "replSetHeartbeat" => repl::repl_set_heartbeat,
-        "replSetRequestVotes" => repl::repl_set_request_votes,
-        "replSetUpdatePosition" => repl::repl_set_update_position,
-        "replSetGetAcknowledged" => repl::repl_set_get_acknowledged,
-        "replSetStepDown" => repl::repl_set_step_down,
-        "replSetFreeze" => repl::repl_set_freeze,
-        "replSetReconfig" => repl::repl_set_reconfig,
-        "replSetSyncFrom" => repl::repl_set_sync_from,
-        "replSetStepUp" => repl::repl_set_step_up,
-        "configureFailPoint" => repl::configure_fail_point,
-        _ => return None,
-    })
+/// Defines `lookup` (name to handler) and `NAMES` (every name, for listCommands) from one
+/// list, so the two cannot disagree.
+macro_rules! command_table {
+    ($($($name:literal)|+ => $handler:path,)*) => {
+        /// The command table. Names are case-sensitive as in MongoDB (isMaster has its
+        /// lowercase alias).
+        pub fn lookup(name: &str) -> Option<Handler> {
+            Some(match name {
+                $($($name)|+ => $handler,)*
+                _ => return None,
+            })
+        }
+
+        /// Every command name `lookup` knows.
+        pub const NAMES: &[&str] = &[$($($name,)+)*];
+    };
+}
+
+command_table! {
+    "hello" | "isMaster" | "ismaster" => hello::hello,
+    "ping" => hello::ping,
+    "buildInfo" | "buildinfo" => hello::build_info,
+    "getParameter" => hello::get_parameter,
+    "getCmdLineOpts" => hello::get_cmd_line_opts,
+    "serverStatus" => hello::server_status,
+    "hostInfo" => hello::host_info,
+    "connectionStatus" => hello::connection_status,
+    "whatsmyuri" => hello::whatsmyuri,
+    "getLog" => hello::get_log,
+    "listCommands" => hello::list_commands,
+    "endSessions" => hello::end_sessions,
+    "killAllSessions" => hello::kill_all_sessions,
+    "killSessions" => hello::end_sessions,
+    "refreshSessions" => hello::refresh_sessions,
+    "startSession" => hello::start_session,
+    "currentOp" => hello::current_op,
+    "killOp" => hello::kill_op,
+    "shutdown" => hello::shutdown,
+    "listDatabases" => admin::list_databases,
+    "listCollections" => admin::list_collections,
+    "listIndexes" => admin::list_indexes,
+    "create" => admin::create,
+    "drop" => admin::drop,
+    "dropDatabase" => admin::drop_database,
+    "renameCollection" => admin::rename_collection,
+    "collStats" => admin::coll_stats,
+    "dbStats" => admin::db_stats,
+    "validate" => admin::validate,
+    "createIndexes" => admin::create_indexes,
+    "dropIndexes" | "deleteIndexes" => admin::drop_indexes,
+    "insert" => crud::insert,
+    "find" => crud::find,
+    "getMore" => crud::get_more,
+    "killCursors" => crud::kill_cursors,
+    "update" => crud::update,
+    "delete" => crud::delete,
+    "findAndModify" | "findandmodify" => crud::find_and_modify,
+    "count" => crud::count,
+    "distinct" => crud::distinct,
+    "aggregate" => aggregate::aggregate,
+    "explain" => explain::explain,
+    "replSetInitiate" => repl::repl_set_initiate,
+    "replSetGetConfig" => repl::repl_set_get_config,
+    "replSetGetStatus" => repl::repl_set_get_status,
+    "applyOps" => repl::apply_ops,
+    "replSetHeartbeat" => repl::repl_set_heartbeat,
+    "replSetRequestVotes" => repl::repl_set_request_votes,
+    "replSetUpdatePosition" => repl::repl_set_update_position,
+    "replSetGetAcknowledged" => repl::repl_set_get_acknowledged,
+    "replSetStepDown" => repl::repl_set_step_down,
+    "replSetFreeze" => repl::repl_set_freeze,
+    "replSetReconfig" => repl::repl_set_reconfig,
+    "replSetSyncFrom" => repl::repl_set_sync_from,
+    "replSetStepUp" => repl::repl_set_step_up,
+    "configureFailPoint" => repl::configure_fail_point,
+    "saslStart" => users::sasl_start,
+    "saslContinue" => users::sasl_continue,
+    "logout" => users::logout,
+    "createUser" => users::create_user,
+    "updateUser" => users::update_user,
+    "dropUser" => users::drop_user,
+    "dropAllUsersFromDatabase" => users::drop_all_users_from_database,
+    "usersInfo" => users::users_info,
+    "grantRolesToUser" => users::grant_roles_to_user,
+    "revokeRolesFromUser" => users::revoke_roles_from_user,
 }
 
 /// Commands that never wait on a lock, a condition or an fsync: reads from a snapshot and

@@ -1,0 +1,395 @@
+//! Authentication (SCRAM, `scram.rs`) and authorization (built-in roles, `roles.rs`): who a
+//! connection is, and whether it may run a command.
+//!
+//! Users live in admin.system.users, as mongod keeps them (`_id` "db.user", credentials per
+//! mechanism, roles). A connection that authenticates keeps its user's roles; every change
+//! to users bumps `AuthState::generation`, and a connection that sees a new generation reads
+//! its user again before its next command, so a revoked role or a dropped user takes effect
+//! at once.
+
+pub mod roles;
+pub mod scram;
+
+use crate::conn::ConnState;
+use crate::state::Shared;
+use bson::{Bson, Document};
+use common::{Code, Error, Result};
+use roles::Resource;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub const USERS_DB: &str = "admin";
+pub const USERS_COLLECTION: &str = "system.users";
+
+/// Server-wide authorization state.
+#[derive(Debug, Default)]
+pub struct AuthState {
+    /// `security.authorization: enabled` / `--auth`.
+    pub enabled: bool,
+    /// Bumped by every change to users.
+    pub generation: AtomicU64,
+}
+
+impl AuthState {
+    pub fn users_changed(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The user a connection authenticated as.
+#[derive(Clone, Debug)]
+pub struct AuthedUser {
+    pub user: String,
+    pub db: String,
+    /// (role, db) pairs.
+    pub roles: Vec<(String, String)>,
+    /// `AuthState::generation` when `roles` were read.
+    generation: u64,
+}
+
+/// A connection's authentication: its user, and a SCRAM conversation under way.
+#[derive(Debug, Default)]
+pub struct ConnAuth {
+    pub user: Option<AuthedUser>,
+    pub conversation: Option<(scram::Conversation, String)>,
+}
+
+/// The stored user document for `user`@`db`.
+pub fn find_user(shared: &Shared, db: &str, user: &str) -> Result<Option<Document>> {
+    let Some(coll) = shared.store.collection(USERS_DB, USERS_COLLECTION) else { return Ok(None) };
+    Ok(coll.snapshot().find_by_id(&Bson::String(format!("{db}.{user}")))?.map(|(_, d)| d))
+}
+
+/// Whether any user exists (the localhost exception ends with the first).
+pub fn any_users(shared: &Shared) -> bool {
+    shared.store.collection(USERS_DB, USERS_COLLECTION).is_some_and(|c| c.snapshot().count().map_or(true, |n| n > 0))
+}
+
+/// (role, db) pairs of a user document's `roles`.
+pub fn roles_of(user_doc: &Document) -> Vec<(String, String)> {
+    user_doc
+        .get_array("roles")
+        .map(|a| a.iter().filter_map(|r| r.as_document()).filter_map(|r| Some((r.get_str("role").ok()?.to_string(), r.get_str("db").ok()?.to_string()))).collect())
+        .unwrap_or_default()
+}
+
+/// Record that the connection authenticated as `user`@`db`. mongod allows one user per
+/// connection: authenticating as another fails.
+pub fn log_in(shared: &Shared, conn: &mut ConnState, user: &str, db: &str) -> Result<()> {
+    if let Some(u) = &conn.auth.user {
+        if u.user != user || u.db != db {
+            return Err(Error::location(5626701, format!("Each client connection may only be authenticated once. Previously authenticated as: {}@{}", u.user, u.db)));
+        }
+    }
+    let generation = shared.auth.generation.load(Ordering::SeqCst);
+    let roles = find_user(shared, db, user)?.map(|d| roles_of(&d)).unwrap_or_default();
+    conn.auth.user = Some(AuthedUser { user: user.to_string(), db: db.to_string(), roles, generation });
+    Ok(())
+}
+
+/// Re-read the connection's user if users changed since it last did; a user that is gone
+/// leaves the connection unauthenticated.
+fn refresh(shared: &Shared, conn: &mut ConnState) -> Result<()> {
+    let generation = shared.auth.generation.load(Ordering::SeqCst);
+    let Some(u) = &mut conn.auth.user else { return Ok(()) };
+    if u.generation == generation {
+        return Ok(());
+    }
+    match find_user(shared, &u.db, &u.user)? {
+        Some(d) => {
+            u.roles = roles_of(&d);
+            u.generation = generation;
+        }
+        None => conn.auth.user = None,
+    }
+    Ok(())
+}
+
+/// Whether the connection's user holds `action` on `resource`.
+pub fn is_authorized(conn: &ConnState, action: &str, resource: &Resource) -> bool {
+    conn.auth.user.as_ref().is_some_and(|u| u.roles.iter().any(|(r, d)| roles::grants(r, d, action, resource)))
+}
+
+/// What running a command takes.
+enum Need {
+    /// Nothing: it runs before authentication (hello, saslStart...).
+    Nothing,
+    /// An authenticated user, with no particular privilege.
+    AnyUser,
+    /// Each action on its resource.
+    Privileges(Vec<(&'static str, Resource)>),
+}
+
+/// Check that the connection may run `name` (a known command) with body `cmd` on `db`.
+pub fn check(shared: &Shared, conn: &mut ConnState, db: &str, name: &str, cmd: &Document) -> Result<()> {
+    if !shared.auth.enabled {
+        return Ok(());
+    }
+    refresh(shared, conn)?;
+    let need = need(name, db, cmd);
+    if matches!(need, Need::Nothing) {
+        return Ok(());
+    }
+    if conn.auth.user.is_none() {
+        // The localhost exception: until the first user exists, a client on this host may
+        // create it, and bootstrap a replica set, without authenticating.
+        let bootstrap = match name {
+            "createUser" => db == USERS_DB,
+            "replSetInitiate" | "replSetGetStatus" => true,
+            _ => false,
+        };
+        if bootstrap && conn.remote.ip().is_loopback() && !any_users(shared) {
+            return Ok(());
+        }
+        return Err(Error::new(Code::Unauthorized, format!("Command {name} requires authentication")));
+    }
+    let Need::Privileges(privileges) = need else { return Ok(()) };
+    // A user may always read their own user document and change their own password.
+    if let Some(u) = &conn.auth.user {
+        if name == "usersInfo" && names_only_user(cmd, db, &u.user, &u.db) {
+            return Ok(());
+        }
+    }
+    if privileges.iter().all(|(action, resource)| is_authorized(conn, action, resource)) {
+        return Ok(());
+    }
+    Err(Error::new(Code::Unauthorized, format!("not authorized on {db} to execute command {}", redacted(cmd))))
+}
+
+/// The command as the refusal shows it, with secrets replaced.
+fn redacted(cmd: &Document) -> Document {
+    let mut d = cmd.clone();
+    for k in ["pwd", "payload"] {
+        if d.contains_key(k) {
+            d.insert(k, "xxx");
+        }
+    }
+    d
+}
+
+/// Whether a usersInfo asks only about `user`@`user_db`.
+fn names_only_user(cmd: &Document, db: &str, user: &str, user_db: &str) -> bool {
+    match cmd.get("usersInfo") {
+        Some(Bson::String(u)) => u == user && db == user_db,
+        Some(Bson::Document(d)) => d.get_str("user").ok() == Some(user) && d.get_str("db").ok() == Some(user_db),
+        _ => false,
+    }
+}
+
+fn coll_arg<'a>(cmd: &'a Document, name: &str) -> &'a str {
+    cmd.get_str(name).unwrap_or("")
+}
+
+fn need(name: &str, db: &str, cmd: &Document) -> Need {
+    use Need::*;
+    let ns = |action: &'static str| Privileges(vec![(action, Resource::ns(db, coll_arg(cmd, name)))]);
+    let on_db = |action: &'static str| Privileges(vec![(action, Resource::db(db))]);
+    let cluster = |action: &'static str| Privileges(vec![(action, Resource::Cluster)]);
+    match name {
+        "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "saslStart" | "saslContinue" | "connectionStatus" | "listCommands" | "logout" | "configureFailPoint" => Nothing,
+        "whatsmyuri" | "endSessions" | "killSessions" | "refreshSessions" | "startSession" | "listDatabases" => AnyUser,
+        "find" | "count" | "distinct" => ns("find"),
+        "listIndexes" => ns("listIndexes"),
+        "collStats" => ns("collStats"),
+        "validate" => ns("validate"),
+        "create" => ns("createCollection"),
+        "drop" => ns("dropCollection"),
+        "createIndexes" => ns("createIndex"),
+        "dropIndexes" | "deleteIndexes" => ns("dropIndex"),
+        "insert" => ns("insert"),
+        "delete" => ns("remove"),
+        "update" => {
+            let upsert = cmd.get_array("updates").is_ok_and(|u| u.iter().any(|s| s.as_document().is_some_and(|s| s.get_bool("upsert").unwrap_or(false))));
+            let coll = Resource::ns(db, coll_arg(cmd, name));
+            let mut p = vec![("update", coll.clone())];
+            if upsert {
+                p.push(("insert", coll));
+            }
+            Privileges(p)
+        }
+        "findAndModify" | "findandmodify" => {
+            let coll = Resource::ns(db, coll_arg(cmd, name));
+            let mut p = vec![("find", coll.clone())];
+            if cmd.get_bool("remove").unwrap_or(false) {
+                p.push(("remove", coll));
+            } else {
+                p.push(("update", coll.clone()));
+                if cmd.get_bool("upsert").unwrap_or(false) {
+                    p.push(("insert", coll));
+                }
+            }
+            Privileges(p)
+        }
+        // A getMore or killCursors needs what reading the collection needs. (mongod checks
+        // that the cursor is the user's own; shoal's cursors do not record their user yet.)
+        "getMore" => Privileges(vec![("find", Resource::ns(db, cmd.get_str("collection").unwrap_or("")))]),
+        "killCursors" => ns("killCursors"),
+        "aggregate" => Privileges(aggregate_privileges(db, cmd)),
+        "explain" => match cmd.get_document("explain") {
+            Ok(inner) => match inner.keys().next().map(|k| k.as_str()) {
+                Some(inner_name) if inner_name != "explain" => need(inner_name, db, inner),
+                _ => AnyUser,
+            },
+            Err(_) => AnyUser,
+        },
+        "listCollections" => on_db("listCollections"),
+        "dbStats" => on_db("dbStats"),
+        "dropDatabase" => on_db("dropDatabase"),
+        "renameCollection" => {
+            let split = |k: &str| cmd.get_str(k).ok().and_then(|s| s.split_once('.')).map(|(d, c)| (d.to_string(), c.to_string()));
+            match (split("renameCollection"), split("to")) {
+                (Some((fd, _)), Some((td, tc))) if fd == td => {
+                    let mut p = vec![("renameCollectionSameDB", Resource::Db(fd))];
+                    if cmd.get_bool("dropTarget").unwrap_or(false) {
+                        p.push(("dropCollection", Resource::Ns(td, tc)));
+                    }
+                    Privileges(p)
+                }
+                (Some((fd, fc)), Some((td, tc))) => Privileges(vec![
+                    ("find", Resource::Ns(fd.clone(), fc.clone())),
+                    ("dropCollection", Resource::Ns(fd, fc)),
+                    ("insert", Resource::Ns(td.clone(), tc.clone())),
+                    ("createIndex", Resource::Ns(td, tc)),
+                ]),
+                // Malformed: the command's own parsing says why, for a user who could rename.
+                _ => on_db("renameCollectionSameDB"),
+            }
+        }
+        "serverStatus" => cluster("serverStatus"),
+        "hostInfo" => cluster("hostInfo"),
+        "getCmdLineOpts" => cluster("getCmdLineOpts"),
+        "getParameter" => cluster("getParameter"),
+        "getLog" => cluster("getLog"),
+        "currentOp" => cluster("inprog"),
+        "killOp" => cluster("killop"),
+        "shutdown" => cluster("shutdown"),
+        "killAllSessions" => cluster("killAnySession"),
+        "replSetGetStatus" => cluster("replSetGetStatus"),
+        "replSetGetConfig" => cluster("replSetGetConfig"),
+        "replSetInitiate" | "replSetReconfig" => cluster("replSetConfigure"),
+        "replSetStepDown" | "replSetFreeze" | "replSetSyncFrom" | "replSetStepUp" => cluster("replSetStateChange"),
+        "applyOps" => cluster("applyOps"),
+        // Member-to-member commands: only the internal user runs them (internal
+        // authentication, a keyFile, is not built yet, so no one does under --auth).
+        "replSetHeartbeat" | "replSetRequestVotes" | "replSetUpdatePosition" | "replSetGetAcknowledged" => cluster("internal"),
+        "createUser" => {
+            let mut p = vec![("createUser", Resource::db(db))];
+            p.extend(role_dbs(cmd, db).into_iter().map(|d| ("grantRole", Resource::Db(d))));
+            Privileges(p)
+        }
+        "updateUser" => {
+            let mut p = Vec::new();
+            if cmd.contains_key("pwd") {
+                p.push(("changePassword", Resource::db(db)));
+            }
+            if cmd.contains_key("customData") {
+                p.push(("changeCustomData", Resource::db(db)));
+            }
+            if cmd.contains_key("roles") {
+                p.push(("revokeRole", Resource::db(db)));
+                p.extend(role_dbs(cmd, db).into_iter().map(|d| ("grantRole", Resource::Db(d))));
+            }
+            if p.is_empty() {
+                p.push(("changePassword", Resource::db(db)));
+            }
+            Privileges(p)
+        }
+        "dropUser" | "dropAllUsersFromDatabase" => on_db("dropUser"),
+        "usersInfo" => match cmd.get("usersInfo") {
+            Some(Bson::Document(d)) if d.get_bool("forAllDBs").unwrap_or(false) => cluster("viewUser"),
+            Some(Bson::Document(d)) => Privileges(vec![("viewUser", Resource::db(d.get_str("db").unwrap_or(db)))]),
+            _ => on_db("viewUser"),
+        },
+        "grantRolesToUser" => Privileges(role_dbs(cmd, db).into_iter().map(|d| ("grantRole", Resource::Db(d))).collect()),
+        "revokeRolesFromUser" => Privileges(role_dbs(cmd, db).into_iter().map(|d| ("revokeRole", Resource::Db(d))).collect()),
+        // A command this table does not know needs everything: only root-like users pass.
+        _ => cluster("internal"),
+    }
+}
+
+/// The databases of the roles a user-management command grants (a bare role name is on
+/// the command's database).
+fn role_dbs(cmd: &Document, db: &str) -> Vec<String> {
+    let mut out: Vec<String> = cmd
+        .get_array("roles")
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| match r {
+                    Bson::String(_) => Some(db.to_string()),
+                    Bson::Document(d) => d.get_str("db").ok().map(str::to_string),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// An aggregation reads its source collection, and whatever its stages read or write.
+fn aggregate_privileges(db: &str, cmd: &Document) -> Vec<(&'static str, Resource)> {
+    let mut p = Vec::new();
+    match cmd.get("aggregate") {
+        Some(Bson::String(c)) => p.push(("find", Resource::ns(db, c))),
+        // aggregate: 1 runs on the database ($documents, $currentOp...).
+        _ => {}
+    }
+    if let Ok(pipeline) = cmd.get_array("pipeline") {
+        stage_privileges(db, pipeline, &mut p);
+    }
+    p
+}
+
+fn stage_privileges(db: &str, pipeline: &[Bson], p: &mut Vec<(&'static str, Resource)>) {
+    for stage in pipeline.iter().filter_map(|s| s.as_document()) {
+        let Some((name, spec)) = stage.iter().next() else { continue };
+        match (name.as_str(), spec) {
+            ("$out", Bson::String(c)) => {
+                p.push(("insert", Resource::ns(db, c)));
+                p.push(("remove", Resource::ns(db, c)));
+            }
+            ("$out", Bson::Document(d)) => {
+                let r = Resource::ns(d.get_str("db").unwrap_or(db), d.get_str("coll").unwrap_or(""));
+                p.push(("insert", r.clone()));
+                p.push(("remove", r));
+            }
+            ("$merge", spec) => {
+                let r = match spec {
+                    Bson::String(c) => Resource::ns(db, c),
+                    Bson::Document(d) => match d.get("into") {
+                        Some(Bson::String(c)) => Resource::ns(db, c),
+                        Some(Bson::Document(i)) => Resource::ns(i.get_str("db").unwrap_or(db), i.get_str("coll").unwrap_or("")),
+                        _ => Resource::ns(db, ""),
+                    },
+                    _ => Resource::ns(db, ""),
+                };
+                p.push(("insert", r.clone()));
+                p.push(("update", r));
+            }
+            ("$lookup" | "$graphLookup", Bson::Document(d)) => {
+                if let Ok(from) = d.get_str("from") {
+                    p.push(("find", Resource::ns(db, from)));
+                }
+                if let Ok(inner) = d.get_array("pipeline") {
+                    stage_privileges(db, inner, p);
+                }
+            }
+            ("$unionWith", Bson::String(c)) => p.push(("find", Resource::ns(db, c))),
+            ("$unionWith", Bson::Document(d)) => {
+                if let Ok(c) = d.get_str("coll") {
+                    p.push(("find", Resource::ns(db, c)));
+                }
+                if let Ok(inner) = d.get_array("pipeline") {
+                    stage_privileges(db, inner, p);
+                }
+            }
+            ("$facet", Bson::Document(d)) => {
+                for inner in d.values().filter_map(|v| v.as_array()) {
+                    stage_privileges(db, inner, p);
+                }
+            }
+            ("$currentOp", _) => p.push(("inprog", Resource::Cluster)),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,464 @@
+//! Authentication and user management: saslStart, saslContinue, logout, createUser,
+//! updateUser, dropUser, dropAllUsersFromDatabase, usersInfo, grantRolesToUser,
+//! revokeRolesFromUser. Users are documents in admin.system.users (`crate::auth`).
+
+use super::Ctx;
+use crate::auth::{self, roles, scram, USERS_COLLECTION, USERS_DB};
+use bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
+use common::{Code, Error, Result};
+
+/// A user name or password longer than this is refused (mongod has no smaller limit than
+/// the document's; this keeps SCRAM's work bounded).
+const NAME_BYTES_MAX: usize = 1024;
+
+fn auth_failed() -> Error {
+    Error::new(Code::AuthenticationFailed, "Authentication failed.")
+}
+
+fn payload_of(cmd: &Document) -> Result<Vec<u8>> {
+    match cmd.get("payload") {
+        Some(Bson::Binary(b)) => Ok(b.bytes.clone()),
+        Some(Bson::String(s)) => {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.decode(s).map_err(|_| Error::bad_value("payload is not valid base64"))
+        }
+        _ => Err(Error::bad_value("saslStart and saslContinue need a payload (BinData or a base64 string)")),
+    }
+}
+
+fn sasl_reply(payload: Vec<u8>, done: bool) -> Document {
+    doc! {"conversationId": 1, "done": done, "payload": Binary { subtype: BinarySubtype::Generic, bytes: payload }}
+}
+
+pub fn sasl_start(ctx: &mut Ctx) -> Result<Document> {
+    let (db, cmd) = (ctx.db.to_string(), ctx.cmd.clone());
+    start_conversation(ctx, &db, &cmd)
+}
+
+/// saslStart on `db`; also what hello's speculativeAuthenticate runs.
+pub fn start_conversation(ctx: &mut Ctx, db: &str, cmd: &Document) -> Result<Document> {
+    let name = cmd.get_str("mechanism").map_err(|_| Error::bad_value("saslStart needs a mechanism string"))?;
+    let Some(mechanism) = scram::Mechanism::parse(name) else {
+        return Err(Error::new(Code::MechanismUnavailable, format!("Unsupported mechanism '{name}' on authentication database '{db}'")));
+    };
+    let skip_empty = match cmd.get_document("options").ok().and_then(|o| o.get("skipEmptyExchange")) {
+        None => false,
+        Some(Bson::Boolean(b)) => *b,
+        Some(_) => return Err(Error::bad_value("skipEmptyExchange must be boolean")),
+    };
+    let payload = payload_of(cmd)?;
+    // A new saslStart abandons a conversation under way.
+    ctx.conn.auth.conversation = None;
+    let user = scram::client_first_user(&payload).map_err(|why| {
+        tracing::info!(conn = ctx.conn.id, "authentication failed: {why}");
+        auth_failed()
+    })?;
+    let credentials = auth::find_user(ctx.shared, db, &user)?
+        .and_then(|d| d.get_document("credentials").ok().and_then(|c| c.get_document(mechanism.name()).ok()).and_then(scram::Credentials::from_document));
+    let Some(credentials) = credentials else {
+        tracing::info!(conn = ctx.conn.id, "authentication failed: no user {user}@{db} with {}", mechanism.name());
+        return Err(auth_failed());
+    };
+    let (conversation, server_first) = scram::Conversation::start(mechanism, &payload, credentials, skip_empty).map_err(|why| {
+        tracing::info!(conn = ctx.conn.id, "authentication failed: {why}");
+        auth_failed()
+    })?;
+    ctx.conn.auth.conversation = Some((conversation, db.to_string()));
+    Ok(sasl_reply(server_first, false))
+}
+
+pub fn sasl_continue(ctx: &mut Ctx) -> Result<Document> {
+    match ctx.cmd.get("conversationId") {
+        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) => {}
+        Some(Bson::Double(v)) if *v == 1.0 => {}
+        _ => return Err(Error::new(Code::ProtocolError, "sasl: Mismatched conversation id")),
+    }
+    let payload = payload_of(ctx.cmd)?;
+    let Some((conversation, db)) = ctx.conn.auth.conversation.as_mut() else {
+        return Err(Error::new(Code::ProtocolError, "No SASL session state found"));
+    };
+    match conversation.step(&payload) {
+        Ok((reply, done)) => {
+            if done {
+                let (user, db) = (conversation.user.clone(), db.clone());
+                ctx.conn.auth.conversation = None;
+                auth::log_in(ctx.shared, ctx.conn, &user, &db)?;
+                tracing::info!(conn = ctx.conn.id, "authenticated as {user}@{db}");
+            }
+            Ok(sasl_reply(reply, done))
+        }
+        Err(why) => {
+            tracing::info!(conn = ctx.conn.id, "authentication of {}@{db} failed: {why}", conversation.user);
+            ctx.conn.auth.conversation = None;
+            Err(auth_failed())
+        }
+    }
+}
+
+pub fn logout(ctx: &mut Ctx) -> Result<Document> {
+    if ctx.conn.auth.user.as_ref().is_some_and(|u| u.db == ctx.db) {
+        ctx.conn.auth.user = None;
+    }
+    Ok(Document::new())
+}
+
+/// `roles` of a user-management command: names (on the command's database) or {role, db},
+/// each a role that exists.
+fn parse_roles(ctx: &Ctx, field: &str) -> Result<Vec<(String, String)>> {
+    let Some(list) = ctx.array_arg(field)? else {
+        return Err(Error::location(40414, format!("BSON field '{}.{field}' is missing but a required field", ctx.name)));
+    };
+    let mut out = Vec::new();
+    let mut missing = Vec::new();
+    for r in list {
+        let (role, db) = match r {
+            Bson::String(s) => (s.clone(), ctx.db.to_string()),
+            Bson::Document(d) => match (d.get_str("role"), d.get_str("db")) {
+                (Ok(role), Ok(db)) => (role.to_string(), db.to_string()),
+                _ => return Err(Error::bad_value("a role must be a name or a {role: <name>, db: <database>} document")),
+            },
+            _ => return Err(Error::bad_value("a role must be a name or a {role: <name>, db: <database>} document")),
+        };
+        if !roles::exists(&role, &db) {
+            missing.push(format!("{role}@{db}"));
+        }
+        if !out.contains(&(role.clone(), db.clone())) {
+            out.push((role, db));
+        }
+    }
+    match missing.len() {
+        0 => Ok(out),
+        1 => Err(Error::new(Code::RoleNotFound, format!("Could not find role: {}", missing[0]))),
+        _ => Err(Error::new(Code::RoleNotFound, format!("Could not find roles: {}", missing.join(", ")))),
+    }
+}
+
+fn roles_bson(roles: &[(String, String)]) -> Vec<Bson> {
+    roles.iter().map(|(r, d)| Bson::Document(doc! {"role": r, "db": d})).collect()
+}
+
+/// The mechanisms a createUser or updateUser asks for (default: both).
+fn parse_mechanisms(ctx: &Ctx) -> Result<Vec<scram::Mechanism>> {
+    let Some(list) = ctx.array_arg("mechanisms")? else { return Ok(scram::Mechanism::ALL.to_vec()) };
+    if list.is_empty() {
+        return Err(Error::bad_value("mechanisms field must not be empty"));
+    }
+    let mut out = Vec::new();
+    for m in list {
+        let name = m.as_str().ok_or_else(|| Error::bad_value("mechanisms must be strings"))?;
+        let m = scram::Mechanism::parse(name).ok_or_else(|| Error::bad_value(format!("Unknown auth mechanism '{name}'")))?;
+        if !out.contains(&m) {
+            out.push(m);
+        }
+    }
+    Ok(out)
+}
+
+fn credentials(user: &str, pwd: &str, mechanisms: &[scram::Mechanism]) -> Result<Document> {
+    let mut creds = Document::new();
+    for m in mechanisms {
+        creds.insert(m.name(), scram::Credentials::new(*m, user, pwd)?.to_document());
+    }
+    Ok(creds)
+}
+
+fn check_name(ctx: &Ctx) -> Result<String> {
+    let user = match ctx.cmd.get(ctx.name) {
+        Some(Bson::String(s)) => s.clone(),
+        Some(v) => return Err(Error::type_mismatch(format!("BSON field '{}' is the wrong type '{}', expected type 'string'", ctx.name, super::type_name(v)))),
+        None => return Err(Error::bad_value(format!("{} needs a user name", ctx.name))),
+    };
+    if user.is_empty() || user.len() > NAME_BYTES_MAX {
+        return Err(Error::bad_value(format!("a user name must be 1 to {NAME_BYTES_MAX} bytes")));
+    }
+    if user.contains('\0') {
+        return Err(Error::bad_value("Username cannot contain NULL characters"));
+    }
+    if ctx.db == "local" {
+        return Err(Error::bad_value("Cannot create users in the local database"));
+    }
+    if ctx.db == "$external" {
+        return Err(Error::bad_value("users on $external (LDAP, X.509, Kerberos) are not supported by shoal yet"));
+    }
+    Ok(user)
+}
+
+fn check_pwd(ctx: &Ctx) -> Result<Option<String>> {
+    let Some(pwd) = ctx.str_arg("pwd")? else { return Ok(None) };
+    if pwd.is_empty() || pwd.len() > NAME_BYTES_MAX {
+        return Err(Error::bad_value(format!("a password must be 1 to {NAME_BYTES_MAX} bytes")));
+    }
+    if ctx.bool_arg("digestPassword")? == Some(false) {
+        return Err(Error::bad_value("Use of SCRAM-SHA-256 requires undigested passwords; shoal digests every password itself"));
+    }
+    Ok(Some(pwd.to_string()))
+}
+
+fn users_collection(ctx: &Ctx) -> Result<storage::Collection> {
+    ctx.shared.store.collection_or_create(USERS_DB, USERS_COLLECTION)
+}
+
+fn finish(ctx: &Ctx) -> Result<()> {
+    ctx.shared.auth.users_changed();
+    ctx.commit_write()
+}
+
+pub fn create_user(ctx: &mut Ctx) -> Result<Document> {
+    super::check_fields("createUser", ctx.cmd, &["pwd", "roles", "customData", "digestPassword", "mechanisms", "authenticationRestrictions"])?;
+    let user = check_name(ctx)?;
+    if ctx.cmd.contains_key("authenticationRestrictions") {
+        return Err(Error::new(Code::CommandNotSupported, "authenticationRestrictions are not supported by shoal yet"));
+    }
+    let pwd = check_pwd(ctx)?.ok_or_else(|| Error::bad_value("Must provide a 'pwd' field for all user documents, except those with '$external' as the user's source db"))?;
+    let roles = parse_roles(ctx, "roles")?;
+    let mechanisms = parse_mechanisms(ctx)?;
+    let mut d = doc! {
+        "_id": format!("{}.{user}", ctx.db),
+        "userId": Bson::Binary(Binary { subtype: BinarySubtype::Uuid, bytes: bson::Uuid::new().bytes().to_vec() }),
+        "user": &user,
+        "db": ctx.db,
+        "credentials": credentials(&user, &pwd, &mechanisms)?,
+    };
+    if let Some(custom) = ctx.cmd.get("customData") {
+        let Bson::Document(c) = custom else { return Err(Error::type_mismatch("customData must be an object")) };
+        d.insert("customData", c.clone());
+    }
+    d.insert("roles", roles_bson(&roles));
+    let coll = users_collection(ctx)?;
+    let mut w = coll.writer();
+    if w.snapshot().find_by_id(d.get("_id").unwrap_or(&Bson::Null))?.is_some() {
+        return Err(Error::location(51003, format!("User \"{user}@{}\" already exists", ctx.db)));
+    }
+    w.insert(&d)?;
+    drop(w);
+    finish(ctx)?;
+    Ok(Document::new())
+}
+
+/// Change the stored user `user`@ctx.db with `change`; UserNotFound if there is none.
+fn modify_user(ctx: &Ctx, user: &str, change: impl FnOnce(&mut Document) -> Result<()>) -> Result<()> {
+    let coll = users_collection(ctx)?;
+    let mut w = coll.writer();
+    let id = Bson::String(format!("{}.{user}", ctx.db));
+    let Some((rid, old)) = w.snapshot().find_by_id(&id)? else {
+        return Err(Error::new(Code::UserNotFound, format!("Could not find user \"{user}\" for db \"{}\"", ctx.db)));
+    };
+    let mut new = old.clone();
+    change(&mut new)?;
+    w.update(rid, &old, &new)?;
+    drop(w);
+    finish(ctx)
+}
+
+pub fn update_user(ctx: &mut Ctx) -> Result<Document> {
+    super::check_fields("updateUser", ctx.cmd, &["pwd", "roles", "customData", "digestPassword", "mechanisms", "authenticationRestrictions"])?;
+    let user = check_name(ctx)?;
+    if ctx.cmd.contains_key("authenticationRestrictions") {
+        return Err(Error::new(Code::CommandNotSupported, "authenticationRestrictions are not supported by shoal yet"));
+    }
+    let pwd = check_pwd(ctx)?;
+    let roles = if ctx.cmd.contains_key("roles") { Some(parse_roles(ctx, "roles")?) } else { None };
+    let custom = match ctx.cmd.get("customData") {
+        None => None,
+        Some(Bson::Document(c)) => Some(c.clone()),
+        Some(_) => return Err(Error::type_mismatch("customData must be an object")),
+    };
+    let mechanisms = if ctx.cmd.contains_key("mechanisms") { Some(parse_mechanisms(ctx)?) } else { None };
+    if pwd.is_none() && roles.is_none() && custom.is_none() && mechanisms.is_none() {
+        return Err(Error::bad_value("Must specify at least one field to update in updateUser"));
+    }
+    modify_user(ctx, &user, |d| {
+        let held: Vec<scram::Mechanism> = d.get_document("credentials").map(|c| c.keys().filter_map(|k| scram::Mechanism::parse(k)).collect()).unwrap_or_default();
+        match (&pwd, &mechanisms) {
+            (Some(pwd), m) => {
+                d.insert("credentials", credentials(&user, pwd, m.as_deref().unwrap_or(&scram::Mechanism::ALL))?);
+            }
+            (None, Some(m)) => {
+                // Without a new password, mechanisms can only be dropped.
+                if m.iter().any(|x| !held.contains(x)) {
+                    return Err(Error::bad_value("mechanisms field must be a subset of previously set mechanisms"));
+                }
+                let creds: Document = d.get_document("credentials").map(|c| c.iter().filter(|(k, _)| m.iter().any(|x| x.name() == k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
+                d.insert("credentials", creds);
+            }
+            (None, None) => {}
+        }
+        if let Some(c) = custom {
+            d.insert("customData", c);
+        }
+        if let Some(r) = &roles {
+            d.insert("roles", roles_bson(r));
+        }
+        Ok(())
+    })?;
+    Ok(Document::new())
+}
+
+pub fn drop_user(ctx: &mut Ctx) -> Result<Document> {
+    super::check_fields("dropUser", ctx.cmd, &[])?;
+    let user = check_name(ctx)?;
+    let coll = users_collection(ctx)?;
+    let mut w = coll.writer();
+    let Some((rid, old)) = w.snapshot().find_by_id(&Bson::String(format!("{}.{user}", ctx.db)))? else {
+        return Err(Error::new(Code::UserNotFound, format!("User '{user}@{}' not found", ctx.db)));
+    };
+    w.delete(rid, &old)?;
+    drop(w);
+    finish(ctx)?;
+    Ok(Document::new())
+}
+
+pub fn drop_all_users_from_database(ctx: &mut Ctx) -> Result<Document> {
+    super::check_fields("dropAllUsersFromDatabase", ctx.cmd, &[])?;
+    let coll = users_collection(ctx)?;
+    let mut w = coll.writer();
+    let mut n = 0i32;
+    for (rid, d) in all_users(&w.snapshot())? {
+        if d.get_str("db").is_ok_and(|db| db == ctx.db) {
+            w.delete(rid, &d)?;
+            n += 1;
+        }
+    }
+    drop(w);
+    finish(ctx)?;
+    Ok(doc! {"n": n})
+}
+
+/// Every stored user (admin.system.users holds few documents).
+fn all_users(snap: &storage::Snapshot) -> Result<Vec<(storage::RecordId, Document)>> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let chunk = snap.scan(after, 1024)?;
+        let done = chunk.len() < 1024;
+        after = chunk.last().map(|(rid, _)| *rid);
+        out.extend(chunk);
+        if done {
+            return Ok(out);
+        }
+    }
+}
+
+fn change_roles(ctx: &mut Ctx, grant: bool) -> Result<Document> {
+    super::check_fields(ctx.name, ctx.cmd, &["roles"])?;
+    let user = check_name(ctx)?;
+    let roles = parse_roles(ctx, "roles")?;
+    if roles.is_empty() {
+        return Err(Error::bad_value(format!("{} command requires a non-empty \"roles\" array", ctx.name)));
+    }
+    modify_user(ctx, &user, |d| {
+        let mut held = auth::roles_of(d);
+        if grant {
+            for r in roles {
+                if !held.contains(&r) {
+                    held.push(r);
+                }
+            }
+        } else {
+            held.retain(|r| !roles.contains(r));
+        }
+        d.insert("roles", roles_bson(&held));
+        Ok(())
+    })?;
+    Ok(Document::new())
+}
+
+pub fn grant_roles_to_user(ctx: &mut Ctx) -> Result<Document> {
+    change_roles(ctx, true)
+}
+
+pub fn revoke_roles_from_user(ctx: &mut Ctx) -> Result<Document> {
+    change_roles(ctx, false)
+}
+
+pub fn users_info(ctx: &mut Ctx) -> Result<Document> {
+    super::check_fields("usersInfo", ctx.cmd, &["showCredentials", "showCustomData", "showPrivileges", "showAuthenticationRestrictions", "filter"])?;
+    if ctx.bool_arg("showPrivileges")? == Some(true) || ctx.bool_arg("showAuthenticationRestrictions")? == Some(true) {
+        return Err(Error::new(Code::CommandNotSupported, "usersInfo showPrivileges and showAuthenticationRestrictions are not supported by shoal yet"));
+    }
+    if ctx.cmd.contains_key("filter") {
+        return Err(Error::new(Code::CommandNotSupported, "usersInfo filter is not supported by shoal yet"));
+    }
+    let show_credentials = ctx.bool_arg("showCredentials")?.unwrap_or(false);
+    let show_custom = ctx.bool_arg("showCustomData")?.unwrap_or(true);
+    // Which users: all of this database, all, or the ones named.
+    let wanted: Option<Vec<(String, String)>> = match ctx.cmd.get("usersInfo") {
+        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) => None,
+        Some(Bson::Double(v)) if *v == 1.0 => None,
+        Some(Bson::Document(d)) if d.get_bool("forAllDBs").unwrap_or(false) => Some(Vec::new()),
+        Some(v @ (Bson::String(_) | Bson::Document(_))) => Some(vec![user_name(ctx.db, v)?]),
+        Some(Bson::Array(a)) => Some(a.iter().map(|v| user_name(ctx.db, v)).collect::<Result<_>>()?),
+        _ => return Err(Error::bad_value("usersInfo takes 1, a user name, {user, db}, an array of them or {forAllDBs: true}")),
+    };
+    let all_dbs = matches!(&wanted, Some(w) if w.is_empty());
+    let mut users = Vec::new();
+    if let Some(coll) = ctx.shared.store.collection(USERS_DB, USERS_COLLECTION) {
+        for (_, mut d) in all_users(&coll.snapshot())? {
+            let (user, db) = (d.get_str("user").unwrap_or("").to_string(), d.get_str("db").unwrap_or("").to_string());
+            let keep = match &wanted {
+                None => db == ctx.db,
+                Some(_) if all_dbs => true,
+                Some(w) => w.contains(&(user.clone(), db.clone())),
+            };
+            if !keep {
+                continue;
+            }
+            let mechanisms: Vec<Bson> = d.get_document("credentials").map(|c| c.keys().map(|k| Bson::String(k.clone())).collect()).unwrap_or_default();
+            if !show_credentials {
+                d.remove("credentials");
+            }
+            if !show_custom {
+                d.remove("customData");
+            }
+            d.insert("mechanisms", mechanisms);
+            users.push((user, db, d));
+        }
+    }
+    users.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    Ok(doc! {"users": users.into_iter().map(|(_, _, d)| Bson::Document(d)).collect::<Vec<_>>()})
+}
+
+fn user_name(db: &str, v: &Bson) -> Result<(String, String)> {
+    match v {
+        Bson::String(s) => Ok((s.clone(), db.to_string())),
+        Bson::Document(d) => match (d.get_str("user"), d.get_str("db")) {
+            (Ok(u), Ok(d)) => Ok((u.to_string(), d.to_string())),
+            _ => Err(Error::bad_value("a user must be a name or a {user: <name>, db: <database>} document")),
+        },
+        _ => Err(Error::bad_value("a user must be a name or a {user: <name>, db: <database>} document")),
+    }
+}
+
+/// hello's authentication fields: `saslSupportedMechs` for "db.user", and the first step of
+/// a speculative authentication, whose failure only leaves its reply out.
+pub fn hello_auth_fields(ctx: &mut Ctx, reply: &mut Document) -> Result<()> {
+    if let Some(v) = ctx.cmd.get("saslSupportedMechs") {
+        let Bson::String(name) = v else { return Err(Error::type_mismatch("saslSupportedMechs must be a string \"<db>.<user>\"")) };
+        if let Some((db, user)) = name.split_once('.') {
+            if let Ok(Some(d)) = auth::find_user(ctx.shared, db, user) {
+                let mechs: Vec<Bson> = d.get_document("credentials").map(|c| c.keys().filter(|k| scram::Mechanism::parse(k).is_some()).map(|k| Bson::String(k.clone())).collect()).unwrap_or_default();
+                reply.insert("saslSupportedMechs", mechs);
+            }
+        }
+    }
+    if let Some(v) = ctx.cmd.get("speculativeAuthenticate") {
+        let spec = match v {
+            Bson::Document(d) if !d.is_empty() => d.clone(),
+            _ => return Err(Error::bad_value(format!("{}.speculativeAuthenticate must be a non-empty Object", ctx.name))),
+        };
+        match spec.keys().next().map(String::as_str) {
+            Some("saslStart") => {
+                // Without a db it is ignored, as mongod does.
+                if let Ok(db) = spec.get_str("db") {
+                    if let Ok(r) = start_conversation(ctx, &db.to_string(), &spec) {
+                        reply.insert("speculativeAuthenticate", r);
+                    }
+                }
+            }
+            Some("authenticate") => {} // MONGODB-X509: not supported, so never answered.
+            Some(other) => return Err(Error::location(51769, format!("hello.speculativeAuthenticate unknown command: {other}"))),
+            None => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! Authentication and authorization against the real binary started with --auth, through
+//! the official Rust driver's SCRAM implementation.
+
+mod common;
+
+use common::Server;
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::Client;
+
+async fn client_as(s: &Server, user: &str, pwd: &str, options: &str) -> Client {
+    Client::with_uri_str(format!("mongodb://{user}:{pwd}@127.0.0.1:{}/{options}", s.port)).await.unwrap()
+}
+
+fn code_of(e: &mongodb::error::Error) -> Option<(i32, String)> {
+    match e.kind.as_ref() {
+        mongodb::error::ErrorKind::Command(c) => Some((c.code, c.code_name.clone())),
+        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) => Some((w.code, w.code_name.clone().unwrap_or_default())),
+        mongodb::error::ErrorKind::Authentication { .. } => Some((18, "AuthenticationFailed".into())),
+        _ => None,
+    }
+}
+
+fn unauthorized(r: mongodb::error::Result<impl std::fmt::Debug>, what: &str) -> String {
+    let e = r.expect_err(what);
+    assert_eq!(code_of(&e).map(|c| c.0), Some(13), "{what}: {e}");
+    e.to_string()
+}
+
+/// A server with --auth and a root user "admin" created through the localhost exception.
+async fn server_with_root() -> (Server, Client) {
+    let s = Server::start_with_args(&["--auth"]);
+    let anon = s.client().await;
+    anon.database("admin").run_command(doc! {"createUser": "admin", "pwd": "adminpw", "roles": ["root"]}).await.unwrap();
+    let root = client_as(&s, "admin", "adminpw", "").await;
+    (s, root)
+}
+
+#[tokio::test]
+async fn the_localhost_exception_creates_the_first_user_and_then_closes() {
+    let s = Server::start_with_args(&["--auth"]);
+    let anon = s.client().await;
+    let db = anon.database("app");
+    // Before any user: handshake commands run, data commands need a user.
+    db.run_command(doc! {"ping": 1}).await.unwrap();
+    let msg = unauthorized(db.run_command(doc! {"find": "c"}).await, "find before any user");
+    assert!(msg.contains("Command find requires authentication"), "{msg}");
+    // Only in admin, and only createUser.
+    unauthorized(db.run_command(doc! {"createUser": "u", "pwd": "p", "roles": ["read"]}).await, "createUser outside admin");
+    anon.database("admin").run_command(doc! {"createUser": "admin", "pwd": "adminpw", "roles": ["root"]}).await.unwrap();
+    // The first user closes the exception.
+    unauthorized(anon.database("admin").run_command(doc! {"createUser": "second", "pwd": "p", "roles": ["root"]}).await, "a second user without authenticating");
+    let status = anon.database("admin").run_command(doc! {"connectionStatus": 1}).await.unwrap();
+    assert_eq!(status.get_document("authInfo").unwrap().get_array("authenticatedUsers").unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn users_authenticate_with_scram_sha_256_and_sha_1_and_wrong_passwords_are_refused() {
+    let (s, root) = server_with_root().await;
+    let admin = root.database("admin");
+    let status = admin.run_command(doc! {"connectionStatus": 1}).await.unwrap();
+    let info = status.get_document("authInfo").unwrap();
+    assert_eq!(info.get_array("authenticatedUsers").unwrap(), &vec![Bson::Document(doc! {"user": "admin", "db": "admin"})]);
+    assert_eq!(info.get_array("authenticatedUserRoles").unwrap(), &vec![Bson::Document(doc! {"role": "root", "db": "admin"})]);
+    root.database("app").collection::<Document>("c").insert_one(doc! {"_id": 1}).await.unwrap();
+
+    let app = root.database("app");
+    app.run_command(doc! {"createUser": "ann", "pwd": "annpw", "roles": [{"role": "readWrite", "db": "app"}]}).await.unwrap();
+    app.run_command(doc! {"createUser": "old", "pwd": "oldpw", "roles": ["read"], "mechanisms": ["SCRAM-SHA-1"]}).await.unwrap();
+    let dup = app.run_command(doc! {"createUser": "ann", "pwd": "x", "roles": []}).await.unwrap_err();
+    assert_eq!(code_of(&dup), Some((51003, "Location51003".into())), "{dup}");
+    let missing_role = app.run_command(doc! {"createUser": "bob", "pwd": "x", "roles": ["reader"]}).await.unwrap_err();
+    assert_eq!(code_of(&missing_role), Some((31, "RoleNotFound".into())), "{missing_role}");
+
+    // The driver's default negotiation (saslSupportedMechs, speculative SCRAM-SHA-256) and
+    // each mechanism named explicitly.
+    for options in ["?authSource=app", "?authSource=app&authMechanism=SCRAM-SHA-256", "?authSource=app&authMechanism=SCRAM-SHA-1"] {
+        let c = client_as(&s, "ann", "annpw", options).await;
+        c.database("app").collection::<Document>("c").insert_one(doc! {"by": options}).await.unwrap();
+    }
+    // A user with only SCRAM-SHA-1 credentials: the default picks SHA-1 from
+    // saslSupportedMechs; asking for SHA-256 fails.
+    let c = client_as(&s, "old", "oldpw", "?authSource=app").await;
+    assert_eq!(c.database("app").collection::<Document>("c").count_documents(doc! {}).await.unwrap(), 4);
+    let c = client_as(&s, "old", "oldpw", "?authSource=app&authMechanism=SCRAM-SHA-256").await;
+    let e = c.database("app").collection::<Document>("c").count_documents(doc! {}).await.unwrap_err();
+    assert!(matches!(e.kind.as_ref(), mongodb::error::ErrorKind::Authentication { .. }), "{e}");
+
+    // Wrong password, unknown user, wrong database: the same refusal.
+    for (user, pwd, options) in [("ann", "wrong", "?authSource=app"), ("nobody", "x", "?authSource=app"), ("ann", "annpw", "?authSource=admin")] {
+        let c = client_as(&s, user, pwd, options).await;
+        let e = c.database("app").run_command(doc! {"ping": 1}).await.unwrap_err();
+        assert!(matches!(e.kind.as_ref(), mongodb::error::ErrorKind::Authentication { .. }), "{user}/{pwd}{options}: {e}");
+        assert!(e.to_string().contains("Authentication failed"), "{e}");
+    }
+}
+
+#[tokio::test]
+async fn roles_decide_what_a_user_may_do_and_changes_take_effect_at_once() {
+    let (s, root) = server_with_root().await;
+    let app = root.database("app");
+    app.collection::<Document>("c").insert_one(doc! {"_id": 1}).await.unwrap();
+    root.database("other").collection::<Document>("c").insert_one(doc! {"_id": 1}).await.unwrap();
+    app.run_command(doc! {"createUser": "reader", "pwd": "pw", "roles": ["read"]}).await.unwrap();
+
+    let reader = client_as(&s, "reader", "pw", "?authSource=app").await;
+    let c = reader.database("app").collection::<Document>("c");
+    assert_eq!(c.count_documents(doc! {}).await.unwrap(), 1);
+    let msg = unauthorized(c.insert_one(doc! {"_id": 2}).await, "insert with read");
+    assert!(msg.contains("not authorized on app to execute command"), "{msg}");
+    unauthorized(reader.database("other").collection::<Document>("c").find_one(doc! {}).await, "read on another database");
+    unauthorized(reader.database("admin").run_command(doc! {"serverStatus": 1}).await, "serverStatus");
+    unauthorized(c.drop().await, "drop with read");
+    // $out writes: read alone does not allow it.
+    unauthorized(c.aggregate(vec![doc! {"$out": "copy"}]).await, "$out with read");
+    // listDatabases shows only the databases the user's roles name.
+    let names = reader.list_database_names().await.unwrap();
+    assert_eq!(names, vec!["app".to_string()]);
+
+    // Granting readWrite works on the open connection, without logging in again.
+    app.run_command(doc! {"grantRolesToUser": "reader", "roles": ["readWrite"]}).await.unwrap();
+    c.insert_one(doc! {"_id": 2}).await.unwrap();
+    app.run_command(doc! {"revokeRolesFromUser": "reader", "roles": ["readWrite"]}).await.unwrap();
+    unauthorized(c.insert_one(doc! {"_id": 3}).await, "insert after the revoke");
+
+    // usersInfo: the stored user without its secrets, with its mechanisms.
+    let info = app.run_command(doc! {"usersInfo": "reader"}).await.unwrap();
+    let users = info.get_array("users").unwrap();
+    assert_eq!(users.len(), 1);
+    let u = users[0].as_document().unwrap();
+    assert_eq!(u.get_str("_id").unwrap(), "app.reader");
+    assert_eq!(u.get_array("roles").unwrap(), &vec![Bson::Document(doc! {"role": "read", "db": "app"})]);
+    assert_eq!(u.get_array("mechanisms").unwrap(), &vec![Bson::from("SCRAM-SHA-1"), Bson::from("SCRAM-SHA-256")]);
+    assert!(!u.contains_key("credentials"));
+    // Stored credentials hold no password: only salted keys.
+    let with = app.run_command(doc! {"usersInfo": "reader", "showCredentials": true}).await.unwrap();
+    let stored = format!("{with}");
+    assert!(stored.contains("storedKey") && !stored.contains("\"pw\""), "{stored}");
+    // A user sees their own document; others' need viewUser.
+    reader.database("app").run_command(doc! {"usersInfo": "reader"}).await.unwrap();
+    unauthorized(reader.database("app").run_command(doc! {"usersInfo": 1}).await, "usersInfo of every user");
+
+    // A new password works at once and the old one no longer does.
+    app.run_command(doc! {"updateUser": "reader", "pwd": "newpw"}).await.unwrap();
+    client_as(&s, "reader", "newpw", "?authSource=app").await.database("app").run_command(doc! {"ping": 1}).await.unwrap();
+    let e = client_as(&s, "reader", "pw", "?authSource=app").await.database("app").run_command(doc! {"ping": 1}).await.unwrap_err();
+    assert!(matches!(e.kind.as_ref(), mongodb::error::ErrorKind::Authentication { .. }), "{e}");
+
+    // A dropped user's open connections lose their rights.
+    app.run_command(doc! {"dropUser": "reader"}).await.unwrap();
+    unauthorized(c.find_one(doc! {}).await, "find after dropUser");
+    let e = app.run_command(doc! {"dropUser": "reader"}).await.unwrap_err();
+    assert_eq!(code_of(&e), Some((11, "UserNotFound".into())), "{e}");
+}
+
+#[tokio::test]
+async fn every_command_refuses_a_client_that_has_not_authenticated() {
+    let (s, root) = server_with_root().await;
+    root.database("app").collection::<Document>("c").insert_one(doc! {"_id": 1}).await.unwrap();
+    // Every command the server has, from listCommands (which itself needs no user).
+    let anon = s.client().await;
+    let list = anon.database("admin").run_command(doc! {"listCommands": 1}).await.unwrap();
+    let names: Vec<String> = list.get_document("commands").unwrap().keys().cloned().collect();
+    assert!(names.len() > 50, "{names:?}");
+    // What mongod also runs before authentication.
+    let open = ["hello", "isMaster", "ismaster", "ping", "buildInfo", "buildinfo", "saslStart", "saslContinue", "connectionStatus", "listCommands", "logout", "configureFailPoint"];
+    let mut refused = 0;
+    for name in &names {
+        if open.contains(&name.as_str()) {
+            continue;
+        }
+        let cmd = doc! {name.as_str(): "c"};
+        match anon.database("app").run_command(cmd.clone()).await {
+            Err(e) if code_of(&e).map(|c| c.0) == Some(13) => refused += 1,
+            other => panic!("{cmd} without authentication: {other:?}"),
+        }
+    }
+    assert!(refused > 50);
+    // The data is untouched.
+    assert_eq!(root.database("app").collection::<Document>("c").count_documents(doc! {}).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn bad_auth_conversations_get_mongodb_errors() {
+    let (s, _root) = server_with_root().await;
+    let anon = s.client().await;
+    let admin = anon.database("admin");
+    let bin = |b: &[u8]| Bson::Binary(mongodb::bson::Binary { subtype: mongodb::bson::spec::BinarySubtype::Generic, bytes: b.to_vec() });
+    let e = admin.run_command(doc! {"saslStart": 1, "mechanism": "PLAIN", "payload": bin(b"x")}).await.unwrap_err();
+    assert_eq!(code_of(&e), Some((334, "MechanismUnavailable".into())), "{e}");
+    let e = admin.run_command(doc! {"saslContinue": 1, "conversationId": 1, "payload": bin(b"")}).await.unwrap_err();
+    assert_eq!(code_of(&e), Some((17, "ProtocolError".into())), "{e}");
+    for payload in [&b"garbage"[..], b"n,,n=admin", b"p=x,,n=admin,r=abcd", &[0xff; 10][..]] {
+        let e = admin.run_command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(payload)}).await.unwrap_err();
+        assert_eq!(code_of(&e), Some((18, "AuthenticationFailed".into())), "{e}");
+    }
+    // A conversation with a made-up proof fails, and leaves nothing to continue.
+    let r = admin.run_command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(b"n,,n=admin,r=abcdefgh"), "options": {"skipEmptyExchange": true}}).await.unwrap();
+    assert_eq!(r.get_bool("done").unwrap(), false);
+    let server_first = String::from_utf8(r.get_binary_generic("payload").unwrap().clone()).unwrap();
+    let nonce = server_first.split(',').next().unwrap().trim_start_matches("r=");
+    let final_msg = format!("c=biws,r={nonce},p=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=");
+    let e = admin.run_command(doc! {"saslContinue": 1, "conversationId": 1, "payload": bin(final_msg.as_bytes())}).await.unwrap_err();
+    assert_eq!(code_of(&e), Some((18, "AuthenticationFailed".into())), "{e}");
+    let e = admin.run_command(doc! {"saslContinue": 1, "conversationId": 1, "payload": bin(b"")}).await.unwrap_err();
+    assert_eq!(code_of(&e), Some((17, "ProtocolError".into())), "{e}");
+    // Still refused afterwards.
+    unauthorized(anon.database("app").run_command(doc! {"find": "c"}).await, "find after a failed conversation");
+}
+
+#[test]
+fn auth_with_a_replica_set_is_refused_until_members_can_authenticate() {
+    let out = std::process::Command::new(common::binary_path()).args(["serve", "--auth", "--replSet", "rs0", "--port", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("keyFile"), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -1,0 +1,62 @@
+"""pymongo's SCRAM against a server started with --auth: the localhost exception, both
+mechanisms, wrong passwords and missing privileges refused with MongoDB's codes."""
+
+import pymongo
+import pytest
+from pymongo.errors import OperationFailure
+
+from conftest import ShoalServer
+
+
+@pytest.fixture
+def auth_server(shoal_bin):
+    s = ShoalServer(shoal_bin, ["--auth"]).start()
+    yield s
+    s.close()
+
+
+def connect(server, user=None, pwd=None, **kw):
+    if user is None:
+        return pymongo.MongoClient(server.uri, serverSelectionTimeoutMS=5000)
+    return pymongo.MongoClient(server.uri, username=user, password=pwd, serverSelectionTimeoutMS=5000, **kw)
+
+
+def test_pymongo_authenticates_and_roles_are_enforced(auth_server):
+    anon = connect(auth_server)
+    with pytest.raises(OperationFailure) as e:
+        anon.app.c.find_one()
+    assert e.value.code == 13
+    anon.admin.command("createUser", "root", pwd="rootpw", roles=["root"])
+    with pytest.raises(OperationFailure) as e:
+        anon.admin.command("createUser", "other", pwd="x", roles=["root"])
+    assert e.value.code == 13
+
+    root = connect(auth_server, "root", "rootpw")
+    root.app.c.insert_one({"_id": 1})
+    root.app.command("createUser", "ann", pwd="annpw", roles=["readWrite"])
+    root.app.command("createUser", "rita", pwd="ritapw", roles=[{"role": "read", "db": "app"}], mechanisms=["SCRAM-SHA-1"])
+
+    for mechanism in ["DEFAULT", "SCRAM-SHA-256", "SCRAM-SHA-1"]:
+        ann = connect(auth_server, "ann", "annpw", authSource="app", authMechanism=mechanism)
+        ann.app.c.insert_one({"mechanism": mechanism})
+        status = ann.app.command("connectionStatus")
+        assert status["authInfo"]["authenticatedUsers"] == [{"user": "ann", "db": "app"}]
+        ann.close()
+
+    rita = connect(auth_server, "rita", "ritapw", authSource="app")
+    assert rita.app.c.count_documents({}) == 4
+    with pytest.raises(OperationFailure) as e:
+        rita.app.c.insert_one({"_id": 2})
+    assert e.value.code == 13
+    assert "not authorized on app" in str(e.value)
+
+    with pytest.raises(OperationFailure) as e:
+        connect(auth_server, "ann", "wrong", authSource="app").app.command("ping")
+    assert e.value.code == 18
+    assert e.value.details["codeName"] == "AuthenticationFailed"
+
+    users = root.app.command("usersInfo", 1)["users"]
+    assert [u["user"] for u in users] == ["ann", "rita"]
+    assert users[1]["mechanisms"] == ["SCRAM-SHA-1"]
+    assert all("credentials" not in u for u in users)
+    assert root.app.command("dropAllUsersFromDatabase")["n"] == 2
