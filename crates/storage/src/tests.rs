@@ -1060,7 +1060,7 @@ fn tail_ids(c: &Collection, after: Option<RecordId>, chunk: usize) -> Vec<Record
         let got = c.tail_chunk(at, chunk).unwrap();
         let n = got.len();
         for (rid, bytes) in got {
-            let ts = crate::decode_record(&bytes).unwrap().get_timestamp("ts").unwrap();
+            let ts = crate::decode_record(bytes.as_ref()).unwrap().get_timestamp("ts").unwrap();
             assert_eq!(ts_of(rid), ts, "an entry is the record its id names");
             ids.push(rid);
             at = Some(rid);
