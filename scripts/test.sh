@@ -81,8 +81,16 @@ ensure_node() {
   echo "$want" >"$NODE_DIR/node_modules/.shoal-deps.sha256"
 }
 
+# The TLS tests make a throwaway CA with openssl (tests/compat/make_test_certs.sh).
+ensure_openssl() {
+  command -v openssl >/dev/null 2>&1 && return 0
+  log "installing openssl"
+  apt-get update -qq && apt-get install -y -qq openssl >/dev/null
+}
+
 PY_OK=1
 NODE_OK=1
+ensure_openssl || echo "openssl setup failed: the TLS tests will fail"
 ensure_python || { echo "python setup failed"; PY_OK=0; }
 ensure_node || { echo "node setup failed"; NODE_OK=0; }
 

@@ -46,6 +46,54 @@ impl LogTransport {
     }
 }
 
+/// `net.tls.mode`: whether client connections use TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    #[default]
+    Disabled,
+    /// TLS or plaintext, as each client chooses (mongod: allowTLS and preferTLS differ
+    /// only in what the server uses for connections it opens, which shoal's members do in
+    /// plaintext).
+    Allow,
+    Prefer,
+    /// TLS only: a plaintext connection is closed.
+    Require,
+}
+
+impl TlsMode {
+    pub fn parse(s: &str) -> Result<TlsMode> {
+        match s {
+            "disabled" => Ok(TlsMode::Disabled),
+            "allowTLS" => Ok(TlsMode::Allow),
+            "preferTLS" => Ok(TlsMode::Prefer),
+            "requireTLS" => Ok(TlsMode::Require),
+            other => Err(bad_option(format!("net.tls.mode must be disabled, allowTLS, preferTLS or requireTLS, not '{other}'"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsMode::Disabled => "disabled",
+            TlsMode::Allow => "allowTLS",
+            TlsMode::Prefer => "preferTLS",
+            TlsMode::Require => "requireTLS",
+        }
+    }
+}
+
+/// `net.tls`.
+#[derive(Clone, Debug, Default)]
+pub struct TlsConfig {
+    pub mode: TlsMode,
+    /// PEM holding the server's certificate chain and its private key.
+    pub certificate_key_file: Option<PathBuf>,
+    /// PEM of the CAs that client certificates are checked against; without it, clients
+    /// are not asked for one.
+    pub ca_file: Option<PathBuf>,
+    /// With a CA file: clients without a certificate are let in too.
+    pub allow_connections_without_certificates: bool,
+}
+
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub port: u16,
@@ -73,6 +121,7 @@ pub struct ServerConfig {
     /// `--auth` / `security.authorization: enabled`: commands need an authenticated user
     /// with the privileges they take.
     pub authorization: bool,
+    pub tls: TlsConfig,
     /// `setParameter enableTestCommands`: fail points (fault injection) are available.
     pub enable_test_commands: bool,
     /// Where the config file was read from, for getCmdLineOpts.
@@ -99,6 +148,7 @@ impl Default for ServerConfig {
             strict_consistency: false,
             log_transport: LogTransport::Pull,
             authorization: false,
+            tls: TlsConfig::default(),
             enable_test_commands: false,
             config_file: None,
             argv: Vec::new(),
@@ -124,6 +174,10 @@ pub struct Overrides {
     pub strict_consistency: bool,
     pub log_transport: Option<String>,
     pub auth: bool,
+    pub tls_mode: Option<String>,
+    pub tls_certificate_key_file: Option<PathBuf>,
+    pub tls_ca_file: Option<PathBuf>,
+    pub tls_allow_connections_without_certificates: bool,
     /// `--setParameter name=value`, each.
     pub set_parameters: Vec<String>,
 }
@@ -180,6 +234,18 @@ impl ServerConfig {
         if o.auth {
             c.authorization = true;
         }
+        if let Some(m) = &o.tls_mode {
+            c.tls.mode = TlsMode::parse(m)?;
+        }
+        if let Some(f) = &o.tls_certificate_key_file {
+            c.tls.certificate_key_file = Some(f.clone());
+        }
+        if let Some(f) = &o.tls_ca_file {
+            c.tls.ca_file = Some(f.clone());
+        }
+        if o.tls_allow_connections_without_certificates {
+            c.tls.allow_connections_without_certificates = true;
+        }
         for p in &o.set_parameters {
             let (k, v) = p.split_once('=').ok_or_else(|| bad_option(format!("Illegal --setParameter parameter: \"{p}\"")))?;
             c.set_parameter(k, &Value::String(v.to_string()))?;
@@ -206,6 +272,13 @@ impl ServerConfig {
         }
         if self.bind_ip.is_empty() {
             return Err(bad_option("net.bindIp must name at least one address"));
+        }
+        if self.tls.mode != TlsMode::Disabled && self.tls.certificate_key_file.is_none() {
+            return Err(bad_option(format!("net.tls.mode {} needs net.tls.certificateKeyFile", self.tls.mode.name())));
+        }
+        if self.tls.mode == TlsMode::Require && self.repl_set_name.is_some() {
+            // Members connect to each other in plaintext.
+            return Err(bad_option("net.tls.mode requireTLS with a replica set needs TLS between members, which shoal does not support yet"));
         }
         if self.authorization && self.repl_set_name.is_some() {
             // Members would have to authenticate to each other (security.keyFile).
@@ -272,6 +345,17 @@ impl ServerConfig {
                     }
                 }
                 "maxIncomingConnections" => self.connections_max = as_u64(v, "net.maxIncomingConnections")? as usize,
+                "tls" => {
+                    for (k, v) in mapping("net.tls", v)? {
+                        match key_str(k)? {
+                            "mode" => self.tls.mode = TlsMode::parse(as_str(v, "net.tls.mode")?)?,
+                            "certificateKeyFile" => self.tls.certificate_key_file = Some(PathBuf::from(as_str(v, "net.tls.certificateKeyFile")?)),
+                            "CAFile" => self.tls.ca_file = Some(PathBuf::from(as_str(v, "net.tls.CAFile")?)),
+                            "allowConnectionsWithoutCertificates" => self.tls.allow_connections_without_certificates = as_bool(v, "net.tls.allowConnectionsWithoutCertificates")?,
+                            other => return Err(bad_option(format!("Unrecognized option: net.tls.{other}"))),
+                        }
+                    }
+                }
                 "compression" => {
                     for (k, v) in mapping("net.compression", v)? {
                         match key_str(k)? {
@@ -366,6 +450,18 @@ impl ServerConfig {
         }
         if self.authorization {
             parsed.insert("security", bson::doc! {"authorization": "enabled"});
+        }
+        if self.tls.mode != TlsMode::Disabled {
+            let mut tls = bson::doc! {"mode": self.tls.mode.name()};
+            if let Some(f) = &self.tls.certificate_key_file {
+                tls.insert("certificateKeyFile", f.display().to_string());
+            }
+            if let Some(f) = &self.tls.ca_file {
+                tls.insert("CAFile", f.display().to_string());
+            }
+            if let Ok(net) = parsed.get_document_mut("net") {
+                net.insert("tls", tls);
+            }
         }
         if let Some(name) = &self.repl_set_name {
             parsed.insert("replication", bson::doc! {"replSet": name.clone(), "oplogSizeMB": (self.oplog_size_bytes >> 20) as i64, "strictConsistency": self.strict_consistency, "logTransport": self.log_transport.name()});
@@ -468,6 +564,10 @@ mod tests {
         assert!(s.authorization);
         assert!(s.apply_yaml("security:\n  authorization: maybe\n").is_err());
         assert!(s.apply_yaml("security:\n  keyFile: /k\n").is_err(), "keyFile is not supported yet");
+        s.apply_yaml("net:\n  tls:\n    mode: requireTLS\n    certificateKeyFile: /s.pem\n    CAFile: /ca.pem\n").unwrap();
+        assert_eq!((s.tls.mode, s.tls.ca_file.as_deref()), (TlsMode::Require, Some(std::path::Path::new("/ca.pem"))));
+        assert!(s.apply_yaml("net:\n  tls:\n    mode: sometimes\n").is_err());
+        assert!(ServerConfig::build(&Overrides { tls_mode: Some("preferTLS".into()), ..Default::default() }, vec![]).is_err(), "TLS needs a certificate");
         assert!(c.strict_consistency);
         assert!(c.apply_yaml("replication:\n  strictConsistency: sometimes\n").is_err());
         assert_eq!(c.log_transport, LogTransport::Pull);

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use crate::tls::Stream;
 use tokio::net::TcpStream;
 use wire::{Compressor, Message, OpMsg, OpReply};
 
@@ -88,13 +89,18 @@ pub struct AwaitData {
     pub deadline: Instant,
 }
 
-pub async fn serve(shared: Arc<Shared>, mut stream: TcpStream, remote: SocketAddr) {
+pub async fn serve(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
     let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None, auth: Default::default() };
     tracing::debug!(conn = id, %remote, "connection accepted");
-    if let Err(reason) = serve_loop(&shared, &mut stream, &mut conn).await {
-        tracing::info!(conn = id, %remote, "connection ended: {reason}");
+    match shared.tls.accept(stream).await {
+        Ok(mut stream) => {
+            if let Err(reason) = serve_loop(&shared, &mut stream, &mut conn).await {
+                tracing::info!(conn = id, %remote, "connection ended: {reason}");
+            }
+        }
+        Err(reason) => tracing::info!(conn = id, %remote, "connection refused: {reason}"),
     }
     shared.counters.connections_current.fetch_sub(1, Ordering::Relaxed);
 }
@@ -152,6 +158,9 @@ impl FrameReader {
             }
             let n = match stream.read(&mut self.buf[self.end..]).await {
                 Ok(n) => n,
+                // A TLS client that closes without close_notify, between messages, has
+                // closed the connection (drivers do).
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => 0,
                 Err(e) => return Err(format!("read error: {e}")),
             };
             if n == 0 {
@@ -162,7 +171,7 @@ impl FrameReader {
     }
 }
 
-async fn serve_loop(shared: &Arc<Shared>, stream: &mut TcpStream, conn: &mut ConnState) -> Result<(), String> {
+async fn serve_loop(shared: &Arc<Shared>, stream: &mut Stream, conn: &mut ConnState) -> Result<(), String> {
     let mut reader = FrameReader::new();
     loop {
         let Some(frame) = reader.next(stream).await? else { return Ok(()) };
@@ -207,7 +216,7 @@ async fn serve_loop(shared: &Arc<Shared>, stream: &mut TcpStream, conn: &mut Con
     }
 }
 
-async fn write_frame(shared: &Shared, stream: &mut TcpStream, frame: &[u8]) -> Result<(), String> {
+async fn write_frame(shared: &Shared, stream: &mut Stream, frame: &[u8]) -> Result<(), String> {
     Counters::add(&shared.counters.bytes_out, frame.len() as u64);
     stream.write_all(frame).await.map_err(|e| format!("write error: {e}"))
 }
@@ -220,7 +229,7 @@ fn reply_compressor(conn: &ConnState, request_compressor: Option<Compressor>, co
     }
 }
 
-async fn handle_msg(shared: &Arc<Shared>, stream: &mut TcpStream, conn: &mut ConnState, request_id: i32, compressor: Option<Compressor>, msg: OpMsg) -> Result<(), String> {
+async fn handle_msg(shared: &Arc<Shared>, stream: &mut Stream, conn: &mut ConnState, request_id: i32, compressor: Option<Compressor>, msg: OpMsg) -> Result<(), String> {
     let more_to_come = msg.flags & wire::flags::MORE_TO_COME != 0;
     let exhaust = msg.flags & wire::flags::EXHAUST_ALLOWED != 0;
     let OpMsg { body, sequences, .. } = msg;
@@ -301,7 +310,7 @@ fn is_oplog_stream(msg: &OpMsg) -> bool {
 /// against a credit (`$replStream.credits` to start with, then one per batch acknowledged),
 /// so the member decides how far ahead of its writes the stream may run; while it has none,
 /// entries accumulate into the next, larger batch.
-async fn stream_oplog(shared: &Arc<Shared>, stream: &mut TcpStream, reader: &mut FrameReader, conn: &mut ConnState, request_id: i32, msg: OpMsg) -> Result<(), String> {
+async fn stream_oplog(shared: &Arc<Shared>, stream: &mut Stream, reader: &mut FrameReader, conn: &mut ConnState, request_id: i32, msg: OpMsg) -> Result<(), String> {
     let credits_asked = msg.body.get_document("$replStream").ok().and_then(|s| s.get("credits")).and_then(integer);
     let OpMsg { body, sequences, .. } = msg;
     let request = match (Request::from_msg(body, sequences), credits_asked) {
@@ -312,7 +321,8 @@ async fn stream_oplog(shared: &Arc<Shared>, stream: &mut TcpStream, reader: &mut
     let (mut request, mut credits) = request;
     let wants_ring = request.body.get_document("$replStream").ok().and_then(|s| s.get_bool("shm").ok()).unwrap_or(false);
     let ring = if wants_ring { crate::repl::shm::LogRing::create(shared.config.port, conn.id, credits as u64) } else { None };
-    let (mut rd, mut wr) = stream.split();
+    // (tokio's split: a TLS stream has no split of its own; a push stream makes few calls.)
+    let (mut rd, mut wr) = tokio::io::split(&mut *stream);
     let mut response_to = request_id;
     if let Some(ring) = &ring {
         // Announce the ring; batches go there from now on (a member that cannot map it, on
@@ -405,7 +415,7 @@ fn reply_ok(reply: &Document) -> bool {
     matches!(reply.get("ok"), Some(Bson::Double(v)) if *v == 1.0)
 }
 
-async fn refuse_stream(shared: &Shared, stream: &mut TcpStream, request_id: i32, e: &common::Error) -> Result<(), String> {
+async fn refuse_stream(shared: &Shared, stream: &mut Stream, request_id: i32, e: &common::Error) -> Result<(), String> {
     let out = wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body: dispatch::error_reply(e), sequences: vec![] }, None);
     write_frame(shared, stream, &out).await
 }

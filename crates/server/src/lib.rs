@@ -17,6 +17,7 @@ mod repl;
 mod retry;
 mod state;
 mod sysinfo;
+mod tls;
 
 use crate::state::{Counters, Shared};
 use config::ServerConfig;
@@ -28,6 +29,8 @@ const TTL_MONITOR_INTERVAL_SECS: u64 = 60;
 
 /// Open the store and serve until SIGINT/SIGTERM; returns after a clean shutdown.
 pub async fn serve(config: ServerConfig) -> common::Result<()> {
+    // A bad certificate or key stops the start before anything is opened.
+    let tls = tls::Acceptor::new(&config.tls)?;
     let fds = sysinfo::raise_fd_limit();
     let store = if config.storage_engine == "inMemory" {
         storage::Store::open_in_memory()
@@ -55,7 +58,7 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
         }
         None => None,
     };
-    let shared = Arc::new(Shared::new(config, store, repl));
+    let shared = Arc::new(Shared::new(config, store, repl, tls));
     repl::spawn_tasks(shared.clone())?;
     tracing::info!(port = shared.config.port, dbpath = %shared.config.dbpath.display(), fd_limit = fds, "waiting for connections");
 

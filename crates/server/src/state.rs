@@ -185,10 +185,12 @@ pub struct Shared {
     pub writes: Arc<tokio::sync::Notify>,
     /// Users and whether commands need them (`security.authorization`).
     pub auth: crate::auth::AuthState,
+    /// How client connections are accepted: plain, TLS, or either (`net.tls.mode`).
+    pub tls: crate::tls::Acceptor,
 }
 
 impl Shared {
-    pub fn new(config: ServerConfig, store: Store, repl: Option<crate::repl::ReplCoord>) -> Shared {
+    pub fn new(config: ServerConfig, store: Store, repl: Option<crate::repl::ReplCoord>, tls: crate::tls::Acceptor) -> Shared {
         let host_name = crate::sysinfo::hostname();
         let writes = Arc::new(tokio::sync::Notify::new());
         let w = writes.clone();
@@ -209,6 +211,7 @@ impl Shared {
             retry: Default::default(),
             writes,
             auth,
+            tls,
         }
     }
 

@@ -76,6 +76,19 @@ struct ServeArgs {
     /// (security.authorization: enabled). Create the first user from this host.
     #[arg(long = "auth")]
     auth: bool,
+    /// TLS for client connections: disabled, allowTLS, preferTLS or requireTLS
+    /// (net.tls.mode) [default: disabled].
+    #[arg(long = "tlsMode")]
+    tls_mode: Option<String>,
+    /// PEM with the server's certificate and private key (net.tls.certificateKeyFile).
+    #[arg(long = "tlsCertificateKeyFile")]
+    tls_certificate_key_file: Option<PathBuf>,
+    /// PEM of the CAs client certificates are checked against (net.tls.CAFile).
+    #[arg(long = "tlsCAFile")]
+    tls_ca_file: Option<PathBuf>,
+    /// With --tlsCAFile, let clients without a certificate connect too.
+    #[arg(long = "tlsAllowConnectionsWithoutCertificates")]
+    tls_allow_connections_without_certificates: bool,
     /// A server parameter, name=value (repeatable): cursorTimeoutMillis, enableTestCommands.
     #[arg(long = "setParameter")]
     set_parameter: Vec<String>,
@@ -118,6 +131,10 @@ fn main() {
                 strict_consistency: a.strict_consistency,
                 log_transport: a.log_transport,
                 auth: a.auth,
+                tls_mode: a.tls_mode,
+                tls_certificate_key_file: a.tls_certificate_key_file,
+                tls_ca_file: a.tls_ca_file,
+                tls_allow_connections_without_certificates: a.tls_allow_connections_without_certificates,
                 set_parameters: a.set_parameter,
             };
             let config = match server::config::ServerConfig::build(&overrides, argv) {

@@ -213,3 +213,55 @@ fn auth_with_a_replica_set_is_refused_until_members_can_authenticate() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("keyFile"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A throwaway CA and a server certificate for 127.0.0.1 in `dir` (ca.pem, server.pem), by
+/// the script every client's TLS tests share.
+fn make_certs(dir: &std::path::Path) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/compat/make_test_certs.sh");
+    let out = std::process::Command::new("bash").arg(script).arg(dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test]
+async fn scram_sha_256_over_tls_and_plaintext_refused_when_tls_is_required() {
+    let dir = std::env::temp_dir().join(format!("shoal-tls-{}", std::process::id()));
+    make_certs(&dir);
+    let (ca, pem) = (dir.join("ca.pem").display().to_string(), dir.join("server.pem").display().to_string());
+    let s = Server::start_with_args(&["--auth", "--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &pem]);
+    let tls = format!("tls=true&tlsCAFile={ca}");
+    let anon = Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?{tls}", s.port)).await.unwrap();
+    anon.database("admin").run_command(doc! {"createUser": "admin", "pwd": "adminpw", "roles": ["root"]}).await.unwrap();
+    let root = client_as(&s, "admin", "adminpw", &format!("?{tls}&authMechanism=SCRAM-SHA-256")).await;
+    root.database("app").collection::<Document>("c").insert_one(doc! {"_id": 1}).await.unwrap();
+    assert_eq!(root.database("app").collection::<Document>("c").count_documents(doc! {}).await.unwrap(), 1);
+    // Plaintext is refused: the connection closes, and the driver finds no server.
+    let plain = Client::with_uri_str(format!("mongodb://admin:adminpw@127.0.0.1:{}/?serverSelectionTimeoutMS=1000", s.port)).await.unwrap();
+    let e = plain.database("admin").run_command(doc! {"ping": 1}).await.unwrap_err();
+    assert!(matches!(e.kind.as_ref(), mongodb::error::ErrorKind::ServerSelection { .. }), "{e}");
+    // A client that does not trust the server's CA does not connect either.
+    let untrusting = Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?tls=true&serverSelectionTimeoutMS=1000", s.port)).await.unwrap();
+    assert!(untrusting.database("admin").run_command(doc! {"ping": 1}).await.is_err());
+
+    // preferTLS takes both on one port.
+    let both = Server::start_with_args(&["--tlsMode", "preferTLS", "--tlsCertificateKeyFile", &pem]);
+    for options in [format!("?{tls}"), String::new()] {
+        let c = Client::with_uri_str(format!("mongodb://127.0.0.1:{}/{options}", both.port)).await.unwrap();
+        c.database("app").collection::<Document>("c").insert_one(doc! {"tls": !options.is_empty()}).await.unwrap();
+    }
+    // With a CA file for client certificates, a client without one is refused unless
+    // allowed.
+    let strict = Server::start_with_args(&["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &pem, "--tlsCAFile", &ca]);
+    let c = Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?{tls}&serverSelectionTimeoutMS=1000", strict.port)).await.unwrap();
+    assert!(c.database("admin").run_command(doc! {"ping": 1}).await.is_err());
+    let lenient = Server::start_with_args(&["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &pem, "--tlsCAFile", &ca, "--tlsAllowConnectionsWithoutCertificates"]);
+    let c = Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?{tls}", lenient.port)).await.unwrap();
+    c.database("admin").run_command(doc! {"ping": 1}).await.unwrap();
+
+    // A server without a usable certificate does not start.
+    for args in [vec!["--tlsMode", "requireTLS"], vec!["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &ca], vec!["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", "/nonexistent.pem"]] {
+        let out = std::process::Command::new(common::binary_path()).arg("serve").args(["--port", "0", "--storageEngine", "inMemory"]).args(&args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} started");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("certificate"), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

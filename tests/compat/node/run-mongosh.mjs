@@ -1,6 +1,6 @@
 // Runs every tests/compat/mongosh/*.js with the real mongosh against a fresh shoal server.
 // A script passes when mongosh exits 0 (scripts throw or assert on failure).
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -24,12 +24,20 @@ const env = {
 };
 
 // Scripts named replset_*.js each get their own server started with --replSet rs0,
-// auth_*.js one started with --auth; the others share one standalone.
-const OWN_SERVER_ARGS = { replset_: ['--replSet', 'rs0'], auth_: ['--auth'] };
+// auth_*.js one started with --auth, tls_*.js one with --auth that requires TLS (with a
+// CA made for the run; mongosh connects with it and the script finds it in
+// SHOAL_TLS_CA_FILE). The others share one standalone.
+const certDir = mkdtempSync(path.join(os.tmpdir(), 'shoal-mongosh-certs-'));
+const ca = path.join(certDir, 'ca.pem');
+const OWN_SERVER = {
+  replset_: { args: ['--replSet', 'rs0'], shell: [] },
+  auth_: { args: ['--auth'], shell: [] },
+  tls_: { args: ['--auth', '--tlsMode', 'requireTLS', '--tlsCertificateKeyFile', path.join(certDir, 'server.pem')], shell: ['--tls', '--tlsCAFile', ca] },
+};
 
-function run(uri, file) {
+function run(uri, file, shellArgs) {
   return new Promise((resolve) => {
-    const child = spawn(mongosh, [`${uri}test`, '--quiet', '--file', file], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(mongosh, [`${uri}test`, '--quiet', ...shellArgs, '--file', file], { env: { ...env, SHOAL_TLS_CA_FILE: ca }, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     child.stdout.on('data', (d) => { out += d; });
     child.stderr.on('data', (d) => { out += d; });
@@ -38,15 +46,16 @@ function run(uri, file) {
   });
 }
 
+execFileSync('bash', [path.resolve(here, '..', 'make_test_certs.sh'), certDir]);
 const scripts = readdirSync(scriptsDir).filter((f) => f.endsWith('.js')).sort();
 let passed = 0;
 let failed = 0;
 const server = await startServer();
 try {
   for (const name of scripts) {
-    const prefix = Object.keys(OWN_SERVER_ARGS).find((p) => name.startsWith(p));
-    const own = prefix ? await startServer(OWN_SERVER_ARGS[prefix]) : null;
-    const { code, out } = await run((own ?? server).uri, path.join(scriptsDir, name));
+    const prefix = Object.keys(OWN_SERVER).find((p) => name.startsWith(p));
+    const own = prefix ? await startServer(OWN_SERVER[prefix].args) : null;
+    const { code, out } = await run((own ?? server).uri, path.join(scriptsDir, name), prefix ? OWN_SERVER[prefix].shell : []);
     if (own) await own.stop();
     if (code === 0) {
       passed++;
@@ -60,6 +69,7 @@ try {
 } finally {
   await server.stop();
   rmSync(home, { recursive: true, force: true });
+  rmSync(certDir, { recursive: true, force: true });
 }
 console.log(`mongosh: ${passed} passed, ${failed} failed`);
 process.exit(failed === 0 && passed > 0 ? 0 : 1);

@@ -1,11 +1,13 @@
 """pymongo's SCRAM against a server started with --auth: the localhost exception, both
 mechanisms, wrong passwords and missing privileges refused with MongoDB's codes."""
 
+import subprocess
+
 import pymongo
 import pytest
-from pymongo.errors import OperationFailure
+from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
 
-from conftest import ShoalServer
+from conftest import REPO, ShoalServer
 
 
 @pytest.fixture
@@ -60,3 +62,23 @@ def test_pymongo_authenticates_and_roles_are_enforced(auth_server):
     assert users[1]["mechanisms"] == ["SCRAM-SHA-1"]
     assert all("credentials" not in u for u in users)
     assert root.app.command("dropAllUsersFromDatabase")["n"] == 2
+
+
+def test_pymongo_uses_scram_sha_256_over_tls_and_plaintext_is_refused(shoal_bin, tmp_path):
+    subprocess.run(["bash", str(REPO / "tests" / "compat" / "make_test_certs.sh"), str(tmp_path)], check=True)
+    ca, pem = str(tmp_path / "ca.pem"), str(tmp_path / "server.pem")
+    s = ShoalServer(shoal_bin, ["--auth", "--tlsMode", "requireTLS", "--tlsCertificateKeyFile", pem]).start()
+    try:
+        anon = pymongo.MongoClient(s.uri, tls=True, tlsCAFile=ca, serverSelectionTimeoutMS=5000)
+        anon.admin.command("createUser", "root", pwd="rootpw", roles=["root"])
+        root = pymongo.MongoClient(s.uri, tls=True, tlsCAFile=ca, username="root", password="rootpw", authMechanism="SCRAM-SHA-256")
+        root.app.c.insert_one({"_id": 1})
+        assert root.app.c.find_one() == {"_id": 1}
+        assert root.admin.command("connectionStatus")["authInfo"]["authenticatedUsers"] == [{"user": "root", "db": "admin"}]
+        with pytest.raises(ServerSelectionTimeoutError):
+            pymongo.MongoClient(s.uri, username="root", password="rootpw", serverSelectionTimeoutMS=1000).admin.command("ping")
+        with pytest.raises(OperationFailure) as e:
+            pymongo.MongoClient(s.uri, tls=True, tlsCAFile=ca, username="root", password="nope").admin.command("ping")
+        assert e.value.code == 18
+    finally:
+        s.close()
