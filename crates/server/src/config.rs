@@ -10,6 +10,8 @@ pub const DBPATH_DEFAULT: &str = "./data/db";
 pub const PORT_DEFAULT: u16 = 27017;
 /// Upper bound on simultaneous client connections (mongod: `net.maxIncomingConnections`).
 pub const CONNECTIONS_MAX_DEFAULT: usize = 65_536;
+/// mongod's bound on `authFailedDelayMs`.
+pub const AUTH_FAILED_DELAY_MS_MAX: u64 = 5_000;
 /// mongod's smallest default oplog (it takes 5% of free disk, at least 990 MB).
 pub const OPLOG_SIZE_MB_DEFAULT: u64 = 990;
 
@@ -122,6 +124,9 @@ pub struct ServerConfig {
     /// with the privileges they take.
     pub authorization: bool,
     pub tls: TlsConfig,
+    /// `setParameter authFailedDelayMs`: a failed authentication's reply waits this long
+    /// (0 to 5000; mongod's only throttle on password guessing).
+    pub auth_failed_delay_ms: u64,
     /// `setParameter enableTestCommands`: fail points (fault injection) are available.
     pub enable_test_commands: bool,
     /// Where the config file was read from, for getCmdLineOpts.
@@ -149,6 +154,7 @@ impl Default for ServerConfig {
             log_transport: LogTransport::Pull,
             authorization: false,
             tls: TlsConfig::default(),
+            auth_failed_delay_ms: 0,
             enable_test_commands: false,
             config_file: None,
             argv: Vec::new(),
@@ -422,6 +428,13 @@ impl ServerConfig {
                     Value::String(s) => s.parse().map_err(|_| bad_option(format!("Bad value for parameter \"{k}\": {s}")))?,
                     _ => as_u64(v, "setParameter.cursorTimeoutMillis")?,
                 }
+            }
+            "authFailedDelayMs" => {
+                let ms = match v {
+                    Value::String(s) => s.parse().ok(),
+                    _ => v.as_u64(),
+                };
+                self.auth_failed_delay_ms = ms.filter(|ms| *ms <= AUTH_FAILED_DELAY_MS_MAX).ok_or_else(|| bad_option(format!("Invalid value for authFailedDelayMs: it must be 0 to {AUTH_FAILED_DELAY_MS_MAX}")))?;
             }
             "enableTestCommands" => {
                 self.enable_test_commands = match v {

@@ -486,11 +486,16 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
             return Reply { body: dispatch::error_reply(&dispatch::with_topology_version(shared, e)), batch: None };
         }
     }
+    let authenticating = matches!(request.name.as_str(), "saslStart" | "saslContinue");
     let mut reply = if crate::commands::never_blocks(&request.name) {
         await_data_loop(shared, conn, request).await
     } else {
         tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request))
     };
+    if authenticating && shared.config.auth_failed_delay_ms > 0 && reply.get_i32("code").is_ok_and(|c| c == common::Code::AuthenticationFailed.0) {
+        // authFailedDelayMs slows password guessing; the wait holds this connection only.
+        tokio::time::sleep(Duration::from_millis(shared.config.auth_failed_delay_ms)).await;
+    }
     if let Some(wait) = conn.replication_wait.take() {
         let at = wait.at;
         wait_for_replication(shared, wait, &mut reply).await;

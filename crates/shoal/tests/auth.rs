@@ -265,3 +265,22 @@ async fn scram_sha_256_over_tls_and_plaintext_refused_when_tls_is_required() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn auth_failed_delay_ms_slows_each_failed_attempt() {
+    let s = Server::start_with_args(&["--auth", "--setParameter", "authFailedDelayMs=300"]);
+    let anon = s.client().await;
+    anon.database("admin").run_command(doc! {"createUser": "admin", "pwd": "adminpw", "roles": ["root"]}).await.unwrap();
+    let root = client_as(&s, "admin", "adminpw", "").await;
+    let p = root.database("admin").run_command(doc! {"getParameter": 1, "authFailedDelayMs": 1}).await.unwrap();
+    assert_eq!(p.get_i64("authFailedDelayMs").unwrap(), 300);
+    // The right password is not slowed; a wrong one waits before its refusal.
+    let started = std::time::Instant::now();
+    let e = client_as(&s, "admin", "wrong", "").await.database("admin").run_command(doc! {"ping": 1}).await.unwrap_err();
+    assert!(e.to_string().contains("Authentication failed"), "{e}");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300), "{:?}", started.elapsed());
+    for bad in ["authFailedDelayMs=5001", "authFailedDelayMs=-1", "authFailedDelayMs=soon"] {
+        let out = std::process::Command::new(common::binary_path()).args(["serve", "--port", "0", "--storageEngine", "inMemory", "--setParameter", bad]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+    }
+}

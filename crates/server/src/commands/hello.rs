@@ -92,6 +92,7 @@ fn parameters(ctx: &Ctx) -> Document {
     doc! {
         "featureCompatibilityVersion": { "version": "7.0" },
         "authenticationMechanisms": ["SCRAM-SHA-1", "SCRAM-SHA-256"],
+        "authFailedDelayMs": ctx.shared.config.auth_failed_delay_ms as i64,
         "cursorTimeoutMillis": ctx.shared.config.cursor_timeout_ms as i64,
         "maxBSONDepth": 100,
         "internalQueryExecMaxBlockingSortBytes": crate::commands::crud::SORT_MEMORY_BYTES_MAX as i64,
