@@ -124,6 +124,9 @@ pub struct ServerConfig {
     /// with the privileges they take.
     pub authorization: bool,
     pub tls: TlsConfig,
+    /// `--keyFile` / `security.keyFile`: the key members authenticate to each other with
+    /// (implies authorization).
+    pub key_file: Option<PathBuf>,
     /// `setParameter authFailedDelayMs`: a failed authentication's reply waits this long
     /// (0 to 5000; mongod's only throttle on password guessing).
     pub auth_failed_delay_ms: u64,
@@ -154,6 +157,7 @@ impl Default for ServerConfig {
             log_transport: LogTransport::Pull,
             authorization: false,
             tls: TlsConfig::default(),
+            key_file: None,
             auth_failed_delay_ms: 0,
             enable_test_commands: false,
             config_file: None,
@@ -180,6 +184,7 @@ pub struct Overrides {
     pub strict_consistency: bool,
     pub log_transport: Option<String>,
     pub auth: bool,
+    pub key_file: Option<PathBuf>,
     pub tls_mode: Option<String>,
     pub tls_certificate_key_file: Option<PathBuf>,
     pub tls_ca_file: Option<PathBuf>,
@@ -240,6 +245,13 @@ impl ServerConfig {
         if o.auth {
             c.authorization = true;
         }
+        if let Some(k) = &o.key_file {
+            c.key_file = Some(k.clone());
+        }
+        // As with mongod, a keyFile turns authorization on.
+        if c.key_file.is_some() {
+            c.authorization = true;
+        }
         if let Some(m) = &o.tls_mode {
             c.tls.mode = TlsMode::parse(m)?;
         }
@@ -286,9 +298,9 @@ impl ServerConfig {
             // Members connect to each other in plaintext.
             return Err(bad_option("net.tls.mode requireTLS with a replica set needs TLS between members, which shoal does not support yet"));
         }
-        if self.authorization && self.repl_set_name.is_some() {
-            // Members would have to authenticate to each other (security.keyFile).
-            return Err(bad_option("security.authorization with a replica set needs internal authentication (security.keyFile), which shoal does not support yet"));
+        if self.authorization && self.repl_set_name.is_some() && self.key_file.is_none() {
+            // Members authenticate to each other with the key.
+            return Err(bad_option("security.authorization with a replica set needs security.keyFile, the key members authenticate to each other with"));
         }
         Ok(())
     }
@@ -319,6 +331,7 @@ impl ServerConfig {
                                     other => return Err(bad_option(format!("security.authorization must be enabled or disabled, not '{other}'"))),
                                 }
                             }
+                            "keyFile" => self.key_file = Some(PathBuf::from(as_str(v, "security.keyFile")?)),
                             other => return Err(bad_option(format!("Unrecognized option: security.{other}"))),
                         }
                     }
@@ -462,7 +475,11 @@ impl ServerConfig {
             parsed.insert("config", f.display().to_string());
         }
         if self.authorization {
-            parsed.insert("security", bson::doc! {"authorization": "enabled"});
+            let mut security = bson::doc! {"authorization": "enabled"};
+            if let Some(k) = &self.key_file {
+                security.insert("keyFile", k.display().to_string());
+            }
+            parsed.insert("security", security);
         }
         if self.tls.mode != TlsMode::Disabled {
             let mut tls = bson::doc! {"mode": self.tls.mode.name()};
@@ -576,7 +593,8 @@ mod tests {
         s.apply_yaml("security:\n  authorization: enabled\n").unwrap();
         assert!(s.authorization);
         assert!(s.apply_yaml("security:\n  authorization: maybe\n").is_err());
-        assert!(s.apply_yaml("security:\n  keyFile: /k\n").is_err(), "keyFile is not supported yet");
+        s.apply_yaml("security:\n  keyFile: /k\n").unwrap();
+        assert_eq!(s.key_file.as_deref(), Some(std::path::Path::new("/k")));
         s.apply_yaml("net:\n  tls:\n    mode: requireTLS\n    certificateKeyFile: /s.pem\n    CAFile: /ca.pem\n").unwrap();
         assert_eq!((s.tls.mode, s.tls.ca_file.as_deref()), (TlsMode::Require, Some(std::path::Path::new("/ca.pem"))));
         assert!(s.apply_yaml("net:\n  tls:\n    mode: sometimes\n").is_err());

@@ -31,6 +31,9 @@ const TTL_MONITOR_INTERVAL_SECS: u64 = 60;
 pub async fn serve(config: ServerConfig) -> common::Result<()> {
     // A bad certificate or key stops the start before anything is opened.
     let tls = tls::Acceptor::new(&config.tls)?;
+    if let Some(path) = &config.key_file {
+        auth::load_key_file(path)?;
+    }
     let fds = sysinfo::raise_fd_limit();
     let store = if config.storage_engine == "inMemory" {
         storage::Store::open_in_memory()

@@ -76,6 +76,10 @@ struct ServeArgs {
     /// (security.authorization: enabled). Create the first user from this host.
     #[arg(long = "auth")]
     auth: bool,
+    /// The key replica-set members authenticate to each other with (security.keyFile;
+    /// implies --auth): 6 to 1024 base64 characters, readable by its owner only.
+    #[arg(long = "keyFile")]
+    key_file: Option<PathBuf>,
     /// TLS for client connections: disabled, allowTLS, preferTLS or requireTLS
     /// (net.tls.mode) [default: disabled].
     #[arg(long = "tlsMode")]
@@ -131,6 +135,7 @@ fn main() {
                 strict_consistency: a.strict_consistency,
                 log_transport: a.log_transport,
                 auth: a.auth,
+                key_file: a.key_file,
                 tls_mode: a.tls_mode,
                 tls_certificate_key_file: a.tls_certificate_key_file,
                 tls_ca_file: a.tls_ca_file,

@@ -208,7 +208,7 @@ async fn bad_auth_conversations_get_mongodb_errors() {
 }
 
 #[test]
-fn auth_with_a_replica_set_is_refused_until_members_can_authenticate() {
+fn auth_with_a_replica_set_needs_a_key_file() {
     let out = std::process::Command::new(common::binary_path()).args(["serve", "--auth", "--replSet", "rs0", "--port", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("keyFile"), "{}", String::from_utf8_lossy(&out.stderr));

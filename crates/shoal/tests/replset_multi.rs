@@ -1338,3 +1338,56 @@ async fn a_write_retried_after_failover_gets_its_first_results_and_applies_nothi
     let old = wire::command(&mut s, 201, &with_session(5, &commands[5])).doc;
     assert_eq!(old.get_i32("code").unwrap(), 225, "{old:?}");
 }
+
+#[tokio::test]
+async fn members_with_a_key_file_authenticate_to_each_other_and_clients_must_log_in() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("shoal-keyfile-{}-{}", std::process::id(), line!()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key_path = dir.join("key");
+    // Whitespace in a keyFile is ignored.
+    std::fs::write(&key_path, "c2hvYWwta2V5ZmlsZS1mb3ItdGVzdHM=\n  \n").unwrap();
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let key = key_path.display().to_string();
+    let args: &[&str] = &["--keyFile", &key];
+    // Initiated through the localhost exception (no user yet).
+    let mut set = Set::start_with_args(3, doc! {"chainingAllowed": false}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}], &[args, args, args]).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    for i in 1..3 {
+        set.wait_for_secondary(i).await;
+    }
+    admin(&direct(&set.members[0]).await, doc! {"createUser": "admin", "pwd": "adminpw", "roles": ["root"]}).await.unwrap();
+    let hosts: Vec<String> = set.members.iter().map(host).collect();
+    let root = Client::with_uri_str(format!("mongodb://admin:adminpw@{}/?replicaSet=rs0", hosts.join(","))).await.unwrap();
+    // Majority writes need the secondaries' acknowledgements, which come over the members'
+    // authenticated connections.
+    let majority = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Majority).build();
+    root.database("app").collection::<Document>("c").insert_one(doc! {"_id": 1}).write_concern(majority).await.unwrap();
+    for i in 1..3 {
+        // The user replicated too: a client logs in on a secondary with it.
+        let c = Client::with_uri_str(format!("mongodb://admin:adminpw@{}/?directConnection=true&readPreference=secondaryPreferred", hosts[i])).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while c.database("app").collection::<Document>("c").count_documents(doc! {}).await.unwrap() != 1 {
+            assert!(Instant::now() < deadline, "member {i} lacks the write");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let anon = direct(&set.members[i]).await;
+        let e = anon.database("app").run_command(doc! {"count": "c"}).await.unwrap_err();
+        assert!(e.to_string().contains("requires authentication"), "{e}");
+    }
+    // The internal user logs in with the key only.
+    let internal = |key: &str| format!("mongodb://__system:{key}@{}/?directConnection=true&authSource=local", hosts[0]);
+    let ok = Client::with_uri_str(internal("c2hvYWwta2V5ZmlsZS1mb3ItdGVzdHM=")).await.unwrap();
+    admin(&ok, doc! {"replSetGetStatus": 1}).await.unwrap();
+    let wrong = Client::with_uri_str(internal("d3Jvbmcta2V5")).await.unwrap();
+    let e = admin(&wrong, doc! {"ping": 1}).await.unwrap_err();
+    assert!(e.to_string().contains("Authentication failed"), "{e}");
+    // A keyFile others can read is refused, as are bad characters and a short key.
+    for (text, mode) in [("c2hvYWwta2V5", 0o644), ("c2hv*WwtaAa", 0o600), ("abc", 0o600)] {
+        std::fs::write(&key_path, text).unwrap();
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = std::process::Command::new(binary_path()).args(["serve", "--port", "0", "--storageEngine", "inMemory", "--keyFile", &key]).output().unwrap();
+        assert!(!out.status.success(), "{text} {mode:o}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -54,6 +54,9 @@ const ADMIN_ONLY: &[&str] = &[
 /// Roles that exist on every database.
 const ANY_DB: &[&str] = &["read", "readWrite", "dbAdmin", "dbOwner", "userAdmin"];
 
+/// The internal user's role: every action on every resource. No user can be granted it.
+pub const INTERNAL_ROLE: &str = "__system";
+
 /// Whether `role` on `db` is a built-in role (the only kind there is yet).
 pub fn exists(role: &str, db: &str) -> bool {
     ANY_DB.contains(&role) || (db == "admin" && ADMIN_ONLY.contains(&role))
@@ -110,6 +113,7 @@ pub fn grants(role: &str, role_db: &str, action: &str, resource: &Resource) -> b
     let admin = role_db == "admin";
     let users_collection = matches!(resource, Resource::Ns(d, c) if d == "admin" && (c == "system.users" || c == "system.roles"));
     match role {
+        INTERNAL_ROLE if admin => true,
         "read" => on_own_db() && READ.contains(&action),
         "readWrite" => on_own_db() && (READ.contains(&action) || WRITE.contains(&action)),
         "dbAdmin" => on_own_db() && DB_ADMIN.contains(&action),

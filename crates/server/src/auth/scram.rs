@@ -325,6 +325,72 @@ impl Conversation {
     }
 }
 
+/// The client side of a conversation (a member authenticating to another with the keyFile).
+pub struct ClientConversation {
+    mechanism: Mechanism,
+    user: String,
+    password: String,
+    client_nonce: String,
+    /// The server signature the last message must carry, once the proof went out.
+    expected_signature: Option<Vec<u8>>,
+}
+
+impl ClientConversation {
+    /// The conversation and its client-first message.
+    pub fn start(mechanism: Mechanism, user: &str, password: &str) -> (ClientConversation, Vec<u8>) {
+        let nonce: Vec<u8> = (0..SERVER_NONCE_BYTES).map(|_| rand::random::<u8>()).collect();
+        let client_nonce = B64.encode(nonce);
+        let escaped = user.replace('=', "=3D").replace(',', "=2C");
+        let first = format!("n,,n={escaped},r={client_nonce}");
+        (ClientConversation { mechanism, user: escaped, password: password.to_string(), client_nonce, expected_signature: None }, first.into_bytes())
+    }
+
+    /// The client-final message (with the proof) for the server-first message.
+    pub fn respond(&mut self, server_first: &[u8]) -> std::result::Result<Vec<u8>, StepError> {
+        let text = std::str::from_utf8(server_first).map_err(|_| "server-first message is not UTF-8")?;
+        let mut nonce = None;
+        let mut salt = None;
+        let mut iterations = None;
+        for attr in text.split(',') {
+            match attr.split_once('=') {
+                Some(("r", v)) => nonce = Some(v),
+                Some(("s", v)) => salt = B64.decode(v).ok(),
+                Some(("i", v)) => iterations = v.parse::<u32>().ok(),
+                _ => return Err(format!("invalid server-first attribute {attr:?}")),
+            }
+        }
+        let (nonce, salt, iterations) = (nonce.ok_or("no nonce")?, salt.ok_or("no salt")?, iterations.ok_or("no iteration count")?);
+        if !nonce.starts_with(&self.client_nonce) || nonce.len() == self.client_nonce.len() {
+            return Err("the server's nonce does not extend ours".into());
+        }
+        // A server asking for few iterations would make a stolen exchange cheap to crack.
+        if iterations < ITERATIONS_MIN {
+            return Err(format!("the server asks for {iterations} iterations, fewer than {ITERATIONS_MIN}"));
+        }
+        let m = self.mechanism;
+        let input = m.password_input(&self.user, &self.password).map_err(|e| e.message)?;
+        let salted = m.salted_password(input.as_bytes(), &salt, iterations);
+        let client_key = m.hmac(&salted, b"Client Key");
+        let without_proof = format!("c=biws,r={nonce}");
+        let auth_message = format!("n={},r={},{text},{without_proof}", self.user, self.client_nonce);
+        let signature = m.hmac(&m.hash(&client_key), auth_message.as_bytes());
+        let proof: Vec<u8> = client_key.iter().zip(&signature).map(|(a, b)| a ^ b).collect();
+        self.expected_signature = Some(m.hmac(&m.hmac(&salted, b"Server Key"), auth_message.as_bytes()));
+        Ok(format!("{without_proof},p={}", B64.encode(proof)).into_bytes())
+    }
+
+    /// Check the server-final message: the server knew the password too.
+    pub fn verify(&self, server_final: &[u8]) -> std::result::Result<(), StepError> {
+        let expected = self.expected_signature.as_ref().ok_or("no proof was sent")?;
+        let text = std::str::from_utf8(server_final).map_err(|_| "server-final message is not UTF-8")?;
+        let got = text.strip_prefix("v=").and_then(|v| B64.decode(v).ok()).ok_or("no server signature")?;
+        if &got != expected {
+            return Err("the server's signature is wrong: it does not know the key".into());
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,6 +455,24 @@ mod tests {
             for tampered in [good.replace("c=biws", "c=eSws"), good.replace("r=abcdefgh", "r=abcdefgX"), good.replace(",p=", ",p=AAAA"), good.replace("c=biws,", "")] {
                 assert!(conv.step(tampered.as_bytes()).is_err(), "{tampered}");
             }
+        }
+    }
+
+    #[test]
+    fn the_client_side_talks_to_the_server_side() {
+        for m in Mechanism::ALL {
+            let creds = Credentials::new(m, "__system", "keyfilecontents").unwrap();
+            let (mut client, first) = ClientConversation::start(m, "__system", "keyfilecontents");
+            let (mut server, server_first) = Conversation::start(m, &first, creds.clone(), true).unwrap();
+            let proof = client.respond(&server_first).unwrap();
+            let (server_final, done) = server.step(&proof).unwrap();
+            assert!(done);
+            client.verify(&server_final).unwrap();
+            assert!(client.verify(b"v=AAAA").is_err());
+            // The wrong key fails on the server.
+            let (mut client, first) = ClientConversation::start(m, "__system", "otherkey");
+            let (mut server, server_first) = Conversation::start(m, &first, creds, true).unwrap();
+            assert!(server.step(&client.respond(&server_first).unwrap()).is_err());
         }
     }
 

@@ -53,9 +53,7 @@ pub fn start_conversation(ctx: &mut Ctx, db: &str, cmd: &Document) -> Result<Doc
         tracing::info!(conn = ctx.conn.id, "authentication failed: {why}");
         auth_failed()
     })?;
-    let credentials = auth::find_user(ctx.shared, db, &user)?
-        .and_then(|d| d.get_document("credentials").ok().and_then(|c| c.get_document(mechanism.name()).ok()).and_then(scram::Credentials::from_document));
-    let Some(credentials) = credentials else {
+    let Some(credentials) = auth::credentials_of(ctx.shared, db, &user, mechanism)? else {
         tracing::info!(conn = ctx.conn.id, "authentication failed: no user {user}@{db} with {}", mechanism.name());
         return Err(auth_failed());
     };
@@ -435,8 +433,7 @@ pub fn hello_auth_fields(ctx: &mut Ctx, reply: &mut Document) -> Result<()> {
     if let Some(v) = ctx.cmd.get("saslSupportedMechs") {
         let Bson::String(name) = v else { return Err(Error::type_mismatch("saslSupportedMechs must be a string \"<db>.<user>\"")) };
         if let Some((db, user)) = name.split_once('.') {
-            if let Ok(Some(d)) = auth::find_user(ctx.shared, db, user) {
-                let mechs: Vec<Bson> = d.get_document("credentials").map(|c| c.keys().filter(|k| scram::Mechanism::parse(k).is_some()).map(|k| Bson::String(k.clone())).collect()).unwrap_or_default();
+            if let Some(mechs) = auth::mechanisms_of(ctx.shared, db, user) {
                 reply.insert("saslSupportedMechs", mechs);
             }
         }

@@ -33,7 +33,34 @@ impl PeerConn {
             Err(_) => return Err(Error::new(Code::NetworkTimeout, format!("timed out connecting to {host}"))),
         };
         let _ = stream.set_nodelay(true);
-        Ok(PeerConn { stream, host: host.to_string(), next_id: 1, broken: false, frame: Vec::new() })
+        let mut conn = PeerConn { stream, host: host.to_string(), next_id: 1, broken: false, frame: Vec::new() };
+        if let Some(key) = crate::auth::internal_key() {
+            conn.authenticate(key.key(), timeout).await?;
+        }
+        Ok(conn)
+    }
+
+    /// Log in as the internal user with the keyFile's key (SCRAM-SHA-256), checking that
+    /// the other member knows the key too.
+    async fn authenticate(&mut self, key: &str, timeout: Duration) -> Result<()> {
+        use crate::auth::scram::{ClientConversation, Mechanism};
+        use bson::{doc, spec::BinarySubtype, Binary};
+        let host = self.host.clone();
+        let failed = |why: String| Error::new(Code::AuthenticationFailed, format!("internal authentication to {host} failed: {why}"));
+        let bin = |bytes: Vec<u8>| Binary { subtype: BinarySubtype::Generic, bytes };
+        let (mut client, first) = ClientConversation::start(Mechanism::Sha256, crate::auth::INTERNAL_USER, key);
+        let reply = self
+            .command(crate::auth::INTERNAL_USER_DB, doc! {"saslStart": 1, "mechanism": Mechanism::Sha256.name(), "payload": bin(first), "options": {"skipEmptyExchange": true}}, timeout)
+            .await?;
+        let server_first = reply.get_binary_generic("payload").map_err(|_| failed("no payload in the saslStart reply".into()))?;
+        let proof = client.respond(server_first).map_err(failed)?;
+        let reply = self.command(crate::auth::INTERNAL_USER_DB, doc! {"saslContinue": 1, "conversationId": 1, "payload": bin(proof)}, timeout).await?;
+        let server_final = reply.get_binary_generic("payload").map_err(|_| failed("no payload in the saslContinue reply".into()))?;
+        client.verify(server_final).map_err(failed)?;
+        if !reply.get_bool("done").unwrap_or(false) {
+            return Err(failed("the conversation did not end".into()));
+        }
+        Ok(())
     }
 
     pub fn is_broken(&self) -> bool {
