@@ -1375,6 +1375,22 @@ async fn members_with_a_key_file_authenticate_to_each_other_and_clients_must_log
         let e = anon.database("app").run_command(doc! {"count": "c"}).await.unwrap_err();
         assert!(e.to_string().contains("requires authentication"), "{e}");
     }
+    // A role revoked on the primary is gone on a secondary too, for a client already
+    // logged in there.
+    root.database("app").run_command(doc! {"createUser": "reader", "pwd": "pw", "roles": ["read"], "writeConcern": {"w": 3}}).await.unwrap();
+    let reader = Client::with_uri_str(format!("mongodb://reader:pw@{}/?directConnection=true&authSource=app&readPreference=secondaryPreferred", hosts[1])).await.unwrap();
+    let on_secondary = reader.database("app").collection::<Document>("c");
+    assert_eq!(on_secondary.count_documents(doc! {}).await.unwrap(), 1);
+    root.database("app").run_command(doc! {"revokeRolesFromUser": "reader", "roles": ["read"], "writeConcern": {"w": 3}}).await.unwrap();
+    // (w:3 waits for the entry to be durable there, not applied: poll until it is.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match on_secondary.count_documents(doc! {}).await {
+            Err(e) if e.to_string().contains("not authorized") => break,
+            other => assert!(Instant::now() < deadline, "the revoked role still reads on the secondary: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // The internal user logs in with the key only.
     let internal = |key: &str| format!("mongodb://__system:{key}@{}/?directConnection=true&authSource=local", hosts[0]);
     let ok = Client::with_uri_str(internal("c2hvYWwta2V5ZmlsZS1mb3ItdGVzdHM=")).await.unwrap();

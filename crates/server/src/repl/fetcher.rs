@@ -710,6 +710,12 @@ fn apply_written(shared: &Shared, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
     let _replicated = storage::applying_replicated_ops();
     let started = std::time::Instant::now();
     crate::apply::apply_written(&shared.store, logged)?;
+    // A replicated change to users (admin.system.users, or the admin database itself)
+    // reaches connections already logged in here too (`auth::AuthState::generation`).
+    let touches_admin = |bytes: &[u8]| bson::RawDocument::from_bytes(bytes).ok().and_then(|d| d.get_str("ns").ok()).is_some_and(|ns| ns.starts_with("admin."));
+    if shared.auth.enabled && logged.iter().any(|(_, b)| touches_admin(b)) {
+        shared.auth.users_changed();
+    }
     let c = &shared.counters;
     Counters::add(&c.repl_apply_batches, 1);
     Counters::add(&c.repl_apply_us, started.elapsed().as_micros() as u64);
