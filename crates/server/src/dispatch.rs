@@ -425,7 +425,9 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
         Some(Bson::String(c)) => format!("{}.{}", req.db, c),
         _ => format!("{}.$cmd", req.db),
     };
-    let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, req.body.clone(), deadline);
+    // currentOp shows the command, but never a password or SCRAM message.
+    let shown = if crate::auth::has_secrets(&req.name, &req.body) { Arc::new(crate::auth::redacted(&req.body)) } else { req.body.clone() };
+    let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, shown, deadline);
     let wait = replication_wait(shared, req, write_concern.as_ref(), wc_unsatisfiable.is_some());
     let defer_durable = wait.as_ref().is_some_and(|w| w.own_durable);
     let mut reply = match (retry_key, txn_number) {

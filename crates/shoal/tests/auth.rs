@@ -92,6 +92,12 @@ async fn users_authenticate_with_scram_sha_256_and_sha_1_and_wrong_passwords_are
         assert!(matches!(e.kind.as_ref(), mongodb::error::ErrorKind::Authentication { .. }), "{user}/{pwd}{options}: {e}");
         assert!(e.to_string().contains("Authentication failed"), "{e}");
     }
+    // Nothing secret reaches the server's log, though it logs every login and failure.
+    let log = std::fs::read_to_string(s.stderr_path(0)).unwrap();
+    assert!(log.contains("authenticated as ann@app") && log.contains("authentication"), "{log}");
+    for secret in ["adminpw", "annpw", "oldpw"] {
+        assert!(!log.contains(secret), "{secret} in the log");
+    }
 }
 
 #[tokio::test]
@@ -115,6 +121,10 @@ async fn roles_decide_what_a_user_may_do_and_changes_take_effect_at_once() {
     // listDatabases shows only the databases the user's roles name.
     let names = reader.list_database_names().await.unwrap();
     assert_eq!(names, vec!["app".to_string()]);
+
+    // A refusal repeats the command, without its password.
+    let msg = unauthorized(reader.database("app").run_command(doc! {"createUser": "x", "pwd": "topsecret", "roles": []}).await, "createUser with read");
+    assert!(msg.contains("createUser") && !msg.contains("topsecret"), "{msg}");
 
     // Granting readWrite works on the open connection, without logging in again.
     app.run_command(doc! {"grantRolesToUser": "reader", "roles": ["readWrite"]}).await.unwrap();

@@ -236,10 +236,19 @@ pub fn check(shared: &Shared, conn: &mut ConnState, db: &str, name: &str, cmd: &
     Err(Error::new(Code::Unauthorized, format!("not authorized on {db} to execute command {}", redacted(cmd))))
 }
 
-/// The command as the refusal shows it, with secrets replaced.
-fn redacted(cmd: &Document) -> Document {
+/// Fields that carry a password or a SCRAM message.
+const SECRET_FIELDS: [&str; 3] = ["pwd", "payload", "speculativeAuthenticate"];
+
+/// Whether command `name` carries a secret (currentOp shows it redacted). Only these
+/// commands can; the name test keeps the check off other commands' path.
+pub fn has_secrets(name: &str, cmd: &Document) -> bool {
+    matches!(name, "createUser" | "updateUser" | "saslStart" | "saslContinue" | "hello" | "isMaster" | "ismaster") && SECRET_FIELDS.iter().any(|k| cmd.contains_key(k))
+}
+
+/// The command with its secrets replaced by "xxx", as mongod shows it.
+pub fn redacted(cmd: &Document) -> Document {
     let mut d = cmd.clone();
-    for k in ["pwd", "payload"] {
+    for k in SECRET_FIELDS {
         if d.contains_key(k) {
             d.insert(k, "xxx");
         }
