@@ -279,6 +279,9 @@ async fn handle_msg(shared: &Arc<Shared>, stream: &mut Stream, conn: &mut ConnSt
     let flags = if cursor_open { wire::flags::MORE_TO_COME } else { 0 };
     let out = reply.encode(reply_id, request_id, flags, reply_comp);
     write_frame(shared, stream, &out).await?;
+    if conn.auth.failures >= crate::auth::FAILURES_PER_CONNECTION_MAX {
+        return Err(format!("closed after {} failed authentications", conn.auth.failures));
+    }
     // Exhaust cursor: keep sending batches until the cursor is exhausted, each reply
     // responding to the previous one, as the OP_MSG spec describes.
     let mut response_to = reply_id;
@@ -492,9 +495,12 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
     } else {
         tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request))
     };
-    if authenticating && shared.config.auth_failed_delay_ms > 0 && reply.get_i32("code").is_ok_and(|c| c == common::Code::AuthenticationFailed.0) {
-        // authFailedDelayMs slows password guessing; the wait holds this connection only.
-        tokio::time::sleep(Duration::from_millis(shared.config.auth_failed_delay_ms)).await;
+    if authenticating && reply.get_i32("code").is_ok_and(|c| c == common::Code::AuthenticationFailed.0) {
+        conn.auth.failures += 1;
+        if shared.config.auth_failed_delay_ms > 0 {
+            // authFailedDelayMs slows password guessing; the wait holds this connection only.
+            tokio::time::sleep(Duration::from_millis(shared.config.auth_failed_delay_ms)).await;
+        }
     }
     if let Some(wait) = conn.replication_wait.take() {
         let at = wait.at;

@@ -215,6 +215,15 @@ async fn bad_auth_conversations_get_mongodb_errors() {
     assert_eq!(code_of(&e), Some((17, "ProtocolError".into())), "{e}");
     // Still refused afterwards.
     unauthorized(anon.database("app").run_command(doc! {"find": "c"}).await, "find after a failed conversation");
+
+    // A connection that keeps failing is closed after ten failures (raw wire: one
+    // connection, no driver reconnecting behind our back).
+    let mut raw = common::wire::connect(s.port);
+    for i in 1..=10 {
+        let reply = common::wire::command(&mut raw, i, &doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(b"n,,n=nobody,r=abcdefgh"), "$db": "admin"});
+        assert_eq!(reply.doc.get_i32("code").unwrap(), 18, "attempt {i}: {:?}", reply.doc);
+    }
+    assert!(common::wire::closed_by_server(&mut raw), "the connection stays open after ten failures");
 }
 
 #[test]

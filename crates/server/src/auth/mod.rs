@@ -123,11 +123,18 @@ pub struct AuthedUser {
     generation: u64,
 }
 
+/// Failed authentications one connection may make; then it is closed, so that guessing
+/// costs a new connection (and its TLS handshake) every few tries, within
+/// maxIncomingConnections.
+pub const FAILURES_PER_CONNECTION_MAX: u32 = 10;
+
 /// A connection's authentication: its user, and a SCRAM conversation under way.
 #[derive(Debug, Default)]
 pub struct ConnAuth {
     pub user: Option<AuthedUser>,
     pub conversation: Option<(scram::Conversation, String)>,
+    /// Failed authentications on this connection so far.
+    pub failures: u32,
 }
 
 /// The stored user document for `user`@`db`.
