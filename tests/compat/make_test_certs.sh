@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Makes a throwaway CA and a server certificate for 127.0.0.1/localhost, signed by it, in
-# the directory given: ca.pem (the CA certificate) and server.pem (certificate and key).
+# Makes a throwaway CA and, signed by it, a server certificate for 127.0.0.1/localhost and a
+# client certificate, in the directory given: ca.pem (the CA certificate), server.pem and
+# client.pem (each certificate and key; the client's subject is
+# "CN=ann,OU=clients,O=shoal", an X.509 user's name).
 # The Rust, Python and mongosh TLS tests all call this, each with a directory of its own.
 set -euo pipefail
 dir="$1"
@@ -15,4 +17,10 @@ printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nke
 openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
   -extfile server.ext -out server.crt 2>/dev/null
 cat server.crt server.key > server.pem
-rm -f server.csr server.ext ca.srl
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+  -subj "/O=shoal/OU=clients/CN=ann" -keyout client.key -out client.csr 2>/dev/null
+printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n' > client.ext
+openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+  -extfile client.ext -out client.crt 2>/dev/null
+cat client.crt client.key > client.pem
+rm -f server.csr server.ext client.csr client.ext ca.srl

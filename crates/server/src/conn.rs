@@ -96,6 +96,7 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
     tracing::debug!(conn = id, %remote, "connection accepted");
     match shared.tls.accept(stream).await {
         Ok(mut stream) => {
+            conn.auth.peer_subject = stream.peer_subject();
             if let Err(reason) = serve_loop(&shared, &mut stream, &mut conn).await {
                 tracing::info!(conn = id, %remote, "connection ended: {reason}");
             }

@@ -41,9 +41,13 @@ impl Request {
     }
 }
 
-/// Database names as MongoDB allows them: non-empty, < 64 bytes, none of `/\. "$` or NUL.
+/// Database names as MongoDB allows them: non-empty, < 64 bytes, none of `/\. "$` or NUL;
+/// and "$external", where X.509 users are defined (it holds no data).
 fn check_db_name(db: &str) -> Result<()> {
     const DB_NAME_LENGTH_MAX_BYTES: usize = 63;
+    if db == crate::auth::EXTERNAL_DB {
+        return Ok(());
+    }
     if db.is_empty() || db.len() > DB_NAME_LENGTH_MAX_BYTES || db.contains(['/', '\\', '.', ' ', '"', '$', '\0']) {
         return Err(Error::new(Code::InvalidNamespace, format!("Invalid database name: '{db}'")));
     }

@@ -98,6 +98,16 @@ pub enum Stream {
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
+impl Stream {
+    /// The subject of the client's certificate, verified against net.tls.CAFile during
+    /// the handshake (None without one).
+    pub fn peer_subject(&self) -> Option<String> {
+        let Stream::Tls(s) = self else { return None };
+        let cert = s.get_ref().1.peer_certificates()?.first()?;
+        crate::auth::x509::subject_name(cert.as_ref())
+    }
+}
+
 impl AsyncRead for Stream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {

@@ -303,3 +303,50 @@ async fn auth_failed_delay_ms_slows_each_failed_attempt() {
         assert_eq!(out.status.code(), Some(2), "{bad}");
     }
 }
+
+#[tokio::test]
+async fn x509_clients_log_in_as_their_certificates_subject() {
+    let dir = std::env::temp_dir().join(format!("shoal-x509-{}", std::process::id()));
+    make_certs(&dir);
+    let path = |f: &str| dir.join(f).display().to_string();
+    let s = Server::start_with_args(&["--auth", "--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &path("server.pem"), "--tlsCAFile", &path("ca.pem"), "--tlsAllowConnectionsWithoutCertificates"]);
+    let tls = format!("tls=true&tlsCAFile={}", path("ca.pem"));
+    let anon = Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?{tls}", s.port)).await.unwrap();
+    anon.database("admin").run_command(doc! {"createUser": "admin", "pwd": "adminpw", "roles": ["root"]}).await.unwrap();
+    let root = client_as(&s, "admin", "adminpw", &format!("?{tls}")).await;
+    root.database("app").collection::<Document>("c").insert_one(doc! {"_id": 1}).await.unwrap();
+    let external = root.database("$external");
+    let e = external.run_command(doc! {"createUser": "CN=ann,OU=clients,O=shoal", "pwd": "x", "roles": []}).await.unwrap_err();
+    assert_eq!(code_of(&e).map(|c| c.0), Some(2), "{e}");
+    external.run_command(doc! {"createUser": "CN=ann,OU=clients,O=shoal", "roles": [{"role": "read", "db": "app"}]}).await.unwrap();
+    let info = external.run_command(doc! {"usersInfo": "CN=ann,OU=clients,O=shoal"}).await.unwrap();
+    assert_eq!(info.get_array("users").unwrap()[0].as_document().unwrap().get_array("mechanisms").unwrap(), &vec![Bson::from("external")]);
+
+    // The driver's MONGODB-X509 login (speculative, in the handshake), with the client
+    // certificate.
+    let with_cert = format!("{tls}&tlsCertificateKeyFile={}", path("client.pem"));
+    let ann = Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?{with_cert}&authMechanism=MONGODB-X509", s.port)).await.unwrap();
+    let c = ann.database("app").collection::<Document>("c");
+    assert_eq!(c.count_documents(doc! {}).await.unwrap(), 1);
+    unauthorized(c.insert_one(doc! {"_id": 2}).await, "insert with read");
+    let status = ann.database("admin").run_command(doc! {"connectionStatus": 1}).await.unwrap();
+    assert_eq!(status.get_document("authInfo").unwrap().get_array("authenticatedUsers").unwrap(), &vec![Bson::Document(doc! {"user": "CN=ann,OU=clients,O=shoal", "db": "$external"})]);
+
+    // The authenticate command itself: without a certificate, or naming another user, it
+    // fails; with the certificate it logs in.
+    let e = anon.database("$external").run_command(doc! {"authenticate": 1, "mechanism": "MONGODB-X509"}).await.unwrap_err();
+    assert_eq!(code_of(&e), Some((18, "AuthenticationFailed".into())), "{e}");
+    let certified = Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?{with_cert}", s.port)).await.unwrap();
+    let db = certified.database("$external");
+    let e = db.run_command(doc! {"authenticate": 1, "mechanism": "MONGODB-X509", "user": "CN=bob"}).await.unwrap_err();
+    assert_eq!(code_of(&e), Some((18, "AuthenticationFailed".into())), "{e}");
+    let e = db.run_command(doc! {"authenticate": 1, "mechanism": "MONGODB-CR"}).await.unwrap_err();
+    assert_eq!(code_of(&e).map(|c| c.0), Some(334), "{e}");
+    let r = db.run_command(doc! {"authenticate": 1, "mechanism": "MONGODB-X509"}).await.unwrap();
+    assert_eq!(r.get_str("user").unwrap(), "CN=ann,OU=clients,O=shoal");
+    // A certificate whose subject is no user gets nothing.
+    external.run_command(doc! {"dropUser": "CN=ann,OU=clients,O=shoal"}).await.unwrap();
+    let gone = Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?{with_cert}&authMechanism=MONGODB-X509", s.port)).await.unwrap();
+    assert!(gone.database("app").collection::<Document>("c").count_documents(doc! {}).await.is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}

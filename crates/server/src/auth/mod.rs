@@ -9,6 +9,7 @@
 
 pub mod roles;
 pub mod scram;
+pub mod x509;
 
 use crate::conn::ConnState;
 use crate::state::Shared;
@@ -18,6 +19,8 @@ use roles::Resource;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const USERS_DB: &str = "admin";
+/// Where users authenticated outside shoal (by X.509 certificate) are defined.
+pub const EXTERNAL_DB: &str = "$external";
 pub const USERS_COLLECTION: &str = "system.users";
 /// The user members authenticate to each other as, with the keyFile's key.
 pub const INTERNAL_USER: &str = "__system";
@@ -135,6 +138,9 @@ pub struct ConnAuth {
     pub conversation: Option<(scram::Conversation, String)>,
     /// Failed authentications on this connection so far.
     pub failures: u32,
+    /// The subject of the client's verified TLS certificate (RFC 2253), the user an
+    /// X.509 login names.
+    pub peer_subject: Option<String>,
 }
 
 /// The stored user document for `user`@`db`.
@@ -221,7 +227,7 @@ pub fn check(shared: &Shared, conn: &mut ConnState, db: &str, name: &str, cmd: &
         // The localhost exception: until the first user exists, a client on this host may
         // create it, and bootstrap a replica set, without authenticating.
         let bootstrap = match name {
-            "createUser" => db == USERS_DB,
+            "createUser" => db == USERS_DB || db == EXTERNAL_DB,
             "replSetInitiate" | "replSetGetStatus" => true,
             _ => false,
         };
@@ -282,7 +288,7 @@ fn need(name: &str, db: &str, cmd: &Document) -> Need {
     let on_db = |action: &'static str| Privileges(vec![(action, Resource::db(db))]);
     let cluster = |action: &'static str| Privileges(vec![(action, Resource::Cluster)]);
     match name {
-        "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "saslStart" | "saslContinue" | "connectionStatus" | "listCommands" | "logout" | "configureFailPoint" => Nothing,
+        "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "saslStart" | "saslContinue" | "authenticate" | "connectionStatus" | "listCommands" | "logout" | "configureFailPoint" => Nothing,
         "whatsmyuri" | "endSessions" | "killSessions" | "refreshSessions" | "startSession" | "listDatabases" => AnyUser,
         "find" | "count" | "distinct" => ns("find"),
         "listIndexes" => ns("listIndexes"),

@@ -136,6 +136,7 @@ command_table! {
     "replSetStepUp" => repl::repl_set_step_up,
     "configureFailPoint" => repl::configure_fail_point,
     "saslStart" => users::sasl_start,
+    "authenticate" => users::authenticate,
     "saslContinue" => users::sasl_continue,
     "logout" => users::logout,
     "createUser" => users::create_user,

@@ -93,6 +93,41 @@ pub fn sasl_continue(ctx: &mut Ctx) -> Result<Document> {
     }
 }
 
+const X509: &str = "MONGODB-X509";
+
+pub fn authenticate(ctx: &mut Ctx) -> Result<Document> {
+    let (db, cmd) = (ctx.db.to_string(), ctx.cmd.clone());
+    authenticate_x509(ctx, &db, &cmd)
+}
+
+/// MONGODB-X509: the user is the subject of the client's verified certificate, defined on
+/// $external. Also what hello's speculativeAuthenticate runs.
+fn authenticate_x509(ctx: &mut Ctx, db: &str, cmd: &Document) -> Result<Document> {
+    let mechanism = cmd.get_str("mechanism").map_err(|_| Error::bad_value("authenticate needs a mechanism string"))?;
+    if mechanism != X509 {
+        return Err(Error::new(Code::MechanismUnavailable, format!("Unsupported mechanism '{mechanism}' on authentication database '{db}'")));
+    }
+    let fail = |why: &str| {
+        tracing::info!(conn = ctx.conn.id, "X.509 authentication failed: {why}");
+        auth_failed()
+    };
+    if db != auth::EXTERNAL_DB {
+        return Err(fail("X.509 users are defined on $external"));
+    }
+    let Some(subject) = ctx.conn.auth.peer_subject.clone() else {
+        return Err(fail("no verified client certificate on this connection"));
+    };
+    if cmd.get_str("user").is_ok_and(|u| u != subject) {
+        return Err(fail("the user named is not the certificate's subject"));
+    }
+    if auth::find_user(ctx.shared, db, &subject)?.is_none() {
+        return Err(fail(&format!("no user {subject} on $external")));
+    }
+    auth::log_in(ctx.shared, ctx.conn, &subject, db)?;
+    tracing::info!(conn = ctx.conn.id, "authenticated as {subject}@$external by X.509");
+    Ok(doc! {"dbname": db, "user": subject})
+}
+
 pub fn logout(ctx: &mut Ctx) -> Result<Document> {
     if ctx.conn.auth.user.as_ref().is_some_and(|u| u.db == ctx.db) {
         ctx.conn.auth.user = None;
@@ -175,9 +210,6 @@ fn check_name(ctx: &Ctx) -> Result<String> {
     if ctx.db == "local" {
         return Err(Error::bad_value("Cannot create users in the local database"));
     }
-    if ctx.db == "$external" {
-        return Err(Error::bad_value("users on $external (LDAP, X.509, Kerberos) are not supported by shoal yet"));
-    }
     Ok(user)
 }
 
@@ -207,15 +239,22 @@ pub fn create_user(ctx: &mut Ctx) -> Result<Document> {
     if ctx.cmd.contains_key("authenticationRestrictions") {
         return Err(Error::new(Code::CommandNotSupported, "authenticationRestrictions are not supported by shoal yet"));
     }
-    let pwd = check_pwd(ctx)?.ok_or_else(|| Error::bad_value("Must provide a 'pwd' field for all user documents, except those with '$external' as the user's source db"))?;
+    let external = ctx.db == auth::EXTERNAL_DB;
+    let pwd = check_pwd(ctx)?;
+    let credentials = match (external, pwd) {
+        (true, Some(_)) => return Err(Error::bad_value("Cannot set the password for users defined on the '$external' database")),
+        (true, None) if ctx.cmd.contains_key("mechanisms") => return Err(Error::bad_value("mechanisms field must not be given for users defined on the '$external' database")),
+        (true, None) => doc! {"external": true},
+        (false, None) => return Err(Error::bad_value("Must provide a 'pwd' field for all user documents, except those with '$external' as the user's source db")),
+        (false, Some(pwd)) => credentials(&user, &pwd, &parse_mechanisms(ctx)?)?,
+    };
     let roles = parse_roles(ctx, "roles")?;
-    let mechanisms = parse_mechanisms(ctx)?;
     let mut d = doc! {
         "_id": format!("{}.{user}", ctx.db),
         "userId": Bson::Binary(Binary { subtype: BinarySubtype::Uuid, bytes: bson::Uuid::new().bytes().to_vec() }),
         "user": &user,
         "db": ctx.db,
-        "credentials": credentials(&user, &pwd, &mechanisms)?,
+        "credentials": credentials,
     };
     if let Some(custom) = ctx.cmd.get("customData") {
         let Bson::Document(c) = custom else { return Err(Error::type_mismatch("customData must be an object")) };
@@ -255,6 +294,9 @@ pub fn update_user(ctx: &mut Ctx) -> Result<Document> {
         return Err(Error::new(Code::CommandNotSupported, "authenticationRestrictions are not supported by shoal yet"));
     }
     let pwd = check_pwd(ctx)?;
+    if ctx.db == auth::EXTERNAL_DB && (pwd.is_some() || ctx.cmd.contains_key("mechanisms")) {
+        return Err(Error::bad_value("Cannot set the password for users defined on the '$external' database"));
+    }
     let roles = if ctx.cmd.contains_key("roles") { Some(parse_roles(ctx, "roles")?) } else { None };
     let custom = match ctx.cmd.get("customData") {
         None => None,
@@ -452,7 +494,12 @@ pub fn hello_auth_fields(ctx: &mut Ctx, reply: &mut Document) -> Result<()> {
                     }
                 }
             }
-            Some("authenticate") => {} // MONGODB-X509: not supported, so never answered.
+            Some("authenticate") => {
+                let db = spec.get_str("db").unwrap_or(auth::EXTERNAL_DB).to_string();
+                if let Ok(r) = authenticate_x509(ctx, &db, &spec) {
+                    reply.insert("speculativeAuthenticate", r);
+                }
+            }
             Some(other) => return Err(Error::location(51769, format!("hello.speculativeAuthenticate unknown command: {other}"))),
             None => {}
         }
