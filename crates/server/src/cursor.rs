@@ -164,6 +164,9 @@ pub struct Cursor {
     pub source: Source,
     pub lsid: Option<Bson>,
     pub no_timeout: bool,
+    /// The user (name, database) logged in on the connection that opened it: under
+    /// authorization, only that user may continue or kill it.
+    pub owner: Option<(String, String)>,
     pub last_used: Instant,
     /// Documents returned so far (currentOp/serverStatus reporting).
     pub n_returned: u64,
@@ -173,7 +176,7 @@ pub struct Cursor {
 
 impl Cursor {
     pub fn new(ns: String, source: Source) -> Cursor {
-        Cursor { id: 0, ns, source, lsid: None, no_timeout: false, last_used: Instant::now(), n_returned: 0, majority_read: false }
+        Cursor { id: 0, ns, source, lsid: None, no_timeout: false, owner: None, last_used: Instant::now(), n_returned: 0, majority_read: false }
     }
 
     /// Fill the next batch: at most `docs_max` documents and about BATCH_SIZE_BYTES_MAX bytes.
@@ -258,8 +261,9 @@ impl CursorManager {
         Ok(id)
     }
 
-    /// Take a cursor out for a getMore; put it back with `restore` if it has more.
-    pub fn checkout(&self, id: i64, ns: &str) -> Result<Cursor> {
+    /// Take a cursor out for a getMore by `owner` (see `Cursor::owner`); put it back with
+    /// `restore` if it has more.
+    pub fn checkout(&self, id: i64, ns: &str, owner: Option<&(String, String)>) -> Result<Cursor> {
         let mut map = self.cursors.lock();
         match map.get(&id) {
             None => Err(Error::new(Code::CursorNotFound, format!("cursor id {id} not found"))),
@@ -267,6 +271,7 @@ impl CursorManager {
                 Code::Unauthorized,
                 format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", c.ns),
             )),
+            Some(c) if c.owner.as_ref() != owner => Err(Error::new(Code::Unauthorized, format!("cursor id {id} was not created by the authenticated user"))),
             Some(_) => Ok(map.remove(&id).expect("present: checked above under the same lock")),
         }
     }
@@ -286,8 +291,13 @@ impl CursorManager {
         self.cursors.lock().get(&id).is_some_and(|c| c.majority_read)
     }
 
-    pub fn kill(&self, id: i64) -> bool {
-        self.cursors.lock().remove(&id).is_some()
+    /// Kill cursor `id` if `owner` opened it (see `Cursor::owner`).
+    pub fn kill(&self, id: i64, owner: Option<&(String, String)>) -> bool {
+        let mut map = self.cursors.lock();
+        if map.get(&id).is_none_or(|c| c.owner.as_ref() != owner) {
+            return false;
+        }
+        map.remove(&id).is_some()
     }
 
     pub fn kill_for_session(&self, lsid: &Bson) -> usize {

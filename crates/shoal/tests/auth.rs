@@ -126,6 +126,23 @@ async fn roles_decide_what_a_user_may_do_and_changes_take_effect_at_once() {
     let msg = unauthorized(reader.database("app").run_command(doc! {"createUser": "x", "pwd": "topsecret", "roles": []}).await, "createUser with read");
     assert!(msg.contains("createUser") && !msg.contains("topsecret"), "{msg}");
 
+    // A cursor belongs to the user who opened it: another user who may read the collection
+    // can neither continue nor kill it.
+    for i in 0..10 {
+        app.collection::<Document>("many").insert_one(doc! {"_id": i}).await.unwrap();
+    }
+    app.run_command(doc! {"createUser": "other", "pwd": "pw", "roles": ["read"]}).await.unwrap();
+    let other = client_as(&s, "other", "pw", "?authSource=app").await;
+    let opened = reader.database("app").run_command(doc! {"find": "many", "batchSize": 2}).await.unwrap();
+    let id = opened.get_document("cursor").unwrap().get_i64("id").unwrap();
+    assert_ne!(id, 0);
+    let msg = unauthorized(other.database("app").run_command(doc! {"getMore": id, "collection": "many"}).await, "another user's getMore");
+    assert!(msg.contains("not created by the authenticated user"), "{msg}");
+    let killed = other.database("app").run_command(doc! {"killCursors": "many", "cursors": [id]}).await.unwrap();
+    assert_eq!(killed.get_array("cursorsKilled").unwrap().len(), 0);
+    let more = reader.database("app").run_command(doc! {"getMore": id, "collection": "many"}).await.unwrap();
+    assert_eq!(more.get_document("cursor").unwrap().get_array("nextBatch").unwrap().len(), 8);
+
     // Granting readWrite works on the open connection, without logging in again.
     app.run_command(doc! {"grantRolesToUser": "reader", "roles": ["readWrite"]}).await.unwrap();
     c.insert_one(doc! {"_id": 2}).await.unwrap();

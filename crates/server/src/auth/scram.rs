@@ -329,6 +329,8 @@ impl Conversation {
 pub struct ClientConversation {
     mechanism: Mechanism,
     user: String,
+    /// The user as the messages carry it ("=2C" for ',', "=3D" for '=').
+    escaped_user: String,
     password: String,
     client_nonce: String,
     /// The server signature the last message must carry, once the proof went out.
@@ -342,7 +344,7 @@ impl ClientConversation {
         let client_nonce = B64.encode(nonce);
         let escaped = user.replace('=', "=3D").replace(',', "=2C");
         let first = format!("n,,n={escaped},r={client_nonce}");
-        (ClientConversation { mechanism, user: escaped, password: password.to_string(), client_nonce, expected_signature: None }, first.into_bytes())
+        (ClientConversation { mechanism, user: user.to_string(), escaped_user: escaped, password: password.to_string(), client_nonce, expected_signature: None }, first.into_bytes())
     }
 
     /// The client-final message (with the proof) for the server-first message.
@@ -372,7 +374,7 @@ impl ClientConversation {
         let salted = m.salted_password(input.as_bytes(), &salt, iterations);
         let client_key = m.hmac(&salted, b"Client Key");
         let without_proof = format!("c=biws,r={nonce}");
-        let auth_message = format!("n={},r={},{text},{without_proof}", self.user, self.client_nonce);
+        let auth_message = format!("n={},r={},{text},{without_proof}", self.escaped_user, self.client_nonce);
         let signature = m.hmac(&m.hash(&client_key), auth_message.as_bytes());
         let proof: Vec<u8> = client_key.iter().zip(&signature).map(|(a, b)| a ^ b).collect();
         self.expected_signature = Some(m.hmac(&m.hmac(&salted, b"Server Key"), auth_message.as_bytes()));
@@ -461,8 +463,9 @@ mod tests {
     #[test]
     fn the_client_side_talks_to_the_server_side() {
         for m in Mechanism::ALL {
-            let creds = Credentials::new(m, "__system", "keyfilecontents").unwrap();
-            let (mut client, first) = ClientConversation::start(m, "__system", "keyfilecontents");
+            // A name that needs escaping: SCRAM-SHA-1 hashes the name itself, unescaped.
+            let creds = Credentials::new(m, "a,b=c", "keyfilecontents").unwrap();
+            let (mut client, first) = ClientConversation::start(m, "a,b=c", "keyfilecontents");
             let (mut server, server_first) = Conversation::start(m, &first, creds.clone(), true).unwrap();
             let proof = client.respond(&server_first).unwrap();
             let (server_final, done) = server.step(&proof).unwrap();
@@ -470,7 +473,7 @@ mod tests {
             client.verify(&server_final).unwrap();
             assert!(client.verify(b"v=AAAA").is_err());
             // The wrong key fails on the server.
-            let (mut client, first) = ClientConversation::start(m, "__system", "otherkey");
+            let (mut client, first) = ClientConversation::start(m, "a,b=c", "otherkey");
             let (mut server, server_first) = Conversation::start(m, &first, creds, true).unwrap();
             assert!(server.step(&client.respond(&server_first).unwrap()).is_err());
         }

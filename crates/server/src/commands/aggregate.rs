@@ -78,7 +78,7 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
     let mut cursor = Cursor::new(ns.clone(), Source::Buffered(results.into()));
     cursor.lsid = ctx.lsid();
     let (batch, done) = cursor.next_batch(batch_size, ctx.op)?;
-    let id = if done { 0 } else { ctx.shared.cursors.register(cursor)? };
+    let id = if done { 0 } else { ctx.register_cursor(cursor)? };
     Ok(super::cursor_batch_reply(ctx, &ns, id, batch, true))
 }
 

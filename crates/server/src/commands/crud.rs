@@ -310,7 +310,7 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
         let (batch, done) = cursor.next_batch(batch_size.unwrap_or(FIRST_BATCH_DOCS_DEFAULT), ctx.op)?;
         // As mongod: over an empty capped collection there is no position to tail from.
         let positioned = matches!(&cursor.source, Source::Tail(t) if t.last.is_some());
-        let id = if done || single_batch || !positioned { 0 } else { ctx.shared.cursors.register(cursor)? };
+        let id = if done || single_batch || !positioned { 0 } else { ctx.register_cursor(cursor)? };
         return Ok(super::cursor_batch_reply(ctx, &ns, id, batch, true));
     }
     drop(filter);
@@ -342,7 +342,7 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
         }
     }
     let (batch, done) = cursor.next_batch(docs_max, ctx.op)?;
-    let id = if done || single_batch { 0 } else { ctx.shared.cursors.register(cursor)? };
+    let id = if done || single_batch { 0 } else { ctx.register_cursor(cursor)? };
     Ok(super::cursor_batch_reply(ctx, &ns, id, batch, true))
 }
 
@@ -402,7 +402,7 @@ pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
         None | Some(Bson::Null) => None,
         Some(v) => Some(super::as_i64(v).filter(|n| *n >= 0).ok_or_else(|| Error::bad_value("maxTimeMS must be a non-negative integer"))?),
     };
-    let mut cursor = ctx.shared.cursors.checkout(id, &ns)?;
+    let mut cursor = ctx.shared.cursors.checkout(id, &ns, ctx.user_name().as_ref())?;
     let await_data = matches!(&cursor.source, Source::Tail(t) if t.await_data);
     if await_ms.is_some() && !await_data {
         ctx.shared.cursors.restore(cursor);
@@ -435,11 +435,13 @@ pub fn kill_cursors(ctx: &mut Ctx) -> Result<Document> {
     let ids = ctx.array_arg("cursors")?.ok_or_else(|| Error::location(40414, "BSON field 'killCursors.cursors' is missing but a required field"))?;
     let mut killed = Vec::new();
     let mut not_found = Vec::new();
+    // Another user's cursor is as good as absent.
+    let owner = ctx.user_name();
     for v in ids {
         let Bson::Int64(id) = v else {
             return Err(Error::type_mismatch(format!("BSON field 'killCursors.cursors' elements must be 'long', got '{}'", super::type_name(v))));
         };
-        if ctx.shared.cursors.kill(*id) {
+        if ctx.shared.cursors.kill(*id, owner.as_ref()) {
             killed.push(*id);
         } else {
             not_found.push(*id);

@@ -48,6 +48,17 @@ impl Ctx<'_> {
         r.executed.statement(stmt)
     }
 
+    /// The logged-in user as (name, database), under authorization (cursors remember it).
+    pub fn user_name(&self) -> Option<(String, String)> {
+        self.conn.auth.user.as_ref().filter(|_| self.shared.auth.enabled).map(|u| (u.user.clone(), u.db.clone()))
+    }
+
+    /// Keep `cursor` open for getMore, as the logged-in user's.
+    pub fn register_cursor(&self, mut cursor: crate::cursor::Cursor) -> Result<i64> {
+        cursor.owner = self.user_name();
+        self.shared.cursors.register(cursor)
+    }
+
     /// The statement id of the command's `i`th statement: its `stmtIds` entry if it has one
     /// (what mongos sends), else its position.
     pub fn statement_id(&self, i: usize) -> i32 {
