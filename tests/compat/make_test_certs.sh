@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes a throwaway CA and, signed by it, a server certificate for 127.0.0.1/localhost and a
+# Makes a throwaway CA and, signed by it, a server certificate for 127.0.0.1/localhost (which
+# replica-set members also show each other as clients) and a
 # client certificate, in the directory given: ca.pem (the CA certificate), server.pem and
 # client.pem (each certificate and key; the client's subject is
 # "CN=ann,OU=clients,O=shoal", an X.509 user's name).
@@ -13,7 +14,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 
   -subj "/CN=shoal test CA" -keyout ca.key -out ca.pem 2>/dev/null
 openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
   -subj "/CN=localhost" -keyout server.key -out server.csr 2>/dev/null
-printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n' > server.ext
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n' > server.ext
 openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
   -extfile server.ext -out server.crt 2>/dev/null
 cat server.crt server.key > server.pem

@@ -53,10 +53,10 @@ impl LogTransport {
 pub enum TlsMode {
     #[default]
     Disabled,
-    /// TLS or plaintext, as each client chooses (mongod: allowTLS and preferTLS differ
-    /// only in what the server uses for connections it opens, which shoal's members do in
-    /// plaintext).
+    /// TLS or plaintext, as each client chooses; connections to other members are
+    /// plaintext.
     Allow,
+    /// TLS or plaintext, as each client chooses; connections to other members use TLS.
     Prefer,
     /// TLS only: a plaintext connection is closed.
     Require,
@@ -293,10 +293,6 @@ impl ServerConfig {
         }
         if self.tls.mode != TlsMode::Disabled && self.tls.certificate_key_file.is_none() {
             return Err(bad_option(format!("net.tls.mode {} needs net.tls.certificateKeyFile", self.tls.mode.name())));
-        }
-        if self.tls.mode == TlsMode::Require && self.repl_set_name.is_some() {
-            // Members connect to each other in plaintext.
-            return Err(bad_option("net.tls.mode requireTLS with a replica set needs TLS between members, which shoal does not support yet"));
         }
         if self.authorization && self.repl_set_name.is_some() && self.key_file.is_none() {
             // Members authenticate to each other with the key.

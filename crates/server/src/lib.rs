@@ -31,6 +31,9 @@ const TTL_MONITOR_INTERVAL_SECS: u64 = 60;
 pub async fn serve(config: ServerConfig) -> common::Result<()> {
     // A bad certificate or key stops the start before anything is opened.
     let tls = tls::Acceptor::new(&config.tls)?;
+    if config.repl_set_name.is_some() {
+        tls::init_member_client(&config.tls)?;
+    }
     if let Some(path) = &config.key_file {
         auth::load_key_file(path)?;
     }

@@ -36,25 +36,13 @@ impl Acceptor {
         }
         let bad = |what: String| Error::new(Code::BadValue, what);
         let key_file = config.certificate_key_file.as_ref().ok_or_else(|| bad("net.tls.mode other than disabled needs net.tls.certificateKeyFile".into()))?;
-        let pem = std::fs::read(key_file).map_err(|e| bad(format!("cannot read net.tls.certificateKeyFile {}: {e}", key_file.display())))?;
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| bad(format!("bad certificate in {}: {e:?}", key_file.display())))?;
-        if certs.is_empty() {
-            return Err(bad(format!("no certificate in net.tls.certificateKeyFile {}", key_file.display())));
-        }
-        let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| bad(format!("no private key in net.tls.certificateKeyFile {}: {e:?}", key_file.display())))?;
+        let (certs, key) = read_cert_and_key(key_file)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions().map_err(|e| bad(format!("TLS: {e}")))?;
         let builder = match &config.ca_file {
             None => builder.with_no_client_auth(),
             Some(ca) => {
-                let pem = std::fs::read(ca).map_err(|e| bad(format!("cannot read net.tls.CAFile {}: {e}", ca.display())))?;
-                let mut roots = rustls::RootCertStore::empty();
-                for c in CertificateDer::pem_slice_iter(&pem) {
-                    let c = c.map_err(|e| bad(format!("bad certificate in {}: {e:?}", ca.display())))?;
-                    roots.add(c).map_err(|e| bad(format!("bad CA certificate in {}: {e}", ca.display())))?;
-                }
+                let roots = read_roots(ca)?;
                 let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
                 // mongod: with a CA file, clients must present a certificate unless
                 // allowConnectionsWithoutCertificates says otherwise.
@@ -90,6 +78,61 @@ impl Acceptor {
             Err(_) => Err("TLS handshake timed out".into()),
         }
     }
+}
+
+/// How this member connects to the others: TLS under preferTLS and requireTLS (mongod's
+/// rule for the connections a server opens), verified against net.tls.CAFile and showing
+/// the member's own certificate. Set once at startup.
+static MEMBER_CLIENT: std::sync::OnceLock<tokio_rustls::TlsConnector> = std::sync::OnceLock::new();
+
+/// Set up `MEMBER_CLIENT` from the configuration, when members must use TLS (a replica-set
+/// member under preferTLS or requireTLS).
+pub fn init_member_client(config: &TlsConfig) -> Result<()> {
+    if !matches!(config.mode, TlsMode::Prefer | TlsMode::Require) {
+        return Ok(());
+    }
+    let bad = |what: String| Error::new(Code::BadValue, what);
+    let ca = config.ca_file.as_ref().ok_or_else(|| bad("members connect to each other with TLS under preferTLS and requireTLS, and need net.tls.CAFile to verify each other".into()))?;
+    let roots = read_roots(ca)?;
+    let (certs, key) = read_cert_and_key(config.certificate_key_file.as_ref().ok_or_else(|| bad("net.tls.certificateKeyFile is missing".into()))?)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certs, key)
+        .map_err(|e| bad(format!("TLS client certificate: {e}")))?;
+    let _ = MEMBER_CLIENT.set(tokio_rustls::TlsConnector::from(Arc::new(client)));
+    Ok(())
+}
+
+/// The TLS connector members use to reach each other, when they must.
+pub fn member_client() -> Option<&'static tokio_rustls::TlsConnector> {
+    MEMBER_CLIENT.get()
+}
+
+fn read_roots(ca: &std::path::Path) -> Result<rustls::RootCertStore> {
+    let bad = |what: String| Error::new(Code::BadValue, what);
+    let pem = std::fs::read(ca).map_err(|e| bad(format!("cannot read net.tls.CAFile {}: {e}", ca.display())))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(&pem) {
+        let c = c.map_err(|e| bad(format!("bad certificate in {}: {e:?}", ca.display())))?;
+        roots.add(c).map_err(|e| bad(format!("bad CA certificate in {}: {e}", ca.display())))?;
+    }
+    Ok(roots)
+}
+
+fn read_cert_and_key(key_file: &std::path::Path) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    let bad = |what: String| Error::new(Code::BadValue, what);
+    let pem = std::fs::read(key_file).map_err(|e| bad(format!("cannot read net.tls.certificateKeyFile {}: {e}", key_file.display())))?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| bad(format!("bad certificate in {}: {e:?}", key_file.display())))?;
+    if certs.is_empty() {
+        return Err(bad(format!("no certificate in net.tls.certificateKeyFile {}", key_file.display())));
+    }
+    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| bad(format!("no private key in net.tls.certificateKeyFile {}: {e:?}", key_file.display())))?;
+    Ok((certs, key))
 }
 
 /// A client connection, plain or TLS.

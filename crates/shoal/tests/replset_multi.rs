@@ -39,11 +39,18 @@ impl Set {
 
     /// `start`, with `args[i]` added to member i's command line.
     async fn start_with_args(n: usize, settings: Document, members_extra: &[Document], args: &[&[&str]]) -> Set {
+        Self::start_with_client_options(n, settings, members_extra, args, "").await
+    }
+
+    /// `start_with_args`, for members whose clients need `client_options` (TLS).
+    async fn start_with_client_options(n: usize, settings: Document, members_extra: &[Document], args: &[&[&str]], client_options: &str) -> Set {
         let members: Vec<Server> = (0..n)
             .map(|i| {
                 let mut a = vec!["--replSet", "rs0", "--setParameter", "enableTestCommands=1"];
                 a.extend_from_slice(args.get(i).copied().unwrap_or(&[]));
-                Server::start_with_args(&a)
+                let mut s = Server::start_with_args(&a);
+                s.client_options = client_options.to_string();
+                s
             })
             .collect();
         let mut config_members = Vec::new();
@@ -63,7 +70,8 @@ impl Set {
 
     fn uri(&self) -> String {
         let hosts: Vec<String> = self.members.iter().map(host).collect();
-        format!("mongodb://{}/?replicaSet=rs0&serverSelectionTimeoutMS=30000", hosts.join(","))
+        let tls = self.members.first().map(|m| m.client_options.clone()).filter(|o| !o.is_empty()).map(|o| format!("&{o}")).unwrap_or_default();
+        format!("mongodb://{}/?replicaSet=rs0&serverSelectionTimeoutMS=30000{tls}", hosts.join(","))
     }
 
     async fn client(&self) -> Client {
@@ -1405,5 +1413,31 @@ async fn members_with_a_key_file_authenticate_to_each_other_and_clients_must_log
         let out = std::process::Command::new(binary_path()).args(["serve", "--port", "0", "--storageEngine", "inMemory", "--keyFile", &key]).output().unwrap();
         assert!(!out.status.success(), "{text} {mode:o}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn members_that_require_tls_replicate_over_tls_with_each_others_certificates() {
+    let dir = std::env::temp_dir().join(format!("shoal-member-tls-{}", std::process::id()));
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/compat/make_test_certs.sh");
+    assert!(std::process::Command::new("bash").arg(script).arg(&dir).status().unwrap().success());
+    let (ca, pem) = (dir.join("ca.pem").display().to_string(), dir.join("server.pem").display().to_string());
+    // requireTLS with a CA file: every connection, the members' own included, is TLS with a
+    // certificate the CA signed; a plaintext link could not replicate at all.
+    let args: &[&str] = &["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &pem, "--tlsCAFile", &ca];
+    let client_options = format!("tls=true&tlsCAFile={ca}&tlsCertificateKeyFile={}", dir.join("client.pem").display());
+    let mut set = Set::start_with_client_options(3, doc! {"chainingAllowed": false}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}], &[args, args, args], &client_options).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    for i in 1..3 {
+        set.wait_for_secondary(i).await;
+    }
+    let majority = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Majority).build();
+    set.client().await.database("app").collection::<Document>("c").insert_one(doc! {"_id": 1}).write_concern(majority).await.unwrap();
+    for i in 1..3 {
+        set.wait_for_count(i, "c", 1).await;
+    }
+    // A plaintext client gets nothing.
+    let plain = Client::with_uri_str(format!("mongodb://{}/?directConnection=true&serverSelectionTimeoutMS=1000", host(&set.members[0]))).await.unwrap();
+    assert!(admin(&plain, doc! {"ping": 1}).await.is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }

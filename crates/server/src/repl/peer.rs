@@ -14,8 +14,55 @@ use tokio::net::TcpStream;
 /// Largest reply a member accepts (the wire's message limit).
 const REPLY_BYTES_MAX: usize = common::limits::MESSAGE_SIZE_MAX_BYTES;
 
+/// The connection to another member: TLS when members must use it (`tls::member_client`).
+enum PeerStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl PeerStream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            PeerStream::Plain(s) => s,
+            PeerStream::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for PeerStream {
+    fn poll_read(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            PeerStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for PeerStream {
+    fn poll_write(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            PeerStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            PeerStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            PeerStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
 pub struct PeerConn {
-    stream: TcpStream,
+    stream: PeerStream,
     pub host: String,
     next_id: i32,
     broken: bool,
@@ -33,6 +80,19 @@ impl PeerConn {
             Err(_) => return Err(Error::new(Code::NetworkTimeout, format!("timed out connecting to {host}"))),
         };
         let _ = stream.set_nodelay(true);
+        let stream = match crate::tls::member_client() {
+            None => PeerStream::Plain(stream),
+            Some(tls) => {
+                // The host as the member's certificate names it: its address or DNS name.
+                let name = host.rsplit_once(':').map_or(host, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+                let name = rustls::pki_types::ServerName::try_from(name.to_string()).map_err(|e| Error::new(Code::HostUnreachable, format!("bad host name {host}: {e}")))?;
+                match tokio::time::timeout(timeout, tls.connect(name, stream)).await {
+                    Ok(Ok(s)) => PeerStream::Tls(Box::new(s)),
+                    Ok(Err(e)) => return Err(Error::new(Code::HostUnreachable, format!("TLS handshake with {host} failed: {e}"))),
+                    Err(_) => return Err(Error::new(Code::NetworkTimeout, format!("timed out in the TLS handshake with {host}"))),
+                }
+            }
+        };
         let mut conn = PeerConn { stream, host: host.to_string(), next_id: 1, broken: false, frame: Vec::new() };
         if let Some(key) = crate::auth::internal_key() {
             conn.authenticate(key.key(), timeout).await?;
@@ -73,7 +133,7 @@ impl PeerConn {
         use std::os::fd::AsRawFd;
         let mut b = [0u8; 1];
         // SAFETY: peeks at most one byte into a live buffer, without blocking.
-        let n = unsafe { libc::recv(self.stream.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        let n = unsafe { libc::recv(self.stream.tcp().as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
         n == 0 || (n < 0 && !matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN | libc::EINTR)))
     }
 

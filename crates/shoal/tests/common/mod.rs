@@ -45,6 +45,8 @@ pub struct Server {
     pub dbpath: PathBuf,
     options: ServerOptions,
     starts_count: u32,
+    /// URI options every client of this server needs (a TLS server's tls=true&tlsCAFile=).
+    pub client_options: String,
 }
 
 /// Asks the OS for a free loopback port by binding port 0.
@@ -85,7 +87,7 @@ impl Server {
     pub fn start_with(options: ServerOptions) -> Server {
         let root = fresh_root();
         let dbpath = root.join("db");
-        let mut server = Server { child: None, port: 0, root, dbpath, options, starts_count: 0 };
+        let mut server = Server { child: None, port: 0, root, dbpath, options, starts_count: 0, client_options: String::new() };
         server.spawn_until_ready(None);
         server
     }
@@ -96,12 +98,14 @@ impl Server {
 
     /// A driver client with default options.
     pub async fn client(&self) -> Client {
-        Client::with_uri_str(self.uri()).await.expect("client from uri")
+        self.client_with("").await
     }
 
     /// A driver client with extra URI options, e.g. "compressors=zlib".
     pub async fn client_with(&self, uri_options: &str) -> Client {
-        Client::with_uri_str(format!("{}?{}", self.uri(), uri_options)).await.expect("client from uri")
+        let options = [uri_options, &self.client_options].iter().filter(|o| !o.is_empty()).copied().collect::<Vec<_>>().join("&");
+        let uri = if options.is_empty() { self.uri() } else { format!("{}?{options}", self.uri()) };
+        Client::with_uri_str(uri).await.expect("client from uri")
     }
 
     pub fn stderr_path(&self, start_index: u32) -> PathBuf {
