@@ -1399,6 +1399,10 @@ async fn members_with_a_key_file_authenticate_to_each_other_and_clients_must_log
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Users change on the primary only.
+    let on_secondary_root = Client::with_uri_str(format!("mongodb://admin:adminpw@{}/?directConnection=true", hosts[2])).await.unwrap();
+    let e = on_secondary_root.database("app").run_command(doc! {"createUser": "local_only", "pwd": "x", "roles": []}).await.unwrap_err();
+    assert!(e.to_string().contains("not primary") || e.to_string().contains("NotWritablePrimary"), "{e}");
     // The internal user logs in with the key only.
     let internal = |key: &str| format!("mongodb://__system:{key}@{}/?directConnection=true&authSource=local", hosts[0]);
     let ok = Client::with_uri_str(internal("c2hvYWwta2V5ZmlsZS1mb3ItdGVzdHM=")).await.unwrap();

@@ -182,7 +182,9 @@ pub fn on_secondary(name: &str) -> OnSecondary {
     match name {
         "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "create" | "drop" | "dropDatabase" | "renameCollection"
         | "createIndexes" | "dropIndexes" | "deleteIndexes" | "applyOps" => OnSecondary::Never,
-        "find" | "count" | "distinct" | "aggregate" | "listCollections" | "listIndexes" | "collStats" | "dbStats" | "validate" | "explain" => {
+        // Users are data in admin.system.users: changed on the primary only, like any write.
+        "createUser" | "updateUser" | "dropUser" | "dropAllUsersFromDatabase" | "grantRolesToUser" | "revokeRolesFromUser" => OnSecondary::Never,
+        "find" | "count" | "distinct" | "aggregate" | "listCollections" | "listIndexes" | "collStats" | "dbStats" | "validate" | "explain" | "usersInfo" => {
             OnSecondary::OptIn
         }
         _ => OnSecondary::Always,

@@ -15,49 +15,13 @@ use tokio::net::TcpStream;
 const REPLY_BYTES_MAX: usize = common::limits::MESSAGE_SIZE_MAX_BYTES;
 
 /// The connection to another member: TLS when members must use it (`tls::member_client`).
-enum PeerStream {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-}
+type PeerStream = crate::tls::MaybeTls<tokio_rustls::client::TlsStream<TcpStream>>;
 
-impl PeerStream {
-    fn tcp(&self) -> &TcpStream {
-        match self {
-            PeerStream::Plain(s) => s,
-            PeerStream::Tls(s) => s.get_ref().0,
-        }
-    }
-}
-
-impl tokio::io::AsyncRead for PeerStream {
-    fn poll_read(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            PeerStream::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
-            PeerStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl tokio::io::AsyncWrite for PeerStream {
-    fn poll_write(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            PeerStream::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
-            PeerStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            PeerStream::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
-            PeerStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            PeerStream::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
-            PeerStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+/// The TCP connection under a member connection, TLS or not.
+fn tcp_of(s: &PeerStream) -> &TcpStream {
+    match s {
+        PeerStream::Plain(s) => s,
+        PeerStream::Tls(s) => s.get_ref().0,
     }
 }
 
@@ -133,7 +97,7 @@ impl PeerConn {
         use std::os::fd::AsRawFd;
         let mut b = [0u8; 1];
         // SAFETY: peeks at most one byte into a live buffer, without blocking.
-        let n = unsafe { libc::recv(self.stream.tcp().as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        let n = unsafe { libc::recv(tcp_of(&self.stream).as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
         n == 0 || (n < 0 && !matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN | libc::EINTR)))
     }
 
