@@ -83,6 +83,81 @@ impl TlsMode {
     }
 }
 
+/// `auditLog.destination`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuditDestination {
+    File,
+    Console,
+    Syslog,
+}
+
+/// `auditLog.format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuditFormat {
+    /// Relaxed extended JSON, one record per line.
+    Json,
+    /// BSON documents back to back.
+    Bson,
+}
+
+/// `auditLog`: present when auditing is on (a destination is set).
+#[derive(Clone, Debug)]
+pub struct AuditConfig {
+    pub destination: AuditDestination,
+    pub format: AuditFormat,
+    pub path: Option<PathBuf>,
+    /// Which records are written (a query over them); None: all.
+    pub filter: Option<bson::Document>,
+}
+
+/// The pieces of `auditLog` as given, before they are checked together.
+#[derive(Clone, Debug, Default)]
+struct AuditOptions {
+    destination: Option<String>,
+    format: Option<String>,
+    path: Option<PathBuf>,
+    filter: Option<String>,
+}
+
+impl AuditOptions {
+    fn build(&self) -> Result<Option<AuditConfig>> {
+        let Some(d) = &self.destination else {
+            if self.format.is_some() || self.path.is_some() || self.filter.is_some() {
+                return Err(bad_option("auditLog options need auditLog.destination"));
+            }
+            return Ok(None);
+        };
+        let destination = match d.as_str() {
+            "file" => AuditDestination::File,
+            "console" => AuditDestination::Console,
+            "syslog" => AuditDestination::Syslog,
+            other => return Err(bad_option(format!("auditLog.destination must be file, console or syslog, not '{other}'"))),
+        };
+        let format = match self.format.as_deref() {
+            None | Some("JSON") => AuditFormat::Json,
+            Some("BSON") => AuditFormat::Bson,
+            Some(other) => return Err(bad_option(format!("auditLog.format must be JSON or BSON, not '{other}'"))),
+        };
+        if format == AuditFormat::Bson && destination != AuditDestination::File {
+            return Err(bad_option("auditLog.format BSON is for auditLog.destination file only"));
+        }
+        if destination == AuditDestination::File && self.path.is_none() {
+            return Err(bad_option("auditLog.destination file needs auditLog.path"));
+        }
+        let filter = match &self.filter {
+            None => None,
+            Some(text) => {
+                let v: serde_json::Value = serde_json::from_str(text).map_err(|e| bad_option(format!("auditLog.filter is not JSON: {e}")))?;
+                let b = bson::Bson::try_from(v).map_err(|e| bad_option(format!("auditLog.filter: {e}")))?;
+                let bson::Bson::Document(d) = b else { return Err(bad_option("auditLog.filter must be a JSON object")) };
+                query::filter::Filter::parse(&d).map_err(|e| bad_option(format!("auditLog.filter: {}", e.message)))?;
+                Some(d)
+            }
+        };
+        Ok(Some(AuditConfig { destination, format, path: self.path.clone(), filter }))
+    }
+}
+
 /// `net.tls`.
 #[derive(Clone, Debug, Default)]
 pub struct TlsConfig {
@@ -127,6 +202,11 @@ pub struct ServerConfig {
     /// `--keyFile` / `security.keyFile`: the key members authenticate to each other with
     /// (implies authorization).
     pub key_file: Option<PathBuf>,
+    /// `auditLog`; None: no audit log.
+    pub audit: Option<AuditConfig>,
+    audit_options: AuditOptions,
+    /// `setParameter auditAuthorizationSuccess`: authCheck records for allowed commands too.
+    pub audit_authorization_success: bool,
     /// `setParameter authFailedDelayMs`: a failed authentication's reply waits this long
     /// (0 to 5000; mongod's only throttle on password guessing).
     pub auth_failed_delay_ms: u64,
@@ -158,6 +238,9 @@ impl Default for ServerConfig {
             authorization: false,
             tls: TlsConfig::default(),
             key_file: None,
+            audit: None,
+            audit_options: AuditOptions::default(),
+            audit_authorization_success: false,
             auth_failed_delay_ms: 0,
             enable_test_commands: false,
             config_file: None,
@@ -185,6 +268,10 @@ pub struct Overrides {
     pub log_transport: Option<String>,
     pub auth: bool,
     pub key_file: Option<PathBuf>,
+    pub audit_destination: Option<String>,
+    pub audit_format: Option<String>,
+    pub audit_path: Option<PathBuf>,
+    pub audit_filter: Option<String>,
     pub tls_mode: Option<String>,
     pub tls_certificate_key_file: Option<PathBuf>,
     pub tls_ca_file: Option<PathBuf>,
@@ -248,6 +335,18 @@ impl ServerConfig {
         if let Some(k) = &o.key_file {
             c.key_file = Some(k.clone());
         }
+        if o.audit_destination.is_some() {
+            c.audit_options.destination = o.audit_destination.clone();
+        }
+        if o.audit_format.is_some() {
+            c.audit_options.format = o.audit_format.clone();
+        }
+        if o.audit_path.is_some() {
+            c.audit_options.path = o.audit_path.clone();
+        }
+        if o.audit_filter.is_some() {
+            c.audit_options.filter = o.audit_filter.clone();
+        }
         // As with mongod, a keyFile turns authorization on.
         if c.key_file.is_some() {
             c.authorization = true;
@@ -268,6 +367,7 @@ impl ServerConfig {
             let (k, v) = p.split_once('=').ok_or_else(|| bad_option(format!("Illegal --setParameter parameter: \"{p}\"")))?;
             c.set_parameter(k, &Value::String(v.to_string()))?;
         }
+        c.audit = c.audit_options.build()?;
         c.validate()?;
         c.parsed = c.to_parsed();
         Ok(c)
@@ -317,6 +417,17 @@ impl ServerConfig {
                 "storage" => self.apply_storage(v)?,
                 "systemLog" | "processManagement" => check_known(section, v, &["destination", "path", "logAppend", "verbosity", "quiet", "fork", "pidFilePath", "timeZoneInfo"])?,
                 "setParameter" => self.apply_set_parameter(v)?,
+                "auditLog" => {
+                    for (k, v) in mapping("auditLog", v)? {
+                        match key_str(k)? {
+                            "destination" => self.audit_options.destination = Some(as_str(v, "auditLog.destination")?.to_string()),
+                            "format" => self.audit_options.format = Some(as_str(v, "auditLog.format")?.to_string()),
+                            "path" => self.audit_options.path = Some(PathBuf::from(as_str(v, "auditLog.path")?)),
+                            "filter" => self.audit_options.filter = Some(as_str(v, "auditLog.filter")?.to_string()),
+                            other => return Err(bad_option(format!("Unrecognized option: auditLog.{other}"))),
+                        }
+                    }
+                }
                 "security" => {
                     for (k, v) in mapping("security", v)? {
                         match key_str(k)? {
@@ -438,6 +549,14 @@ impl ServerConfig {
                     _ => as_u64(v, "setParameter.cursorTimeoutMillis")?,
                 }
             }
+            "auditAuthorizationSuccess" => {
+                self.audit_authorization_success = match v {
+                    Value::Bool(b) => *b,
+                    Value::String(s) if matches!(s.as_str(), "1" | "true") => true,
+                    Value::String(s) if matches!(s.as_str(), "0" | "false") => false,
+                    _ => return Err(bad_option(format!("Bad value for parameter \"{k}\""))),
+                }
+            }
             "authFailedDelayMs" => {
                 let ms = match v {
                     Value::String(s) => s.parse().ok(),
@@ -469,6 +588,16 @@ impl ServerConfig {
         };
         if let Some(f) = &self.config_file {
             parsed.insert("config", f.display().to_string());
+        }
+        if let Some(a) = &self.audit {
+            let mut audit = bson::doc! {"destination": format!("{:?}", a.destination).to_lowercase(), "format": if a.format == AuditFormat::Json { "JSON" } else { "BSON" }};
+            if let Some(p) = &a.path {
+                audit.insert("path", p.display().to_string());
+            }
+            if let Some(f) = &a.filter {
+                audit.insert("filter", f.clone());
+            }
+            parsed.insert("auditLog", audit);
         }
         if self.authorization {
             let mut security = bson::doc! {"authorization": "enabled"};

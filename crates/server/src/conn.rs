@@ -45,6 +45,24 @@ pub struct ConnState {
     pub raw_batch: Option<RawReplyBatch>,
     /// Who the connection authenticated as, and a SCRAM conversation under way.
     pub auth: crate::auth::ConnAuth,
+    /// This end's address (audit records' `local`).
+    pub local: Option<SocketAddr>,
+    /// The connection's id in audit records (`uuid`).
+    pub uuid: bson::Uuid,
+}
+
+impl ConnState {
+    /// Who acts, for an audit record.
+    pub fn actor(&self) -> crate::audit::Actor {
+        let user = self.auth.user.as_ref();
+        crate::audit::Actor {
+            local: self.local,
+            remote: Some(self.remote),
+            uuid: self.uuid,
+            users: user.map(|u| vec![(u.user.clone(), u.db.clone())]).unwrap_or_default(),
+            roles: user.map(|u| u.roles.clone()).unwrap_or_default(),
+        }
+    }
 }
 
 /// A cursor batch kept as BSON (an oplog tail's records as stored), written into the
@@ -92,7 +110,7 @@ pub struct AwaitData {
 pub async fn serve(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None, auth: Default::default() };
+    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None, auth: Default::default(), local: stream.local_addr().ok(), uuid: bson::Uuid::new() };
     tracing::debug!(conn = id, %remote, "connection accepted");
     match shared.tls.accept(stream).await {
         Ok(mut stream) => {

@@ -368,11 +368,18 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Docum
     if commands::op_kind(&req.name) == "command" {
         Counters::add(&shared.counters.command, 1);
     }
-    if let Err(e) = crate::auth::check(shared, conn, &req.db, &req.name, &req.body) {
+    let checked = crate::auth::check(shared, conn, &req.db, &req.name, &req.body);
+    if shared.audit.is_some() {
+        crate::audit::auth_check(shared, conn, &req.db, &req.name, &req.body, checked.as_ref().err().map(|e| e.code));
+    }
+    if let Err(e) = checked {
         return error_reply(&with_topology_version(shared, e));
     }
     match prepare_and_run(shared, conn, &req, handler) {
         Ok(mut reply) => {
+            if shared.audit.is_some() {
+                crate::audit::command_done(shared, conn, &req.db, &req.name, &req.body);
+            }
             reply.insert("ok", 1.0);
             reply
         }

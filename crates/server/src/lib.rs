@@ -4,6 +4,7 @@
 
 pub mod config;
 mod apply;
+pub mod audit;
 pub mod auth;
 mod commands;
 mod conn;
@@ -64,7 +65,12 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
         }
         None => None,
     };
-    let shared = Arc::new(Shared::new(config, store, repl, tls));
+    let audit = match &config.audit {
+        Some(a) => Some(audit::Audit::start(a, config.audit_authorization_success)?),
+        None => None,
+    };
+    let shared = Arc::new(Shared::new(config, store, repl, tls, audit));
+    shared.audit_event("startup", &audit::Actor::system(), audit::Param::Doc(bson::doc! {"options": shared.config.parsed.clone()}), 0);
     repl::spawn_tasks(shared.clone())?;
     tracing::info!(port = shared.config.port, dbpath = %shared.config.dbpath.display(), fd_limit = fds, "waiting for connections");
 
@@ -92,6 +98,10 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
     }
     tracing::info!("shutting down: flushing storage");
     shared.store.commit_durable()?;
+    shared.audit_event("shutdown", &audit::Actor::system(), audit::Param::Doc(bson::Document::new()), 0);
+    if let Some(a) = &shared.audit {
+        a.close();
+    }
     Ok(())
 }
 

@@ -187,10 +187,12 @@ pub struct Shared {
     pub auth: crate::auth::AuthState,
     /// How client connections are accepted: plain, TLS, or either (`net.tls.mode`).
     pub tls: crate::tls::Acceptor,
+    /// The audit log, when `auditLog.destination` is set.
+    pub audit: Option<crate::audit::Audit>,
 }
 
 impl Shared {
-    pub fn new(config: ServerConfig, store: Store, repl: Option<crate::repl::ReplCoord>, tls: crate::tls::Acceptor) -> Shared {
+    pub fn new(config: ServerConfig, store: Store, repl: Option<crate::repl::ReplCoord>, tls: crate::tls::Acceptor, audit: Option<crate::audit::Audit>) -> Shared {
         let host_name = crate::sysinfo::hostname();
         let writes = Arc::new(tokio::sync::Notify::new());
         let w = writes.clone();
@@ -212,6 +214,14 @@ impl Shared {
             writes,
             auth,
             tls,
+            audit,
+        }
+    }
+
+    /// Queue an audit record, if auditing is on.
+    pub fn audit_event(&self, atype: &'static str, actor: &crate::audit::Actor, param: crate::audit::Param, result: i32) {
+        if let Some(a) = &self.audit {
+            a.log(crate::audit::Event { atype, ts: std::time::SystemTime::now(), actor: actor.clone(), param, result });
         }
     }
 

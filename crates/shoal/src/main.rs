@@ -80,6 +80,18 @@ struct ServeArgs {
     /// implies --auth): 6 to 1024 base64 characters, readable by its owner only.
     #[arg(long = "keyFile")]
     key_file: Option<PathBuf>,
+    /// Turn the audit log on: file, console or syslog (auditLog.destination).
+    #[arg(long = "auditDestination")]
+    audit_destination: Option<String>,
+    /// JSON (one record per line) or BSON (auditLog.format) [default: JSON].
+    #[arg(long = "auditFormat")]
+    audit_format: Option<String>,
+    /// The audit file, for destination file (auditLog.path).
+    #[arg(long = "auditPath")]
+    audit_path: Option<PathBuf>,
+    /// Which records to write, a query over them as JSON (auditLog.filter).
+    #[arg(long = "auditFilter")]
+    audit_filter: Option<String>,
     /// TLS for client connections: disabled, allowTLS, preferTLS or requireTLS
     /// (net.tls.mode) [default: disabled].
     #[arg(long = "tlsMode")]
@@ -136,6 +148,10 @@ fn main() {
                 log_transport: a.log_transport,
                 auth: a.auth,
                 key_file: a.key_file,
+                audit_destination: a.audit_destination,
+                audit_format: a.audit_format,
+                audit_path: a.audit_path,
+                audit_filter: a.audit_filter,
                 tls_mode: a.tls_mode,
                 tls_certificate_key_file: a.tls_certificate_key_file,
                 tls_ca_file: a.tls_ca_file,

@@ -371,6 +371,7 @@ fn need(name: &str, db: &str, cmd: &Document) -> Need {
         "replSetInitiate" | "replSetReconfig" => cluster("replSetConfigure"),
         "replSetStepDown" | "replSetFreeze" | "replSetSyncFrom" | "replSetStepUp" => cluster("replSetStateChange"),
         "applyOps" => cluster("applyOps"),
+        "getAuditConfig" | "setAuditConfig" => cluster("auditConfigure"),
         // Member-to-member commands: only the internal user runs them (internal
         // authentication, a keyFile, is not built yet, so no one does under --auth).
         "replSetHeartbeat" | "replSetRequestVotes" | "replSetUpdatePosition" | "replSetGetAcknowledged" => cluster("internal"),

@@ -101,7 +101,7 @@ const CLUSTER_MONITOR: &[&str] = &[
 ];
 /// What clusterMonitor may do on any database.
 const MONITOR_ANY_DB: &[&str] = &["collStats", "dbStats", "indexStats"];
-const HOST_MANAGER: &[&str] = &["dropConnections", "fsync", "killAnyCursor", "killAnySession", "killop", "logRotate", "setParameter", "shutdown", "unlock"];
+const HOST_MANAGER: &[&str] = &["auditConfigure", "dropConnections", "fsync", "killAnyCursor", "killAnySession", "killop", "logRotate", "setParameter", "shutdown", "unlock"];
 const CLUSTER_MANAGER: &[&str] = &["listShards", "addShard", "removeShard", "replSetConfigure", "replSetGetConfig", "replSetGetStatus", "replSetStateChange", "resync"];
 
 /// Whether holding `role`@`role_db` grants `action` on `resource`.

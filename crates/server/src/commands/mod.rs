@@ -148,6 +148,8 @@ command_table! {
     "configureFailPoint" => repl::configure_fail_point,
     "saslStart" => users::sasl_start,
     "authenticate" => users::authenticate,
+    "getAuditConfig" => users::get_audit_config,
+    "setAuditConfig" => users::set_audit_config,
     "saslContinue" => users::sasl_continue,
     "logout" => users::logout,
     "createUser" => users::create_user,

@@ -78,16 +78,19 @@ pub fn sasl_continue(ctx: &mut Ctx) -> Result<Document> {
     match conversation.step(&payload) {
         Ok((reply, done)) => {
             if done {
-                let (user, db) = (conversation.user.clone(), db.clone());
+                let (user, db, mechanism) = (conversation.user.clone(), db.clone(), conversation.mechanism.name());
                 ctx.conn.auth.conversation = None;
                 auth::log_in(ctx.shared, ctx.conn, &user, &db)?;
                 tracing::info!(conn = ctx.conn.id, "authenticated as {user}@{db}");
+                ctx.shared.audit_event("authenticate", &ctx.conn.actor(), crate::audit::Param::Doc(doc! {"user": &user, "db": &db, "mechanism": mechanism}), 0);
             }
             Ok(sasl_reply(reply, done))
         }
         Err(why) => {
             tracing::info!(conn = ctx.conn.id, "authentication of {}@{db} failed: {why}", conversation.user);
+            let param = doc! {"user": &conversation.user, "db": db.as_str(), "mechanism": conversation.mechanism.name()};
             ctx.conn.auth.conversation = None;
+            ctx.shared.audit_event("authenticate", &ctx.conn.actor(), crate::audit::Param::Doc(param), Code::AuthenticationFailed.0);
             Err(auth_failed())
         }
     }
@@ -125,13 +128,35 @@ fn authenticate_x509(ctx: &mut Ctx, db: &str, cmd: &Document) -> Result<Document
     }
     auth::log_in(ctx.shared, ctx.conn, &subject, db)?;
     tracing::info!(conn = ctx.conn.id, "authenticated as {subject}@$external by X.509");
+    ctx.shared.audit_event("authenticate", &ctx.conn.actor(), crate::audit::Param::Doc(doc! {"user": &subject, "db": db, "mechanism": X509}), 0);
     Ok(doc! {"dbname": db, "user": subject})
 }
 
 pub fn logout(ctx: &mut Ctx) -> Result<Document> {
     if ctx.conn.auth.user.as_ref().is_some_and(|u| u.db == ctx.db) {
+        let before = ctx.conn.actor();
         ctx.conn.auth.user = None;
+        let initial: Vec<Bson> = before.users.iter().map(|(u, d)| Bson::Document(doc! {"user": u, "db": d})).collect();
+        ctx.shared.audit_event("logout", &before, crate::audit::Param::Doc(doc! {"reason": format!("Explicit logout from db '{}'", ctx.db), "initialUsers": initial, "updatedUsers": []}), 0);
     }
+    Ok(Document::new())
+}
+
+pub fn get_audit_config(ctx: &mut Ctx) -> Result<Document> {
+    let audit = ctx.shared.audit.as_ref().ok_or_else(|| Error::new(Code::CommandNotSupported, "auditing is not enabled: start the server with auditLog.destination"))?;
+    Ok(audit.config())
+}
+
+/// setAuditConfig: a new filter and/or auditAuthorizationSuccess, on this member.
+pub fn set_audit_config(ctx: &mut Ctx) -> Result<Document> {
+    super::check_fields("setAuditConfig", ctx.cmd, &["filter", "auditAuthorizationSuccess"])?;
+    let audit = ctx.shared.audit.as_ref().ok_or_else(|| Error::new(Code::CommandNotSupported, "auditing is not enabled: start the server with auditLog.destination"))?;
+    let filter = ctx.doc_arg("filter")?.cloned();
+    let success = ctx.bool_arg("auditAuthorizationSuccess")?;
+    if filter.is_none() && success.is_none() {
+        return Err(Error::bad_value("setAuditConfig needs filter or auditAuthorizationSuccess"));
+    }
+    audit.set_config(filter, success)?;
     Ok(Document::new())
 }
 
