@@ -250,7 +250,7 @@ pub fn check(shared: &Shared, conn: &mut ConnState, db: &str, name: &str, cmd: &
 }
 
 /// Fields that carry a password or a SCRAM message.
-const SECRET_FIELDS: [&str; 3] = ["pwd", "payload", "speculativeAuthenticate"];
+pub const SECRET_FIELDS: [&str; 3] = ["pwd", "payload", "speculativeAuthenticate"];
 
 /// Whether command `name` carries a secret (currentOp shows it redacted). Only these
 /// commands can; the name test keeps the check off other commands' path.
