@@ -37,6 +37,7 @@ impl Code {
     pub const Unauthorized: Code = Code(13, "Unauthorized");
     pub const AuthenticationFailed: Code = Code(18, "AuthenticationFailed");
     pub const RoleNotFound: Code = Code(31, "RoleNotFound");
+    pub const FileRenameFailed: Code = Code(98, "FileRenameFailed");
     pub const MechanismUnavailable: Code = Code(334, "MechanismUnavailable");
     pub const TypeMismatch: Code = Code(14, "TypeMismatch");
     pub const Overflow: Code = Code(15, "Overflow");

@@ -60,10 +60,20 @@ pub struct Event {
     pub result: i32,
 }
 
+/// What the writer is asked to do besides writing events.
+#[derive(Default)]
+struct Pending {
+    events: Vec<Event>,
+    /// Write what is queued, then stop (clean shutdown).
+    closed: bool,
+    /// logRotate: rename the file aside and start a new one, then answer here.
+    rotate: Option<std::sync::mpsc::Sender<std::result::Result<(), String>>>,
+}
+
 /// Events on their way to the writer.
 #[derive(Default)]
 struct Queue {
-    events: Mutex<(Vec<Event>, bool)>,
+    events: Mutex<Pending>,
     /// The writer waits here for `FLUSH_INTERVAL` or a full batch.
     wake: Condvar,
     /// Senders wait here while the queue is full.
@@ -97,7 +107,8 @@ impl Audit {
         let queue = Arc::new(Queue::default());
         let format = config.format;
         let (f, q) = (filter.clone(), queue.clone());
-        let writer = std::thread::Builder::new().name("audit-writer".into()).spawn(move || write_loop(&q, out, format, f)).map_err(|e| Error::internal(format!("cannot start the audit writer: {e}")))?;
+        let path = config.path.clone().filter(|_| config.destination == AuditDestination::File);
+        let writer = std::thread::Builder::new().name("audit-writer".into()).spawn(move || write_loop(&q, out, path, format, f)).map_err(|e| Error::internal(format!("cannot start the audit writer: {e}")))?;
         Ok(Audit { queue, authorization_success: AtomicBool::new(authorization_success), filter, writer: Mutex::new(Some(writer)) })
     }
 
@@ -108,14 +119,14 @@ impl Audit {
     /// Queue an event; waits while the queue is full.
     pub fn log(&self, event: Event) {
         let mut q = self.queue.events.lock();
-        while q.0.len() >= QUEUE_EVENTS_MAX && !q.1 {
+        while q.events.len() >= QUEUE_EVENTS_MAX && !q.closed {
             self.queue.not_full.wait(&mut q);
         }
-        if q.1 {
+        if q.closed {
             return; // Closed: nothing is left to write to.
         }
-        q.0.push(event);
-        if q.0.len() == WAKE_EVENTS {
+        q.events.push(event);
+        if q.events.len() == WAKE_EVENTS {
             self.queue.wake.notify_one();
         }
     }
@@ -137,9 +148,22 @@ impl Audit {
         Ok(())
     }
 
+    /// logRotate: the file so far is renamed `<path>.<UTC time>` and a new one started, after
+    /// everything queued before is written to the old one. Nothing to do for console and
+    /// syslog.
+    pub fn rotate(&self) -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.queue.events.lock().rotate = Some(tx);
+        self.queue.wake.notify_one();
+        match rx.recv() {
+            Ok(r) => r.map_err(|e| Error::new(Code::FileRenameFailed, e)),
+            Err(_) => Err(Error::internal("the audit writer has stopped")),
+        }
+    }
+
     /// Write everything queued, then stop the writer (clean shutdown).
     pub fn close(&self) {
-        self.queue.events.lock().1 = true;
+        self.queue.events.lock().closed = true;
         self.queue.wake.notify_one();
         self.queue.not_full.notify_all();
         if let Some(w) = self.writer.lock().take() {
@@ -211,18 +235,18 @@ fn compile(filter: &Document) -> Result<Option<query::filter::Filter>> {
     query::filter::Filter::parse(filter).map(Some)
 }
 
-fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, format: AuditFormat, filter: Arc<RwLock<(Document, Option<query::filter::Filter>)>>) {
+fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<std::path::PathBuf>, format: AuditFormat, filter: Arc<RwLock<(Document, Option<query::filter::Filter>)>>) {
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut batch = Vec::new();
     loop {
-        let closing = {
+        let (closing, rotate) = {
             let mut q = queue.events.lock();
-            if q.0.len() < WAKE_EVENTS && !q.1 {
+            if q.events.len() < WAKE_EVENTS && !q.closed && q.rotate.is_none() {
                 queue.wake.wait_for(&mut q, FLUSH_INTERVAL);
             }
             // Swap in the (empty) vector written last time: no allocation per batch.
-            std::mem::swap(&mut q.0, &mut batch);
-            q.1
+            std::mem::swap(&mut q.events, &mut batch);
+            (q.closed, q.rotate.take())
         };
         queue.not_full.notify_all();
         buf.clear();
@@ -259,10 +283,33 @@ fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, format: AuditFormat
                 tracing::error!("audit log write failed: {e}");
             }
         }
+        if let Some(reply) = rotate {
+            let _ = reply.send(match &path {
+                Some(p) => rotate_file(p).map(|new| out = new),
+                None => Ok(()),
+            });
+        }
         if closing {
             return;
         }
     }
+}
+
+/// Rename the audit file `<path>.<UTC time>` (mongod's rotated name) and open a new one.
+fn rotate_file(path: &std::path::Path) -> std::result::Result<Box<dyn Write + Send>, String> {
+    let stamp = bson::DateTime::now().try_to_rfc3339_string().unwrap_or_default().replace(':', "-");
+    let stamp = stamp.split('.').next().unwrap_or_default().trim_end_matches('Z').to_string();
+    let mut aside = std::path::PathBuf::from(format!("{}.{stamp}", path.display()));
+    // Two rotations within a second: number the later ones.
+    let mut n = 1;
+    while aside.exists() {
+        aside = std::path::PathBuf::from(format!("{}.{stamp}.{n}", path.display()));
+        n += 1;
+    }
+    std::fs::rename(path, &aside).map_err(|e| format!("cannot rename {} to {}: {e}", path.display(), aside.display()))?;
+    let f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    tracing::info!("audit log rotated to {}", aside.display());
+    Ok(Box::new(f))
 }
 
 fn address(a: Option<SocketAddr>) -> Bson {

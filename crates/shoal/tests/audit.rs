@@ -215,3 +215,25 @@ fn audit_options_are_checked_at_startup() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
+
+#[tokio::test]
+async fn log_rotate_starts_a_new_file_after_writing_the_old_one() {
+    let (s, path) = start(&["--auth", "--setParameter", "auditAuthorizationSuccess=true"], "rotated.json");
+    s.client().await.database("admin").run_command(doc! {"createUser": "admin", "pwd": "adminpw", "roles": ["root"]}).await.unwrap();
+    let root = client_as(&s, "admin", "adminpw", "admin").await;
+    let c = root.database("app").collection::<Document>("c");
+    c.insert_one(doc! {"_id": "before"}).await.unwrap();
+    root.database("admin").run_command(doc! {"logRotate": 1}).await.unwrap();
+    c.insert_one(doc! {"_id": "after"}).await.unwrap();
+    let dir = path.parent().unwrap();
+    let aside: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p != &path).collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert!(aside[0].file_name().unwrap().to_str().unwrap().starts_with("rotated.json.2"), "{aside:?}");
+    let old = json_records(&aside[0]);
+    let inserted = |records: &[Document], id: &str| records.iter().any(|r| r.get_document("param").ok().and_then(|p| p.get_document("args").ok()).and_then(|a| a.get_array("documents").ok()).is_some_and(|d| d[0].as_document().unwrap().get_str("_id").ok() == Some(id)));
+    assert!(inserted(&old, "before") && !inserted(&old, "after"));
+    let new = wait_for(&path, |r| inserted(r, "after"));
+    assert!(!inserted(&new, "before"));
+    let e = root.database("admin").run_command(doc! {"logRotate": "tape"}).await.unwrap_err();
+    assert!(e.to_string().contains("Unknown log type"), "{e}");
+}

@@ -372,6 +372,7 @@ fn need(name: &str, db: &str, cmd: &Document) -> Need {
         "replSetStepDown" | "replSetFreeze" | "replSetSyncFrom" | "replSetStepUp" => cluster("replSetStateChange"),
         "applyOps" => cluster("applyOps"),
         "getAuditConfig" | "setAuditConfig" => cluster("auditConfigure"),
+        "logRotate" => cluster("logRotate"),
         // Member-to-member commands: only the internal user runs them (internal
         // authentication, a keyFile, is not built yet, so no one does under --auth).
         "replSetHeartbeat" | "replSetRequestVotes" | "replSetUpdatePosition" | "replSetGetAcknowledged" => cluster("internal"),

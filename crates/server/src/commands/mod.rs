@@ -149,6 +149,7 @@ command_table! {
     "saslStart" => users::sasl_start,
     "authenticate" => users::authenticate,
     "getAuditConfig" => users::get_audit_config,
+    "logRotate" => users::log_rotate,
     "setAuditConfig" => users::set_audit_config,
     "saslContinue" => users::sasl_continue,
     "logout" => users::logout,

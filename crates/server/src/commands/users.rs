@@ -142,6 +142,21 @@ pub fn logout(ctx: &mut Ctx) -> Result<Document> {
     Ok(Document::new())
 }
 
+/// logRotate: the server logs to stderr (nothing to rotate); the audit file is rotated.
+pub fn log_rotate(ctx: &mut Ctx) -> Result<Document> {
+    if ctx.db != "admin" {
+        return Err(Error::new(Code::Unauthorized, "logRotate may only be run against the admin database."));
+    }
+    match ctx.cmd.get("logRotate") {
+        Some(Bson::String(s)) if !matches!(s.as_str(), "server" | "audit") => return Err(Error::bad_value(format!("Unknown log type for rotate: {s}"))),
+        _ => {}
+    }
+    if let Some(audit) = &ctx.shared.audit {
+        audit.rotate()?;
+    }
+    Ok(Document::new())
+}
+
 pub fn get_audit_config(ctx: &mut Ctx) -> Result<Document> {
     let audit = ctx.shared.audit.as_ref().ok_or_else(|| Error::new(Code::CommandNotSupported, "auditing is not enabled: start the server with auditLog.destination"))?;
     Ok(audit.config())
