@@ -66,8 +66,16 @@ struct Pending {
     events: Vec<Event>,
     /// Write what is queued, then stop (clean shutdown).
     closed: bool,
-    /// logRotate: rename the file aside and start a new one, then answer here.
-    rotate: Option<std::sync::mpsc::Sender<std::result::Result<(), String>>>,
+    /// A change for the writer to make once the events queued before it are written
+    /// (so a new filter applies to events from then on), answered on the sender.
+    control: Option<(Control, std::sync::mpsc::Sender<std::result::Result<(), String>>)>,
+}
+
+enum Control {
+    /// logRotate: rename the file aside and start a new one.
+    Rotate,
+    /// setAuditConfig's filter, as given and compiled.
+    Filter(Document, Option<query::filter::Filter>),
 }
 
 /// Events on their way to the writer.
@@ -136,11 +144,12 @@ impl Audit {
         doc! {"filter": self.filter.read().0.clone(), "auditAuthorizationSuccess": self.authorization_success()}
     }
 
-    /// setAuditConfig: a new filter and/or auditAuthorizationSuccess, for events from now on.
+    /// setAuditConfig: a new filter and/or auditAuthorizationSuccess, for events from now on
+    /// (events queued before are written under the old filter first).
     pub fn set_config(&self, filter: Option<Document>, authorization_success: Option<bool>) -> Result<()> {
         if let Some(f) = filter {
             let compiled = compile(&f)?;
-            *self.filter.write() = (f, compiled);
+            self.control(Control::Filter(f, compiled)).map_err(Error::internal)?;
         }
         if let Some(s) = authorization_success {
             self.authorization_success.store(s, Ordering::Relaxed);
@@ -152,13 +161,25 @@ impl Audit {
     /// everything queued before is written to the old one. Nothing to do for console and
     /// syslog.
     pub fn rotate(&self) -> Result<()> {
+        self.control(Control::Rotate).map_err(|e| Error::new(Code::FileRenameFailed, e))
+    }
+
+    /// Have the writer make `c` after writing what is queued, and wait until it has. One
+    /// change at a time: a second waits for the first.
+    fn control(&self, c: Control) -> std::result::Result<(), String> {
         let (tx, rx) = std::sync::mpsc::channel();
-        self.queue.events.lock().rotate = Some(tx);
-        self.queue.wake.notify_one();
-        match rx.recv() {
-            Ok(r) => r.map_err(|e| Error::new(Code::FileRenameFailed, e)),
-            Err(_) => Err(Error::internal("the audit writer has stopped")),
+        {
+            let mut q = self.queue.events.lock();
+            while q.control.is_some() && !q.closed {
+                self.queue.not_full.wait(&mut q);
+            }
+            if q.closed {
+                return Err("the audit writer has stopped".into());
+            }
+            q.control = Some((c, tx));
         }
+        self.queue.wake.notify_one();
+        rx.recv().unwrap_or_else(|_| Err("the audit writer has stopped".into()))
     }
 
     /// Write everything queued, then stop the writer (clean shutdown).
@@ -239,14 +260,14 @@ fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<std::p
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut batch = Vec::new();
     loop {
-        let (closing, rotate) = {
+        let (closing, control) = {
             let mut q = queue.events.lock();
-            if q.events.len() < WAKE_EVENTS && !q.closed && q.rotate.is_none() {
+            if q.events.len() < WAKE_EVENTS && !q.closed && q.control.is_none() {
                 queue.wake.wait_for(&mut q, FLUSH_INTERVAL);
             }
             // Swap in the (empty) vector written last time: no allocation per batch.
             std::mem::swap(&mut q.events, &mut batch);
-            (q.closed, q.rotate.take())
+            (q.closed, q.control.take())
         };
         queue.not_full.notify_all();
         buf.clear();
@@ -283,11 +304,18 @@ fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<std::p
                 tracing::error!("audit log write failed: {e}");
             }
         }
-        if let Some(reply) = rotate {
-            let _ = reply.send(match &path {
-                Some(p) => rotate_file(p).map(|new| out = new),
-                None => Ok(()),
-            });
+        match control {
+            Some((Control::Rotate, reply)) => {
+                let _ = reply.send(match &path {
+                    Some(p) => rotate_file(p).map(|new| out = new),
+                    None => Ok(()),
+                });
+            }
+            Some((Control::Filter(doc, compiled), reply)) => {
+                *filter.write() = (doc, compiled);
+                let _ = reply.send(Ok(()));
+            }
+            None => {}
         }
         if closing {
             return;
