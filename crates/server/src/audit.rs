@@ -19,10 +19,11 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
 
-/// Events queued for the writer at most; a sender waits beyond (backpressure).
+/// Events queued for the writer at most, and bytes of their commands; a sender waits
+/// beyond either (backpressure).
 const QUEUE_EVENTS_MAX: usize = 65_536;
+const QUEUE_BYTES_MAX: usize = 64 << 20;
 /// The writer wakes this often, or when this many events wait.
 pub const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
 const WAKE_EVENTS: usize = 4_096;
@@ -30,31 +31,51 @@ const WAKE_EVENTS: usize = 4_096;
 /// What an event's `param` holds.
 pub enum Param {
     Doc(Document),
-    /// An authCheck: the command's name, namespace and body (shared with the request).
-    Command { name: String, ns: String, args: Arc<Document> },
+    /// An authCheck: the command as BSON, at this range of the queue's byte buffer. Its
+    /// name, namespace and args are read from it by the writer.
+    Command(std::ops::Range<usize>),
 }
 
-/// Who acted: the connection's addresses, its id, and its user and roles.
-#[derive(Clone)]
+/// Who acted: the connection's addresses, its id, and its user and roles. A connection
+/// keeps one and shares it with each of its events (`ConnState::actor`); its JSON is
+/// rendered once, when it is made.
 pub struct Actor {
     pub local: Option<SocketAddr>,
     pub remote: Option<SocketAddr>,
     pub uuid: bson::Uuid,
     pub users: Vec<(String, String)>,
     pub roles: Vec<(String, String)>,
+    /// `"uuid":…,"local":…,"remote":…,"users":[…],"roles":[…]` as written in a JSON record.
+    json: Box<[u8]>,
 }
 
 impl Actor {
+    pub fn new(local: Option<SocketAddr>, remote: Option<SocketAddr>, uuid: bson::Uuid, users: Vec<(String, String)>, roles: Vec<(String, String)>) -> Actor {
+        let mut json = Vec::with_capacity(256);
+        json.extend_from_slice(b"\"uuid\":");
+        json::binary(&mut json, &uuid.bytes(), 4);
+        json.extend_from_slice(b",\"local\":");
+        json::value(&mut json, &address(local));
+        json.extend_from_slice(b",\"remote\":");
+        json::value(&mut json, &address(remote));
+        json.extend_from_slice(b",\"users\":");
+        json::pairs(&mut json, &users, "user");
+        json.extend_from_slice(b",\"roles\":");
+        json::pairs(&mut json, &roles, "role");
+        Actor { local, remote, uuid, users, roles, json: json.into_boxed_slice() }
+    }
+
     /// The server itself (startup, shutdown).
-    pub fn system() -> Actor {
-        Actor { local: None, remote: None, uuid: bson::Uuid::from_bytes([0; 16]), users: Vec::new(), roles: Vec::new() }
+    pub fn system() -> Arc<Actor> {
+        Arc::new(Actor::new(None, None, bson::Uuid::from_bytes([0; 16]), Vec::new(), Vec::new()))
     }
 }
 
 pub struct Event {
     pub atype: &'static str,
-    pub ts: SystemTime,
-    pub actor: Actor,
+    /// Milliseconds since the epoch (a record's `ts` has millisecond precision).
+    pub ts_ms: i64,
+    pub actor: Arc<Actor>,
     pub param: Param,
     /// 0, or the error code the action ended with.
     pub result: i32,
@@ -64,6 +85,8 @@ pub struct Event {
 #[derive(Default)]
 struct Pending {
     events: Vec<Event>,
+    /// The BSON of the events' commands (`Param::Command`), one after another.
+    bytes: Vec<u8>,
     /// Write what is queued, then stop (clean shutdown).
     closed: bool,
     /// A change for the writer to make once the events queued before it are written
@@ -126,14 +149,43 @@ impl Audit {
 
     /// Queue an event; waits while the queue is full.
     pub fn log(&self, event: Event) {
+        let Some(mut q) = self.room() else { return };
+        q.events.push(event);
+        self.pushed(&q);
+    }
+
+    /// Queue the authCheck record of `command`. The command is encoded as BSON straight into
+    /// the queue's byte buffer: no allocation, and the request's own document is freed by
+    /// the request (a document freed on the writer's thread cost the allocator more than
+    /// the copy does).
+    pub fn log_command(&self, actor: &Arc<Actor>, command: &Document, result: i32) {
+        let ts_ms = bson::DateTime::now().timestamp_millis();
+        let Some(mut q) = self.room() else { return };
+        let start = q.bytes.len();
+        let param = match wire::encode_document_into(&mut q.bytes, command) {
+            Ok(()) => Param::Command(start..q.bytes.len()),
+            Err(e) => {
+                // Not reachable for a command that was decoded from BSON; recorded anyway.
+                q.bytes.truncate(start);
+                Param::Doc(doc! {"command": command.keys().next().map(String::as_str).unwrap_or(""), "error": e.message})
+            }
+        };
+        q.events.push(Event { atype: "authCheck", ts_ms, actor: actor.clone(), param, result });
+        self.pushed(&q);
+    }
+
+    /// The queue, once it has room (or None once the writer has stopped).
+    fn room(&self) -> Option<parking_lot::MutexGuard<'_, Pending>> {
         let mut q = self.queue.events.lock();
-        while q.events.len() >= QUEUE_EVENTS_MAX && !q.closed {
+        while (q.events.len() >= QUEUE_EVENTS_MAX || q.bytes.len() >= QUEUE_BYTES_MAX) && !q.closed {
             self.queue.not_full.wait(&mut q);
         }
-        if q.closed {
-            return; // Closed: nothing is left to write to.
-        }
-        q.events.push(event);
+        // Closed: nothing is left to write to.
+        (!q.closed).then_some(q)
+    }
+
+    /// Wake the writer early when a batch's worth waits.
+    fn pushed(&self, q: &Pending) {
         if q.events.len() == WAKE_EVENTS {
             self.queue.wake.notify_one();
         }
@@ -200,21 +252,17 @@ fn is_crud(name: &str) -> bool {
 }
 
 /// The authCheck record of a command, under authorization: `refused` is the refusal's code.
-pub fn auth_check(shared: &crate::state::Shared, conn: &crate::conn::ConnState, db: &str, name: &str, cmd: &Arc<Document>, refused: Option<i32>) {
+pub fn auth_check(shared: &crate::state::Shared, conn: &mut crate::conn::ConnState, name: &str, cmd: &Document, refused: Option<i32>) {
     let Some(audit) = &shared.audit else { return };
     if !shared.auth.enabled || (refused.is_none() && !(is_crud(name) && audit.authorization_success())) {
         return;
     }
-    let ns = match cmd.get(name) {
-        Some(Bson::String(c)) => format!("{db}.{c}"),
-        _ => db.to_string(),
-    };
-    shared.audit_event("authCheck", &conn.actor(), Param::Command { name: name.to_string(), ns, args: cmd.clone() }, refused.unwrap_or(0));
+    audit.log_command(&conn.actor(), cmd, refused.unwrap_or(0));
 }
 
 /// The record of a command that changed the catalog, users or the set's configuration,
 /// once it succeeded.
-pub fn command_done(shared: &crate::state::Shared, conn: &crate::conn::ConnState, db: &str, name: &str, cmd: &Document) {
+pub fn command_done(shared: &crate::state::Shared, conn: &mut crate::conn::ConnState, db: &str, name: &str, cmd: &Document) {
     let coll = cmd.get_str(name).unwrap_or("");
     let ns = format!("{db}.{coll}");
     let user = |extra: Document| {
@@ -259,28 +307,31 @@ fn compile(filter: &Document) -> Result<Option<query::filter::Filter>> {
 fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<std::path::PathBuf>, format: AuditFormat, filter: Arc<RwLock<(Document, Option<query::filter::Filter>)>>) {
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut batch = Vec::new();
+    let mut bytes = Vec::new();
+    let mut ts = json::TsCache::default();
     loop {
         let (closing, control) = {
             let mut q = queue.events.lock();
             if q.events.len() < WAKE_EVENTS && !q.closed && q.control.is_none() {
                 queue.wake.wait_for(&mut q, FLUSH_INTERVAL);
             }
-            // Swap in the (empty) vector written last time: no allocation per batch.
+            // Swap in the (empty) vectors written last time: no allocation per batch.
             std::mem::swap(&mut q.events, &mut batch);
+            std::mem::swap(&mut q.bytes, &mut bytes);
             (q.closed, q.control.take())
         };
         queue.not_full.notify_all();
         buf.clear();
         let f = filter.read();
         for event in batch.drain(..) {
-            // Without a filter, JSON records are written straight from the event: no
-            // record document, no copy of the command.
+            // Without a filter, JSON records are written straight from the event and the
+            // command's BSON: no record document is built.
             if f.1.is_none() && format == AuditFormat::Json {
-                json::record(&mut buf, &event);
+                json::record(&mut buf, &event, &bytes, &mut ts);
                 buf.push(b'\n');
                 continue;
             }
-            let record = record(event);
+            let record = record(event, &bytes);
             if f.1.as_ref().is_some_and(|f| !f.matches(&record)) {
                 continue;
             }
@@ -297,6 +348,7 @@ fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<std::p
             }
         }
         drop(f);
+        bytes.clear();
         // One write per batch; a failure is reported and the writer goes on, so that a
         // full disk does not also stop the server.
         if !buf.is_empty() {
@@ -323,6 +375,19 @@ fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<std::p
     }
 }
 
+/// An authCheck's command name and namespace, from its BSON: the first field's name, and
+/// `$db` joined with the first field's value when that is a collection name.
+fn command_name_ns(cmd: &bson::RawDocument) -> (&str, String) {
+    let first = cmd.iter().next().and_then(|r| r.ok());
+    let name = first.as_ref().map(|(k, _)| k.as_str()).unwrap_or("");
+    let db = cmd.get_str("$db").unwrap_or("");
+    let ns = match first {
+        Some((_, bson::RawBsonRef::String(c))) => format!("{db}.{c}"),
+        _ => db.to_string(),
+    };
+    (name, ns)
+}
+
 /// Rename the audit file `<path>.<UTC time>` (mongod's rotated name) and open a new one.
 fn rotate_file(path: &std::path::Path) -> std::result::Result<Box<dyn Write + Send>, String> {
     let stamp = bson::DateTime::now().try_to_rfc3339_string().unwrap_or_default().replace(':', "-");
@@ -347,16 +412,23 @@ fn address(a: Option<SocketAddr>) -> Bson {
     }
 }
 
-/// The record MongoDB writes for an event.
-fn record(e: Event) -> Document {
+/// The record MongoDB writes for an event; `bytes` holds the commands of its batch.
+fn record(e: Event, bytes: &[u8]) -> Document {
     let pairs = |v: &[(String, String)], key: &str| -> Vec<Bson> { v.iter().map(|(n, d)| Bson::Document(doc! {key: n, "db": d})).collect() };
     let param = match e.param {
         Param::Doc(d) => d,
-        Param::Command { name, ns, args } => doc! {"command": name, "ns": ns, "args": crate::auth::redacted(&args)},
+        Param::Command(range) => match bson::RawDocument::from_bytes(&bytes[range]) {
+            Ok(raw) => {
+                let (name, ns) = command_name_ns(raw);
+                let args = Document::try_from(raw).unwrap_or_default();
+                doc! {"command": name, "ns": ns, "args": crate::auth::redacted(&args)}
+            }
+            Err(e) => doc! {"error": e.to_string()},
+        },
     };
     doc! {
         "atype": e.atype,
-        "ts": bson::DateTime::from_system_time(e.ts),
+        "ts": bson::DateTime::from_millis(e.ts_ms),
         "uuid": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: e.actor.uuid.bytes().to_vec() }),
         "local": address(e.actor.local),
         "remote": address(e.actor.remote),
@@ -403,41 +475,102 @@ impl Write for Syslog {
 /// tree for every record.
 mod json {
     use super::{Event, Param};
-    use bson::{Bson, Document};
+    use bson::{Bson, Document, RawBsonRef};
     use std::io::Write as _;
 
-    pub fn record(buf: &mut Vec<u8>, e: &Event) {
+    /// The last timestamp written, so that the events of one millisecond format it once.
+    #[derive(Default)]
+    pub struct TsCache {
+        ms: Option<i64>,
+        text: Vec<u8>,
+    }
+
+    pub fn record(buf: &mut Vec<u8>, e: &Event, bytes: &[u8], ts: &mut TsCache) {
         buf.extend_from_slice(b"{\"atype\":");
         string(buf, e.atype);
         buf.extend_from_slice(b",\"ts\":");
-        value(buf, &Bson::DateTime(bson::DateTime::from_system_time(e.ts)));
-        buf.extend_from_slice(b",\"uuid\":");
-        binary(buf, &e.actor.uuid.bytes(), 4);
-        buf.extend_from_slice(b",\"local\":");
-        value(buf, &super::address(e.actor.local));
-        buf.extend_from_slice(b",\"remote\":");
-        value(buf, &super::address(e.actor.remote));
-        buf.extend_from_slice(b",\"users\":");
-        pairs(buf, &e.actor.users, "user");
-        buf.extend_from_slice(b",\"roles\":");
-        pairs(buf, &e.actor.roles, "role");
+        if ts.ms != Some(e.ts_ms) {
+            ts.text.clear();
+            value(&mut ts.text, &Bson::DateTime(bson::DateTime::from_millis(e.ts_ms)));
+            ts.ms = Some(e.ts_ms);
+        }
+        buf.extend_from_slice(&ts.text);
+        buf.push(b',');
+        buf.extend_from_slice(&e.actor.json);
         buf.extend_from_slice(b",\"param\":");
         match &e.param {
             Param::Doc(d) => document(buf, d, &[]),
-            Param::Command { name, ns, args } => {
-                buf.extend_from_slice(b"{\"command\":");
-                string(buf, name);
-                buf.extend_from_slice(b",\"ns\":");
-                string(buf, ns);
-                buf.extend_from_slice(b",\"args\":");
-                document(buf, args, &crate::auth::SECRET_FIELDS);
-                buf.push(b'}');
-            }
+            Param::Command(range) => match bson::RawDocument::from_bytes(&bytes[range.clone()]) {
+                Ok(raw) => {
+                    let (name, ns) = super::command_name_ns(raw);
+                    buf.extend_from_slice(b"{\"command\":");
+                    string(buf, name);
+                    buf.extend_from_slice(b",\"ns\":");
+                    string(buf, &ns);
+                    buf.extend_from_slice(b",\"args\":");
+                    raw_document(buf, raw, &crate::auth::SECRET_FIELDS);
+                    buf.push(b'}');
+                }
+                Err(e) => document(buf, &bson::doc! {"error": e.to_string()}, &[]),
+            },
         }
         let _ = write!(buf, ",\"result\":{}}}", e.result);
     }
 
-    fn pairs(buf: &mut Vec<u8>, v: &[(String, String)], key: &str) {
+    /// A BSON document as relaxed extended JSON, read in place, with the top-level fields
+    /// named in `secrets` written as "xxx".
+    fn raw_document(buf: &mut Vec<u8>, d: &bson::RawDocument, secrets: &[&str]) {
+        buf.push(b'{');
+        for (i, el) in d.iter().enumerate() {
+            let Ok((k, v)) = el else { break };
+            let k = k.as_str();
+            if i > 0 {
+                buf.push(b',');
+            }
+            string(buf, k);
+            buf.push(b':');
+            if secrets.contains(&k) {
+                string(buf, "xxx");
+            } else {
+                raw_value(buf, v);
+            }
+        }
+        buf.push(b'}');
+    }
+
+    fn raw_value(buf: &mut Vec<u8>, v: RawBsonRef<'_>) {
+        match v {
+            RawBsonRef::String(s) => string(buf, s),
+            RawBsonRef::Int32(n) => {
+                let _ = write!(buf, "{n}");
+            }
+            RawBsonRef::Int64(n) => {
+                let _ = write!(buf, "{n}");
+            }
+            RawBsonRef::Boolean(b) => buf.extend_from_slice(if b { b"true" } else { b"false" }),
+            RawBsonRef::Null => buf.extend_from_slice(b"null"),
+            RawBsonRef::Document(d) => raw_document(buf, d, &[]),
+            RawBsonRef::Array(a) => {
+                buf.push(b'[');
+                for (i, x) in a.into_iter().enumerate() {
+                    let Ok(x) = x else { break };
+                    if i > 0 {
+                        buf.push(b',');
+                    }
+                    raw_value(buf, x);
+                }
+                buf.push(b']');
+            }
+            RawBsonRef::Binary(b) => binary(buf, b.bytes, u8::from(b.subtype)),
+            // The rest as the owned value would be written.
+            other => match Bson::try_from(other) {
+                Ok(b) => value(buf, &b),
+                Err(_) => buf.extend_from_slice(b"null"),
+            },
+        }
+    }
+
+    pub(super) fn pairs(buf: &mut Vec<u8>, v: &[(String, String)], key: &str) {
         buf.push(b'[');
         for (i, (n, d)) in v.iter().enumerate() {
             if i > 0 {
@@ -472,10 +605,14 @@ mod json {
         buf.push(b'}');
     }
 
-    fn binary(buf: &mut Vec<u8>, bytes: &[u8], subtype: u8) {
+    pub(super) fn binary(buf: &mut Vec<u8>, bytes: &[u8], subtype: u8) {
         use base64::Engine as _;
         buf.extend_from_slice(b"{\"$binary\":{\"base64\":\"");
-        buf.extend_from_slice(base64::engine::general_purpose::STANDARD.encode(bytes).as_bytes());
+        // Encoded in place, without a String per value.
+        let at = buf.len();
+        buf.resize(at + base64::encoded_len(bytes.len(), true).unwrap_or(0), 0);
+        let n = base64::engine::general_purpose::STANDARD.encode_slice(bytes, &mut buf[at..]).unwrap_or(0);
+        buf.truncate(at + n);
         let _ = write!(buf, "\",\"subType\":\"{subtype:02x}\"}}}}");
     }
 
@@ -516,24 +653,30 @@ mod json {
         }
     }
 
+    /// A JSON string: runs that need no escape are copied whole.
     fn string(buf: &mut Vec<u8>, s: &str) {
         buf.push(b'"');
-        for c in s.chars() {
-            match c {
-                '"' => buf.extend_from_slice(b"\\\""),
-                '\\' => buf.extend_from_slice(b"\\\\"),
-                '\n' => buf.extend_from_slice(b"\\n"),
-                '\r' => buf.extend_from_slice(b"\\r"),
-                '\t' => buf.extend_from_slice(b"\\t"),
-                c if (c as u32) < 0x20 => {
-                    let _ = write!(buf, "\\u{:04x}", c as u32);
-                }
-                c => {
-                    let mut b = [0u8; 4];
-                    buf.extend_from_slice(c.encode_utf8(&mut b).as_bytes());
-                }
+        let bytes = s.as_bytes();
+        let mut run = 0;
+        for (i, &b) in bytes.iter().enumerate() {
+            let escaped: &[u8] = match b {
+                b'"' => b"\\\"",
+                b'\\' => b"\\\\",
+                b'\n' => b"\\n",
+                b'\r' => b"\\r",
+                b'\t' => b"\\t",
+                0..=0x1f => b"",
+                _ => continue,
+            };
+            buf.extend_from_slice(&bytes[run..i]);
+            run = i + 1;
+            if escaped.is_empty() {
+                let _ = write!(buf, "\\u{b:04x}");
+            } else {
+                buf.extend_from_slice(escaped);
             }
         }
+        buf.extend_from_slice(&bytes[run..]);
         buf.push(b'"');
     }
 
@@ -553,7 +696,30 @@ mod json {
             let mut buf = Vec::new();
             value(&mut buf, &Bson::Document(d.clone()));
             let ours: serde_json::Value = serde_json::from_slice(&buf).unwrap();
-            assert_eq!(ours, Bson::Document(d).into_relaxed_extjson());
+            assert_eq!(ours, Bson::Document(d.clone()).into_relaxed_extjson());
+            // Read in place from BSON, the same text.
+            let mut raw_buf = Vec::new();
+            let bytes = d.to_vec().unwrap();
+            raw_document(&mut raw_buf, bson::RawDocument::from_bytes(&bytes).unwrap(), &[]);
+            assert_eq!(String::from_utf8(raw_buf).unwrap(), String::from_utf8(buf).unwrap());
+        }
+
+        #[test]
+        fn a_command_record_names_the_command_and_hides_secrets() {
+            let cmd = doc! {"createUser": "ann", "pwd": "secret", "roles": [], "$db": "admin"};
+            let bytes = cmd.to_vec().unwrap();
+            let actor = std::sync::Arc::new(crate::audit::Actor::new(None, None, bson::Uuid::from_bytes([7; 16]), vec![("u".into(), "admin".into())], vec![("root".into(), "admin".into())]));
+            let e = Event { atype: "authCheck", ts_ms: 1_700_000_000_123, actor, param: Param::Command(0..bytes.len()), result: 13 };
+            let mut buf = Vec::new();
+            record(&mut buf, &e, &bytes, &mut TsCache::default());
+            let json: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+            let owned = Bson::Document(super::super::record(e, &bytes)).into_relaxed_extjson();
+            assert_eq!(json, owned);
+            assert_eq!(json["param"]["command"], "createUser");
+            assert_eq!(json["param"]["ns"], "admin.ann");
+            assert_eq!(json["param"]["args"]["pwd"], "xxx");
+            assert_eq!(json["users"][0]["user"], "u");
+            assert_eq!(json["ts"]["$date"], "2023-11-14T22:13:20.123Z");
         }
     }
 }

@@ -49,19 +49,29 @@ pub struct ConnState {
     pub local: Option<SocketAddr>,
     /// The connection's id in audit records (`uuid`).
     pub uuid: bson::Uuid,
+    /// The last audit actor made (`actor`).
+    pub audit_actor: Option<Arc<crate::audit::Actor>>,
 }
 
 impl ConnState {
-    /// Who acts, for an audit record.
-    pub fn actor(&self) -> crate::audit::Actor {
+    /// Who acts, for an audit record: made again only when the user or their roles changed
+    /// since the last one, and otherwise shared by the connection's records.
+    pub fn actor(&mut self) -> Arc<crate::audit::Actor> {
         let user = self.auth.user.as_ref();
-        crate::audit::Actor {
-            local: self.local,
-            remote: Some(self.remote),
-            uuid: self.uuid,
-            users: user.map(|u| vec![(u.user.clone(), u.db.clone())]).unwrap_or_default(),
-            roles: user.map(|u| u.roles.clone()).unwrap_or_default(),
+        if let Some(a) = &self.audit_actor {
+            let same = match user {
+                None => a.users.is_empty(),
+                Some(u) => a.users.len() == 1 && a.users[0].0 == u.user && a.users[0].1 == u.db && a.roles == u.roles,
+            };
+            if same {
+                return a.clone();
+            }
         }
+        let users = user.map(|u| vec![(u.user.clone(), u.db.clone())]).unwrap_or_default();
+        let roles = user.map(|u| u.roles.clone()).unwrap_or_default();
+        let a = Arc::new(crate::audit::Actor::new(self.local, Some(self.remote), self.uuid, users, roles));
+        self.audit_actor = Some(a.clone());
+        a
     }
 }
 
@@ -110,7 +120,7 @@ pub struct AwaitData {
 pub async fn serve(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None, auth: Default::default(), local: stream.local_addr().ok(), uuid: bson::Uuid::new() };
+    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None, auth: Default::default(), local: stream.local_addr().ok(), uuid: bson::Uuid::new(), audit_actor: None };
     tracing::debug!(conn = id, %remote, "connection accepted");
     match shared.tls.accept(stream).await {
         Ok(mut stream) => {

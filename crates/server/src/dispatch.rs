@@ -370,7 +370,7 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Docum
     }
     let checked = crate::auth::check(shared, conn, &req.db, &req.name, &req.body);
     if shared.audit.is_some() {
-        crate::audit::auth_check(shared, conn, &req.db, &req.name, &req.body, checked.as_ref().err().map(|e| e.code));
+        crate::audit::auth_check(shared, conn, &req.name, &req.body, checked.as_ref().err().map(|e| e.code));
     }
     if let Err(e) = checked {
         return error_reply(&with_topology_version(shared, e));

@@ -3,6 +3,7 @@
 //! audit, sharding, log shipping) implements `Scenario` using `ScenarioContext` to start nodes
 //! and run phases; the report and chart writers are shared.
 
+pub mod audit;
 pub mod chaining;
 pub mod logship;
 pub mod chart;
@@ -32,7 +33,7 @@ pub trait Scenario: Send + Sync {
 
 /// Every scenario `shoal bench scenario NAME` knows.
 pub fn registry() -> Vec<Box<dyn Scenario>> {
-    vec![Box::new(instance::Instance), Box::new(chaining::Chaining), Box::new(logship::Logship)]
+    vec![Box::new(instance::Instance), Box::new(chaining::Chaining), Box::new(logship::Logship), Box::new(audit::Audit)]
 }
 
 /// A server process started by a scenario; killed when dropped.

@@ -162,6 +162,11 @@ impl CoreWorkload {
         })
     }
 
+    /// The key the run's next insert takes.
+    pub fn next_insert_key(&self) -> i64 {
+        self.transaction_insert_key_sequence.last_value() + 1
+    }
+
     pub fn has_operations(&self) -> bool {
         !self.operation_chooser.is_empty()
     }
