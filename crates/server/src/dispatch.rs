@@ -375,7 +375,16 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Docum
     if let Err(e) = checked {
         return error_reply(&with_topology_version(shared, e));
     }
-    match prepare_and_run(shared, conn, &req, handler) {
+    if shared.audit.is_some() {
+        crate::audit::watch_creations();
+    }
+    let result = prepare_and_run(shared, conn, &req, handler);
+    if shared.audit.is_some() {
+        // What the command created is recorded even if it then failed (an insert into a new
+        // collection whose document was refused leaves the collection).
+        crate::audit::creations_done(shared, conn);
+    }
+    match result {
         Ok(mut reply) => {
             if shared.audit.is_some() {
                 crate::audit::command_done(shared, conn, &req.db, &req.name, &req.body);

@@ -71,6 +71,12 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
     };
     let shared = Arc::new(Shared::new(config, store, repl, tls, audit));
     shared.audit_event("startup", &audit::Actor::system(), audit::Param::Doc(bson::doc! {"options": shared.config.parsed.clone()}), 0);
+    if shared.audit.is_some() {
+        shared.store.on_create(audit::note_created);
+        // A runtime configuration set before (setAuditConfig) replaces auditLog.filter and
+        // auditAuthorizationSuccess from the configuration file, as in mongod.
+        audit::load_stored(&shared)?;
+    }
     repl::spawn_tasks(shared.clone())?;
     tracing::info!(port = shared.config.port, dbpath = %shared.config.dbpath.display(), fd_limit = fds, "waiting for connections");
 

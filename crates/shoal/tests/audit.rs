@@ -113,7 +113,18 @@ async fn every_audited_event_is_recorded_once_with_its_fields() {
     assert!(ok.contains(&"admin".to_string()) && ok.contains(&"ann".to_string()), "{logins:#?}");
     assert_eq!(logins.iter().filter(|r| r.get_i32("result").ok() == Some(18)).count(), 1, "{logins:#?}");
     // DDL and user management, once each.
-    for (atype, n) in [("createCollection", 1), ("createIndex", 1), ("dropIndex", 1), ("renameCollection", 1), ("dropCollection", 1), ("dropDatabase", 1), ("grantRolesToUser", 1), ("revokeRolesFromUser", 1), ("updateUser", 1), ("dropUser", 1)] {
+    // Creations, explicit (create) and implicit (the first insert), each with the database
+    // it started, once.
+    let ns_of = |atype: &str| -> Vec<String> { of(&records, atype).iter().map(|r| r.get_document("param").unwrap().get_str("ns").unwrap().to_string()).collect() };
+    let created = ns_of("createCollection");
+    for ns in ["app.c", "app.made"] {
+        assert_eq!(created.iter().filter(|c| *c == ns).count(), 1, "{created:?}");
+    }
+    let dbs = ns_of("createDatabase");
+    assert_eq!(dbs.iter().filter(|d| *d == "app").count(), 1, "{dbs:?}");
+    let first_create = records.iter().position(|r| r.get_str("atype").ok() == Some("createCollection") && r.get_document("param").unwrap().get_str("ns").ok() == Some("app.c")).unwrap();
+    assert_eq!(records[first_create - 1].get_str("atype").unwrap(), "createDatabase", "the database's record comes first");
+    for (atype, n) in [("createIndex", 1), ("dropIndex", 1), ("renameCollection", 1), ("dropCollection", 1), ("dropDatabase", 1), ("grantRolesToUser", 1), ("revokeRolesFromUser", 1), ("updateUser", 1), ("dropUser", 1)] {
         assert_eq!(of(&records, atype).len(), n, "{atype}");
     }
     assert_eq!(of(&records, "createUser").len(), 2, "admin through the localhost exception, then ann");

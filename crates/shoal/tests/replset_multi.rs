@@ -1447,3 +1447,66 @@ async fn members_that_require_tls_replicate_over_tls_with_each_others_certificat
     assert!(admin(&plain, doc! {"ping": 1}).await.is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// getAuditConfig of member `i`.
+async fn audit_config(set: &Set, i: usize) -> Document {
+    admin(&direct(&set.members[i]).await, doc! {"getAuditConfig": 1}).await.unwrap()
+}
+
+#[tokio::test]
+async fn set_audit_config_on_the_primary_reaches_every_member_and_outlives_a_restart() {
+    let dir = std::env::temp_dir().join(format!("shoal-audit-set-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let paths: Vec<String> = (0..3).map(|i| dir.join(format!("m{i}.json")).display().to_string()).collect();
+    let args: Vec<Vec<&str>> = paths.iter().map(|p| vec!["--auditDestination", "file", "--auditPath", p.as_str()]).collect();
+    let args: Vec<&[&str]> = args.iter().map(|a| a.as_slice()).collect();
+    let mut set = Set::start_with_args(3, doc! {"chainingAllowed": false}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}], &args).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    for i in 1..3 {
+        set.wait_for_secondary(i).await;
+    }
+    let filter = doc! {"atype": {"$in": ["createCollection", "dropCollection"]}};
+    let primary = direct(&set.members[0]).await;
+    admin(&primary, doc! {"setAuditConfig": 1, "filter": filter.clone(), "auditAuthorizationSuccess": true}).await.unwrap();
+    let on_primary = audit_config(&set, 0).await;
+    let generation = on_primary.get_object_id("generation").expect("a generation").to_owned();
+    assert_eq!(on_primary.get_document("filter").unwrap(), &filter);
+    // Only the primary takes a new configuration; a secondary says so as mongod does.
+    let e = admin(&direct(&set.members[1]).await, doc! {"setAuditConfig": 1, "auditAuthorizationSuccess": false}).await.unwrap_err();
+    assert_eq!(error_code(&e), Some(10107), "{e}");
+    // The secondaries take it from the oplog.
+    for i in 1..3 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let c = audit_config(&set, i).await;
+            if c.get_object_id("generation").ok() == Some(generation) {
+                assert_eq!(c.get_document("filter").unwrap(), &filter);
+                assert_eq!(c.get_bool("auditAuthorizationSuccess").unwrap(), true);
+                break;
+            }
+            assert!(Instant::now() < deadline, "member {i} did not take the audit configuration: {c}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // The primary applies the new filter: the insert's new collection is recorded, its new
+    // database (which the filter leaves out) is not.
+    set.client().await.database("app").collection::<Document>("c").insert_one(doc! {"_id": 1}).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&paths[0]).unwrap_or_default();
+        let records: Vec<serde_json::Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        let is = |r: &serde_json::Value, atype: &str, ns: &str| r["atype"] == atype && r["param"]["ns"] == ns;
+        if records.iter().any(|r| is(r, "createCollection", "app.c")) {
+            assert!(!records.iter().any(|r| is(r, "createDatabase", "app")), "{records:#?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no createCollection record for app.c: {records:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A restarted member comes back with the configuration it had.
+    set.members[2].restart();
+    set.wait_for_secondary(2).await;
+    assert_eq!(audit_config(&set, 2).await.get_object_id("generation").ok(), Some(generation));
+    let _ = std::fs::remove_dir_all(&dir);
+}

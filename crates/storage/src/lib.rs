@@ -1492,7 +1492,14 @@ struct StoreInner {
     catalog: Mutex<()>,
     colls: RwLock<BTreeMap<(String, String), Arc<CollState>>>,
     ttl: Arc<TtlMonitor>,
+    /// Told of every collection created (`Store::on_create`).
+    create_hook: std::sync::OnceLock<CreateHook>,
 }
+
+/// Called after a collection is created, with its database and name, and whether the
+/// database is new with it (the audit log's createCollection and createDatabase records).
+/// Runs on the creating thread, inside the catalog lock: it must only take note.
+pub type CreateHook = fn(db: &str, coll: &str, new_db: bool);
 
 /// The TTL monitor thread's controls. The thread holds the store only weakly (and strongly
 /// only during a pass), so dropping the last `Store` stops it.
@@ -1624,7 +1631,7 @@ impl Store {
             oplog: RwLock::new(None),
         });
         let ttl = Arc::new(TtlMonitor { enabled: AtomicBool::new(true), stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
-        Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl }) }
+        Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl, create_hook: std::sync::OnceLock::new() }) }
     }
 
     /// Open a store over any engine, loading its catalog and finishing interrupted drops.
@@ -1722,6 +1729,11 @@ impl Store {
         colls.range((db.to_string(), String::new())..).take_while(|((d, _), _)| d == db).map(|(_, c)| c.clone()).collect()
     }
 
+    /// Have `hook` told of every collection created from now on (once per store).
+    pub fn on_create(&self, hook: CreateHook) {
+        let _ = self.inner.create_hook.set(hook);
+    }
+
     pub fn collection(&self, db: &str, name: &str) -> Option<Collection> {
         self.inner.colls.read().get(&(db.to_string(), name.to_string())).map(|c| Collection { state: c.clone() })
     }
@@ -1783,8 +1795,16 @@ impl Store {
             dropped: AtomicBool::new(false),
             removals: AtomicU64::new(0),
         });
-        self.inner.colls.write().insert((db.to_string(), name.to_string()), st.clone());
+        let new_db = {
+            let mut colls = self.inner.colls.write();
+            let new_db = colls.range((db.to_string(), String::new())..).next().is_none_or(|((d, _), _)| d != db);
+            colls.insert((db.to_string(), name.to_string()), st.clone());
+            new_db
+        };
         shared.commit_durable()?;
+        if let Some(hook) = self.inner.create_hook.get() {
+            hook(db, name, new_db);
+        }
         Ok(Collection { state: st })
     }
 

@@ -14,7 +14,7 @@ use crate::target::BoxFuture;
 use crate::ycsb::{props::Properties, Phase, YcsbResult};
 use anyhow::{bail, Context, Result};
 use mongodb::bson::doc;
-use std::path::PathBuf;
+use std::path::Path;
 
 pub struct Audit;
 
@@ -28,15 +28,15 @@ const PASSWORD: &str = "bench";
 pub struct Sizes {
     pub record_count: u64,
     pub seconds_per_run: u64,
-    /// Runs of each mix on each node (alternating which node goes first).
+    /// Runs of each mix on each node (each round starting with the next node).
     pub rounds: u64,
 }
 
 pub fn sizes(quick: bool) -> Sizes {
     if quick {
-        Sizes { record_count: 20_000, seconds_per_run: 8, rounds: 1 }
+        Sizes { record_count: 20_000, seconds_per_run: 6, rounds: 1 }
     } else {
-        Sizes { record_count: 100_000, seconds_per_run: 30, rounds: 3 }
+        Sizes { record_count: 100_000, seconds_per_run: 10, rounds: 4 }
     }
 }
 
@@ -106,10 +106,78 @@ impl Totals {
     }
 }
 
-/// Lines in the audit file: one record each.
-fn records_in(path: &PathBuf) -> Result<u64> {
-    let bytes = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
-    Ok(bytes.iter().filter(|b| **b == b'\n').count() as u64)
+/// Rotate the audited node's file (logRotate writes every record queued before it first),
+/// count the rotated file's records (one per line) and delete it: the report needs the
+/// count, and a full run writes several GB of records.
+async fn rotate_and_count(client: &mongodb::Client, path: &Path, format: Format) -> Result<(u64, u64)> {
+    client.database("admin").run_command(doc! {"logRotate": "audit"}).await.context("logRotate")?;
+    let name = path.file_name().and_then(|n| n.to_str()).context("audit file name")?.to_string();
+    let dir = path.parent().context("audit file directory")?;
+    let (mut records, mut bytes) = (0, 0);
+    for entry in std::fs::read_dir(dir).with_context(|| format!("list {}", dir.display()))? {
+        let entry = entry?;
+        let rotated = entry.file_name().to_str().is_some_and(|n| n.starts_with(&format!("{name}.")));
+        if rotated {
+            let n = std::fs::metadata(entry.path())?.len();
+            records += match format {
+                Format::Json => count_lines(&entry.path())?,
+                Format::Bson => count_documents(&entry.path())?,
+            };
+            bytes += n;
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok((records, bytes))
+}
+
+#[derive(Clone, Copy)]
+enum Format {
+    Json,
+    Bson,
+}
+
+impl Format {
+    fn name(self) -> &'static str {
+        match self {
+            Format::Json => "JSON",
+            Format::Bson => "BSON",
+        }
+    }
+}
+
+/// Records in a JSON audit file: one per line.
+fn count_lines(path: &Path) -> Result<u64> {
+    use std::io::Read as _;
+    let mut f = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut lines = 0;
+    loop {
+        let n = f.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(lines);
+        }
+        lines += chunk[..n].iter().filter(|b| **b == b'\n').count() as u64;
+    }
+}
+
+/// Records in a BSON audit file: documents one after another, each led by its length.
+fn count_documents(path: &Path) -> Result<u64> {
+    use std::io::Read as _;
+    let mut f = std::io::BufReader::new(std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?);
+    let len = f.get_ref().metadata()?.len();
+    let (mut at, mut docs) = (0u64, 0u64);
+    let mut prefix = [0u8; 4];
+    while at < len {
+        f.read_exact(&mut prefix).with_context(|| format!("{}: a record cut short at byte {at}", path.display()))?;
+        let n = u32::from_le_bytes(prefix) as u64;
+        if n < 5 || at + n > len {
+            bail!("{}: a record of {n} bytes at byte {at} does not fit the file ({len} bytes)", path.display());
+        }
+        f.seek_relative(n as i64 - 4)?;
+        at += n;
+        docs += 1;
+    }
+    Ok(docs)
 }
 
 impl Scenario for Audit {
@@ -130,25 +198,24 @@ impl Scenario for Audit {
             if let Some(s) = ctx.sizes.seconds_per_phase {
                 sizes.seconds_per_run = s.max(1);
             }
-            let audit_path = ctx.work_dir.join("audit.json");
-            let off = ctx.start_node("audit-off", &["--auth".to_string()])?;
-            let on_args: Vec<String> = [
-                "--auth",
-                "--auditDestination",
-                "file",
-                "--auditFormat",
-                "JSON",
-                "--auditPath",
-                audit_path.to_str().context("work dir path is not UTF-8")?,
-                "--setParameter",
-                "auditAuthorizationSuccess=true",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            let on = ctx.start_node("audit-on", &on_args)?;
+            // The nodes: no audit, and every CRUD command audited to a file in each format.
+            let mut nodes = Vec::new();
+            let mut paths = Vec::new();
+            for (name, format) in [("audit-off", None), ("audit-json", Some(Format::Json)), ("audit-bson", Some(Format::Bson))] {
+                let mut args = vec!["--auth".to_string()];
+                if let Some(f) = format {
+                    let p = ctx.work_dir.join(format!("{name}.audit"));
+                    let p_str = p.to_str().context("work dir path is not UTF-8")?.to_string();
+                    args.extend(["--auditDestination", "file", "--auditFormat", f.name(), "--auditPath", &p_str, "--setParameter", "auditAuthorizationSuccess=true"].map(String::from));
+                    paths.push(Some((p, f)));
+                } else {
+                    paths.push(None);
+                }
+                nodes.push(ctx.start_node(name, &args)?);
+            }
             let mut urls = Vec::new();
-            for node in [off, on] {
+            let mut clients = Vec::new();
+            for &node in &nodes {
                 // The localhost exception lets the first user in.
                 let port = ctx.nodes[node].port;
                 let c = super::chaining::direct(port).await?;
@@ -156,7 +223,9 @@ impl Scenario for Audit {
                     .run_command(doc! {"createUser": USER, "pwd": PASSWORD, "roles": [{"role": "root", "db": "admin"}]})
                     .await
                     .context("createUser")?;
-                urls.push(format!("mongodb://{USER}:{PASSWORD}@127.0.0.1:{port}/ycsb?authSource=admin"));
+                let url = format!("mongodb://{USER}:{PASSWORD}@127.0.0.1:{port}/ycsb?authSource=admin");
+                clients.push(mongodb::Client::with_uri_str(&url).await?);
+                urls.push(url);
             }
             let node_names: Vec<String> = ctx.nodes.iter().map(|n| n.name.clone()).collect();
 
@@ -164,94 +233,102 @@ impl Scenario for Audit {
             let mut load_props = mix_properties(sizes, (0, 100, 0), sizes.record_count, sizes.record_count);
             load_props.set("batchsize", "100");
             for (i, url) in urls.iter().enumerate() {
-                let label = format!("load {}", node_names[[off, on][i]]);
+                let label = format!("load {}", node_names[nodes[i]]);
                 let r = ctx.ycsb(&label, Phase::Load, url, &load_props).await?;
                 phases.push(PhaseTimeline { label, timeline: r.timeline.clone(), node_names: node_names.clone() });
             }
-            let records_before = records_in(&audit_path)?;
+            let (mut records_total, mut audit_bytes) = (0u64, 0u64);
+            for (i, p) in paths.iter().enumerate() {
+                if let Some((path, format)) = p {
+                    let (n, b) = rotate_and_count(&clients[i], path, *format).await?;
+                    records_total += n;
+                    audit_bytes += b;
+                }
+            }
 
-            let mut table = Table {
-                title: "Audit off and on, per insert:read:update mix".into(),
-                headers: [
-                    "Mix (insert:read:update)",
-                    "Off (ops/s)",
-                    "On (ops/s)",
-                    "On / off",
-                    "Avg latency off (µs)",
-                    "Avg latency on (µs)",
-                    "Latency added (µs)",
-                    "Server CPU off (% of a core)",
-                    "Server CPU on (% of a core)",
-                    "Audit records per operation",
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-                rows: Vec::new(),
-            };
+            let headers = [
+                "Mix (insert:read:update)",
+                "Off (ops/s)",
+                "JSON (ops/s)",
+                "JSON / off",
+                "BSON (ops/s)",
+                "BSON / off",
+                "Avg latency off (µs)",
+                "Latency added, JSON (µs)",
+                "Latency added, BSON (µs)",
+                "Server CPU off / JSON / BSON (% of a core)",
+                "Records per operation (JSON, BSON)",
+            ];
+            let mut table = Table { title: "Audit off and on, per insert:read:update mix".into(), headers: headers.iter().map(|s| s.to_string()).collect(), rows: Vec::new() };
             // The next new key per node: each node's inserts go past all of its earlier ones.
-            let mut next_key = [sizes.record_count; 2];
-            let mut worst_ratio = f64::MAX;
-            let mut worst_added_us = f64::MIN;
-            let mut round_index = 0u64;
+            let mut next_key = [sizes.record_count; 3];
+            // Worst on/off ratio and latency added, per format.
+            let mut worst = [(f64::MAX, f64::MIN); 2];
+            let mut round_index = 0usize;
             for mix in MIXES {
                 let (i, r, u) = mix;
                 let mix_label = format!("{i}:{r}:{u}");
-                let mut totals = [Totals::default(); 2];
-                let mut audited_ops = 0u64;
-                let records = records_in(&audit_path)?;
+                let mut totals = [Totals::default(); 3];
+                let mut audited_ops = [0u64; 3];
                 for _ in 0..sizes.rounds {
-                    let order = if round_index % 2 == 0 { [0, 1] } else { [1, 0] };
+                    // Each round starts with the next node: every node goes first, second and
+                    // last equally often.
+                    let order = [0, 1, 2].map(|k| (k + round_index) % 3);
                     round_index += 1;
                     for which in order {
-                        let node = [off, on][which];
-                        let label = format!("{mix_label} {}", if which == 0 { "off" } else { "on" });
+                        let node = nodes[which];
+                        let label = format!("{mix_label} {}", node_names[node]);
                         let props = mix_properties(sizes, mix, sizes.record_count, next_key[which]);
                         let result = ctx.ycsb(&label, Phase::Run, &urls[which], &props).await?;
                         next_key[which] += result.operations_of("INSERT");
                         totals[which].add(&result, cpu_avg(&result, node));
-                        if which == 1 {
-                            audited_ops += ops_and_latency(&result).0;
-                        }
+                        audited_ops[which] += ops_and_latency(&result).0;
                         phases.push(PhaseTimeline { label, timeline: result.timeline.clone(), node_names: node_names.clone() });
                     }
                 }
-                // Records reach the file within the writer's flush interval.
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                let written = records_in(&audit_path)?;
-                let per_op = (written - records) as f64 / audited_ops.max(1) as f64;
-                if per_op < 1.0 {
-                    bail!("mix {mix_label}: {audited_ops} audited operations wrote only {per_op:.3} records each; every CRUD command must be audited");
+                let mut per_op = [0.0; 3];
+                for (k, p) in paths.iter().enumerate() {
+                    let Some((path, format)) = p else { continue };
+                    let (written, bytes) = rotate_and_count(&clients[k], path, *format).await?;
+                    records_total += written;
+                    audit_bytes += bytes;
+                    per_op[k] = written as f64 / audited_ops[k].max(1) as f64;
+                    if per_op[k] < 1.0 {
+                        bail!("mix {mix_label}: {} audited operations wrote only {:.3} records each; every CRUD command must be audited", audited_ops[k], per_op[k]);
+                    }
                 }
-                let ratio = totals[1].ops_per_s() / totals[0].ops_per_s().max(1e-9);
-                let added = totals[1].latency_us() - totals[0].latency_us();
-                worst_ratio = worst_ratio.min(ratio);
-                worst_added_us = worst_added_us.max(added);
+                let ratio = |k: usize| totals[k].ops_per_s() / totals[0].ops_per_s().max(1e-9);
+                let added = |k: usize| totals[k].latency_us() - totals[0].latency_us();
+                for k in 1..3 {
+                    worst[k - 1].0 = worst[k - 1].0.min(ratio(k));
+                    worst[k - 1].1 = worst[k - 1].1.max(added(k));
+                }
+                let cpu = |k: usize| totals[k].cpu().map(|c| format!("{c:.0}")).unwrap_or_else(|| "-".into());
                 table.rows.push(vec![
                     mix_label,
                     format!("{:.0}", totals[0].ops_per_s()),
                     format!("{:.0}", totals[1].ops_per_s()),
-                    format!("{ratio:.3}"),
+                    format!("{:.3}", ratio(1)),
+                    format!("{:.0}", totals[2].ops_per_s()),
+                    format!("{:.3}", ratio(2)),
                     format!("{:.0}", totals[0].latency_us()),
-                    format!("{:.0}", totals[1].latency_us()),
-                    format!("{added:+.0}"),
-                    totals[0].cpu().map(|c| format!("{c:.0}")).unwrap_or_else(|| "-".into()),
-                    totals[1].cpu().map(|c| format!("{c:.0}")).unwrap_or_else(|| "-".into()),
-                    format!("{per_op:.3}"),
+                    format!("{:+.0}", added(1)),
+                    format!("{:+.0}", added(2)),
+                    format!("{} / {} / {}", cpu(0), cpu(1), cpu(2)),
+                    format!("{:.3}, {:.3}", per_op[1], per_op[2]),
                 ]);
             }
-            let records_total = records_in(&audit_path)?;
-            let audit_bytes = std::fs::metadata(&audit_path).map(|m| m.len()).unwrap_or(0);
             Ok(ScenarioReport {
                 title: "shoal audit log: cost per insert:read:update mix".into(),
                 summary: format!(
-                    "Two `shoal serve` nodes on this machine, both with `--auth` (the client logs in as a root user). `audit-on` also \
-                     writes the audit log: JSON to a file, with `auditAuthorizationSuccess` so that every CRUD command's authCheck is \
-                     recorded. Each node is loaded with {} YCSB records (10 fields x 100 bytes), then each mix runs {} s on each node, \
-                     {} round(s), the nodes taking turns (off first in odd rounds, on first in even ones). {THREADS} client threads, zipfian \
-                     requests; inserts are single 1 KB documents, reads read all fields by _id, updates $set one field. Client and servers \
-                     share the machine. Worst mix: on/off throughput {:.3}, latency added {:+.0} µs.",
-                    sizes.record_count, sizes.seconds_per_run, sizes.rounds, worst_ratio, worst_added_us
+                    "Three `shoal serve` nodes on this machine, all with `--auth` (the client logs in as a root user). `audit-json` and \
+                     `audit-bson` also write the audit log to a file, in JSON and in BSON, with `auditAuthorizationSuccess` so that every \
+                     CRUD command's authCheck is recorded; `audit-off` does not audit. Each node is loaded with {} YCSB records (10 fields \
+                     x 100 bytes), then each mix runs {} s on each node, {} round(s), the nodes taking turns (each round starts with the \
+                     next one). {THREADS} client threads, zipfian requests; inserts are single 1 KB documents, reads read all fields by \
+                     _id, updates $set one field. Client and servers share the machine. Worst mix, JSON: on/off throughput {:.3}, latency \
+                     added {:+.0} µs; BSON: {:.3}, {:+.0} µs.",
+                    sizes.record_count, sizes.seconds_per_run, sizes.rounds, worst[0].0, worst[0].1, worst[1].0, worst[1].1
                 ),
                 parameters: vec![
                     ("mode".into(), if ctx.quick { "quick".into() } else { "full".into() }),
@@ -259,16 +336,15 @@ impl Scenario for Audit {
                     ("seconds per run".into(), sizes.seconds_per_run.to_string()),
                     ("rounds".into(), sizes.rounds.to_string()),
                     ("threads".into(), THREADS.to_string()),
-                    ("audit format".into(), "JSON file".into()),
-                    ("audit records written".into(), format!("{} ({} after the loads), {:.1} MB", records_total, records_total - records_before, audit_bytes as f64 / 1e6)),
+                    ("audit records written".into(), format!("{records_total}, {:.1} MB (each mix's files rotated away after they are counted)", audit_bytes as f64 / 1e6)),
                 ],
                 machine: sys::machine_info(),
                 tables: vec![table],
                 phases,
                 notes: vec![
                     "Latencies are measured by the client per operation and averaged over all of a mix's operations.".into(),
-                    "Audit records per operation counts the file's records written during a mix's audited runs, divided by their operations; \
-                     it is at least 1 because every CRUD command writes an authCheck record (the rest are the client's authentications)."
+                    "Records per operation counts the records each audited node wrote during a mix, divided by its operations; it is at \
+                     least 1 because every CRUD command writes an authCheck record (the rest are the client's authentications)."
                         .into(),
                     "CPU figures come from /proc/<pid>/stat, sampled every second; a node's CPU is averaged over its own runs.".into(),
                 ],
@@ -294,7 +370,7 @@ mod tests {
         for (i, r, u) in MIXES {
             assert_eq!(i + r + u, 100);
         }
-        // --quick stays within a few minutes: 6 mixes x 2 nodes x rounds.
-        assert!(s.seconds_per_run * 12 * s.rounds <= 120);
+        // --quick stays within a few minutes: 6 mixes x 3 nodes x rounds.
+        assert!(s.seconds_per_run * 18 * s.rounds <= 120);
     }
 }

@@ -186,7 +186,7 @@ pub fn on_secondary(name: &str) -> OnSecondary {
         "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "create" | "drop" | "dropDatabase" | "renameCollection"
         | "createIndexes" | "dropIndexes" | "deleteIndexes" | "applyOps" => OnSecondary::Never,
         // Users are data in admin.system.users: changed on the primary only, like any write.
-        "createUser" | "updateUser" | "dropUser" | "dropAllUsersFromDatabase" | "grantRolesToUser" | "revokeRolesFromUser" => OnSecondary::Never,
+        "createUser" | "updateUser" | "dropUser" | "dropAllUsersFromDatabase" | "grantRolesToUser" | "revokeRolesFromUser" | "setAuditConfig" => OnSecondary::Never,
         "find" | "count" | "distinct" | "aggregate" | "listCollections" | "listIndexes" | "collStats" | "dbStats" | "validate" | "explain" | "usersInfo" => {
             OnSecondary::OptIn
         }

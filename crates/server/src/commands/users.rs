@@ -162,7 +162,9 @@ pub fn get_audit_config(ctx: &mut Ctx) -> Result<Document> {
     Ok(audit.config())
 }
 
-/// setAuditConfig: a new filter and/or auditAuthorizationSuccess, on this member.
+/// setAuditConfig: a new filter and/or auditAuthorizationSuccess. Stored in
+/// config.settings, so that it reaches the other members through the oplog (they take it
+/// when they apply it) and outlives a restart; then taken here.
 pub fn set_audit_config(ctx: &mut Ctx) -> Result<Document> {
     super::check_fields("setAuditConfig", ctx.cmd, &["filter", "auditAuthorizationSuccess"])?;
     let audit = ctx.shared.audit.as_ref().ok_or_else(|| Error::new(Code::CommandNotSupported, "auditing is not enabled: start the server with auditLog.destination"))?;
@@ -171,7 +173,25 @@ pub fn set_audit_config(ctx: &mut Ctx) -> Result<Document> {
     if filter.is_none() && success.is_none() {
         return Err(Error::bad_value("setAuditConfig needs filter or auditAuthorizationSuccess"));
     }
-    audit.set_config(filter, success)?;
+    if let Some(f) = &filter {
+        crate::audit::compile(f)?;
+    }
+    let current = audit.config();
+    let filter = filter.unwrap_or_else(|| current.get_document("filter").cloned().unwrap_or_default());
+    let success = success.unwrap_or_else(|| current.get_bool("auditAuthorizationSuccess").unwrap_or(false));
+    let generation = bson::oid::ObjectId::new();
+    let stored = doc! {"_id": crate::audit::SETTINGS_ID, "filter": filter.clone(), "auditAuthorizationSuccess": success, "generation": generation};
+    let coll = ctx.shared.store.collection_or_create(crate::audit::SETTINGS_DB, crate::audit::SETTINGS_COLLECTION)?;
+    let mut w = coll.writer();
+    match w.snapshot().find_by_id(&Bson::String(crate::audit::SETTINGS_ID.into()))? {
+        Some((rid, old)) => w.update(rid, &old, &stored)?,
+        None => {
+            w.insert(&stored)?;
+        }
+    }
+    drop(w);
+    ctx.commit_write()?;
+    audit.set_config(Some(filter), Some(success), Some(generation))?;
     Ok(Document::new())
 }
 

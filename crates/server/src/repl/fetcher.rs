@@ -716,6 +716,13 @@ fn apply_written(shared: &Shared, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
     if shared.auth.enabled && logged.iter().any(|(_, b)| touches_admin(b)) {
         shared.auth.users_changed();
     }
+    // setAuditConfig's runtime configuration, written on the primary, is taken here too.
+    let touches_settings = |bytes: &[u8]| bson::RawDocument::from_bytes(bytes).ok().and_then(|d| d.get_str("ns").ok()).is_some_and(|ns| ns == "config.settings");
+    if shared.audit.is_some() && logged.iter().any(|(_, b)| touches_settings(b)) {
+        if let Err(e) = crate::audit::load_stored(shared) {
+            tracing::warn!("cannot take the replicated audit configuration: {}", e.message);
+        }
+    }
     let c = &shared.counters;
     Counters::add(&c.repl_apply_batches, 1);
     Counters::add(&c.repl_apply_us, started.elapsed().as_micros() as u64);
