@@ -169,24 +169,39 @@ impl Audit {
         self.pushed(&q);
     }
 
-    /// Queue the authCheck record of `command`. The command is encoded as BSON straight into
-    /// the queue's byte buffer: no allocation, and the request's own document is freed by
-    /// the request (a document freed on the writer's thread cost the allocator more than
-    /// the copy does).
+    /// Queue the authCheck record of `command`. The command is encoded as BSON into a buffer
+    /// of this thread's, outside the queue's lock (which is then held only for a copy), and
+    /// copied into the queue's byte buffer: no allocation, and the request's own document is
+    /// freed by the request (a document freed on the writer's thread cost the allocator more
+    /// than the copy does).
     pub fn log_command(&self, actor: &Arc<Actor>, command: &Document, result: i32) {
+        thread_local! {
+            static ENCODED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        /// A buffer grown beyond this by a huge command is given back after it.
+        const ENCODED_KEPT_BYTES_MAX: usize = 1 << 20;
         let ts_ms = bson::DateTime::now().timestamp_millis();
-        let Some(mut q) = self.room() else { return };
-        let start = q.bytes.len();
-        let param = match wire::encode_document_into(&mut q.bytes, command) {
-            Ok(()) => Param::Command(start..q.bytes.len()),
-            Err(e) => {
-                // Not reachable for a command that was decoded from BSON; recorded anyway.
-                q.bytes.truncate(start);
-                Param::Doc(doc! {"command": command.keys().next().map(String::as_str).unwrap_or(""), "error": e.message})
+        ENCODED.with(|encoded| {
+            let mut encoded = encoded.borrow_mut();
+            encoded.clear();
+            let param = wire::encode_document_into(&mut encoded, command);
+            if let Some(mut q) = self.room() {
+                let param = match param {
+                    Ok(()) => {
+                        let start = q.bytes.len();
+                        q.bytes.extend_from_slice(&encoded);
+                        Param::Command(start..q.bytes.len())
+                    }
+                    // Not reachable for a command that was decoded from BSON; recorded anyway.
+                    Err(e) => Param::Doc(doc! {"command": command.keys().next().map(String::as_str).unwrap_or(""), "error": e.message}),
+                };
+                q.events.push(Event { atype: "authCheck", ts_ms, actor: actor.clone(), param, result });
+                self.pushed(&q);
             }
-        };
-        q.events.push(Event { atype: "authCheck", ts_ms, actor: actor.clone(), param, result });
-        self.pushed(&q);
+            if encoded.capacity() > ENCODED_KEPT_BYTES_MAX {
+                *encoded = Vec::new();
+            }
+        });
     }
 
     /// The queue, once it has room (or None once the writer has stopped).

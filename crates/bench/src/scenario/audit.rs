@@ -28,15 +28,15 @@ const PASSWORD: &str = "bench";
 pub struct Sizes {
     pub record_count: u64,
     pub seconds_per_run: u64,
-    /// Runs of each mix on each node (each round starting with the next node).
+    /// Cycles per mix: each node runs off, on, on, off in each.
     pub rounds: u64,
 }
 
 pub fn sizes(quick: bool) -> Sizes {
     if quick {
-        Sizes { record_count: 20_000, seconds_per_run: 6, rounds: 1 }
+        Sizes { record_count: 20_000, seconds_per_run: 4, rounds: 1 }
     } else {
-        Sizes { record_count: 100_000, seconds_per_run: 10, rounds: 4 }
+        Sizes { record_count: 100_000, seconds_per_run: 10, rounds: 2 }
     }
 }
 
@@ -104,6 +104,15 @@ impl Totals {
     fn cpu(&self) -> Option<f64> {
         (self.cpu_runs > 0).then(|| self.cpu_sum / self.cpu_runs as f64)
     }
+}
+
+/// The lowest and highest of a node's per-cycle on/off throughput ratios: how far single
+/// cycles scatter around the mix's ratio.
+fn cycle_spread(cycles: &[(f64, f64)]) -> String {
+    let ratios: Vec<f64> = cycles.iter().map(|(off, on)| on / off.max(1e-9)).collect();
+    let lo = ratios.iter().cloned().fold(f64::MAX, f64::min);
+    let hi = ratios.iter().cloned().fold(f64::MIN, f64::max);
+    format!("{lo:.2}–{hi:.2}")
 }
 
 /// Rotate the audited node's file (logRotate writes every record queued before it first),
@@ -198,20 +207,17 @@ impl Scenario for Audit {
             if let Some(s) = ctx.sizes.seconds_per_phase {
                 sizes.seconds_per_run = s.max(1);
             }
-            // The nodes: no audit, and every CRUD command audited to a file in each format.
+            // One node per audit format; each is switched between off and on at runtime.
+            let formats = [Format::Json, Format::Bson];
             let mut nodes = Vec::new();
             let mut paths = Vec::new();
-            for (name, format) in [("audit-off", None), ("audit-json", Some(Format::Json)), ("audit-bson", Some(Format::Bson))] {
-                let mut args = vec!["--auth".to_string()];
-                if let Some(f) = format {
-                    let p = ctx.work_dir.join(format!("{name}.audit"));
-                    let p_str = p.to_str().context("work dir path is not UTF-8")?.to_string();
-                    args.extend(["--auditDestination", "file", "--auditFormat", f.name(), "--auditPath", &p_str, "--setParameter", "auditAuthorizationSuccess=true"].map(String::from));
-                    paths.push(Some((p, f)));
-                } else {
-                    paths.push(None);
-                }
-                nodes.push(ctx.start_node(name, &args)?);
+            for f in formats {
+                let name = format!("audit-{}", f.name().to_lowercase());
+                let p = ctx.work_dir.join(format!("{name}.audit"));
+                let p_str = p.to_str().context("work dir path is not UTF-8")?.to_string();
+                let args = ["--auth", "--auditDestination", "file", "--auditFormat", f.name(), "--auditPath", &p_str, "--setParameter", "auditAuthorizationSuccess=true"].map(String::from);
+                nodes.push(ctx.start_node(&name, &args)?);
+                paths.push(p);
             }
             let mut urls = Vec::new();
             let mut clients = Vec::new();
@@ -238,58 +244,66 @@ impl Scenario for Audit {
                 phases.push(PhaseTimeline { label, timeline: r.timeline.clone(), node_names: node_names.clone() });
             }
             let (mut records_total, mut audit_bytes) = (0u64, 0u64);
-            for (i, p) in paths.iter().enumerate() {
-                if let Some((path, format)) = p {
-                    let (n, b) = rotate_and_count(&clients[i], path, *format).await?;
-                    records_total += n;
-                    audit_bytes += b;
-                }
+            for k in 0..formats.len() {
+                let (n, b) = rotate_and_count(&clients[k], &paths[k], formats[k]).await?;
+                records_total += n;
+                audit_bytes += b;
             }
 
             let headers = [
                 "Mix (insert:read:update)",
-                "Off (ops/s)",
-                "JSON (ops/s)",
-                "JSON / off",
-                "BSON (ops/s)",
-                "BSON / off",
-                "Avg latency off (µs)",
+                "JSON node off / on (ops/s)",
+                "JSON on / off",
+                "BSON node off / on (ops/s)",
+                "BSON on / off",
+                "Avg latency off, JSON / BSON node (µs)",
                 "Latency added, JSON (µs)",
                 "Latency added, BSON (µs)",
-                "Server CPU off / JSON / BSON (% of a core)",
-                "Records per operation (JSON, BSON)",
+                "Server CPU off / on, JSON; BSON (% of a core)",
+                "Records per audited operation (JSON, BSON)",
+                "Per-cycle on / off, JSON; BSON (lowest–highest)",
             ];
             let mut table = Table { title: "Audit off and on, per insert:read:update mix".into(), headers: headers.iter().map(|s| s.to_string()).collect(), rows: Vec::new() };
             // The next new key per node: each node's inserts go past all of its earlier ones.
-            let mut next_key = [sizes.record_count; 3];
+            let mut next_key = [sizes.record_count; 2];
             // Worst on/off ratio and latency added, per format.
             let mut worst = [(f64::MAX, f64::MIN); 2];
-            let mut round_index = 0usize;
+            // One cycle: each node runs off, on, on, off (ABBA, so that a trend within the
+            // cycle falls on both states alike), the two nodes interleaved in opposite
+            // phase: JSON off, BSON on, JSON on, BSON off, JSON on, BSON off, JSON off, BSON on.
+            const CYCLE: [(usize, bool); 8] = [(0, false), (1, true), (0, true), (1, false), (0, true), (1, false), (0, false), (1, true)];
             for mix in MIXES {
                 let (i, r, u) = mix;
                 let mix_label = format!("{i}:{r}:{u}");
-                let mut totals = [Totals::default(); 3];
-                let mut audited_ops = [0u64; 3];
+                // [node][on]
+                let mut totals = [[Totals::default(); 2]; 2];
+                let mut audited_ops = [0u64; 2];
+                let mut cycles: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
                 for _ in 0..sizes.rounds {
-                    // Each round starts with the next node: every node goes first, second and
-                    // last equally often.
-                    let order = [0, 1, 2].map(|k| (k + round_index) % 3);
-                    round_index += 1;
-                    for which in order {
-                        let node = nodes[which];
-                        let label = format!("{mix_label} {}", node_names[node]);
-                        let props = mix_properties(sizes, mix, sizes.record_count, next_key[which]);
-                        let result = ctx.ycsb(&label, Phase::Run, &urls[which], &props).await?;
-                        next_key[which] += result.operations_of("INSERT");
-                        totals[which].add(&result, cpu_avg(&result, node));
-                        audited_ops[which] += ops_and_latency(&result).0;
+                    let mut ops_per_s = [[0.0; 2]; 2];
+                    for (k, on) in CYCLE {
+                        clients[k].database("admin").run_command(doc! {"setAuditConfig": 1, "auditAuthorizationSuccess": on}).await.context("setAuditConfig")?;
+                        let node = nodes[k];
+                        let label = format!("{mix_label} {} {}", node_names[node], if on { "on" } else { "off" });
+                        let props = mix_properties(sizes, mix, sizes.record_count, next_key[k]);
+                        let result = ctx.ycsb(&label, Phase::Run, &urls[k], &props).await?;
+                        next_key[k] += result.operations_of("INSERT");
+                        totals[k][on as usize].add(&result, cpu_avg(&result, node));
+                        let ops = ops_and_latency(&result).0;
+                        if on {
+                            audited_ops[k] += ops;
+                        }
+                        // Two runs per state per cycle: their mean rate.
+                        ops_per_s[k][on as usize] += ops as f64 * 1000.0 / result.runtime_ms.max(1) as f64 / 2.0;
                         phases.push(PhaseTimeline { label, timeline: result.timeline.clone(), node_names: node_names.clone() });
                     }
+                    for k in 0..2 {
+                        cycles[k].push((ops_per_s[k][0], ops_per_s[k][1]));
+                    }
                 }
-                let mut per_op = [0.0; 3];
-                for (k, p) in paths.iter().enumerate() {
-                    let Some((path, format)) = p else { continue };
-                    let (written, bytes) = rotate_and_count(&clients[k], path, *format).await?;
+                let mut per_op = [0.0; 2];
+                for k in 0..2 {
+                    let (written, bytes) = rotate_and_count(&clients[k], &paths[k], formats[k]).await?;
                     records_total += written;
                     audit_bytes += bytes;
                     per_op[k] = written as f64 / audited_ops[k].max(1) as f64;
@@ -297,44 +311,46 @@ impl Scenario for Audit {
                         bail!("mix {mix_label}: {} audited operations wrote only {:.3} records each; every CRUD command must be audited", audited_ops[k], per_op[k]);
                     }
                 }
-                let ratio = |k: usize| totals[k].ops_per_s() / totals[0].ops_per_s().max(1e-9);
-                let added = |k: usize| totals[k].latency_us() - totals[0].latency_us();
-                for k in 1..3 {
-                    worst[k - 1].0 = worst[k - 1].0.min(ratio(k));
-                    worst[k - 1].1 = worst[k - 1].1.max(added(k));
+                let ratio = |k: usize| totals[k][1].ops_per_s() / totals[k][0].ops_per_s().max(1e-9);
+                let added = |k: usize| totals[k][1].latency_us() - totals[k][0].latency_us();
+                for k in 0..2 {
+                    worst[k].0 = worst[k].0.min(ratio(k));
+                    worst[k].1 = worst[k].1.max(added(k));
                 }
-                let cpu = |k: usize| totals[k].cpu().map(|c| format!("{c:.0}")).unwrap_or_else(|| "-".into());
+                let cpu = |k: usize, on: usize| totals[k][on].cpu().map(|c| format!("{c:.0}")).unwrap_or_else(|| "-".into());
                 table.rows.push(vec![
                     mix_label,
-                    format!("{:.0}", totals[0].ops_per_s()),
-                    format!("{:.0}", totals[1].ops_per_s()),
+                    format!("{:.0} / {:.0}", totals[0][0].ops_per_s(), totals[0][1].ops_per_s()),
+                    format!("{:.3}", ratio(0)),
+                    format!("{:.0} / {:.0}", totals[1][0].ops_per_s(), totals[1][1].ops_per_s()),
                     format!("{:.3}", ratio(1)),
-                    format!("{:.0}", totals[2].ops_per_s()),
-                    format!("{:.3}", ratio(2)),
-                    format!("{:.0}", totals[0].latency_us()),
+                    format!("{:.0} / {:.0}", totals[0][0].latency_us(), totals[1][0].latency_us()),
+                    format!("{:+.0}", added(0)),
                     format!("{:+.0}", added(1)),
-                    format!("{:+.0}", added(2)),
-                    format!("{} / {} / {}", cpu(0), cpu(1), cpu(2)),
-                    format!("{:.3}, {:.3}", per_op[1], per_op[2]),
+                    format!("{} / {}; {} / {}", cpu(0, 0), cpu(0, 1), cpu(1, 0), cpu(1, 1)),
+                    format!("{:.3}, {:.3}", per_op[0], per_op[1]),
+                    format!("{}; {}", cycle_spread(&cycles[0]), cycle_spread(&cycles[1])),
                 ]);
             }
             Ok(ScenarioReport {
                 title: "shoal audit log: cost per insert:read:update mix".into(),
                 summary: format!(
-                    "Three `shoal serve` nodes on this machine, all with `--auth` (the client logs in as a root user). `audit-json` and \
-                     `audit-bson` also write the audit log to a file, in JSON and in BSON, with `auditAuthorizationSuccess` so that every \
-                     CRUD command's authCheck is recorded; `audit-off` does not audit. Each node is loaded with {} YCSB records (10 fields \
-                     x 100 bytes), then each mix runs {} s on each node, {} round(s), the nodes taking turns (each round starts with the \
-                     next one). {THREADS} client threads, zipfian requests; inserts are single 1 KB documents, reads read all fields by \
-                     _id, updates $set one field. Client and servers share the machine. Worst mix, JSON: on/off throughput {:.3}, latency \
-                     added {:+.0} µs; BSON: {:.3}, {:+.0} µs.",
-                    sizes.record_count, sizes.seconds_per_run, sizes.rounds, worst[0].0, worst[0].1, worst[1].0, worst[1].1
+                    "Two `shoal serve` nodes on this machine, both with `--auth` (the client logs in as a root user) and an audit log \
+                     file, one in JSON and one in BSON. Each node is switched at runtime between off (`setAuditConfig \
+                     {{auditAuthorizationSuccess: false}}`: no record for a permitted command, and none is refused here) and on \
+                     (`auditAuthorizationSuccess: true`: every CRUD command's authCheck is recorded), so that off and on are measured \
+                     in the same process over the same data. Each node is loaded with {} YCSB records (10 fields x 100 bytes); then, \
+                     per mix, {} cycle(s) in which each node runs off, on, on, off ({} s each), the two nodes interleaved. {THREADS} \
+                     client threads, zipfian requests; inserts are single 1 KB documents, reads read all fields by _id, updates $set \
+                     one field. Client and servers share the machine. Worst mix, JSON: on/off throughput {:.3}, latency added {:+.0} \
+                     µs; BSON: {:.3}, {:+.0} µs.",
+                    sizes.record_count, sizes.rounds, sizes.seconds_per_run, worst[0].0, worst[0].1, worst[1].0, worst[1].1
                 ),
                 parameters: vec![
                     ("mode".into(), if ctx.quick { "quick".into() } else { "full".into() }),
                     ("recordcount".into(), sizes.record_count.to_string()),
                     ("seconds per run".into(), sizes.seconds_per_run.to_string()),
-                    ("rounds".into(), sizes.rounds.to_string()),
+                    ("cycles per mix".into(), sizes.rounds.to_string()),
                     ("threads".into(), THREADS.to_string()),
                     ("audit records written".into(), format!("{records_total}, {:.1} MB (each mix's files rotated away after they are counted)", audit_bytes as f64 / 1e6)),
                 ],
@@ -343,10 +359,11 @@ impl Scenario for Audit {
                 phases,
                 notes: vec![
                     "Latencies are measured by the client per operation and averaged over all of a mix's operations.".into(),
-                    "Records per operation counts the records each audited node wrote during a mix, divided by its operations; it is at \
-                     least 1 because every CRUD command writes an authCheck record (the rest are the client's authentications)."
+                    "Records per audited operation counts the records a node wrote during a mix, divided by the operations of its on \
+                     runs; it is at least 1 because every CRUD command of an on run writes an authCheck record (the rest are the \
+                     client's authentications, which are recorded in both states)."
                         .into(),
-                    "CPU figures come from /proc/<pid>/stat, sampled every second; a node's CPU is averaged over its own runs.".into(),
+                    "CPU figures come from /proc/<pid>/stat, sampled every second, averaged over a node's runs in each state.".into(),
                 ],
             })
         })
@@ -370,7 +387,7 @@ mod tests {
         for (i, r, u) in MIXES {
             assert_eq!(i + r + u, 100);
         }
-        // --quick stays within a few minutes: 6 mixes x 3 nodes x rounds.
-        assert!(s.seconds_per_run * 18 * s.rounds <= 120);
+        // --quick stays within a few minutes: 6 mixes x 8 runs per cycle.
+        assert!(s.seconds_per_run * 48 * s.rounds <= 240);
     }
 }

@@ -1,0 +1,95 @@
+//! The audit log's CPU cost per record, without the noise of a whole workload: YCSB-shaped
+//! commands (a 1 KB insert, a find by _id, a one-field $set update) handed to a real
+//! `Audit` writing to a file, in JSON and in BSON.
+//!
+//! For each, it reports the request path's cost (`Audit::log_command`, timed on the calling
+//! thread) and the whole cost (the process's CPU time from the first record until `close`
+//! has written the last, which adds the writer thread and the kernel's write), in µs per
+//! record, at a server's pace (bursts with pauses, 10,000 records/s). Against a server's CPU per operation under YCSB on this machine (120 to 150 µs,
+//! `docs/benchmarks.md`), that is the share of throughput auditing can cost a CPU-bound
+//! server.
+//!
+//! `cargo bench -p shoal-server --bench audit`; SHOAL_BENCH_RECORDS (default 50000),
+//! SHOAL_BENCH_DIR (default the temp directory).
+
+use bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
+use shoal_server::audit::{Actor, Audit};
+use shoal_server::config::{AuditConfig, AuditDestination, AuditFormat};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Records handed over at a time, then `PAUSE`: 100 records per 10 ms is 10,000 records/s,
+/// the rate of the YCSB runs in `shoal bench scenario audit`.
+const BURST: u64 = 100;
+const PAUSE: Duration = Duration::from_millis(10);
+
+fn cpu_time_s() -> f64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+fn field(i: u64) -> Bson {
+    Bson::Binary(Binary { subtype: BinarySubtype::Generic, bytes: (0..100).map(|j| ((i * 31 + j) % 94 + 33) as u8).collect() })
+}
+
+/// The commands the YCSB client sends, as the server sees them (document sequences merged).
+fn command(kind: &str, i: u64) -> Document {
+    let key = format!("user{}", 6_000_000_000_000_000_000u64 + i * 7919);
+    let lsid = doc! {"id": Bson::Binary(Binary { subtype: BinarySubtype::Uuid, bytes: vec![7; 16] })};
+    match kind {
+        "insert" => {
+            let mut d = doc! {"_id": &key};
+            for f in 0..10 {
+                d.insert(format!("field{f}"), field(i + f));
+            }
+            doc! {"insert": "usertable", "ordered": true, "$db": "ycsb", "lsid": lsid, "documents": [d]}
+        }
+        "find" => doc! {"find": "usertable", "filter": {"_id": &key}, "limit": 1, "singleBatch": true, "$db": "ycsb", "lsid": lsid},
+        _ => doc! {"update": "usertable", "ordered": true, "$db": "ycsb", "lsid": lsid, "updates": [{"q": {"_id": &key}, "u": {"$set": {"field3": field(i)}}}]},
+    }
+}
+
+fn main() {
+    let records: u64 = std::env::var("SHOAL_BENCH_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(50_000);
+    let dir = std::env::var("SHOAL_BENCH_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| std::env::temp_dir()).join(format!("shoal-audit-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("bench directory");
+    let actor = Arc::new(Actor::new(Some("127.0.0.1:27017".parse().unwrap()), Some("127.0.0.1:40000".parse().unwrap()), bson::Uuid::new(), vec![("u".into(), "admin".into())], vec![("root".into(), "admin".into())]));
+    println!("records per case: {records}");
+    println!("{:<8} {:<6} {:>16} {:>18} {:>14}", "command", "format", "request µs/rec", "total CPU µs/rec", "bytes/record");
+    for kind in ["insert", "find", "update"] {
+        // Built before the clock starts: the server has the command already.
+        let commands: Vec<Document> = (0..1000).map(|i| command(kind, i)).collect();
+        for (format, name) in [(AuditFormat::Json, "JSON"), (AuditFormat::Bson, "BSON")] {
+            let path = dir.join(format!("{kind}.{name}"));
+            let _ = std::fs::remove_file(&path);
+            let config = AuditConfig { destination: AuditDestination::File, format, path: Some(path.clone()), filter: None };
+            let audit = Audit::start(&config, true).expect("audit start");
+            let cpu0 = cpu_time_s();
+            let mut request_s = 0.0;
+            // Bursts of BURST records with a pause between them, as a server sends them: a
+            // producer flat out would fill the queue and time the writer's pace instead.
+            for burst in 0..records / BURST {
+                let t = Instant::now();
+                for i in 0..BURST {
+                    audit.log_command(&actor, &commands[((burst * BURST + i) % 1000) as usize], 0);
+                }
+                request_s += t.elapsed().as_secs_f64();
+                std::thread::sleep(PAUSE);
+            }
+            audit.close();
+            let cpu = cpu_time_s() - cpu0;
+            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            println!(
+                "{kind:<8} {name:<6} {:>16.2} {:>18.2} {:>14.0}",
+                request_s * 1e6 / records as f64,
+                cpu * 1e6 / records as f64,
+                bytes as f64 / records as f64,
+            );
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
