@@ -1,12 +1,15 @@
 //! The audit log: MongoDB's audit records (atype, ts, uuid, local, remote, users, roles,
-//! param, result) for authentication, authorization checks of CRUD commands, DDL, user
-//! management, replica-set reconfiguration, startup and shutdown.
+//! param, result) for authentication, authorization checks of CRUD commands, creations of
+//! databases and collections (implicit ones too), other DDL, user management, replica-set
+//! reconfiguration, startup and shutdown.
 //!
-//! Off the request path: a command appends an `Event` that holds what it already has (its
-//! body is shared, not copied) to a bounded queue, under a lock and without a system call;
+//! Off the request path: a command appends an `Event` to a bounded queue, under a lock,
+//! without a system call or an allocation (an authorization check's command is copied as
+//! BSON into the queue's byte buffer; the connection's identity is shared, rendered once);
 //! one writer thread takes the whole queue every `FLUSH_INTERVAL` (or sooner when it fills
-//! up), builds the records, applies the filter, encodes them (relaxed extended JSON, one per
-//! line, or BSON) and writes them with one system call. Waking the writer for each event
+//! up), applies the filter, encodes the records (relaxed extended JSON, one per line,
+//! walked straight from the command's bytes; or BSON, the command's bytes copied) and
+//! writes them with one system call. Waking the writer for each event
 //! cost a futex call and a thread switch per command, most of what auditing cost. A full
 //! queue blocks the sender: no record is ever dropped. A record reaches the OS (and survives
 //! the process's kill -9) within `FLUSH_INTERVAL`; a clean shutdown drains the queue.
