@@ -238,11 +238,18 @@ impl Audit {
     /// A new filter and/or auditAuthorizationSuccess (setAuditConfig's, here or replicated),
     /// for events from now on (events queued before are written under the old filter first).
     pub fn set_config(&self, filter: Option<Document>, authorization_success: Option<bool>, generation: Option<bson::oid::ObjectId>) -> Result<()> {
+        // Checked before anything changes: a filter that does not compile changes nothing.
+        let filter = match filter {
+            Some(f) => {
+                let compiled = compile(&f)?;
+                Some((f, compiled))
+            }
+            None => None,
+        };
         if generation.is_some() {
             *self.generation.lock() = generation;
         }
-        if let Some(f) = filter {
-            let compiled = compile(&f)?;
+        if let Some((f, compiled)) = filter {
             self.control(Control::Filter(f, compiled)).map_err(Error::internal)?;
         }
         if let Some(s) = authorization_success {

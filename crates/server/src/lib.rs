@@ -74,8 +74,12 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
     if shared.audit.is_some() {
         shared.store.on_create(audit::note_created);
         // A runtime configuration set before (setAuditConfig) replaces auditLog.filter and
-        // auditAuthorizationSuccess from the configuration file, as in mongod.
-        audit::load_stored(&shared)?;
+        // auditAuthorizationSuccess from the configuration file, as in mongod. One that
+        // cannot be taken (a document written into config.settings by hand) leaves the
+        // file's, rather than stopping the server from starting.
+        if let Err(e) = audit::load_stored(&shared) {
+            tracing::error!("the stored audit configuration in config.settings cannot be used; keeping the startup one: {}", e.message);
+        }
     }
     repl::spawn_tasks(shared.clone())?;
     tracing::info!(port = shared.config.port, dbpath = %shared.config.dbpath.display(), fd_limit = fds, "waiting for connections");

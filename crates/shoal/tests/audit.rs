@@ -248,3 +248,27 @@ async fn log_rotate_starts_a_new_file_after_writing_the_old_one() {
     let e = root.database("admin").run_command(doc! {"logRotate": "tape"}).await.unwrap_err();
     assert!(e.to_string().contains("Unknown log type"), "{e}");
 }
+
+#[tokio::test]
+async fn set_audit_config_outlives_a_restart_and_a_bad_stored_one_is_set_aside() {
+    let (mut s, _path) = start(&["--auditFilter", r#"{"atype": "authenticate"}"#], "stored.json");
+    let admin = s.client().await.database("admin");
+    admin.run_command(doc! {"setAuditConfig": 1, "filter": {"atype": "createCollection"}}).await.unwrap();
+    let generation = admin.run_command(doc! {"getAuditConfig": 1}).await.unwrap().get_object_id("generation").unwrap();
+    // Stored in config.settings, as mongod keeps it; a restart takes it over the file's.
+    let stored = s.client().await.database("config").collection::<Document>("settings").find_one(doc! {"_id": "audit"}).await.unwrap().unwrap();
+    assert_eq!(stored.get_object_id("generation").unwrap(), generation);
+    s.restart();
+    let config = s.client().await.database("admin").run_command(doc! {"getAuditConfig": 1}).await.unwrap();
+    assert_eq!(config.get_object_id("generation").unwrap(), generation);
+    assert_eq!(config.get_document("filter").unwrap(), &doc! {"atype": "createCollection"});
+    // A document nobody could set through setAuditConfig, written by hand: the server still
+    // starts, with the configuration it was started with.
+    let settings = s.client().await.database("config").collection::<Document>("settings");
+    settings.replace_one(doc! {"_id": "audit"}, doc! {"_id": "audit", "filter": {"$bogus": 1}, "generation": mongodb::bson::oid::ObjectId::new()}).await.unwrap();
+    s.restart();
+    let config = s.client().await.database("admin").run_command(doc! {"getAuditConfig": 1}).await.unwrap();
+    assert_eq!(config.get_document("filter").unwrap(), &doc! {"atype": "authenticate"}, "{config}");
+    assert!(config.get("generation").is_none(), "{config}");
+    assert!(s.stderr_tail().contains("cannot be used"), "{}", s.stderr_tail());
+}
