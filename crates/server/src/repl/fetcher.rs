@@ -711,14 +711,22 @@ fn apply_written(shared: &Shared, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
     let started = std::time::Instant::now();
     crate::apply::apply_written(&shared.store, logged)?;
     // A replicated change to users (admin.system.users, or the admin database itself)
-    // reaches connections already logged in here too (`auth::AuthState::generation`).
-    let touches_admin = |bytes: &[u8]| bson::RawDocument::from_bytes(bytes).ok().and_then(|d| d.get_str("ns").ok()).is_some_and(|ns| ns.starts_with("admin."));
-    if shared.auth.enabled && logged.iter().any(|(_, b)| touches_admin(b)) {
+    // reaches connections already logged in here too (`auth::AuthState::generation`), and
+    // setAuditConfig's runtime configuration (config.settings) is taken here too: one look
+    // at each entry's namespace serves both.
+    let (mut touches_admin, mut touches_settings) = (false, false);
+    if shared.auth.enabled || shared.audit.is_some() {
+        for (_, bytes) in logged {
+            if let Some(ns) = bson::RawDocument::from_bytes(bytes).ok().and_then(|d| d.get_str("ns").ok()) {
+                touches_admin |= ns.starts_with("admin.");
+                touches_settings |= ns == "config.settings";
+            }
+        }
+    }
+    if shared.auth.enabled && touches_admin {
         shared.auth.users_changed();
     }
-    // setAuditConfig's runtime configuration, written on the primary, is taken here too.
-    let touches_settings = |bytes: &[u8]| bson::RawDocument::from_bytes(bytes).ok().and_then(|d| d.get_str("ns").ok()).is_some_and(|ns| ns == "config.settings");
-    if shared.audit.is_some() && logged.iter().any(|(_, b)| touches_settings(b)) {
+    if shared.audit.is_some() && touches_settings {
         if let Err(e) = crate::audit::load_stored(shared) {
             tracing::warn!("cannot take the replicated audit configuration: {}", e.message);
         }
