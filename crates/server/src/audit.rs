@@ -56,29 +56,28 @@ pub struct Actor {
 
 impl Actor {
     pub fn new(local: Option<SocketAddr>, remote: Option<SocketAddr>, uuid: bson::Uuid, users: Vec<(String, String)>, roles: Vec<(String, String)>) -> Actor {
+        let mut a = Actor { local, remote, uuid, users, roles, json: Box::default(), bson: Box::default() };
+        // Both renderings are the fields document's, without what encloses its fields: the
+        // braces in JSON, the length prefix and terminating NUL in BSON.
+        let fields = a.fields();
         let mut json = Vec::with_capacity(256);
-        json.extend_from_slice(b"\"uuid\":");
-        json::binary(&mut json, &uuid.bytes(), 4);
-        json.extend_from_slice(b",\"local\":");
-        json::value(&mut json, &address(local));
-        json.extend_from_slice(b",\"remote\":");
-        json::value(&mut json, &address(remote));
-        json.extend_from_slice(b",\"users\":");
-        json::pairs(&mut json, &users, "user");
-        json.extend_from_slice(b",\"roles\":");
-        json::pairs(&mut json, &roles, "role");
-        let pairs = |v: &[(String, String)], key: &str| -> Vec<Bson> { v.iter().map(|(n, d)| Bson::Document(doc! {key: n, "db": d})).collect() };
-        let fields = doc! {
-            "uuid": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: uuid.bytes().to_vec() }),
-            "local": address(local),
-            "remote": address(remote),
-            "users": pairs(&users, "user"),
-            "roles": pairs(&roles, "role"),
-        };
-        // The document's elements, without its length prefix and terminating NUL.
+        json::value(&mut json, &Bson::Document(fields.clone()));
+        a.json = json.get(1..json.len().saturating_sub(1)).unwrap_or_default().into();
         let bytes = fields.to_vec().unwrap_or_default();
-        let bson = bytes.get(4..bytes.len().saturating_sub(1)).unwrap_or_default().into();
-        Actor { local, remote, uuid, users, roles, json: json.into_boxed_slice(), bson }
+        a.bson = bytes.get(4..bytes.len().saturating_sub(1)).unwrap_or_default().into();
+        a
+    }
+
+    /// The record fields that say who acted: uuid, local, remote, users, roles.
+    fn fields(&self) -> Document {
+        let pairs = |v: &[(String, String)], key: &str| -> Vec<Bson> { v.iter().map(|(n, d)| Bson::Document(doc! {key: n, "db": d})).collect() };
+        doc! {
+            "uuid": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: self.uuid.bytes().to_vec() }),
+            "local": address(self.local),
+            "remote": address(self.remote),
+            "users": pairs(&self.users, "user"),
+            "roles": pairs(&self.roles, "role"),
+        }
     }
 
     /// The server itself (startup, shutdown).
@@ -643,7 +642,6 @@ fn bson_record(buf: &mut Vec<u8>, e: &Event, bytes: &[u8]) -> Option<()> {
 
 /// The record MongoDB writes for an event; `bytes` holds the commands of its batch.
 fn record(e: Event, bytes: &[u8]) -> Document {
-    let pairs = |v: &[(String, String)], key: &str| -> Vec<Bson> { v.iter().map(|(n, d)| Bson::Document(doc! {key: n, "db": d})).collect() };
     let param = match e.param {
         Param::Doc(d) => d,
         Param::Command(range) => match bson::RawDocument::from_bytes(&bytes[range]) {
@@ -655,17 +653,11 @@ fn record(e: Event, bytes: &[u8]) -> Document {
             Err(e) => doc! {"error": e.to_string()},
         },
     };
-    doc! {
-        "atype": e.atype,
-        "ts": bson::DateTime::from_millis(e.ts_ms),
-        "uuid": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: e.actor.uuid.bytes().to_vec() }),
-        "local": address(e.actor.local),
-        "remote": address(e.actor.remote),
-        "users": pairs(&e.actor.users, "user"),
-        "roles": pairs(&e.actor.roles, "role"),
-        "param": param,
-        "result": e.result,
-    }
+    let mut d = doc! {"atype": e.atype, "ts": bson::DateTime::from_millis(e.ts_ms)};
+    d.extend(e.actor.fields());
+    d.insert("param", param);
+    d.insert("result", e.result);
+    d
 }
 
 /// The syslog destination: one message per record, facility user, priority info.
@@ -704,7 +696,7 @@ impl Write for Syslog {
 /// tree for every record.
 mod json {
     use super::{Event, Param};
-    use bson::{Bson, Document, RawBsonRef};
+    use bson::{Bson, Document};
     use std::io::Write as _;
 
     /// The last timestamp written, so that the events of one millisecond format it once.
@@ -737,12 +729,7 @@ mod json {
                     buf.extend_from_slice(b",\"ns\":");
                     string(buf, &ns);
                     buf.extend_from_slice(b",\"args\":");
-                    let at = buf.len();
-                    if walk::document(buf, raw.as_bytes(), &crate::auth::SECRET_FIELDS, false).is_none() {
-                        // A type the walker leaves to the bson crate.
-                        buf.truncate(at);
-                        raw_document(buf, raw, &crate::auth::SECRET_FIELDS);
-                    }
+                    args(buf, raw, &crate::auth::SECRET_FIELDS);
                     buf.push(b'}');
                 }
                 Err(e) => document(buf, &bson::doc! {"error": e.to_string()}, &[]),
@@ -866,74 +853,15 @@ mod json {
         }
     }
 
-    /// A BSON document as relaxed extended JSON, read in place, with the top-level fields
-    /// named in `secrets` written as "xxx".
-    fn raw_document(buf: &mut Vec<u8>, d: &bson::RawDocument, secrets: &[&str]) {
-        buf.push(b'{');
-        for (i, el) in d.iter().enumerate() {
-            let Ok((k, v)) = el else { break };
-            let k = k.as_str();
-            if i > 0 {
-                buf.push(b',');
-            }
-            string(buf, k);
-            buf.push(b':');
-            if secrets.contains(&k) {
-                string(buf, "xxx");
-            } else {
-                raw_value(buf, v);
-            }
+    /// A command's BSON as relaxed extended JSON, with the top-level fields named in
+    /// `secrets` written as "xxx": walked in place, or, for a type the walker leaves alone
+    /// (rare in commands), decoded and written as a document.
+    fn args(buf: &mut Vec<u8>, raw: &bson::RawDocument, secrets: &[&str]) {
+        let at = buf.len();
+        if walk::document(buf, raw.as_bytes(), secrets, false).is_none() {
+            buf.truncate(at);
+            document(buf, &Document::try_from(raw).unwrap_or_default(), secrets);
         }
-        buf.push(b'}');
-    }
-
-    fn raw_value(buf: &mut Vec<u8>, v: RawBsonRef<'_>) {
-        match v {
-            RawBsonRef::String(s) => string(buf, s),
-            RawBsonRef::Int32(n) => {
-                let _ = write!(buf, "{n}");
-            }
-            RawBsonRef::Int64(n) => {
-                let _ = write!(buf, "{n}");
-            }
-            RawBsonRef::Boolean(b) => buf.extend_from_slice(if b { b"true" } else { b"false" }),
-            RawBsonRef::Null => buf.extend_from_slice(b"null"),
-            RawBsonRef::Document(d) => raw_document(buf, d, &[]),
-            RawBsonRef::Array(a) => {
-                buf.push(b'[');
-                for (i, x) in a.into_iter().enumerate() {
-                    let Ok(x) = x else { break };
-                    if i > 0 {
-                        buf.push(b',');
-                    }
-                    raw_value(buf, x);
-                }
-                buf.push(b']');
-            }
-            RawBsonRef::Binary(b) => binary(buf, b.bytes, u8::from(b.subtype)),
-            // The rest as the owned value would be written.
-            other => match Bson::try_from(other) {
-                Ok(b) => value(buf, &b),
-                Err(_) => buf.extend_from_slice(b"null"),
-            },
-        }
-    }
-
-    pub(super) fn pairs(buf: &mut Vec<u8>, v: &[(String, String)], key: &str) {
-        buf.push(b'[');
-        for (i, (n, d)) in v.iter().enumerate() {
-            if i > 0 {
-                buf.push(b',');
-            }
-            buf.extend_from_slice(b"{\"");
-            buf.extend_from_slice(key.as_bytes());
-            buf.extend_from_slice(b"\":");
-            string(buf, n);
-            buf.extend_from_slice(b",\"db\":");
-            string(buf, d);
-            buf.push(b'}');
-        }
-        buf.push(b']');
     }
 
     /// A document, with the top-level fields named in `secrets` written as "xxx".
@@ -954,7 +882,7 @@ mod json {
         buf.push(b'}');
     }
 
-    pub(super) fn binary(buf: &mut Vec<u8>, bytes: &[u8], subtype: u8) {
+    fn binary(buf: &mut Vec<u8>, bytes: &[u8], subtype: u8) {
         use base64::Engine as _;
         buf.extend_from_slice(b"{\"$binary\":{\"base64\":\"");
         // Encoded in place, without a String per value.
@@ -1046,10 +974,10 @@ mod json {
             value(&mut buf, &Bson::Document(d.clone()));
             let ours: serde_json::Value = serde_json::from_slice(&buf).unwrap();
             assert_eq!(ours, Bson::Document(d.clone()).into_relaxed_extjson());
-            // Read in place from BSON, the same text.
+            // Read from BSON (timestamps and decimals take the walker's way out), the same text.
             let mut raw_buf = Vec::new();
             let bytes = d.to_vec().unwrap();
-            raw_document(&mut raw_buf, bson::RawDocument::from_bytes(&bytes).unwrap(), &[]);
+            args(&mut raw_buf, bson::RawDocument::from_bytes(&bytes).unwrap(), &[]);
             assert_eq!(String::from_utf8(raw_buf).unwrap(), String::from_utf8(buf).unwrap());
         }
 
@@ -1064,7 +992,7 @@ mod json {
             let mut fast = Vec::new();
             walk::document(&mut fast, &bytes, &["pwd"], false).expect("every type here is walked");
             let mut slow = Vec::new();
-            raw_document(&mut slow, bson::RawDocument::from_bytes(&bytes).unwrap(), &["pwd"]);
+            document(&mut slow, &d, &["pwd"]);
             assert_eq!(String::from_utf8(fast).unwrap(), String::from_utf8(slow).unwrap());
             // Types it leaves to the bson crate, and bytes that are not a document.
             let ts = doc! {"t": bson::Timestamp { time: 1, increment: 2 }}.to_vec().unwrap();
