@@ -53,6 +53,7 @@ impl Code {
     pub const ConflictingUpdateOperators: Code = Code(40, "ConflictingUpdateOperators");
     pub const CursorNotFound: Code = Code(43, "CursorNotFound");
     pub const NamespaceExists: Code = Code(48, "NamespaceExists");
+    pub const InvalidRoleModification: Code = Code(49, "InvalidRoleModification");
     pub const MaxTimeMSExpired: Code = Code(50, "MaxTimeMSExpired");
     pub const DollarPrefixedFieldName: Code = Code(52, "DollarPrefixedFieldName");
     pub const InvalidIdField: Code = Code(53, "InvalidIdField");

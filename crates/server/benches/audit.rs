@@ -2,8 +2,8 @@
 //! commands (a 1 KB insert, a find by _id, a one-field $set update) handed to a real
 //! `Audit` writing to a file, in JSON and in BSON.
 //!
-//! For each, it reports the request path's cost (`Audit::log_command`, timed on the calling
-//! thread) and the whole cost (the process's CPU time from the first record until `close`
+//! For each, it reports the request path's cost (`Audit::log_frame`: the request's OP_MSG
+//! frame, as a driver sends it, copied into the queue; timed on the calling thread) and the whole cost (the process's CPU time from the first record until `close`
 //! has written the last, which adds the writer thread and the kernel's write), in µs per
 //! record, at a server's pace (bursts with pauses, 10,000 records/s). Against a server's CPU per operation under YCSB on this machine (120 to 150 µs,
 //! `docs/benchmarks.md`), that is the share of throughput auditing can cost a CPU-bound
@@ -35,8 +35,9 @@ fn field(i: u64) -> Bson {
     Bson::Binary(Binary { subtype: BinarySubtype::Generic, bytes: (0..100).map(|j| ((i * 31 + j) % 94 + 33) as u8).collect() })
 }
 
-/// The commands the YCSB client sends, as the server sees them (document sequences merged).
-fn command(kind: &str, i: u64) -> Document {
+/// The frames of the commands the YCSB client sends: inserted documents and updates in
+/// document sequences, as drivers send them.
+fn frame(kind: &str, i: u64) -> Vec<u8> {
     let key = format!("user{}", 6_000_000_000_000_000_000u64 + i * 7919);
     let lsid = doc! {"id": Bson::Binary(Binary { subtype: BinarySubtype::Uuid, bytes: vec![7; 16] })};
     match kind {
@@ -45,11 +46,15 @@ fn command(kind: &str, i: u64) -> Document {
             for f in 0..10 {
                 d.insert(format!("field{f}"), field(i + f));
             }
-            doc! {"insert": "usertable", "ordered": true, "$db": "ycsb", "lsid": lsid, "documents": [d]}
+            msg(doc! {"insert": "usertable", "ordered": true, "$db": "ycsb", "lsid": lsid}, "documents", d)
         }
-        "find" => doc! {"find": "usertable", "filter": {"_id": &key}, "limit": 1, "singleBatch": true, "$db": "ycsb", "lsid": lsid},
-        _ => doc! {"update": "usertable", "ordered": true, "$db": "ycsb", "lsid": lsid, "updates": [{"q": {"_id": &key}, "u": {"$set": {"field3": field(i)}}}]},
+        "find" => wire::encode_msg(1, 0, &wire::OpMsg { flags: 0, body: doc! {"find": "usertable", "filter": {"_id": &key}, "limit": 1, "singleBatch": true, "$db": "ycsb", "lsid": lsid}, sequences: Vec::new() }, None),
+        _ => msg(doc! {"update": "usertable", "ordered": true, "$db": "ycsb", "lsid": lsid}, "updates", doc! {"q": {"_id": &key}, "u": {"$set": {"field3": field(i)}}}),
     }
+}
+
+fn msg(body: Document, identifier: &str, d: Document) -> Vec<u8> {
+    wire::encode_msg(1, 0, &wire::OpMsg { flags: 0, body, sequences: vec![wire::DocumentSequence { identifier: identifier.into(), documents: vec![d] }] }, None)
 }
 
 fn main() {
@@ -61,7 +66,7 @@ fn main() {
     println!("{:<8} {:<6} {:>16} {:>18} {:>14}", "command", "format", "request µs/rec", "total CPU µs/rec", "bytes/record");
     for kind in ["insert", "find", "update"] {
         // Built before the clock starts: the server has the command already.
-        let commands: Vec<Document> = (0..1000).map(|i| command(kind, i)).collect();
+        let frames: Vec<Vec<u8>> = (0..1000).map(|i| frame(kind, i)).collect();
         for (format, name) in [(AuditFormat::Json, "JSON"), (AuditFormat::Bson, "BSON")] {
             let path = dir.join(format!("{kind}.{name}"));
             let _ = std::fs::remove_file(&path);
@@ -74,7 +79,7 @@ fn main() {
             for burst in 0..records / BURST {
                 let t = Instant::now();
                 for i in 0..BURST {
-                    audit.log_command(&actor, &commands[((burst * BURST + i) % 1000) as usize], 0);
+                    audit.log_frame(&actor, &frames[((burst * BURST + i) % 1000) as usize], 0);
                 }
                 request_s += t.elapsed().as_secs_f64();
                 std::thread::sleep(PAUSE);

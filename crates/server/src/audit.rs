@@ -37,6 +37,9 @@ pub enum Param {
     /// An authCheck: the command as BSON, at this range of the queue's byte buffer. Its
     /// name, namespace and args are read from it by the writer.
     Command(std::ops::Range<usize>),
+    /// An authCheck: the OP_MSG frame that carried the command, at this range of the
+    /// queue's byte buffer; the writer merges its document sequences into the body.
+    Frame(std::ops::Range<usize>),
 }
 
 /// Who acted: the connection's addresses, its id, and its user and roles. A connection
@@ -86,27 +89,51 @@ impl Actor {
     }
 }
 
-pub struct Event {
-    pub atype: &'static str,
+struct Event {
+    atype: &'static str,
     /// Milliseconds since the epoch (a record's `ts` has millisecond precision).
-    pub ts_ms: i64,
-    pub actor: Arc<Actor>,
-    pub param: Param,
+    ts_ms: i64,
+    /// Who acted: an index into the batch's `Pending::actors`.
+    actor: u32,
+    param: Param,
     /// 0, or the error code the action ended with.
-    pub result: i32,
+    result: i32,
 }
+
+/// Actors a sender looks for among the batch's newest before adding its own again: a batch
+/// holds the events of a few busy connections, so the search is short and usually finds it.
+const ACTOR_SEARCH_MAX: usize = 16;
 
 /// What the writer is asked to do besides writing events.
 #[derive(Default)]
 struct Pending {
     events: Vec<Event>,
-    /// The BSON of the events' commands (`Param::Command`), one after another.
+    /// The bytes of the events' commands and frames (`Param::Command`, `Param::Frame`),
+    /// one after another.
     bytes: Vec<u8>,
+    /// The actors of the batch's events, each held once: an event names its actor by index,
+    /// so that queueing one changes no reference count (a count written by the requests'
+    /// threads and by the writer moves its cache line between cores at every event).
+    actors: Vec<Arc<Actor>>,
     /// Write what is queued, then stop (clean shutdown).
     closed: bool,
     /// A change for the writer to make once the events queued before it are written
     /// (so a new filter applies to events from then on), answered on the sender.
     control: Option<(Control, std::sync::mpsc::Sender<std::result::Result<(), String>>)>,
+}
+
+impl Pending {
+    /// `actor`'s index in the batch's table, added when it is not among the newest.
+    fn actor(&mut self, actor: &Arc<Actor>) -> u32 {
+        let newest = self.actors.iter().rev().take(ACTOR_SEARCH_MAX).position(|a| Arc::ptr_eq(a, actor));
+        match newest {
+            Some(back) => (self.actors.len() - 1 - back) as u32,
+            None => {
+                self.actors.push(actor.clone());
+                (self.actors.len() - 1) as u32
+            }
+        }
+    }
 }
 
 enum Control {
@@ -165,45 +192,57 @@ impl Audit {
     }
 
     /// Queue an event; waits while the queue is full.
-    pub fn log(&self, event: Event) {
+    pub fn log(&self, atype: &'static str, actor: &Arc<Actor>, param: Param, result: i32) {
+        let ts_ms = bson::DateTime::now().timestamp_millis();
         let Some(mut q) = self.room() else { return };
-        q.events.push(event);
+        let actor = q.actor(actor);
+        q.events.push(Event { atype, ts_ms, actor, param, result });
         self.pushed(&q);
     }
 
-    /// Queue the authCheck record of `command`. The command is encoded as BSON into a buffer
-    /// of this thread's, outside the queue's lock (which is then held only for a copy), and
-    /// copied into the queue's byte buffer: no allocation, and the request's own document is
-    /// freed by the request (a document freed on the writer's thread cost the allocator more
-    /// than the copy does).
+    /// Queue the authCheck record of the command that `frame` (an uncompressed OP_MSG that
+    /// `wire::decode` accepted) carried: the frame is copied into the queue's byte buffer
+    /// under the lock, and the writer makes the command of it. The cheapest way to record a
+    /// command: one copy, no encoding, no allocation.
+    pub fn log_frame(&self, actor: &Arc<Actor>, frame: &[u8], result: i32) {
+        self.log_bytes(actor, frame, Param::Frame, result);
+    }
+
+    /// Queue the authCheck record of `command`, for a request whose frame was not kept. The
+    /// command is encoded as BSON into a buffer of this thread's, outside the queue's lock,
+    /// then copied into the queue's byte buffer: no allocation, and the request's own
+    /// document is freed by the request (a document freed on the writer's thread cost the
+    /// allocator more than the copy does).
     pub fn log_command(&self, actor: &Arc<Actor>, command: &Document, result: i32) {
         thread_local! {
             static ENCODED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
         /// A buffer grown beyond this by a huge command is given back after it.
         const ENCODED_KEPT_BYTES_MAX: usize = 1 << 20;
-        let ts_ms = bson::DateTime::now().timestamp_millis();
         ENCODED.with(|encoded| {
             let mut encoded = encoded.borrow_mut();
             encoded.clear();
-            let param = wire::encode_document_into(&mut encoded, command);
-            if let Some(mut q) = self.room() {
-                let param = match param {
-                    Ok(()) => {
-                        let start = q.bytes.len();
-                        q.bytes.extend_from_slice(&encoded);
-                        Param::Command(start..q.bytes.len())
-                    }
-                    // Not reachable for a command that was decoded from BSON; recorded anyway.
-                    Err(e) => Param::Doc(doc! {"command": command.keys().next().map(String::as_str).unwrap_or(""), "error": e.message}),
-                };
-                q.events.push(Event { atype: "authCheck", ts_ms, actor: actor.clone(), param, result });
-                self.pushed(&q);
+            match wire::encode_document_into(&mut encoded, command) {
+                Ok(()) => self.log_bytes(actor, &encoded, Param::Command, result),
+                // Not reachable for a command that was decoded from BSON; recorded anyway.
+                Err(e) => self.log("authCheck", actor, Param::Doc(doc! {"command": command.keys().next().map(String::as_str).unwrap_or(""), "error": e.message}), result),
             }
             if encoded.capacity() > ENCODED_KEPT_BYTES_MAX {
                 *encoded = Vec::new();
             }
         });
+    }
+
+    /// Queue an authCheck whose param is `bytes`, copied into the queue's byte buffer.
+    fn log_bytes(&self, actor: &Arc<Actor>, bytes: &[u8], param: fn(std::ops::Range<usize>) -> Param, result: i32) {
+        let ts_ms = bson::DateTime::now().timestamp_millis();
+        let Some(mut q) = self.room() else { return };
+        let start = q.bytes.len();
+        q.bytes.extend_from_slice(bytes);
+        let param = param(start..q.bytes.len());
+        let actor = q.actor(actor);
+        q.events.push(Event { atype: "authCheck", ts_ms, actor, param, result });
+        self.pushed(&q);
     }
 
     /// The queue, once it has room (or None once the writer has stopped).
@@ -300,12 +339,41 @@ fn is_crud(name: &str) -> bool {
 }
 
 /// The authCheck record of a command, under authorization: `refused` is the refusal's code.
+/// Written from the request's frame when `keep_frame` kept it.
 pub fn auth_check(shared: &crate::state::Shared, conn: &mut crate::conn::ConnState, name: &str, cmd: &Document, refused: Option<i32>) {
     let Some(audit) = &shared.audit else { return };
-    if !shared.auth.enabled || (refused.is_none() && !(is_crud(name) && audit.authorization_success())) {
-        return;
+    // The frame belongs to this command alone (not to one it runs in turn, nor to an
+    // exhaust cursor's next run).
+    let frame = std::mem::take(&mut conn.audit_frame);
+    if shared.auth.enabled && (refused.is_some() || (is_crud(name) && audit.authorization_success())) {
+        let actor = conn.actor_ref();
+        match frame.is_empty() {
+            false => audit.log_frame(actor, &frame, refused.unwrap_or(0)),
+            true => audit.log_command(actor, cmd, refused.unwrap_or(0)),
+        }
     }
-    audit.log_command(&conn.actor(), cmd, refused.unwrap_or(0));
+    conn.audit_frame = frame;
+    conn.audit_frame.clear();
+}
+
+/// A kept frame's buffer grown beyond this by a huge request is given back after it.
+const FRAME_KEPT_BYTES_MAX: usize = 1 << 20;
+
+/// Called for each message a connection receives, before it runs: keep a copy of the frame
+/// (`frame`: an uncompressed OP_MSG that `wire::decode` accepted, whose body is `body`) when
+/// its command's authCheck record will be written from it, that is a CRUD command while
+/// `auditAuthorizationSuccess` is on; otherwise forget the last one. Copying the frame costs
+/// a tenth of encoding the decoded command again.
+pub fn keep_frame(shared: &crate::state::Shared, conn: &mut crate::conn::ConnState, body: Option<&Document>, frame: Option<&[u8]>) {
+    if conn.audit_frame.capacity() > FRAME_KEPT_BYTES_MAX {
+        conn.audit_frame = Vec::new();
+    }
+    conn.audit_frame.clear();
+    let Some(audit) = &shared.audit else { return };
+    let (Some(body), Some(frame)) = (body, frame) else { return };
+    if shared.auth.enabled && audit.authorization_success() && body.keys().next().is_some_and(|name| is_crud(name)) {
+        conn.audit_frame.extend_from_slice(frame);
+    }
 }
 
 thread_local! {
@@ -375,6 +443,16 @@ pub fn command_done(shared: &crate::state::Shared, conn: &mut crate::conn::ConnS
         d
     };
     let roles = || cmd.get("roles").cloned().unwrap_or(Bson::Array(Vec::new()));
+    // A role command's param: the role, and the roles and privileges it gave.
+    let role = || {
+        let mut d = doc! {"role": coll, "db": db};
+        for field in ["roles", "privileges"] {
+            if let Some(v) = cmd.get(field) {
+                d.insert(field, v.clone());
+            }
+        }
+        d
+    };
     let events: Vec<(&'static str, Document)> = match name {
         "drop" => vec![("dropCollection", doc! {"ns": &ns})],
         "dropDatabase" => vec![("dropDatabase", doc! {"ns": db})],
@@ -391,6 +469,14 @@ pub fn command_done(shared: &crate::state::Shared, conn: &mut crate::conn::ConnS
         "grantRolesToUser" => vec![("grantRolesToUser", user(doc! {"roles": roles()}))],
         "revokeRolesFromUser" => vec![("revokeRolesFromUser", user(doc! {"roles": roles()}))],
         "replSetReconfig" => vec![("replSetReconfig", doc! {"new": cmd.get("replSetReconfig").cloned().unwrap_or(Bson::Null)})],
+        "createRole" => vec![("createRole", role())],
+        "updateRole" => vec![("updateRole", role())],
+        "grantRolesToRole" => vec![("grantRolesToRole", role())],
+        "revokeRolesFromRole" => vec![("revokeRolesFromRole", role())],
+        "grantPrivilegesToRole" => vec![("grantPrivilegesToRole", role())],
+        "revokePrivilegesFromRole" => vec![("revokePrivilegesFromRole", role())],
+        "dropRole" => vec![("dropRole", doc! {"role": coll, "db": db})],
+        "dropAllRolesFromDatabase" => vec![("dropAllRolesFromDatabase", doc! {"db": db})],
         _ => return,
     };
     let actor = conn.actor();
@@ -423,6 +509,9 @@ fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<std::p
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut batch = Vec::new();
     let mut bytes = Vec::new();
+    let mut actors = Vec::new();
+    // The command of a `Param::Frame`, made from the frame.
+    let mut merged = Vec::new();
     let mut ts = json::TsCache::default();
     loop {
         let (closing, control) = {
@@ -433,26 +522,39 @@ fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<std::p
             // Swap in the (empty) vectors written last time: no allocation per batch.
             std::mem::swap(&mut q.events, &mut batch);
             std::mem::swap(&mut q.bytes, &mut bytes);
+            std::mem::swap(&mut q.actors, &mut actors);
             (q.closed, q.control.take())
         };
         queue.not_full.notify_all();
         buf.clear();
         let f = filter.read();
         for event in batch.drain(..) {
+            let Some(actor) = actors.get(event.actor as usize) else { continue };
+            let param = match &event.param {
+                Param::Doc(d) => Source::Doc(d),
+                Param::Command(range) => Source::Command(&bytes[range.clone()]),
+                Param::Frame(range) => {
+                    merged.clear();
+                    match wire::msg_command_into(&mut merged, &bytes[range.clone()]) {
+                        Ok(()) => Source::Command(&merged),
+                        Err(e) => Source::Unreadable(e.message),
+                    }
+                }
+            };
             // Without a filter, records are written straight from the event and the
             // command's BSON: no record document is built.
             if f.1.is_none() {
                 match format {
                     AuditFormat::Json => {
-                        json::record(&mut buf, &event, &bytes, &mut ts);
+                        json::record(&mut buf, &event, actor, &param, &mut ts);
                         buf.push(b'\n');
                         continue;
                     }
-                    AuditFormat::Bson if bson_record(&mut buf, &event, &bytes).is_some() => continue,
+                    AuditFormat::Bson if bson_record(&mut buf, &event, actor, &param).is_some() => continue,
                     AuditFormat::Bson => {}
                 }
             }
-            let record = record(event, &bytes);
+            let record = record(&event, actor, &param);
             if f.1.as_ref().is_some_and(|f| !f.matches(&record)) {
                 continue;
             }
@@ -470,6 +572,7 @@ fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<std::p
         }
         drop(f);
         bytes.clear();
+        actors.clear();
         // One write per batch; a failure is reported and the writer goes on, so that a
         // full disk does not also stop the server.
         if !buf.is_empty() {
@@ -496,17 +599,124 @@ fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<std::p
     }
 }
 
-/// An authCheck's command name and namespace, from its BSON: the first field's name, and
-/// `$db` joined with the first field's value when that is a collection name.
-fn command_name_ns(cmd: &bson::RawDocument) -> (&str, String) {
-    let first = cmd.iter().next().and_then(|r| r.ok());
-    let name = first.as_ref().map(|(k, _)| k.as_str()).unwrap_or("");
-    let db = cmd.get_str("$db").unwrap_or("");
-    let ns = match first {
-        Some((_, bson::RawBsonRef::String(c))) => format!("{db}.{c}"),
-        _ => db.to_string(),
-    };
-    (name, ns)
+/// An event's param, as the writer reads it.
+enum Source<'a> {
+    Doc(&'a Document),
+    /// A command's BSON.
+    Command(&'a [u8]),
+    /// A frame that did not give a command (not reachable for a frame `wire::decode`
+    /// accepted): why, recorded in its place.
+    Unreadable(String),
+}
+
+/// What a record tells of a command besides its args, read from its BSON in one pass over
+/// its top-level fields.
+struct CommandFields<'a> {
+    /// The first field's name.
+    name: &'a str,
+    /// `$db`, and the first field's value when that is a string (a collection name): the
+    /// namespace is `db.collection`, or `db` alone.
+    db: &'a str,
+    collection: Option<&'a str>,
+    /// A top-level field holds a secret (`auth::SECRET_FIELDS`) to hide.
+    secret: bool,
+}
+
+/// Reading BSON bytes in place, for the writer: no iterator machinery and no allocation.
+/// Every read is bounds-checked; None for bytes that are not what they should be.
+mod scan {
+    pub fn i32_at(b: &[u8], at: usize) -> Option<i32> {
+        Some(i32::from_le_bytes(b.get(at..at.checked_add(4)?)?.try_into().ok()?))
+    }
+
+    pub fn i64_at(b: &[u8], at: usize) -> Option<i64> {
+        Some(i64::from_le_bytes(b.get(at..at.checked_add(8)?)?.try_into().ok()?))
+    }
+
+    /// The length-prefixed bytes at `at` (documents, arrays).
+    pub fn sized(b: &[u8], at: usize) -> Option<&[u8]> {
+        let len = usize::try_from(i32_at(b, at)?).ok()?;
+        b.get(at..at.checked_add(len)?)
+    }
+
+    /// The string value at `at` (a length including its NUL, then the bytes).
+    pub fn string(b: &[u8], at: usize) -> Option<&str> {
+        let len = usize::try_from(i32_at(b, at)?).ok()?;
+        std::str::from_utf8(b.get(at + 4..(at + 4).checked_add(len)?.checked_sub(1)?)?).ok()
+    }
+
+    /// Where the value of type `kind` at `at` ends.
+    pub fn value_end(b: &[u8], kind: u8, at: usize) -> Option<usize> {
+        let prefixed = |extra: usize| Some(at + 4 + usize::try_from(i32_at(b, at)?).ok()? + extra);
+        let cstring_end = |from: usize| Some(from + b.get(from..)?.iter().position(|c| *c == 0)? + 1);
+        let end = match kind {
+            0x06 | 0x0A | 0x7F | 0xFF => at,
+            0x08 => at + 1,
+            0x10 => at + 4,
+            0x01 | 0x09 | 0x11 | 0x12 => at + 8,
+            0x07 => at + 12,
+            0x13 => at + 16,
+            0x02 | 0x0D | 0x0E => prefixed(0)?,
+            0x05 => prefixed(1)?,
+            0x0C => prefixed(12)?,
+            0x03 | 0x04 | 0x0F => at + usize::try_from(i32_at(b, at)?).ok()?,
+            0x0B => cstring_end(cstring_end(at)?)?,
+            _ => return None,
+        };
+        (end <= b.len()).then_some(end)
+    }
+
+    /// Call `f` with each top-level field of the document `doc`: its type, its name and
+    /// where its value starts. None when `doc` is not well-formed or `f` returns None.
+    pub fn fields<'a>(doc: &'a [u8], mut f: impl FnMut(u8, &'a str, usize) -> Option<()>) -> Option<()> {
+        let len = usize::try_from(i32_at(doc, 0)?).ok()?;
+        if len < 5 || len > doc.len() || doc[len - 1] != 0 {
+            return None;
+        }
+        // Without the terminating NUL.
+        let body = &doc[..len - 1];
+        let mut at = 4;
+        while at < body.len() {
+            let kind = body[at];
+            let key_len = body.get(at + 1..)?.iter().position(|c| *c == 0)?;
+            let key = std::str::from_utf8(&body[at + 1..at + 1 + key_len]).ok()?;
+            let value = at + 2 + key_len;
+            let next = value_end(body, kind, value)?;
+            f(kind, key, value)?;
+            at = next;
+        }
+        Some(())
+    }
+}
+
+/// The name, namespace and secrecy of the command `cmd`; None when it is not well-formed.
+fn command_fields(cmd: &[u8]) -> Option<CommandFields<'_>> {
+    let mut fields = CommandFields { name: "", db: "", collection: None, secret: false };
+    let mut first = true;
+    scan::fields(cmd, |kind, key, at| {
+        if first {
+            first = false;
+            fields.name = key;
+            if kind == 0x02 {
+                fields.collection = Some(scan::string(cmd, at)?);
+            }
+        }
+        if key == "$db" && kind == 0x02 {
+            fields.db = scan::string(cmd, at)?;
+        }
+        fields.secret |= crate::auth::SECRET_FIELDS.contains(&key);
+        Some(())
+    })?;
+    Some(fields)
+}
+
+impl CommandFields<'_> {
+    fn ns(&self) -> String {
+        match self.collection {
+            Some(c) => format!("{}.{c}", self.db),
+            None => self.db.to_string(),
+        }
+    }
 }
 
 /// Rename the audit file `<path>.<UTC time>` (mongod's rotated name) and open a new one.
@@ -595,42 +805,45 @@ fn address(a: Option<SocketAddr>) -> Bson {
 
 /// A BSON record written straight from the event: the command's bytes are copied as they
 /// are. None (and nothing written) for what `record` must build: a command with a secret
-/// to hide.
-fn bson_record(buf: &mut Vec<u8>, e: &Event, bytes: &[u8]) -> Option<()> {
+/// to hide, or anything but a well-formed command.
+fn bson_record(buf: &mut Vec<u8>, e: &Event, actor: &Actor, param: &Source) -> Option<()> {
     fn cstring(buf: &mut Vec<u8>, kind: u8, key: &str) {
         buf.push(kind);
         buf.extend_from_slice(key.as_bytes());
         buf.push(0);
     }
-    fn string(buf: &mut Vec<u8>, key: &str, s: &str) {
+    /// A string field whose value is the concatenation of `parts`.
+    fn string(buf: &mut Vec<u8>, key: &str, parts: &[&str]) {
         cstring(buf, 0x02, key);
-        buf.extend_from_slice(&(s.len() as i32 + 1).to_le_bytes());
-        buf.extend_from_slice(s.as_bytes());
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        buf.extend_from_slice(&(len as i32 + 1).to_le_bytes());
+        for p in parts {
+            buf.extend_from_slice(p.as_bytes());
+        }
         buf.push(0);
     }
     fn patch(buf: &mut [u8], start: usize) {
         let len = (buf.len() - start) as i32;
         buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
     }
-    let Param::Command(range) = &e.param else { return None };
-    let raw = bson::RawDocument::from_bytes(bytes.get(range.clone())?).ok()?;
-    if raw.iter().any(|el| el.map_or(true, |(k, _)| crate::auth::SECRET_FIELDS.contains(&k.as_str()))) {
-        return None;
-    }
-    let (name, ns) = command_name_ns(raw);
+    let Source::Command(cmd) = param else { return None };
+    let fields = command_fields(cmd).filter(|f| !f.secret)?;
     let start = buf.len();
     buf.extend_from_slice(&[0; 4]);
-    string(buf, "atype", e.atype);
+    string(buf, "atype", &[e.atype]);
     cstring(buf, 0x09, "ts");
     buf.extend_from_slice(&e.ts_ms.to_le_bytes());
-    buf.extend_from_slice(&e.actor.bson);
+    buf.extend_from_slice(&actor.bson);
     cstring(buf, 0x03, "param");
     let param = buf.len();
     buf.extend_from_slice(&[0; 4]);
-    string(buf, "command", name);
-    string(buf, "ns", &ns);
+    string(buf, "command", &[fields.name]);
+    match fields.collection {
+        Some(c) => string(buf, "ns", &[fields.db, ".", c]),
+        None => string(buf, "ns", &[fields.db]),
+    }
     cstring(buf, 0x03, "args");
-    buf.extend_from_slice(raw.as_bytes());
+    buf.extend_from_slice(cmd);
     buf.push(0);
     patch(buf, param);
     cstring(buf, 0x10, "result");
@@ -640,21 +853,18 @@ fn bson_record(buf: &mut Vec<u8>, e: &Event, bytes: &[u8]) -> Option<()> {
     Some(())
 }
 
-/// The record MongoDB writes for an event; `bytes` holds the commands of its batch.
-fn record(e: Event, bytes: &[u8]) -> Document {
-    let param = match e.param {
-        Param::Doc(d) => d,
-        Param::Command(range) => match bson::RawDocument::from_bytes(&bytes[range]) {
-            Ok(raw) => {
-                let (name, ns) = command_name_ns(raw);
-                let args = Document::try_from(raw).unwrap_or_default();
-                doc! {"command": name, "ns": ns, "args": crate::auth::redacted(&args)}
-            }
-            Err(e) => doc! {"error": e.to_string()},
+/// The record MongoDB writes for an event.
+fn record(e: &Event, actor: &Actor, param: &Source) -> Document {
+    let param = match param {
+        Source::Doc(d) => (*d).clone(),
+        Source::Command(cmd) => match (command_fields(cmd), bson::RawDocument::from_bytes(cmd).ok().and_then(|raw| Document::try_from(raw).ok())) {
+            (Some(fields), Some(args)) => doc! {"command": fields.name, "ns": fields.ns(), "args": crate::auth::redacted(&args)},
+            _ => doc! {"error": "the command is not well-formed BSON"},
         },
+        Source::Unreadable(why) => doc! {"error": why},
     };
     let mut d = doc! {"atype": e.atype, "ts": bson::DateTime::from_millis(e.ts_ms)};
-    d.extend(e.actor.fields());
+    d.extend(actor.fields());
     d.insert("param", param);
     d.insert("result", e.result);
     d
@@ -695,7 +905,7 @@ impl Write for Syslog {
 /// a buffer: what `Bson::into_relaxed_extjson` produces, without building a `serde_json`
 /// tree for every record.
 mod json {
-    use super::{Event, Param};
+    use super::{Actor, Event, Source};
     use bson::{Bson, Document};
     use std::io::Write as _;
 
@@ -706,7 +916,7 @@ mod json {
         text: Vec<u8>,
     }
 
-    pub fn record(buf: &mut Vec<u8>, e: &Event, bytes: &[u8], ts: &mut TsCache) {
+    pub fn record(buf: &mut Vec<u8>, e: &Event, actor: &Actor, param: &Source, ts: &mut TsCache) {
         buf.extend_from_slice(b"{\"atype\":");
         string(buf, e.atype);
         buf.extend_from_slice(b",\"ts\":");
@@ -717,25 +927,30 @@ mod json {
         }
         buf.extend_from_slice(&ts.text);
         buf.push(b',');
-        buf.extend_from_slice(&e.actor.json);
+        buf.extend_from_slice(&actor.json);
         buf.extend_from_slice(b",\"param\":");
-        match &e.param {
-            Param::Doc(d) => document(buf, d, &[]),
-            Param::Command(range) => match bson::RawDocument::from_bytes(&bytes[range.clone()]) {
-                Ok(raw) => {
-                    let (name, ns) = super::command_name_ns(raw);
+        match param {
+            Source::Doc(d) => document(buf, d, &[]),
+            Source::Command(cmd) => match super::command_fields(cmd) {
+                Some(fields) => {
                     buf.extend_from_slice(b"{\"command\":");
-                    string(buf, name);
+                    string(buf, fields.name);
                     buf.extend_from_slice(b",\"ns\":");
-                    string(buf, &ns);
+                    match fields.collection {
+                        Some(c) => strings(buf, &[fields.db, ".", c]),
+                        None => string(buf, fields.db),
+                    }
                     buf.extend_from_slice(b",\"args\":");
-                    args(buf, raw, &crate::auth::SECRET_FIELDS);
+                    args(buf, cmd, if fields.secret { &crate::auth::SECRET_FIELDS } else { &[] });
                     buf.push(b'}');
                 }
-                Err(e) => document(buf, &bson::doc! {"error": e.to_string()}, &[]),
+                None => document(buf, &bson::doc! {"error": "the command is not well-formed BSON"}, &[]),
             },
+            Source::Unreadable(why) => document(buf, &bson::doc! {"error": why}, &[]),
         }
-        let _ = write!(buf, ",\"result\":{}}}", e.result);
+        buf.extend_from_slice(b",\"result\":");
+        integer(buf, e.result as i64);
+        buf.push(b'}');
     }
 
     /// A walk over BSON bytes that writes relaxed extended JSON for the types commands carry
@@ -743,22 +958,9 @@ mod json {
     /// no iterator machinery; None for anything else (or bytes that are not well-formed),
     /// after which the caller writes the document the slower way.
     mod walk {
-        use super::{binary, string, value};
+        use super::super::scan::{i32_at, i64_at, sized};
+        use super::{binary, integer, quoted, string, value};
         use bson::Bson;
-
-        fn i32_at(b: &[u8], at: usize) -> Option<i32> {
-            Some(i32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
-        }
-
-        fn i64_at(b: &[u8], at: usize) -> Option<i64> {
-            Some(i64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
-        }
-
-        /// The length-prefixed bytes at `at` (documents, arrays).
-        fn sized(b: &[u8], at: usize) -> Option<&[u8]> {
-            let len = usize::try_from(i32_at(b, at)?).ok()?;
-            b.get(at..at.checked_add(len)?)
-        }
 
         /// Write the document (or array) `doc`; the top-level fields named in `secrets` as
         /// "xxx".
@@ -775,17 +977,17 @@ mod json {
                 let kind = doc[at];
                 at += 1;
                 let key_len = doc.get(at..end)?.iter().position(|c| *c == 0)?;
-                let key = std::str::from_utf8(&doc[at..at + key_len]).ok()?;
+                let key = &doc[at..at + key_len];
                 at += key_len + 1;
                 if !first {
                     buf.push(b',');
                 }
                 first = false;
                 if !array {
-                    string(buf, key);
+                    quoted(buf, key);
                     buf.push(b':');
                 }
-                let hide = !secrets.is_empty() && secrets.contains(&key);
+                let hide = secrets.iter().any(|s| s.as_bytes() == key);
                 at = element(buf, doc, kind, at, hide)?;
             }
             buf.push(if array { b']' } else { b'}' });
@@ -803,8 +1005,7 @@ mod json {
                 }
                 0x02 => {
                     let len = usize::try_from(i32_at(b, at)?).ok()?;
-                    let s = b.get(at + 4..(at + 4).checked_add(len)?.checked_sub(1)?)?;
-                    string(buf, std::str::from_utf8(s).ok()?);
+                    quoted(buf, b.get(at + 4..(at + 4).checked_add(len)?.checked_sub(1)?)?);
                     at + 4 + len
                 }
                 0x03 | 0x04 => {
@@ -836,11 +1037,11 @@ mod json {
                     at
                 }
                 0x10 => {
-                    let _ = std::io::Write::write_fmt(buf, format_args!("{}", i32_at(b, at)?));
+                    integer(buf, i32_at(b, at)?.into());
                     at + 4
                 }
                 0x12 => {
-                    let _ = std::io::Write::write_fmt(buf, format_args!("{}", i64_at(b, at)?));
+                    integer(buf, i64_at(b, at)?);
                     at + 8
                 }
                 _ => return None,
@@ -856,11 +1057,12 @@ mod json {
     /// A command's BSON as relaxed extended JSON, with the top-level fields named in
     /// `secrets` written as "xxx": walked in place, or, for a type the walker leaves alone
     /// (rare in commands), decoded and written as a document.
-    fn args(buf: &mut Vec<u8>, raw: &bson::RawDocument, secrets: &[&str]) {
+    fn args(buf: &mut Vec<u8>, cmd: &[u8], secrets: &[&str]) {
         let at = buf.len();
-        if walk::document(buf, raw.as_bytes(), secrets, false).is_none() {
+        if walk::document(buf, cmd, secrets, false).is_none() {
             buf.truncate(at);
-            document(buf, &Document::try_from(raw).unwrap_or_default(), secrets);
+            let d = bson::RawDocument::from_bytes(cmd).ok().and_then(|raw| Document::try_from(raw).ok()).unwrap_or_default();
+            document(buf, &d, secrets);
         }
     }
 
@@ -890,18 +1092,17 @@ mod json {
         buf.resize(at + base64::encoded_len(bytes.len(), true).unwrap_or(0), 0);
         let n = base64::engine::general_purpose::STANDARD.encode_slice(bytes, &mut buf[at..]).unwrap_or(0);
         buf.truncate(at + n);
-        let _ = write!(buf, "\",\"subType\":\"{subtype:02x}\"}}}}");
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        buf.extend_from_slice(b"\",\"subType\":\"");
+        buf.extend_from_slice(&[HEX[usize::from(subtype >> 4)], HEX[usize::from(subtype & 15)]]);
+        buf.extend_from_slice(b"\"}}");
     }
 
     pub fn value(buf: &mut Vec<u8>, v: &Bson) {
         match v {
             Bson::String(s) => string(buf, s),
-            Bson::Int32(n) => {
-                let _ = write!(buf, "{n}");
-            }
-            Bson::Int64(n) => {
-                let _ = write!(buf, "{n}");
-            }
+            Bson::Int32(n) => integer(buf, (*n).into()),
+            Bson::Int64(n) => integer(buf, *n),
             Bson::Boolean(b) => buf.extend_from_slice(if *b { b"true" } else { b"false" }),
             Bson::Null => buf.extend_from_slice(b"null"),
             Bson::Double(f) if f.is_finite() && f.fract() != 0.0 => {
@@ -930,10 +1131,51 @@ mod json {
         }
     }
 
-    /// A JSON string: runs that need no escape are copied whole.
+    /// An integer in decimal, without the formatting machinery.
+    fn integer(buf: &mut Vec<u8>, n: i64) {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut v = n.unsigned_abs();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        if n < 0 {
+            buf.push(b'-');
+        }
+        buf.extend_from_slice(&digits[at..]);
+    }
+
+    /// A JSON string.
     fn string(buf: &mut Vec<u8>, s: &str) {
+        quoted(buf, s.as_bytes());
+    }
+
+    /// A JSON string of a BSON string's bytes. They are not checked for UTF-8 again: they
+    /// come from a command that was decoded (which checks) or encoded from a `Document`
+    /// (which holds only valid strings), and escaping works on bytes.
+    fn quoted(buf: &mut Vec<u8>, s: &[u8]) {
         buf.push(b'"');
-        let bytes = s.as_bytes();
+        escape(buf, s);
+        buf.push(b'"');
+    }
+
+    /// One JSON string of the concatenation of `parts`.
+    fn strings(buf: &mut Vec<u8>, parts: &[&str]) {
+        buf.push(b'"');
+        for s in parts {
+            escape(buf, s.as_bytes());
+        }
+        buf.push(b'"');
+    }
+
+    /// The escaped text of a JSON string's content: runs that need no escape are copied
+    /// whole.
+    fn escape(buf: &mut Vec<u8>, bytes: &[u8]) {
         let mut run = 0;
         for (i, &b) in bytes.iter().enumerate() {
             let escaped: &[u8] = match b {
@@ -954,11 +1196,11 @@ mod json {
             }
         }
         buf.extend_from_slice(&bytes[run..]);
-        buf.push(b'"');
     }
 
     #[cfg(test)]
     mod tests {
+        use super::super::{bson_record, command_fields, Param};
         use super::*;
         use bson::doc;
 
@@ -977,7 +1219,7 @@ mod json {
             // Read from BSON (timestamps and decimals take the walker's way out), the same text.
             let mut raw_buf = Vec::new();
             let bytes = d.to_vec().unwrap();
-            args(&mut raw_buf, bson::RawDocument::from_bytes(&bytes).unwrap(), &[]);
+            args(&mut raw_buf, &bytes, &[]);
             assert_eq!(String::from_utf8(raw_buf).unwrap(), String::from_utf8(buf).unwrap());
         }
 
@@ -1007,11 +1249,11 @@ mod json {
             let cmd = doc! {"createUser": "ann", "pwd": "secret", "roles": [], "$db": "admin"};
             let bytes = cmd.to_vec().unwrap();
             let actor = std::sync::Arc::new(crate::audit::Actor::new(None, None, bson::Uuid::from_bytes([7; 16]), vec![("u".into(), "admin".into())], vec![("root".into(), "admin".into())]));
-            let e = Event { atype: "authCheck", ts_ms: 1_700_000_000_123, actor, param: Param::Command(0..bytes.len()), result: 13 };
+            let e = Event { atype: "authCheck", ts_ms: 1_700_000_000_123, actor: 0, param: Param::Command(0..bytes.len()), result: 13 };
             let mut buf = Vec::new();
-            record(&mut buf, &e, &bytes, &mut TsCache::default());
+            record(&mut buf, &e, &actor, &Source::Command(&bytes), &mut TsCache::default());
             let json: serde_json::Value = serde_json::from_slice(&buf).unwrap();
-            let owned = Bson::Document(super::super::record(e, &bytes)).into_relaxed_extjson();
+            let owned = Bson::Document(super::super::record(&e, &actor, &Source::Command(&bytes))).into_relaxed_extjson();
             assert_eq!(json, owned);
             assert_eq!(json["param"]["command"], "createUser");
             assert_eq!(json["param"]["ns"], "admin.ann");
@@ -1025,15 +1267,63 @@ mod json {
             let actor = std::sync::Arc::new(crate::audit::Actor::new(None, Some("127.0.0.1:5".parse().unwrap()), bson::Uuid::from_bytes([7; 16]), vec![("u".into(), "admin".into())], vec![("root".into(), "admin".into())]));
             let event = |cmd: &bson::Document| {
                 let bytes = cmd.to_vec().unwrap();
-                (Event { atype: "authCheck", ts_ms: 1_700_000_000_123, actor: actor.clone(), param: Param::Command(0..bytes.len()), result: 0 }, bytes)
+                (Event { atype: "authCheck", ts_ms: 1_700_000_000_123, actor: 0, param: Param::Command(0..bytes.len()), result: 0 }, bytes)
             };
             let (e, bytes) = event(&doc! {"insert": "c", "documents": [{"_id": 1, "b": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![9; 100] }}], "$db": "app"});
             let mut buf = Vec::new();
-            super::super::bson_record(&mut buf, &e, &bytes).expect("written");
-            assert_eq!(bson::Document::from_reader(&buf[..]).unwrap(), super::super::record(e, &bytes));
+            super::super::bson_record(&mut buf, &e, &actor, &Source::Command(&bytes)).expect("written");
+            assert_eq!(bson::Document::from_reader(&buf[..]).unwrap(), super::super::record(&e, &actor, &Source::Command(&bytes)));
             // A secret to hide: left to `record`.
             let (e, bytes) = event(&doc! {"createUser": "ann", "pwd": "secret", "$db": "admin"});
-            assert!(super::super::bson_record(&mut Vec::new(), &e, &bytes).is_none());
+            assert!(super::super::bson_record(&mut Vec::new(), &e, &actor, &Source::Command(&bytes)).is_none());
+        }
+
+        #[test]
+        fn a_record_from_a_frame_is_the_record_from_its_command() {
+            let actor = std::sync::Arc::new(crate::audit::Actor::new(None, Some("127.0.0.1:5".parse().unwrap()), bson::Uuid::from_bytes([7; 16]), vec![("u".into(), "admin".into())], vec![("root".into(), "admin".into())]));
+            let body = doc! {"insert": "c", "ordered": true, "$db": "app", "lsid": {"id": bson::Uuid::from_bytes([1; 16])}};
+            let documents = vec![doc! {"_id": "k1", "f": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![b'"'; 30] }}, doc! {"_id": 2}];
+            for checksum in [0, wire::flags::CHECKSUM_PRESENT] {
+                let msg = wire::OpMsg { flags: checksum, body: body.clone(), sequences: vec![wire::DocumentSequence { identifier: "documents".into(), documents: documents.clone() }] };
+                let frame = wire::encode_msg(1, 0, &msg, None);
+                let mut merged = Vec::new();
+                wire::msg_command_into(&mut merged, &frame).unwrap();
+                let mut command = body.clone();
+                command.insert("documents", documents.iter().cloned().map(Bson::Document).collect::<Vec<_>>());
+                let e = Event { atype: "authCheck", ts_ms: 1_700_000_000_123, actor: 0, param: Param::Command(0..0), result: 0 };
+                let from_command = super::super::record(&e, &actor, &Source::Command(&command.to_vec().unwrap()));
+                assert_eq!(super::super::record(&e, &actor, &Source::Command(&merged)), from_command);
+                let (mut json, mut bson) = (Vec::new(), Vec::new());
+                record(&mut json, &e, &actor, &Source::Command(&merged), &mut TsCache::default());
+                assert_eq!(serde_json::from_slice::<serde_json::Value>(&json).unwrap(), Bson::Document(from_command.clone()).into_relaxed_extjson());
+                bson_record(&mut bson, &e, &actor, &Source::Command(&merged)).unwrap();
+                assert_eq!(bson::Document::from_reader(&bson[..]).unwrap(), from_command);
+            }
+        }
+
+        #[test]
+        fn command_fields_read_well_formed_commands_and_refuse_the_rest() {
+            let cmd = doc! {"find": "c", "filter": {"a": {"$regularExpression": {"pattern": "x", "options": ""}}}, "r": bson::Regex { pattern: "p".to_string().try_into().unwrap(), options: "i".to_string().try_into().unwrap() },
+                "ts": bson::Timestamp { time: 1, increment: 2 }, "d": "1.5".parse::<bson::Decimal128>().unwrap(), "code": bson::Bson::JavaScriptCode("f()".into()),
+                "min": bson::Bson::MinKey, "max": bson::Bson::MaxKey, "u": bson::Bson::Undefined, "$db": "app", "pwd": "s"};
+            let bytes = cmd.to_vec().unwrap();
+            let f = command_fields(&bytes).expect("well-formed");
+            assert_eq!((f.name, f.db, f.collection, f.secret, f.ns()), ("find", "app", Some("c"), true, "app.c".to_string()));
+            let ping = doc! {"ping": 1, "$db": "admin"}.to_vec().unwrap();
+            let f = command_fields(&ping).unwrap();
+            assert_eq!((f.name, f.collection, f.secret, f.ns()), ("ping", None, false, "admin".to_string()));
+            // Every cut, and every byte changed, is read without a panic; cut, it is refused.
+            for cut in 0..bytes.len() {
+                assert!(command_fields(&bytes[..cut]).is_none(), "cut at {cut}");
+            }
+            for at in 0..bytes.len() {
+                for v in [0u8, 1, 0x7f, 0xff] {
+                    let mut b = bytes.clone();
+                    b[at] = v;
+                    let _ = command_fields(&b);
+                    let _ = walk::document(&mut Vec::new(), &b, &[], false);
+                }
+            }
         }
     }
 }

@@ -51,27 +51,34 @@ pub struct ConnState {
     pub uuid: bson::Uuid,
     /// The last audit actor made (`actor`).
     pub audit_actor: Option<Arc<crate::audit::Actor>>,
+    /// The frame of the request about to run, kept for its authCheck record
+    /// (`audit::keep_frame`); empty when none is kept.
+    pub audit_frame: Vec<u8>,
 }
 
 impl ConnState {
     /// Who acts, for an audit record: made again only when the user or their roles changed
     /// since the last one, and otherwise shared by the connection's records.
     pub fn actor(&mut self) -> Arc<crate::audit::Actor> {
+        self.actor_ref().clone()
+    }
+
+    /// `actor`, borrowed.
+    pub fn actor_ref(&mut self) -> &Arc<crate::audit::Actor> {
         let user = self.auth.user.as_ref();
-        if let Some(a) = &self.audit_actor {
-            let same = match user {
-                None => a.users.is_empty(),
-                Some(u) => a.users.len() == 1 && a.users[0].0 == u.user && a.users[0].1 == u.db && a.roles == u.roles,
-            };
-            if same {
-                return a.clone();
-            }
+        let current = self.audit_actor.as_ref().is_some_and(|a| match user {
+            None => a.users.is_empty(),
+            Some(u) => a.users.len() == 1 && a.users[0].0 == u.user && a.users[0].1 == u.db && a.roles == u.roles,
+        });
+        if !current {
+            self.audit_actor = None;
         }
-        let users = user.map(|u| vec![(u.user.clone(), u.db.clone())]).unwrap_or_default();
-        let roles = user.map(|u| u.roles.clone()).unwrap_or_default();
-        let a = Arc::new(crate::audit::Actor::new(self.local, Some(self.remote), self.uuid, users, roles));
-        self.audit_actor = Some(a.clone());
-        a
+        let (local, remote, uuid) = (self.local, self.remote, self.uuid);
+        self.audit_actor.get_or_insert_with(|| {
+            let users = user.map(|u| vec![(u.user.clone(), u.db.clone())]).unwrap_or_default();
+            let roles = user.map(|u| u.roles.clone()).unwrap_or_default();
+            Arc::new(crate::audit::Actor::new(local, Some(remote), uuid, users, roles))
+        })
     }
 }
 
@@ -120,7 +127,7 @@ pub struct AwaitData {
 pub async fn serve(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None, auth: Default::default(), local: stream.local_addr().ok(), uuid: bson::Uuid::new(), audit_actor: None };
+    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None, auth: Default::default(), local: stream.local_addr().ok(), uuid: bson::Uuid::new(), audit_actor: None, audit_frame: Vec::new() };
     tracing::debug!(conn = id, %remote, "connection accepted");
     match shared.tls.accept(stream).await {
         Ok(mut stream) => {
@@ -232,6 +239,11 @@ async fn serve_loop(shared: &Arc<Shared>, stream: &mut Stream, conn: &mut ConnSt
         };
         let request_id = decoded.header.request_id;
         let compressor = decoded.compressor;
+        let body = match &decoded.message {
+            Message::Msg(m) => Some(&m.body),
+            _ => None,
+        };
+        crate::audit::keep_frame(shared, conn, body, compressor.is_none().then_some(buf));
         match decoded.message {
             Message::Msg(msg) if is_oplog_stream(&msg) => stream_oplog(shared, stream, &mut reader, conn, request_id, msg).await?,
             Message::Msg(msg) => handle_msg(shared, stream, conn, request_id, compressor, msg).await?,

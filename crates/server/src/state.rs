@@ -221,7 +221,7 @@ impl Shared {
     /// Queue an audit record, if auditing is on.
     pub fn audit_event(&self, atype: &'static str, actor: &std::sync::Arc<crate::audit::Actor>, param: crate::audit::Param, result: i32) {
         if let Some(a) = &self.audit {
-            a.log(crate::audit::Event { atype, ts_ms: bson::DateTime::now().timestamp_millis(), actor: actor.clone(), param, result });
+            a.log(atype, actor, param, result);
         }
     }
 

@@ -77,6 +77,16 @@ async fn every_audited_event_is_recorded_once_with_its_fields() {
     app.run_command(doc! {"grantRolesToUser": "ann", "roles": ["readWrite"]}).await.unwrap();
     app.run_command(doc! {"revokeRolesFromUser": "ann", "roles": ["readWrite"]}).await.unwrap();
     app.run_command(doc! {"updateUser": "ann", "pwd": "annpw2"}).await.unwrap();
+    let find_c = doc! {"resource": {"db": "app", "collection": "c"}, "actions": ["find"]};
+    app.run_command(doc! {"createRole": "r1", "privileges": [find_c.clone()], "roles": []}).await.unwrap();
+    app.run_command(doc! {"createRole": "r2", "privileges": [], "roles": []}).await.unwrap();
+    app.run_command(doc! {"updateRole": "r1", "privileges": [find_c.clone()]}).await.unwrap();
+    app.run_command(doc! {"grantRolesToRole": "r1", "roles": ["r2"]}).await.unwrap();
+    app.run_command(doc! {"revokeRolesFromRole": "r1", "roles": ["r2"]}).await.unwrap();
+    app.run_command(doc! {"grantPrivilegesToRole": "r2", "privileges": [find_c.clone()]}).await.unwrap();
+    app.run_command(doc! {"revokePrivilegesFromRole": "r2", "privileges": [find_c.clone()]}).await.unwrap();
+    app.run_command(doc! {"dropRole": "r2"}).await.unwrap();
+    app.run_command(doc! {"dropAllRolesFromDatabase": 1}).await.unwrap();
     // A refused command, by a user with read only, and a failed login.
     let ann = client_as(&s, "ann", "annpw2", "app").await;
     assert!(ann.database("app").collection::<Document>("c").insert_one(doc! {"_id": 9}).await.is_err());
@@ -102,6 +112,16 @@ async fn every_audited_event_is_recorded_once_with_its_fields() {
         assert_eq!(r.get_array("roles").unwrap(), &vec![Bson::Document(doc! {"role": "root", "db": "admin"})]);
         assert_eq!(r.get_document("remote").unwrap().get_str("ip").unwrap(), "127.0.0.1");
     }
+    // The args are the command as the server ran it: written from the request's frame, the
+    // driver's document sequence merged into the body.
+    let insert = of(&records, "authCheck").into_iter().find(|r| r.get_document("param").unwrap().get_str("command").ok() == Some("insert")).unwrap();
+    let args = insert.get_document("param").unwrap().get_document("args").unwrap();
+    assert_eq!((args.get_str("insert").unwrap(), args.get_str("$db").unwrap()), ("c", "app"), "{args}");
+    assert_eq!(args.get_array("documents").unwrap().len(), 1, "{args}");
+    assert_eq!(args.get_array("documents").unwrap()[0].as_document().unwrap().get_str("v").unwrap(), "secret-value");
+    let update = of(&records, "authCheck").into_iter().find(|r| r.get_document("param").unwrap().get_str("command").ok() == Some("update")).unwrap();
+    let updates = update.get_document("param").unwrap().get_document("args").unwrap().get_array("updates").unwrap();
+    assert_eq!(updates[0].as_document().unwrap().get_document("u").unwrap(), &doc! {"$set": {"v": 2}});
     // The refusal: authCheck with code 13, by ann.
     let refused: Vec<_> = of(&records, "authCheck").into_iter().filter(|r| r.get_i32("result").ok() == Some(13)).collect();
     assert_eq!(refused.len(), 1, "{refused:#?}");
@@ -124,13 +144,15 @@ async fn every_audited_event_is_recorded_once_with_its_fields() {
     assert_eq!(dbs.iter().filter(|d| *d == "app").count(), 1, "{dbs:?}");
     let first_create = records.iter().position(|r| r.get_str("atype").ok() == Some("createCollection") && r.get_document("param").unwrap().get_str("ns").ok() == Some("app.c")).unwrap();
     assert_eq!(records[first_create - 1].get_str("atype").unwrap(), "createDatabase", "the database's record comes first");
-    for (atype, n) in [("createIndex", 1), ("dropIndex", 1), ("renameCollection", 1), ("dropCollection", 1), ("dropDatabase", 1), ("grantRolesToUser", 1), ("revokeRolesFromUser", 1), ("updateUser", 1), ("dropUser", 1)] {
+    for (atype, n) in [("createIndex", 1), ("dropIndex", 1), ("renameCollection", 1), ("dropCollection", 1), ("dropDatabase", 1), ("grantRolesToUser", 1), ("revokeRolesFromUser", 1), ("updateUser", 1), ("dropUser", 1), ("createRole", 2), ("updateRole", 1), ("grantRolesToRole", 1), ("revokeRolesFromRole", 1), ("grantPrivilegesToRole", 1), ("revokePrivilegesFromRole", 1), ("dropRole", 1), ("dropAllRolesFromDatabase", 1)] {
         assert_eq!(of(&records, atype).len(), n, "{atype}");
     }
     assert_eq!(of(&records, "createUser").len(), 2, "admin through the localhost exception, then ann");
     let rename = of(&records, "renameCollection")[0].get_document("param").unwrap().clone();
     assert_eq!(rename, doc! {"old": "app.made", "new": "app.renamed"});
     assert_eq!(of(&records, "createIndex")[0].get_document("param").unwrap().get_str("indexName").unwrap(), "a_1");
+    let role = of(&records, "createRole")[0].get_document("param").unwrap().clone();
+    assert_eq!(role, doc! {"role": "r1", "db": "app", "roles": [], "privileges": [find_c.clone()]});
     // No password is ever written.
     let text = std::fs::read_to_string(&path).unwrap();
     for secret in ["adminpw", "annpw", "annpw2", "wrong"] {

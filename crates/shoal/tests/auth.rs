@@ -367,3 +367,64 @@ async fn x509_clients_log_in_as_their_certificates_subject() {
     assert!(gone.database("app").collection::<Document>("c").count_documents(doc! {}).await.is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn code(r: mongodb::error::Result<impl std::fmt::Debug>, what: &str) -> i32 {
+    let e = r.expect_err(what);
+    code_of(&e).map(|c| c.0).unwrap_or_else(|| panic!("{what}: {e}"))
+}
+
+#[tokio::test]
+async fn user_defined_roles_grant_their_privileges_inherit_and_go_away() {
+    let (s, root) = server_with_root().await;
+    let app = root.database("app");
+    let find_c = doc! {"resource": {"db": "app", "collection": "c"}, "actions": ["find"]};
+    app.run_command(doc! {"createRole": "readerC", "privileges": [find_c.clone()], "roles": []}).await.unwrap();
+    // MongoDB's errors for bad roles.
+    assert_eq!(code(app.run_command(doc! {"createRole": "readerC", "privileges": [], "roles": []}).await, "a second readerC"), 51002);
+    assert_eq!(code(app.run_command(doc! {"createRole": "read", "privileges": [], "roles": []}).await, "a built-in name"), 2);
+    assert_eq!(code(app.run_command(doc! {"createRole": "x", "roles": []}).await, "no privileges"), 40414);
+    assert_eq!(code(app.run_command(doc! {"createRole": "x", "privileges": [{"resource": {"db": "other", "collection": ""}, "actions": ["find"]}], "roles": []}).await, "another database"), 49);
+    assert_eq!(code(app.run_command(doc! {"createRole": "x", "privileges": [], "roles": ["nosuch"]}).await, "an unknown role"), 31);
+    assert_eq!(code(app.run_command(doc! {"grantPrivilegesToRole": "read", "privileges": [find_c.clone()]}).await, "a built-in role"), 2);
+    assert_eq!(code(app.run_command(doc! {"dropRole": "nosuch"}).await, "dropping an unknown role"), 31);
+
+    app.run_command(doc! {"createUser": "u", "pwd": "upw", "roles": ["readerC"]}).await.unwrap();
+    let u = client_as(&s, "u", "upw", "?authSource=app").await;
+    let (uc, ud) = (u.database("app").collection::<Document>("c"), u.database("app").collection::<Document>("d"));
+    uc.find_one(doc! {}).await.unwrap();
+    unauthorized(uc.insert_one(doc! {"_id": 1}).await, "insert without the privilege");
+    unauthorized(ud.find_one(doc! {}).await, "find on another collection");
+    // A granted privilege takes effect on the user's open connection.
+    app.run_command(doc! {"grantPrivilegesToRole": "readerC", "privileges": [{"resource": {"db": "app", "collection": "c"}, "actions": ["insert"]}]}).await.unwrap();
+    uc.insert_one(doc! {"_id": 1}).await.unwrap();
+    app.run_command(doc! {"revokePrivilegesFromRole": "readerC", "privileges": [{"resource": {"db": "app", "collection": "c"}, "actions": ["insert"]}]}).await.unwrap();
+    unauthorized(uc.insert_one(doc! {"_id": 2}).await, "insert once revoked");
+    // Inherited roles: writer's privileges reach u through readerC; no cycles.
+    app.run_command(doc! {"createRole": "writer", "privileges": [{"resource": {"db": "app", "collection": ""}, "actions": ["insert"]}], "roles": ["read"]}).await.unwrap();
+    app.run_command(doc! {"grantRolesToRole": "readerC", "roles": ["writer"]}).await.unwrap();
+    ud.insert_one(doc! {"_id": 1}).await.unwrap();
+    ud.find_one(doc! {}).await.unwrap();
+    assert_eq!(code(app.run_command(doc! {"grantRolesToRole": "writer", "roles": ["readerC"]}).await, "a cycle"), 49);
+    let info = app.run_command(doc! {"rolesInfo": "readerC"}).await.unwrap();
+    let r = info.get_array("roles").unwrap()[0].as_document().unwrap().clone();
+    assert_eq!((r.get_str("role").unwrap(), r.get_str("db").unwrap(), r.get_bool("isBuiltin").unwrap()), ("readerC", "app", false));
+    assert_eq!(r.get_array("roles").unwrap(), &vec![Bson::Document(doc! {"role": "writer", "db": "app"})]);
+    let inherited: Vec<&Document> = r.get_array("inheritedRoles").unwrap().iter().filter_map(|v| v.as_document()).collect();
+    assert!(inherited.contains(&&doc! {"role": "read", "db": "app"}) && inherited.len() == 2, "{r}");
+    assert_eq!(app.run_command(doc! {"rolesInfo": 1}).await.unwrap().get_array("roles").unwrap().len(), 2);
+    let solo = app.run_command(doc! {"rolesInfo": {"role": "writer", "db": "app"}, "showPrivileges": false}).await.unwrap();
+    assert_eq!(solo.get_array("roles").unwrap().len(), 1);
+    // Dropping a role takes it from the roles and users that hold it.
+    app.run_command(doc! {"dropRole": "writer"}).await.unwrap();
+    unauthorized(ud.insert_one(doc! {"_id": 2}).await, "insert once writer is dropped");
+    let info = app.run_command(doc! {"rolesInfo": "readerC", "showPrivileges": true}).await.unwrap();
+    let r = info.get_array("roles").unwrap()[0].as_document().unwrap().clone();
+    assert!(r.get_array("roles").unwrap().is_empty(), "{r}");
+    assert_eq!(r.get_array("privileges").unwrap(), &vec![Bson::Document(find_c.clone())]);
+    assert_eq!(app.run_command(doc! {"dropAllRolesFromDatabase": 1}).await.unwrap().get_i32("n").unwrap(), 1);
+    unauthorized(uc.find_one(doc! {}).await, "find once readerC is dropped");
+    let users = app.run_command(doc! {"usersInfo": "u"}).await.unwrap();
+    assert!(users.get_array("users").unwrap()[0].as_document().unwrap().get_array("roles").unwrap().is_empty());
+    // Without the privileges to manage roles, u may not.
+    unauthorized(u.database("app").run_command(doc! {"createRole": "mine", "privileges": [], "roles": []}).await, "createRole without createRole");
+}

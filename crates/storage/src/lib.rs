@@ -1470,10 +1470,10 @@ fn validate_ns(db: &str, name: &str) -> Result<()> {
         return Err(Error::new(Code::InvalidNamespace, format!("Invalid collection name: {name}")));
     }
     // local.system.replset holds a replica-set member's configuration, admin.system.users
-    // the users (written by the user-management commands, or by a client with the
-    // privileges to, as with mongod).
+    // and admin.system.roles the users and user-defined roles (written by the user and role
+    // management commands, or by a client with the privileges to, as with mongod).
     let replset_config = db == OPLOG_DB && name == "system.replset";
-    let users = db == "admin" && name == "system.users";
+    let users = db == "admin" && (name == "system.users" || name == "system.roles");
     if name.starts_with("system.") && !SYSTEM_COLLECTIONS_ALLOWED.contains(&name) && !replset_config && !users {
         return Err(Error::new(Code::InvalidNamespace, format!("Invalid system namespace: {db}.{name}")));
     }

@@ -489,7 +489,7 @@ fn write_value(buf: &mut Vec<u8>, value: &Bson, depth: usize) -> Result<()> {
     Ok(())
 }
 
-fn format_index(mut i: usize, digits: &mut [u8; 20]) -> &[u8] {
+pub(crate) fn format_index(mut i: usize, digits: &mut [u8; 20]) -> &[u8] {
     let mut at = digits.len();
     loop {
         at -= 1;

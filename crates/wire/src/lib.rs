@@ -465,6 +465,77 @@ fn decode_msg(frame: &[u8]) -> Result<OpMsg> {
     })
 }
 
+/// Append the command an OP_MSG frame carries to `buf`, as one BSON document: the body's
+/// fields, then each document sequence as an array named by its identifier, which is the
+/// document a server runs (`decode`, then the sequences merged into the body). Meant for a
+/// frame that `decode` accepted, kept as bytes to be read later (the audit log copies a
+/// request's frame and builds its record on another thread). The frame's structure is
+/// checked again, but not its checksum or what is inside the documents. On an error,
+/// `buf` may hold part of the document.
+pub fn msg_command_into(buf: &mut Vec<u8>, frame: &[u8]) -> Result<()> {
+    let header = Header::parse(frame)?;
+    if header.op_code != OP_MSG {
+        return Err(protocol(format!("expected an OP_MSG, got op code {}", header.op_code)));
+    }
+    let mut reader = Reader::new(&frame[HEADER_SIZE_BYTES..]);
+    let flag_bits = reader.u32("OP_MSG flags")?;
+    let checksum = if flag_bits & flags::CHECKSUM_PRESENT != 0 { CHECKSUM_SIZE_BYTES } else { 0 };
+    let sections = reader.rest();
+    let sections = sections
+        .get(..sections.len().checked_sub(checksum).ok_or_else(|| protocol("message is truncated"))?)
+        .unwrap_or_default();
+    let mut reader = Reader::new(sections);
+    let mut body: Option<&[u8]> = None;
+    // (identifier, the documents one after another), in the frame's order.
+    let mut sequences: [Option<(&[u8], &[u8])>; DOCUMENT_SEQUENCES_MAX] = [None; DOCUMENT_SEQUENCES_MAX];
+    let mut sequence_count = 0;
+    while !reader.is_empty() {
+        match reader.u8("section kind")? {
+            0 if body.is_none() => {
+                let len = bson_codec::document_length(reader.rest())?;
+                body = Some(reader.take(len, "body")?);
+            }
+            1 if sequence_count < DOCUMENT_SEQUENCES_MAX => {
+                let size = usize::try_from(reader.i32("document sequence size")?)
+                    .ok()
+                    .filter(|&s| s > 4)
+                    .ok_or_else(|| protocol("invalid document sequence size"))?;
+                let mut sequence = Reader::new(reader.take(size - 4, "document sequence")?);
+                let identifier = sequence.cstr("document sequence identifier")?;
+                sequences[sequence_count] = Some((identifier.as_bytes(), sequence.rest()));
+                sequence_count += 1;
+            }
+            _ => return Err(protocol("not an OP_MSG that decode accepts")),
+        }
+    }
+    let body = body.ok_or_else(|| Error::location(40587, "OP_MSG messages must have a body"))?;
+    let start = buf.len();
+    // The body without its terminating NUL; its length prefix is patched at the end.
+    buf.extend_from_slice(&body[..body.len() - 1]);
+    let mut digits = [0u8; 20];
+    for (identifier, mut documents) in sequences.into_iter().flatten() {
+        buf.push(bson::spec::ElementType::Array as u8);
+        buf.extend_from_slice(identifier);
+        buf.push(0);
+        let array = buf.len();
+        buf.extend_from_slice(&[0; 4]);
+        let mut i = 0;
+        while !documents.is_empty() {
+            let len = bson_codec::document_length(documents)?;
+            buf.push(bson::spec::ElementType::EmbeddedDocument as u8);
+            buf.extend_from_slice(bson_codec::format_index(i, &mut digits));
+            buf.push(0);
+            buf.extend_from_slice(&documents[..len]);
+            documents = &documents[len..];
+            i += 1;
+        }
+        buf.push(0);
+        bson_codec::patch_length(buf, array)?;
+    }
+    buf.push(0);
+    bson_codec::patch_length(buf, start)
+}
+
 /// Whether the dotted `path` names a field of `doc` (through embedded documents and arrays).
 fn has_path(doc: &Document, path: &str) -> bool {
     let (head, tail) = match path.split_once('.') {

@@ -886,3 +886,66 @@ fn a_raw_body_decode_checks_what_the_document_decode_checks() {
     assert!(decode(&bad, MAX).is_err());
     assert!(decode_raw_msg(&bad, MAX).is_err());
 }
+
+/// What a server runs for an OP_MSG: the body with each document sequence merged in as an
+/// array, in the frame's order.
+fn merged(msg: &OpMsg) -> Document {
+    let mut body = msg.body.clone();
+    for s in &msg.sequences {
+        body.insert(s.identifier.clone(), Bson::Array(s.documents.iter().cloned().map(Bson::Document).collect()));
+    }
+    body
+}
+
+#[test]
+fn msg_command_is_the_body_with_the_sequences_merged() {
+    for flags in [0, flags::CHECKSUM_PRESENT] {
+        let msg = sample_msg(flags);
+        assert!(!msg.sequences.is_empty());
+        let frame = encode_msg(1, 0, &msg, None);
+        let mut buf = vec![9, 9];
+        msg_command_into(&mut buf, &frame).unwrap();
+        assert_eq!(&buf[..2], &[9, 9], "appends");
+        assert_eq!(Document::try_from(bson::RawDocument::from_bytes(&buf[2..]).unwrap()).unwrap(), merged(&msg));
+        // A body alone is the body as it came.
+        let body_only = OpMsg { flags, body: msg.body.clone(), sequences: vec![] };
+        let mut buf = Vec::new();
+        msg_command_into(&mut buf, &encode_msg(1, 0, &body_only, None)).unwrap();
+        assert_eq!(buf, msg.body.to_vec().unwrap());
+    }
+    // A sequence before the body still follows the body's fields.
+    let mut frame = encode_msg(1, 0, &OpMsg { flags: 0, body: doc! {"insert": "c", "$db": "d"}, sequences: vec![] }, None);
+    let seq_doc = doc! {"_id": 1}.to_vec().unwrap();
+    let mut section = vec![1u8];
+    section.extend_from_slice(&((4 + 10 + seq_doc.len()) as i32).to_le_bytes());
+    section.extend_from_slice(b"documents\0");
+    section.extend_from_slice(&seq_doc);
+    frame.splice(HEADER_SIZE_BYTES + 4..HEADER_SIZE_BYTES + 4, section);
+    let len = frame.len() as i32;
+    frame[..4].copy_from_slice(&len.to_le_bytes());
+    let mut buf = Vec::new();
+    msg_command_into(&mut buf, &frame).unwrap();
+    assert_eq!(Document::try_from(bson::RawDocument::from_bytes(&buf).unwrap()).unwrap(), doc! {"insert": "c", "$db": "d", "documents": [{"_id": 1}]});
+}
+
+#[test]
+fn msg_command_of_a_cut_or_foreign_frame_is_an_error() {
+    let msg = sample_msg(flags::CHECKSUM_PRESENT);
+    let frame = encode_msg(1, 0, &msg, None);
+    // Kind byte and body after the header and flags.
+    let body_end = HEADER_SIZE_BYTES + 4 + 1 + msg.body.to_vec().unwrap().len();
+    for cut in 0..frame.len() {
+        let mut short = frame[..cut].to_vec();
+        if short.len() >= 4 {
+            let len = short.len() as i32;
+            short[..4].copy_from_slice(&len.to_le_bytes());
+        }
+        // Whatever it makes of it, it does not panic. (The checksum is not checked, so a cut
+        // that falls between sections can leave a frame that reads as fewer sections.)
+        let r = msg_command_into(&mut Vec::new(), &short);
+        if cut < body_end + 4 {
+            assert!(r.is_err(), "cut at {cut}");
+        }
+    }
+    assert!(msg_command_into(&mut Vec::new(), &encode_query(1, &sample_query())).is_err());
+}

@@ -144,9 +144,15 @@ impl ScenarioContext {
 
     /// Runs one YCSB phase against `url`, sampling the CPU of every node.
     pub async fn ycsb(&self, label: &str, phase: Phase, url: &str, props: &Properties) -> Result<YcsbResult> {
+        self.ycsb_watched(label, phase, url, props, None).await
+    }
+
+    /// `ycsb`, updating `live` as it goes (for a caller that reads the counters mid-run).
+    pub async fn ycsb_watched(&self, label: &str, phase: Phase, url: &str, props: &Properties, live: Option<std::sync::Arc<crate::ycsb::measure::LiveStats>>) -> Result<YcsbResult> {
         let mut p = props.clone();
         p.set("mongodb.url", url);
         let mut opts = YcsbOptions::new(phase, p);
+        opts.live = live;
         opts.watch_pids = self.watch_all();
         opts.quiet = true;
         opts.label = label.to_string();

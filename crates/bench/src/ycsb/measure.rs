@@ -338,10 +338,16 @@ impl OpKind {
 }
 
 /// Interval statistics shared by all client tasks, drained by the status reporter.
+#[derive(Debug)]
 pub struct LiveStats {
     ops_total: AtomicU64,
     interval: [Mutex<Histogram<u64>>; 5],
     totals: [AtomicU64; 5],
+    /// Latencies recorded so far, and their sum, over every kind but READ-MODIFY-WRITE
+    /// (whose READ and UPDATE are recorded too): a watcher reads the average of any span
+    /// from two readings.
+    latency_count: AtomicU64,
+    latency_us_sum: AtomicU64,
 }
 
 /// One drained interval of one operation kind.
@@ -364,6 +370,8 @@ impl Default for LiveStats {
             ops_total: AtomicU64::new(0),
             interval: std::array::from_fn(|_| Mutex::new(new_histogram())),
             totals: std::array::from_fn(|_| AtomicU64::new(0)),
+            latency_count: AtomicU64::new(0),
+            latency_us_sum: AtomicU64::new(0),
         }
     }
 }
@@ -376,6 +384,15 @@ impl LiveStats {
     pub fn record(&self, kind: OpKind, latency_us: u64) {
         self.interval[kind as usize].lock().record(latency_us).unwrap_or(());
         self.totals[kind as usize].fetch_add(1, Ordering::Relaxed);
+        if kind != OpKind::ReadModifyWrite {
+            self.latency_count.fetch_add(1, Ordering::Relaxed);
+            self.latency_us_sum.fetch_add(latency_us, Ordering::Relaxed);
+        }
+    }
+
+    /// (latencies recorded, their sum in µs) so far; see `latency_count`.
+    pub fn latency_totals(&self) -> (u64, u64) {
+        (self.latency_count.load(Ordering::Relaxed), self.latency_us_sum.load(Ordering::Relaxed))
     }
 
     /// Counts one finished client operation (a batched insert counts when it is buffered).

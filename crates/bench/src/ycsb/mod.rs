@@ -47,11 +47,13 @@ pub struct YcsbOptions {
     pub watch_pids: Vec<(String, u32)>,
     pub quiet: bool,
     pub label: String,
+    /// The live counters the run updates, when the caller watches them during the run.
+    pub live: Option<Arc<LiveStats>>,
 }
 
 impl YcsbOptions {
     pub fn new(phase: Phase, props: Properties) -> YcsbOptions {
-        YcsbOptions { phase, props, drop_first: false, watch_pids: Vec::new(), quiet: false, label: String::new() }
+        YcsbOptions { phase, props, drop_first: false, watch_pids: Vec::new(), quiet: false, label: String::new(), live: None }
     }
 
     pub fn url(&self) -> String {
@@ -141,7 +143,7 @@ pub async fn run(opts: &YcsbOptions) -> Result<YcsbResult> {
         session.ycsb_prepare(&workload.table, opts.drop_first).await?;
     }
 
-    let live = Arc::new(LiveStats::new());
+    let live = opts.live.clone().unwrap_or_default();
     let stop = Arc::new(AtomicBool::new(false));
     let progress = Progress::start(
         ProgressConfig {

@@ -22,6 +22,11 @@ pub const USERS_DB: &str = "admin";
 /// Where users authenticated outside shoal (by X.509 certificate) are defined.
 pub const EXTERNAL_DB: &str = "$external";
 pub const USERS_COLLECTION: &str = "system.users";
+/// User-defined roles, in admin as mongod keeps them (`_id` "db.role").
+pub const ROLES_COLLECTION: &str = "system.roles";
+/// Roles looked at, at most, in resolving one user's roles: a bound on the walk of a role
+/// graph, which createRole and grantRolesToRole keep free of cycles.
+const ROLES_RESOLVED_MAX: usize = 1024;
 /// The user members authenticate to each other as, with the keyFile's key.
 pub const INTERNAL_USER: &str = "__system";
 pub const INTERNAL_USER_DB: &str = "local";
@@ -105,7 +110,7 @@ pub fn mechanisms_of(shared: &Shared, db: &str, user: &str) -> Option<Vec<&'stat
 pub struct AuthState {
     /// `security.authorization: enabled` / `--auth`.
     pub enabled: bool,
-    /// Bumped by every change to users.
+    /// Bumped by every change to users and roles.
     pub generation: AtomicU64,
 }
 
@@ -120,8 +125,10 @@ impl AuthState {
 pub struct AuthedUser {
     pub user: String,
     pub db: String,
-    /// (role, db) pairs.
+    /// (role, db) pairs: the roles the user was granted.
     pub roles: Vec<(String, String)>,
+    /// What those roles grant, through the roles they inherit.
+    pub grants: Grants,
     /// `AuthState::generation` when `roles` were read.
     generation: u64,
 }
@@ -149,12 +156,63 @@ pub fn find_user(shared: &Shared, db: &str, user: &str) -> Result<Option<Documen
     Ok(coll.snapshot().find_by_id(&Bson::String(format!("{db}.{user}")))?.map(|(_, d)| d))
 }
 
+/// The stored user-defined role `role`@`db`.
+pub fn find_role(shared: &Shared, db: &str, role: &str) -> Result<Option<Document>> {
+    let Some(coll) = shared.store.collection(USERS_DB, ROLES_COLLECTION) else { return Ok(None) };
+    Ok(coll.snapshot().find_by_id(&Bson::String(format!("{db}.{role}")))?.map(|(_, d)| d))
+}
+
+/// Whether `role`@`db` is a built-in role or a stored one.
+pub fn role_exists(shared: &Shared, role: &str, db: &str) -> Result<bool> {
+    Ok(roles::exists(role, db) || find_role(shared, db, role)?.is_some())
+}
+
+/// What a set of roles grants: the built-in roles among them and among the roles they
+/// inherit, and the privileges of the user-defined ones.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Grants {
+    pub builtin: Vec<(String, String)>,
+    pub privileges: Vec<roles::Privilege>,
+}
+
+impl Grants {
+    pub fn allow(&self, action: &str, resource: &Resource) -> bool {
+        self.builtin.iter().any(|(r, d)| roles::grants(r, d, action, resource)) || self.privileges.iter().any(|p| p.grants(action, resource))
+    }
+}
+
+/// The privileges of a role document's `privileges`, as stored (checked when written).
+pub fn privileges_of(role_doc: &Document, role_db: &str) -> Vec<roles::Privilege> {
+    role_doc.get_array("privileges").map(|a| a.iter().filter_map(|p| roles::Privilege::parse(p, role_db).ok()).collect()).unwrap_or_default()
+}
+
+/// Resolve `roles` through the user-defined roles they name (a role that no longer exists
+/// grants nothing).
+pub fn grants_of(shared: &Shared, roles: &[(String, String)]) -> Result<Grants> {
+    let mut grants = Grants::default();
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let mut queue: std::collections::VecDeque<(String, String)> = roles.iter().cloned().collect();
+    while let Some(r) = queue.pop_front() {
+        if seen.contains(&r) || seen.len() >= ROLES_RESOLVED_MAX {
+            continue;
+        }
+        seen.push(r.clone());
+        if roles::exists(&r.0, &r.1) || r.0 == roles::INTERNAL_ROLE {
+            grants.builtin.push(r);
+        } else if let Some(d) = find_role(shared, &r.1, &r.0)? {
+            grants.privileges.extend(privileges_of(&d, &r.1));
+            queue.extend(roles_of(&d));
+        }
+    }
+    Ok(grants)
+}
+
 /// Whether any user exists (the localhost exception ends with the first).
 pub fn any_users(shared: &Shared) -> bool {
     shared.store.collection(USERS_DB, USERS_COLLECTION).is_some_and(|c| c.snapshot().count().map_or(true, |n| n > 0))
 }
 
-/// (role, db) pairs of a user document's `roles`.
+/// (role, db) pairs of a user or role document's `roles`.
 pub fn roles_of(user_doc: &Document) -> Vec<(String, String)> {
     user_doc
         .get_array("roles")
@@ -176,7 +234,8 @@ pub fn log_in(shared: &Shared, conn: &mut ConnState, user: &str, db: &str) -> Re
     } else {
         find_user(shared, db, user)?.map(|d| roles_of(&d)).unwrap_or_default()
     };
-    conn.auth.user = Some(AuthedUser { user: user.to_string(), db: db.to_string(), roles, generation });
+    let grants = grants_of(shared, &roles)?;
+    conn.auth.user = Some(AuthedUser { user: user.to_string(), db: db.to_string(), roles, grants, generation });
     Ok(())
 }
 
@@ -191,6 +250,7 @@ fn refresh(shared: &Shared, conn: &mut ConnState) -> Result<()> {
     match find_user(shared, &u.db, &u.user)? {
         Some(d) => {
             u.roles = roles_of(&d);
+            u.grants = grants_of(shared, &u.roles)?;
             u.generation = generation;
         }
         None => conn.auth.user = None,
@@ -200,7 +260,7 @@ fn refresh(shared: &Shared, conn: &mut ConnState) -> Result<()> {
 
 /// Whether the connection's user holds `action` on `resource`.
 pub fn is_authorized(conn: &ConnState, action: &str, resource: &Resource) -> bool {
-    conn.auth.user.as_ref().is_some_and(|u| u.roles.iter().any(|(r, d)| roles::grants(r, d, action, resource)))
+    conn.auth.user.as_ref().is_some_and(|u| u.grants.allow(action, resource))
 }
 
 /// What running a command takes.
@@ -404,8 +464,31 @@ fn need(name: &str, db: &str, cmd: &Document) -> Need {
             Some(Bson::Document(d)) => Privileges(vec![("viewUser", Resource::db(d.get_str("db").unwrap_or(db)))]),
             _ => on_db("viewUser"),
         },
-        "grantRolesToUser" => Privileges(role_dbs(cmd, db).into_iter().map(|d| ("grantRole", Resource::Db(d))).collect()),
-        "revokeRolesFromUser" => Privileges(role_dbs(cmd, db).into_iter().map(|d| ("revokeRole", Resource::Db(d))).collect()),
+        "grantRolesToUser" | "grantRolesToRole" => Privileges(role_dbs(cmd, db).into_iter().map(|d| ("grantRole", Resource::Db(d))).collect()),
+        "revokeRolesFromUser" | "revokeRolesFromRole" => Privileges(role_dbs(cmd, db).into_iter().map(|d| ("revokeRole", Resource::Db(d))).collect()),
+        "createRole" | "updateRole" => {
+            let mut p = vec![("createRole", Resource::db(db))];
+            if name == "updateRole" {
+                p.push(("dropRole", Resource::db(db)));
+            }
+            p.extend(role_dbs(cmd, db).into_iter().map(|d| ("grantRole", Resource::Db(d))));
+            Privileges(p)
+        }
+        "dropRole" | "dropAllRolesFromDatabase" => on_db("dropRole"),
+        "grantPrivilegesToRole" => on_db("grantRole"),
+        "revokePrivilegesFromRole" => on_db("revokeRole"),
+        "rolesInfo" => {
+            let named: Vec<&Bson> = match cmd.get("rolesInfo") {
+                Some(Bson::Array(a)) => a.iter().collect(),
+                Some(v) => vec![v],
+                None => Vec::new(),
+            };
+            let mut dbs: Vec<String> = named.iter().map(|v| v.as_document().and_then(|d| d.get_str("db").ok()).unwrap_or(db).to_string()).collect();
+            dbs.push(db.to_string());
+            dbs.sort();
+            dbs.dedup();
+            Privileges(dbs.into_iter().map(|d| ("viewRole", Resource::Db(d))).collect())
+        }
         // A command this table does not know needs everything: only root-like users pass.
         _ => cluster("internal"),
     }

@@ -33,7 +33,7 @@ pub fn list_databases(ctx: &mut Ctx) -> Result<Document> {
         if ctx.bool_arg("authorizedDatabases")? == Some(false) {
             return Err(Error::new(Code::Unauthorized, "Insufficient permissions to list all databases"));
         }
-        Some(ctx.conn.auth.user.as_ref().map(|u| u.roles.iter().filter_map(|(r, d)| crate::auth::roles::database_of(r, d)).collect()).unwrap_or_default())
+        Some(ctx.conn.auth.user.as_ref().map(|u| u.grants.builtin.iter().filter_map(|(r, d)| crate::auth::roles::database_of(r, d)).chain(u.grants.privileges.iter().filter_map(|p| p.resource.database().map(String::from))).collect()).unwrap_or_default())
     } else {
         None
     };

@@ -7,6 +7,7 @@ mod explain;
 mod aggregate;
 mod hello;
 mod repl;
+mod roles;
 pub mod users;
 
 use crate::conn::ConnState;
@@ -160,6 +161,15 @@ command_table! {
     "usersInfo" => users::users_info,
     "grantRolesToUser" => users::grant_roles_to_user,
     "revokeRolesFromUser" => users::revoke_roles_from_user,
+    "createRole" => roles::create_role,
+    "updateRole" => roles::update_role,
+    "dropRole" => roles::drop_role,
+    "dropAllRolesFromDatabase" => roles::drop_all_roles_from_database,
+    "grantRolesToRole" => roles::grant_roles_to_role,
+    "revokeRolesFromRole" => roles::revoke_roles_from_role,
+    "grantPrivilegesToRole" => roles::grant_privileges_to_role,
+    "revokePrivilegesFromRole" => roles::revoke_privileges_from_role,
+    "rolesInfo" => roles::roles_info,
 }
 
 /// Commands that never wait on a lock, a condition or an fsync: reads from a snapshot and
@@ -185,9 +195,11 @@ pub fn on_secondary(name: &str) -> OnSecondary {
     match name {
         "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "create" | "drop" | "dropDatabase" | "renameCollection"
         | "createIndexes" | "dropIndexes" | "deleteIndexes" | "applyOps" => OnSecondary::Never,
-        // Users are data in admin.system.users: changed on the primary only, like any write.
-        "createUser" | "updateUser" | "dropUser" | "dropAllUsersFromDatabase" | "grantRolesToUser" | "revokeRolesFromUser" | "setAuditConfig" => OnSecondary::Never,
-        "find" | "count" | "distinct" | "aggregate" | "listCollections" | "listIndexes" | "collStats" | "dbStats" | "validate" | "explain" | "usersInfo" => {
+        // Users and roles are data in admin.system.users and admin.system.roles: changed on
+        // the primary only, like any write.
+        "createUser" | "updateUser" | "dropUser" | "dropAllUsersFromDatabase" | "grantRolesToUser" | "revokeRolesFromUser" | "setAuditConfig" | "createRole" | "updateRole" | "dropRole"
+        | "dropAllRolesFromDatabase" | "grantRolesToRole" | "revokeRolesFromRole" | "grantPrivilegesToRole" | "revokePrivilegesFromRole" => OnSecondary::Never,
+        "find" | "count" | "distinct" | "aggregate" | "listCollections" | "listIndexes" | "collStats" | "dbStats" | "validate" | "explain" | "usersInfo" | "rolesInfo" => {
             OnSecondary::OptIn
         }
         _ => OnSecondary::Always,

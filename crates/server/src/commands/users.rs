@@ -3,13 +3,13 @@
 //! revokeRolesFromUser. Users are documents in admin.system.users (`crate::auth`).
 
 use super::Ctx;
-use crate::auth::{self, roles, scram, USERS_COLLECTION, USERS_DB};
+use crate::auth::{self, scram, USERS_COLLECTION, USERS_DB};
 use bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
 use common::{Code, Error, Result};
 
 /// A user name or password longer than this is refused (mongod has no smaller limit than
 /// the document's; this keeps SCRAM's work bounded).
-const NAME_BYTES_MAX: usize = 1024;
+pub(super) const NAME_BYTES_MAX: usize = 1024;
 
 fn auth_failed() -> Error {
     Error::new(Code::AuthenticationFailed, "Authentication failed.")
@@ -190,7 +190,7 @@ pub fn set_audit_config(ctx: &mut Ctx) -> Result<Document> {
 
 /// `roles` of a user-management command: names (on the command's database) or {role, db},
 /// each a role that exists.
-fn parse_roles(ctx: &Ctx, field: &str) -> Result<Vec<(String, String)>> {
+pub(super) fn parse_roles(ctx: &Ctx, field: &str) -> Result<Vec<(String, String)>> {
     let Some(list) = ctx.array_arg(field)? else {
         return Err(Error::location(40414, format!("BSON field '{}.{field}' is missing but a required field", ctx.name)));
     };
@@ -205,7 +205,7 @@ fn parse_roles(ctx: &Ctx, field: &str) -> Result<Vec<(String, String)>> {
             },
             _ => return Err(Error::bad_value("a role must be a name or a {role: <name>, db: <database>} document")),
         };
-        if !roles::exists(&role, &db) {
+        if !auth::role_exists(ctx.shared, &role, &db)? {
             missing.push(format!("{role}@{db}"));
         }
         if !out.contains(&(role.clone(), db.clone())) {
@@ -219,7 +219,7 @@ fn parse_roles(ctx: &Ctx, field: &str) -> Result<Vec<(String, String)>> {
     }
 }
 
-fn roles_bson(roles: &[(String, String)]) -> Vec<Bson> {
+pub(super) fn roles_bson(roles: &[(String, String)]) -> Vec<Bson> {
     roles.iter().map(|(r, d)| Bson::Document(doc! {"role": r, "db": d})).collect()
 }
 
@@ -281,7 +281,7 @@ fn users_collection(ctx: &Ctx) -> Result<storage::Collection> {
     ctx.shared.store.collection_or_create(USERS_DB, USERS_COLLECTION)
 }
 
-fn finish(ctx: &Ctx) -> Result<()> {
+pub(super) fn finish(ctx: &Ctx) -> Result<()> {
     ctx.shared.auth.users_changed();
     ctx.commit_write()
 }
@@ -417,8 +417,8 @@ pub fn drop_all_users_from_database(ctx: &mut Ctx) -> Result<Document> {
     Ok(doc! {"n": n})
 }
 
-/// Every stored user (admin.system.users holds few documents).
-fn all_users(snap: &storage::Snapshot) -> Result<Vec<(storage::RecordId, Document)>> {
+/// Every document of a small collection (admin.system.users, admin.system.roles).
+pub(super) fn all_users(snap: &storage::Snapshot) -> Result<Vec<(storage::RecordId, Document)>> {
     let mut out = Vec::new();
     let mut after = None;
     loop {
