@@ -28,7 +28,7 @@ use std::sync::Arc;
 const QUEUE_EVENTS_MAX: usize = 65_536;
 const QUEUE_BYTES_MAX: usize = 64 << 20;
 /// The writer wakes this often, or when this many events wait.
-pub const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
+pub const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
 const WAKE_EVENTS: usize = 4_096;
 
 /// What an event's `param` holds.
@@ -922,7 +922,7 @@ mod json {
         buf.extend_from_slice(b",\"ts\":");
         if ts.ms != Some(e.ts_ms) {
             ts.text.clear();
-            value(&mut ts.text, &Bson::DateTime(bson::DateTime::from_millis(e.ts_ms)));
+            date(&mut ts.text, e.ts_ms);
             ts.ms = Some(e.ts_ms);
         }
         buf.extend_from_slice(&ts.text);
@@ -959,7 +959,7 @@ mod json {
     /// after which the caller writes the document the slower way.
     mod walk {
         use super::super::scan::{i32_at, i64_at, sized};
-        use super::{binary, integer, quoted, string, value};
+        use super::{binary, date, integer, quoted, string, value};
         use bson::Bson;
 
         /// Write the document (or array) `doc`; the top-level fields named in `secrets` as
@@ -1029,7 +1029,7 @@ mod json {
                     at + 1
                 }
                 0x09 => {
-                    value(buf, &Bson::DateTime(bson::DateTime::from_millis(i64_at(b, at)?)));
+                    date(buf, i64_at(b, at)?);
                     at + 8
                 }
                 0x0A => {
@@ -1131,6 +1131,52 @@ mod json {
         }
     }
 
+    /// A date as relaxed extended JSON: `{"$date": "<ISO-8601, UTC, milliseconds unless 0>"}` for
+    /// years 1970 to 9999, written directly (the bson crate's way builds a JSON tree);
+    /// other dates as the bson crate writes them.
+    fn date(buf: &mut Vec<u8>, ms: i64) {
+        /// 10000-01-01T00:00:00Z.
+        const YEAR_10000_MS: i64 = 253_402_300_800_000;
+        if !(0..YEAR_10000_MS).contains(&ms) {
+            let _ = write!(buf, "{}", Bson::DateTime(bson::DateTime::from_millis(ms)).into_relaxed_extjson());
+            return;
+        }
+        let (secs, millis) = (ms / 1000, ms % 1000);
+        let (days, day_secs) = (secs / 86_400, secs % 86_400);
+        // The civil date of a day count (Howard Hinnant's days-to-civil, for days >= 0).
+        let z = days + 719_468;
+        let era = z / 146_097;
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        let mut text = *b"{\"$date\":\"0000-00-00T00:00:00.000Z\"}";
+        let mut put = |at: usize, v: i64, width: usize| {
+            let mut v = v;
+            for i in (0..width).rev() {
+                text[at + i] = b'0' + (v % 10) as u8;
+                v /= 10;
+            }
+        };
+        put(10, year, 4);
+        put(15, month, 2);
+        put(18, day, 2);
+        put(21, day_secs / 3600, 2);
+        put(24, day_secs / 60 % 60, 2);
+        put(27, day_secs % 60, 2);
+        put(30, millis, 3);
+        // Whole seconds go without a fraction, as the bson crate writes them.
+        if millis == 0 {
+            buf.extend_from_slice(&text[..29]);
+            buf.extend_from_slice(b"Z\"}");
+        } else {
+            buf.extend_from_slice(&text);
+        }
+    }
+
     /// An integer in decimal, without the formatting machinery.
     fn integer(buf: &mut Vec<u8>, n: i64) {
         let mut digits = [0u8; 20];
@@ -1221,6 +1267,16 @@ mod json {
             let bytes = d.to_vec().unwrap();
             args(&mut raw_buf, &bytes, &[]);
             assert_eq!(String::from_utf8(raw_buf).unwrap(), String::from_utf8(buf).unwrap());
+        }
+
+        #[test]
+        fn dates_are_written_as_the_bson_crate_writes_them() {
+            for ms in [0, 1, 999, 86_399_999, 951_782_400_000, 951_868_799_999, 1_700_000_000_123, 4_102_444_800_000, 253_402_300_799_999, 253_402_300_800_000, -1, -86_400_001, i64::MAX, i64::MIN] {
+                let mut ours = Vec::new();
+                date(&mut ours, ms);
+                let theirs = Bson::DateTime(bson::DateTime::from_millis(ms)).into_relaxed_extjson();
+                assert_eq!(serde_json::from_slice::<serde_json::Value>(&ours).unwrap(), theirs, "{ms}");
+            }
         }
 
         #[test]
