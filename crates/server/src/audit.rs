@@ -1,11 +1,12 @@
 //! The audit log: MongoDB's audit records (atype, ts, uuid, local, remote, users, roles,
 //! param, result) for authentication, authorization checks of CRUD commands, creations of
-//! databases and collections (implicit ones too), other DDL, user management, replica-set
-//! reconfiguration, startup and shutdown.
+//! databases and collections (implicit ones too), other DDL, user and role management,
+//! replica-set reconfiguration, startup and shutdown.
 //!
 //! Off the request path: a command appends an `Event` to a bounded queue, under a lock,
-//! without a system call or an allocation (an authorization check's command is copied as
-//! BSON into the queue's byte buffer; the connection's identity is shared, rendered once);
+//! without a system call or an allocation (an authorization check's command is copied into
+//! the queue's byte buffer as the OP_MSG frame it came in; the connection's identity,
+//! rendered once, is named by an index into the batch's table of actors);
 //! one writer thread takes the whole queue every `FLUSH_INTERVAL` (or sooner when it fills
 //! up), applies the filter, encodes the records (relaxed extended JSON, one per line,
 //! walked straight from the command's bytes; or BSON, the command's bytes copied) and
@@ -347,9 +348,10 @@ pub fn auth_check(shared: &crate::state::Shared, conn: &mut crate::conn::ConnSta
     let frame = std::mem::take(&mut conn.audit_frame);
     if shared.auth.enabled && (refused.is_some() || (is_crud(name) && audit.authorization_success())) {
         let actor = conn.actor_ref();
-        match frame.is_empty() {
-            false => audit.log_frame(actor, &frame, refused.unwrap_or(0)),
-            true => audit.log_command(actor, cmd, refused.unwrap_or(0)),
+        if frame.is_empty() {
+            audit.log_command(actor, cmd, refused.unwrap_or(0));
+        } else {
+            audit.log_frame(actor, &frame, refused.unwrap_or(0));
         }
     }
     conn.audit_frame = frame;
