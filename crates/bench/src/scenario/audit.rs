@@ -1,7 +1,7 @@
 //! `audit`: what the audit log costs. The vendor's six insert:read:update mixes (100:0:0,
 //! 0:0:100, 50:50:0, 0:50:50, 30:70:0, 0:70:30), YCSB with 8 client threads, against two
 //! nodes with authorization (the client logs in as root), one writing its audit log in
-//! JSON and one in BSON.
+//! JSON and one in BSON, one after the other.
 //!
 //! Off and on are measured in the same run: while YCSB runs, the node is switched between
 //! off and on every `window_s` seconds (`setAuditConfig {auditAuthorizationSuccess}`: on,
@@ -9,9 +9,10 @@
 //! the client's operations and latencies are read at each switch. Each window is compared
 //! with the mean of its two neighbours, which takes out drift (compactions, page cache,
 //! the machine's other work) that separate runs of several seconds each scatter by more
-//! than the cost being measured. Reports the throughput ratio and the latency added with
-//! their standard errors, server CPU per operation, and the records written per audited
-//! operation (which shows that every operation was audited).
+//! than the cost being measured. Reports the throughput ratio and the latency added (the
+//! median over windows with a 95% interval, and the mean with its standard error), server
+//! CPU per operation, and the records written per audited operation (which shows that
+//! every operation was audited).
 
 use super::{PhaseTimeline, Scenario, ScenarioContext, ScenarioReport, Table};
 use crate::sys;
@@ -269,6 +270,44 @@ fn count_documents(path: &Path) -> Result<u64> {
     Ok(docs)
 }
 
+/// What one node's run of one mix showed.
+struct MixResult {
+    ratio: Estimate,
+    added: Estimate,
+    /// Off / on ops/s, the on/off ratio and the latency added, as table cells.
+    cells: Vec<String>,
+    latency_off_us: f64,
+    cpu: String,
+    per_op: f64,
+    within: bool,
+}
+
+impl MixResult {
+    fn new(windows: &[Window], ratio: Estimate, added: Estimate, per_op: f64) -> MixResult {
+        let (off_rate, off_cpu) = state_totals(windows, false);
+        let (on_rate, on_cpu) = state_totals(windows, true);
+        let off: Vec<&Window> = windows.iter().filter(|w| !w.on).collect();
+        let latency_off_us = off.iter().map(|w| w.latency_us_sum).sum::<u64>() as f64 / off.iter().map(|w| w.latencies).sum::<u64>().max(1) as f64;
+        let cpu = match (off_cpu, on_cpu) {
+            (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
+            _ => "-".into(),
+        };
+        MixResult {
+            ratio,
+            added,
+            cells: vec![
+                format!("{off_rate:.0} / {on_rate:.0}"),
+                format!("{:.3} [{:.3}, {:.3}]; {:.3} ± {:.3}", ratio.median, ratio.low, ratio.high, ratio.mean, ratio.se),
+                format!("{:+.0} [{:+.0}, {:+.0}]; {:+.0} ± {:.0}", added.median, added.low, added.high, added.mean, added.se),
+            ],
+            latency_off_us,
+            cpu,
+            per_op,
+            within: ratio.median >= RATIO_MIN && added.median <= LATENCY_ADDED_US_MAX,
+        }
+    }
+}
+
 impl Scenario for Audit {
     fn name(&self) -> &'static str {
         "audit"
@@ -288,48 +327,71 @@ impl Scenario for Audit {
                 // The run's length: as many windows as fit, at least two pairs.
                 sizes.windows = (s / sizes.window_s).saturating_sub(1).max(4);
             }
-            // One node per audit format; each is switched between off and on at runtime.
+            // One node per audit format, each switched between off and on at runtime. The
+            // nodes run one after the other: an idle node's background work (compactions of
+            // what it inserted) would otherwise fall on the other's windows.
             let formats = [Format::Json, Format::Bson];
-            let mut nodes = Vec::new();
-            let mut paths = Vec::new();
-            for f in formats {
-                let name = format!("audit-{}", f.name().to_lowercase());
-                let p = ctx.work_dir.join(format!("{name}.audit"));
-                let p_str = p.to_str().context("work dir path is not UTF-8")?.to_string();
-                let args = ["--auth", "--auditDestination", "file", "--auditFormat", f.name(), "--auditPath", &p_str].map(String::from);
-                nodes.push(ctx.start_node(&name, &args)?);
-                paths.push(p);
-            }
-            let mut urls = Vec::new();
-            let mut clients = Vec::new();
-            for &node in &nodes {
+            let mut phases = Vec::new();
+            let (mut records_total, mut audit_bytes) = (0u64, 0u64);
+            // [mix][format]
+            let mut results: Vec<[Option<MixResult>; 2]> = MIXES.iter().map(|_| [None, None]).collect();
+            for (k, format) in formats.into_iter().enumerate() {
+                let name = format!("audit-{}", format.name().to_lowercase());
+                let path = ctx.work_dir.join(format!("{name}.audit"));
+                let path_str = path.to_str().context("work dir path is not UTF-8")?.to_string();
+                let args = ["--auth", "--auditDestination", "file", "--auditFormat", format.name(), "--auditPath", &path_str].map(String::from);
+                let node = ctx.start_node(&name, &args)?;
                 // The localhost exception lets the first user in.
                 let port = ctx.nodes[node].port;
-                let c = super::chaining::direct(port).await?;
-                c.database("admin")
+                super::chaining::direct(port)
+                    .await?
+                    .database("admin")
                     .run_command(doc! {"createUser": USER, "pwd": PASSWORD, "roles": [{"role": "root", "db": "admin"}]})
                     .await
                     .context("createUser")?;
                 let url = format!("mongodb://{USER}:{PASSWORD}@127.0.0.1:{port}/ycsb?authSource=admin");
-                clients.push(mongodb::Client::with_uri_str(&url).await?);
-                urls.push(url);
-            }
-            let node_names: Vec<String> = ctx.nodes.iter().map(|n| n.name.clone()).collect();
+                let client = mongodb::Client::with_uri_str(&url).await?;
+                let node_names: Vec<String> = ctx.nodes.iter().map(|n| n.name.clone()).collect();
 
-            let mut phases = Vec::new();
-            let mut load_props = mix_properties(sizes, (0, 100, 0), sizes.record_count, sizes.record_count);
-            load_props.set("batchsize", "100");
-            load_props.set("maxexecutiontime", "0");
-            for (i, url) in urls.iter().enumerate() {
-                let label = format!("load {}", node_names[nodes[i]]);
-                let r = ctx.ycsb(&label, Phase::Load, url, &load_props).await?;
+                let mut load_props = mix_properties(sizes, (0, 100, 0), sizes.record_count, sizes.record_count);
+                load_props.set("batchsize", "100");
+                load_props.set("maxexecutiontime", "0");
+                let label = format!("load {name}");
+                let r = ctx.ycsb(&label, Phase::Load, &url, &load_props).await?;
                 phases.push(PhaseTimeline { label, timeline: r.timeline.clone(), node_names: node_names.clone() });
-            }
-            let (mut records_total, mut audit_bytes) = (0u64, 0u64);
-            for k in 0..formats.len() {
-                let (n, b) = rotate_and_count(&clients[k], &paths[k], formats[k]).await?;
+                let (n, b) = rotate_and_count(&client, &path, format).await?;
                 records_total += n;
                 audit_bytes += b;
+                // Each run's inserts go past all of the node's earlier ones.
+                let mut next_key = sizes.record_count;
+                for (m, mix) in MIXES.into_iter().enumerate() {
+                    let (i, r, u) = mix;
+                    let mix_label = format!("{i}:{r}:{u}");
+                    let label = format!("{mix_label} {name} off/on every {} s", sizes.window_s);
+                    let props = mix_properties(sizes, mix, sizes.record_count, next_key);
+                    let live = Arc::new(LiveStats::new());
+                    let pid = ctx.nodes[node].pid();
+                    let (result, windows) = tokio::join!(ctx.ycsb_watched(&label, Phase::Run, &url, &props, Some(live.clone())), alternate(&client, &live, pid, sizes));
+                    let (result, windows) = (result?, windows?);
+                    next_key += result.operations_of("INSERT");
+                    phases.push(PhaseTimeline { label: label.clone(), timeline: result.timeline.clone(), node_names: node_names.clone() });
+                    let series: Vec<String> = windows.iter().map(|w| format!("{}{:.0}", if w.on { "+" } else { "-" }, w.ops_per_s())).collect();
+                    eprintln!("scenario: {label}: ops/s per window (+ on, - off): {}", series.join(" "));
+                    let Some((ratio, added)) = paired(&windows) else { bail!("mix {mix_label}: a window without operations on {name}") };
+                    let on_ops: u64 = windows.iter().filter(|w| w.on).map(|w| w.ops).sum();
+                    let (written, bytes) = rotate_and_count(&client, &path, format).await?;
+                    records_total += written;
+                    audit_bytes += bytes;
+                    let per_op = written as f64 / on_ops.max(1) as f64;
+                    if per_op < RECORDS_PER_OP_MIN {
+                        bail!("mix {mix_label}: {on_ops} operations in on windows wrote only {per_op:.3} records each; every CRUD command must be audited");
+                    }
+                    results[m][k] = Some(MixResult::new(&windows, ratio, added, per_op));
+                }
+                // Stop the node before the next starts (it exits once the shutdown's reply is
+                // due, so the command itself fails).
+                let _ = client.database("admin").run_command(doc! {"shutdown": 1}).await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
 
             let headers = [
@@ -346,73 +408,30 @@ impl Scenario for Audit {
                 "Within ≤ 3% and ≤ 20 µs (JSON, BSON)",
             ];
             let mut table = Table { title: "Audit off and on, per insert:read:update mix".into(), headers: headers.iter().map(|s| s.to_string()).collect(), rows: Vec::new() };
-            // The next new key per node: each node's inserts go past all of its earlier ones.
-            let mut next_key = [sizes.record_count; 2];
             // Worst on/off ratio and latency added, per format.
             let mut worst = [(f64::MAX, f64::MIN); 2];
             let mut all_within = true;
-            for mix in MIXES {
-                let (i, r, u) = mix;
-                let mix_label = format!("{i}:{r}:{u}");
-                let mut cells: [Vec<String>; 2] = [Vec::new(), Vec::new()];
-                let mut latency_off = [0.0; 2];
-                let mut cpu = [String::new(), String::new()];
-                let mut per_op = [0.0; 2];
-                let mut within = [false; 2];
-                for k in 0..2 {
-                    let node = nodes[k];
-                    let label = format!("{mix_label} {} off/on every {} s", node_names[node], sizes.window_s);
-                    let props = mix_properties(sizes, mix, sizes.record_count, next_key[k]);
-                    let live = Arc::new(LiveStats::new());
-                    let pid = ctx.nodes[node].pid();
-                    let (result, windows) = tokio::join!(ctx.ycsb_watched(&label, Phase::Run, &urls[k], &props, Some(live.clone())), alternate(&clients[k], &live, pid, sizes));
-                    let (result, windows) = (result?, windows?);
-                    next_key[k] += result.operations_of("INSERT");
-                    phases.push(PhaseTimeline { label: label.clone(), timeline: result.timeline.clone(), node_names: node_names.clone() });
-                    let series: Vec<String> = windows.iter().map(|w| format!("{}{:.0}", if w.on { "+" } else { "-" }, w.ops_per_s())).collect();
-                    eprintln!("scenario: {label}: ops/s per window (+ on, - off): {}", series.join(" "));
-                    let Some((ratio, added)) = paired(&windows) else { bail!("mix {mix_label}: a window without operations on {}", node_names[node]) };
-                    let (off_rate, off_cpu) = state_totals(&windows, false);
-                    let (on_rate, on_cpu) = state_totals(&windows, true);
-                    let on_ops: u64 = windows.iter().filter(|w| w.on).map(|w| w.ops).sum();
-                    let (written, bytes) = rotate_and_count(&clients[k], &paths[k], formats[k]).await?;
-                    records_total += written;
-                    audit_bytes += bytes;
-                    per_op[k] = written as f64 / on_ops.max(1) as f64;
-                    if per_op[k] < RECORDS_PER_OP_MIN {
-                        bail!("mix {mix_label}: {on_ops} operations in on windows wrote only {:.3} records each; every CRUD command must be audited", per_op[k]);
-                    }
-                    let off_latency: Vec<&Window> = windows.iter().filter(|w| !w.on).collect();
-                    latency_off[k] = off_latency.iter().map(|w| w.latency_us_sum).sum::<u64>() as f64 / off_latency.iter().map(|w| w.latencies).sum::<u64>().max(1) as f64;
-                    cpu[k] = match (off_cpu, on_cpu) {
-                        (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
-                        _ => "-".into(),
-                    };
-                    within[k] = ratio.median >= RATIO_MIN && added.median <= LATENCY_ADDED_US_MAX;
-                    all_within &= within[k];
-                    worst[k].0 = worst[k].0.min(ratio.median);
-                    worst[k].1 = worst[k].1.max(added.median);
-                    cells[k] = vec![
-                        format!("{off_rate:.0} / {on_rate:.0}"),
-                        format!("{:.3} [{:.3}, {:.3}]; {:.3} ± {:.3}", ratio.median, ratio.low, ratio.high, ratio.mean, ratio.se),
-                        format!("{:+.0} [{:+.0}, {:+.0}]; {:+.0} ± {:.0}", added.median, added.low, added.high, added.mean, added.se),
-                    ];
-                }
+            for (mix, result) in MIXES.iter().zip(&results) {
+                let [Some(json), Some(bson)] = result else { bail!("a mix without results") };
                 let yes = |b: bool| if b { "yes" } else { "no" };
-                let mut row = vec![mix_label];
-                row.extend(cells[0].iter().cloned());
-                row.extend(cells[1].iter().cloned());
-                row.push(format!("{:.0} / {:.0}", latency_off[0], latency_off[1]));
-                row.push(format!("{}; {}", cpu[0], cpu[1]));
-                row.push(format!("{:.3}, {:.3}", per_op[0], per_op[1]));
-                row.push(format!("{}, {}", yes(within[0]), yes(within[1])));
+                let mut row = vec![format!("{}:{}:{}", mix.0, mix.1, mix.2)];
+                for (k, r) in [json, bson].into_iter().enumerate() {
+                    row.extend(r.cells.iter().cloned());
+                    worst[k].0 = worst[k].0.min(r.ratio.median);
+                    worst[k].1 = worst[k].1.max(r.added.median);
+                    all_within &= r.within;
+                }
+                row.push(format!("{:.0} / {:.0}", json.latency_off_us, bson.latency_off_us));
+                row.push(format!("{}; {}", json.cpu, bson.cpu));
+                row.push(format!("{:.3}, {:.3}", json.per_op, bson.per_op));
+                row.push(format!("{}, {}", yes(json.within), yes(bson.within)));
                 table.rows.push(row);
             }
             Ok(ScenarioReport {
                 title: "shoal audit log: cost per insert:read:update mix".into(),
                 summary: format!(
-                    "Two `shoal serve` nodes on this machine, both with `--auth` (the client logs in as a root user) and an audit log \
-                     file, one in JSON and one in BSON. Each is loaded with {} YCSB records (10 fields x 100 bytes). Then, per mix and \
+                    "Two `shoal serve` nodes on this machine, one after the other, both with `--auth` (the client logs in as a root \
+                     user) and an audit log file, one in JSON and one in BSON. Each is loaded with {} YCSB records (10 fields x 100 bytes). Then, per mix and \
                      node, one YCSB run ({THREADS} client threads, zipfian requests; inserts are single 1 KB documents, reads read \
                      all fields by _id, updates $set one field) during which the node is switched every {} s between off \
                      (`setAuditConfig {{auditAuthorizationSuccess: false}}`: no record for a permitted command, and none is refused \
