@@ -82,3 +82,28 @@ def test_pymongo_uses_scram_sha_256_over_tls_and_plaintext_is_refused(shoal_bin,
         assert e.value.code == 18
     finally:
         s.close()
+
+
+def test_pymongo_manages_user_defined_roles(auth_server):
+    anon = connect(auth_server)
+    anon.admin.command("createUser", "root", pwd="rootpw", roles=["root"])
+    root = connect(auth_server, "root", "rootpw")
+    root.app.c.insert_one({"_id": 1})
+    root.app.command("createRole", "countC", privileges=[{"resource": {"db": "app", "collection": "c"}, "actions": ["find"]}], roles=[])
+    with pytest.raises(OperationFailure) as e:
+        root.app.command("createRole", "countC", privileges=[], roles=[])
+    assert e.value.code == 51002
+    root.app.command("createUser", "cara", pwd="carapw", roles=["countC"])
+    cara = connect(auth_server, "cara", "carapw", authSource="app")
+    assert cara.app.c.count_documents({}) == 1
+    with pytest.raises(OperationFailure) as e:
+        cara.app.c.insert_one({"_id": 2})
+    assert e.value.code == 13
+    info = root.app.command("rolesInfo", "countC", showPrivileges=True)["roles"][0]
+    assert (info["role"], info["db"], info["isBuiltin"]) == ("countC", "app", False)
+    assert info["privileges"] == [{"resource": {"db": "app", "collection": "c"}, "actions": ["find"]}]
+    root.app.command("dropRole", "countC")
+    with pytest.raises(OperationFailure) as e:
+        cara.app.c.count_documents({})
+    assert e.value.code == 13
+    assert root.app.command("rolesInfo", 1)["roles"] == []
