@@ -412,6 +412,8 @@ async fn user_defined_roles_grant_their_privileges_inherit_and_go_away() {
     let inherited: Vec<&Document> = r.get_array("inheritedRoles").unwrap().iter().filter_map(|v| v.as_document()).collect();
     assert!(inherited.contains(&&doc! {"role": "read", "db": "app"}) && inherited.len() == 2, "{r}");
     assert_eq!(app.run_command(doc! {"rolesInfo": 1}).await.unwrap().get_array("roles").unwrap().len(), 2);
+    // As a shell sends it (a double), with the database's five built-in roles too.
+    assert_eq!(app.run_command(doc! {"rolesInfo": 1.0, "showBuiltinRoles": true}).await.unwrap().get_array("roles").unwrap().len(), 7);
     let solo = app.run_command(doc! {"rolesInfo": {"role": "writer", "db": "app"}, "showPrivileges": false}).await.unwrap();
     assert_eq!(solo.get_array("roles").unwrap().len(), 1);
     // Dropping a role takes it from the roles and users that hold it.

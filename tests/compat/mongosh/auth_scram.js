@@ -37,3 +37,16 @@ try {
   failed = e;
 }
 assert.ok(failed && /Authentication failed/.test(String(failed)), String(failed));
+
+// User-defined roles through the shell's helpers.
+app.createRole({ role: 'countC', privileges: [{ resource: { db: 'app', collection: 'c' }, actions: ['find'] }], roles: [] });
+const role = app.getRole('countC', { showPrivileges: true });
+assert.strictEqual(role.role, 'countC');
+assert.strictEqual(role.isBuiltin, false);
+assert.strictEqual(JSON.stringify(role.privileges[0].actions), JSON.stringify(['find']));
+// mongosh's getRoles answers rolesInfo's reply document, {roles: [...], ok: 1}.
+assert.strictEqual(app.getRoles().roles.length, 1);
+app.grantRolesToUser('ann', ['countC']);
+app.dropRole('countC');
+assert.strictEqual(app.getRoles().roles.length, 0);
+assert.strictEqual(JSON.stringify(app.getUser('ann').roles), JSON.stringify([{ role: 'read', db: 'app' }]));

@@ -5,7 +5,7 @@
 //! primary, replicated, and every change bumps the authorization generation, so that each
 //! connection resolves its user's roles again before its next command (`auth::grants_of`).
 
-use super::users::{all_users, finish, parse_roles, roles_bson, NAME_BYTES_MAX};
+use super::users::{all_users, change_held_roles, finish, parse_roles, roles_bson, NAME_BYTES_MAX};
 use super::Ctx;
 use crate::auth::{self, roles, roles::Privilege, ROLES_COLLECTION, USERS_COLLECTION, USERS_DB};
 use bson::{doc, Bson, Document};
@@ -226,17 +226,7 @@ fn change_roles(ctx: &mut Ctx, grant: bool) -> Result<Document> {
         check_no_cycle(ctx, &role, &change)?;
     }
     modify_role(ctx, &role, |d| {
-        let mut held = auth::roles_of(d);
-        if grant {
-            for r in change {
-                if !held.contains(&r) {
-                    held.push(r);
-                }
-            }
-        } else {
-            held.retain(|r| !change.contains(r));
-        }
-        d.insert("roles", roles_bson(&held));
+        change_held_roles(d, &change, grant);
         Ok(())
     })?;
     Ok(Document::new())
@@ -263,26 +253,23 @@ fn drop_roles(ctx: &Ctx, gone: impl Fn(&Document) -> bool) -> Result<i32> {
             dropped.push((d.get_str("role").unwrap_or("").to_string(), d.get_str("db").unwrap_or("").to_string()));
         }
     }
-    // Roles that inherited a dropped one.
+    // The dropped roles leave what the remaining roles and the users hold.
+    let holds_dropped = |d: &Document| auth::roles_of(d).iter().any(|r| dropped.contains(r));
     for (rid, d) in &stored {
-        let held = auth::roles_of(d);
-        if !gone(d) && held.iter().any(|r| dropped.contains(r)) {
+        if !gone(d) && holds_dropped(d) {
             let mut new = d.clone();
-            new.insert("roles", roles_bson(&held.into_iter().filter(|r| !dropped.contains(r)).collect::<Vec<_>>()));
+            change_held_roles(&mut new, &dropped, false);
             w.update(*rid, d, &new)?;
         }
     }
     drop(w);
-    if !dropped.is_empty() {
-        if let Some(users) = ctx.shared.store.collection(USERS_DB, USERS_COLLECTION) {
-            let mut w = users.writer();
-            for (rid, d) in all_users(&w.snapshot())? {
-                let held = auth::roles_of(&d);
-                if held.iter().any(|r| dropped.contains(r)) {
-                    let mut new = d.clone();
-                    new.insert("roles", roles_bson(&held.into_iter().filter(|r| !dropped.contains(r)).collect::<Vec<_>>()));
-                    w.update(rid, &d, &new)?;
-                }
+    if let Some(users) = ctx.shared.store.collection(USERS_DB, USERS_COLLECTION).filter(|_| !dropped.is_empty()) {
+        let mut w = users.writer();
+        for (rid, d) in all_users(&w.snapshot())? {
+            if holds_dropped(&d) {
+                let mut new = d.clone();
+                change_held_roles(&mut new, &dropped, false);
+                w.update(rid, &d, &new)?;
             }
         }
     }
@@ -374,9 +361,16 @@ pub fn roles_info(ctx: &mut Ctx) -> Result<Document> {
     };
     let find = |r: &(String, String)| stored.iter().find(|d| d.get_str("role").ok() == Some(r.0.as_str()) && d.get_str("db").ok() == Some(r.1.as_str()));
     let mut out = Vec::new();
+    // rolesInfo: 1 (a double, from a shell): every role of this database, and the built-in
+    // ones when asked.
+    let every = match ctx.cmd.get("rolesInfo") {
+        Some(Bson::Int32(n)) => *n == 1,
+        Some(Bson::Int64(n)) => *n == 1,
+        Some(Bson::Double(v)) => *v == 1.0,
+        _ => false,
+    };
     match ctx.cmd.get("rolesInfo") {
-        // Every role of this database (and the built-in ones when asked).
-        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) => {
+        _ if every => {
             let mut names: Vec<(String, String)> = stored.iter().filter(|d| d.get_str("db").ok() == Some(ctx.db)).map(|d| (d.get_str("role").unwrap_or("").to_string(), ctx.db.to_string())).collect();
             if show_builtin {
                 names.extend(roles::builtin_on(ctx.db).into_iter().map(|r| (r.to_string(), ctx.db.to_string())));

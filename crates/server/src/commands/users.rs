@@ -440,20 +440,26 @@ fn change_roles(ctx: &mut Ctx, grant: bool) -> Result<Document> {
         return Err(Error::bad_value(format!("{} command requires a non-empty \"roles\" array", ctx.name)));
     }
     modify_user(ctx, &user, |d| {
-        let mut held = auth::roles_of(d);
-        if grant {
-            for r in roles {
-                if !held.contains(&r) {
-                    held.push(r);
-                }
-            }
-        } else {
-            held.retain(|r| !roles.contains(r));
-        }
-        d.insert("roles", roles_bson(&held));
+        change_held_roles(d, &roles, grant);
         Ok(())
     })?;
     Ok(Document::new())
+}
+
+/// Grant `change` to what the user or role document `d` holds (each role once), or revoke
+/// it.
+pub(super) fn change_held_roles(d: &mut Document, change: &[(String, String)], grant: bool) {
+    let mut held = auth::roles_of(d);
+    if grant {
+        for r in change {
+            if !held.contains(r) {
+                held.push(r.clone());
+            }
+        }
+    } else {
+        held.retain(|r| !change.contains(r));
+    }
+    d.insert("roles", roles_bson(&held));
 }
 
 pub fn grant_roles_to_user(ctx: &mut Ctx) -> Result<Document> {
