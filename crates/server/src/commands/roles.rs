@@ -5,7 +5,7 @@
 //! primary, replicated, and every change bumps the authorization generation, so that each
 //! connection resolves its user's roles again before its next command (`auth::grants_of`).
 
-use super::users::{all_users, change_held_roles, finish, parse_roles, roles_bson, NAME_BYTES_MAX};
+use super::users::{all_users, change_held_roles, finish, insert_new, modify_stored, parse_roles, roles_bson, NAME_BYTES_MAX};
 use super::Ctx;
 use crate::auth::{self, roles, roles::Privilege, ROLES_COLLECTION, USERS_COLLECTION, USERS_DB};
 use bson::{doc, Bson, Document};
@@ -127,29 +127,13 @@ pub fn create_role(ctx: &mut Ctx) -> Result<Document> {
     let granted = parse_roles(ctx, "roles")?;
     check_no_cycle(ctx, &role, &granted)?;
     let d = doc! {"_id": role_id(&role, ctx.db), "role": &role, "db": ctx.db, "privileges": privileges_bson(&privileges), "roles": roles_bson(&granted)};
-    let coll = roles_collection(ctx)?;
-    let mut w = coll.writer();
-    if w.snapshot().find_by_id(&role_id(&role, ctx.db))?.is_some() {
-        return Err(Error::location(51002, format!("Role \"{role}@{}\" already exists", ctx.db)));
-    }
-    w.insert(&d)?;
-    drop(w);
-    finish(ctx)?;
+    insert_new(ctx, &roles_collection(ctx)?, &d, || Error::location(51002, format!("Role \"{role}@{}\" already exists", ctx.db)))?;
     Ok(Document::new())
 }
 
 /// Change the stored role `role`@ctx.db with `change`; RoleNotFound if there is none.
 fn modify_role(ctx: &Ctx, role: &str, change: impl FnOnce(&mut Document) -> Result<()>) -> Result<()> {
-    let coll = roles_collection(ctx)?;
-    let mut w = coll.writer();
-    let Some((rid, old)) = w.snapshot().find_by_id(&role_id(role, ctx.db))? else {
-        return Err(Error::new(Code::RoleNotFound, format!("Role {role}@{} not found", ctx.db)));
-    };
-    let mut new = old.clone();
-    change(&mut new)?;
-    w.update(rid, &old, &new)?;
-    drop(w);
-    finish(ctx)
+    modify_stored(ctx, &roles_collection(ctx)?, &role_id(role, ctx.db), || Error::new(Code::RoleNotFound, format!("Role {role}@{} not found", ctx.db)), change)
 }
 
 pub fn update_role(ctx: &mut Ctx) -> Result<Document> {

@@ -314,30 +314,38 @@ pub fn create_user(ctx: &mut Ctx) -> Result<Document> {
         d.insert("customData", c.clone());
     }
     d.insert("roles", roles_bson(&roles));
-    let coll = users_collection(ctx)?;
-    let mut w = coll.writer();
-    if w.snapshot().find_by_id(d.get("_id").unwrap_or(&Bson::Null))?.is_some() {
-        return Err(Error::location(51003, format!("User \"{user}@{}\" already exists", ctx.db)));
-    }
-    w.insert(&d)?;
-    drop(w);
-    finish(ctx)?;
+    insert_new(ctx, &users_collection(ctx)?, &d, || Error::location(51003, format!("User \"{user}@{}\" already exists", ctx.db)))?;
     Ok(Document::new())
 }
 
-/// Change the stored user `user`@ctx.db with `change`; UserNotFound if there is none.
-fn modify_user(ctx: &Ctx, user: &str, change: impl FnOnce(&mut Document) -> Result<()>) -> Result<()> {
-    let coll = users_collection(ctx)?;
+/// Insert the user or role document `d` into `coll` (admin.system.users or
+/// admin.system.roles), unless one with its `_id` is there already (`exists`).
+pub(super) fn insert_new(ctx: &Ctx, coll: &storage::Collection, d: &Document, exists: impl FnOnce() -> Error) -> Result<()> {
     let mut w = coll.writer();
-    let id = Bson::String(format!("{}.{user}", ctx.db));
-    let Some((rid, old)) = w.snapshot().find_by_id(&id)? else {
-        return Err(Error::new(Code::UserNotFound, format!("Could not find user \"{user}\" for db \"{}\"", ctx.db)));
-    };
+    if w.snapshot().find_by_id(d.get("_id").unwrap_or(&Bson::Null))?.is_some() {
+        return Err(exists());
+    }
+    w.insert(d)?;
+    drop(w);
+    finish(ctx)
+}
+
+/// Change the user or role document `id` of `coll` with `change`; `missing` if there is
+/// none.
+pub(super) fn modify_stored(ctx: &Ctx, coll: &storage::Collection, id: &Bson, missing: impl FnOnce() -> Error, change: impl FnOnce(&mut Document) -> Result<()>) -> Result<()> {
+    let mut w = coll.writer();
+    let Some((rid, old)) = w.snapshot().find_by_id(id)? else { return Err(missing()) };
     let mut new = old.clone();
     change(&mut new)?;
     w.update(rid, &old, &new)?;
     drop(w);
     finish(ctx)
+}
+
+/// Change the stored user `user`@ctx.db with `change`; UserNotFound if there is none.
+fn modify_user(ctx: &Ctx, user: &str, change: impl FnOnce(&mut Document) -> Result<()>) -> Result<()> {
+    let id = Bson::String(format!("{}.{user}", ctx.db));
+    modify_stored(ctx, &users_collection(ctx)?, &id, || Error::new(Code::UserNotFound, format!("Could not find user \"{user}\" for db \"{}\"", ctx.db)), change)
 }
 
 pub fn update_user(ctx: &mut Ctx) -> Result<Document> {
