@@ -1,4 +1,11 @@
 //! Crash safety: acknowledged journaled writes survive kill -9, and the data stays consistent.
+//!
+//! One server is killed 100 times at random points of a mixed load (single and batched
+//! inserts, heavy 50 KB batches, updates, deletes, from six clients). After each restart
+//! every acknowledged write is there, no unacknowledged write is half there, `validate`
+//! passes, and each index read whole holds exactly the records' keys. What survived one
+//! crash must survive the next. A failing run replays from the seed it prints
+//! (SHOAL_CRASH_SEED); SHOAL_CRASH_ROUNDS runs a longer soak.
 
 mod common;
 
@@ -12,13 +19,24 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const TASKS_COUNT: u64 = 6;
-/// Acknowledged operations (all tasks together) before the kill, per round.
-const ACKED_OPS_BEFORE_KILL: u64 = 1500;
+/// Acknowledged operations (all tasks together) before the kill, per round, at most: each
+/// round kills at a random point below it, so that kills land anywhere in the engine's
+/// cycle (memtable writes, flushes, journal rotation, compactions).
+const ACKED_OPS_BEFORE_KILL_MAX: u64 = 1200;
 /// Safety bound on one round's load phase; a healthy server needs a small fraction of it.
 const LOAD_PHASE_TIMEOUT: Duration = Duration::from_secs(120);
-const ROUNDS_COUNT: u64 = 2;
+/// Kills per run; SHOAL_CRASH_ROUNDS sets another count (a long soak), and SHOAL_CRASH_SEED
+/// replays a run (each round prints its seed).
+const ROUNDS_COUNT: u64 = 100;
 /// Documents per key space: keeps task ids disjoint across tasks and rounds.
 const IDS_PER_TASK: i64 = 1_000_000;
+/// Rounds whose documents stay: older ones are deleted (acknowledged, before the next
+/// load), which keeps verification's cost flat and adds deletes' tombstones to the engine.
+const KEPT_ROUNDS: u64 = 4;
+/// The heavy task's batches: documents, and bytes of padding each, so that the engine
+/// flushes and compacts during the run.
+const HEAVY_BATCH_DOCS: i64 = 50;
+const HEAVY_PAD_BYTES: usize = 1000;
 
 /// What the client knows about one document.
 #[derive(Clone, Debug, Default)]
@@ -63,12 +81,13 @@ async fn writer(
     coll: Collection<Document>,
     task: u64,
     round: u64,
+    seed: u64,
     acked_total: Arc<AtomicU64>,
     killed: Arc<AtomicBool>,
     errors: Arc<Mutex<Vec<String>>>,
 ) -> HashMap<i64, Known> {
     let base = ((round * TASKS_COUNT + task) as i64) * IDS_PER_TASK;
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (task + 1) * 7919 ^ round);
+    let mut rng = Rng(seed ^ (task + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut known: HashMap<i64, Known> = HashMap::new();
     let mut live: Vec<i64> = Vec::new();
     let mut next_id = base;
@@ -89,12 +108,14 @@ async fn writer(
                 r.map(|_| ())
             }
             4 => {
-                let batch: Vec<i64> = (0..10).map(|i| next_id + i).collect();
-                next_id += 10;
+                // Task 0 writes the heavy batches.
+                let (n, pad) = if task == 0 { (HEAVY_BATCH_DOCS, "h".repeat(HEAVY_PAD_BYTES)) } else { (10, String::new()) };
+                let batch: Vec<i64> = (0..n).map(|i| next_id + i).collect();
+                next_id += n;
                 for id in &batch {
                     known.insert(*id, Known { acked: None, pending: Some(Some(0)) });
                 }
-                let docs: Vec<Document> = batch.iter().map(|id| doc! {"_id": *id, "k": key(*id), "v": 0_i64}).collect();
+                let docs: Vec<Document> = batch.iter().map(|id| doc! {"_id": *id, "k": key(*id), "v": 0_i64, "pad": &pad}).collect();
                 let r = coll.insert_many(docs).await;
                 if r.is_ok() {
                     for id in &batch {
@@ -151,7 +172,9 @@ async fn fast_fail_client(server: &Server) -> Client {
     server.client_with("serverSelectionTimeoutMS=2000&connectTimeoutMS=2000").await
 }
 
-async fn verify(server: &Server, known: &HashMap<i64, Known>) {
+/// Check what the restarted server holds against what was acknowledged, and the indexes
+/// against the records. Returns each document's value found.
+async fn verify(server: &Server, known: &HashMap<i64, Known>) -> HashMap<i64, i64> {
     let client = server.client().await;
     let coll = client.database("crash").collection::<Document>("c");
     let docs = collect(coll.find(doc! {}).await.expect("find all after restart")).await;
@@ -184,18 +207,25 @@ async fn verify(server: &Server, known: &HashMap<i64, Known>) {
     for (name, keys) in kpi {
         assert_eq!(num(keys), Some(nrecords), "index {name} key count differs from record count: {v:?}");
     }
-    // Index lookups find every document (an index missing entries would fail here).
-    for (id, d) in present.iter().take(200) {
-        let by_k = coll.find_one(doc! {"k": key(*id)}).hint(mongodb::options::Hint::Name("k_1".into())).await.expect("find by k");
-        assert_eq!(by_k.as_ref().and_then(|x| x.get_i64("_id").ok()), Some(*id));
-        let v_value = d.get("v").cloned().unwrap_or(Bson::Null);
-        let n = coll.count_documents(doc! {"_id": *id, "v": v_value}).hint(mongodb::options::Hint::Name("v_1".into())).await.expect("count by v");
-        assert_eq!(n, 1, "v_1 index misses document {id}");
-    }
+    // Each index, read whole through a hinted scan, holds exactly the records' keys: an entry
+    // missing, left over or pointing at the wrong document fails here.
+    let want_k: std::collections::BTreeSet<(String, i64)> = present.keys().map(|id| (key(*id), *id)).collect();
+    let want_v: std::collections::BTreeSet<(i64, i64)> = present.iter().map(|(id, d)| (d.get_i64("v").unwrap_or_default(), *id)).collect();
+    let by_k = collect(coll.find(doc! {"k": {"$gte": ""}}).hint(mongodb::options::Hint::Name("k_1".into())).projection(doc! {"k": 1}).await.expect("scan k_1")).await;
+    let got_k: Vec<(String, i64)> = by_k.iter().map(|d| (d.get_str("k").unwrap_or_default().to_string(), d.get_i64("_id").unwrap_or_default())).collect();
+    assert_eq!(got_k.len(), want_k.len(), "k_1 scan returned {} entries for {} records", got_k.len(), want_k.len());
+    assert!(got_k.iter().cloned().collect::<std::collections::BTreeSet<_>>() == want_k, "k_1 entries differ from the records");
+    let by_v = collect(coll.find(doc! {"v": {"$gte": i64::MIN}}).hint(mongodb::options::Hint::Name("v_1".into())).projection(doc! {"v": 1}).await.expect("scan v_1")).await;
+    let got_v: Vec<(i64, i64)> = by_v.iter().map(|d| (d.get_i64("v").unwrap_or(-1), d.get_i64("_id").unwrap_or_default())).collect();
+    assert_eq!(got_v.len(), want_v.len(), "v_1 scan returned {} entries for {} records", got_v.len(), want_v.len());
+    assert!(got_v.iter().copied().collect::<std::collections::BTreeSet<_>>() == want_v, "v_1 entries differ from the records");
+    // The index scans return in key order (among equal keys, in record order).
+    assert!(got_k.windows(2).all(|w| w[0].0 < w[1].0) && got_v.windows(2).all(|w| w[0].0 <= w[1].0), "an index scan is out of key order");
     // The unique index still rejects duplicates after recovery.
     if let Some(id) = present.keys().next() {
         assert_code(coll.insert_one(doc! {"_id": -1_i64, "k": key(*id)}).await, 11000);
     }
+    present.into_iter().map(|(id, d)| (id, d.get_i64("v").unwrap_or_default())).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -208,38 +238,67 @@ async fn acknowledged_writes_survive_kill_9() {
         coll.create_index(IndexModel::builder().keys(doc! {"v": 1}).build()).await.expect("index v");
     }
     let mut known: HashMap<i64, Known> = HashMap::new();
-    for round in 0..ROUNDS_COUNT {
+    let rounds: u64 = std::env::var("SHOAL_CRASH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(ROUNDS_COUNT);
+    let run_seed: u64 = std::env::var("SHOAL_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("SHOAL_CRASH_SEED={run_seed} SHOAL_CRASH_ROUNDS={rounds}");
+    let mut plan = Rng(run_seed | 1);
+    let (mut acked_all, mut in_flight_all) = (0u64, 0usize);
+    for round in 0..rounds {
+        let seed = plan.next();
+        let kill_after = Rng(seed).below(ACKED_OPS_BEFORE_KILL_MAX);
+        let kill_delay = Duration::from_micros(Rng(seed ^ 0xD1B5_4A32_D192_ED03).below(2000));
+        let t_load = Instant::now();
         let client = fast_fail_client(&server).await;
         let coll = journaled(&client);
+        if let Some(old) = round.checked_sub(KEPT_ROUNDS) {
+            let ids = (old * TASKS_COUNT) as i64 * IDS_PER_TASK..((old + 1) * TASKS_COUNT) as i64 * IDS_PER_TASK;
+            coll.delete_many(doc! {"_id": {"$gte": ids.start, "$lt": ids.end}}).await.expect("delete an old round's documents");
+            known.retain(|id, _| !ids.contains(id));
+        }
         let acked_total = Arc::new(AtomicU64::new(0));
         let killed = Arc::new(AtomicBool::new(false));
         let errors = Arc::new(Mutex::new(Vec::new()));
         let handles: Vec<_> = (0..TASKS_COUNT)
-            .map(|t| tokio::spawn(writer(coll.clone(), t, round, acked_total.clone(), killed.clone(), errors.clone())))
+            .map(|t| tokio::spawn(writer(coll.clone(), t, round, seed, acked_total.clone(), killed.clone(), errors.clone())))
             .collect();
         let deadline = Instant::now() + LOAD_PHASE_TIMEOUT;
-        while acked_total.load(Ordering::Relaxed) < ACKED_OPS_BEFORE_KILL {
+        while acked_total.load(Ordering::Relaxed) < kill_after {
             assert!(Instant::now() < deadline, "only {} writes acknowledged in {:?}", acked_total.load(Ordering::Relaxed), LOAD_PHASE_TIMEOUT);
             assert!(server.is_running(), "server died under load:\n{}", server.stderr_tail());
             let errs = errors.lock().expect("errors lock").clone();
             assert!(errs.is_empty(), "writes failed while the server was up:\n{}", errs.join("\n"));
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         // Mid-load: writers have requests in flight right now.
+        tokio::time::sleep(kill_delay).await;
         killed.store(true, Ordering::SeqCst);
         server.kill9();
+        acked_all += acked_total.load(Ordering::Relaxed);
         for h in handles {
             let task_known = h.await.expect("writer task panicked");
             known.extend(task_known);
         }
         drop(client);
         let pending = known.values().filter(|k| k.pending.is_some()).count();
+        in_flight_all += pending;
         let present = known.values().filter(|k| k.acked.is_some()).count();
-        eprintln!("round {round}: {} documents tracked, {present} acknowledged present, {pending} unacknowledged in flight at the kill", known.len());
+        eprintln!("round {round} (seed {seed}, kill after {kill_after} acknowledged + {kill_delay:?}): {} documents tracked, {present} acknowledged present, {pending} unacknowledged in flight at the kill", known.len());
+        let load = t_load.elapsed();
+        let t_restart = Instant::now();
         server.restart();
-        verify(&server, &known).await;
+        let restart = t_restart.elapsed();
+        let t_verify = Instant::now();
+        // What survived is now settled: a write found after one crash must survive the next.
+        let found = verify(&server, &known).await;
+        for (id, k) in known.iter_mut() {
+            *k = Known { acked: found.get(id).copied(), pending: None };
+        }
+        eprintln!("round {round}: load {load:?}, restart {restart:?}, verify {:?}", t_verify.elapsed());
         // Drop the probe document the unique check may have inserted (it must have failed anyway).
         let client = server.client().await;
         client.database("crash").collection::<Document>("c").delete_one(doc! {"_id": -1_i64}).await.expect("cleanup");
     }
+    eprintln!("{rounds} kills: {acked_all} writes acknowledged, {in_flight_all} in flight at a kill, {} documents at the end, none lost", known.values().filter(|k| k.acked.is_some()).count());
 }
