@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one command that runs every test: Rust (unit + integration against the real binary),
 # pytest with pymongo, node:test with the Node driver, and mongosh scripts.
+# Then each fuzz target briefly (scripts/fuzz.sh).
 # Installs what is missing (idempotent, fast when already installed), prints each runner's
 # summary, then one final line "N passed, N failed" over all runners. Exit non-zero on any failure.
 set -uo pipefail
@@ -182,6 +183,18 @@ if [[ $NODE_OK -eq 1 && $BUILD_OK -eq 1 ]]; then
 else
   record mongosh 0 1
 fi
+
+# ---------------------------------------------------------------- fuzz
+
+# Each fuzz target briefly, from its committed corpus (scripts/fuzz.sh); a target counts as
+# one test. SHOAL_FUZZ_SECONDS sets the time per target.
+log "fuzz targets"
+FUZZ_LOG_FILE="$LOG_DIR/fuzz.log"
+bash scripts/fuzz.sh "${SHOAL_FUZZ_SECONDS:-15}" 2>&1 | tee "$FUZZ_LOG_FILE"
+passed="$(grep -cE '^fuzz [a-z_]+: .* no crash$' "$FUZZ_LOG_FILE" || true)"
+failed="$(grep -cE '^fuzz [a-z_]+: FAILED' "$FUZZ_LOG_FILE" || true)"
+if [[ ${passed:-0} -eq 0 && ${failed:-0} -eq 0 ]]; then failed=1; fi # the build failed: nothing ran
+record fuzz "${passed:-0}" "${failed:-0}"
 
 # ---------------------------------------------------------------- total
 
