@@ -10,6 +10,8 @@ pub const DBPATH_DEFAULT: &str = "./data/db";
 pub const PORT_DEFAULT: u16 = 27017;
 /// Upper bound on simultaneous client connections (mongod: `net.maxIncomingConnections`).
 pub const CONNECTIONS_MAX_DEFAULT: usize = 65_536;
+/// mongod's internalQueryMaxBlockingSortMemoryUsageBytes default.
+pub const SORT_MEMORY_BYTES_MAX_DEFAULT: usize = 100 * 1024 * 1024;
 /// mongod's bound on `authFailedDelayMs`.
 pub const AUTH_FAILED_DELAY_MS_MAX: u64 = 5_000;
 /// mongod's smallest default oplog (it takes 5% of free disk, at least 990 MB).
@@ -188,6 +190,9 @@ pub struct ServerConfig {
     pub connections_max: usize,
     /// Idle cursors are killed after this long (mongod `cursorTimeoutMillis`, default 10 min).
     pub cursor_timeout_ms: u64,
+    /// Memory a blocking sort (a find's sort that no index provides) may hold, in bytes
+    /// (mongod `internalQueryMaxBlockingSortMemoryUsageBytes`, default 100 MiB).
+    pub sort_memory_bytes_max: usize,
     /// `--strictConsistency` / `replication.strictConsistency`: reads on this member, when it
     /// is a secondary, see every write the primary had applied when they arrived (as if
     /// each carried readConcern level "strict").
@@ -233,6 +238,7 @@ impl Default for ServerConfig {
             compressors: vec!["snappy".into(), "zstd".into(), "zlib".into()],
             connections_max: CONNECTIONS_MAX_DEFAULT,
             cursor_timeout_ms: 600_000,
+            sort_memory_bytes_max: SORT_MEMORY_BYTES_MAX_DEFAULT,
             strict_consistency: false,
             log_transport: LogTransport::Pull,
             authorization: false,
@@ -548,6 +554,13 @@ impl ServerConfig {
                     Value::String(s) => s.parse().map_err(|_| bad_option(format!("Bad value for parameter \"{k}\": {s}")))?,
                     _ => as_u64(v, "setParameter.cursorTimeoutMillis")?,
                 }
+            }
+            "internalQueryMaxBlockingSortMemoryUsageBytes" => {
+                let bytes = match v {
+                    Value::String(s) => s.parse().ok(),
+                    _ => v.as_u64(),
+                };
+                self.sort_memory_bytes_max = bytes.filter(|b| *b > 0).and_then(|b| usize::try_from(b).ok()).ok_or_else(|| bad_option(format!("Bad value for parameter \"{k}\": it must be a positive number of bytes")))?;
             }
             "auditAuthorizationSuccess" => {
                 self.audit_authorization_success = match v {

@@ -142,19 +142,39 @@ impl Scan {
         Ok(())
     }
 
-    /// All matches (for sorts, distinct, aggregation input), bounded by the caller's checks.
-    pub fn collect_all(&mut self, op: &OpCtx, size_bytes_max: usize) -> Result<Vec<(RecordId, Document, MatchDetails)>> {
+    /// The matches in `sort` order (stable: ties keep scan order), the first `keep` of them
+    /// when given (a find's skip + limit). The documents held at once must fit in
+    /// `bytes_max`, or the sort fails as mongod's blocking sort does. With `keep`, only the
+    /// best `keep` are held (mongod's top-k sort): the buffer is sorted and cut back to
+    /// `keep` whenever it holds twice that or goes over `bytes_max`, so memory follows
+    /// `keep`, not the collection.
+    pub fn collect_sorted(&mut self, op: &OpCtx, sort: &SortSpec, keep: Option<usize>, bytes_max: usize) -> Result<Vec<(RecordId, Document, MatchDetails)>> {
         let mut out = Vec::new();
         let mut size = 0usize;
+        let compact_at = keep.map(|k| k.saturating_mul(2).max(64));
         while let Some(item) = self.next(op)? {
             size += approx_doc_size(&item.1);
-            if size > size_bytes_max {
+            out.push(item);
+            if let (Some(k), Some(at)) = (keep, compact_at) {
+                // Also before failing: the documents past the best k do not count.
+                if out.len() >= at || size > bytes_max {
+                    out.sort_by(|a, b| sort.compare(&a.1, &b.1));
+                    out.truncate(k);
+                    size = out.iter().map(|i| approx_doc_size(&i.1)).sum();
+                }
+            }
+            if size > bytes_max {
                 return Err(common::Error::new(
                     common::Code::QueryExceededMemoryLimitNoDiskUseAllowed,
-                    format!("Executor error during find command :: caused by :: Sort exceeded memory limit of {size_bytes_max} bytes, but did not opt in to external sorting."),
+                    format!("Executor error during find command :: caused by :: Sort exceeded memory limit of {bytes_max} bytes, but did not opt in to external sorting."),
                 ));
             }
-            out.push(item);
+        }
+        if !sort.is_empty() {
+            out.sort_by(|a, b| sort.compare(&a.1, &b.1));
+        }
+        if let Some(k) = keep {
+            out.truncate(k);
         }
         Ok(out)
     }

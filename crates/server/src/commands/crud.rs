@@ -16,9 +16,9 @@ use query::update::Update;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// Blocking sort memory (MongoDB: internalQueryMaxBlockingSortMemoryUsageBytes, 100 MiB).
-pub const SORT_MEMORY_BYTES_MAX: usize = 100 * 1024 * 1024;
-/// With allowDiskUse shoal still sorts in memory (no spill yet), so the bound is larger but real.
+/// With allowDiskUse shoal still sorts in memory (no spill yet), so the bound is larger but
+/// real. Without it, the bound is internalQueryMaxBlockingSortMemoryUsageBytes
+/// (`Config::sort_memory_bytes_max`).
 pub const SORT_MEMORY_BYTES_MAX_DISK_USE: usize = 1024 * 1024 * 1024;
 
 fn write_error(index: usize, e: &Error) -> Bson {
@@ -228,20 +228,18 @@ pub(crate) fn natural_sort(sort: &Document) -> Result<Option<Bson>> {
     }
 }
 
-/// All matches of `filter`, sorted with `sort` (stable), bounded by the sort memory limit.
-fn sorted_matches(ctx: &Ctx, mut scan: Scan, sort: &SortSpec, allow_disk_use: bool) -> Result<Vec<(storage::RecordId, Document, MatchDetails)>> {
-    let limit = if allow_disk_use { SORT_MEMORY_BYTES_MAX_DISK_USE } else { SORT_MEMORY_BYTES_MAX };
-    let mut all = scan.collect_all(ctx.op, limit)?;
-    if !sort.is_empty() {
-        all.sort_by(|a, b| sort.compare(&a.1, &b.1));
-    }
-    Ok(all)
+/// The matches of the scan in `sort` order (stable), the first `keep` when given, bounded
+/// by the blocking sort's memory limit.
+fn sorted_matches(ctx: &Ctx, mut scan: Scan, sort: &SortSpec, allow_disk_use: bool, keep: Option<usize>) -> Result<Vec<(storage::RecordId, Document, MatchDetails)>> {
+    let bytes_max = ctx.shared.config.sort_memory_bytes_max;
+    let bytes_max = if allow_disk_use { bytes_max.max(SORT_MEMORY_BYTES_MAX_DISK_USE) } else { bytes_max };
+    scan.collect_sorted(ctx.op, sort, keep, bytes_max)
 }
 
 /// The first match in `sort` order: from the scan directly when the plan yields that order.
 fn first_match(ctx: &Ctx, mut scan: Scan, plan: &Plan, sort: Option<&SortSpec>) -> Result<Option<(storage::RecordId, Document, MatchDetails)>> {
     match sort.filter(|s| !s.is_empty() && !plan.provides_sort) {
-        Some(sort) => Ok(sorted_matches(ctx, scan, sort, false)?.into_iter().next()),
+        Some(sort) => Ok(sorted_matches(ctx, scan, sort, false, Some(1))?.into_iter().next()),
         None => scan.next(ctx.op),
     }
 }
@@ -321,9 +319,10 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     let source = if sort.is_empty() || plan.provides_sort {
         Source::Find { scan: Box::new(scan), projection, skip, limit, returned: 0 }
     } else {
-        let all = sorted_matches(ctx, scan, &sort, allow_disk_use)?;
+        let keep = limit.map(|l| usize::try_from(l.saturating_add(skip)).unwrap_or(usize::MAX));
+        let all = sorted_matches(ctx, scan, &sort, allow_disk_use, keep)?;
         let mut out = VecDeque::new();
-        for (_, doc, details) in all.into_iter().skip(skip as usize).take(limit.unwrap_or(u64::MAX) as usize) {
+        for (_, doc, details) in all.into_iter().skip(skip as usize) {
             out.push_back(match &projection {
                 Some(p) => p.apply(&doc, &details)?,
                 None => doc,

@@ -25,7 +25,8 @@ fn index_stage(p: &crate::plan::IndexPlan) -> Document {
 }
 
 /// The stage tree of a plan, innermost access stage first wrapped by sort/skip/limit/projection.
-fn plan_tree(plan: &Plan, filter: &Document, sort: &Document, skip: i64, limit: i64, projection: Option<&Document>) -> Document {
+/// `sort_memory_bytes_max`: the blocking sort's limit, shown as its memLimit.
+fn plan_tree(plan: &Plan, filter: &Document, sort: &Document, skip: i64, limit: i64, projection: Option<&Document>, sort_memory_bytes_max: usize) -> Document {
     let mut stage = match &plan.access {
         Access::CollScan { reverse } => {
             let mut d = doc! { "stage": "COLLSCAN" };
@@ -48,7 +49,7 @@ fn plan_tree(plan: &Plan, filter: &Document, sort: &Document, skip: i64, limit: 
         }
     };
     if !sort.is_empty() && !plan.provides_sort {
-        let mut s = doc! { "stage": "SORT", "sortPattern": sort.clone(), "memLimit": crate::commands::crud::SORT_MEMORY_BYTES_MAX as i64, "type": "simple" };
+        let mut s = doc! { "stage": "SORT", "sortPattern": sort.clone(), "memLimit": sort_memory_bytes_max as i64, "type": "simple" };
         if limit > 0 {
             s.insert("limitAmount", limit + skip);
         }
@@ -116,7 +117,7 @@ pub fn explain(ctx: &mut Ctx) -> Result<Document> {
         Some(coll) => {
             let hint = natural.as_ref().or(inner.get("hint"));
             let (mut scan, plan) = planned_scan(coll.snapshot(), &filter, Some(&sort_spec), hint, projected.as_deref())?;
-            let tree = plan_tree(&plan, &filter, &sort, skip, limit, projection.as_ref());
+            let tree = plan_tree(&plan, &filter, &sort, skip, limit, projection.as_ref(), ctx.shared.config.sort_memory_bytes_max);
             let mut n: i64 = 0;
             if verbosity != "queryPlanner" {
                 while scan.next(ctx.op)?.is_some() {

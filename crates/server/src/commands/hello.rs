@@ -95,7 +95,7 @@ fn parameters(ctx: &Ctx) -> Document {
         "authFailedDelayMs": ctx.shared.config.auth_failed_delay_ms as i64,
         "cursorTimeoutMillis": ctx.shared.config.cursor_timeout_ms as i64,
         "maxBSONDepth": 100,
-        "internalQueryExecMaxBlockingSortBytes": crate::commands::crud::SORT_MEMORY_BYTES_MAX as i64,
+        "internalQueryMaxBlockingSortMemoryUsageBytes": ctx.shared.config.sort_memory_bytes_max as i64,
         "internalDocumentSourceGroupMaxMemoryBytes": crate::commands::aggregate::AGG_MEMORY_BYTES_MAX as i64,
         "logicalSessionTimeoutMinutes": LOGICAL_SESSION_TIMEOUT_MINUTES,
         "maxIncomingConnections": ctx.shared.config.connections_max as i64,
