@@ -1,0 +1,269 @@
+//! Real processes under faults, Jepsen-style: clients read, write and compare-and-set a few
+//! registers (documents) on a 3-member replica set, with w:"majority" writes and
+//! linearizable reads, while a nemesis kills the primary (-9), pauses a member (SIGSTOP)
+//! and partitions the primary away (the fault layer). Every operation is recorded with
+//! when it was invoked and when its reply came; each register's history is then checked
+//! for linearizability (`linearizable::check`). The test prints a report (operations by
+//! outcome, faults injected, anomalies) and fails on any anomaly.
+//!
+//! SHOAL_JEPSEN_SECONDS sets how long the clients run (default 30; hours for a soak), and
+//! SHOAL_JEPSEN_SEED replays a run's choices (each run prints its seed; the processes'
+//! timing is not replayed).
+
+mod common;
+mod linearizable;
+
+use common::*;
+use linearizable::{Entry, Op, Verdict};
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::options::{ReadConcern, ReadPreference, SelectionCriteria, WriteConcern};
+use mongodb::{Client, Collection};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const MEMBERS: usize = 3;
+const KEYS: i64 = 4;
+const CLIENTS: u64 = 4;
+const RUN_SECONDS_DEFAULT: u64 = 30;
+/// An operation without a reply by then has an unknown outcome.
+const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long each fault lasts, and the calm between faults.
+const FAULT_DURATION: Duration = Duration::from_secs(3);
+const CALM_DURATION: Duration = Duration::from_secs(2);
+const ELECTION_TIMEOUT_MS: i32 = 1000;
+const HEARTBEAT_INTERVAL_MS: i32 = 200;
+
+/// Deterministic xorshift, so that a run's choices replay from its seed.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+fn host(s: &Server) -> String {
+    format!("127.0.0.1:{}", s.port)
+}
+
+async fn admin(s: &Server, cmd: Document) -> mongodb::error::Result<Document> {
+    let c = s.client_with("directConnection=true&serverSelectionTimeoutMS=2000").await;
+    c.database("admin").run_command(cmd).await
+}
+
+/// The member that says it is primary, if one does.
+async fn primary(members: &mut [Server]) -> Option<usize> {
+    for (i, m) in members.iter_mut().enumerate() {
+        if !m.is_running() {
+            continue;
+        }
+        if let Ok(s) = admin(m, doc! {"replSetGetStatus": 1}).await {
+            if s.get_i32("myState").ok() == Some(1) {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+async fn wait_for_primary(members: &mut [Server]) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(p) = primary(members).await {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "no primary within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn partition(members: &[Server], p: usize, cut: bool) {
+    let old = host(&members[p]);
+    for (i, m) in members.iter().enumerate() {
+        let target = if i == p { "*".to_string() } else { old.clone() };
+        let (mode, data) = if cut { ("alwaysOn", doc! {"host": target, "partition": true}) } else { ("off", doc! {"host": target}) };
+        admin(m, doc! {"configureFailPoint": "replLink", "mode": mode, "data": data}).await.unwrap_or_else(|e| panic!("fail point on member {i}: {e}"));
+    }
+}
+
+fn signal(s: &Server, sig: i32) {
+    if let Some(pid) = s.pid() {
+        // SAFETY: a signal to our own child process.
+        unsafe { libc::kill(pid as i32, sig) };
+    }
+}
+
+/// The history, in microseconds since the run began.
+struct Recorder {
+    start: Instant,
+    entries: Mutex<Vec<(i64, Entry)>>,
+}
+
+impl Recorder {
+    fn now_us(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
+
+    fn record(&self, key: i64, op: Op, invoked: u64, returned: Option<u64>) {
+        self.entries.lock().expect("history lock").push((key, Entry { op, invoked, returned }));
+    }
+}
+
+/// An error that proves the operation never reached a server (no server could be chosen),
+/// so it had no effect; any other error leaves the outcome unknown.
+fn never_sent(e: &mongodb::error::Error) -> bool {
+    matches!(*e.kind, mongodb::error::ErrorKind::ServerSelection { .. })
+}
+
+async fn client_loop(coll: Collection<Document>, id: u64, seed: u64, until: Instant, history: Arc<Recorder>) {
+    let mut rng = Rng(seed ^ (id + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut last_read: Vec<Option<i64>> = vec![None; KEYS as usize];
+    let mut seq = 0i64;
+    let linearizable = mongodb::options::FindOneOptions::builder()
+        .read_concern(ReadConcern::linearizable())
+        .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+        .build();
+    while Instant::now() < until {
+        let key = rng.below(KEYS as u64) as i64;
+        let kind = rng.below(10);
+        let invoked = history.now_us();
+        match (kind, last_read[key as usize]) {
+            (0..=3, _) | (8.., None) => {
+                let r = tokio::time::timeout(OP_TIMEOUT, coll.find_one(doc! {"_id": key}).with_options(linearizable.clone())).await;
+                // A read that failed says nothing: left out of the history.
+                if let Ok(Ok(found)) = r {
+                    let value = found.map(|d| d.get_i64("v").expect("v is an i64"));
+                    history.record(key, Op::Read(value), invoked, Some(history.now_us()));
+                    last_read[key as usize] = value;
+                }
+            }
+            (4..=7, _) => {
+                seq += 1;
+                let value = (id as i64 + 1) * 1_000_000_000 + seq;
+                let r = tokio::time::timeout(OP_TIMEOUT, coll.update_one(doc! {"_id": key}, doc! {"$set": {"v": value}}).upsert(true)).await;
+                match r {
+                    Ok(Ok(_)) => history.record(key, Op::Write(value), invoked, Some(history.now_us())),
+                    Ok(Err(e)) if never_sent(&e) => {}
+                    _ => history.record(key, Op::Write(value), invoked, None),
+                }
+            }
+            (_, Some(from)) => {
+                seq += 1;
+                let to = (id as i64 + 1) * 1_000_000_000 + seq;
+                let r = tokio::time::timeout(OP_TIMEOUT, coll.find_one_and_update(doc! {"_id": key, "v": from}, doc! {"$set": {"v": to}})).await;
+                match r {
+                    Ok(Ok(found)) => history.record(key, Op::Cas { from, to, swapped: Some(found.is_some()) }, invoked, Some(history.now_us())),
+                    Ok(Err(e)) if never_sent(&e) => {}
+                    _ => history.record(key, Op::Cas { from, to, swapped: None }, invoked, None),
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn registers_stay_linearizable_through_kills_pauses_and_partitions() {
+    let seconds: u64 = std::env::var("SHOAL_JEPSEN_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(RUN_SECONDS_DEFAULT);
+    let seed: u64 = std::env::var("SHOAL_JEPSEN_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("SHOAL_JEPSEN_SEED={seed} SHOAL_JEPSEN_SECONDS={seconds}");
+
+    let mut members: Vec<Server> = (0..MEMBERS).map(|_| Server::start_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"])).collect();
+    let config_members: Vec<Bson> = members.iter().enumerate().map(|(i, m)| Bson::Document(doc! {"_id": i as i32, "host": host(m)})).collect();
+    admin(&members[0], doc! {"replSetInitiate": {"_id": "rs0", "version": 1, "members": config_members, "settings": {"electionTimeoutMillis": ELECTION_TIMEOUT_MS, "heartbeatIntervalMillis": HEARTBEAT_INTERVAL_MS}}}).await.expect("replSetInitiate");
+    wait_for_primary(&mut members).await;
+
+    let hosts: Vec<String> = members.iter().map(host).collect();
+    let uri = format!("mongodb://{}/?replicaSet=rs0&serverSelectionTimeoutMS=3000&connectTimeoutMS=1000&heartbeatFrequencyMS=500", hosts.join(","));
+    let majority = mongodb::options::CollectionOptions::builder().write_concern(WriteConcern::majority()).build();
+    let history = Arc::new(Recorder { start: Instant::now(), entries: Mutex::new(Vec::new()) });
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut clients = Vec::new();
+    for id in 0..CLIENTS {
+        let client = Client::with_uri_str(&uri).await.expect("client");
+        let coll = client.database("jepsen").collection_with_options::<Document>("registers", majority.clone());
+        clients.push(tokio::spawn(client_loop(coll, id, seed, until, history.clone())));
+    }
+
+    // The nemesis: one fault at a time, each healed before the next.
+    let mut rng = Rng(seed | 1);
+    let (mut kills, mut pauses, mut partitions) = (0u32, 0u32, 0u32);
+    while Instant::now() + CALM_DURATION + FAULT_DURATION < until {
+        tokio::time::sleep(CALM_DURATION).await;
+        let p = wait_for_primary(&mut members).await;
+        match rng.below(3) {
+            0 => {
+                members[p].kill9();
+                kills += 1;
+                tokio::time::sleep(FAULT_DURATION).await;
+                members[p].restart();
+            }
+            1 => {
+                // Any member: pausing the primary stalls it mid-write; a secondary, its votes.
+                let m = rng.below(MEMBERS as u64) as usize;
+                signal(&members[m], libc::SIGSTOP);
+                pauses += 1;
+                tokio::time::sleep(FAULT_DURATION).await;
+                signal(&members[m], libc::SIGCONT);
+            }
+            _ => {
+                partition(&members, p, true).await;
+                partitions += 1;
+                tokio::time::sleep(FAULT_DURATION).await;
+                partition(&members, p, false).await;
+            }
+        }
+    }
+    for c in clients {
+        c.await.expect("client task");
+    }
+
+    // Healed: a last linearizable read of each register closes its history.
+    wait_for_primary(&mut members).await;
+    let client = Client::with_uri_str(&uri).await.expect("client");
+    let coll = client.database("jepsen").collection::<Document>("registers");
+    for key in 0..KEYS {
+        let invoked = history.now_us();
+        let found = coll.find_one(doc! {"_id": key}).read_concern(ReadConcern::linearizable()).await.expect("final read");
+        history.record(key, Op::Read(found.map(|d| d.get_i64("v").expect("v"))), invoked, Some(history.now_us()));
+    }
+
+    let entries = std::mem::take(&mut *history.entries.lock().expect("history lock"));
+    let count = |f: &dyn Fn(&Entry) -> bool| entries.iter().filter(|(_, e)| f(e)).count();
+    let unknown = count(&|e| e.returned.is_none());
+    let reads = count(&|e| matches!(e.op, Op::Read(_)));
+    let writes = count(&|e| matches!(e.op, Op::Write(_)) && e.returned.is_some());
+    let swaps = count(&|e| matches!(e.op, Op::Cas { swapped: Some(true), .. }));
+    let failed_swaps = count(&|e| matches!(e.op, Op::Cas { swapped: Some(false), .. }));
+    let mut anomalies = Vec::new();
+    for key in 0..KEYS {
+        let h: Vec<Entry> = entries.iter().filter(|(k, _)| *k == key).map(|(_, e)| *e).collect();
+        let t = Instant::now();
+        let verdict = linearizable::check(&h);
+        let (what, near) = match &verdict {
+            Verdict::Linearizable => ("linearizable".to_string(), Vec::new()),
+            Verdict::Undecided => ("undecided".to_string(), Vec::new()),
+            Verdict::NotLinearizable { linearized_max } => {
+                // Where it breaks: the first operations, by invocation, outside the longest
+                // prefix that could be linearized.
+                let mut rest: Vec<&Entry> = h.iter().enumerate().filter(|(i, _)| linearized_max.binary_search(i).is_err()).map(|(_, e)| e).collect();
+                rest.sort_by_key(|e| e.invoked);
+                (format!("NOT linearizable ({} of {} operations linearized at most)", linearized_max.len(), h.len()), rest.into_iter().take(10).copied().collect())
+            }
+        };
+        eprintln!("register {key}: {} operations, {what}, checked in {:?}", h.len(), t.elapsed());
+        if verdict != Verdict::Linearizable {
+            anomalies.push(format!("register {key}: {what}; first operations past the break: {near:?}"));
+        }
+    }
+    eprintln!(
+        "jepsen report: {} operations ({reads} reads, {writes} writes, {swaps} swaps, {failed_swaps} failed swaps, {unknown} with unknown outcome); faults: {kills} kills, {pauses} pauses, {partitions} partitions; anomalies: {}",
+        entries.len(),
+        anomalies.len()
+    );
+    assert!(writes > 0 && reads > 0 && swaps > 0, "the run did too little to check anything");
+    assert!(anomalies.is_empty(), "{}", anomalies.join("\n"));
+}
