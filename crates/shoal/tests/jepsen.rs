@@ -1,7 +1,8 @@
 //! Real processes under faults, Jepsen-style: clients read, write and compare-and-set a few
 //! registers (documents) on a 3-member replica set, with w:"majority" writes and
-//! linearizable reads, while a nemesis kills the primary (-9), pauses a member (SIGSTOP)
-//! and partitions the primary away (the fault layer). Every operation is recorded with
+//! linearizable reads, while a nemesis kills the primary (-9), pauses a member (SIGSTOP),
+//! partitions the primary away, and makes a member's links slow and lossy (the last two
+//! with the fault layer, configureFailPoint "replLink"). Every operation is recorded with
 //! when it was invoked and when its reply came; each register's history is then checked
 //! for linearizability (`linearizable::check`). The test prints a report (operations by
 //! outcome, faults injected, anomalies) and fails on any anomaly.
@@ -79,11 +80,20 @@ async fn wait_for_primary(members: &mut [Server]) -> usize {
     }
 }
 
-async fn partition(members: &[Server], p: usize, cut: bool) {
+/// Set `fault` (the fault layer's replLink data, without host) on every link to and from
+/// member `p`; None heals them.
+async fn fault_links(members: &[Server], p: usize, fault: Option<Document>) {
     let old = host(&members[p]);
     for (i, m) in members.iter().enumerate() {
         let target = if i == p { "*".to_string() } else { old.clone() };
-        let (mode, data) = if cut { ("alwaysOn", doc! {"host": target, "partition": true}) } else { ("off", doc! {"host": target}) };
+        let mut data = doc! {"host": target};
+        let mode = match &fault {
+            Some(f) => {
+                data.extend(f.clone());
+                "alwaysOn"
+            }
+            None => "off",
+        };
         admin(m, doc! {"configureFailPoint": "replLink", "mode": mode, "data": data}).await.unwrap_or_else(|e| panic!("fail point on member {i}: {e}"));
     }
 }
@@ -164,7 +174,7 @@ async fn client_loop(coll: Collection<Document>, id: u64, seed: u64, until: Inst
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn registers_stay_linearizable_through_kills_pauses_and_partitions() {
+async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_links() {
     let seconds: u64 = std::env::var("SHOAL_JEPSEN_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(RUN_SECONDS_DEFAULT);
     let seed: u64 = std::env::var("SHOAL_JEPSEN_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
@@ -190,11 +200,11 @@ async fn registers_stay_linearizable_through_kills_pauses_and_partitions() {
 
     // The nemesis: one fault at a time, each healed before the next.
     let mut rng = Rng(seed | 1);
-    let (mut kills, mut pauses, mut partitions) = (0u32, 0u32, 0u32);
+    let (mut kills, mut pauses, mut partitions, mut slow_links) = (0u32, 0u32, 0u32, 0u32);
     while Instant::now() + CALM_DURATION + FAULT_DURATION < until {
         tokio::time::sleep(CALM_DURATION).await;
         let p = wait_for_primary(&mut members).await;
-        match rng.below(3) {
+        match rng.below(4) {
             0 => {
                 members[p].kill9();
                 kills += 1;
@@ -209,11 +219,19 @@ async fn registers_stay_linearizable_through_kills_pauses_and_partitions() {
                 tokio::time::sleep(FAULT_DURATION).await;
                 signal(&members[m], libc::SIGCONT);
             }
-            _ => {
-                partition(&members, p, true).await;
+            2 => {
+                fault_links(&members, p, Some(doc! {"partition": true})).await;
                 partitions += 1;
                 tokio::time::sleep(FAULT_DURATION).await;
-                partition(&members, p, false).await;
+                fault_links(&members, p, None).await;
+            }
+            _ => {
+                // Any member's links slow and lossy: late heartbeats, votes and oplog batches.
+                let m = rng.below(MEMBERS as u64) as usize;
+                fault_links(&members, m, Some(doc! {"delayMs": 1 + rng.below(300) as i64, "lossPercent": rng.below(50) as i64})).await;
+                slow_links += 1;
+                tokio::time::sleep(FAULT_DURATION).await;
+                fault_links(&members, m, None).await;
             }
         }
     }
@@ -260,7 +278,7 @@ async fn registers_stay_linearizable_through_kills_pauses_and_partitions() {
         }
     }
     eprintln!(
-        "jepsen report: {} operations ({reads} reads, {writes} writes, {swaps} swaps, {failed_swaps} failed swaps, {unknown} with unknown outcome); faults: {kills} kills, {pauses} pauses, {partitions} partitions; anomalies: {}",
+        "jepsen report: {} operations ({reads} reads, {writes} writes, {swaps} swaps, {failed_swaps} failed swaps, {unknown} with unknown outcome); faults: {kills} kills, {pauses} pauses, {partitions} partitions, {slow_links} slow and lossy links; anomalies: {}",
         entries.len(),
         anomalies.len()
     );
