@@ -1114,6 +1114,43 @@ async fn a_member_too_stale_for_one_source_fetches_from_another() {
     assert!(!set.members[1].dbpath.join("rollback").exists(), "member 1 rolled back");
 }
 
+/// A member pointed at a source that is behind it (replSetSyncFrom, or heartbeat news
+/// already stale) must not take the source's shorter oplog for a divergence: rolling back
+/// would undo majority-committed entries. It says why and waits for a usable source.
+#[tokio::test]
+async fn a_member_ahead_of_its_source_does_not_roll_back_to_it() {
+    let mut set = Set::start(3, doc! {}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}]).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    let coll = set.seed("c", 10).await;
+    // Member 2 stops fetching (faults act on the links it opens) and falls behind member 1.
+    set.fail_point(2, "alwaysOn", doc! {"host": "*", "partition": true}).await;
+    let w2 = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(2)).build();
+    for i in 10..20 {
+        coll.insert_one(doc! {"_id": i}).write_concern(w2.clone()).await.unwrap();
+    }
+    set.wait_for_count(1, "c", 20).await;
+    let sec = direct(&set.members[1]).await;
+    admin(&sec, doc! {"replSetSyncFrom": host(&set.members[2])}).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(!set.members[1].dbpath.join("rollback").exists(), "member 1 rolled back to a source behind it:\n{}", set.members[1].stderr_tail());
+        let s = set.status(1).await.unwrap();
+        if member(&s, 1).get_str("infoMessage").unwrap_or_default().contains("is behind us") {
+            assert_eq!(s.get_i32("myState").unwrap(), 2, "{s:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "member 1 never found member 2 behind it: {s:?}\n{}", set.members[1].stderr_tail());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(set.count_on(1, "c").await, 20);
+    // Member 2 catches up once it can fetch again, and the set agrees.
+    set.fail_point(2, "off", doc! {"host": "*"}).await;
+    for i in 0..3 {
+        set.wait_for_count(i, "c", 20).await;
+    }
+    assert!(!set.members[1].dbpath.join("rollback").exists(), "member 1 rolled back");
+}
+
 /// The timestamp of a member's newest (`order` -1) or oldest (1) oplog entry.
 async fn oplog_edge(s: &Server, order: i32) -> mongodb::bson::Timestamp {
     let e = direct(s).await.database("local").collection::<Document>("oplog.rs").find_one(doc! {}).sort(doc! {"$natural": order}).await.unwrap().unwrap();

@@ -96,13 +96,21 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
         // initial sync began later): it cannot tell whether we diverged, and another source
         // may still hold our entry. mongod denylists such a source; rolling back against it
         // would find no common point.
-        let oldest = oldest_entry(&mut conn).await?;
+        let oldest = oplog_edge(&mut conn, 1).await?;
         if oldest.is_some_and(|o| o.ts > last.ts) {
             coord.inner.lock().peers[src].denied_until = Some(std::time::Instant::now() + TOO_STALE_DENY);
             return Err(Error::new(
                 Code::TooStaleToSyncFromSource,
                 format!("too stale to sync from {host}: our newest entry {last:?} is older than its oldest {:?}", oldest.unwrap_or_default()),
             ));
+        }
+        // A source whose newest entry is older than ours is behind us, not divergent: one
+        // chosen on heartbeat news that is already stale, or a secondary that has not yet
+        // fetched the entry this member's initial sync began at (from another source).
+        // Rolling back against it would find no common point. Choose again instead.
+        let newest = oplog_edge(&mut conn, -1).await?;
+        if newest.is_none_or(|n| n < last) {
+            return Err(Error::new(Code::InvalidSyncSource, format!("{host} is behind us: its newest entry {newest:?} is older than ours {last:?}")));
         }
         // Our newest entries are not in the source's oplog: a former primary's writes that
         // no majority took. Undo them, then fetch again from the common point.
@@ -349,8 +357,9 @@ impl Drop for Applier {
 }
 
 /// The source's oldest oplog entry, if it has any.
-async fn oldest_entry(conn: &mut PeerConn) -> Result<Option<OpTime>> {
-    let reply = conn.command("local", doc! {"find": "oplog.rs", "sort": {"$natural": 1}, "limit": 1, "singleBatch": true, "projection": {"ts": 1, "t": 1}}, CONNECT_TIMEOUT).await?;
+/// The optime of the source's oldest (`order` 1) or newest (`order` -1) oplog entry.
+async fn oplog_edge(conn: &mut PeerConn, order: i32) -> Result<Option<OpTime>> {
+    let reply = conn.command("local", doc! {"find": "oplog.rs", "sort": {"$natural": order}, "limit": 1, "singleBatch": true, "projection": {"ts": 1, "t": 1}}, CONNECT_TIMEOUT).await?;
     let (_, batch) = cursor_batch(&reply, "firstBatch")?;
     Ok(batch.first().and_then(OpTime::from_doc))
 }
