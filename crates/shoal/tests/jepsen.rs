@@ -1,8 +1,9 @@
 //! Real processes under faults, Jepsen-style: clients read, write and compare-and-set a few
 //! registers (documents) on a 3-member replica set, with w:"majority" writes and
 //! linearizable reads, while a nemesis kills the primary (-9), pauses a member (SIGSTOP),
-//! partitions the primary away, and makes a member's links slow and lossy (the last two
-//! with the fault layer, configureFailPoint "replLink"). Every operation is recorded with
+//! partitions the primary away, makes a member's links slow and lossy (these two with the
+//! fault layer, configureFailPoint "replLink"), and points a secondary at the other one
+//! (replSetSyncFrom). Every operation is recorded with
 //! when it was invoked and when its reply came; each register's history is then checked
 //! for linearizability (`linearizable::check`). The test prints a report (operations by
 //! outcome, faults injected, anomalies) and fails on any anomaly.
@@ -200,11 +201,11 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
 
     // The nemesis: one fault at a time, each healed before the next.
     let mut rng = Rng(seed | 1);
-    let (mut kills, mut pauses, mut partitions, mut slow_links) = (0u32, 0u32, 0u32, 0u32);
+    let (mut kills, mut pauses, mut partitions, mut slow_links, mut resyncs) = (0u32, 0u32, 0u32, 0u32, 0u32);
     while Instant::now() + CALM_DURATION + FAULT_DURATION < until {
         tokio::time::sleep(CALM_DURATION).await;
         let p = wait_for_primary(&mut members).await;
-        match rng.below(4) {
+        match rng.below(5) {
             0 => {
                 members[p].kill9();
                 kills += 1;
@@ -224,6 +225,16 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
                 partitions += 1;
                 tokio::time::sleep(FAULT_DURATION).await;
                 fault_links(&members, p, None).await;
+            }
+            3 => {
+                // A secondary told to fetch from the other secondary, which may be behind it
+                // (replSetSyncFrom): a source behind is not a divergence to roll back.
+                let (a, b) = ((p + 1) % MEMBERS, (p + 2) % MEMBERS);
+                let (from, to) = if rng.below(2) == 0 { (a, b) } else { (b, a) };
+                // Refused while the target is not yet a secondary (just restarted): fine.
+                let _ = admin(&members[from], doc! {"replSetSyncFrom": host(&members[to])}).await;
+                resyncs += 1;
+                tokio::time::sleep(FAULT_DURATION).await;
             }
             _ => {
                 // Any member's links slow and lossy: late heartbeats, votes and oplog batches.
@@ -277,8 +288,36 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
             anomalies.push(format!("register {key}: {what}; first operations past the break: {near:?}"));
         }
     }
+    // Rolled-back writes are saved in rollback files, each document as the member held it:
+    // its value is that of a write no majority took. None may be an acknowledged one.
+    let acknowledged: std::collections::HashSet<i64> = entries
+        .iter()
+        .filter_map(|(_, e)| match e.op {
+            Op::Write(v) if e.returned.is_some() => Some(v),
+            Op::Cas { to, swapped: Some(true), .. } => Some(to),
+            _ => None,
+        })
+        .collect();
+    let mut rolled_back = 0usize;
+    for m in &members {
+        let dir = m.dbpath.join("rollback").join("jepsen.registers");
+        for file in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let bytes = std::fs::read(file.path()).expect("read a rollback file");
+            let mut rest = bytes.as_slice();
+            while !rest.is_empty() {
+                let d = Document::from_reader(&mut rest).expect("a rollback file holds BSON documents");
+                rolled_back += 1;
+                if let Ok(v) = d.get_i64("v") {
+                    if acknowledged.contains(&v) {
+                        anomalies.push(format!("member {}: the acknowledged write of {v} was rolled back ({})", host(m), file.path().display()));
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("rollback files hold {rolled_back} documents, none of them acknowledged unless reported");
     eprintln!(
-        "jepsen report: {} operations ({reads} reads, {writes} writes, {swaps} swaps, {failed_swaps} failed swaps, {unknown} with unknown outcome); faults: {kills} kills, {pauses} pauses, {partitions} partitions, {slow_links} slow and lossy links; anomalies: {}",
+        "jepsen report: {} operations ({reads} reads, {writes} writes, {swaps} swaps, {failed_swaps} failed swaps, {unknown} with unknown outcome); faults: {kills} kills, {pauses} pauses, {partitions} partitions, {slow_links} slow and lossy links, {resyncs} sync sources changed; anomalies: {}",
         entries.len(),
         anomalies.len()
     );
