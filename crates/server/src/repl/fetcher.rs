@@ -105,9 +105,10 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
             ));
         }
         // A source whose newest entry is older than ours is behind us, not divergent: one
-        // chosen on heartbeat news that is already stale, or a secondary that has not yet
-        // fetched the entry this member's initial sync began at (from another source).
-        // Rolling back against it would find no common point. Choose again instead.
+        // named by replSetSyncFrom, chosen on heartbeat news already stale, or a secondary
+        // that has not yet fetched the entry this member's initial sync began at. Rolling
+        // back to it would undo entries a majority holds (it did, before this check: the
+        // common point is its newest entry). Choose again instead.
         let newest = oplog_edge(&mut conn, -1).await?;
         if newest.is_none_or(|n| n < last) {
             return Err(Error::new(Code::InvalidSyncSource, format!("{host} is behind us: its newest entry {newest:?} is older than ours {last:?}")));
@@ -356,7 +357,6 @@ impl Drop for Applier {
     }
 }
 
-/// The source's oldest oplog entry, if it has any.
 /// The optime of the source's oldest (`order` 1) or newest (`order` -1) oplog entry.
 async fn oplog_edge(conn: &mut PeerConn, order: i32) -> Result<Option<OpTime>> {
     let reply = conn.command("local", doc! {"find": "oplog.rs", "sort": {"$natural": order}, "limit": 1, "singleBatch": true, "projection": {"ts": 1, "t": 1}}, CONNECT_TIMEOUT).await?;
