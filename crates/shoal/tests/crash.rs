@@ -10,7 +10,7 @@
 mod common;
 
 use common::*;
-use mongodb::bson::{doc, Bson, Document};
+use mongodb::bson::{doc, Document};
 use mongodb::options::{IndexOptions, WriteConcern};
 use mongodb::{Client, Collection, IndexModel};
 use std::collections::HashMap;

@@ -1427,7 +1427,19 @@ async fn members_with_a_key_file_authenticate_to_each_other_and_clients_must_log
     root.database("app").run_command(doc! {"createUser": "reader", "pwd": "pw", "roles": ["read"], "writeConcern": {"w": 3}}).await.unwrap();
     let reader = Client::with_uri_str(format!("mongodb://reader:pw@{}/?directConnection=true&authSource=app&readPreference=secondaryPreferred", hosts[1])).await.unwrap();
     let on_secondary = reader.database("app").collection::<Document>("c");
-    assert_eq!(on_secondary.count_documents(doc! {}).await.unwrap(), 1);
+    // w:3 waits for the user to be durable on the secondary, not applied: until it is, the
+    // login fails.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match on_secondary.count_documents(doc! {}).await {
+            Ok(n) => {
+                assert_eq!(n, 1);
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline && matches!(*e.kind, mongodb::error::ErrorKind::Authentication { .. }), "the new user cannot log in on the secondary: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     root.database("app").run_command(doc! {"revokeRolesFromUser": "reader", "roles": ["read"], "writeConcern": {"w": 3}}).await.unwrap();
     // (w:3 waits for the entry to be durable there, not applied: poll until it is.)
     let deadline = Instant::now() + Duration::from_secs(10);
