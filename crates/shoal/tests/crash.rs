@@ -57,20 +57,6 @@ impl Known {
     }
 }
 
-/// Deterministic xorshift, so a failing run can be replayed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 fn key(id: i64) -> String {
     format!("k-{id}")
 }
@@ -239,10 +225,8 @@ async fn acknowledged_writes_survive_kill_9() {
     }
     let mut known: HashMap<i64, Known> = HashMap::new();
     let rounds: u64 = std::env::var("SHOAL_CRASH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(ROUNDS_COUNT);
-    let run_seed: u64 = std::env::var("SHOAL_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-    });
-    eprintln!("SHOAL_CRASH_SEED={run_seed} SHOAL_CRASH_ROUNDS={rounds}");
+    let run_seed = seed_from_env("SHOAL_CRASH_SEED");
+    eprintln!("SHOAL_CRASH_ROUNDS={rounds}");
     let mut plan = Rng(run_seed | 1);
     let (mut acked_all, mut in_flight_all) = (0u64, 0usize);
     for round in 0..rounds {

@@ -35,17 +35,6 @@ const CALM_DURATION: Duration = Duration::from_secs(2);
 const ELECTION_TIMEOUT_MS: i32 = 1000;
 const HEARTBEAT_INTERVAL_MS: i32 = 200;
 
-/// Deterministic xorshift, so that a run's choices replay from its seed.
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
 fn host(s: &Server) -> String {
     format!("127.0.0.1:{}", s.port)
 }
@@ -177,10 +166,8 @@ async fn client_loop(coll: Collection<Document>, id: u64, seed: u64, until: Inst
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_links() {
     let seconds: u64 = std::env::var("SHOAL_JEPSEN_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(RUN_SECONDS_DEFAULT);
-    let seed: u64 = std::env::var("SHOAL_JEPSEN_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-    });
-    eprintln!("SHOAL_JEPSEN_SEED={seed} SHOAL_JEPSEN_SECONDS={seconds}");
+    let seed = seed_from_env("SHOAL_JEPSEN_SEED");
+    eprintln!("SHOAL_JEPSEN_SECONDS={seconds}");
 
     let mut members: Vec<Server> = (0..MEMBERS).map(|_| Server::start_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"])).collect();
     let config_members: Vec<Bson> = members.iter().enumerate().map(|(i, m)| Bson::Document(doc! {"_id": i as i32, "host": host(m)})).collect();

@@ -12,14 +12,6 @@ use mongodb::bson::{doc, Binary, Bson, Document};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-/// Resident set (VmRSS) of a process, in bytes.
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS line");
-    let kib: u64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS value");
-    kib * 1024
-}
-
 fn server_status(s: &mut std::net::TcpStream, request_id: i32) -> Document {
     let r = command(s, request_id, &doc! {"serverStatus": 1, "$db": "admin"});
     assert_eq!(num(r.doc.get("ok").unwrap_or(&Bson::Null)), Some(1.0), "{:?}", r.doc);
@@ -132,7 +124,7 @@ fn a_client_that_stops_reading_holds_back_only_itself() {
         assert_eq!(num_field(&r.doc, "n"), 100.0, "{:?}", r.doc);
     }
     let pid = server.pid().expect("server pid");
-    let rss_before = rss_bytes(pid);
+    let rss_before = proc_status_bytes(pid, "VmRSS");
 
     let mut slow = connect(server.port);
     for i in 0..REQUESTS {
@@ -140,7 +132,7 @@ fn a_client_that_stops_reading_holds_back_only_itself() {
     }
     // Let the server fill the socket and stall on it.
     std::thread::sleep(Duration::from_secs(2));
-    let rss_stalled = rss_bytes(pid);
+    let rss_stalled = proc_status_bytes(pid, "VmRSS");
     // Another client is served meanwhile.
     let mut other = connect(server.port);
     let r = command(&mut other, 1, &doc! {"count": "c", "$db": "limits"});

@@ -20,14 +20,6 @@ const BATCH_DOCS: usize = 128;
 /// find batches). Measured peak above the budget: see the test's message when it fails.
 const OVERHEAD_BYTES_MAX: u64 = 160 << 20;
 
-/// Peak resident set (VmHWM) of a process, in bytes.
-fn peak_rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM line");
-    let kib: u64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmHWM value");
-    kib * 1024
-}
-
 /// xorshift64: incompressible bytes without a dependency.
 fn fill(state: &mut u64, out: &mut [u8]) {
     for chunk in out.chunks_mut(8) {
@@ -76,7 +68,7 @@ async fn memory_stays_within_the_cache_budget_whatever_the_data_size() {
     let full = collect(coll.find(doc! {"_id": {"$lt": 2000}}).await.unwrap()).await;
     assert_eq!(full.len(), 2000);
 
-    let peak = peak_rss_bytes(pid);
+    let peak = proc_status_bytes(pid, "VmHWM");
     assert!(
         peak <= BUDGET_BYTES + OVERHEAD_BYTES_MAX,
         "peak RSS {} MiB with a {} MiB budget and {} MiB of data (allowed overhead {} MiB)",

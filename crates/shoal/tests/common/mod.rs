@@ -361,3 +361,35 @@ pub fn assert_same_all(got: &[Document], want: &[Document]) {
         assert_same(g, w);
     }
 }
+
+/// Deterministic xorshift, so that a failing run's choices replay from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A run's seed: from the environment variable `var` when set (to replay a run), else
+/// from the clock. Printed, so that a failing run can be replayed.
+pub fn seed_from_env(var: &str) -> u64 {
+    let seed = std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64));
+    eprintln!("{var}={seed}");
+    seed
+}
+
+/// A size field of /proc/PID/status (`VmRSS`, `VmHWM`, ...), in bytes.
+pub fn proc_status_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
+    let line = status.lines().find(|l| l.strip_prefix(field).is_some_and(|rest| rest.starts_with(':'))).unwrap_or_else(|| panic!("no {field} line"));
+    let kib: u64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {field} value"));
+    kib * 1024
+}
