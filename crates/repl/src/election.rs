@@ -64,6 +64,23 @@ pub fn randomized_timeout_ms(election_timeout_ms: i64, rand: f64) -> u64 {
     (base + base * 0.15 * rand.clamp(0.0, 1.0)) as u64
 }
 
+/// Whether a primary must step down because it has lost touch with a majority of the
+/// voters (mongod's "can no longer see a majority of the set"): `responsive(i)` says member
+/// `i` answered a heartbeat within the election timeout. A primary of less than one election
+/// timeout has not heard from everyone yet, and a set with one voter cannot lose the others.
+pub fn lost_majority(config: &ReplSetConfig, self_index: usize, responsive: impl Fn(usize) -> bool, primary_for_ms: u64, election_timeout_ms: u64) -> bool {
+    let in_touch = config.members.iter().enumerate().filter(|(i, m)| m.is_voter() && (*i == self_index || responsive(*i))).count();
+    config.voters() > 1 && in_touch < config.majority_vote_count() && primary_for_ms > election_timeout_ms
+}
+
+/// Whether a secondary stands for election for want of a primary: it can be elected and vote,
+/// it is not frozen or already standing, no responsive member is primary, and it has heard
+/// from no primary (nor granted a vote) for its randomized election timeout.
+pub fn stands_for_want_of_primary(config: &ReplSetConfig, self_index: usize, may_stand: bool, sees_primary: bool, since_primary_seen_ms: u64, election_timeout_ms: u64) -> bool {
+    let me = &config.members[self_index];
+    me.is_electable() && me.is_voter() && may_stand && !sees_primary && since_primary_seen_ms >= election_timeout_ms
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +117,25 @@ mod tests {
         let voted = Voter { config: &c, self_index: 1, term: 4, last_vote_term: Some(4), last_applied: mine };
         assert!(decide(&voted, &VoteRequest { dry_run: true, ..req.clone() }).is_ok());
         assert!(decide(&voted, &req).is_err());
+    }
+
+    #[test]
+    fn a_primary_steps_down_without_a_majority_and_a_secondary_stands_without_a_primary() {
+        let c = config();
+        // Voters 0, 1, 2: a primary at 0 that hears only from itself has lost the majority,
+        // but not in its first election timeout.
+        assert!(lost_majority(&c, 0, |_| false, 10_001, 10_000));
+        assert!(!lost_majority(&c, 0, |_| false, 9_000, 10_000));
+        assert!(!lost_majority(&c, 0, |i| i == 2, 10_001, 10_000));
+        // The non-voter does not count.
+        assert!(lost_majority(&c, 0, |i| i == 3, 10_001, 10_000));
+        assert!(stands_for_want_of_primary(&c, 1, true, false, 10_000, 10_000));
+        assert!(!stands_for_want_of_primary(&c, 1, true, false, 9_999, 10_000));
+        assert!(!stands_for_want_of_primary(&c, 1, true, true, 20_000, 10_000));
+        assert!(!stands_for_want_of_primary(&c, 1, false, false, 20_000, 10_000));
+        // Priority 0 and non-voters never stand.
+        assert!(!stands_for_want_of_primary(&c, 2, true, false, 20_000, 10_000));
+        assert!(!stands_for_want_of_primary(&c, 3, true, false, 20_000, 10_000));
     }
 
     #[test]

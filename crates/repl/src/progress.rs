@@ -61,6 +61,22 @@ pub fn advance_commit_point(config: &ReplSetConfig, current: OpTime, term: i64, 
     }
 }
 
+/// The commit point a member that is not primary takes from one another member reported
+/// (mongod's TopologyCoordinator::advanceLastCommittedOpTimeAndWallTime): never backwards,
+/// never past `last` (our newest entry: a majority read must not wait for entries we lack),
+/// and not at all from a point of another term than `last`'s unless it came from our sync
+/// source (`from_sync_source`). Our newest entries may be on a branch no majority took: a
+/// former primary's, not yet rolled back. A later term's commit point, capped at `last`,
+/// would then call them committed, and a majority read would return writes about to be
+/// undone. The sync source's oplog holds ours (the fetcher checked), so its point is on our
+/// branch; of one term, every entry comes from that term's one primary, so it is too.
+pub fn learn_commit_point(current: OpTime, offered: OpTime, last: OpTime, from_sync_source: bool) -> OpTime {
+    if offered.term != last.term && !from_sync_source {
+        return current;
+    }
+    current.max(offered.min(last))
+}
+
 /// Whether members at `optime_of(i)` satisfy `mode` for an entry at `at`. `Err` names a
 /// mode that the configuration does not define.
 pub fn write_concern_met(config: &ReplSetConfig, mode: &WMode, at: OpTime, optime_of: impl Fn(usize) -> OpTime) -> Result<bool, String> {
@@ -131,6 +147,19 @@ mod tests {
         assert_eq!(advance_commit_point(&c, at(4, 2), 2, |i| new[i]), at(4, 2));
         // A later term orders after any timestamp of an earlier one.
         assert!(at(1, 3) > at(1000, 2));
+    }
+
+    #[test]
+    fn a_commit_point_of_another_term_is_taken_only_from_the_sync_source() {
+        // A former primary stepped down with entries of term 1 that no majority took; a
+        // heartbeat brings the new primary's commit point of term 2.
+        let divergent_last = at(100, 1);
+        assert_eq!(learn_commit_point(at(50, 1), at(150, 2), divergent_last, false), at(50, 1));
+        // Its sync source's oplog holds our newest entry: its commit point is on our branch.
+        assert_eq!(learn_commit_point(at(50, 1), at(150, 2), divergent_last, true), at(100, 1));
+        // The same term: capped at our newest entry, never backwards.
+        assert_eq!(learn_commit_point(at(50, 2), at(150, 2), at(120, 2), false), at(120, 2));
+        assert_eq!(learn_commit_point(at(130, 2), at(110, 2), at(140, 2), false), at(130, 2));
     }
 
     #[test]

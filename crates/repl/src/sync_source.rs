@@ -21,6 +21,33 @@ pub const MAX_SYNC_SOURCE_LAG_SECS: u32 = 30;
 /// closer than the current one.
 pub const CHANGE_SYNC_SOURCE_THRESHOLD_MS: u64 = 5;
 
+/// Why a source's oplog, asked for our newest entry onward, did not start with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mismatch {
+    /// Its oldest entry is newer than our newest (capped, or its own initial sync began
+    /// later): it cannot tell whether we diverged, and another source may still hold our
+    /// entry. mongod denylists it for a while.
+    TooStale,
+    /// Its newest entry is older than ours: it is behind us, not divergent (a replSetSyncFrom
+    /// target, a choice made on stale heartbeat news). Rolling back to it would undo entries
+    /// a majority may hold, so we choose again.
+    Behind,
+    /// Our newest entries are not in its oplog: a former primary's writes that no majority
+    /// took. We roll them back to the newest entry both oplogs share.
+    Diverged,
+}
+
+/// Classify a mismatch from the source's oldest and newest entries (None: an empty oplog).
+pub fn classify_mismatch(our_last: OpTime, source_oldest: Option<OpTime>, source_newest: Option<OpTime>) -> Mismatch {
+    if source_oldest.is_some_and(|o| o.ts > our_last.ts) {
+        Mismatch::TooStale
+    } else if source_newest.is_none_or(|n| n < our_last) {
+        Mismatch::Behind
+    } else {
+        Mismatch::Diverged
+    }
+}
+
 /// What a member knows of another from heartbeats.
 #[derive(Clone, Debug, Default)]
 pub struct PeerView {
@@ -178,6 +205,18 @@ mod tests {
 
     fn peer(state: MemberState, ts: u64, ping_us: u64) -> PeerView {
         PeerView { up: true, state: Some(state), applied: OpTime { ts: ts << 32, term: 1 }, ping_us: Some(ping_us), sync_source: None }
+    }
+
+    #[test]
+    fn a_mismatch_is_too_stale_behind_or_divergent() {
+        let at = |ts: u64, term: i64| OpTime { ts, term };
+        let ours = at(100, 2);
+        assert_eq!(classify_mismatch(ours, Some(at(101, 2)), Some(at(200, 2))), Mismatch::TooStale);
+        assert_eq!(classify_mismatch(ours, Some(at(1, 1)), Some(at(99, 2))), Mismatch::Behind);
+        assert_eq!(classify_mismatch(ours, None, None), Mismatch::Behind);
+        // Its newest is of a later term: ahead, yet without our entry, so we diverged.
+        assert_eq!(classify_mismatch(ours, Some(at(1, 1)), Some(at(50, 3))), Mismatch::Diverged);
+        assert_eq!(classify_mismatch(ours, Some(at(1, 1)), Some(at(150, 2))), Mismatch::Diverged);
     }
 
     #[test]

@@ -52,6 +52,10 @@ pub struct Tail {
     /// `Collection::removals` when the last batch was read: while it stays, no record was
     /// deleted, so the one the cursor stands on still exists.
     pub removals_seen: u64,
+    /// `Collection::truncations` when the cursor was opened: a rollback since has cut the
+    /// oplog this cursor reads, and it ends (a fetcher downstream opens a new one, whose
+    /// first entry it checks against its own newest).
+    pub truncations_seen: u64,
 }
 
 /// Records a tailable batch reads per snapshot scan.
@@ -100,6 +104,32 @@ impl Tail {
         if self.coll.is_dropped() {
             return Ok(true);
         }
+        self.check_not_rolled_back()?;
+        let done = self.fill_unchecked(docs_max, op, out, keep)?;
+        // A rollback during the read may have mixed the new branch into this batch.
+        self.check_not_rolled_back()?;
+        Ok(done)
+    }
+
+    /// QueryPlanKilled once a rollback truncated the collection (the oplog) after the cursor
+    /// was opened. Without this a fetcher tailing a member that rolled back went on after
+    /// its position's timestamp, which the new branch can reuse (two primaries in one
+    /// second), and took the new branch's entries after the old branch's: an oplog no
+    /// primary ever had, that no later check would find (the simulation found it, seed 37).
+    fn check_not_rolled_back(&self) -> Result<()> {
+        if self.coll.truncations() != self.truncations_seen {
+            return Err(Error::new(Code::QueryPlanKilled, "the oplog was rolled back after this cursor was opened"));
+        }
+        Ok(())
+    }
+
+    fn fill_unchecked<T>(
+        &mut self,
+        docs_max: usize,
+        op: &OpCtx,
+        out: &mut Vec<T>,
+        keep: impl Fn(&query::filter::Filter, Option<&Projection>, storage::RawRecord) -> Result<Option<(T, usize)>>,
+    ) -> Result<bool> {
         // Only a deletion can take the cursor's record away; the point read that checks
         // cost a primary 6% of its CPU when done for every getMore of its secondaries.
         // (Before the read: see `Collection::removals`.)

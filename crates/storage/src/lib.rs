@@ -939,6 +939,10 @@ struct CollState {
     /// Bumped after records are deleted (a delete, the oplog's truncation): a tailing reader
     /// checks that its position still exists only when this moved.
     removals: AtomicU64,
+    /// Bumped before the oplog is truncated by a rollback (mongod's rollback id): a record
+    /// at the position of a reader that began before may now be another branch's entry with
+    /// the same timestamp, so such a reader must stop (`Collection::truncations`).
+    truncations: AtomicU64,
 }
 
 impl CollState {
@@ -1689,6 +1693,7 @@ impl Store {
                 stats: Mutex::new(stats),
                 dropped: AtomicBool::new(false),
                 removals: AtomicU64::new(0),
+                truncations: AtomicU64::new(0),
             });
             colls.insert((db, name), st);
         }
@@ -1794,6 +1799,7 @@ impl Store {
             stats: Mutex::new(stats),
             dropped: AtomicBool::new(false),
             removals: AtomicU64::new(0),
+            truncations: AtomicU64::new(0),
         });
         let new_db = {
             let mut colls = self.inner.colls.write();
@@ -2060,6 +2066,9 @@ impl Store {
             batch.delete(Space::Records, k);
         }
         batch.put(Space::Catalog, stats_key(log.coll.id), stats.to_bytes());
+        // Before the entries go: a reader that saw the old count before its snapshot and
+        // sees it again after its read read none of the new branch.
+        log.coll.truncations.fetch_add(1, Ordering::SeqCst);
         shared.apply(batch)?;
         log.coll.removals.fetch_add(1, Ordering::SeqCst);
         *log.coll.stats.lock() = stats;
@@ -2438,6 +2447,15 @@ impl Collection {
     /// that position's record.
     pub fn removals(&self) -> u64 {
         self.state.removals.load(Ordering::SeqCst)
+    }
+
+    /// A counter that moves before each rollback truncation of the oplog
+    /// (`Store::truncate_oplog_after`). A reader that tails from a position must stop when
+    /// it moved: its position's timestamp may now hold another branch's entry, and what
+    /// follows is not what followed the entry it read. Read before the snapshot and again
+    /// after the read, a batch between two equal reads saw no truncation.
+    pub fn truncations(&self) -> u64 {
+        self.state.truncations.load(Ordering::SeqCst)
     }
 
     /// Whether the collection was created capped (the oplog is).

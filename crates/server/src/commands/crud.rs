@@ -301,7 +301,8 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
         let (start_after, implied) = if oplog { oplog_start(ctx.doc_arg("filter")?) } else { (None, false) };
         let raw = implied && projection.is_none();
         let removals_seen = coll.removals();
-        let tail = crate::cursor::Tail { coll, filter, projection, last: None, start_after, await_data, raw, limit, returned: 0, removals_seen };
+        let truncations_seen = coll.truncations();
+        let tail = crate::cursor::Tail { coll, filter, projection, last: None, start_after, await_data, raw, limit, returned: 0, removals_seen, truncations_seen };
         let mut cursor = Cursor::new(ns.clone(), Source::Tail(Box::new(tail)));
         cursor.lsid = ctx.lsid();
         cursor.no_timeout = no_timeout;
@@ -376,11 +377,14 @@ pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
         Counters::add(&ctx.shared.counters.getmore, 1);
         // A fetching member's progress (replSetUpdatePosition's `optimes`) rides on its
         // next getMore: one round trip per batch both reports and fetches.
-        if let Some(progress) = ctx.cmd.get("$replProgress") {
-            let Bson::Array(optimes) = progress else {
-                return Err(Error::type_mismatch("BSON field 'getMore.$replProgress' must be an array"));
-            };
-            crate::repl::member_commands::update_positions(ctx.shared, optimes)?;
+        // Its term, too: a later one than ours makes a primary step down (mongod's getMore
+        // takes `term` so), before the progress counts.
+        let term = crate::repl::member_commands::reporter_term(ctx.cmd.get("term"))?;
+        match ctx.cmd.get("$replProgress") {
+            Some(Bson::Array(optimes)) => crate::repl::member_commands::update_positions(ctx.shared, optimes, term)?,
+            Some(_) => return Err(Error::type_mismatch("BSON field 'getMore.$replProgress' must be an array")),
+            None if term.is_some() && ctx.shared.repl.is_some() => crate::repl::member_commands::update_positions(ctx.shared, &[], term)?,
+            None => {}
         }
     }
     let id = match ctx.cmd.get("getMore") {

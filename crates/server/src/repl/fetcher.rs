@@ -15,6 +15,7 @@ use super::peer::{cursor_batch, cursor_batch_raw, PeerConn};
 use crate::state::{Counters, Shared};
 use bson::{doc, Bson, Document, RawDocument, RawDocumentBuf};
 use common::{Code, Error, Result};
+use repl::sync_source::Mismatch;
 use repl::{MemberState, ReplSetConfig};
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,29 +93,22 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
     // The first entry must be our newest one: then the two oplogs agree up to here.
     let first = batch.first().and_then(|e| OpTime::from_raw(e));
     if first != Some(last) {
-        // The source's oplog starts after our newest entry (it was capped, or its own
-        // initial sync began later): it cannot tell whether we diverged, and another source
-        // may still hold our entry. mongod denylists such a source; rolling back against it
-        // would find no common point.
+        // Why not (repl::sync_source::Mismatch says what each case means).
         let oldest = oplog_edge(&mut conn, 1).await?;
-        if oldest.is_some_and(|o| o.ts > last.ts) {
-            coord.inner.lock().peers[src].denied_until = Some(std::time::Instant::now() + TOO_STALE_DENY);
-            return Err(Error::new(
-                Code::TooStaleToSyncFromSource,
-                format!("too stale to sync from {host}: our newest entry {last:?} is older than its oldest {:?}", oldest.unwrap_or_default()),
-            ));
-        }
-        // A source whose newest entry is older than ours is behind us, not divergent: one
-        // named by replSetSyncFrom, chosen on heartbeat news already stale, or a secondary
-        // that has not yet fetched the entry this member's initial sync began at. Rolling
-        // back to it would undo entries a majority holds (it did, before this check: the
-        // common point is its newest entry). Choose again instead.
         let newest = oplog_edge(&mut conn, -1).await?;
-        if newest.is_none_or(|n| n < last) {
-            return Err(Error::new(Code::InvalidSyncSource, format!("{host} is behind us: its newest entry {newest:?} is older than ours {last:?}")));
+        match repl::sync_source::classify_mismatch(last, oldest, newest) {
+            Mismatch::TooStale => {
+                coord.inner.lock().peers[src].denied_until = Some(std::time::Instant::now() + TOO_STALE_DENY);
+                return Err(Error::new(
+                    Code::TooStaleToSyncFromSource,
+                    format!("too stale to sync from {host}: our newest entry {last:?} is older than its oldest {:?}", oldest.unwrap_or_default()),
+                ));
+            }
+            Mismatch::Behind => {
+                return Err(Error::new(Code::InvalidSyncSource, format!("{host} is behind us: its newest entry {newest:?} is older than ours {last:?}")));
+            }
+            Mismatch::Diverged => {}
         }
-        // Our newest entries are not in the source's oplog: a former primary's writes that
-        // no majority took. Undo them, then fetch again from the common point.
         return roll_back(shared, &mut conn, host, last).await;
     }
     batch.remove(0);
@@ -133,7 +127,7 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
     loop {
         let written = if batch.is_empty() { None } else { Some(write_batch(shared, std::mem::take(&mut batch), epoch)?) };
         if written.is_some() {
-            coord.learn_commit_point(&shared.store, commit_seen);
+            coord.learn_commit_point(&shared.store, commit_seen, true);
         }
         let stop = id == 0 || superseded(coord, epoch) || should_change(shared, config, me, src, forced);
         if stop {
@@ -147,8 +141,9 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
             }
             return Ok(());
         }
-        let mut get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1};
-        get_more.insert("$replProgress", progress_optimes(shared, config, me, src));
+        let (progress, term) = progress_optimes(shared, config, me, src);
+        let mut get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": term, "$replData": 1};
+        get_more.insert("$replProgress", progress);
         let started = std::time::Instant::now();
         let wait = Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK;
         let sent = conn.send("local", get_more, wait).await;
@@ -179,7 +174,7 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
             commit_seen = commit_seen.max(cp);
         }
         if batch.is_empty() {
-            coord.learn_commit_point(&shared.store, commit_seen);
+            coord.learn_commit_point(&shared.store, commit_seen, true);
         }
     }
 }
@@ -210,8 +205,9 @@ async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config
         }
         // shm: ask for a ring unless this source is known to be on another host.
         let want_ring = shared.config.log_transport == crate::config::LogTransport::Shm && !NO_RING.with(|n| n.borrow().contains(&host));
-        let mut open = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": coord.term(), "$replData": 1, "$replStream": {"credits": PUSH_CREDITS, "shm": want_ring}};
-        open.insert("$replProgress", progress_optimes(shared, config, me, src));
+        let (progress, term) = progress_optimes(shared, config, me, src);
+        let mut open = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": term, "$replData": 1, "$replStream": {"credits": PUSH_CREDITS, "shm": want_ring}};
+        open.insert("$replProgress", progress);
         let wait = Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK;
         let mut response_to = conn.send_flags("local", open, wire::flags::EXHAUST_ALLOWED, wait).await?;
         let mut commit_seen = OpTime::default();
@@ -257,12 +253,13 @@ async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config
                 applier.send(write_batch_unsynced(shared, batch, epoch)?)?;
                 shared.store.commit_durable()?;
             }
-            coord.learn_commit_point(&shared.store, commit_seen);
+            coord.learn_commit_point(&shared.store, commit_seen, true);
             if !more || id == 0 {
                 return Err(Error::new(Code::CursorNotFound, format!("{host} ended the oplog stream")));
             }
             // The batch is durable: report it and return its credit.
-            let ack = doc! {"replSetUpdatePosition": 1, "optimes": progress_optimes(shared, config, me, src), "$replCredits": 1};
+            let (progress, term) = progress_optimes(shared, config, me, src);
+            let ack = doc! {"replSetUpdatePosition": 1, "optimes": progress, "term": term, "$replCredits": 1};
             conn.send_flags("admin", ack, wire::flags::MORE_TO_COME, wait).await?;
             Counters::add(&shared.counters.repl_stream_batches, 1);
             if ring.is_some() {
@@ -770,7 +767,7 @@ pub async fn report_loop(shared: Arc<Shared>) {
         let Some((config, me)) = coord.config() else { continue };
         let Some(src) = coord.sync_source() else { continue };
         let host = &config.members[src].host;
-        let optimes = progress_optimes(&shared, &config, me, src);
+        let (optimes, term) = progress_optimes(&shared, &config, me, src);
         if conn.as_ref().is_some_and(|c| c.is_broken() || c.host != *host) {
             conn = None;
         }
@@ -778,7 +775,7 @@ pub async fn report_loop(shared: Arc<Shared>) {
             if conn.is_none() {
                 conn = Some(PeerConn::connect(host, CONNECT_TIMEOUT).await?);
             }
-            conn.as_mut().expect("connected").command("admin", doc! {"replSetUpdatePosition": 1, "optimes": optimes}, CONNECT_TIMEOUT).await
+            conn.as_mut().expect("connected").command("admin", doc! {"replSetUpdatePosition": 1, "optimes": optimes, "term": term}, CONNECT_TIMEOUT).await
         }
         .await;
         if let Err(e) = r {
@@ -790,8 +787,15 @@ pub async fn report_loop(shared: Arc<Shared>) {
 
 /// This member's applied and durable optimes, and what it knows of the members other than
 /// `src` (those downstream of it, when it is their sync source), in replSetUpdatePosition's
-/// `optimes` shape.
-fn progress_optimes(shared: &Shared, config: &ReplSetConfig, me: usize, src: usize) -> Vec<Bson> {
+/// `optimes` shape; and this member's term, read after them, which the report carries.
+///
+/// The source takes a later term from the report and, if primary, steps down before it
+/// counts the optimes (`member::update_positions`). Without that, a member that voted in a
+/// new term and went on fetching from the old primary made the old primary's new writes
+/// majority-durable there, and acknowledged, while the new primary, elected without them,
+/// would roll them back (the simulation found it, seed 9). Read after the optimes, the term
+/// is the one of a vote cast before any entry they count was fetched, or a later one.
+fn progress_optimes(shared: &Shared, config: &ReplSetConfig, me: usize, src: usize) -> (Vec<Bson>, i64) {
     let coord = shared.repl.as_ref().expect("replica set member");
     let mut optimes = Vec::with_capacity(config.members.len());
     let applied = shared.store.oplog_applied().unwrap_or_default();
@@ -803,7 +807,7 @@ fn progress_optimes(shared: &Shared, config: &ReplSetConfig, me: usize, src: usi
             optimes.push(position(config.members[i].id, config.version, p.view.applied, p.durable));
         }
     }
-    optimes
+    (optimes, inner.term)
 }
 
 fn position(member_id: i32, cfgver: i32, applied: OpTime, durable: OpTime) -> Bson {

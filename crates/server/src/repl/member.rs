@@ -182,7 +182,7 @@ async fn on_heartbeat_reply(shared: &Arc<Shared>, index: usize, r: &Document, rt
         }
     }
     if let Some(cp) = learned_commit {
-        coord.learn_commit_point(&shared.store, cp);
+        coord.learn_commit_point(&shared.store, cp, false);
     }
     if state == Some(MemberState::Primary) && coord.is_writable_primary() && term >= coord.term() {
         coord.step_down("another member is primary in the same or a later term");
@@ -373,9 +373,8 @@ async fn tick_loop(shared: Arc<Shared>) {
             let responsive = |p: &super::Peer| p.view.up && p.last_response.is_some_and(|t| now.duration_since(t) < election_timeout);
             match inner.state {
                 MemberState::Primary => {
-                    let in_touch = config.members.iter().enumerate().filter(|(i, m)| m.is_voter() && (*i == me || responsive(&inner.peers[*i]))).count();
-                    // Only a primary of a set with other voters can lose them.
-                    lost_majority = config.voters() > 1 && in_touch < config.majority_vote_count() && inner.election_date.timestamp_millis() + (election_timeout.as_millis() as i64) < DateTime::now().timestamp_millis();
+                    let primary_for_ms = u64::try_from(DateTime::now().timestamp_millis() - inner.election_date.timestamp_millis()).unwrap_or(0);
+                    lost_majority = repl::election::lost_majority(&config, me, |i| responsive(&inner.peers[i]), primary_for_ms, election_timeout.as_millis() as u64);
                 }
                 MemberState::Secondary => {
                     let electable = config.members[me].is_electable() && config.members[me].is_voter();
@@ -397,7 +396,8 @@ async fn tick_loop(shared: Arc<Shared>) {
                         }
                         None => {
                             inner.takeover_since = None;
-                            stand = may_stand && primary.is_none() && now.duration_since(inner.primary_seen) >= inner.election_timeout;
+                            let since_ms = now.duration_since(inner.primary_seen).as_millis() as u64;
+                            stand = repl::election::stands_for_want_of_primary(&config, me, may_stand, primary.is_some(), since_ms, inner.election_timeout.as_millis() as u64);
                         }
                     }
                     if stand {
@@ -611,14 +611,30 @@ pub fn update_position(shared: &Shared, cmd: &Document) -> Result<Document> {
     let Ok(optimes) = cmd.get_array("optimes") else {
         return Err(Error::type_mismatch("replSetUpdatePosition needs an 'optimes' array"));
     };
-    update_positions(shared, optimes)?;
+    update_positions(shared, optimes, reporter_term(cmd.get("term"))?)?;
     Ok(Document::new())
+}
+
+/// The `term` of a progress report (replSetUpdatePosition, a fetcher's getMore), if any.
+pub fn reporter_term(term: Option<&Bson>) -> Result<Option<i64>> {
+    match term {
+        None => Ok(None),
+        Some(Bson::Int64(t)) => Ok(Some(*t)),
+        Some(Bson::Int32(t)) => Ok(Some(i64::from(*t))),
+        Some(_) => Err(Error::type_mismatch("'term' must be a number")),
+    }
 }
 
 /// Record downstream members' progress (replSetUpdatePosition's `optimes`, or a fetcher's
 /// getMore's `$replProgress`), moving the commit point and waking the writes it satisfies.
-pub fn update_positions(shared: &Shared, optimes: &[Bson]) -> Result<()> {
+/// `term` is the reporter's, read after its optimes (fetcher::progress_optimes): a later one
+/// than ours is taken first, so a primary steps down before it counts them (mongod's
+/// getMore takes the fetcher's term the same way).
+pub fn update_positions(shared: &Shared, optimes: &[Bson], term: Option<i64>) -> Result<()> {
     let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
+    if let Some(t) = term.filter(|&t| t > coord.term()) {
+        coord.observe_term(&shared.store, t);
+    }
     let mut guard = coord.inner.lock();
     // Borrowed field by field: the config is not copied for every report.
     let inner = &mut *guard;

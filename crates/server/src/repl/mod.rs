@@ -31,7 +31,7 @@ pub use member::spawn_tasks;
 
 /// The handlers of the member-to-member commands.
 pub(crate) mod member_commands {
-    pub use super::member::{freeze, heartbeat, request_votes, step_down_command, step_up, sync_from, update_position, update_positions};
+    pub use super::member::{freeze, heartbeat, reporter_term, request_votes, step_down_command, step_up, sync_from, update_position, update_positions};
 }
 
 const CONFIG_DB: &str = "local";
@@ -659,17 +659,17 @@ impl ReplCoord {
         }
     }
 
-    /// The commit point a secondary learned from upstream: it never runs ahead of what this
-    /// member has applied.
-    pub(crate) fn learn_commit_point(&self, store: &Store, cp: OpTime) {
+    /// A commit point another member told this one of: its sync source (`from_sync_source`)
+    /// or a primary's heartbeat (repl::progress::learn_commit_point says what is taken).
+    pub(crate) fn learn_commit_point(&self, store: &Store, cp: OpTime, from_sync_source: bool) {
         let mut inner = self.inner.lock();
         if inner.state == MemberState::Primary {
             return;
         }
-        let applied = store.oplog_last().unwrap_or_default();
-        let cp = cp.min(applied);
-        if cp > inner.commit_point {
-            inner.commit_point = cp;
+        let last = store.oplog_last().unwrap_or_default();
+        let learned = repl::progress::learn_commit_point(inner.commit_point, cp, last, from_sync_source);
+        if learned > inner.commit_point {
+            inner.commit_point = learned;
             drop(inner);
             // Majority reads on this member wait for it.
             self.progress.send_modify(|c| *c += 1);

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Entries copied out per lock acquisition while iterating, so a long scan never holds the
-/// lock across the caller's work.
+/// lock across the caller's work: the first chunk is small (most scans want a few entries:
+/// an oplog's newest, a fetcher's next batch), and each next one twice as big, up to the max.
+const ITER_CHUNK_ENTRIES_FIRST: usize = 8;
 const ITER_CHUNK_ENTRIES: usize = 256;
 
 type Versions = Vec<(u64, Option<Arc<[u8]>>)>;
@@ -24,6 +26,10 @@ struct Shared {
     open_snapshots: Mutex<BTreeMap<u64, usize>>,
     bytes: AtomicU64,
     sync_count: AtomicU64,
+    /// `visible_seq` at the last sync: what survives a simulated crash (`crash_image`).
+    synced_seq: AtomicU64,
+    /// Keep the versions the synced state needs, so that `crash_image` can rebuild it.
+    crashable: bool,
 }
 
 #[derive(Clone)]
@@ -39,15 +45,49 @@ impl Default for MemoryEngine {
 
 impl MemoryEngine {
     pub fn new() -> MemoryEngine {
+        MemoryEngine::with_spaces([BTreeMap::new(), BTreeMap::new(), BTreeMap::new()], false, 0)
+    }
+
+    /// An engine that can lose what was not synced, as a process killed -9 over a real disk
+    /// does (`crash_image`). It keeps, besides what snapshots need, each key's newest synced
+    /// version until the next sync; a simulation syncs often, so that stays small.
+    pub fn crashable() -> MemoryEngine {
+        MemoryEngine::with_spaces([BTreeMap::new(), BTreeMap::new(), BTreeMap::new()], true, 0)
+    }
+
+    fn with_spaces(spaces: [BTreeMap<Vec<u8>, Versions>; 3], crashable: bool, bytes: u64) -> MemoryEngine {
         MemoryEngine {
             shared: Arc::new(Shared {
-                spaces: RwLock::new([BTreeMap::new(), BTreeMap::new(), BTreeMap::new()]),
+                spaces: RwLock::new(spaces),
                 visible_seq: AtomicU64::new(0),
                 open_snapshots: Mutex::new(BTreeMap::new()),
-                bytes: AtomicU64::new(0),
+                bytes: AtomicU64::new(bytes),
                 sync_count: AtomicU64::new(0),
+                synced_seq: AtomicU64::new(0),
+                crashable,
             }),
         }
+    }
+
+    /// What a restart after a crash finds: a new engine holding every key's newest version
+    /// as of the last `sync` (a crashable engine's), and nothing written after it.
+    pub fn crash_image(&self) -> MemoryEngine {
+        assert!(self.shared.crashable, "crash_image needs MemoryEngine::crashable");
+        let synced = self.shared.synced_seq.load(Ordering::Acquire);
+        let spaces = self.shared.spaces.read();
+        let mut bytes = 0;
+        let image = std::array::from_fn(|i| {
+            let mut map = BTreeMap::new();
+            for (k, versions) in &spaces[i] {
+                if let Some(Some(v)) = visible(versions, synced) {
+                    let value = Some(v.clone());
+                    bytes += version_bytes(k, &value);
+                    map.insert(k.clone(), vec![(0, value)]);
+                }
+            }
+            map
+        });
+        MemoryEngine::with_spaces(image, true, bytes)
     }
 }
 
@@ -89,7 +129,12 @@ impl Engine for MemoryEngine {
         let horizon = {
             let open = self.shared.open_snapshots.lock();
             // Snapshots opened later read at >= seq - 1, the current visible sequence.
-            open.keys().next().copied().unwrap_or(seq - 1).min(seq - 1)
+            let h = open.keys().next().copied().unwrap_or(seq - 1).min(seq - 1);
+            if self.shared.crashable {
+                h.min(self.shared.synced_seq.load(Ordering::Acquire))
+            } else {
+                h
+            }
         };
         let mut added: u64 = 0;
         let mut removed: u64 = 0;
@@ -127,6 +172,9 @@ impl Engine for MemoryEngine {
 
     fn sync(&self) -> Result<()> {
         self.shared.sync_count.fetch_add(1, Ordering::Relaxed);
+        // Everything applied so far is visible, so it is what a sync makes durable.
+        let _writes = self.shared.spaces.read();
+        self.shared.synced_seq.store(self.shared.visible_seq.load(Ordering::Acquire), Ordering::Release);
         Ok(())
     }
 
@@ -169,7 +217,7 @@ impl EngineSnapshot for MemSnapshot {
     }
 
     fn iter(&self, space: Space, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>, reverse: bool) -> KvIter<'_> {
-        Box::new(MemIter { snap: self, space, lower, upper, reverse, buf: VecDeque::new(), done: false })
+        Box::new(MemIter { snap: self, space, lower, upper, reverse, buf: VecDeque::new(), done: false, chunk: ITER_CHUNK_ENTRIES_FIRST })
     }
 }
 
@@ -181,6 +229,8 @@ struct MemIter<'a> {
     reverse: bool,
     buf: VecDeque<KvPair>,
     done: bool,
+    /// Entries to copy out in the next fill.
+    chunk: usize,
 }
 
 impl MemIter<'_> {
@@ -194,13 +244,15 @@ impl MemIter<'_> {
         let range = map.range::<Vec<u8>, _>((self.lower.clone(), self.upper.clone()));
         let mut last: Option<Vec<u8>> = None;
         let mut scanned = 0usize;
+        let chunk = self.chunk;
+        self.chunk = (chunk * 2).min(ITER_CHUNK_ENTRIES);
         let mut push = |k: &Vec<u8>, v: &Versions, buf: &mut VecDeque<KvPair>| {
             scanned += 1;
             if let Some(Some(val)) = visible(v, self.snap.seq) {
                 buf.push_back((k.clone(), val.to_vec()));
             }
             last = Some(k.clone());
-            scanned < ITER_CHUNK_ENTRIES
+            scanned < chunk
         };
         if self.reverse {
             for (k, v) in range.rev() {
@@ -245,6 +297,40 @@ mod tests {
     #[test]
     fn memory_engine_suite() {
         super::super::tests::engine_suite(&MemoryEngine::new());
+    }
+
+    #[test]
+    fn a_crash_image_holds_what_was_synced_and_nothing_after() {
+        let e = MemoryEngine::crashable();
+        let put = |k: &[u8], v: u32| {
+            let mut b = Batch::new();
+            b.put(Space::Records, k.to_vec(), v.to_be_bytes().to_vec());
+            e.write(b).unwrap();
+        };
+        put(b"a", 1);
+        put(b"b", 1);
+        e.sync().unwrap();
+        // Overwritten many times after the sync: the synced version must survive pruning.
+        for v in 2..50 {
+            put(b"a", v);
+        }
+        put(b"c", 1);
+        let mut del = Batch::new();
+        del.delete(Space::Records, b"b".to_vec());
+        e.write(del).unwrap();
+        let image = e.crash_image();
+        let snap = image.snapshot();
+        assert_eq!(snap.get(Space::Records, b"a").unwrap(), Some(1u32.to_be_bytes().to_vec()));
+        assert_eq!(snap.get(Space::Records, b"b").unwrap(), Some(1u32.to_be_bytes().to_vec()));
+        assert_eq!(snap.get(Space::Records, b"c").unwrap(), None);
+        // The image is crashable in turn, and a sync moves what survives.
+        e.sync().unwrap();
+        let snap = e.crash_image().snapshot();
+        assert_eq!(snap.get(Space::Records, b"a").unwrap(), Some(49u32.to_be_bytes().to_vec()));
+        assert_eq!(snap.get(Space::Records, b"b").unwrap(), None);
+        drop(snap);
+        let again = image.crash_image();
+        assert_eq!(again.snapshot().get(Space::Records, b"c").unwrap(), None);
     }
 
     #[test]

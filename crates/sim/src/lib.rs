@@ -1,0 +1,888 @@
+//! Deterministic simulation of a shoal replica set.
+//!
+//! N members (`member::Member`: the server coordinator's rules, made by the `repl` crate,
+//! over a real `storage::Store` on a crashable in-memory engine) and a few clients exchange
+//! messages through a simulated network, on a simulated clock, driven by one seeded random
+//! generator. A nemesis partitions, delays, drops and reorders messages, kills members
+//! (losing what they had not synced) and restarts them, pauses them, jumps their wall
+//! clocks and points their fetchers at other members. After every step the invariants are
+//! checked:
+//!
+//! - at most one primary per term;
+//! - no write acknowledged with w:"majority" is ever rolled back, and every later primary
+//!   holds it;
+//! - the oplog up to each member's commit point is a prefix of one committed history (the
+//!   committed prefix is identical on every member);
+//! - majority reads return committed values only, and a member's never go back.
+//!
+//! At the end the faults heal and the set must settle: one primary, every member's oplog
+//! the same, every acknowledged majority write in it.
+//!
+//! The same seed replays the same run exactly: nothing here reads a real clock, a thread or
+//! an unordered map.
+
+pub mod member;
+
+use member::Member;
+use repl::election::VoteRequest;
+use repl::{MemberState, ReplSetConfig};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::sync::Arc;
+use storage::OpTime;
+
+/// xorshift64*: small, fast, and the same on every machine.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [0, n) (0 when n is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi.saturating_sub(lo))
+    }
+
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.unit() < p
+    }
+}
+
+/// A source's oplog cursor: valid while the source runs the same process (`incarnation`)
+/// and has not truncated its oplog since (`truncations`, the server's
+/// `Collection::truncations`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    pub incarnation: u64,
+    pub truncations: u64,
+}
+
+/// A member's progress as reported upstream.
+#[derive(Clone, Copy, Debug)]
+pub struct Position {
+    pub member: usize,
+    pub applied: OpTime,
+    pub durable: OpTime,
+}
+
+#[derive(Clone, Debug)]
+pub enum WriteResult {
+    Ok(OpTime),
+    NotPrimary,
+    /// The primary stepped down before the write concern was met: the outcome is unknown.
+    SteppedDown,
+}
+
+#[derive(Clone, Debug)]
+pub enum Msg {
+    HeartbeatRequest { seq: u64, term: i64 },
+    HeartbeatReply { seq: u64, term: i64, state: MemberState, applied: OpTime, durable: OpTime, commit_point: Option<OpTime>, sync_source: Option<usize> },
+    VoteRequest { id: u64, req: VoteRequest },
+    VoteReply { id: u64, term: i64, granted: bool },
+    /// The fetcher's find: the source's entries from our newest one on.
+    Find { req: u64, from: OpTime },
+    /// The fetcher's getMore on its tailable cursor, carrying progress (`$replProgress`).
+    GetMore { req: u64, cursor: Cursor, after: OpTime, positions: Vec<Position>, term: i64 },
+    Batch { req: u64, cursor: Cursor, entries: Vec<(OpTime, Vec<u8>)>, cursor_lost: bool, first_matches: bool, oldest: Option<OpTime>, newest: Option<OpTime>, term: i64, commit_point: OpTime },
+    UpdatePosition { positions: Vec<Position>, term: i64 },
+    RollbackQuery { req: u64, from_ts: u64, to_ts: u64 },
+    RollbackAnswer { req: u64, optimes: Vec<OpTime>, newest: OpTime },
+    /// The connection of fetch request `req` broke (its source was killed).
+    Reset { req: u64 },
+    Write { op: u64, value: u64, majority: bool, j: bool },
+    WriteReply { op: u64, result: WriteResult },
+    Read { op: u64 },
+    /// The commit point when answered and the register's newest value, from the member's
+    /// `incarnation`; None when the member serves no reads.
+    ReadReply { op: u64, incarnation: u64, result: Option<(OpTime, Option<(OpTime, u64)>)> },
+}
+
+impl Msg {
+    /// The request id of a fetcher's request to its source.
+    fn fetch_request(&self) -> Option<u64> {
+        match self {
+            Msg::Find { req, .. } | Msg::GetMore { req, .. } | Msg::RollbackQuery { req, .. } => Some(*req),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Timer {
+    Heartbeat(usize),
+    HeartbeatTimeout(usize, u64),
+    Tick,
+    JournalFlush,
+    FlushRequested,
+    ElectionTimeout(u64),
+    AwaitData,
+    FetchTimeout(u64),
+}
+
+/// What a member's step did that the checker must see.
+#[derive(Debug)]
+pub enum Note {
+    BecamePrimary { member: usize, term: i64 },
+    AckedMajority { member: usize, at: OpTime },
+    AckedW1 { at: OpTime },
+    RollingBack { member: usize, common: OpTime, removed: Vec<OpTime>, commit_point: OpTime },
+    Stuck { member: usize, why: String },
+    Trace(String),
+}
+
+/// A member step's effects: messages to send, timers to set, notes for the checker.
+pub struct Out<'a> {
+    pub now: u64,
+    pub rng: &'a mut Rng,
+    pub sends: Vec<(usize, Msg)>,
+    /// (global delay ms, member, incarnation, timer)
+    pub timers: Vec<(u64, usize, u64, Timer)>,
+    pub notes: Vec<Note>,
+}
+
+#[derive(Debug)]
+enum Event {
+    Deliver { from: usize, to: usize, msg: Msg },
+    Timer { member: usize, incarnation: u64, timer: Timer },
+    ClientNext(usize),
+    ClientTimeout { client: usize, op: u64 },
+    Nemesis,
+    Restart(usize),
+    HealPartition(u64),
+    EndLossy(u64),
+}
+
+struct Queued {
+    at: u64,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// How a run is shaped; `Options::for_seed` draws one from the seed.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub members: usize,
+    pub chaining: bool,
+    /// Simulated milliseconds of faults, then `quiet_ms` healed.
+    pub fault_ms: u64,
+    pub quiet_ms: u64,
+    pub clients: usize,
+    pub trace: bool,
+}
+
+impl Options {
+    pub fn for_seed(seed: u64) -> Options {
+        let mut r = Rng::new(seed ^ 0x5EED);
+        Options { members: if r.chance(0.5) { 3 } else { 5 }, chaining: r.chance(0.5), fault_ms: 20_000, quiet_ms: 30_000, clients: 3, trace: false }
+    }
+}
+
+/// What one run did.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub seed: u64,
+    pub members: usize,
+    pub events: u64,
+    pub messages: u64,
+    pub dropped: u64,
+    pub crashes: u64,
+    pub pauses: u64,
+    pub partitions: u64,
+    pub lossy_periods: u64,
+    pub clock_jumps: u64,
+    pub sync_from: u64,
+    pub primaries: u64,
+    pub max_term: i64,
+    pub writes_majority_acked: u64,
+    pub writes_w1_acked: u64,
+    pub writes_unknown: u64,
+    pub reads: u64,
+    pub rollbacks: u64,
+    pub rolled_back_entries: u64,
+    pub committed_entries: u64,
+}
+
+impl Report {
+    pub fn faults(&self) -> u64 {
+        self.crashes + self.pauses + self.partitions + self.lossy_periods + self.clock_jumps + self.sync_from
+    }
+}
+
+/// An invariant that did not hold, with the seed that replays it and the run's last notes.
+#[derive(Debug)]
+pub struct Failure {
+    pub seed: u64,
+    pub at_ms: u64,
+    pub what: String,
+    pub trace: Vec<String>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "seed {} failed at {} ms: {}", self.seed, self.at_ms, self.what)?;
+        writeln!(f, "replay: SHOAL_SIM_SEED={} SHOAL_SIM_TRACE=1 cargo test -p shoal-sim --release -- --nocapture", self.seed)?;
+        writeln!(f, "last notes:")?;
+        for l in &self.trace {
+            writeln!(f, "  {l}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The checker's view: the one committed history, and what each member was checked to.
+struct Checker {
+    committed: Vec<OpTime>,
+    committed_set: BTreeSet<OpTime>,
+    /// Per member: how many of its oldest entries match `committed`, and the last one's ts.
+    verified: Vec<(usize, Option<u64>)>,
+    primaries: BTreeMap<i64, usize>,
+    acked_majority: BTreeSet<OpTime>,
+    /// Per member: (incarnation, commit point) last seen, for monotonic majority reads.
+    last_cp: Vec<(u64, OpTime)>,
+    /// Per (client, member): (incarnation, commit point) of the last majority read.
+    last_read: BTreeMap<(usize, usize), (u64, OpTime)>,
+}
+
+struct Client {
+    op: u64,
+    /// The op in flight: (op, is write, majority).
+    busy: Option<(u64, bool, bool)>,
+    next_value: u64,
+}
+
+const MSG_DELAY_MS_MAX: u64 = 3;
+const CLIENT_TIMEOUT_MS: u64 = 3_000;
+/// Clients stop this long before the end, so the final checks see a settled set.
+const SETTLE_MS: u64 = 5_000;
+
+pub struct Sim {
+    seed: u64,
+    opts: Options,
+    now: u64,
+    seq: u64,
+    rng: Rng,
+    queue: BinaryHeap<Reverse<Queued>>,
+    members: Vec<Member>,
+    clients: Vec<Client>,
+    /// Member pairs whose link is cut, by partition id.
+    cut: BTreeSet<(usize, usize)>,
+    partition_id: u64,
+    loss: f64,
+    lossy_id: u64,
+    slow_ms: u64,
+    faults_on: bool,
+    checker: Checker,
+    report: Report,
+    notes: VecDeque<String>,
+    stuck: Vec<String>,
+}
+
+const NOTES_KEPT: usize = 400;
+
+impl Sim {
+    pub fn new(seed: u64, opts: Options) -> Sim {
+        let n = opts.members;
+        let mut rng = Rng::new(seed);
+        let members_doc: Vec<bson::Document> = (0..n).map(|i| bson::doc! {"_id": i as i32, "host": format!("m{i}:27017")}).collect();
+        let mut settings = bson::doc! {"electionTimeoutMillis": 1000, "heartbeatIntervalMillis": 200};
+        settings.insert("chainingAllowed", opts.chaining);
+        let mut config = ReplSetConfig::parse(&bson::doc! {"_id": "sim", "version": 1, "members": members_doc, "settings": settings}).expect("config");
+        config.term = Some(0);
+        let config = Arc::new(config);
+        // replSetInitiate's "initiating set" entry, on every member (as after an initial sync).
+        let genesis_at = OpTime { ts: 1 << 32, term: 0 };
+        let genesis = vec![(genesis_at, member::entry(genesis_at, 0, None))];
+        let members: Vec<Member> = (0..n).map(|i| Member::new(i, config.clone(), &genesis, rng.range(0, 4001) as i64 - 2000)).collect();
+        let clients = (0..opts.clients).map(|c| Client { op: 0, busy: None, next_value: (c as u64 + 1) << 40 }).collect();
+        let checker = Checker {
+            committed: vec![genesis_at],
+            committed_set: [genesis_at].into_iter().collect(),
+            verified: vec![(0, None); n],
+            primaries: BTreeMap::new(),
+            acked_majority: BTreeSet::new(),
+            last_cp: vec![(0, OpTime::default()); n],
+            last_read: BTreeMap::new(),
+        };
+        let report = Report { seed, members: n, ..Report::default() };
+        Sim {
+            seed,
+            opts,
+            now: 0,
+            seq: 0,
+            rng,
+            queue: BinaryHeap::new(),
+            members,
+            clients,
+            cut: BTreeSet::new(),
+            partition_id: 0,
+            loss: 0.0,
+            lossy_id: 0,
+            slow_ms: 0,
+            faults_on: true,
+            checker,
+            report,
+            notes: VecDeque::new(),
+            stuck: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, delay: u64, event: Event) {
+        self.seq += 1;
+        self.queue.push(Reverse(Queued { at: self.now + delay, seq: self.seq, event }));
+    }
+
+    fn note(&mut self, s: String) {
+        if self.opts.trace {
+            println!("{:>7} {s}", self.now);
+        }
+        if self.notes.len() == NOTES_KEPT {
+            self.notes.pop_front();
+        }
+        self.notes.push_back(format!("{:>7} {s}", self.now));
+    }
+
+    fn fail(&self, what: String) -> Failure {
+        Failure { seed: self.seed, at_ms: self.now, what, trace: self.notes.iter().cloned().collect() }
+    }
+
+    /// Run to the end: faults for `fault_ms`, then healed for `quiet_ms`, then the final
+    /// checks.
+    pub fn run(mut self) -> Result<Report, Failure> {
+        let n = self.members.len();
+        for m in 0..n {
+            self.step_member(m, |mem, out| mem.start(out))?;
+        }
+        for c in 0..self.clients.len() {
+            let d = self.rng.below(50);
+            self.push(d, Event::ClientNext(c));
+        }
+        let first = self.rng.range(1000, 3000);
+        self.push(first, Event::Nemesis);
+        let fault_end = self.opts.fault_ms;
+        let end = fault_end + self.opts.quiet_ms;
+        let mut healed = false;
+        while let Some(Reverse(q)) = self.queue.pop() {
+            if q.at > end {
+                break;
+            }
+            self.now = q.at;
+            if !healed && self.now >= fault_end {
+                healed = true;
+                self.heal_all()?;
+            }
+            self.report.events += 1;
+            self.dispatch(q.event)?;
+        }
+        self.now = end;
+        self.final_checks()?;
+        self.report.committed_entries = self.checker.committed.len() as u64;
+        self.report.max_term = self.checker.primaries.keys().next_back().copied().unwrap_or(0);
+        Ok(self.report)
+    }
+
+    fn dispatch(&mut self, event: Event) -> Result<(), Failure> {
+        match event {
+            Event::Deliver { from, to, msg } => {
+                if self.link_cut(from, to) {
+                    self.report.dropped += 1;
+                    return Ok(());
+                }
+                if to >= self.members.len() {
+                    return self.client_reply(to - self.members.len(), from, msg);
+                }
+                let m = &self.members[to];
+                if !m.up {
+                    // Nothing listens there: the connection is refused, and a fetcher
+                    // waiting on it hears so at once.
+                    self.report.dropped += 1;
+                    if let Some(req) = msg.fetch_request() {
+                        self.send(to, from, Msg::Reset { req });
+                    }
+                    return Ok(());
+                }
+                if m.paused_until > self.now {
+                    let d = m.paused_until - self.now;
+                    self.push(d, Event::Deliver { from, to, msg });
+                    return Ok(());
+                }
+                if self.opts.trace {
+                    self.note(format!("m{to} <- {} {}", self.endpoint(from), brief(&msg)));
+                }
+                self.step_member(to, |mem, out| mem.on_message(from, msg, out))
+            }
+            Event::Timer { member, incarnation, timer } => {
+                let m = &self.members[member];
+                if !m.up || m.incarnation != incarnation {
+                    return Ok(());
+                }
+                if m.paused_until > self.now {
+                    let d = m.paused_until - self.now;
+                    self.push(d, Event::Timer { member, incarnation, timer });
+                    return Ok(());
+                }
+                self.step_member(member, |mem, out| mem.on_timer(timer, out))
+            }
+            Event::ClientNext(c) => {
+                self.client_next(c);
+                Ok(())
+            }
+            Event::ClientTimeout { client, op } => {
+                let cl = &mut self.clients[client];
+                if let Some((o, write, majority)) = cl.busy {
+                    if o == op {
+                        cl.busy = None;
+                        if write && majority {
+                            self.report.writes_unknown += 1;
+                        }
+                        let d = self.rng.range(5, 40);
+                        self.push(d, Event::ClientNext(client));
+                    }
+                }
+                Ok(())
+            }
+            Event::Nemesis => {
+                if self.faults_on {
+                    self.nemesis()?;
+                    let d = self.rng.range(300, 2500);
+                    self.push(d, Event::Nemesis);
+                }
+                Ok(())
+            }
+            Event::Restart(m) => self.restart(m),
+            Event::HealPartition(id) => {
+                if id == self.partition_id {
+                    self.cut.clear();
+                    self.note("partition healed".into());
+                }
+                Ok(())
+            }
+            Event::EndLossy(id) => {
+                if id == self.lossy_id {
+                    self.loss = 0.0;
+                    self.slow_ms = 0;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn endpoint(&self, i: usize) -> String {
+        if i < self.members.len() {
+            format!("m{i}")
+        } else {
+            format!("c{}", i - self.members.len())
+        }
+    }
+
+    fn link_cut(&self, a: usize, b: usize) -> bool {
+        self.cut.contains(&(a.min(b), a.max(b)))
+    }
+
+    /// Run one member step and apply its effects, then check the invariants.
+    fn step_member(&mut self, m: usize, f: impl FnOnce(&mut Member, &mut Out)) -> Result<(), Failure> {
+        let mut out = Out { now: self.now, rng: &mut self.rng, sends: Vec::new(), timers: Vec::new(), notes: Vec::new() };
+        f(&mut self.members[m], &mut out);
+        self.members[m].after_step(&mut out);
+        let Out { sends, timers, notes, .. } = out;
+        for (to, msg) in sends {
+            self.send(m, to, msg);
+        }
+        for (delay, member, incarnation, timer) in timers {
+            self.push(delay, Event::Timer { member, incarnation, timer });
+        }
+        for note in notes {
+            self.on_note(note)?;
+        }
+        self.check_member(m)
+    }
+
+    fn send(&mut self, from: usize, to: usize, msg: Msg) {
+        self.report.messages += 1;
+        if self.link_cut(from, to) {
+            self.report.dropped += 1;
+            return;
+        }
+        let mut delay = 1 + self.rng.below(MSG_DELAY_MS_MAX);
+        // A lost packet: TCP sends it again after its retransmission timeout (200 ms,
+        // doubling), and the message arrives that much later.
+        let mut rto = 200;
+        while self.rng.chance(self.loss) {
+            self.report.dropped += 1;
+            delay += rto;
+            rto *= 2;
+        }
+        if self.rng.chance(0.02) {
+            delay += self.rng.below(200);
+        }
+        if self.slow_ms > 0 {
+            delay += self.rng.below(self.slow_ms);
+        }
+        self.push(delay, Event::Deliver { from, to, msg });
+    }
+
+    fn on_note(&mut self, note: Note) -> Result<(), Failure> {
+        match note {
+            Note::Trace(s) => self.note(s),
+            Note::BecamePrimary { member, term } => {
+                self.report.primaries += 1;
+                self.note(format!("m{member} is primary in term {term}"));
+                if let Some(other) = self.checker.primaries.insert(term, member) {
+                    return Err(self.fail(format!("two primaries in term {term}: m{other} and m{member}")));
+                }
+                // Every write a majority acknowledged is on every primary of a later term
+                // (Raft's leader completeness). A primary of an earlier term may still take
+                // over late, after a long catch-up; it can commit nothing, as the majority
+                // that elected the later term has moved on.
+                let store = &self.members[member].store;
+                let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+                let snap = oplog.snapshot();
+                for at in self.checker.acked_majority.iter().filter(|at| at.term < term) {
+                    let held = snap.get(at.ts).expect("get").and_then(|d| OpTime::from_doc(&d)) == Some(*at);
+                    if !held {
+                        return Err(self.fail(format!("m{member}, primary in term {term}, lacks the majority-acknowledged write {at:?}")));
+                    }
+                }
+            }
+            Note::AckedMajority { member, at } => {
+                self.checker.acked_majority.insert(at);
+                let later = self.checker.primaries.range(at.term + 1..).next().map(|(t, m)| (*t, *m));
+                if let Some((t, p)) = later {
+                    // Not yet a loss if that primary has it; BecamePrimary checked it then.
+                    let store = &self.members[p].store;
+                    let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+                    if oplog.snapshot().get(at.ts).expect("get").and_then(|d| OpTime::from_doc(&d)) != Some(at) {
+                        self.note(format!("m{member} acknowledged {at:?} (w:majority) after m{p} became primary in term {t} without it"));
+                    }
+                }
+            }
+            Note::AckedW1 { .. } => {}
+            Note::RollingBack { member, common, removed, commit_point } => {
+                self.report.rollbacks += 1;
+                self.report.rolled_back_entries += removed.len() as u64;
+                self.note(format!("m{member} rolls back {} entries to {common:?}", removed.len()));
+                if commit_point > common {
+                    return Err(self.fail(format!("m{member} rolls back to {common:?}, behind its commit point {commit_point:?}: a majority read saw writes now undone")));
+                }
+                if let Some(at) = removed.iter().find(|at| self.checker.acked_majority.contains(at)) {
+                    return Err(self.fail(format!("m{member} rolls back the majority-acknowledged write {at:?}")));
+                }
+                if let Some(at) = removed.iter().find(|at| self.checker.committed_set.contains(at)) {
+                    return Err(self.fail(format!("m{member} rolls back the committed entry {at:?}")));
+                }
+                let (count, last_ts) = self.checker.verified[member];
+                if last_ts.is_some_and(|t| t > common.ts) {
+                    self.checker.verified[member] = (0, None);
+                    let _ = count;
+                }
+            }
+            Note::Stuck { member, why } => {
+                self.note(format!("m{member} stuck: {why}"));
+                self.stuck.push(format!("m{member}: {why}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The committed-prefix and monotonic-commit-point invariants for member `m`.
+    fn check_member(&mut self, m: usize) -> Result<(), Failure> {
+        let mem = &self.members[m];
+        if !mem.up {
+            return Ok(());
+        }
+        let cp = mem.commit_point;
+        let (inc, prev) = self.checker.last_cp[m];
+        if inc == mem.incarnation && cp < prev {
+            return Err(self.fail(format!("m{m}'s commit point went back from {prev:?} to {cp:?}")));
+        }
+        self.checker.last_cp[m] = (mem.incarnation, cp);
+        let (mut count, last_ts) = self.checker.verified[m];
+        if last_ts.is_some_and(|t| cp.ts <= t) {
+            return Ok(());
+        }
+        let entries = member::oplog_between(&mem.store, last_ts, cp);
+        for at in entries {
+            match self.checker.committed.get(count) {
+                Some(c) if *c == at => {}
+                Some(c) => {
+                    let c = *c;
+                    return Err(self.fail(format!("m{m}'s committed prefix differs at entry {count}: {at:?} where the committed history has {c:?} (commit point {cp:?})")));
+                }
+                None => {
+                    self.checker.committed.push(at);
+                    self.checker.committed_set.insert(at);
+                }
+            }
+            count += 1;
+            self.checker.verified[m] = (count, Some(at.ts));
+        }
+        Ok(())
+    }
+
+    // ---- clients ----
+
+    fn client_next(&mut self, c: usize) {
+        // The last seconds are for the set to settle: no new operations.
+        if self.clients[c].busy.is_some() || self.now + SETTLE_MS >= self.opts.fault_ms + self.opts.quiet_ms {
+            return;
+        }
+        let n = self.members.len();
+        let write = self.rng.chance(0.7);
+        let majority = self.rng.chance(0.75);
+        let j = self.rng.chance(0.5);
+        // Writes go where the client believes the primary is (any member that says so,
+        // as a driver's topology view might); reads to any member.
+        let primaries: Vec<usize> = (0..n).filter(|&i| self.members[i].up && self.members[i].state == MemberState::Primary).collect();
+        let to = if write && !primaries.is_empty() { primaries[self.rng.below(primaries.len() as u64) as usize] } else { self.rng.below(n as u64) as usize };
+        let cl = &mut self.clients[c];
+        cl.op += 1;
+        let op = cl.op;
+        cl.busy = Some((op, write, majority));
+        let msg = if write {
+            cl.next_value += 1;
+            Msg::Write { op, value: cl.next_value, majority, j }
+        } else {
+            Msg::Read { op }
+        };
+        self.send(n + c, to, msg);
+        self.push(CLIENT_TIMEOUT_MS, Event::ClientTimeout { client: c, op });
+    }
+
+    fn client_reply(&mut self, c: usize, from: usize, msg: Msg) -> Result<(), Failure> {
+        let (op, outcome) = match &msg {
+            Msg::WriteReply { op, result } => (*op, Some(result.clone())),
+            Msg::ReadReply { op, .. } => (*op, None),
+            _ => return Ok(()),
+        };
+        let Some((busy_op, _, majority)) = self.clients[c].busy else { return Ok(()) };
+        if busy_op != op {
+            return Ok(());
+        }
+        self.clients[c].busy = None;
+        match outcome {
+            Some(WriteResult::Ok(_)) if majority => self.report.writes_majority_acked += 1,
+            Some(WriteResult::Ok(_)) => self.report.writes_w1_acked += 1,
+            Some(WriteResult::SteppedDown) => self.report.writes_unknown += 1,
+            Some(WriteResult::NotPrimary) => {}
+            None => {
+                if let Msg::ReadReply { result: Some((cp, value)), incarnation, .. } = msg {
+                    self.report.reads += 1;
+                    let at = value.map(|(at, _)| at).unwrap_or_default();
+                    if value.is_some() && !self.checker.committed_set.contains(&at) {
+                        return Err(self.fail(format!("c{c} read {at:?} from m{from} at commit point {cp:?}, not in the committed history")));
+                    }
+                    if let Some((i, prev)) = self.checker.last_read.insert((c, from), (incarnation, at)) {
+                        if i == incarnation && at < prev {
+                            return Err(self.fail(format!("c{c}'s majority reads from m{from} went back from {prev:?} to {at:?}")));
+                        }
+                    }
+                }
+            }
+        }
+        let d = self.rng.range(5, 40);
+        self.push(d, Event::ClientNext(c));
+        Ok(())
+    }
+
+    // ---- faults ----
+
+    fn nemesis(&mut self) -> Result<(), Failure> {
+        let n = self.members.len();
+        let m = self.rng.below(n as u64) as usize;
+        match self.rng.below(7) {
+            0 => {
+                if self.members[m].up {
+                    self.report.crashes += 1;
+                    self.note(format!("nemesis: kill -9 m{m}"));
+                    // Its connections break: the fetchers waiting on its cursors hear so.
+                    let parked: Vec<(usize, u64)> = self.members[m].parked.iter().map(|p| (p.from, p.req)).collect();
+                    for (from, req) in parked {
+                        self.send(m, from, Msg::Reset { req });
+                    }
+                    self.members[m].crash();
+                    let d = self.rng.range(100, 5000);
+                    self.push(d, Event::Restart(m));
+                }
+            }
+            1 => {
+                if self.members[m].up && self.members[m].paused_until <= self.now {
+                    self.report.pauses += 1;
+                    let d = self.rng.range(100, 3000);
+                    self.note(format!("nemesis: SIGSTOP m{m} for {d} ms"));
+                    self.members[m].paused_until = self.now + d;
+                }
+            }
+            2 | 3 => {
+                self.report.partitions += 1;
+                let side: Vec<bool> = loop {
+                    let s: Vec<bool> = (0..n).map(|_| self.rng.chance(0.5)).collect();
+                    if s.iter().any(|&x| x) && s.iter().any(|&x| !x) {
+                        break s;
+                    }
+                };
+                // Half the time a bridge (Jepsen's): one member still reaches both sides,
+                // which see each other only through it.
+                let bridge = self.rng.chance(0.5).then(|| self.rng.below(n as u64) as usize);
+                self.cut.clear();
+                for a in 0..n {
+                    for b in a + 1..n {
+                        if side[a] != side[b] && bridge != Some(a) && bridge != Some(b) {
+                            self.cut.insert((a, b));
+                        }
+                    }
+                }
+                self.partition_id += 1;
+                let d = self.rng.range(200, 8000);
+                self.note(format!("nemesis: partition {:?} bridged by {bridge:?} for {d} ms", (0..n).filter(|&i| side[i]).collect::<Vec<_>>()));
+                let id = self.partition_id;
+                self.push(d, Event::HealPartition(id));
+            }
+            4 => {
+                self.report.lossy_periods += 1;
+                self.loss = self.rng.range(5, 40) as f64 / 100.0;
+                self.slow_ms = if self.rng.chance(0.5) { self.rng.range(20, 1500) } else { 0 };
+                self.lossy_id += 1;
+                let d = self.rng.range(500, 5000);
+                self.note(format!("nemesis: loss {:.2}, delays up to {} ms, for {d} ms", self.loss, self.slow_ms));
+                let id = self.lossy_id;
+                self.push(d, Event::EndLossy(id));
+            }
+            5 => {
+                self.report.clock_jumps += 1;
+                let jump = self.rng.range(0, 6001) as i64 - 3000;
+                self.note(format!("nemesis: m{m}'s wall clock jumps {jump} ms"));
+                self.members[m].wall_offset_ms += jump;
+            }
+            _ => {
+                let t = self.rng.below(n as u64) as usize;
+                let mem = &mut self.members[m];
+                if t != m && mem.up && mem.state != MemberState::Primary {
+                    self.report.sync_from += 1;
+                    mem.sync_from = Some(t);
+                    self.note(format!("nemesis: replSetSyncFrom m{m} -> m{t}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn restart(&mut self, m: usize) -> Result<(), Failure> {
+        if self.members[m].up {
+            return Ok(());
+        }
+        self.note(format!("restart m{m}"));
+        self.members[m].up = true;
+        self.members[m].paused_until = 0;
+        self.checker.verified[m] = (0, None);
+        self.step_member(m, |mem, out| mem.start(out))
+    }
+
+    fn heal_all(&mut self) -> Result<(), Failure> {
+        self.faults_on = false;
+        self.cut.clear();
+        self.loss = 0.0;
+        self.slow_ms = 0;
+        self.note("all faults healed".into());
+        for m in 0..self.members.len() {
+            self.members[m].paused_until = 0;
+            if !self.members[m].up {
+                self.restart(m)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After the quiet period: one primary, identical oplogs, every majority write kept.
+    fn final_checks(&mut self) -> Result<(), Failure> {
+        if !self.stuck.is_empty() {
+            return Err(self.fail(format!("members needed a resync: {:?}", self.stuck)));
+        }
+        let primaries: Vec<usize> = (0..self.members.len()).filter(|&i| self.members[i].state == MemberState::Primary).collect();
+        let [p] = primaries[..] else {
+            let states: Vec<String> = self.members.iter().map(|m| format!("m{} {:?} term {}", m.index, m.state, m.term)).collect();
+            return Err(self.fail(format!("{} primaries after {} ms without faults: {states:?}", primaries.len(), self.opts.quiet_ms)));
+        };
+        let reference = member::oplog_between(&self.members[p].store, None, self.members[p].last());
+        for at in &self.checker.acked_majority {
+            if !reference.contains(at) {
+                return Err(self.fail(format!("the majority-acknowledged write {at:?} is not in the primary m{p}'s oplog")));
+            }
+        }
+        if !reference.starts_with(&self.checker.committed) {
+            return Err(self.fail("the primary's oplog does not extend the committed history".into()));
+        }
+        for m in &self.members {
+            let log = member::oplog_between(&m.store, None, m.last());
+            if log != reference {
+                let at = log.iter().zip(&reference).position(|(a, b)| a != b).unwrap_or(log.len().min(reference.len()));
+                return Err(self.fail(format!("m{}'s oplog ({} entries) differs from the primary m{p}'s ({}) at entry {at} after the quiet period", m.index, log.len(), reference.len())));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An optime in a trace: term, then the timestamp's seconds (last 4 digits) and increment.
+pub fn ot(at: OpTime) -> String {
+    format!("t{}:{}.{}", at.term, at.secs() % 10_000, at.ts & 0xffff_ffff)
+}
+
+/// A message in a trace, without entry bodies.
+fn brief(msg: &Msg) -> String {
+    match msg {
+        Msg::Batch { req, entries, cursor_lost, first_matches, oldest, newest, term, commit_point, .. } => format!(
+            "Batch #{req} [{}] lost={cursor_lost} first_matches={first_matches} oldest={} newest={} term={term} cp={}",
+            entries.iter().map(|(o, _)| ot(*o)).collect::<Vec<_>>().join(" "),
+            oldest.map_or("-".into(), ot),
+            newest.map_or("-".into(), ot),
+            ot(*commit_point)
+        ),
+        Msg::GetMore { req, after, positions, .. } => format!("GetMore #{req} after {} positions {}", ot(*after), positions.iter().map(|p| format!("m{}={}/{}", p.member, ot(p.applied), ot(p.durable))).collect::<Vec<_>>().join(" ")),
+        Msg::Find { req, from } => format!("Find #{req} from {}", ot(*from)),
+        Msg::UpdatePosition { positions, .. } => format!("UpdatePosition {}", positions.iter().map(|p| format!("m{}={}/{}", p.member, ot(p.applied), ot(p.durable))).collect::<Vec<_>>().join(" ")),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Run one seed with the shape it draws.
+pub fn run_seed(seed: u64, trace: bool) -> Result<Report, Failure> {
+    let mut opts = Options::for_seed(seed);
+    opts.trace = trace;
+    Sim::new(seed, opts).run()
+}

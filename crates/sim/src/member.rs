@@ -1,0 +1,1157 @@
+//! One simulated replica-set member: the event-driven twin of the server's coordinator
+//! (`server::repl`: `member.rs` heartbeats, elections and votes; `fetcher.rs` oplog
+//! fetching, rollback and progress reports; `mod.rs` terms, commit point and write concern).
+//! Every decision is made by the `repl` crate's functions, the same ones the server calls,
+//! and the oplog, the last vote and minValid live in a real `storage::Store` over a
+//! crashable in-memory engine. What is simulated is only what the server does with tokio:
+//! connections become messages, tasks become timers.
+
+use crate::{Cursor, Msg, Note, Out, Position, Timer, WriteResult};
+use bson::{doc, Document};
+use repl::election::VoteRequest;
+use repl::progress::WMode;
+use repl::sync_source::{Mismatch, PeerView};
+use repl::{MemberState, ReplSetConfig};
+use std::sync::Arc;
+use storage::engine::memory::MemoryEngine;
+use storage::{OpTime, Store};
+
+/// The server's values (member.rs, fetcher.rs), in simulated milliseconds.
+pub const TICK_MS: u64 = 50;
+pub const VOTE_TIMEOUT_MS: u64 = 5_000;
+pub const FETCH_RETRY_MS: u64 = 200;
+pub const NO_SOURCE_RETRY_MS: u64 = 100;
+pub const AWAIT_DATA_MS: u64 = 1_000;
+/// fetcher.rs: CONNECT_TIMEOUT for a command, plus REPLY_SLACK for a find or a getMore.
+pub const COMMAND_TIMEOUT_MS: u64 = 10_000;
+pub const REPLY_SLACK_MS: u64 = 10_000;
+pub const TOO_STALE_DENY_MS: u64 = 60_000;
+pub const CATCH_UP_POLL_MS: u64 = 10;
+/// The journal flusher's longest wait (the server's flusher wakes on request; w:1 writes
+/// without j ask for nothing, and are synced by the next request or this).
+pub const JOURNAL_FLUSH_MS: u64 = 100;
+/// Entries per fetched batch: small, so that batches interleave with faults.
+pub const FETCH_BATCH_ENTRIES: usize = 20;
+pub const ROLLBACK_CHUNK: usize = 1000;
+const OPLOG_CAP_BYTES: u64 = 64 << 20;
+const LOCAL: &str = "local";
+const ELECTION: &str = "replset.election";
+const MIN_VALID: &str = "replset.minvalid";
+/// Wall clocks start here (2026-12-01), so timestamps look like real ones.
+const EPOCH_WALL_MS: i64 = 1_796_083_200_000;
+
+#[derive(Clone, Debug, Default)]
+pub struct Peer {
+    pub view: PeerView,
+    pub durable: OpTime,
+    /// Monotonic time of its last heartbeat answer.
+    pub last_response: Option<u64>,
+    pub denied_until: u64,
+    /// The heartbeat in flight: its sequence number and when it was sent (monotonic).
+    pub heartbeat: Option<(u64, u64)>,
+}
+
+#[derive(Debug)]
+pub struct Election {
+    pub id: u64,
+    pub term: i64,
+    pub dry_run: bool,
+    pub votes: usize,
+    pub answers: usize,
+    pub last: OpTime,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Fetch {
+    /// Choose a source at or after this monotonic time.
+    Idle { at: u64 },
+    /// A find (`from` our newest entry) or getMore (`after` the cursor's last entry) in flight.
+    Find { src: usize, req: u64, forced: bool },
+    Tail { src: usize, req: u64, forced: bool, cursor: Cursor },
+    /// Looking for the common point with `src`, among our entries older than `upper`.
+    RollingBack { src: usize, req: u64, upper: Option<u64> },
+}
+
+pub struct PendingWrite {
+    pub client: usize,
+    pub op: u64,
+    pub at: OpTime,
+}
+
+/// A majority read waiting for the commit point to reach what it read.
+pub struct ParkedRead {
+    pub client: usize,
+    pub op: u64,
+    pub value: Option<(OpTime, u64)>,
+    pub until: u64,
+}
+
+/// How long a majority read waits for the commit point (the clients give up sooner).
+pub const READ_WAIT_MS: u64 = 5_000;
+
+pub struct ParkedGetMore {
+    pub from: usize,
+    pub req: u64,
+    pub cursor: Cursor,
+    pub after: OpTime,
+    pub until: u64,
+}
+
+pub struct Member {
+    pub index: usize,
+    pub config: Arc<ReplSetConfig>,
+    pub engine: MemoryEngine,
+    pub store: Store,
+    pub up: bool,
+    pub incarnation: u64,
+    /// SIGSTOP: nothing runs here before this global time.
+    pub paused_until: u64,
+    /// Wall clock offset (jumps) and monotonic drift, parts per million.
+    pub wall_offset_ms: i64,
+    pub drift_ppm: i64,
+    pub term: i64,
+    pub last_vote_term: Option<i64>,
+    pub state: MemberState,
+    pub commit_point: OpTime,
+    pub peers: Vec<Peer>,
+    pub primary_seen: u64,
+    pub election_timeout_ms: u64,
+    pub election_running: bool,
+    pub election: Option<Election>,
+    /// Wall time of this member's election (the server's `election_date`).
+    pub elected_wall_ms: i64,
+    pub sync_source: Option<usize>,
+    pub sync_from: Option<usize>,
+    pub fetch: Fetch,
+    /// Primary catch-up after winning: (source, target, term, started).
+    pub catch_up: Option<(usize, OpTime, i64)>,
+    pub min_valid: Option<OpTime>,
+    pub pending: Vec<PendingWrite>,
+    pub parked: Vec<ParkedGetMore>,
+    pub parked_reads: Vec<ParkedRead>,
+    pub flush_requested: bool,
+    /// Positions last reported upstream (own and others'), to report only changes.
+    pub reported: Vec<(OpTime, OpTime)>,
+    pub next_id: u64,
+    /// Rollback truncations of the oplog in this process (`Collection::truncations`).
+    pub truncations: u64,
+}
+
+fn vote_doc(term: i64, candidate: usize) -> Document {
+    doc! {"_id": "lastVote", "term": term, "candidateIndex": candidate as i32}
+}
+
+/// Replace the one document of `local.<coll>` and make it durable (the server's
+/// `put_single_doc`).
+fn put_single_doc(store: &Store, coll: &str, d: &Document) {
+    let c = store.collection_or_create(LOCAL, coll).expect("local collection");
+    {
+        let mut w = c.writer();
+        for (rid, old) in w.snapshot().scan(None, usize::MAX).expect("scan") {
+            w.delete(rid, &old).expect("delete");
+        }
+        w.insert(d).expect("insert");
+    }
+    store.commit_durable().expect("sync");
+}
+
+fn first_doc(store: &Store, coll: &str) -> Option<Document> {
+    store.collection(LOCAL, coll).and_then(|c| c.snapshot().scan(None, 1).expect("scan").into_iter().next().map(|(_, d)| d))
+}
+
+/// An oplog entry of the simulated workload: a write of `value` to the one register, or a
+/// no-op (initiation, a new primary).
+pub fn entry(at: OpTime, wall_ms: i64, value: Option<u64>) -> Vec<u8> {
+    let mut d = doc! {"ts": at.timestamp(), "t": at.term, "wall": bson::DateTime::from_millis(wall_ms)};
+    match value {
+        Some(v) => {
+            d.insert("op", "i");
+            d.insert("ns", "sim.registers");
+            d.insert("o", doc! {"_id": 0, "v": v as i64});
+        }
+        None => {
+            d.insert("op", "n");
+            d.insert("ns", "");
+            d.insert("o", doc! {"msg": "new primary"});
+        }
+    }
+    d.to_vec().expect("entry")
+}
+
+/// The value an entry wrote, if it is a write.
+pub fn doc_value(d: &Document) -> Option<u64> {
+    d.get_document("o").ok()?.get_i64("v").ok().map(|v| v as u64)
+}
+
+impl Member {
+    pub fn new(index: usize, config: Arc<ReplSetConfig>, genesis: &[(OpTime, Vec<u8>)], drift_ppm: i64) -> Member {
+        let engine = MemoryEngine::crashable();
+        let store = Store::open_with_engine(Arc::new(engine.clone())).expect("open");
+        store.enable_oplog(OPLOG_CAP_BYTES).expect("oplog");
+        store.append_oplog_replicated(genesis).expect("genesis");
+        store.commit_durable().expect("sync");
+        let n = config.members.len();
+        let m = Member {
+            index,
+            config,
+            engine,
+            store,
+            up: true,
+            incarnation: 0,
+            paused_until: 0,
+            wall_offset_ms: 0,
+            drift_ppm,
+            term: genesis.last().map_or(0, |(at, _)| at.term),
+            last_vote_term: None,
+            state: MemberState::Secondary,
+            commit_point: OpTime::default(),
+            peers: vec![Peer::default(); n],
+            primary_seen: 0,
+            election_timeout_ms: 0,
+            election_running: false,
+            election: None,
+            elected_wall_ms: 0,
+            sync_source: None,
+            sync_from: None,
+            fetch: Fetch::Idle { at: 0 },
+            catch_up: None,
+            min_valid: None,
+            pending: Vec::new(),
+            parked: Vec::new(),
+            parked_reads: Vec::new(),
+            flush_requested: false,
+            reported: vec![(OpTime::default(), OpTime::default()); n],
+            next_id: 1,
+            truncations: 0,
+        };
+        m.store.set_oplog_term(m.term);
+        m
+    }
+
+    pub fn mono(&self, now: u64) -> u64 {
+        (now as i64 + now as i64 * self.drift_ppm / 1_000_000) as u64
+    }
+
+    pub fn wall_ms(&self, now: u64) -> i64 {
+        EPOCH_WALL_MS + now as i64 + self.wall_offset_ms
+    }
+
+    /// A delay on this member's clock, in global milliseconds.
+    fn global_delay(&self, local_ms: u64) -> u64 {
+        (local_ms as i64 * 1_000_000 / (1_000_000 + self.drift_ppm)).max(0) as u64
+    }
+
+    fn timer(&self, out: &mut Out, local_ms: u64, t: Timer) {
+        let d = self.global_delay(local_ms);
+        out.timers.push((d, self.index, self.incarnation, t));
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    pub fn last(&self) -> OpTime {
+        self.store.oplog_last().unwrap_or_default()
+    }
+
+    pub fn durable(&self) -> OpTime {
+        self.store.oplog_durable().unwrap_or_default()
+    }
+
+    fn randomized_timeout(&self, out: &mut Out) -> u64 {
+        repl::election::randomized_timeout_ms(self.config.settings.election_timeout_ms, out.rng.unit())
+    }
+
+    fn heartbeat_timeout_ms(&self) -> u64 {
+        let s = &self.config.settings;
+        (s.heartbeat_timeout_secs * 1000).min(s.election_timeout_ms).max(100) as u64
+    }
+
+    /// Start (or restart after a crash): the server's `ReplCoord::start` and `spawn_tasks`.
+    pub fn start(&mut self, out: &mut Out) {
+        let now = self.mono(out.now);
+        let last = self.last();
+        let vote = first_doc(&self.store, ELECTION);
+        let vote_term = vote.as_ref().and_then(|v| v.get_i64("term").ok());
+        self.term = last.term.max(vote_term.unwrap_or(0));
+        self.last_vote_term = vote_term;
+        self.store.set_oplog_term(self.term);
+        self.state = MemberState::Secondary;
+        self.min_valid = first_doc(&self.store, MIN_VALID).as_ref().and_then(OpTime::from_doc).filter(|mv| last < *mv);
+        if self.min_valid.is_some() {
+            self.state = MemberState::Recovering;
+        }
+        self.commit_point = OpTime::default();
+        self.peers = vec![Peer::default(); self.config.members.len()];
+        self.primary_seen = now;
+        self.election_timeout_ms = self.randomized_timeout(out);
+        self.election_running = false;
+        self.election = None;
+        self.sync_source = None;
+        self.sync_from = None;
+        self.fetch = Fetch::Idle { at: now };
+        self.catch_up = None;
+        self.pending.clear();
+        self.parked.clear();
+        self.parked_reads.clear();
+        self.flush_requested = false;
+        self.truncations = 0;
+        self.reported = vec![(OpTime::default(), OpTime::default()); self.config.members.len()];
+        for i in 0..self.config.members.len() {
+            if i != self.index {
+                let first = out.rng.below(self.config.settings.heartbeat_interval_ms as u64);
+                self.timer(out, first, Timer::Heartbeat(i));
+            }
+        }
+        let first_tick = out.rng.below(TICK_MS);
+        self.timer(out, first_tick, Timer::Tick);
+        self.timer(out, JOURNAL_FLUSH_MS, Timer::JournalFlush);
+    }
+
+    /// kill -9: what was not synced is gone; the process state with it.
+    pub fn crash(&mut self) {
+        self.up = false;
+        self.parked.clear();
+        self.incarnation += 1;
+        self.engine = self.engine.crash_image();
+        self.store = Store::open_with_engine(Arc::new(self.engine.clone())).expect("reopen after crash");
+        self.store.enable_oplog(OPLOG_CAP_BYTES).expect("oplog after crash");
+    }
+
+    // ---- terms and roles (mod.rs) ----
+
+    fn observe_term(&mut self, term: i64, out: &mut Out) {
+        if term <= self.term {
+            return;
+        }
+        self.term = term;
+        self.store.set_oplog_term(term);
+        if self.state == MemberState::Primary {
+            self.step_down(out, "a member is in a higher term");
+        }
+    }
+
+    fn step_down(&mut self, out: &mut Out, why: &str) {
+        if self.state != MemberState::Primary {
+            return;
+        }
+        self.state = MemberState::Secondary;
+        self.primary_seen = self.mono(out.now);
+        out.notes.push(Note::Trace(format!("m{} steps down in term {}: {why}", self.index, self.term)));
+        self.check_pending(out);
+    }
+
+    fn become_primary(&mut self, term: i64, out: &mut Out) {
+        self.store.set_oplog_term(term);
+        let at = self.next_optime(out.now, term);
+        let bytes = entry(at, self.wall_ms(out.now), None);
+        self.store.append_oplog_replicated(&[(at, bytes)]).expect("new primary entry");
+        self.store.commit_durable().expect("sync");
+        self.term = term;
+        self.state = MemberState::Primary;
+        self.elected_wall_ms = self.wall_ms(out.now);
+        self.sync_source = None;
+        self.fetch = Fetch::Idle { at: 0 };
+        for (i, p) in self.peers.iter_mut().enumerate() {
+            if i != self.index && p.view.state == Some(MemberState::Primary) {
+                p.view.state = Some(MemberState::Secondary);
+            }
+        }
+        out.notes.push(Note::BecamePrimary { member: self.index, term });
+        self.serve_parked(out);
+    }
+
+    /// The next optime a primary stamps: its wall clock's second, after the newest entry.
+    fn next_optime(&self, now: u64, term: i64) -> OpTime {
+        let secs = (self.wall_ms(now) / 1000).max(0) as u64;
+        let ts = (self.last().ts + 1).max(secs << 32);
+        OpTime { ts, term }
+    }
+
+    fn advance_commit_point(&mut self) {
+        if self.state != MemberState::Primary {
+            return;
+        }
+        let own = self.durable();
+        let me = self.index;
+        let peers = &self.peers;
+        self.commit_point = repl::progress::advance_commit_point(&self.config, self.commit_point, self.term, |i| if i == me { own } else { peers[i].durable });
+    }
+
+    fn reported_commit_point(&self) -> OpTime {
+        if self.state == MemberState::Primary && self.config.write_majority_count() <= 1 {
+            self.commit_point.max(self.durable())
+        } else {
+            self.commit_point
+        }
+    }
+
+    /// w:"majority" waiters (the server's `write_status` with durable optimes).
+    fn check_pending(&mut self, out: &mut Out) {
+        let own = self.durable();
+        let me = self.index;
+        let mut keep = Vec::new();
+        for w in std::mem::take(&mut self.pending) {
+            if self.state != MemberState::Primary || self.term != w.at.term {
+                out.sends.push((w.client, Msg::WriteReply { op: w.op, result: WriteResult::SteppedDown }));
+                continue;
+            }
+            let peers = &self.peers;
+            let met = repl::progress::write_concern_met(&self.config, &WMode::Majority, w.at, |i| if i == me { own } else { peers[i].durable });
+            if met == Ok(true) {
+                out.notes.push(Note::AckedMajority { member: me, at: w.at });
+                out.sends.push((w.client, Msg::WriteReply { op: w.op, result: WriteResult::Ok(w.at) }));
+            } else {
+                keep.push(w);
+            }
+        }
+        self.pending = keep;
+    }
+
+    fn learn_commit_point(&mut self, cp: OpTime, from_sync_source: bool) {
+        if self.state == MemberState::Primary {
+            return;
+        }
+        self.commit_point = repl::progress::learn_commit_point(self.commit_point, cp, self.last(), from_sync_source);
+    }
+
+    // ---- events ----
+
+    pub fn on_timer(&mut self, t: Timer, out: &mut Out) {
+        match t {
+            Timer::Heartbeat(i) => self.send_heartbeat(i, out),
+            Timer::HeartbeatTimeout(i, seq) => {
+                if self.peers[i].heartbeat.is_some_and(|(s, _)| s == seq) {
+                    let sent = self.peers[i].heartbeat.take().map_or(0, |(_, at)| at);
+                    let p = &mut self.peers[i];
+                    p.view.up = false;
+                    self.schedule_next_heartbeat(i, sent, out);
+                }
+            }
+            Timer::Tick => {
+                self.tick(out);
+                self.timer(out, TICK_MS, Timer::Tick);
+            }
+            Timer::JournalFlush => {
+                self.journal_flush(out);
+                self.timer(out, JOURNAL_FLUSH_MS, Timer::JournalFlush);
+            }
+            Timer::FlushRequested => {
+                self.flush_requested = false;
+                self.journal_flush(out);
+            }
+            Timer::ElectionTimeout(id) => {
+                if self.election.as_ref().is_some_and(|e| e.id == id) {
+                    self.election_failed(out, "vote requests timed out");
+                }
+            }
+            Timer::FetchTimeout(req) => {
+                let pending = match self.fetch {
+                    Fetch::Find { req: r, .. } | Fetch::Tail { req: r, .. } | Fetch::RollingBack { req: r, .. } => r == req,
+                    Fetch::Idle { .. } => false,
+                };
+                if pending {
+                    if self.state == MemberState::Rollback {
+                        // fetcher.rs `roll_back`: a failed rollback leaves the member RECOVERING.
+                        self.state = MemberState::Recovering;
+                    }
+                    self.fetch_failed(out, "the source did not answer in time".into());
+                }
+            }
+            Timer::AwaitData => {
+                let now = self.mono(out.now);
+                let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked).into_iter().partition(|p| p.until <= now);
+                self.parked = keep;
+                for p in due {
+                    let reply = self.batch_after(p.cursor, p.after, p.req);
+                    out.sends.push((p.from, reply));
+                }
+                // The clock's drift rounds timer delays: wake again for any still waiting.
+                if let Some(next) = self.parked.iter().map(|p| p.until).min() {
+                    self.timer(out, next.saturating_sub(now) + 1, Timer::AwaitData);
+                }
+            }
+        }
+    }
+
+    fn journal_flush(&mut self, out: &mut Out) {
+        self.store.commit_durable().expect("sync");
+        if self.state == MemberState::Primary {
+            self.advance_commit_point();
+            self.check_pending(out);
+        }
+    }
+
+    fn send_heartbeat(&mut self, i: usize, out: &mut Out) {
+        let now = self.mono(out.now);
+        let seq = self.id();
+        self.peers[i].heartbeat = Some((seq, now));
+        out.sends.push((i, Msg::HeartbeatRequest { seq, term: self.term }));
+        self.timer(out, self.heartbeat_timeout_ms(), Timer::HeartbeatTimeout(i, seq));
+    }
+
+    fn schedule_next_heartbeat(&mut self, i: usize, sent: u64, out: &mut Out) {
+        let now = self.mono(out.now);
+        let interval = self.config.settings.heartbeat_interval_ms.max(1) as u64;
+        self.timer(out, (sent + interval).saturating_sub(now), Timer::Heartbeat(i));
+    }
+
+    /// The server's `tick_loop`: commit point, step-down, elections; plus the fetcher's
+    /// and catch-up's polling.
+    fn tick(&mut self, out: &mut Out) {
+        let now = self.mono(out.now);
+        let et = self.config.settings.election_timeout_ms.max(1) as u64;
+        let responsive = |p: &Peer| p.view.up && p.last_response.is_some_and(|t| now.saturating_sub(t) < et);
+        match self.state {
+            MemberState::Primary => {
+                self.advance_commit_point();
+                self.check_pending(out);
+                let primary_for_ms = (self.wall_ms(out.now) - self.elected_wall_ms).max(0) as u64;
+                if repl::election::lost_majority(&self.config, self.index, |i| responsive(&self.peers[i]), primary_for_ms, et) {
+                    self.step_down(out, "can no longer see a majority of the set");
+                }
+            }
+            MemberState::Secondary => {
+                let me = self.index;
+                let sees_primary = (0..self.peers.len()).any(|i| i != me && responsive(&self.peers[i]) && self.peers[i].view.state == Some(MemberState::Primary));
+                let may_stand = !self.election_running;
+                if repl::election::stands_for_want_of_primary(&self.config, me, may_stand, sees_primary, now.saturating_sub(self.primary_seen), self.election_timeout_ms) {
+                    self.start_election(out, true);
+                }
+            }
+            _ => {}
+        }
+        self.catch_up_step(out);
+        if let Fetch::Idle { at } = self.fetch {
+            if now >= at {
+                self.start_fetch(out);
+            }
+        }
+    }
+
+    // ---- elections (member.rs) ----
+
+    pub fn start_election(&mut self, out: &mut Out, dry_run: bool) {
+        self.election_running = true;
+        let id = self.id();
+        let last = self.last();
+        let term = self.term + 1;
+        out.notes.push(Note::Trace(format!("m{} stands for term {term} (dry run {dry_run}) at {last:?}", self.index)));
+        self.election = Some(Election { id, term, dry_run, votes: 1, answers: 0, last });
+        if !dry_run {
+            self.term = term;
+            self.last_vote_term = Some(term);
+            put_single_doc(&self.store, ELECTION, &vote_doc(term, self.index));
+        }
+        self.request_votes(out);
+    }
+
+    fn request_votes(&mut self, out: &mut Out) {
+        let e = self.election.as_ref().expect("an election");
+        let req = VoteRequest {
+            set_name: self.config.set_name.clone(),
+            dry_run: e.dry_run,
+            term: e.term,
+            candidate_index: self.index,
+            config_version: self.config.version,
+            config_term: self.config.term.unwrap_or(0),
+            last_applied: e.last,
+        };
+        let id = e.id;
+        if self.enough_votes() {
+            return self.votes_counted(out);
+        }
+        for (i, m) in self.config.members.iter().enumerate() {
+            if i != self.index && m.is_voter() {
+                out.sends.push((i, Msg::VoteRequest { id, req: req.clone() }));
+            }
+        }
+        self.timer(out, VOTE_TIMEOUT_MS, Timer::ElectionTimeout(id));
+    }
+
+    fn enough_votes(&self) -> bool {
+        self.election.as_ref().is_some_and(|e| e.votes >= self.config.majority_vote_count())
+    }
+
+    fn on_vote_reply(&mut self, id: u64, term: i64, granted: bool, out: &mut Out) {
+        let Some(e) = self.election.as_mut().filter(|e| e.id == id) else { return };
+        let asked = e.term;
+        e.answers += 1;
+        if granted {
+            e.votes += 1;
+        }
+        let answers = e.answers;
+        if term > asked {
+            self.observe_term(term, out);
+        }
+        if self.enough_votes() {
+            self.votes_counted(out);
+        } else if answers >= self.config.voters() - 1 {
+            self.election_failed(out, "not enough votes");
+        }
+    }
+
+    fn votes_counted(&mut self, out: &mut Out) {
+        let e = self.election.take().expect("an election");
+        if e.dry_run {
+            // The real election: a new term, our own vote durable first.
+            if self.term != e.term - 1 || self.state != MemberState::Secondary {
+                return self.election_failed(out, "the term or state changed during the dry run");
+            }
+            let id = self.id();
+            self.election = Some(Election { id, term: e.term, dry_run: false, votes: 1, answers: 0, last: e.last });
+            self.term = e.term;
+            self.last_vote_term = Some(e.term);
+            self.store.set_oplog_term(e.term);
+            put_single_doc(&self.store, ELECTION, &vote_doc(e.term, self.index));
+            return self.request_votes(out);
+        }
+        // Won: catch up first from the member furthest ahead (member.rs `catch_up`).
+        let me = self.index;
+        let ahead = (0..self.peers.len()).filter(|&i| i != me && self.peers[i].view.up && !self.config.members[i].arbiter_only).max_by_key(|&i| self.peers[i].view.applied);
+        match ahead.map(|i| (i, self.peers[i].view.applied)) {
+            Some((src, target)) if self.last() < target => {
+                out.notes.push(Note::Trace(format!("m{me} won term {}; catching up to {target:?} from m{src}", e.term)));
+                self.catch_up = Some((src, target, e.term));
+                self.sync_from = Some(src);
+                self.timer(out, CATCH_UP_POLL_MS, Timer::Tick);
+            }
+            _ => self.take_over(e.term, out),
+        }
+    }
+
+    fn catch_up_step(&mut self, out: &mut Out) {
+        let Some((src, target, term)) = self.catch_up else { return };
+        let same_term = self.term == term && self.state == MemberState::Secondary;
+        let up = self.peers[src].view.up;
+        if self.last() >= target || !same_term || !up {
+            self.catch_up = None;
+            if self.sync_from == Some(src) {
+                self.sync_from = None;
+            }
+            self.take_over(term, out);
+        }
+    }
+
+    fn take_over(&mut self, term: i64, out: &mut Out) {
+        self.election_running = false;
+        self.primary_seen = self.mono(out.now);
+        self.election_timeout_ms = self.randomized_timeout(out);
+        if self.term != term || self.state != MemberState::Secondary {
+            out.notes.push(Note::Trace(format!("m{} election for term {term} ended: a later term began", self.index)));
+            return;
+        }
+        self.become_primary(term, out);
+    }
+
+    fn election_failed(&mut self, out: &mut Out, why: &str) {
+        out.notes.push(Note::Trace(format!("m{} election failed: {why}", self.index)));
+        self.election = None;
+        self.election_running = false;
+        self.primary_seen = self.mono(out.now);
+        self.election_timeout_ms = self.randomized_timeout(out);
+    }
+
+    // ---- messages ----
+
+    pub fn on_message(&mut self, from: usize, msg: Msg, out: &mut Out) {
+        match msg {
+            Msg::HeartbeatRequest { seq, term } => {
+                if term > self.term {
+                    self.observe_term(term, out);
+                }
+                let reply = Msg::HeartbeatReply {
+                    seq,
+                    term: self.term,
+                    state: self.state,
+                    applied: self.last(),
+                    durable: self.durable(),
+                    commit_point: (self.state == MemberState::Primary).then(|| self.reported_commit_point()),
+                    sync_source: self.sync_source,
+                };
+                out.sends.push((from, reply));
+            }
+            Msg::HeartbeatReply { seq, term, state, applied, durable, commit_point, sync_source } => self.on_heartbeat_reply(from, seq, term, state, applied, durable, commit_point, sync_source, out),
+            Msg::VoteRequest { id, req } => {
+                if req.term > self.term && !req.dry_run {
+                    self.observe_term(req.term, out);
+                }
+                let voter = repl::election::Voter { config: &self.config, self_index: self.index, term: self.term, last_vote_term: self.last_vote_term, last_applied: self.last() };
+                let decision = repl::election::decide(&voter, &req);
+                if decision.is_ok() && !req.dry_run {
+                    self.last_vote_term = Some(req.term);
+                    self.primary_seen = self.mono(out.now);
+                    put_single_doc(&self.store, ELECTION, &vote_doc(req.term, req.candidate_index));
+                }
+                out.sends.push((from, Msg::VoteReply { id, term: self.term, granted: decision.is_ok() }));
+            }
+            Msg::VoteReply { id, term, granted } => self.on_vote_reply(id, term, granted, out),
+            Msg::Find { req, from: at } => {
+                let reply = self.find_from(at, req);
+                out.sends.push((from, reply));
+            }
+            Msg::GetMore { req, cursor, after, positions, term } => {
+                self.update_positions(&positions, term, out);
+                let reply = self.batch_after(cursor, after, req);
+                match reply {
+                    Msg::Batch { ref entries, cursor_lost: false, .. } if entries.is_empty() => {
+                        let until = self.mono(out.now) + AWAIT_DATA_MS;
+                        self.parked.push(ParkedGetMore { from, req, cursor, after, until });
+                        self.timer(out, AWAIT_DATA_MS, Timer::AwaitData);
+                    }
+                    reply => out.sends.push((from, reply)),
+                }
+            }
+            Msg::UpdatePosition { positions, term } => self.update_positions(&positions, term, out),
+            Msg::Batch { req, cursor, entries, cursor_lost, first_matches, oldest, newest, term, commit_point } => self.on_batch(from, req, cursor, entries, cursor_lost, first_matches, oldest, newest, term, commit_point, out),
+            Msg::RollbackQuery { req, from_ts, to_ts } => {
+                let optimes = self.optimes_between(from_ts, to_ts);
+                out.sends.push((from, Msg::RollbackAnswer { req, optimes, newest: self.last() }));
+            }
+            Msg::RollbackAnswer { req, optimes, newest } => self.on_rollback_answer(from, req, optimes, newest, out),
+            Msg::Write { op, value, majority, j } => self.on_write(from, op, value, majority, j, out),
+            Msg::Read { op } => {
+                // readConcern "majority" (server dispatch::ReadWait): read the data as it is,
+                // then answer once the commit point reaches the newest entry read.
+                let value = self.value_at(self.last());
+                let until = self.mono(out.now) + READ_WAIT_MS;
+                self.parked_reads.push(ParkedRead { client: from, op, value, until });
+            }
+            Msg::Reset { req } => {
+                let pending = match self.fetch {
+                    Fetch::Find { req: r, src, .. } | Fetch::Tail { req: r, src, .. } | Fetch::RollingBack { req: r, src, .. } => r == req && src == from,
+                    Fetch::Idle { .. } => false,
+                };
+                if pending {
+                    if self.state == MemberState::Rollback {
+                        self.state = MemberState::Recovering;
+                    }
+                    self.fetch_failed(out, format!("m{from} closed the connection"));
+                }
+            }
+            Msg::WriteReply { .. } | Msg::ReadReply { .. } => {}
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_heartbeat_reply(&mut self, i: usize, seq: u64, term: i64, state: MemberState, applied: OpTime, durable: OpTime, commit_point: Option<OpTime>, sync_source: Option<usize>, out: &mut Out) {
+        let Some((s, sent)) = self.peers[i].heartbeat else { return };
+        if s != seq {
+            return;
+        }
+        self.peers[i].heartbeat = None;
+        let now = self.mono(out.now);
+        if term > self.term {
+            self.observe_term(term, out);
+        }
+        let my_term = self.term;
+        let p = &mut self.peers[i];
+        p.view.up = true;
+        p.view.state = Some(state);
+        p.view.applied = p.view.applied.max(applied);
+        p.durable = p.durable.max(durable);
+        p.view.ping_us = Some(now.saturating_sub(sent) * 1000);
+        p.view.sync_source = sync_source;
+        p.last_response = Some(now);
+        if state == MemberState::Primary && term >= my_term {
+            self.primary_seen = now;
+            if let Some(cp) = commit_point {
+                self.learn_commit_point(cp, false);
+            }
+        }
+        if self.state == MemberState::Primary {
+            self.advance_commit_point();
+            self.check_pending(out);
+        }
+        if state == MemberState::Primary && self.state == MemberState::Primary && term >= self.term {
+            self.step_down(out, "another member is primary in the same or a later term");
+        }
+        self.schedule_next_heartbeat(i, sent, out);
+    }
+
+    /// Downstream members' progress (getMore's `$replProgress`, replSetUpdatePosition), with
+    /// the reporter's term: a later one first makes a primary step down (member.rs
+    /// `update_positions`).
+    fn update_positions(&mut self, positions: &[Position], term: i64, out: &mut Out) {
+        if term > self.term {
+            self.observe_term(term, out);
+        }
+        let mut moved = false;
+        for p in positions {
+            if p.member == self.index {
+                continue;
+            }
+            let peer = &mut self.peers[p.member];
+            if p.applied > peer.view.applied || p.durable > peer.durable {
+                peer.view.applied = peer.view.applied.max(p.applied);
+                peer.durable = peer.durable.max(p.durable);
+                moved = true;
+            }
+        }
+        if moved {
+            self.advance_commit_point();
+            self.check_pending(out);
+            self.report_upstream(out);
+        }
+    }
+
+    /// What this member reports upstream: its own positions and others' (fetcher.rs
+    /// `progress_optimes`).
+    fn positions_for(&self, src: usize) -> Vec<Position> {
+        let mut v = vec![Position { member: self.index, applied: self.last(), durable: self.durable() }];
+        for (i, p) in self.peers.iter().enumerate() {
+            if i != self.index && i != src && p.view.applied > OpTime::default() {
+                v.push(Position { member: i, applied: p.view.applied, durable: p.durable });
+            }
+        }
+        v
+    }
+
+    /// The reporter (fetcher.rs `report_loop`): changed positions go to the sync source at
+    /// once when no getMore is about to carry them.
+    fn report_upstream(&mut self, out: &mut Out) {
+        let Some(src) = self.sync_source else { return };
+        if self.state == MemberState::Primary {
+            return;
+        }
+        let positions = self.positions_for(src);
+        let changed = positions.iter().any(|p| self.reported[p.member] != (p.applied, p.durable));
+        if changed {
+            for p in &positions {
+                self.reported[p.member] = (p.applied, p.durable);
+            }
+            out.sends.push((src, Msg::UpdatePosition { positions, term: self.term }));
+        }
+    }
+
+    // ---- the source's side of fetching ----
+
+    fn oplog_edges(&self) -> (Option<OpTime>, Option<OpTime>) {
+        let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+        let snap = c.snapshot();
+        let first = snap.scan(None, 1).expect("scan").into_iter().next().and_then(|(_, d)| OpTime::from_doc(&d));
+        let last = snap.scan_reverse(None, 1).expect("scan").into_iter().next().and_then(|(_, d)| OpTime::from_doc(&d));
+        (first, last)
+    }
+
+    /// Entries with ts > `after_ts`, at most `n`.
+    fn entries_after(&self, after_ts: Option<u64>, n: usize) -> Vec<(OpTime, Vec<u8>)> {
+        let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+        c.snapshot().scan_raw(after_ts, n).expect("scan").into_iter().map(|(_, b)| (OpTime::from_raw(bson::RawDocument::from_bytes(&b).expect("entry")).expect("optime"), b)).collect()
+    }
+
+    fn has_entry_at(&self, ts: u64) -> bool {
+        let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+        c.snapshot().get(ts).expect("get").is_some()
+    }
+
+    fn cursor(&self) -> Cursor {
+        Cursor { incarnation: self.incarnation, truncations: self.truncations }
+    }
+
+    /// A fetcher's find: our entries from its newest one's timestamp on.
+    fn find_from(&self, at: OpTime, req: u64) -> Msg {
+        let entries = self.entries_after(at.ts.checked_sub(1), FETCH_BATCH_ENTRIES + 1);
+        let first_matches = entries.first().map(|(o, _)| *o) == Some(at);
+        let (oldest, newest) = if first_matches { (None, None) } else { self.oplog_edges() };
+        Msg::Batch { req, cursor: self.cursor(), entries, cursor_lost: false, first_matches, oldest, newest, term: self.term, commit_point: self.reported_commit_point() }
+    }
+
+    /// A getMore on a tailable oplog cursor positioned at `after` (server cursor.rs `Tail`):
+    /// the cursor is gone after a restart or a rollback here (QueryPlanKilled), and dies
+    /// when the record at its position is (CappedPositionLost); otherwise it returns what
+    /// follows that position.
+    fn batch_after(&self, cursor: Cursor, after: OpTime, req: u64) -> Msg {
+        let lost = cursor != self.cursor() || !self.has_entry_at(after.ts);
+        let entries = if lost { Vec::new() } else { self.entries_after(Some(after.ts), FETCH_BATCH_ENTRIES) };
+        Msg::Batch { req, cursor, entries, cursor_lost: lost, first_matches: true, oldest: None, newest: None, term: self.term, commit_point: self.reported_commit_point() }
+    }
+
+    fn serve_parked(&mut self, out: &mut Out) {
+        for p in std::mem::take(&mut self.parked) {
+            let reply = self.batch_after(p.cursor, p.after, p.req);
+            out.sends.push((p.from, reply));
+        }
+    }
+
+    fn optimes_between(&self, from_ts: u64, to_ts: u64) -> Vec<OpTime> {
+        let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+        let mut out = Vec::new();
+        let mut after = from_ts.checked_sub(1);
+        loop {
+            let chunk = c.snapshot().scan(after, 1000).expect("scan");
+            if chunk.is_empty() {
+                return out;
+            }
+            for (rid, d) in chunk {
+                if rid > to_ts {
+                    return out;
+                }
+                out.extend(OpTime::from_doc(&d));
+                after = Some(rid);
+            }
+        }
+    }
+
+    // ---- the fetching side (fetcher.rs) ----
+
+    fn fetching_state(&self) -> bool {
+        matches!(self.state, MemberState::Secondary | MemberState::Recovering)
+    }
+
+    fn start_fetch(&mut self, out: &mut Out) {
+        if !self.fetching_state() {
+            return;
+        }
+        let now = self.mono(out.now);
+        let views = self.source_views(now);
+        let last = self.last();
+        let forced = self.sync_from.take().filter(|&i| views[i].up);
+        let src = forced.or_else(|| repl::sync_source::choose(&self.config, self.index, &views, last));
+        self.sync_source = src;
+        let Some(src) = src else {
+            self.fetch = Fetch::Idle { at: now + NO_SOURCE_RETRY_MS };
+            return;
+        };
+        let req = self.id();
+        self.fetch = Fetch::Find { src, req, forced: forced.is_some() };
+        out.sends.push((src, Msg::Find { req, from: last }));
+        self.timer(out, COMMAND_TIMEOUT_MS + REPLY_SLACK_MS, Timer::FetchTimeout(req));
+    }
+
+    fn source_views(&self, now: u64) -> Vec<PeerView> {
+        self.peers
+            .iter()
+            .map(|p| {
+                let mut v = p.view.clone();
+                v.up &= p.denied_until <= now;
+                v
+            })
+            .collect()
+    }
+
+    fn fetch_failed(&mut self, out: &mut Out, why: String) {
+        out.notes.push(Note::Trace(format!("m{}: oplog fetching stopped: {why}", self.index)));
+        self.fetch = Fetch::Idle { at: self.mono(out.now) + FETCH_RETRY_MS };
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_batch(&mut self, from: usize, req: u64, cursor: Cursor, mut entries: Vec<(OpTime, Vec<u8>)>, cursor_lost: bool, first_matches: bool, oldest: Option<OpTime>, newest: Option<OpTime>, term: i64, commit_point: OpTime, out: &mut Out) {
+        let (src, forced, was_find) = match self.fetch {
+            Fetch::Find { src, req: r, forced } if r == req && src == from => (src, forced, true),
+            Fetch::Tail { src, req: r, forced, .. } if r == req && src == from => (src, forced, false),
+            _ => return,
+        };
+        // on_repl_data: the source's term.
+        if term > self.term {
+            self.observe_term(term, out);
+        }
+        // The fetcher writes nothing once this member is primary (fetcher::write_batch).
+        if !self.fetching_state() {
+            self.fetch = Fetch::Idle { at: 0 };
+            return;
+        }
+        if cursor_lost {
+            return self.fetch_failed(out, format!("m{src}: CappedPositionLost"));
+        }
+        let last = self.last();
+        if was_find {
+            if !first_matches {
+                match repl::sync_source::classify_mismatch(last, oldest, newest) {
+                    Mismatch::TooStale => {
+                        self.peers[src].denied_until = self.mono(out.now) + TOO_STALE_DENY_MS;
+                        return self.fetch_failed(out, format!("too stale to sync from m{src}"));
+                    }
+                    Mismatch::Behind => return self.fetch_failed(out, format!("m{src} is behind us: {newest:?} < {last:?}")),
+                    Mismatch::Diverged => return self.start_rollback(src, out),
+                }
+            }
+            entries.remove(0);
+        }
+        if let Some((first, _)) = entries.first() {
+            assert!(first.ts > last.ts, "m{}: fetched {first:?} from m{src}, not after our newest {last:?}", self.index);
+            self.store.append_oplog_replicated(&entries).expect("write fetched entries");
+            self.store.commit_durable().expect("sync");
+            // Members fetching from this one (chaining) wait for exactly these.
+            self.serve_parked(out);
+            self.learn_commit_point(commit_point, true);
+            self.after_apply(out);
+        } else {
+            self.learn_commit_point(commit_point, true);
+        }
+        let now = self.mono(out.now);
+        let views = self.source_views(now);
+        let last = self.last();
+        let change = self.sync_from.is_some()
+            || if forced { repl::sync_source::is_unusable(&views, self.index, last, src) } else { repl::sync_source::should_change(&self.config, self.index, &views, last, src) };
+        if change {
+            self.fetch = Fetch::Idle { at: 0 };
+            self.report_upstream(out);
+            return;
+        }
+        let req = self.id();
+        self.fetch = Fetch::Tail { src, req, forced, cursor };
+        let positions = self.positions_for(src);
+        for p in &positions {
+            self.reported[p.member] = (p.applied, p.durable);
+        }
+        out.sends.push((src, Msg::GetMore { req, cursor, after: last, positions, term: self.term }));
+        self.timer(out, AWAIT_DATA_MS + REPLY_SLACK_MS, Timer::FetchTimeout(req));
+    }
+
+    fn after_apply(&mut self, out: &mut Out) {
+        if self.state == MemberState::Recovering && self.min_valid.is_some_and(|m| self.last() >= m) {
+            self.min_valid = None;
+            self.state = MemberState::Secondary;
+            out.notes.push(Note::Trace(format!("m{} recovered: secondary", self.index)));
+        }
+    }
+
+    fn start_rollback(&mut self, src: usize, out: &mut Out) {
+        self.state = MemberState::Rollback;
+        self.rollback_query(src, None, out);
+    }
+
+    /// Our chunk of entries older than `upper` (newest first), for the common-point search.
+    fn rollback_chunk(&self, upper: Option<u64>) -> Vec<OpTime> {
+        let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+        c.snapshot().scan_reverse(upper, ROLLBACK_CHUNK).expect("scan").into_iter().filter_map(|(_, d)| OpTime::from_doc(&d)).collect()
+    }
+
+    /// Ask the source for its optimes over our chunk of entries older than `upper`
+    /// (fetcher.rs `source_entries_from`).
+    fn rollback_query(&mut self, src: usize, upper: Option<u64>, out: &mut Out) {
+        let Some(oldest) = self.rollback_chunk(upper).last().copied() else {
+            out.notes.push(Note::Stuck { member: self.index, why: format!("no common point with m{src}: needs a resync") });
+            self.state = MemberState::Recovering;
+            return self.fetch_failed(out, "no common point".into());
+        };
+        let req = self.id();
+        self.fetch = Fetch::RollingBack { src, req, upper };
+        out.sends.push((src, Msg::RollbackQuery { req, from_ts: oldest.ts, to_ts: self.last().ts }));
+        self.timer(out, COMMAND_TIMEOUT_MS + REPLY_SLACK_MS, Timer::FetchTimeout(req));
+    }
+
+    fn on_rollback_answer(&mut self, from: usize, req: u64, theirs: Vec<OpTime>, newest: OpTime, out: &mut Out) {
+        let Fetch::RollingBack { src, req: r, upper } = self.fetch else { return };
+        if r != req || src != from || self.state != MemberState::Rollback {
+            return;
+        }
+        let chunk = self.rollback_chunk(upper);
+        let Some(common) = chunk.iter().copied().find(|o| theirs.contains(o)) else {
+            return self.rollback_query(src, chunk.last().map(|o| o.ts), out);
+        };
+        let removed = oplog_between(&self.store, Some(common.ts), self.last());
+        out.notes.push(Note::RollingBack { member: self.index, common, removed, commit_point: self.commit_point });
+        // minValid first and durable, then the cut (fetcher.rs `roll_back_inner`).
+        let min_valid = newest.max(common);
+        let mut mv = doc! {"_id": "minValid"};
+        mv.extend(min_valid.to_doc());
+        put_single_doc(&self.store, MIN_VALID, &mv);
+        self.truncations += 1;
+        // Cursors parked here read on at once, and find their cursor gone.
+        self.serve_parked(out);
+        self.store.truncate_oplog_after(common).expect("truncate");
+        self.store.commit_durable().expect("sync");
+        self.min_valid = Some(min_valid);
+        self.state = MemberState::Recovering;
+        self.after_apply(out);
+        self.fetch = Fetch::Idle { at: 0 };
+    }
+
+    // ---- clients ----
+
+    fn on_write(&mut self, client: usize, op: u64, value: u64, majority: bool, j: bool, out: &mut Out) {
+        if self.state != MemberState::Primary {
+            out.sends.push((client, Msg::WriteReply { op, result: WriteResult::NotPrimary }));
+            return;
+        }
+        let at = self.next_optime(out.now, self.term);
+        let bytes = entry(at, self.wall_ms(out.now), Some(value));
+        self.store.append_oplog_replicated(&[(at, bytes)]).expect("log the write");
+        if j {
+            self.store.commit_durable().expect("sync");
+        }
+        self.serve_parked(out);
+        if majority {
+            self.pending.push(PendingWrite { client, op, at });
+            if !self.flush_requested {
+                self.flush_requested = true;
+                self.timer(out, 1, Timer::FlushRequested);
+            }
+            self.advance_commit_point();
+            self.check_pending(out);
+        } else {
+            out.notes.push(Note::AckedW1 { at });
+            out.sends.push((client, Msg::WriteReply { op, result: WriteResult::Ok(at) }));
+        }
+    }
+
+    /// Answer the parked majority reads that may be answered (called after every step).
+    pub fn after_step(&mut self, out: &mut Out) {
+        if self.parked_reads.is_empty() {
+            return;
+        }
+        let serving = matches!(self.state, MemberState::Primary | MemberState::Secondary);
+        let cp = self.reported_commit_point();
+        let now = self.mono(out.now);
+        let incarnation = self.incarnation;
+        self.parked_reads.retain(|r| {
+            let at = r.value.map(|(at, _)| at).unwrap_or_default();
+            let result = if !serving {
+                None
+            } else if cp >= at {
+                Some((cp, r.value))
+            } else if now < r.until {
+                return true;
+            } else {
+                None
+            };
+            out.sends.push((r.client, Msg::ReadReply { op: r.op, incarnation, result }));
+            false
+        });
+    }
+
+    /// The register's value as of `cp`: the newest write at or before it.
+    fn value_at(&self, cp: OpTime) -> Option<(OpTime, u64)> {
+        let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+        let mut before = Some(cp.ts + 1);
+        // Most entries are writes: the newest few hold one.
+        let mut n = 4;
+        loop {
+            let chunk = c.snapshot().scan_reverse(before, n).expect("scan");
+            n = (n * 4).min(1024);
+            if chunk.is_empty() {
+                return None;
+            }
+            for (rid, d) in chunk {
+                before = Some(rid);
+                if let (Some(at), Some(v)) = (OpTime::from_doc(&d), doc_value(&d)) {
+                    return Some((at, v));
+                }
+            }
+        }
+    }
+}
+
+/// The oplog of `store` up to `through`, oldest first, after `after_ts`.
+pub fn oplog_between(store: &Store, after_ts: Option<u64>, through: OpTime) -> Vec<OpTime> {
+    let c = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+    let mut out = Vec::new();
+    let mut after = after_ts;
+    loop {
+        let chunk = c.snapshot().scan(after, 1000).expect("scan");
+        if chunk.is_empty() {
+            return out;
+        }
+        for (rid, d) in chunk {
+            let Some(at) = OpTime::from_doc(&d) else { continue };
+            if at > through {
+                return out;
+            }
+            out.push(at);
+            after = Some(rid);
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Seeds of the deterministic replica-set simulation (crate docs say what each checks).
+//!
+//! - CI: seeds 1..=SHOAL_SIM_SEEDS (default 300), split over two tests so both cores work.
+//! - Replay one: `SHOAL_SIM_SEED=N SHOAL_SIM_TRACE=1 cargo test -p shoal-sim --release -- --nocapture`.
+//! - Soak: `SHOAL_SIM_SECONDS=3600 cargo test -p shoal-sim --release -- --nocapture` runs
+//!   seeds from a clock-drawn start until the time is up, and prints any failing seed.
+
+use shoal_sim::{run_seed, Report};
+use std::time::{Duration, Instant};
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name} must be a number")))
+}
+
+/// Run `seeds`, stopping at the first failure (printed with its replay command).
+fn run(seeds: impl Iterator<Item = u64>, deadline: Option<Instant>) -> Vec<Report> {
+    let trace = std::env::var("SHOAL_SIM_TRACE").is_ok_and(|v| v == "1");
+    let mut reports = Vec::new();
+    for seed in seeds {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        match run_seed(seed, trace) {
+            Ok(r) => reports.push(r),
+            Err(f) => panic!("{f}"),
+        }
+    }
+    reports
+}
+
+fn summary(label: &str, reports: &[Report], took: Duration) {
+    let sum = |f: fn(&Report) -> u64| reports.iter().map(f).sum::<u64>();
+    println!(
+        "{label}: {} seeds in {:.1} s: {} events, {} messages ({} dropped), {} faults ({} kills, {} pauses, {} partitions, {} lossy periods, {} clock jumps, {} sync-source changes), {} primaries, {} majority writes acknowledged, {} w:1, {} unknown, {} majority reads, {} rollbacks ({} entries), {} committed entries; 0 invariant violations",
+        reports.len(),
+        took.as_secs_f64(),
+        sum(|r| r.events),
+        sum(|r| r.messages),
+        sum(|r| r.dropped),
+        sum(Report::faults),
+        sum(|r| r.crashes),
+        sum(|r| r.pauses),
+        sum(|r| r.partitions),
+        sum(|r| r.lossy_periods),
+        sum(|r| r.clock_jumps),
+        sum(|r| r.sync_from),
+        sum(|r| r.primaries),
+        sum(|r| r.writes_majority_acked),
+        sum(|r| r.writes_w1_acked),
+        sum(|r| r.writes_unknown),
+        sum(|r| r.reads),
+        sum(|r| r.rollbacks),
+        sum(|r| r.rolled_back_entries),
+        sum(|r| r.committed_entries),
+    );
+}
+
+/// Half of the CI seeds: those with `seed % 2 == half`.
+fn ci_half(half: u64) {
+    if env_u64("SHOAL_SIM_SEED").is_some() || env_u64("SHOAL_SIM_SECONDS").is_some() {
+        // One seed or a soak: the `replay_or_soak` test runs it, once.
+        return;
+    }
+    let seeds = env_u64("SHOAL_SIM_SEEDS").unwrap_or(300);
+    let started = Instant::now();
+    let reports = run((1..=seeds).filter(|s| s % 2 == half), None);
+    summary(&format!("simulation, seeds = {half} mod 2"), &reports, started.elapsed());
+    // Each run must have exercised the protocol, or it checked nothing.
+    for r in &reports {
+        assert!(r.primaries >= 1 && r.writes_majority_acked > 0 && r.faults() > 0, "seed {} did too little: {r:?}", r.seed);
+    }
+}
+
+#[test]
+fn simulated_replica_sets_keep_their_invariants_even_seeds() {
+    ci_half(0);
+}
+
+#[test]
+fn simulated_replica_sets_keep_their_invariants_odd_seeds() {
+    ci_half(1);
+}
+
+#[test]
+fn replay_or_soak() {
+    let started = Instant::now();
+    if let Some(seed) = env_u64("SHOAL_SIM_SEED") {
+        let reports = run(std::iter::once(seed), None);
+        summary(&format!("seed {seed}"), &reports, started.elapsed());
+        println!("{:?}", reports[0]);
+    } else if let Some(secs) = env_u64("SHOAL_SIM_SECONDS") {
+        let first = env_u64("SHOAL_SIM_FIRST_SEED").unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000_000 * 1000);
+        println!("soak: seeds from {first} for {secs} s");
+        let reports = run(first.., Some(started + Duration::from_secs(secs)));
+        summary(&format!("soak from seed {first}"), &reports, started.elapsed());
+    }
+}
