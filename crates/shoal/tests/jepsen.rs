@@ -1,8 +1,9 @@
 //! Real processes under faults, Jepsen-style: clients read, write and compare-and-set a few
 //! registers (documents) on a 3-member replica set, with w:"majority" writes and
 //! linearizable reads, while a nemesis kills the primary (-9), pauses a member (SIGSTOP),
-//! partitions the primary away, makes a member's links slow and lossy (these two with the
-//! fault layer, configureFailPoint "replLink"), and points a secondary at the other one
+//! partitions the primary away or from one secondary only (a bridge: the other secondary
+//! still reaches both), makes a member's links slow and lossy (these with the fault layer,
+//! configureFailPoint "replLink"), and points a secondary at the other one
 //! (replSetSyncFrom). Every operation is recorded with
 //! when it was invoked and when its reply came; each register's history is then checked
 //! for linearizability (`linearizable::check`). The test prints a report (operations by
@@ -85,6 +86,15 @@ async fn fault_links(members: &[Server], p: usize, fault: Option<Document>) {
             None => "off",
         };
         admin(m, doc! {"configureFailPoint": "replLink", "mode": mode, "data": data}).await.unwrap_or_else(|e| panic!("fail point on member {i}: {e}"));
+    }
+}
+
+/// Cut (or with `on` false, heal) the link between members `a` and `b` alone, both ways.
+async fn cut_link(members: &[Server], a: usize, b: usize, on: bool) {
+    for (from, to) in [(a, b), (b, a)] {
+        let data = doc! {"host": host(&members[to]), "partition": true};
+        let mode = if on { "alwaysOn" } else { "off" };
+        admin(&members[from], doc! {"configureFailPoint": "replLink", "mode": mode, "data": data}).await.unwrap_or_else(|e| panic!("fail point on member {from}: {e}"));
     }
 }
 
@@ -211,11 +221,22 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
                 tokio::time::sleep(FAULT_DURATION).await;
                 signal(&members[m], libc::SIGCONT);
             }
-            2 => {
+            2 if rng.below(2) == 0 => {
                 fault_links(&members, p, Some(doc! {"partition": true})).await;
                 partitions += 1;
                 tokio::time::sleep(FAULT_DURATION).await;
                 fault_links(&members, p, None).await;
+            }
+            2 => {
+                // A bridge: the primary and one secondary lose each other; the other
+                // secondary votes the cut-off one in and may still fetch from the old
+                // primary (the simulation's seed 9: such a member's progress must not
+                // count in the old term).
+                let cut_off = (p + 1 + rng.below(2) as usize) % MEMBERS;
+                cut_link(&members, p, cut_off, true).await;
+                partitions += 1;
+                tokio::time::sleep(FAULT_DURATION).await;
+                cut_link(&members, p, cut_off, false).await;
             }
             3 => {
                 // A secondary told to fetch from the other secondary, which may be behind it

@@ -452,3 +452,39 @@ async fn a_tailable_await_cursor_follows_the_oplog() {
     let r = wire::command(&mut s, 15, &doc! {"getMore": tid, "collection": "capped", "$db": "app"}).doc;
     assert_eq!((code(&r), r.get_str("codeName").unwrap_or("")), (136, "CappedPositionLost"), "{r:?}");
 }
+
+/// A fetcher's getMore and replSetUpdatePosition carry the reporter's term; a later term than
+/// the primary's makes it step down before it counts the report (mongod's getMore takes
+/// `term` the same way). Otherwise a member that voted for a new primary could go on making
+/// the old primary's writes majority-durable, and acknowledged, after the new primary was
+/// elected without them (found by the simulation, crates/sim).
+#[tokio::test]
+async fn a_progress_report_from_a_later_term_makes_the_primary_step_down() {
+    let server = Server::start_with_args(&["--replSet", "rs0"]);
+    initiate(&server).await;
+    let mut s = wire::connect(server.port);
+    let status = |s: &mut std::net::TcpStream, id: i32| wire::command(s, id, &doc! {"replSetGetStatus": 1, "$db": "admin"}).doc;
+    let term = status(&mut s, 1).get_i64("term").unwrap();
+    let hello = wire::command(&mut s, 2, &doc! {"hello": 1, "$db": "admin"}).doc;
+    assert!(hello.get_bool("isWritablePrimary").unwrap());
+
+    // A report in the primary's own term changes nothing.
+    let r = wire::command(&mut s, 3, &doc! {"replSetUpdatePosition": 1, "optimes": [], "term": term, "$db": "admin"}).doc;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r:?}");
+    assert!(wire::command(&mut s, 4, &doc! {"hello": 1, "$db": "admin"}).doc.get_bool("isWritablePrimary").unwrap());
+    // A malformed term is refused.
+    let r = wire::command(&mut s, 5, &doc! {"replSetUpdatePosition": 1, "optimes": [], "term": "later", "$db": "admin"}).doc;
+    assert_eq!(r.get_str("codeName").unwrap(), "TypeMismatch", "{r:?}");
+
+    // An oplog getMore from a later term: the primary adopts it and steps down.
+    let find = doc! {"find": "oplog.rs", "filter": {}, "tailable": true, "batchSize": 1, "$db": "local"};
+    let id = path(&wire::command(&mut s, 6, &find).doc, "cursor.id").and_then(|v| v.as_i64()).unwrap();
+    wire::command(&mut s, 7, &doc! {"getMore": id, "collection": "oplog.rs", "term": term + 3, "maxTimeMS": 10, "$db": "local"});
+    let hello = wire::command(&mut s, 8, &doc! {"hello": 1, "$db": "admin"}).doc;
+    assert!(!hello.get_bool("isWritablePrimary").unwrap(), "{hello:?}");
+    assert_eq!(status(&mut s, 9).get_i64("term").unwrap(), term + 3);
+
+    // replSetUpdatePosition from a later still term: adopted too.
+    wire::command(&mut s, 10, &doc! {"replSetUpdatePosition": 1, "optimes": [], "term": term + 5, "$db": "admin"});
+    assert_eq!(status(&mut s, 11).get_i64("term").unwrap(), term + 5);
+}

@@ -199,6 +199,10 @@ impl Ord for Queued {
 #[derive(Clone, Debug)]
 pub struct Options {
     pub members: usize,
+    /// Members that never stand (priority 0), and members without a vote (votes 0,
+    /// priority 0), counted from the last.
+    pub unelectable: usize,
+    pub non_voting: usize,
     pub chaining: bool,
     /// Simulated milliseconds of faults, then `quiet_ms` healed.
     pub fault_ms: u64,
@@ -210,7 +214,12 @@ pub struct Options {
 impl Options {
     pub fn for_seed(seed: u64) -> Options {
         let mut r = Rng::new(seed ^ 0x5EED);
-        Options { members: if r.chance(0.5) { 3 } else { 5 }, chaining: r.chance(0.5), fault_ms: 20_000, quiet_ms: 30_000, clients: 3, trace: false }
+        let members = if r.chance(0.5) { 3 } else { 5 };
+        // A third of the sets have a member that cannot be elected, a third of the 5-member
+        // ones one more without a vote.
+        let unelectable = usize::from(r.chance(1.0 / 3.0));
+        let non_voting = usize::from(members == 5 && r.chance(1.0 / 3.0));
+        Options { members, unelectable, non_voting, chaining: r.chance(0.5), fault_ms: 20_000, quiet_ms: 30_000, clients: 3, trace: false }
     }
 }
 
@@ -320,7 +329,18 @@ impl Sim {
     pub fn new(seed: u64, opts: Options) -> Sim {
         let n = opts.members;
         let mut rng = Rng::new(seed);
-        let members_doc: Vec<bson::Document> = (0..n).map(|i| bson::doc! {"_id": i as i32, "host": format!("m{i}:27017")}).collect();
+        let members_doc: Vec<bson::Document> = (0..n)
+            .map(|i| {
+                let mut d = bson::doc! {"_id": i as i32, "host": format!("m{i}:27017")};
+                if i >= n - opts.non_voting {
+                    d.insert("votes", 0);
+                    d.insert("priority", 0);
+                } else if i >= n - opts.non_voting - opts.unelectable {
+                    d.insert("priority", 0);
+                }
+                d
+            })
+            .collect();
         let mut settings = bson::doc! {"electionTimeoutMillis": 1000, "heartbeatIntervalMillis": 200};
         settings.insert("chainingAllowed", opts.chaining);
         let mut config = ReplSetConfig::parse(&bson::doc! {"_id": "sim", "version": 1, "members": members_doc, "settings": settings}).expect("config");

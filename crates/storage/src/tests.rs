@@ -1104,7 +1104,13 @@ fn tailing_readers_get_the_same_entries_from_memory_as_from_the_engine() {
     check("past the cap and the memory bound");
     let all = engine_ids(0);
     let keep = all[all.len() - 10];
+    // A capped deletion is a removal, not a rollback; truncation moves the rollback count
+    // that tailing cursors check.
+    let (removals, truncations) = (log.removals(), log.truncations());
+    assert!(removals > 0, "capped deletions counted");
     store.truncate_oplog_after(OpTime { ts: keep, term: store.oplog_last().unwrap().term }).unwrap();
+    assert_eq!(log.truncations(), truncations + 1);
+    assert!(log.removals() > removals);
     assert_eq!(tail_ids(&log, Some(keep), 64), Vec::<RecordId>::new(), "truncated entries are gone from memory");
     c.insert_many(&[doc! {"_id": "after rollback"}], true);
     let newest = store.oplog_last().unwrap().ts;
