@@ -9,8 +9,9 @@
 //! for linearizability (`linearizable::check`). The test prints a report (operations by
 //! outcome, faults injected, anomalies) and fails on any anomaly.
 //!
-//! SHOAL_JEPSEN_SECONDS sets how long the clients run (default 30; hours for a soak), and
-//! SHOAL_JEPSEN_SEED replays a run's choices (each run prints its seed; the processes'
+//! SHOAL_JEPSEN_SECONDS sets how long the clients run (default 30; hours for a soak),
+//! SHOAL_JEPSEN_FAULT picks one kind of fault for every round, and SHOAL_JEPSEN_SEED
+//! replays a run's choices (each run prints its seed; the processes'
 //! timing is not replayed).
 
 mod common;
@@ -200,13 +201,32 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
         clients.push(tokio::spawn(client_loop(coll, id, seed, until, history.clone())));
     }
 
-    // The nemesis: one fault at a time, each healed before the next.
+    // The nemesis: one fault at a time, each healed before the next. SHOAL_JEPSEN_FAULT
+    // (kill, pause, isolate, bridge, syncfrom, lossy) makes every fault that one.
+    let only = std::env::var("SHOAL_JEPSEN_FAULT").ok().map(|f| match f.as_str() {
+        "kill" => 0,
+        "pause" => 1,
+        "isolate" => 2,
+        "bridge" => 3,
+        "syncfrom" => 4,
+        "lossy" => 5,
+        other => panic!("SHOAL_JEPSEN_FAULT: unknown fault {other}"),
+    });
     let mut rng = Rng(seed | 1);
     let (mut kills, mut pauses, mut partitions, mut slow_links, mut resyncs) = (0u32, 0u32, 0u32, 0u32, 0u32);
     while Instant::now() + CALM_DURATION + FAULT_DURATION < until {
         tokio::time::sleep(CALM_DURATION).await;
         let p = wait_for_primary(&mut members).await;
-        match rng.below(5) {
+        // 0 kill, 1 pause, 2 isolate the primary, 3 bridge, 4 replSetSyncFrom, 5 lossy links.
+        let fault = match only {
+            Some(f) => f,
+            None => match rng.below(5) {
+                2 => 2 + rng.below(2),
+                4 => 5,
+                f => f,
+            },
+        };
+        match fault {
             0 => {
                 members[p].kill9();
                 kills += 1;
@@ -221,13 +241,13 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
                 tokio::time::sleep(FAULT_DURATION).await;
                 signal(&members[m], libc::SIGCONT);
             }
-            2 if rng.below(2) == 0 => {
+            2 => {
                 fault_links(&members, p, Some(doc! {"partition": true})).await;
                 partitions += 1;
                 tokio::time::sleep(FAULT_DURATION).await;
                 fault_links(&members, p, None).await;
             }
-            2 => {
+            3 => {
                 // A bridge: the primary and one secondary lose each other; the other
                 // secondary votes the cut-off one in and may still fetch from the old
                 // primary (the simulation's seed 9: such a member's progress must not
@@ -238,7 +258,7 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
                 tokio::time::sleep(FAULT_DURATION).await;
                 cut_link(&members, p, cut_off, false).await;
             }
-            3 => {
+            4 => {
                 // A secondary told to fetch from the other secondary, which may be behind it
                 // (replSetSyncFrom): a source behind is not a divergence to roll back.
                 let (a, b) = ((p + 1) % MEMBERS, (p + 2) % MEMBERS);
