@@ -81,6 +81,25 @@ pub fn stands_for_want_of_primary(config: &ReplSetConfig, self_index: usize, may
     me.is_electable() && me.is_voter() && may_stand && !sees_primary && since_primary_seen_ms >= election_timeout_ms
 }
 
+/// mongod's priorityTakeoverFreshnessWindowSeconds: how far behind the primary a member may
+/// be and still take over for its higher priority.
+pub const PRIORITY_TAKEOVER_FRESHNESS_SECS: u32 = 2;
+
+/// Priority takeover (mongod's): how long a secondary that may stand waits before it stands
+/// against the live primary `primary`, or None when it does not qualify. It qualifies when
+/// its priority is above the primary's and its newest entry is within the freshness window
+/// of the primary's; it then waits (rank + 1) election timeouts, rank being how many members
+/// outrank it, so the highest-priority one goes first.
+pub fn priority_takeover_wait_ms(config: &ReplSetConfig, self_index: usize, primary: usize, my_last: OpTime, primary_applied: OpTime, election_timeout_ms: u64) -> Option<u64> {
+    let mine = config.members[self_index].priority;
+    let caught_up = my_last.secs() + PRIORITY_TAKEOVER_FRESHNESS_SECS >= primary_applied.secs();
+    if mine <= config.members[primary].priority || !caught_up {
+        return None;
+    }
+    let rank = config.members.iter().filter(|m| m.priority > mine).count() as u64;
+    Some(election_timeout_ms * (rank + 1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,6 +155,20 @@ mod tests {
         // Priority 0 and non-voters never stand.
         assert!(!stands_for_want_of_primary(&c, 2, true, false, 20_000, 10_000));
         assert!(!stands_for_want_of_primary(&c, 3, true, false, 20_000, 10_000));
+    }
+
+    #[test]
+    fn a_fresh_member_of_higher_priority_takes_over_after_its_rank() {
+        let mut c = config();
+        c.members[0].priority = 3.0;
+        c.members[1].priority = 2.0;
+        let at = |secs: u64| OpTime { ts: secs << 32, term: 1 };
+        // Member 1 (priority 2) against primary 2 (priority 0 is never primary; say 1).
+        c.members[2].priority = 1.0;
+        assert_eq!(priority_takeover_wait_ms(&c, 1, 2, at(100), at(102), 1000), Some(2000), "one member outranks it");
+        assert_eq!(priority_takeover_wait_ms(&c, 0, 2, at(100), at(100), 1000), Some(1000));
+        assert_eq!(priority_takeover_wait_ms(&c, 1, 2, at(100), at(103), 1000), None, "not fresh");
+        assert_eq!(priority_takeover_wait_ms(&c, 1, 0, at(100), at(100), 1000), None, "the primary outranks it");
     }
 
     #[test]

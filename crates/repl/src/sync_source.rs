@@ -32,17 +32,27 @@ pub enum Mismatch {
     /// target, a choice made on stale heartbeat news). Rolling back to it would undo entries
     /// a majority may hold, so we choose again.
     Behind,
+    /// Its newest entry is of a term before ours: it may itself be on a branch that a later
+    /// primary has left, whose entries it will roll back. Only a source with entries of our
+    /// term or later (the current primary's branch, or one it copied) may make us roll back,
+    /// as in Raft only the leader of the current term truncates a follower's log. Rolling
+    /// back to such a source undid entries a majority held on the newer primary's branch (the
+    /// simulation found it, seed 1011280). We choose again.
+    OlderTerm,
     /// Our newest entries are not in its oplog: a former primary's writes that no majority
     /// took. We roll them back to the newest entry both oplogs share.
     Diverged,
 }
 
-/// Classify a mismatch from the source's oldest and newest entries (None: an empty oplog).
-pub fn classify_mismatch(our_last: OpTime, source_oldest: Option<OpTime>, source_newest: Option<OpTime>) -> Mismatch {
+/// Classify a mismatch from the source's oldest and newest entries (None: an empty oplog),
+/// given our newest entry and our term.
+pub fn classify_mismatch(our_last: OpTime, our_term: i64, source_oldest: Option<OpTime>, source_newest: Option<OpTime>) -> Mismatch {
     if source_oldest.is_some_and(|o| o.ts > our_last.ts) {
         Mismatch::TooStale
     } else if source_newest.is_none_or(|n| n < our_last) {
         Mismatch::Behind
+    } else if source_newest.is_some_and(|n| n.term < our_term) {
+        Mismatch::OlderTerm
     } else {
         Mismatch::Diverged
     }
@@ -211,12 +221,16 @@ mod tests {
     fn a_mismatch_is_too_stale_behind_or_divergent() {
         let at = |ts: u64, term: i64| OpTime { ts, term };
         let ours = at(100, 2);
-        assert_eq!(classify_mismatch(ours, Some(at(101, 2)), Some(at(200, 2))), Mismatch::TooStale);
-        assert_eq!(classify_mismatch(ours, Some(at(1, 1)), Some(at(99, 2))), Mismatch::Behind);
-        assert_eq!(classify_mismatch(ours, None, None), Mismatch::Behind);
+        assert_eq!(classify_mismatch(ours, 2, Some(at(101, 2)), Some(at(200, 2))), Mismatch::TooStale);
+        assert_eq!(classify_mismatch(ours, 2, Some(at(1, 1)), Some(at(99, 2))), Mismatch::Behind);
+        assert_eq!(classify_mismatch(ours, 2, None, None), Mismatch::Behind);
         // Its newest is of a later term: ahead, yet without our entry, so we diverged.
-        assert_eq!(classify_mismatch(ours, Some(at(1, 1)), Some(at(50, 3))), Mismatch::Diverged);
-        assert_eq!(classify_mismatch(ours, Some(at(1, 1)), Some(at(150, 2))), Mismatch::Diverged);
+        assert_eq!(classify_mismatch(ours, 2, Some(at(1, 1)), Some(at(50, 3))), Mismatch::Diverged);
+        assert_eq!(classify_mismatch(ours, 2, Some(at(1, 1)), Some(at(150, 2))), Mismatch::Diverged);
+        // We know of term 4: a source whose newest entry is of term 3 may be on a branch
+        // the term-4 primary left; it does not make us roll back.
+        assert_eq!(classify_mismatch(ours, 4, Some(at(1, 1)), Some(at(50, 3))), Mismatch::OlderTerm);
+        assert_eq!(classify_mismatch(ours, 3, Some(at(1, 1)), Some(at(50, 3))), Mismatch::Diverged);
     }
 
     #[test]

@@ -203,6 +203,8 @@ pub struct Options {
     /// priority 0), counted from the last.
     pub unelectable: usize,
     pub non_voting: usize,
+    /// Members 0 and 1 have priorities 3 and 2 (the rest 1): priority takeovers.
+    pub priorities: bool,
     pub chaining: bool,
     /// Simulated milliseconds of faults, then `quiet_ms` healed.
     pub fault_ms: u64,
@@ -219,7 +221,8 @@ impl Options {
         // ones one more without a vote.
         let unelectable = usize::from(r.chance(1.0 / 3.0));
         let non_voting = usize::from(members == 5 && r.chance(1.0 / 3.0));
-        Options { members, unelectable, non_voting, chaining: r.chance(0.5), fault_ms: 20_000, quiet_ms: 30_000, clients: 3, trace: false }
+        let priorities = r.chance(1.0 / 3.0);
+        Options { members, unelectable, non_voting, priorities, chaining: r.chance(0.5), fault_ms: 20_000, quiet_ms: 30_000, clients: 3, trace: false }
     }
 }
 
@@ -337,6 +340,8 @@ impl Sim {
                     d.insert("priority", 0);
                 } else if i >= n - opts.non_voting - opts.unelectable {
                     d.insert("priority", 0);
+                } else if opts.priorities && i < 2 {
+                    d.insert("priority", 3 - i as i32);
                 }
                 d
             })

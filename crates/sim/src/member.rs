@@ -118,6 +118,8 @@ pub struct Member {
     pub election_timeout_ms: u64,
     pub election_running: bool,
     pub election: Option<Election>,
+    /// Since when this member has qualified for a priority takeover (monotonic).
+    pub takeover_since: Option<u64>,
     /// Wall time of this member's election (the server's `election_date`).
     pub elected_wall_ms: i64,
     pub sync_source: Option<usize>,
@@ -210,6 +212,7 @@ impl Member {
             election_timeout_ms: 0,
             election_running: false,
             election: None,
+            takeover_since: None,
             elected_wall_ms: 0,
             sync_source: None,
             sync_from: None,
@@ -288,6 +291,7 @@ impl Member {
         self.election_timeout_ms = self.randomized_timeout(out);
         self.election_running = false;
         self.election = None;
+        self.takeover_since = None;
         self.sync_source = None;
         self.sync_from = None;
         self.fetch = Fetch::Idle { at: now };
@@ -514,9 +518,20 @@ impl Member {
             }
             MemberState::Secondary => {
                 let me = self.index;
-                let sees_primary = (0..self.peers.len()).any(|i| i != me && responsive(&self.peers[i]) && self.peers[i].view.state == Some(MemberState::Primary));
-                let may_stand = !self.election_running;
-                if repl::election::stands_for_want_of_primary(&self.config, me, may_stand, sees_primary, now.saturating_sub(self.primary_seen), self.election_timeout_ms) {
+                let primary = (0..self.peers.len()).find(|&i| i != me && responsive(&self.peers[i]) && self.peers[i].view.state == Some(MemberState::Primary));
+                let electable = self.config.members[me].is_electable() && self.config.members[me].is_voter();
+                let may_stand = electable && !self.election_running;
+                let last = self.last();
+                let takeover = primary.filter(|_| may_stand).and_then(|pi| repl::election::priority_takeover_wait_ms(&self.config, me, pi, last, self.peers[pi].view.applied, et));
+                let stand = match takeover {
+                    Some(wait_ms) => now.saturating_sub(*self.takeover_since.get_or_insert(now)) >= wait_ms,
+                    None => {
+                        self.takeover_since = None;
+                        repl::election::stands_for_want_of_primary(&self.config, me, may_stand, primary.is_some(), now.saturating_sub(self.primary_seen), self.election_timeout_ms)
+                    }
+                };
+                if stand {
+                    self.takeover_since = None;
                     self.start_election(out, true);
                 }
             }
@@ -958,12 +973,13 @@ impl Member {
         let last = self.last();
         if was_find {
             if !first_matches {
-                match repl::sync_source::classify_mismatch(last, oldest, newest) {
+                match repl::sync_source::classify_mismatch(last, self.term, oldest, newest) {
                     Mismatch::TooStale => {
                         self.peers[src].denied_until = self.mono(out.now) + TOO_STALE_DENY_MS;
                         return self.fetch_failed(out, format!("too stale to sync from m{src}"));
                     }
                     Mismatch::Behind => return self.fetch_failed(out, format!("m{src} is behind us: {newest:?} < {last:?}")),
+                    Mismatch::OlderTerm => return self.fetch_failed(out, format!("m{src}'s newest {newest:?} is of a term before ours ({})", self.term)),
                     Mismatch::Diverged => return self.start_rollback(src, out),
                 }
             }

@@ -96,7 +96,7 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
         // Why not (repl::sync_source::Mismatch says what each case means).
         let oldest = oplog_edge(&mut conn, 1).await?;
         let newest = oplog_edge(&mut conn, -1).await?;
-        match repl::sync_source::classify_mismatch(last, oldest, newest) {
+        match repl::sync_source::classify_mismatch(last, coord.term(), oldest, newest) {
             Mismatch::TooStale => {
                 coord.inner.lock().peers[src].denied_until = Some(std::time::Instant::now() + TOO_STALE_DENY);
                 return Err(Error::new(
@@ -106,6 +106,9 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
             }
             Mismatch::Behind => {
                 return Err(Error::new(Code::InvalidSyncSource, format!("{host} is behind us: its newest entry {newest:?} is older than ours {last:?}")));
+            }
+            Mismatch::OlderTerm => {
+                return Err(Error::new(Code::InvalidSyncSource, format!("{host}'s newest entry {newest:?} is of a term before ours ({}): not rolling back to it", coord.term())));
             }
             Mismatch::Diverged => {}
         }

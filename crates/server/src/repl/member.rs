@@ -380,19 +380,15 @@ async fn tick_loop(shared: Arc<Shared>) {
                     let electable = config.members[me].is_electable() && config.members[me].is_voter();
                     let primary = (0..inner.peers.len()).find(|&i| i != me && responsive(&inner.peers[i]) && inner.peers[i].view.state == Some(MemberState::Primary));
                     let may_stand = electable && !inner.election_running && now >= inner.frozen_until;
-                    // Priority takeover (mongod's): a caught-up member of higher priority than
-                    // the primary stands after (rank + 1) election timeouts, rank being how many
-                    // members outrank it, so the highest-priority one goes first.
-                    let takeover = primary.filter(|&pi| {
-                        let mine = config.members[me].priority;
-                        let caught_up = shared.store.oplog_last().unwrap_or_default().secs() + PRIORITY_TAKEOVER_FRESHNESS_SECS >= inner.peers[pi].view.applied.secs();
-                        may_stand && mine > config.members[pi].priority && caught_up
-                    });
+                    // Priority takeover (repl::election::priority_takeover_wait_ms).
+                    let last = shared.store.oplog_last().unwrap_or_default();
+                    let takeover = primary
+                        .filter(|_| may_stand)
+                        .and_then(|pi| repl::election::priority_takeover_wait_ms(&config, me, pi, last, inner.peers[pi].view.applied, election_timeout.as_millis() as u64));
                     match takeover {
-                        Some(_) => {
-                            let rank = config.members.iter().filter(|m| m.priority > config.members[me].priority).count() as u32;
+                        Some(wait_ms) => {
                             let since = *inner.takeover_since.get_or_insert(now);
-                            stand = now.duration_since(since) >= election_timeout * (rank + 1);
+                            stand = now.duration_since(since) >= Duration::from_millis(wait_ms);
                         }
                         None => {
                             inner.takeover_since = None;
@@ -429,9 +425,6 @@ async fn tick_loop(shared: Arc<Shared>) {
     }
 }
 
-/// mongod's priorityTakeoverFreshnessWindowSeconds: how far behind the primary a member may
-/// be and still take over for its higher priority.
-const PRIORITY_TAKEOVER_FRESHNESS_SECS: u32 = 2;
 
 /// Ask every other voter for its vote in `term`; count the grants (this member's own
 /// included). Stops early at a majority.
