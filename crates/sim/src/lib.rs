@@ -132,6 +132,8 @@ pub enum Timer {
     Heartbeat(usize),
     HeartbeatTimeout(usize, u64),
     Tick,
+    /// Primary catch-up's poll (member.rs `catch_up`).
+    CatchUp,
     JournalFlush,
     FlushRequested,
     ElectionTimeout(u64),
@@ -144,7 +146,6 @@ pub enum Timer {
 pub enum Note {
     BecamePrimary { member: usize, term: i64 },
     AckedMajority { member: usize, at: OpTime },
-    AckedW1 { at: OpTime },
     RollingBack { member: usize, common: OpTime, removed: Vec<OpTime>, commit_point: OpTime },
     Stuck { member: usize, why: String },
     Trace(String),
@@ -617,7 +618,6 @@ impl Sim {
                     }
                 }
             }
-            Note::AckedW1 { .. } => {}
             Note::RollingBack { member, common, removed, commit_point } => {
                 self.report.rollbacks += 1;
                 self.report.rolled_back_entries += removed.len() as u64;

@@ -437,6 +437,12 @@ impl Member {
                 self.tick(out);
                 self.timer(out, TICK_MS, Timer::Tick);
             }
+            Timer::CatchUp => {
+                self.catch_up_step(out);
+                if self.catch_up.is_some() {
+                    self.timer(out, CATCH_UP_POLL_MS, Timer::CatchUp);
+                }
+            }
             Timer::JournalFlush => {
                 self.journal_flush(out);
                 self.timer(out, JOURNAL_FLUSH_MS, Timer::JournalFlush);
@@ -537,7 +543,6 @@ impl Member {
             }
             _ => {}
         }
-        self.catch_up_step(out);
         if let Fetch::Idle { at } = self.fetch {
             if now >= at {
                 self.start_fetch(out);
@@ -630,7 +635,7 @@ impl Member {
                 out.notes.push(Note::Trace(format!("m{me} won term {}; catching up to {target:?} from m{src}", e.term)));
                 self.catch_up = Some((src, target, e.term));
                 self.sync_from = Some(src);
-                self.timer(out, CATCH_UP_POLL_MS, Timer::Tick);
+                self.timer(out, CATCH_UP_POLL_MS, Timer::CatchUp);
             }
             _ => self.take_over(e.term, out),
         }
@@ -1099,7 +1104,6 @@ impl Member {
             self.advance_commit_point();
             self.check_pending(out);
         } else {
-            out.notes.push(Note::AckedW1 { at });
             out.sends.push((client, Msg::WriteReply { op, result: WriteResult::Ok(at) }));
         }
     }
