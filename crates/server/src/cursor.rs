@@ -64,8 +64,29 @@ const TAIL_CHUNK_DOCS: usize = 256;
 impl Tail {
     /// The next batch after `last`, read from a fresh snapshot; `done` when the collection
     /// is gone or the limit is reached. CappedPositionLost when the record the cursor stood on
-    /// was truncated away (the reader fell behind the cap).
+    /// was truncated away (the reader fell behind the cap); QueryPlanKilled when a rollback
+    /// cut the oplog since the cursor opened (`check_not_rolled_back`).
     fn next_batch(&mut self, docs_max: usize, op: &OpCtx) -> Result<(Batch, bool)> {
+        self.check_not_rolled_back()?;
+        let batch = self.read_batch(docs_max, op)?;
+        // A rollback during the read may have mixed the new branch into this batch.
+        self.check_not_rolled_back()?;
+        Ok(batch)
+    }
+
+    /// QueryPlanKilled once a rollback truncated the collection (the oplog) after the cursor
+    /// was opened. Without this a fetcher tailing a member that rolled back went on after
+    /// its position's timestamp, which the new branch can reuse (two primaries in one
+    /// second), and took the new branch's entries after the old branch's: an oplog no
+    /// primary ever had, that no later check would find (the simulation found it, seed 37).
+    fn check_not_rolled_back(&self) -> Result<()> {
+        if self.coll.truncations() != self.truncations_seen {
+            return Err(Error::new(Code::QueryPlanKilled, "the oplog was rolled back after this cursor was opened"));
+        }
+        Ok(())
+    }
+
+    fn read_batch(&mut self, docs_max: usize, op: &OpCtx) -> Result<(Batch, bool)> {
         if self.raw {
             let mut out = Vec::new();
             // Passed on as they are: the reply's encoder checks each one's framing.
@@ -104,32 +125,7 @@ impl Tail {
         if self.coll.is_dropped() {
             return Ok(true);
         }
-        self.check_not_rolled_back()?;
-        let done = self.fill_unchecked(docs_max, op, out, keep)?;
-        // A rollback during the read may have mixed the new branch into this batch.
-        self.check_not_rolled_back()?;
-        Ok(done)
-    }
 
-    /// QueryPlanKilled once a rollback truncated the collection (the oplog) after the cursor
-    /// was opened. Without this a fetcher tailing a member that rolled back went on after
-    /// its position's timestamp, which the new branch can reuse (two primaries in one
-    /// second), and took the new branch's entries after the old branch's: an oplog no
-    /// primary ever had, that no later check would find (the simulation found it, seed 37).
-    fn check_not_rolled_back(&self) -> Result<()> {
-        if self.coll.truncations() != self.truncations_seen {
-            return Err(Error::new(Code::QueryPlanKilled, "the oplog was rolled back after this cursor was opened"));
-        }
-        Ok(())
-    }
-
-    fn fill_unchecked<T>(
-        &mut self,
-        docs_max: usize,
-        op: &OpCtx,
-        out: &mut Vec<T>,
-        keep: impl Fn(&query::filter::Filter, Option<&Projection>, storage::RawRecord) -> Result<Option<(T, usize)>>,
-    ) -> Result<bool> {
         // Only a deletion can take the cursor's record away; the point read that checks
         // cost a primary 6% of its CPU when done for every getMore of its secondaries.
         // (Before the read: see `Collection::removals`.)
