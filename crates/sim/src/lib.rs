@@ -631,10 +631,10 @@ impl Sim {
                 if let Some(at) = removed.iter().find(|at| self.checker.committed_set.contains(at)) {
                     return Err(self.fail(format!("m{member} rolls back the committed entry {at:?}")));
                 }
-                let (count, last_ts) = self.checker.verified[member];
-                if last_ts.is_some_and(|t| t > common.ts) {
+                // What was checked beyond the common point is gone: check it again from the
+                // start (rare, so the rescan's cost does not matter).
+                if self.checker.verified[member].1.is_some_and(|t| t > common.ts) {
                     self.checker.verified[member] = (0, None);
-                    let _ = count;
                 }
             }
             Note::Stuck { member, why } => {
