@@ -896,22 +896,7 @@ impl Member {
     }
 
     fn optimes_between(&self, from_ts: u64, to_ts: u64) -> Vec<OpTime> {
-        let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
-        let mut out = Vec::new();
-        let mut after = from_ts.checked_sub(1);
-        loop {
-            let chunk = c.snapshot().scan(after, 1000).expect("scan");
-            if chunk.is_empty() {
-                return out;
-            }
-            for (rid, d) in chunk {
-                if rid > to_ts {
-                    return out;
-                }
-                out.extend(OpTime::from_doc(&d));
-                after = Some(rid);
-            }
-        }
+        scan_optimes(&self.store, from_ts.checked_sub(1), |rid, _| rid <= to_ts)
     }
 
     // ---- the fetching side (fetcher.rs) ----
@@ -1157,6 +1142,12 @@ impl Member {
 
 /// The oplog of `store` up to `through`, oldest first, after `after_ts`.
 pub fn oplog_between(store: &Store, after_ts: Option<u64>, through: OpTime) -> Vec<OpTime> {
+    scan_optimes(store, after_ts, |_, at| at <= through)
+}
+
+/// The optimes of `store`'s oplog after `after_ts`, oldest first, while `more(record id,
+/// optime)` holds.
+fn scan_optimes(store: &Store, after_ts: Option<u64>, more: impl Fn(u64, OpTime) -> bool) -> Vec<OpTime> {
     let c = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
     let mut out = Vec::new();
     let mut after = after_ts;
@@ -1166,12 +1157,12 @@ pub fn oplog_between(store: &Store, after_ts: Option<u64>, through: OpTime) -> V
             return out;
         }
         for (rid, d) in chunk {
+            after = Some(rid);
             let Some(at) = OpTime::from_doc(&d) else { continue };
-            if at > through {
+            if !more(rid, at) {
                 return out;
             }
             out.push(at);
-            after = Some(rid);
         }
     }
 }
