@@ -147,6 +147,9 @@ impl Code {
     pub const FailedToSatisfyReadPreference: Code = Code(133, "FailedToSatisfyReadPreference");
     pub const InterruptedDueToReplStateChange: Code = Code(11602, "InterruptedDueToReplStateChange");
     pub const NotPrimaryOrSecondary: Code = Code(13436, "NotPrimaryOrSecondary");
+    pub const ShardKeyNotFound: Code = Code(61, "ShardKeyNotFound");
+    pub const ShardNotFound: Code = Code(70, "ShardNotFound");
+    pub const StaleConfig: Code = Code(13388, "StaleConfig");
 }
 
 /// A MongoDB-shaped error: serialized as `{ok: 0, errmsg, code, codeName, ...extra}`.
