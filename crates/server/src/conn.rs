@@ -144,8 +144,8 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
 /// Reads whole frames from a connection with as few `recv` calls as the client allows: one
 /// read usually brings a whole request (or several pipelined ones), where reading the length
 /// prefix and then the rest took two system calls per request.
-struct FrameReader {
-    buf: Vec<u8>,
+pub(crate) struct FrameReader {
+    pub(crate) buf: Vec<u8>,
     /// Unconsumed bytes are `buf[start..end]`.
     start: usize,
     end: usize,
@@ -156,12 +156,12 @@ impl FrameReader {
     /// After a large message, give the memory back once the buffer drains.
     const RETAINED_CAPACITY_MAX_BYTES: usize = 1024 * 1024;
 
-    fn new() -> FrameReader {
+    pub(crate) fn new() -> FrameReader {
         FrameReader { buf: vec![0; Self::CAPACITY_BYTES], start: 0, end: 0 }
     }
 
     /// The next whole frame, or None at a clean end of stream (between frames).
-    async fn next(&mut self, stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> Result<Option<std::ops::Range<usize>>, String> {
+    pub(crate) async fn next(&mut self, stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> Result<Option<std::ops::Range<usize>>, String> {
         loop {
             let available = self.end - self.start;
             let mut needed = 4;

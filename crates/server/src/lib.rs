@@ -15,6 +15,7 @@ mod fault;
 mod ops;
 mod plan;
 mod repl;
+pub mod router;
 mod retry;
 mod state;
 mod sysinfo;

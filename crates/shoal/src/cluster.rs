@@ -1,7 +1,7 @@
-//! `shoal cluster up|down|status`: a local replica set of any shape in one command. Member i
-//! listens on 127.0.0.(i+1) at one port, keeps its data in `<dir>/m<i>` and its log in
-//! `<dir>/m<i>.log`; `<dir>/cluster.pids` lists each member's process and host for `down`
-//! and `status`.
+//! `shoal cluster up|down|status`: a local replica set of any shape, or a sharded cluster
+//! (`--shards`), in one command. Member i of a set listens on 127.0.0.(i+1) at the set's port,
+//! keeps its data in `<dir>/<prefix><i>` and its log beside it; `<dir>/cluster.pids` lists
+//! each process (members and the router) with its host for `down` and `status`.
 
 use bench::scenario::chaining::{set_config, ChainingMode, VOTERS_MAX};
 use clap::{Args, Subcommand, ValueEnum};
@@ -58,7 +58,17 @@ pub struct UpArgs {
     /// Storage memory per member in GB (--wiredTigerCacheSizeGB).
     #[arg(long = "cacheSizeGB", default_value_t = 0.25)]
     cache_size_gb: f64,
+    /// A sharded cluster of this many shards (1 to 64) behind a router on --port, instead of
+    /// one replica set: the config servers listen on port+1, shard i on port+2+i.
+    #[arg(long)]
+    shards: Option<usize>,
+    /// Members of each shard's and the config servers' replica set, with --shards.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
 }
+
+/// Shards `cluster up --shards` starts at most (ports port+2 to port+65).
+const SHARDS_MAX: usize = 64;
 
 #[derive(Args)]
 pub struct DirArgs {
@@ -84,6 +94,28 @@ fn pids_file(dir: &Path) -> PathBuf {
 }
 
 async fn up(a: UpArgs) -> Result<(), String> {
+    if pids_file(&a.dir).exists() {
+        return Err(format!("a cluster is already up in {} (shoal cluster down --dir {})", a.dir.display(), a.dir.display()));
+    }
+    std::fs::create_dir_all(&a.dir).map_err(|e| format!("cannot create {}: {e}", a.dir.display()))?;
+    let result = match a.shards {
+        None => up_set(&a).await,
+        Some(n) => up_sharded(&a, n).await,
+    };
+    match result {
+        Ok(uri) => {
+            println!("{uri}");
+            Ok(())
+        }
+        Err(e) => {
+            let _ = down(&a.dir);
+            Err(e)
+        }
+    }
+}
+
+/// One replica set, as the arguments shape it; returns its connection string.
+async fn up_set(a: &UpArgs) -> Result<String, String> {
     let voters = a.voters.unwrap_or(a.members.min(VOTERS_MAX));
     if a.members == 0 || a.members > MEMBERS_MAX {
         return Err(format!("--members must be 1 to {MEMBERS_MAX}"));
@@ -94,66 +126,115 @@ async fn up(a: UpArgs) -> Result<(), String> {
     if a.hidden > a.members - voters {
         return Err("--hidden members come from the non-voters: at most members - voters".into());
     }
-    if pids_file(&a.dir).exists() {
-        return Err(format!("a cluster is already up in {} (shoal cluster down --dir {})", a.dir.display(), a.dir.display()));
-    }
-    std::fs::create_dir_all(&a.dir).map_err(|e| format!("cannot create {}: {e}", a.dir.display()))?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let hosts: Vec<String> = (0..a.members).map(|i| host(i, a.port)).collect();
-    let mut pids = Vec::new();
+    let chaining = match a.chaining {
+        ChainingArg::On => ChainingMode::On,
+        ChainingArg::Off => ChainingMode::Off,
+        ChainingArg::Auto => ChainingMode::Auto,
+    };
+    start_set(a, &a.repl_set, "m", &hosts).await?;
+    initiate(&a.repl_set, &hosts, set_config(&a.repl_set, &hosts, voters, a.hidden, chaining)).await?;
+    Ok(format!("mongodb://{}/?replicaSet={}", hosts.join(","), a.repl_set))
+}
+
+/// Config servers, `shards` shards and a router; returns the router's connection string.
+async fn up_sharded(a: &UpArgs, shards: usize) -> Result<String, String> {
+    if shards == 0 || shards > SHARDS_MAX {
+        return Err(format!("--shards must be 1 to {SHARDS_MAX}"));
+    }
+    if a.replicas == 0 || a.replicas > VOTERS_MAX {
+        return Err(format!("--replicas must be 1 to {VOTERS_MAX}"));
+    }
+    if a.port as usize + 2 + shards > u16::MAX as usize {
+        return Err("--port leaves no room for the shards' ports".into());
+    }
+    let set_hosts = |port: u16| (0..a.replicas).map(|i| host(i, port)).collect::<Vec<String>>();
+    let mut sets = vec![("cfg".to_string(), set_hosts(a.port + 1))];
+    for i in 0..shards {
+        sets.push((format!("shard{i}"), set_hosts(a.port + 2 + i as u16)));
+    }
+    for (name, hosts) in &sets {
+        start_set(a, name, &format!("{name}-m"), hosts).await?;
+    }
+    for (name, hosts) in &sets {
+        initiate(name, hosts, set_config(name, hosts, hosts.len(), 0, ChainingMode::On)).await?;
+    }
+    let router = host(0, a.port);
+    let configdb = format!("cfg/{}", sets[0].1.join(","));
+    let log = std::fs::File::create(a.dir.join("router.log")).map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.args(["router", "--configdb", &configdb, "--port", &a.port.to_string(), "--bind_ip", "127.0.0.1"]).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(log);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let child = cmd.spawn().map_err(|e| format!("cannot start the router: {e}"))?;
+    append_pid(&a.dir, child.id(), &router, "router")?;
+    wait_listening(&[router.clone()], &a.dir).await?;
+    let client = client(&router).await?;
+    for (name, hosts) in &sets[1..] {
+        client.database("admin").run_command(doc! {"addShard": format!("{name}/{}", hosts.join(","))}).await.map_err(|e| format!("addShard {name}: {e}"))?;
+    }
+    Ok(format!("mongodb://{router}/"))
+}
+
+/// Start a set's members (each on its own 127.0.0.x address), data in `<dir>/<prefix><i>`.
+async fn start_set(a: &UpArgs, set: &str, prefix: &str, hosts: &[String]) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     for (i, h) in hosts.iter().enumerate() {
-        let data = a.dir.join(format!("m{i}"));
+        let data = a.dir.join(format!("{prefix}{i}"));
         std::fs::create_dir_all(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
-        let log = std::fs::File::create(a.dir.join(format!("m{i}.log"))).map_err(|e| e.to_string())?;
-        let ip = h.rsplit_once(':').map(|(ip, _)| ip).unwrap_or("127.0.0.1");
+        let log = std::fs::File::create(a.dir.join(format!("{prefix}{i}.log"))).map_err(|e| e.to_string())?;
+        let (ip, port) = h.rsplit_once(':').unwrap_or(("127.0.0.1", "27017"));
         let mut cmd = std::process::Command::new(&exe);
-        cmd.args(["serve", "--bind_ip", ip, "--port", &a.port.to_string(), "--replSet", &a.repl_set, "--wiredTigerCacheSizeGB", &a.cache_size_gb.to_string(), "--dbpath"])
+        cmd.args(["serve", "--bind_ip", ip, "--port", port, "--replSet", set, "--wiredTigerCacheSizeGB", &a.cache_size_gb.to_string()])
+            .arg("--dbpath")
             .arg(&data)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log);
         // Its own process group: the members outlive this command and a Ctrl-C in its terminal.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let child = cmd.spawn().map_err(|e| format!("cannot start member {i}: {e}"))?;
-        pids.push(format!("{} {h}", child.id()));
+        let child = cmd.spawn().map_err(|e| format!("cannot start member {i} of {set}: {e}"))?;
+        append_pid(&a.dir, child.id(), h, "member")?;
     }
-    std::fs::write(pids_file(&a.dir), pids.join("\n")).map_err(|e| e.to_string())?;
-    let result = async {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        for h in &hosts {
-            while tokio::net::TcpStream::connect(h).await.is_err() {
-                if Instant::now() >= deadline {
-                    return Err(format!("member {h} did not start; see its log in {}", a.dir.display()));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-        let first = client(&hosts[0]).await?;
-        let cfg = set_config(&a.repl_set, &hosts, voters, a.hidden, match a.chaining {
-            ChainingArg::On => ChainingMode::On,
-            ChainingArg::Off => ChainingMode::Off,
-            ChainingArg::Auto => ChainingMode::Auto,
-        });
-        first.database("admin").run_command(doc! {"replSetInitiate": cfg}).await.map_err(|e| format!("replSetInitiate: {e}"))?;
-        loop {
-            let s = first.database("admin").run_command(doc! {"replSetGetStatus": 1}).await.map_err(|e| e.to_string())?;
-            let states = member_states(&s);
-            if states.iter().filter(|s| *s == "PRIMARY").count() == 1 && states.iter().all(|s| s == "PRIMARY" || s == "SECONDARY") {
-                return Ok(());
-            }
+    wait_listening(hosts, &a.dir).await
+}
+
+/// Record a started process in the pids file, for `down` and `status`.
+fn append_pid(dir: &Path, pid: u32, host: &str, role: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(pids_file(dir)).map_err(|e| e.to_string())?;
+    writeln!(f, "{pid} {host} {role}").map_err(|e| e.to_string())
+}
+
+async fn wait_listening(hosts: &[String], dir: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    for h in hosts {
+        while tokio::net::TcpStream::connect(h).await.is_err() {
             if Instant::now() >= deadline {
-                return Err(format!("the set did not settle within {READY_TIMEOUT:?}: {states:?}"));
+                return Err(format!("{h} did not start; see its log in {}", dir.display()));
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    .await;
-    if let Err(e) = result {
-        let _ = down(&a.dir);
-        return Err(e);
-    }
-    println!("mongodb://{}/?replicaSet={}", hosts.join(","), a.repl_set);
     Ok(())
+}
+
+/// replSetInitiate on the first member, then wait for one primary and the rest secondaries.
+async fn initiate(set: &str, hosts: &[String], cfg: Document) -> Result<(), String> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let first = client(&hosts[0]).await?;
+    first.database("admin").run_command(doc! {"replSetInitiate": cfg}).await.map_err(|e| format!("replSetInitiate of {set}: {e}"))?;
+    loop {
+        let s = first.database("admin").run_command(doc! {"replSetGetStatus": 1}).await.map_err(|e| e.to_string())?;
+        let states = member_states(&s);
+        if states.iter().filter(|s| *s == "PRIMARY").count() == 1 && states.iter().all(|s| s == "PRIMARY" || s == "SECONDARY") {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("{set} did not settle within {READY_TIMEOUT:?}: {states:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn client(host: &str) -> Result<mongodb::Client, String> {
@@ -164,10 +245,16 @@ fn member_states(status: &Document) -> Vec<String> {
     status.get_array("members").map(|m| m.iter().filter_map(|d| d.as_document()?.get_str("stateStr").ok().map(str::to_string)).collect()).unwrap_or_default()
 }
 
-/// (pid, host) of each member.
-fn read_pids(dir: &Path) -> Result<Vec<(i32, String)>, String> {
+/// (pid, host, role) of each process: "member" or "router".
+fn read_pids(dir: &Path) -> Result<Vec<(i32, String, String)>, String> {
     let text = std::fs::read_to_string(pids_file(dir)).map_err(|e| format!("no cluster in {}: {e}", dir.display()))?;
-    Ok(text.lines().filter_map(|l| l.trim().split_once(' ')).filter_map(|(p, h)| Some((p.parse().ok()?, h.to_string()))).collect())
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.parse().ok()?, f.next()?.to_string(), f.next().unwrap_or("member").to_string()))
+        })
+        .collect())
 }
 
 fn alive(pid: i32) -> bool {
@@ -176,7 +263,7 @@ fn alive(pid: i32) -> bool {
 }
 
 fn down(dir: &Path) -> Result<(), String> {
-    let pids: Vec<i32> = read_pids(dir)?.into_iter().map(|(p, _)| p).collect();
+    let pids: Vec<i32> = read_pids(dir)?.into_iter().map(|(p, _, _)| p).collect();
     for &p in &pids {
         // SAFETY: SIGTERM to a member this command started; it flushes and exits.
         unsafe {
@@ -194,14 +281,24 @@ fn down(dir: &Path) -> Result<(), String> {
         }
     }
     std::fs::remove_file(pids_file(dir)).map_err(|e| e.to_string())?;
-    println!("stopped {} members", pids.len());
+    println!("stopped {} processes", pids.len());
     Ok(())
 }
 
 async fn status(dir: &Path) -> Result<(), String> {
     // Ask the members in turn until one answers (any member knows the whole set).
     let mut last_error = String::from("no member answered");
-    for (pid, host) in read_pids(dir)? {
+    let procs = read_pids(dir)?;
+    if let Some((_, router, _)) = procs.iter().find(|(pid, _, role)| role == "router" && alive(*pid)) {
+        // A sharded cluster: its shards as the router lists them.
+        let shards = client(router).await?.database("admin").run_command(doc! {"listShards": 1}).await.map_err(|e| e.to_string())?;
+        println!("router {router}");
+        for s in shards.get_array("shards").into_iter().flatten().filter_map(Bson::as_document) {
+            println!("shard {:<12} {}", s.get_str("_id").unwrap_or("?"), s.get_str("host").unwrap_or("?"));
+        }
+        return Ok(());
+    }
+    for (pid, host, _) in procs {
         if !alive(pid) {
             continue;
         }

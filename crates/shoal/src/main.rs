@@ -23,9 +23,27 @@ enum Command {
     Serve(ServeArgs),
     /// Load generators: YCSB, bench02 insert, and scenarios with reports.
     Bench(bench::cli::BenchArgs),
-    /// A local replica set of any shape: up, down, status.
+    /// A local replica set of any shape, or a sharded cluster: up, down, status.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Route clients to a sharded cluster's shards (like mongos).
+    Router(RouterArgs),
+}
+
+#[derive(Args)]
+struct RouterArgs {
+    /// The config servers' replica set: <setName>/<host:port>[,<host:port>...].
+    #[arg(long = "configdb")]
+    configdb: String,
+    /// TCP port to listen on.
+    #[arg(long, default_value_t = 27017)]
+    port: u16,
+    /// Comma-separated addresses to listen on.
+    #[arg(long = "bind_ip", alias = "bind-ip", default_value = "127.0.0.1")]
+    bind_ip: String,
+    /// Maximum simultaneous client connections.
+    #[arg(long = "maxConns", default_value_t = 1_000_000)]
+    max_conns: usize,
 }
 
 #[derive(Args)]
@@ -178,6 +196,25 @@ fn main() {
             }
         }
         Command::Bench(a) => std::process::exit(bench::cli::run(a)),
+        Command::Router(a) => {
+            let config = server::router::RouterConfig {
+                port: a.port,
+                bind_ip: a.bind_ip.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+                config_db: a.configdb,
+                connections_max: a.max_conns,
+            };
+            let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("shoal: cannot start runtime: {e}");
+                    std::process::exit(1);
+                }
+            };
+            if let Err(e) = rt.block_on(server::router::serve(config)) {
+                eprintln!("shoal router: {}", e.message);
+                std::process::exit(1);
+            }
+        }
         Command::Cluster(c) => {
             if let Err(e) = cluster::run(c) {
                 eprintln!("shoal cluster: {e}");

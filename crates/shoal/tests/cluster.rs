@@ -37,7 +37,7 @@ async fn cluster_up_starts_a_set_that_drivers_use_and_down_stops_it() {
 
     let down = Command::new(binary_path()).args(["cluster", "down", "--dir", d]).output().unwrap();
     assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));
-    assert_eq!(String::from_utf8(down.stdout).unwrap().trim(), "stopped 3 members");
+    assert_eq!(String::from_utf8(down.stdout).unwrap().trim(), "stopped 3 processes");
     assert!(std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_err(), "the members are gone");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -104,7 +104,7 @@ fn enforce_capped(ctx: &Ctx, coll: &storage::Collection) -> Result<()> {
 }
 
 pub fn insert(ctx: &mut Ctx) -> Result<Document> {
-    check_fields("insert", ctx.cmd, &["documents", "ordered", "bypassDocumentValidation"])?;
+    check_fields("insert", ctx.cmd, &["documents", "ordered", "bypassDocumentValidation", "stmtIds"])?;
     let name = ctx.collection_name()?.to_string();
     let ordered = ctx.bool_arg("ordered")?.unwrap_or(true);
     let docs = ctx.array_arg("documents")?.ok_or_else(|| Error::location(40414, "BSON field 'insert.documents' is missing but a required field"))?;

@@ -69,7 +69,12 @@ pub fn ping(_ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn build_info(_ctx: &mut Ctx) -> Result<Document> {
-    Ok(doc! {
+    Ok(build_info_doc())
+}
+
+/// buildInfo's reply, which the router gives too.
+pub fn build_info_doc() -> Document {
+    doc! {
         "version": VERSION,
         "gitVersion": concat!("shoal-", env!("CARGO_PKG_VERSION")),
         "shoalVersion": env!("CARGO_PKG_VERSION"),
@@ -84,7 +89,7 @@ pub fn build_info(_ctx: &mut Ctx) -> Result<Document> {
         "debug": cfg!(debug_assertions),
         "maxBsonObjectSize": limits::BSON_OBJECT_SIZE_MAX_BYTES as i32,
         "storageEngines": ["fjall", "inMemory"],
-    })
+    }
 }
 
 /// Server parameters readable with getParameter. Values are the ones shoal actually uses.

@@ -4,8 +4,8 @@
 mod admin;
 mod crud;
 mod explain;
-mod aggregate;
-mod hello;
+pub(crate) mod aggregate;
+pub(crate) mod hello;
 mod repl;
 mod roles;
 pub mod users;

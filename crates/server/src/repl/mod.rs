@@ -13,7 +13,7 @@
 mod fetcher;
 mod initial_sync;
 mod member;
-mod peer;
+pub(crate) mod peer;
 pub(crate) mod shm;
 pub(crate) mod strict;
 

@@ -115,6 +115,31 @@ impl PeerConn {
         self.recv_raw(request, timeout).await
     }
 
+    /// Run `body` on `db`, its `sequence` (if any) sent as an OP_MSG document sequence, and
+    /// return the reply whatever its `ok`: the router passes shards' errors on with every
+    /// field they carry. Only network errors and timeouts are `Err` (and break the
+    /// connection).
+    pub async fn command_reply_raw(&mut self, db: &str, body: Document, sequence: Option<wire::DocumentSequence>, timeout: Duration) -> Result<RawDocumentBuf> {
+        if self.broken {
+            return Err(Error::new(Code::HostUnreachable, format!("connection to {} was broken by an earlier error", self.host)));
+        }
+        let mut body = body;
+        body.insert("$db", db);
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        let msg = wire::OpMsg { flags: 0, body, sequences: sequence.into_iter().collect() };
+        let r = match tokio::time::timeout(timeout, self.write_msg(id, &msg)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(Code::NetworkTimeout, format!("could not send to {} within {} ms", self.host, timeout.as_millis()))),
+        };
+        self.break_on_network_error(r)?;
+        let r = match tokio::time::timeout(timeout, self.read_reply(id)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(Code::NetworkTimeout, format!("no reply from {} within {} ms", self.host, timeout.as_millis()))),
+        };
+        self.break_on_network_error(r)
+    }
+
     /// Send a command without waiting for its reply, which `recv_raw` reads: the oplog
     /// fetcher applies a batch while its getMore for the next is out. Returns the request id.
     pub async fn send(&mut self, db: &str, body: Document, timeout: Duration) -> Result<i32> {
@@ -179,8 +204,12 @@ impl PeerConn {
     }
 
     async fn write_request(&mut self, id: i32, body: Document, flags: u32) -> Result<()> {
+        self.write_msg(id, &wire::OpMsg { flags, body, sequences: Vec::new() }).await
+    }
+
+    async fn write_msg(&mut self, id: i32, msg: &wire::OpMsg) -> Result<()> {
         crate::fault::before_send(&self.host).await?;
-        let frame = wire::try_encode_msg(id, 0, &wire::OpMsg { flags, body, sequences: Vec::new() }, None)?;
+        let frame = wire::try_encode_msg(id, 0, msg, None)?;
         let io = |e: std::io::Error| Error::new(Code::HostUnreachable, format!("connection to {} failed: {e}", self.host));
         self.stream.write_all(&frame).await.map_err(io)
     }

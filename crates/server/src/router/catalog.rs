@@ -1,0 +1,220 @@
+//! What the router knows of the cluster, read from the config servers' `config` database and
+//! cached: the shards (config.shards), each database's primary shard (config.databases), and
+//! each sharded collection's routing table (config.collections, config.chunks). Changes the
+//! router makes are written there with w:"majority" before they are used.
+
+use super::shards::{reply_result, ReplicaSet, COMMAND_TIMEOUT};
+use super::Router;
+use bson::{doc, Bson, Document};
+use common::{Code, Error, Result};
+use parking_lot::RwLock;
+use shard::{chunks::chunk_from_doc, RoutingTable, ShardKeyPattern};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long the router trusts that a collection is not sharded before it asks again.
+const UNSHARDED_TTL: Duration = Duration::from_secs(1);
+/// Documents a config read returns at most (a routing table's chunks are bounded apart).
+const CONFIG_READ_DOCS_MAX: usize = shard::chunks::CHUNKS_MAX;
+
+/// The config servers' id where a shard id is expected: the `admin` and `config` databases
+/// live there (mongos's "config" shard).
+pub const CONFIG_SHARD: &str = "config";
+
+pub struct ShardedColl {
+    pub ns: String,
+    pub table: RoutingTable,
+    pub uuid: Bson,
+    pub unique: bool,
+}
+
+#[derive(Clone)]
+enum CollEntry {
+    Sharded(Arc<ShardedColl>),
+    Unsharded(Instant),
+}
+
+pub struct Catalog {
+    pub config: Arc<ReplicaSet>,
+    shards: RwLock<BTreeMap<String, Arc<ReplicaSet>>>,
+    dbs: RwLock<HashMap<String, String>>,
+    colls: RwLock<HashMap<String, CollEntry>>,
+}
+
+impl Catalog {
+    pub fn new(config: ReplicaSet) -> Catalog {
+        Catalog { config: Arc::new(config), shards: Default::default(), dbs: Default::default(), colls: Default::default() }
+    }
+}
+
+impl Router {
+    /// Run a command on the config servers' primary, in the `config` database unless the
+    /// body says otherwise; a reply with ok:0 is an `Err`.
+    pub async fn config_command(&self, db: &str, body: Document) -> Result<Document> {
+        let (_, reply) = self.pool.run(&self.catalog.config, db, body, None, COMMAND_TIMEOUT).await?;
+        reply_result(reply)
+    }
+
+    /// Every document of `config.<coll>` matching `filter`, in `sort` order.
+    pub async fn config_find(&self, coll: &str, filter: Document, sort: Document) -> Result<Vec<Document>> {
+        let (host, reply) = self.pool.run(&self.catalog.config, "config", doc! {"find": coll, "filter": filter, "sort": sort, "batchSize": 10_000}, None, COMMAND_TIMEOUT).await?;
+        let reply = reply_result(reply)?;
+        let (mut id, mut docs) = cursor_docs(&reply, "firstBatch")?;
+        while id != 0 {
+            if docs.len() > CONFIG_READ_DOCS_MAX {
+                let _ = self.pool.run_on_host(&host, "config", doc! {"killCursors": coll, "cursors": [id]}, None, COMMAND_TIMEOUT).await;
+                return Err(Error::internal(format!("config.{coll} holds more than {CONFIG_READ_DOCS_MAX} matching documents")));
+            }
+            let reply = reply_result(self.pool.run_on_host(&host, "config", doc! {"getMore": id, "collection": coll, "batchSize": 10_000}, None, COMMAND_TIMEOUT).await?)?;
+            let (next, more) = cursor_docs(&reply, "nextBatch")?;
+            id = next;
+            docs.extend(more);
+        }
+        Ok(docs)
+    }
+
+    /// Write to the config database with w:"majority".
+    pub async fn config_write(&self, mut body: Document) -> Result<Document> {
+        body.insert("writeConcern", doc! {"w": "majority", "wtimeout": 60_000});
+        let reply = self.config_command("config", body).await?;
+        if let Ok(errors) = reply.get_array("writeErrors") {
+            if let Some(Bson::Document(e)) = errors.first() {
+                let code = e.get_i32("code").unwrap_or(Code::UnknownError.0);
+                return Err(Error::remote(code, e.get_str("codeName").unwrap_or("UnknownError"), e.get_str("errmsg").unwrap_or("").to_string()));
+            }
+        }
+        if let Ok(e) = reply.get_document("writeConcernError") {
+            return Err(Error::remote(e.get_i32("code").unwrap_or(64), e.get_str("codeName").unwrap_or("WriteConcernFailed"), e.get_str("errmsg").unwrap_or("").to_string()));
+        }
+        Ok(reply)
+    }
+
+    /// config.shards, read again (and the cache with it).
+    pub async fn reload_shards(&self) -> Result<Vec<Document>> {
+        let docs = self.config_find("shards", doc! {}, doc! {"_id": 1}).await?;
+        let mut map = BTreeMap::new();
+        for d in &docs {
+            let (Ok(id), Ok(host)) = (d.get_str("_id"), d.get_str("host")) else { continue };
+            let existing = self.catalog.shards.read().get(id).filter(|s| s.conn_string == host).cloned();
+            map.insert(id.to_string(), match existing {
+                Some(s) => s,
+                None => Arc::new(ReplicaSet::parse(host)?),
+            });
+        }
+        *self.catalog.shards.write() = map;
+        Ok(docs)
+    }
+
+    /// Every shard's id, in order.
+    pub async fn shard_ids(&self) -> Result<Vec<String>> {
+        if self.catalog.shards.read().is_empty() {
+            self.reload_shards().await?;
+        }
+        Ok(self.catalog.shards.read().keys().cloned().collect())
+    }
+
+    pub async fn shard(&self, id: &str) -> Result<Arc<ReplicaSet>> {
+        if id == CONFIG_SHARD {
+            return Ok(self.catalog.config.clone());
+        }
+        if let Some(s) = self.catalog.shards.read().get(id) {
+            return Ok(s.clone());
+        }
+        self.reload_shards().await?;
+        self.catalog.shards.read().get(id).cloned().ok_or_else(|| Error::new(Code::ShardNotFound, format!("Shard {id} not found")))
+    }
+
+    /// The database's primary shard; with `create`, a database not yet known gets the shard
+    /// that is primary for the fewest databases (as mongos gives it the least loaded one).
+    pub async fn db_primary(&self, db: &str, create: bool) -> Result<Option<String>> {
+        if matches!(db, "admin" | "config") {
+            return Ok(Some(CONFIG_SHARD.to_string()));
+        }
+        if let Some(p) = self.catalog.dbs.read().get(db) {
+            return Ok(Some(p.clone()));
+        }
+        let found = self.config_find("databases", doc! {"_id": db}, doc! {}).await?;
+        if let Some(p) = found.first().and_then(|d| d.get_str("primary").ok()) {
+            self.catalog.dbs.write().insert(db.to_string(), p.to_string());
+            return Ok(Some(p.to_string()));
+        }
+        if !create {
+            return Ok(None);
+        }
+        let shards = self.shard_ids().await?;
+        if shards.is_empty() {
+            return Err(Error::new(Code::ShardNotFound, "Database could not be created because the cluster has no shards (addShard first)"));
+        }
+        let all = self.config_find("databases", doc! {}, doc! {}).await?;
+        let primary = shards.iter().min_by_key(|s| all.iter().filter(|d| d.get_str("primary").ok() == Some(s.as_str())).count()).cloned().unwrap_or_default();
+        self.create_database(db, &primary).await
+    }
+
+    /// Record the database with `primary`; if another router recorded it first, theirs wins.
+    pub async fn create_database(&self, db: &str, primary: &str) -> Result<Option<String>> {
+        let entry = doc! {"_id": db, "primary": primary, "partitioned": false, "version": {"uuid": bson::Uuid::new(), "timestamp": now_timestamp(), "lastMod": 1}};
+        match self.config_write(doc! {"insert": "databases", "documents": [entry]}).await {
+            Ok(_) => {}
+            Err(e) if e.code == Code::DuplicateKey.0 => {}
+            Err(e) => return Err(e),
+        }
+        self.catalog.dbs.write().remove(db);
+        Box::pin(self.db_primary(db, false)).await
+    }
+
+    pub fn forget_database(&self, db: &str) {
+        self.catalog.dbs.write().remove(db);
+        let prefix = format!("{db}.");
+        self.catalog.colls.write().retain(|ns, _| !ns.starts_with(&prefix));
+    }
+
+    /// The collection's routing table if it is sharded.
+    pub async fn sharded(&self, ns: &str) -> Result<Option<Arc<ShardedColl>>> {
+        match self.catalog.colls.read().get(ns) {
+            Some(CollEntry::Sharded(c)) => return Ok(Some(c.clone())),
+            Some(CollEntry::Unsharded(at)) if at.elapsed() < UNSHARDED_TTL => return Ok(None),
+            _ => {}
+        }
+        let coll = self.load_collection(ns).await?;
+        let entry = match &coll {
+            Some(c) => CollEntry::Sharded(c.clone()),
+            None => CollEntry::Unsharded(Instant::now()),
+        };
+        self.catalog.colls.write().insert(ns.to_string(), entry);
+        Ok(coll)
+    }
+
+    pub fn forget_collection(&self, ns: &str) {
+        self.catalog.colls.write().remove(ns);
+    }
+
+    async fn load_collection(&self, ns: &str) -> Result<Option<Arc<ShardedColl>>> {
+        let found = self.config_find("collections", doc! {"_id": ns}, doc! {}).await?;
+        let Some(entry) = found.into_iter().next() else { return Ok(None) };
+        if entry.get_bool("dropped").unwrap_or(false) {
+            return Ok(None);
+        }
+        let key = ShardKeyPattern::parse(entry.get_document("key").map_err(|_| Error::internal(format!("config.collections entry of {ns} has no key")))?)?;
+        let uuid = entry.get("uuid").cloned().unwrap_or(Bson::Null);
+        let docs = self.config_find("chunks", doc! {"uuid": uuid.clone()}, doc! {"min": 1}).await?;
+        let chunks = docs.iter().map(|d| chunk_from_doc(&key, d)).collect::<Result<Vec<_>>>()?;
+        let table = RoutingTable::new(key, chunks)?;
+        Ok(Some(Arc::new(ShardedColl { ns: ns.to_string(), table, uuid, unique: entry.get_bool("unique").unwrap_or(false) })))
+    }
+}
+
+/// A cursor reply's id and batch.
+pub fn cursor_docs(reply: &Document, key: &str) -> Result<(i64, Vec<Document>)> {
+    let bad = || Error::new(Code::ProtocolError, format!("malformed cursor reply: {reply}"));
+    let c = reply.get_document("cursor").map_err(|_| bad())?;
+    let id = c.get_i64("id").map_err(|_| bad())?;
+    let docs = c.get_array(key).map_err(|_| bad())?.iter().filter_map(|d| d.as_document().cloned()).collect();
+    Ok((id, docs))
+}
+
+/// The wall clock as a Timestamp (config documents' `timestamp` and `topologyTime`).
+pub fn now_timestamp() -> bson::Timestamp {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    bson::Timestamp { time: secs as u32, increment: 1 }
+}

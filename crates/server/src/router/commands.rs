@@ -1,0 +1,1044 @@
+//! The router's commands. Each either answers from what the router knows (hello, the
+//! cluster's metadata), changes the metadata on the config servers (addShard,
+//! shardCollection...), or sends the operation to the shards it targets and merges their
+//! replies. A command the router does not route answers CommandNotFound, as mongos does for
+//! commands it lacks.
+
+use super::catalog::{cursor_docs, now_timestamp, ShardedColl};
+use super::cursor::{RouterCursor, Stream};
+use super::shards::{reply_result, ReplicaSet, COMMAND_TIMEOUT, CONNECT_TIMEOUT};
+use super::{Router, RouterConn};
+use crate::commands::hello::{build_info_doc, LOGICAL_SESSION_TIMEOUT_MINUTES, MAX_WIRE_VERSION};
+use crate::dispatch::{self, Request};
+use bson::{doc, Bson, DateTime, Document};
+use common::{limits, Code, Error, Result};
+use shard::chunks::{initial_chunks, INITIAL_CHUNKS_PER_SHARD, INITIAL_CHUNKS_PER_SHARD_MAX};
+use shard::{shards_for_filter, ShardKeyPattern};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// First batch of a find or aggregate when the client names none (mongod's 101).
+const FIRST_BATCH_DOCS_DEFAULT: usize = 101;
+/// Longest wait of an awaitable hello.
+const AWAIT_TIME_MS_MAX: i64 = 60_000;
+/// Documents a sharded aggregate's merging stages may take in, in bytes (mongod's 100 MiB
+/// per blocking stage).
+const MERGE_INPUT_BYTES_MAX: usize = crate::commands::aggregate::AGG_MEMORY_BYTES_MAX;
+
+pub async fn run(router: &Arc<Router>, conn: &mut RouterConn, req: Request) -> Document {
+    match route(router, conn, &req).await {
+        Ok(mut reply) => {
+            if !reply.contains_key("ok") {
+                reply.insert("ok", 1.0);
+            }
+            reply
+        }
+        Err(e) => dispatch::error_reply(&e),
+    }
+}
+
+async fn route(router: &Arc<Router>, conn: &mut RouterConn, req: &Request) -> Result<Document> {
+    match req.name.as_str() {
+        "hello" | "isMaster" | "ismaster" => hello(router, conn, req).await,
+        "ping" => Ok(Document::new()),
+        "buildInfo" | "buildinfo" => Ok(build_info_doc()),
+        "isdbgrid" => Ok(doc! {"isdbgrid": 1, "hostname": crate::sysinfo::hostname()}),
+        "whatsmyuri" => Ok(doc! {"you": conn.remote.to_string()}),
+        "endSessions" => end_sessions(router, req).await,
+        "addShard" | "addshard" => admin_only(req).and(add_shard(router, req).await),
+        "listShards" | "listshards" => admin_only(req).and(list_shards(router).await),
+        "enableSharding" | "enablesharding" => admin_only(req).and(enable_sharding(router, req).await),
+        "shardCollection" | "shardcollection" => admin_only(req).and(shard_collection(router, req).await),
+        "insert" => insert(router, req).await,
+        "update" => update(router, req).await,
+        "delete" => delete(router, req).await,
+        "find" => find(router, req).await,
+        "getMore" => get_more(router, req).await,
+        "killCursors" => kill_cursors(router, req).await,
+        "count" => count(router, req).await,
+        "distinct" => distinct(router, req).await,
+        "aggregate" => aggregate(router, req).await,
+        "listDatabases" => list_databases(router, req).await,
+        "listCollections" | "listIndexes" | "create" | "collMod" => forward_to_primary(router, req).await,
+        "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" => forward_to_owners(router, req).await,
+        "dropDatabase" => drop_database(router, req).await,
+        other => Err(Error::new(Code::CommandNotFound, format!("no such command: '{other}'"))),
+    }
+}
+
+fn admin_only(req: &Request) -> Result<()> {
+    if req.db == "admin" {
+        Ok(())
+    } else {
+        Err(Error::new(Code::Unauthorized, format!("{} may only be run against the admin database.", req.name)))
+    }
+}
+
+/// The command's first field as a collection name.
+fn collection_of(req: &Request) -> Result<String> {
+    match req.body.get(&req.name) {
+        Some(Bson::String(s)) if !s.is_empty() => Ok(s.clone()),
+        _ => Err(Error::new(Code::InvalidNamespace, format!("Invalid namespace specified '{}.'", req.db))),
+    }
+}
+
+/// The body sent on to a shard: the client's, without `$db` (the connection adds it).
+fn forwarded(req: &Request) -> Document {
+    let mut body = (*req.body).clone();
+    body.remove("$db");
+    body
+}
+
+fn timeout_of(req: &Request) -> Duration {
+    match req.body.get("maxTimeMS").and_then(crate::commands::as_i64) {
+        // The shard enforces maxTimeMS; the router waits a little longer for its answer.
+        Some(ms) if ms > 0 => Duration::from_millis(ms as u64) + Duration::from_secs(5),
+        _ => COMMAND_TIMEOUT,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Handshake
+
+async fn hello(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<Document> {
+    let cmd = &req.body;
+    if cmd.contains_key("client") {
+        if conn.client_metadata_seen {
+            return Err(Error::new(Code::ClientMetadataCannotBeMutated, "The client metadata document may only be sent in the first hello"));
+        }
+        conn.client_metadata_seen = true;
+    }
+    // An awaitable hello (a driver's streaming monitor) waits: a router's topology does not
+    // change, so the whole maxAwaitTimeMS, unless the client saw another process.
+    let max_await = cmd.get("maxAwaitTimeMS").and_then(crate::commands::as_i64);
+    let seen_us = cmd.get_document("topologyVersion").ok().and_then(|t| t.get_object_id("processId").ok()) == Some(router.process_id);
+    if let (Some(ms), true) = (max_await, seen_us) {
+        tokio::time::sleep(Duration::from_millis(ms.clamp(0, AWAIT_TIME_MS_MAX) as u64)).await;
+    }
+    let mut r = Document::new();
+    if cmd.get_bool("helloOk").unwrap_or(false) {
+        r.insert("helloOk", true);
+    }
+    r.insert(if req.name == "hello" { "isWritablePrimary" } else { "ismaster" }, true);
+    r.insert("msg", "isdbgrid");
+    r.insert("topologyVersion", doc! {"processId": router.process_id, "counter": 0i64});
+    r.insert("maxBsonObjectSize", limits::BSON_OBJECT_SIZE_MAX_BYTES as i32);
+    r.insert("maxMessageSizeBytes", limits::MESSAGE_SIZE_MAX_BYTES as i32);
+    r.insert("maxWriteBatchSize", limits::WRITE_BATCH_SIZE_MAX as i32);
+    r.insert("localTime", DateTime::now());
+    r.insert("logicalSessionTimeoutMinutes", LOGICAL_SESSION_TIMEOUT_MINUTES);
+    r.insert("connectionId", conn.id as i64);
+    r.insert("minWireVersion", 0);
+    r.insert("maxWireVersion", MAX_WIRE_VERSION);
+    r.insert("readOnly", false);
+    if cmd.contains_key("compression") {
+        // The router offers no compressor: replies go uncompressed.
+        r.insert("compression", Bson::Array(Vec::new()));
+    }
+    Ok(r)
+}
+
+/// Sessions live on the shards (their retryable-write records): each ends them there.
+async fn end_sessions(router: &Router, req: &Request) -> Result<Document> {
+    let body = forwarded(req);
+    let mut errors = Vec::new();
+    for id in router.shard_ids().await? {
+        let set = router.shard(&id).await?;
+        if let Err(e) = router.pool.run(&set, "admin", body.clone(), None, COMMAND_TIMEOUT).await.and_then(|(_, r)| reply_result(r)) {
+            errors.push(e);
+        }
+    }
+    match errors.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(Document::new()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Cluster metadata
+
+async fn add_shard(router: &Router, req: &Request) -> Result<Document> {
+    let conn_string = req.body.get_str(&req.name).map_err(|_| Error::type_mismatch("addShard takes a replica set connection string"))?;
+    let set = ReplicaSet::parse(conn_string)?;
+    if set.set_name == router.catalog.config.set_name {
+        return Err(Error::new(Code::OperationFailed, format!("can't add the config server replica set {} as a shard", set.set_name)));
+    }
+    // Reaching its primary proves the set is up and named as given.
+    let primary = router.pool.primary(&set).await.map_err(|e| Error::new(Code::OperationFailed, format!("failed to add shard {conn_string}: {}", e.message)))?;
+    let name = match req.body.get("name") {
+        None => set.set_name.clone(),
+        Some(Bson::String(n)) if !n.is_empty() => n.clone(),
+        Some(_) => return Err(Error::bad_value("addShard's name must be a non-empty string")),
+    };
+    if name == super::catalog::CONFIG_SHARD {
+        return Err(Error::bad_value(format!("the shard name '{name}' is reserved for the config servers")));
+    }
+    let shards = router.reload_shards().await?;
+    for s in &shards {
+        let (id, host) = (s.get_str("_id").unwrap_or(""), s.get_str("host").unwrap_or(""));
+        let same_set = ReplicaSet::parse(host).is_ok_and(|h| h.set_name == set.set_name);
+        if id == name && host == conn_string {
+            return Ok(doc! {"shardAdded": name});
+        }
+        if id == name || same_set {
+            return Err(Error::new(Code::OperationFailed, format!("A shard named {id} or of replica set {} already exists ({host})", set.set_name)));
+        }
+    }
+    // The shard's databases join the cluster with it as their primary, unless the cluster
+    // has one of that name already.
+    let listed = reply_result(router.pool.run_on_host(&primary, "admin", doc! {"listDatabases": 1, "nameOnly": true}, None, CONNECT_TIMEOUT).await?)?;
+    let dbs: Vec<String> = listed.get_array("databases").map(|a| a.iter().filter_map(|d| d.as_document()?.get_str("name").ok().map(str::to_string)).collect()).unwrap_or_default();
+    let dbs: Vec<String> = dbs.into_iter().filter(|d| !matches!(d.as_str(), "admin" | "local" | "config")).collect();
+    for db in &dbs {
+        if router.db_primary(db, false).await?.is_some() {
+            return Err(Error::new(Code::OperationFailed, format!("can't add shard '{conn_string}' because a local database '{db}' exists in another shard")));
+        }
+    }
+    router.config_write(doc! {"insert": "shards", "documents": [{"_id": &name, "host": conn_string, "state": 1, "topologyTime": now_timestamp()}]}).await?;
+    router.reload_shards().await?;
+    for db in &dbs {
+        router.create_database(db, &name).await?;
+    }
+    tracing::info!(shard = %name, host = conn_string, "added shard");
+    Ok(doc! {"shardAdded": name})
+}
+
+async fn list_shards(router: &Router) -> Result<Document> {
+    let shards = router.reload_shards().await?;
+    Ok(doc! {"shards": shards})
+}
+
+async fn enable_sharding(router: &Router, req: &Request) -> Result<Document> {
+    let db = req.body.get_str(&req.name).map_err(|_| Error::type_mismatch("enableSharding takes a database name"))?;
+    if db.is_empty() || matches!(db, "admin" | "local" | "config") || db.contains(['.', '/', '\\', ' ', '"', '$']) {
+        return Err(Error::new(Code::InvalidNamespace, format!("invalid database name: '{db}'")));
+    }
+    match req.body.get_str("primaryShard") {
+        Ok(p) => {
+            router.shard(p).await?;
+            let got = router.create_database(db, p).await?;
+            if got.as_deref() != Some(p) {
+                return Err(Error::new(Code::NamespaceExists, format!("database {db} already exists with primary shard {}", got.unwrap_or_default())));
+            }
+        }
+        Err(_) => {
+            router.db_primary(db, true).await?;
+        }
+    }
+    Ok(Document::new())
+}
+
+/// The index name mongod gives a key pattern: `customerId_hashed`, `a_1_b_1`.
+fn index_name(key: &Document) -> String {
+    key.iter().map(|(k, v)| match v {
+        Bson::String(s) => format!("{k}_{s}"),
+        v => format!("{k}_{}", crate::commands::as_i64(v).unwrap_or(1)),
+    }).collect::<Vec<_>>().join("_")
+}
+
+async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
+    let cmd = &req.body;
+    crate::commands::check_fields(&req.name, cmd, &["key", "unique", "numInitialChunks", "presplitHashedZones", "collation", "implicitlyCreateIndex", "enforceUniquenessCheck"])?;
+    let ns = cmd.get_str(&req.name).map_err(|_| Error::type_mismatch("shardCollection takes a namespace string"))?.to_string();
+    let Some((db, coll)) = ns.split_once('.').filter(|(d, c)| !d.is_empty() && !c.is_empty()) else {
+        return Err(Error::new(Code::InvalidNamespace, format!("Invalid namespace {ns}")));
+    };
+    if matches!(db, "admin" | "local" | "config") || coll.starts_with("system.") {
+        return Err(Error::new(Code::IllegalOperation, format!("can't shard {ns}")));
+    }
+    let key_doc = cmd.get_document("key").map_err(|_| Error::new(Code::FailedToParse, "shardCollection needs a key document"))?;
+    let key = ShardKeyPattern::parse(key_doc)?;
+    let unique = cmd.get_bool("unique").unwrap_or(false);
+    if unique && key.hashed_field().is_some() {
+        return Err(Error::new(Code::InvalidOptions, "hashed shard keys cannot be declared unique. It's possible to ensure uniqueness on the hashed field by declaring an additional (non-hashed) unique index on the field."));
+    }
+    if let Ok(c) = cmd.get_document("collation") {
+        if c.get_str("locale").ok() != Some("simple") {
+            return Err(Error::bad_value("The collation for shardCollection must be {locale: 'simple'}, which shoal uses for every collection"));
+        }
+    }
+    if cmd.get_bool("presplitHashedZones").unwrap_or(false) {
+        return Err(Error::new(Code::InvalidOptions, "presplitHashedZones needs zones, which shoal's router does not have yet"));
+    }
+    let shard_ids = router.shard_ids().await?;
+    let per_shard = match cmd.get("numInitialChunks").and_then(crate::commands::as_i64) {
+        None | Some(0) => INITIAL_CHUNKS_PER_SHARD,
+        Some(n) if n > 0 && (n as u64) <= INITIAL_CHUNKS_PER_SHARD_MAX * shard_ids.len().max(1) as u64 => (n as u64).div_ceil(shard_ids.len().max(1) as u64),
+        Some(_) => return Err(Error::new(Code::InvalidOptions, format!("numInitialChunks must be 1 to {} per shard", INITIAL_CHUNKS_PER_SHARD_MAX))),
+    };
+    let primary = router.db_primary(db, true).await?.ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("database {db} not found")))?;
+    if let Some(existing) = router.sharded(&ns).await? {
+        if existing.table.key.to_doc() == key.to_doc() {
+            return Ok(doc! {"collectionsharded": &ns});
+        }
+        return Err(Error::new(Code::AlreadyInitialized, format!("sharding already enabled for collection {ns} with key {}", existing.table.key.to_doc())));
+    }
+    let primary_set = router.shard(&primary).await?;
+    let on_primary = |body: Document| async { router.pool.run(&primary_set, db, body, None, COMMAND_TIMEOUT).await.and_then(|(_, r)| reply_result(r)) };
+    let count = on_primary(doc! {"count": coll}).await?.get("n").and_then(crate::commands::as_i64).unwrap_or(0);
+    let index = doc! {"key": key.to_doc().clone(), "name": index_name(key.to_doc()), "unique": unique};
+    let chunks = if count == 0 {
+        let chunks = initial_chunks(&key, &shard_ids, &primary, per_shard);
+        // The collection and its shard-key index on every shard that gets a chunk.
+        let owners: BTreeSet<&str> = chunks.iter().map(|c| c.shard.as_str()).chain([primary.as_str()]).collect();
+        for owner in owners {
+            let set = router.shard(owner).await?;
+            reply_result(router.pool.run(&set, db, doc! {"createIndexes": coll, "indexes": [index.clone()]}, None, COMMAND_TIMEOUT).await?.1)?;
+        }
+        chunks
+    } else {
+        // A populated collection keeps its documents on the primary in one chunk; the index
+        // that serves the key must be there already, as mongod requires.
+        let indexes = on_primary(doc! {"listIndexes": coll}).await?;
+        let (_, specs) = cursor_docs(&indexes, "firstBatch")?;
+        let prefix: Vec<(&String, &Bson)> = key.to_doc().iter().collect();
+        let served = specs.iter().any(|s| s.get_document("key").is_ok_and(|k| k.iter().take(prefix.len()).eq(prefix.iter().copied())));
+        if !served {
+            return Err(Error::new(Code::InvalidOptions, "Please create an index that starts with the proposed shard key before sharding the collection."));
+        }
+        initial_chunks(&key, &[], &primary, 1)
+    };
+    let listed = on_primary(doc! {"listCollections": 1, "filter": {"name": coll}}).await?;
+    let (_, infos) = cursor_docs(&listed, "firstBatch")?;
+    let uuid = infos.first().and_then(|i| i.get_document("info").ok()).and_then(|i| i.get("uuid")).cloned().unwrap_or(Bson::Null);
+    let now = now_timestamp();
+    let chunk_docs: Vec<Document> = chunks
+        .iter()
+        .map(|c| {
+            doc! {
+                "_id": bson::oid::ObjectId::new(), "uuid": uuid.clone(), "min": key.key_doc(&c.min), "max": key.key_doc(&c.max), "shard": &c.shard,
+                "lastmod": c.lastmod.to_timestamp(), "onCurrentShardSince": now, "history": [{"validAfter": now, "shard": &c.shard}],
+            }
+        })
+        .collect();
+    // Chunks first, then the entry that makes routers use them.
+    for part in chunk_docs.chunks(1000) {
+        router.config_write(doc! {"insert": "chunks", "documents": part.to_vec()}).await?;
+    }
+    router
+        .config_write(doc! {"insert": "collections", "documents": [{
+            "_id": &ns, "lastmodEpoch": bson::oid::ObjectId::new(), "lastmod": DateTime::now(), "timestamp": now, "uuid": uuid,
+            "key": key.to_doc().clone(), "unique": unique, "noBalance": false,
+        }]})
+        .await?;
+    router.forget_collection(&ns);
+    tracing::info!(%ns, key = %key.to_doc(), chunks = chunks.len(), "sharded collection");
+    Ok(doc! {"collectionsharded": ns})
+}
+
+// ---------------------------------------------------------------------------------------
+// Writes
+
+/// One statement of a write command and where it goes.
+struct Stmt {
+    /// Its position in the client's command.
+    index: usize,
+    body: Bson,
+    shards: Vec<String>,
+    /// Refused by the router before any shard saw it.
+    error: Option<Error>,
+}
+
+/// The statements' array field of a write command ("documents", "updates", "deletes").
+fn statements<'a>(req: &'a Request, field: &str) -> Result<&'a Vec<Bson>> {
+    match req.body.get(field) {
+        Some(Bson::Array(a)) => Ok(a),
+        _ => Err(Error::location(40414, format!("BSON field '{}.{field}' is missing but a required field", req.name))),
+    }
+}
+
+async fn insert(router: &Router, req: &Request) -> Result<Document> {
+    let coll = collection_of(req)?;
+    let ns = format!("{}.{coll}", req.db);
+    let primary = router.db_primary(&req.db, true).await?.ok_or_else(|| Error::internal("no primary shard"))?;
+    let Some(sc) = router.sharded(&ns).await? else { return forward_write(router, req, &primary).await };
+    let docs = statements(req, "documents")?;
+    let mut stmts = Vec::with_capacity(docs.len());
+    for (index, d) in docs.iter().enumerate() {
+        let Bson::Document(d) = d else {
+            return Err(Error::type_mismatch("BSON field 'insert.documents' must hold documents"));
+        };
+        // The _id first, as mongod would give it, so every shard stores the same document.
+        let d = if d.contains_key("_id") {
+            d.clone()
+        } else {
+            let mut with_id = doc! {"_id": bson::oid::ObjectId::new()};
+            with_id.extend(d.clone());
+            with_id
+        };
+        let (shards, error) = match sc.table.key.key_of_doc(&d) {
+            Ok(k) => (vec![sc.table.chunk_for(&k).shard.clone()], None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        stmts.push(Stmt { index, body: Bson::Document(d), shards, error });
+    }
+    split_write(router, req, "documents", stmts).await
+}
+
+/// Whether `filter` fixes `_id` to one value (a single update or delete may then go to every
+/// shard: at most one holds it).
+fn fixes_id(filter: &Document) -> bool {
+    match filter.get("_id") {
+        Some(Bson::Document(d)) if d.keys().next().is_some_and(|k| k.starts_with('$')) => d.len() == 1 && d.contains_key("$eq"),
+        Some(Bson::Array(_) | Bson::RegularExpression(_)) | None => false,
+        Some(_) => true,
+    }
+}
+
+/// Whether an update's modifier names a shard-key field (itself, a parent or a child).
+fn modifies_key(u: &Document, key: &ShardKeyPattern) -> Option<String> {
+    for (op, fields) in u {
+        let Bson::Document(fields) = fields else { continue };
+        if !op.starts_with('$') {
+            continue;
+        }
+        for path in fields.keys() {
+            for k in key.field_names() {
+                let related = path == k || k.starts_with(&format!("{path}.")) || path.starts_with(&format!("{k}."));
+                if related {
+                    return Some(path.clone());
+                }
+            }
+        }
+    }
+    None
+}
+
+fn update_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
+    let filter = stmt.get_document("q").cloned().unwrap_or_default();
+    let multi = stmt.get_bool("multi").unwrap_or(false);
+    let upsert = stmt.get_bool("upsert").unwrap_or(false);
+    let targets: Vec<String> = shards_for_filter(&sc.table, &filter).into_iter().collect();
+    let moved = || Error::new(Code::ImmutableField, "this update would change a document's shard key; shoal's router does not move documents between shards yet");
+    match stmt.get("u") {
+        Some(Bson::Document(u)) if u.keys().next().is_some_and(|k| k.starts_with('$')) => {
+            if let Some(path) = modifies_key(u, &sc.table.key) {
+                return Err(Error::new(Code::ImmutableField, format!("Performing an update on the path '{path}' would modify the shard key; shoal's router does not move documents between shards yet")));
+            }
+        }
+        Some(Bson::Document(replacement)) => {
+            // A replacement keeps the document where it is only if its key is the filter's.
+            let key = sc.table.key.key_of_doc(replacement)?;
+            if targets.len() != 1 || sc.table.chunk_for(&key).shard != targets[0] {
+                return Err(if targets.len() == 1 { moved() } else { Error::new(Code::ShardKeyNotFound, "A replacement update on a sharded collection must fix the full shard key in its filter") });
+            }
+        }
+        Some(Bson::Array(_)) if targets.len() != 1 => {
+            return Err(Error::new(Code::ShardKeyNotFound, "A pipeline update on a sharded collection must fix the full shard key in its filter"));
+        }
+        _ => {}
+    }
+    if upsert && targets.len() != 1 {
+        return Err(Error::new(Code::ShardKeyNotFound, format!("Failed to target upsert by query :: could not extract exact shard key from {filter}")));
+    }
+    if !multi && targets.len() > 1 && !fixes_id(&filter) {
+        return Err(Error::new(
+            Code::ShardKeyNotFound,
+            "A {multi:false} update on a sharded collection must contain an exact match on _id (and have the collection default collation) or contain the shard key (and have the simple collation).",
+        ));
+    }
+    Ok(targets)
+}
+
+async fn update(router: &Router, req: &Request) -> Result<Document> {
+    let coll = collection_of(req)?;
+    let ns = format!("{}.{coll}", req.db);
+    let primary = router.db_primary(&req.db, true).await?.ok_or_else(|| Error::internal("no primary shard"))?;
+    let Some(sc) = router.sharded(&ns).await? else { return forward_write(router, req, &primary).await };
+    let mut stmts = Vec::new();
+    for (index, s) in statements(req, "updates")?.iter().enumerate() {
+        let Bson::Document(d) = s else { return Err(Error::type_mismatch("BSON field 'update.updates' must hold documents")) };
+        let (shards, error) = match update_targets(&sc, d) {
+            Ok(s) => (s, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        stmts.push(Stmt { index, body: s.clone(), shards, error });
+    }
+    split_write(router, req, "updates", stmts).await
+}
+
+async fn delete(router: &Router, req: &Request) -> Result<Document> {
+    let coll = collection_of(req)?;
+    let ns = format!("{}.{coll}", req.db);
+    let primary = router.db_primary(&req.db, true).await?.ok_or_else(|| Error::internal("no primary shard"))?;
+    let Some(sc) = router.sharded(&ns).await? else { return forward_write(router, req, &primary).await };
+    let mut stmts = Vec::new();
+    for (index, s) in statements(req, "deletes")?.iter().enumerate() {
+        let Bson::Document(d) = s else { return Err(Error::type_mismatch("BSON field 'delete.deletes' must hold documents")) };
+        let filter = d.get_document("q").cloned().unwrap_or_default();
+        let single = d.get("limit").and_then(crate::commands::as_i64) == Some(1);
+        let shards: Vec<String> = shards_for_filter(&sc.table, &filter).into_iter().collect();
+        let error = (single && shards.len() > 1 && !fixes_id(&filter)).then(|| {
+            Error::new(Code::ShardKeyNotFound, "A single delete on a sharded collection must contain an exact match on _id (and have the collection default collation) or contain the shard key (and have the simple collation).")
+        });
+        stmts.push(Stmt { index, body: s.clone(), shards, error });
+    }
+    split_write(router, req, "deletes", stmts).await
+}
+
+/// A write on an unsharded collection: the whole command to the database's primary shard.
+async fn forward_write(router: &Router, req: &Request, primary: &str) -> Result<Document> {
+    let set = router.shard(primary).await?;
+    let (_, reply) = router.pool.run(&set, &req.db, forwarded(req), None, timeout_of(req)).await?;
+    reply_result(reply)
+}
+
+/// The merged result of a write split over shards.
+#[derive(Default)]
+struct WriteResult {
+    n: i64,
+    n_modified: Option<i64>,
+    upserted: Vec<Document>,
+    write_errors: Vec<Document>,
+    write_concern_error: Option<Bson>,
+}
+
+impl WriteResult {
+    fn error(&mut self, index: usize, e: &Error) {
+        let mut d = doc! {"index": index as i32, "code": e.code, "codeName": e.code_name, "errmsg": &e.message};
+        if let Some(extra) = &e.extra {
+            d.extend(extra.clone());
+        }
+        self.write_errors.push(d);
+    }
+
+    /// Take a shard's reply to the sub-batch `indexes` (positions in the client's command).
+    fn take(&mut self, indexes: &[usize], reply: Result<Document>) {
+        let reply = match reply.and_then(reply_result) {
+            Ok(r) => r,
+            Err(e) => {
+                // The shard refused the whole sub-batch: each statement failed with it.
+                for &i in indexes {
+                    self.error(i, &e);
+                }
+                return;
+            }
+        };
+        self.n += reply.get("n").and_then(crate::commands::as_i64).unwrap_or(0);
+        if let Some(m) = reply.get("nModified").and_then(crate::commands::as_i64) {
+            *self.n_modified.get_or_insert(0) += m;
+        }
+        let original = |d: &Document| d.get("index").and_then(crate::commands::as_i64).and_then(|i| indexes.get(i as usize)).copied();
+        for u in reply.get_array("upserted").map(|a| a.as_slice()).unwrap_or_default() {
+            if let Some(mut u) = u.as_document().cloned() {
+                if let Some(i) = original(&u) {
+                    u.insert("index", i as i32);
+                    self.upserted.push(u);
+                }
+            }
+        }
+        for e in reply.get_array("writeErrors").map(|a| a.as_slice()).unwrap_or_default() {
+            if let Some(mut e) = e.as_document().cloned() {
+                if let Some(i) = original(&e) {
+                    e.insert("index", i as i32);
+                    self.write_errors.push(e);
+                }
+            }
+        }
+        if self.write_concern_error.is_none() {
+            self.write_concern_error = reply.get("writeConcernError").cloned();
+        }
+    }
+
+    fn into_reply(mut self, field: &str) -> Document {
+        let mut r = doc! {"n": self.n};
+        if field == "updates" {
+            r.insert("nModified", self.n_modified.unwrap_or(0));
+            if !self.upserted.is_empty() {
+                self.upserted.sort_by_key(|u| u.get_i32("index").unwrap_or(0));
+                r.insert("upserted", self.upserted);
+            }
+        }
+        if !self.write_errors.is_empty() {
+            self.write_errors.sort_by_key(|e| e.get_i32("index").unwrap_or(0));
+            r.insert("writeErrors", self.write_errors);
+        }
+        if let Some(wce) = self.write_concern_error {
+            r.insert("writeConcernError", wce);
+        }
+        r
+    }
+}
+
+/// Send each shard the statements that target it, as one command with the client's other
+/// fields (write concern, session, `ordered`). Unordered: every shard at once. Ordered: runs
+/// of consecutive statements with the same targets, one run after another, stopping at the
+/// first error, as mongos does.
+async fn split_write(router: &Router, req: &Request, field: &str, stmts: Vec<Stmt>) -> Result<Document> {
+    let ordered = req.body.get_bool("ordered").unwrap_or(true);
+    let mut result = WriteResult::default();
+    let mut base = forwarded(req);
+    base.remove(field);
+    let stmt_ids: Option<Vec<i32>> = req.body.contains_key("txnNumber").then(|| {
+        let given = req.body.get_array("stmtIds").ok();
+        (0..stmts.len()).map(|i| given.and_then(|g| g.get(i)).and_then(|v| v.as_i32()).unwrap_or(i as i32)).collect()
+    });
+    base.remove("stmtIds");
+    let mut i = 0;
+    while i < stmts.len() {
+        // The statements of this round: a run (ordered) or all of them (unordered).
+        let mut end = i;
+        if ordered {
+            while end < stmts.len() && stmts[end].error.is_none() && stmts[end].shards == stmts[i].shards {
+                end += 1;
+            }
+            if end == i {
+                // A statement the router refused ends an ordered batch there.
+                let s = &stmts[i];
+                result.error(s.index, s.error.as_ref().expect("a run stops only at a refused statement"));
+                break;
+            }
+        } else {
+            end = stmts.len();
+        }
+        let round = &stmts[i..end];
+        let mut per_shard: BTreeMap<&str, Vec<&Stmt>> = BTreeMap::new();
+        for s in round {
+            match &s.error {
+                Some(e) => result.error(s.index, e),
+                None => {
+                    for shard in &s.shards {
+                        per_shard.entry(shard.as_str()).or_default().push(s);
+                    }
+                }
+            }
+        }
+        let sends = per_shard.iter().map(|(shard, list)| {
+            let mut body = base.clone();
+            if let Some(ids) = &stmt_ids {
+                body.insert("stmtIds", list.iter().map(|s| ids[s.index]).collect::<Vec<i32>>());
+            }
+            let documents: Vec<Document> = list.iter().filter_map(|s| s.body.as_document().cloned()).collect();
+            let sequence = wire::DocumentSequence { identifier: field.to_string(), documents };
+            let indexes: Vec<usize> = list.iter().map(|s| s.index).collect();
+            async move {
+                let reply = match router.shard(shard).await {
+                    Ok(set) => router.pool.run(&set, &req.db, body, Some(sequence), timeout_of(req)).await.map(|(_, r)| r),
+                    Err(e) => Err(e),
+                };
+                (indexes, reply)
+            }
+        });
+        let before = result.write_errors.len();
+        for (indexes, reply) in futures_util::future::join_all(sends).await {
+            result.take(&indexes, reply);
+        }
+        if ordered && result.write_errors.len() > before {
+            break;
+        }
+        i = end;
+    }
+    Ok(result.into_reply(field))
+}
+
+// ---------------------------------------------------------------------------------------
+// Reads
+
+fn batch_size_of(v: Option<&Bson>) -> Result<Option<usize>> {
+    match v {
+        None => Ok(None),
+        Some(v) => match crate::commands::as_i64(v) {
+            Some(n) if n >= 0 => Ok(Some(n as usize)),
+            _ => Err(Error::bad_value("batchSize must be a non-negative number")),
+        },
+    }
+}
+
+/// `{cursor: {firstBatch, id, ns}}`.
+fn cursor_reply(ns: &str, id: i64, batch: Vec<Document>, key: &str) -> Document {
+    doc! {"cursor": {key: batch, "id": id, "ns": ns}}
+}
+
+/// A reply for the client from a router cursor: its first batch, and the cursor kept if it
+/// has more (and the client did not ask for one batch only).
+async fn first_batch(router: &Router, mut cursor: RouterCursor, batch: usize, single: bool) -> Result<Document> {
+    let docs = match cursor.next_batch(&router.pool, batch).await {
+        Ok(d) => d,
+        Err(e) => {
+            cursor.kill(&router.pool).await;
+            return Err(e);
+        }
+    };
+    let ns = cursor.ns.clone();
+    let id = if cursor.exhausted() || single {
+        cursor.kill(&router.pool).await;
+        0
+    } else {
+        router.cursors.register(cursor)?
+    };
+    Ok(cursor_reply(&ns, id, docs, "firstBatch"))
+}
+
+/// Run a cursor command on each shard, all at once; any failure kills the cursors the others
+/// opened and is the answer.
+async fn open_streams(router: &Router, req: &Request, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Stream>> {
+    let opens = shards.iter().map(|s| async move {
+        let set = router.shard(s).await?;
+        let (host, raw) = router.pool.run_raw(&set, &req.db, body.clone(), None, timeout_of(req)).await?;
+        if super::shards::raw_reply_code(&raw).is_some() {
+            reply_result(super::shards::decode(raw)?)?;
+            return Err(Error::internal("unreachable: an error reply"));
+        }
+        Stream::from_reply(host, &req.db, &raw)
+    });
+    let mut streams = Vec::new();
+    let mut error = None;
+    for r in futures_util::future::join_all(opens).await {
+        match r {
+            Ok(s) => streams.push(s),
+            Err(e) => error = error.or(Some(e)),
+        }
+    }
+    if let Some(e) = error {
+        RouterCursor::new(String::new(), streams, None, 0, None, None).kill(&router.pool).await;
+        return Err(e);
+    }
+    Ok(streams)
+}
+
+/// A cursor command for one shard, its reply passed on with the router's cursor id.
+async fn single_shard_cursor(router: &Router, req: &Request, shard: &str, body: Document) -> Result<Document> {
+    let ns_default = format!("{}.{}", req.db, req.body.get_str(&req.name).unwrap_or("$cmd"));
+    let set = router.shard(shard).await?;
+    let (host, raw) = router.pool.run_raw(&set, &req.db, body, None, timeout_of(req)).await?;
+    if super::shards::raw_reply_code(&raw).is_some() {
+        return reply_result(super::shards::decode(raw)?);
+    }
+    let ns = raw.get_document("cursor").ok().and_then(|c| c.get_str("ns").ok()).unwrap_or(&ns_default).to_string();
+    let mut stream = Stream::from_reply(host, &req.db, &raw)?;
+    let batch: Vec<Document> = stream.buf.drain(..).map(|(d, _)| d).collect();
+    let id = if stream.id == 0 { 0 } else { router.cursors.register(RouterCursor::new(ns.clone(), vec![stream], None, 0, None, None))? };
+    Ok(cursor_reply(&ns, id, batch, "firstBatch"))
+}
+
+async fn find(router: &Router, req: &Request) -> Result<Document> {
+    let coll = collection_of(req)?;
+    let ns = format!("{}.{coll}", req.db);
+    let Some(primary) = router.db_primary(&req.db, false).await? else { return Ok(cursor_reply(&ns, 0, Vec::new(), "firstBatch")) };
+    let Some(sc) = router.sharded(&ns).await? else { return single_shard_cursor(router, req, &primary, forwarded(req)).await };
+    let cmd = &req.body;
+    let filter = cmd.get_document("filter").cloned().unwrap_or_default();
+    let targets = shards_for_filter(&sc.table, &filter);
+    if targets.is_empty() {
+        return Ok(cursor_reply(&ns, 0, Vec::new(), "firstBatch"));
+    }
+    if targets.len() == 1 {
+        let only = targets.into_iter().next().unwrap_or_default();
+        return single_shard_cursor(router, req, &only, forwarded(req)).await;
+    }
+    let skip = cmd.get("skip").and_then(crate::commands::as_i64).unwrap_or(0).max(0) as u64;
+    let limit = cmd.get("limit").and_then(crate::commands::as_i64).filter(|l| *l > 0).map(|l| l as u64);
+    let batch = batch_size_of(cmd.get("batchSize"))?;
+    let sort = match cmd.get_document("sort") {
+        Ok(s) if !s.is_empty() => Some(query::sort::SortSpec::parse(s)?),
+        _ => None,
+    };
+    let mut body = forwarded(req);
+    body.remove("skip");
+    body.remove("singleBatch");
+    if let Some(l) = limit {
+        body.insert("limit", (l + skip) as i64);
+    }
+    // A sort needs its fields in what the shards return: the projection waits for the merge.
+    let projection = match (cmd.get_document("projection"), &sort) {
+        (Ok(p), Some(_)) if !p.is_empty() => {
+            body.remove("projection");
+            Some(query::projection::Projection::parse(p)?)
+        }
+        _ => None,
+    };
+    let streams = open_streams(router, req, &targets, &body).await?;
+    let cursor = RouterCursor::new(ns, streams, sort, skip, limit, projection);
+    first_batch(router, cursor, batch.unwrap_or(FIRST_BATCH_DOCS_DEFAULT), cmd.get_bool("singleBatch").unwrap_or(false)).await
+}
+
+async fn get_more(router: &Router, req: &Request) -> Result<Document> {
+    let id = match req.body.get("getMore") {
+        Some(Bson::Int64(id)) => *id,
+        _ => return Err(Error::type_mismatch("BSON field 'getMore.getMore' is the wrong type, expected type 'long'")),
+    };
+    let coll = req.body.get_str("collection").map_err(|_| Error::location(40414, "BSON field 'getMore.collection' is missing but a required field"))?;
+    let batch = batch_size_of(req.body.get("batchSize"))?.filter(|b| *b > 0).unwrap_or(usize::MAX);
+    let Some(cursor) = router.cursors.get(id) else {
+        return Err(Error::new(Code::CursorNotFound, format!("cursor id {id} not found")));
+    };
+    let mut c = cursor.lock().await;
+    let ns = format!("{}.{coll}", req.db);
+    if c.ns != ns {
+        return Err(Error::new(Code::Unauthorized, format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", c.ns)));
+    }
+    let docs = match c.next_batch(&router.pool, batch).await {
+        Ok(d) => d,
+        Err(e) => {
+            c.kill(&router.pool).await;
+            router.cursors.remove(id);
+            return Err(e);
+        }
+    };
+    let done = c.exhausted();
+    if done {
+        router.cursors.remove(id);
+    }
+    Ok(cursor_reply(&ns, if done { 0 } else { id }, docs, "nextBatch"))
+}
+
+async fn kill_cursors(router: &Router, req: &Request) -> Result<Document> {
+    let ids = req.body.get_array("cursors").map_err(|_| Error::location(40414, "BSON field 'killCursors.cursors' is missing but a required field"))?;
+    let (mut killed, mut not_found) = (Vec::new(), Vec::new());
+    for id in ids {
+        let Some(id) = id.as_i64() else { continue };
+        match router.cursors.remove(id) {
+            Some(c) => {
+                c.lock().await.kill(&router.pool).await;
+                killed.push(id);
+            }
+            None => not_found.push(id),
+        }
+    }
+    Ok(doc! {"cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [], "cursorsUnknown": []})
+}
+
+/// The shards a read of `filter` on `ns` goes to: the targeted ones if the collection is
+/// sharded, else its database's primary; none if the database does not exist.
+async fn read_targets(router: &Router, db: &str, ns: &str, filter: &Document) -> Result<BTreeSet<String>> {
+    let Some(primary) = router.db_primary(db, false).await? else { return Ok(BTreeSet::new()) };
+    Ok(match router.sharded(ns).await? {
+        Some(sc) => shards_for_filter(&sc.table, filter),
+        None => [primary].into_iter().collect(),
+    })
+}
+
+/// Run `body` on each shard at once; every reply, or the first error.
+async fn on_each(router: &Router, req: &Request, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Document>> {
+    let sends = shards.iter().map(|s| async move {
+        let set = router.shard(s).await?;
+        reply_result(router.pool.run(&set, &req.db, body.clone(), None, timeout_of(req)).await?.1)
+    });
+    futures_util::future::join_all(sends).await.into_iter().collect()
+}
+
+async fn count(router: &Router, req: &Request) -> Result<Document> {
+    let coll = collection_of(req)?;
+    let ns = format!("{}.{coll}", req.db);
+    let filter = req.body.get_document("query").cloned().unwrap_or_default();
+    let targets = read_targets(router, &req.db, &ns, &filter).await?;
+    let skip = req.body.get("skip").and_then(crate::commands::as_i64).unwrap_or(0).max(0);
+    let limit = req.body.get("limit").and_then(crate::commands::as_i64).unwrap_or(0).abs();
+    let mut body = forwarded(req);
+    body.remove("skip");
+    if limit > 0 {
+        body.insert("limit", limit + skip);
+    }
+    let mut n = 0;
+    for r in on_each(router, req, &targets, &body).await? {
+        n += r.get("n").and_then(crate::commands::as_i64).unwrap_or(0);
+    }
+    n = (n - skip).max(0);
+    if limit > 0 {
+        n = n.min(limit);
+    }
+    Ok(doc! {"n": n})
+}
+
+async fn distinct(router: &Router, req: &Request) -> Result<Document> {
+    let coll = collection_of(req)?;
+    let ns = format!("{}.{coll}", req.db);
+    let filter = req.body.get_document("query").cloned().unwrap_or_default();
+    let targets = read_targets(router, &req.db, &ns, &filter).await?;
+    let mut values: Vec<Bson> = Vec::new();
+    for r in on_each(router, req, &targets, &forwarded(req)).await? {
+        values.extend(r.get_array("values").cloned().unwrap_or_default());
+    }
+    values.sort_by(query::compare::cmp_bson);
+    values.dedup_by(|a, b| query::compare::cmp_bson(a, b) == std::cmp::Ordering::Equal);
+    Ok(doc! {"values": values})
+}
+
+/// Stages each shard can run on its own documents: they look at one document at a time.
+fn runs_on_shards(stage: &Document) -> bool {
+    matches!(stage.keys().next().map(String::as_str), Some("$match" | "$project" | "$addFields" | "$set" | "$unset" | "$replaceRoot" | "$replaceWith" | "$unwind"))
+}
+
+async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
+    let cmd = &req.body;
+    let coll = collection_of(req).map_err(|_| Error::new(Code::CommandNotSupported, "aggregate without a collection is not supported by shoal's router"))?;
+    let ns = format!("{}.{coll}", req.db);
+    if cmd.get_bool("explain").unwrap_or(false) {
+        return Err(Error::new(Code::CommandNotSupported, "aggregate explain is not supported by shoal yet"));
+    }
+    let stages: Vec<Document> = cmd.get_array("pipeline").map_err(|_| Error::location(40414, "BSON field 'aggregate.pipeline' is missing but a required field"))?.iter().filter_map(|s| s.as_document().cloned()).collect();
+    let batch = batch_size_of(cmd.get_document("cursor").ok().and_then(|c| c.get("batchSize")))?.unwrap_or(FIRST_BATCH_DOCS_DEFAULT);
+    let Some(primary) = router.db_primary(&req.db, false).await? else { return Ok(cursor_reply(&ns, 0, Vec::new(), "firstBatch")) };
+    let Some(sc) = router.sharded(&ns).await? else { return single_shard_cursor(router, req, &primary, forwarded(req)).await };
+    let split = stages.iter().position(|s| !runs_on_shards(s)).unwrap_or(stages.len());
+    let (on_shards, merge) = stages.split_at(split);
+    // The leading $matches decide the shards.
+    let filter = query::agg::Pipeline::parse(on_shards)?.leading_match().unwrap_or_default();
+    let targets = shards_for_filter(&sc.table, &filter);
+    if targets.len() == 1 {
+        let only = targets.into_iter().next().unwrap_or_default();
+        return single_shard_cursor(router, req, &only, forwarded(req)).await;
+    }
+    let merge = query::agg::Pipeline::parse(merge)?;
+    if merge.stages.iter().any(|s| matches!(s, query::agg::Stage::External(..))) {
+        return Err(Error::new(Code::CommandNotSupported, "this stage is not supported on a sharded collection by shoal's router yet"));
+    }
+    let mut body = forwarded(req);
+    body.insert("pipeline", on_shards.iter().cloned().map(Bson::Document).collect::<Vec<_>>());
+    body.insert("cursor", Document::new());
+    let streams = open_streams(router, req, &targets, &body).await?;
+    let mut cursor = RouterCursor::new(ns.clone(), streams, None, 0, None, None);
+    if merge.stages.is_empty() {
+        return first_batch(router, cursor, batch, false).await;
+    }
+    // The rest of the pipeline runs here, over every document the shards return.
+    let mut input = Vec::new();
+    let mut bytes = 0;
+    while !cursor.exhausted() {
+        for d in cursor.next_batch(&router.pool, usize::MAX).await? {
+            bytes += doc_size(&d);
+            input.push(d);
+        }
+        if bytes > MERGE_INPUT_BYTES_MAX {
+            cursor.kill(&router.pool).await;
+            return Err(Error::new(Code::ExceededMemoryLimit, format!("a sharded aggregate's merge took in more than {MERGE_INPUT_BYTES_MAX} bytes")));
+        }
+    }
+    let opts = query::agg::RunOptions { allow_disk_use: cmd.get_bool("allowDiskUse").unwrap_or(false), mem_limit_bytes: crate::commands::aggregate::AGG_MEMORY_BYTES_MAX };
+    let out = merge.run(&mut input.into_iter().map(Ok), &opts)?;
+    let buffered: Vec<(Document, usize)> = out.into_iter().map(|d| {
+        let size = doc_size(&d);
+        (d, size)
+    }).collect();
+    let stream = Stream { host: String::new(), db: req.db.clone(), coll: coll.clone(), id: 0, buf: buffered.into() };
+    first_batch(router, RouterCursor::new(ns, vec![stream], None, 0, None, None), batch, false).await
+}
+
+// ---------------------------------------------------------------------------------------
+// Databases, collections and indexes
+
+async fn list_databases(router: &Router, req: &Request) -> Result<Document> {
+    let name_only = req.body.get_bool("nameOnly").unwrap_or(false);
+    let mut sizes: BTreeMap<String, i64> = BTreeMap::new();
+    let mut body = forwarded(req);
+    body.remove("filter");
+    for id in router.shard_ids().await? {
+        let set = router.shard(&id).await?;
+        let reply = reply_result(router.pool.run(&set, "admin", body.clone(), None, COMMAND_TIMEOUT).await?.1)?;
+        for d in reply.get_array("databases").map(|a| a.as_slice()).unwrap_or_default() {
+            let Some(d) = d.as_document() else { continue };
+            let Ok(name) = d.get_str("name") else { continue };
+            if matches!(name, "local" | "admin" | "config") {
+                continue;
+            }
+            *sizes.entry(name.to_string()).or_default() += d.get("sizeOnDisk").and_then(crate::commands::as_i64).unwrap_or(0);
+        }
+    }
+    let total: i64 = sizes.values().sum();
+    let dbs: Vec<Document> = sizes.into_iter().map(|(name, size)| if name_only { doc! {"name": name} } else { doc! {"name": name, "sizeOnDisk": size, "empty": size == 0} }).collect();
+    let dbs = match req.body.get_document("filter") {
+        Ok(f) => {
+            let f = query::filter::Filter::parse(f)?;
+            dbs.into_iter().filter(|d| f.matches(d)).collect()
+        }
+        Err(_) => dbs,
+    };
+    let mut r = doc! {"databases": dbs};
+    if !name_only {
+        r.insert("totalSize", total);
+    }
+    Ok(r)
+}
+
+/// A command about one unsharded thing in a database: to its primary shard.
+async fn forward_to_primary(router: &Router, req: &Request) -> Result<Document> {
+    let primary = match router.db_primary(&req.db, req.name == "create").await? {
+        Some(p) => p,
+        None if req.name == "listCollections" => return Ok(cursor_reply(&format!("{}.$cmd.listCollections", req.db), 0, Vec::new(), "firstBatch")),
+        None => return Err(Error::new(Code::NamespaceNotFound, format!("database {} not found", req.db))),
+    };
+    if matches!(req.name.as_str(), "listCollections" | "listIndexes") {
+        return single_shard_cursor(router, req, &primary, forwarded(req)).await;
+    }
+    let set = router.shard(&primary).await?;
+    reply_result(router.pool.run(&set, &req.db, forwarded(req), None, timeout_of(req)).await?.1)
+}
+
+/// Indexes and drops of a sharded collection go to every shard that has it; of an unsharded
+/// one, to its primary shard.
+async fn forward_to_owners(router: &Router, req: &Request) -> Result<Document> {
+    let coll = collection_of(req)?;
+    let ns = format!("{}.{coll}", req.db);
+    let Some(primary) = router.db_primary(&req.db, req.name == "createIndexes").await? else {
+        return Err(Error::new(Code::NamespaceNotFound, format!("ns not found: {ns}")));
+    };
+    let Some(sc) = router.sharded(&ns).await? else {
+        let set = router.shard(&primary).await?;
+        return reply_result(router.pool.run(&set, &req.db, forwarded(req), None, timeout_of(req)).await?.1);
+    };
+    let mut owners = sc.table.shards();
+    owners.insert(primary.clone());
+    let replies = on_each(router, req, &owners, &forwarded(req)).await?;
+    if req.name == "drop" {
+        router.config_write(doc! {"delete": "chunks", "deletes": [{"q": {"uuid": sc.uuid.clone()}, "limit": 0}]}).await?;
+        router.config_write(doc! {"delete": "collections", "deletes": [{"q": {"_id": &ns}, "limit": 1}]}).await?;
+        router.forget_collection(&ns);
+    }
+    // The primary shard's reply speaks for the collection.
+    let at = owners.iter().position(|s| *s == primary).unwrap_or(0);
+    Ok(replies.into_iter().nth(at).unwrap_or_default())
+}
+
+async fn drop_database(router: &Router, req: &Request) -> Result<Document> {
+    if matches!(req.db.as_str(), "admin" | "config" | "local") {
+        return Err(Error::new(Code::IllegalOperation, format!("Cannot drop the {} database through the router", req.db)));
+    }
+    let shards: BTreeSet<String> = router.shard_ids().await?.into_iter().collect();
+    on_each(router, req, &shards, &forwarded(req)).await?;
+    let prefix = format!("^{}\\.", regex_escape(&req.db));
+    let colls = router.config_find("collections", doc! {"_id": {"$regex": &prefix}}, doc! {}).await?;
+    for c in &colls {
+        router.config_write(doc! {"delete": "chunks", "deletes": [{"q": {"uuid": c.get("uuid").cloned().unwrap_or(Bson::Null)}, "limit": 0}]}).await?;
+    }
+    router.config_write(doc! {"delete": "collections", "deletes": [{"q": {"_id": {"$regex": &prefix}}, "limit": 0}]}).await?;
+    router.config_write(doc! {"delete": "databases", "deletes": [{"q": {"_id": &req.db}, "limit": 1}]}).await?;
+    router.forget_database(&req.db);
+    Ok(doc! {"dropped": &req.db})
+}
+
+/// A document's size as BSON.
+fn doc_size(d: &Document) -> usize {
+    bson::RawDocumentBuf::try_from(d).map(|r| r.as_bytes().len()).unwrap_or(0)
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars().flat_map(|c| if c.is_ascii_alphanumeric() || c == '_' { vec![c] } else { vec!['\\', c] }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_names_follow_mongods_rule() {
+        assert_eq!(index_name(&doc! {"customerId": "hashed"}), "customerId_hashed");
+        assert_eq!(index_name(&doc! {"a": 1, "b.c": 1}), "a_1_b.c_1");
+    }
+
+    #[test]
+    fn single_writes_may_go_everywhere_only_by_id() {
+        assert!(fixes_id(&doc! {"_id": 5}));
+        assert!(fixes_id(&doc! {"_id": {"$eq": 5}, "x": 1}));
+        assert!(!fixes_id(&doc! {"_id": {"$gt": 5}}));
+        assert!(!fixes_id(&doc! {"x": 1}));
+    }
+
+    #[test]
+    fn updates_that_touch_the_shard_key_are_seen() {
+        let key = ShardKeyPattern::parse(&doc! {"a.b": 1}).unwrap();
+        assert_eq!(modifies_key(&doc! {"$set": {"a": {"b": 1}}}, &key).as_deref(), Some("a"));
+        assert_eq!(modifies_key(&doc! {"$inc": {"a.b.c": 1}}, &key).as_deref(), Some("a.b.c"));
+        assert_eq!(modifies_key(&doc! {"$set": {"ab": 1, "c": 2}}, &key), None);
+    }
+}

@@ -1,0 +1,237 @@
+//! The router's connections to replica sets (shards and the config servers): each set's
+//! primary, found by asking its members, and a pool of idle connections per host.
+
+use crate::repl::peer::PeerConn;
+use bson::{doc, Bson, Document, RawDocumentBuf};
+use common::{Code, Error, Result};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::time::Duration;
+
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a command on a shard may take when the client set no maxTimeMS: an index build
+/// or a scan of a large collection runs long, a stopped shard must not hold the client forever.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
+/// Idle connections kept per host; more are opened when needed and closed when returned.
+const IDLE_PER_HOST_MAX: usize = 64;
+/// Hosts in a connection string.
+const HOSTS_MAX: usize = 50;
+
+/// A replica set as a connection string names it: `set/host1:port,host2:port`.
+pub struct ReplicaSet {
+    /// As given (config.shards `host`).
+    pub conn_string: String,
+    pub set_name: String,
+    pub hosts: Vec<String>,
+    /// The member last found primary.
+    primary: Mutex<Option<String>>,
+}
+
+impl ReplicaSet {
+    pub fn parse(conn_string: &str) -> Result<ReplicaSet> {
+        let bad = |why: &str| Error::new(Code::FailedToParse, format!("invalid replica set connection string '{conn_string}': {why}"));
+        let (set_name, hosts) = conn_string.split_once('/').ok_or_else(|| bad("expected <setName>/<host:port>[,<host:port>...] (shards and config servers are replica sets)"))?;
+        if set_name.is_empty() {
+            return Err(bad("empty set name"));
+        }
+        let hosts: Vec<String> = hosts.split(',').map(|h| h.trim().to_string()).collect();
+        if hosts.is_empty() || hosts.len() > HOSTS_MAX || hosts.iter().any(|h| h.is_empty() || !h.contains(':')) {
+            return Err(bad("every host needs a port"));
+        }
+        Ok(ReplicaSet { conn_string: conn_string.to_string(), set_name: set_name.to_string(), hosts, primary: Mutex::new(None) })
+    }
+
+    fn forget_primary(&self, host: &str) {
+        let mut p = self.primary.lock();
+        if p.as_deref() == Some(host) {
+            *p = None;
+        }
+    }
+}
+
+/// Idle connections by host.
+#[derive(Default)]
+pub struct Pool {
+    idle: Mutex<HashMap<String, Vec<PeerConn>>>,
+}
+
+/// Errors after which a set's primary must be looked up again.
+fn is_not_primary(code: i32) -> bool {
+    matches!(code, 10107 | 13435 | 13436 | 11600 | 11602 | 189 | 91)
+}
+
+fn is_network(e: &Error) -> bool {
+    e.code == Code::HostUnreachable.0 || e.code == Code::NetworkTimeout.0
+}
+
+fn reply_code(reply: &Document) -> Option<i32> {
+    let ok = matches!(reply.get("ok"), Some(Bson::Double(v)) if *v == 1.0) || matches!(reply.get("ok"), Some(Bson::Int32(1) | Bson::Int64(1) | Bson::Boolean(true)));
+    if ok {
+        None
+    } else {
+        Some(reply.get_i32("code").unwrap_or(Code::UnknownError.0))
+    }
+}
+
+impl Pool {
+    async fn checkout(&self, host: &str) -> Result<PeerConn> {
+        let idle = self.idle.lock().get_mut(host).and_then(Vec::pop);
+        match idle {
+            Some(c) => Ok(c),
+            None => PeerConn::connect(host, CONNECT_TIMEOUT).await,
+        }
+    }
+
+    fn checkin(&self, conn: PeerConn) {
+        if conn.is_broken() {
+            return;
+        }
+        let mut idle = self.idle.lock();
+        let list = idle.entry(conn.host.clone()).or_default();
+        if list.len() < IDLE_PER_HOST_MAX {
+            list.push(conn);
+        }
+    }
+
+    /// Run a command on `host` and return its reply, `ok: 0` included.
+    pub async fn run_on_host(&self, host: &str, db: &str, body: Document, sequence: Option<wire::DocumentSequence>, timeout: Duration) -> Result<Document> {
+        decode(self.run_on_host_raw(host, db, body, sequence, timeout).await?)
+    }
+
+    /// `run_on_host` with the reply as BSON.
+    pub async fn run_on_host_raw(&self, host: &str, db: &str, body: Document, sequence: Option<wire::DocumentSequence>, timeout: Duration) -> Result<RawDocumentBuf> {
+        let mut conn = self.checkout(host).await?;
+        let r = conn.command_reply_raw(db, body, sequence, timeout).await;
+        self.checkin(conn);
+        r
+    }
+
+    /// The set's primary: the member last found, or the one its members name now.
+    pub async fn primary(&self, set: &ReplicaSet) -> Result<String> {
+        if let Some(p) = set.primary.lock().clone() {
+            return Ok(p);
+        }
+        let mut last_error = None;
+        for host in &set.hosts {
+            match self.run_on_host(host, "admin", doc! {"hello": 1}, None, CONNECT_TIMEOUT).await {
+                Ok(reply) => {
+                    if reply.get_str("setName").ok() != Some(set.set_name.as_str()) {
+                        last_error = Some(format!("{host} is not a member of replica set {}", set.set_name));
+                        continue;
+                    }
+                    let primary = if reply.get_bool("isWritablePrimary").unwrap_or(false) { Some(host.clone()) } else { reply.get_str("primary").ok().map(str::to_string) };
+                    if let Some(p) = primary {
+                        *set.primary.lock() = Some(p.clone());
+                        return Ok(p);
+                    }
+                    last_error = Some(format!("{host} knows no primary"));
+                }
+                Err(e) => last_error = Some(e.message),
+            }
+        }
+        Err(Error::new(
+            Code::FailedToSatisfyReadPreference,
+            format!("Could not find host matching read preference {{ mode: \"primary\" }} for set {}: {}", set.set_name, last_error.unwrap_or_default()),
+        ))
+    }
+
+    /// Run a command on the set's primary and return the host and its reply (`ok: 0`
+    /// included). A primary that is no longer one, or cannot be reached before the command
+    /// is sent, is looked up again and the command sent once more: it did not run.
+    pub async fn run(&self, set: &ReplicaSet, db: &str, body: Document, sequence: Option<wire::DocumentSequence>, timeout: Duration) -> Result<(String, Document)> {
+        let (host, raw) = self.run_raw(set, db, body, sequence, timeout).await?;
+        Ok((host, decode(raw)?))
+    }
+
+    /// `run` with the reply as BSON.
+    pub async fn run_raw(&self, set: &ReplicaSet, db: &str, body: Document, sequence: Option<wire::DocumentSequence>, timeout: Duration) -> Result<(String, RawDocumentBuf)> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let host = self.primary(set).await?;
+            let mut conn = match self.checkout(&host).await {
+                Ok(c) => c,
+                Err(e) => {
+                    set.forget_primary(&host);
+                    if attempts < 2 && is_network(&e) {
+                        continue;
+                    }
+                    return Err(e);
+                }
+            };
+            let r = conn.command_reply_raw(db, body.clone(), sequence.clone(), timeout).await;
+            self.checkin(conn);
+            match r {
+                Ok(reply) => match raw_reply_code(&reply) {
+                    // NotWritablePrimary and its kin are answered before a command runs.
+                    Some(code) if is_not_primary(code) => {
+                        set.forget_primary(&host);
+                        if attempts < 2 && matches!(code, 10107 | 13435) {
+                            continue;
+                        }
+                        return Ok((host, reply));
+                    }
+                    _ => return Ok((host, reply)),
+                },
+                Err(e) => {
+                    if is_network(&e) {
+                        set.forget_primary(&host);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+pub fn decode(raw: RawDocumentBuf) -> Result<Document> {
+    Document::try_from(raw.as_ref()).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid BSON in a reply: {e}")))
+}
+
+pub fn raw_reply_code(reply: &bson::RawDocument) -> Option<i32> {
+    use bson::RawBsonRef;
+    let ok = matches!(reply.get("ok"), Ok(Some(RawBsonRef::Double(v))) if v == 1.0) || matches!(reply.get("ok"), Ok(Some(RawBsonRef::Int32(1) | RawBsonRef::Int64(1) | RawBsonRef::Boolean(true))));
+    if ok {
+        None
+    } else {
+        Some(reply.get_i32("code").unwrap_or(Code::UnknownError.0))
+    }
+}
+
+/// A reply's error as an `Error` with its code, name and extra fields; `Ok` for ok:1.
+pub fn reply_result(reply: Document) -> Result<Document> {
+    let Some(code) = reply_code(&reply) else { return Ok(reply) };
+    let name = reply.get_str("codeName").unwrap_or("UnknownError").to_string();
+    let msg = reply.get_str("errmsg").unwrap_or("").to_string();
+    let mut extra = Document::new();
+    for (k, v) in &reply {
+        if !matches!(k.as_str(), "ok" | "errmsg" | "code" | "codeName" | "$clusterTime" | "operationTime") {
+            extra.insert(k.clone(), v.clone());
+        }
+    }
+    let e = Error::remote(code, &name, msg);
+    Err(if extra.is_empty() { e } else { e.with_extra(extra) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_strings_name_a_set_and_its_hosts() {
+        let s = ReplicaSet::parse("rs0/127.0.0.1:27018,127.0.0.2:27018").unwrap();
+        assert_eq!(s.set_name, "rs0");
+        assert_eq!(s.hosts, vec!["127.0.0.1:27018", "127.0.0.2:27018"]);
+        for bad in ["127.0.0.1:27018", "/h:1", "rs0/", "rs0/h", "rs0/h:1,"] {
+            assert_eq!(ReplicaSet::parse(bad).err().map(|e| e.code), Some(Code::FailedToParse.0), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_replys_error_keeps_its_code_and_fields() {
+        let e = reply_result(doc! {"ok": 0.0, "errmsg": "dup", "code": 11000, "codeName": "DuplicateKey", "keyValue": {"a": 1}}).unwrap_err();
+        assert_eq!((e.code, e.code_name), (11000, "DuplicateKey"));
+        assert_eq!(e.extra.unwrap().get_document("keyValue").unwrap(), &doc! {"a": 1});
+        assert!(reply_result(doc! {"ok": 1.0, "n": 1}).is_ok());
+    }
+}

@@ -1,0 +1,207 @@
+//! Sharded clusters through the router: `shoal cluster up --shards N` starts config servers,
+//! N single-member shard sets and a router as real processes; the official driver talks to
+//! the router, and direct connections to each shard check where documents landed.
+
+mod common;
+
+use common::*;
+use mongodb::bson::{doc, Bson, Document};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// A cluster started by `shoal cluster up`, stopped when dropped.
+struct Cluster {
+    dir: PathBuf,
+    port: u16,
+    shards: usize,
+}
+
+impl Cluster {
+    fn up(shards: usize) -> Cluster {
+        // The router's port and the next shards + 1 (config servers, shards) must be free.
+        let port = loop {
+            let p = free_port();
+            if p < 60_000 && (1..=shards as u16 + 1).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+                break p;
+            }
+        };
+        let dir = std::env::temp_dir().join(format!("shoal-sharding-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let up = Command::new(binary_path()).args(["cluster", "up", "--shards", &shards.to_string(), "--port", &port.to_string(), "--dir", dir.to_str().unwrap()]).output().unwrap();
+        assert!(up.status.success(), "cluster up failed: {}", String::from_utf8_lossy(&up.stderr));
+        assert_eq!(String::from_utf8_lossy(&up.stdout).trim(), format!("mongodb://127.0.0.1:{port}/"));
+        Cluster { dir, port, shards }
+    }
+
+    async fn client(&self) -> mongodb::Client {
+        mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{}/", self.port)).await.unwrap()
+    }
+
+    /// A direct connection to shard `i`'s only member.
+    async fn shard(&self, i: usize) -> mongodb::Client {
+        mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?directConnection=true", self.port + 2 + i as u16)).await.unwrap()
+    }
+
+    fn router_pid(&self) -> i32 {
+        let pids = std::fs::read_to_string(self.dir.join("cluster.pids")).unwrap();
+        pids.lines().filter(|l| l.ends_with(" router")).filter_map(|l| l.split_whitespace().next()?.parse().ok()).last().unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(binary_path()).args(["cluster", "down", "--dir", self.dir.to_str().unwrap()]).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn ids(docs: &[Document]) -> Vec<i64> {
+    docs.iter().map(|d| num_field(d, "customerId") as i64).collect()
+}
+
+#[tokio::test]
+async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
+    let cluster = Cluster::up(3);
+    let client = cluster.client().await;
+    let admin = client.database("admin");
+    let hello = admin.run_command(doc! {"hello": 1}).await.unwrap();
+    assert_eq!(hello.get_str("msg").unwrap(), "isdbgrid");
+    let shards = admin.run_command(doc! {"listShards": 1}).await.unwrap();
+    assert_eq!(shards.get_array("shards").unwrap().len(), 3);
+    // Admin commands belong to the admin database.
+    assert_code(client.database("app").run_command(doc! {"listShards": 1}).await, 13);
+
+    admin.run_command(doc! {"enableSharding": "app"}).await.unwrap();
+    let r = admin.run_command(doc! {"shardCollection": "app.orders", "key": {"customerId": "hashed"}}).await.unwrap();
+    assert_eq!(r.get_str("collectionsharded").unwrap(), "app.orders");
+    // Again with the same key: nothing to do; with another key: refused.
+    admin.run_command(doc! {"shardCollection": "app.orders", "key": {"customerId": "hashed"}}).await.unwrap();
+    assert_code_name(admin.run_command(doc! {"shardCollection": "app.orders", "key": {"other": 1}}).await, 23, "AlreadyInitialized");
+    assert_code(admin.run_command(doc! {"shardCollection": "app.u", "key": {"h": "hashed"}, "unique": true}).await, 72);
+
+    // Six chunks (two per shard) in config.chunks, one collection entry.
+    let config = client.database("config");
+    let entry = config.collection::<Document>("collections").find_one(doc! {"_id": "app.orders"}).await.unwrap().unwrap();
+    assert_eq!(entry.get_document("key").unwrap(), &doc! {"customerId": "hashed"});
+    let chunks = collect(config.collection::<Document>("chunks").find(doc! {"uuid": entry.get("uuid").unwrap().clone()}).await.unwrap()).await;
+    assert_eq!(chunks.len(), 6);
+
+    let orders = client.database("app").collection::<Document>("orders");
+    let docs: Vec<Document> = (0..3000i64).map(|i| doc! {"_id": i, "customerId": i, "v": i % 7, "text": "x".repeat(100)}).collect();
+    let r = orders.insert_many(docs).ordered(false).await.unwrap();
+    assert_eq!(r.inserted_ids.len(), 3000);
+    // Every shard holds a share, and the shares add up.
+    let mut total = 0;
+    for i in 0..cluster.shards {
+        let n = cluster.shard(i).await.database("app").collection::<Document>("orders").count_documents(doc! {}).await.unwrap();
+        assert!((600..1400).contains(&n), "shard {i} holds {n} of 3000");
+        total += n;
+    }
+    assert_eq!(total, 3000);
+
+    // Point reads go to one shard; scatter-gather reads merge sort, skip and limit.
+    let one = orders.find_one(doc! {"customerId": 1234}).await.unwrap().unwrap();
+    assert_eq!(one.get_i64("v").unwrap(), 1234 % 7);
+    let page = collect(orders.find(doc! {}).sort(doc! {"customerId": -1}).skip(10).limit(25).await.unwrap()).await;
+    assert_eq!(ids(&page), (2965..=2989).rev().collect::<Vec<_>>());
+    // A projection that drops the sort field still sorts across shards.
+    let projected = collect(orders.find(doc! {"v": 3}).sort(doc! {"customerId": 1}).projection(doc! {"_id": 1}).limit(5).await.unwrap()).await;
+    assert_eq!(projected, (0..5i64).map(|k| doc! {"_id": 3 + 7 * k}).collect::<Vec<_>>());
+    // Small batches: every document once, through getMores on three shards.
+    let all = collect(orders.find(doc! {"v": {"$lt": 3}}).batch_size(17).await.unwrap()).await;
+    let mut got = ids(&all);
+    got.sort();
+    assert_eq!(got, (0..3000).filter(|i| i % 7 < 3).collect::<Vec<_>>());
+    assert_eq!(orders.count_documents(doc! {"v": 6}).await.unwrap(), (0..3000).filter(|i| i % 7 == 6).count() as u64);
+    let n = client.database("app").run_command(doc! {"count": "orders", "query": {"v": 1}, "skip": 5, "limit": 100}).await.unwrap();
+    assert_eq!(num_field(&n, "n"), 100.0);
+    let distinct = orders.distinct("v", doc! {}).await.unwrap();
+    assert_eq!(distinct, (0..7).map(Bson::Int64).collect::<Vec<_>>());
+    let grouped = collect(orders.aggregate(vec![doc! {"$match": {"customerId": {"$lt": 70}}}, doc! {"$group": {"_id": "$v", "n": {"$sum": 1}}}, doc! {"$sort": {"_id": 1}}]).await.unwrap()).await;
+    assert_eq!(grouped, (0..7).map(|v| doc! {"_id": v as i64, "n": 10}).collect::<Vec<_>>());
+
+    // Writes: by shard key to one shard, multi to all, by _id to all; a single write that
+    // names neither is refused as mongos refuses it.
+    let r = orders.update_one(doc! {"customerId": 42}, doc! {"$set": {"seen": true}}).await.unwrap();
+    assert_eq!(r.modified_count, 1);
+    let r = orders.update_one(doc! {"_id": 43}, doc! {"$set": {"seen": true}}).await.unwrap();
+    assert_eq!(r.modified_count, 1);
+    let r = orders.update_many(doc! {"v": 5}, doc! {"$inc": {"hits": 1}}).await.unwrap();
+    assert_eq!(r.modified_count, (0..3000).filter(|i| i % 7 == 5).count() as u64);
+    assert_code(orders.update_one(doc! {"v": 5}, doc! {"$set": {"x": 1}}).await, 61);
+    assert_code(orders.update_one(doc! {"customerId": 7}, doc! {"$set": {"customerId": 8}}).await, 66);
+    let r = orders.update_one(doc! {"customerId": 5000}, doc! {"$set": {"v": 9}}).upsert(true).await.unwrap();
+    assert!(r.upserted_id.is_some());
+    assert_code(orders.update_one(doc! {"v": 10}, doc! {"$set": {"x": 1}}).upsert(true).await, 61);
+    assert_code(orders.delete_one(doc! {"v": 4}).await, 61);
+    assert_eq!(orders.delete_one(doc! {"customerId": 4}).await.unwrap().deleted_count, 1);
+    assert_eq!(orders.delete_many(doc! {"v": 2}).await.unwrap().deleted_count, (0..3000).filter(|i| i % 7 == 2).count() as u64);
+    assert_eq!(orders.count_documents(doc! {}).await.unwrap(), 3000 + 1 - 1 - (0..3000).filter(|i| i % 7 == 2).count() as u64);
+
+    // Errors come back at the client's positions: duplicate _ids land on the shard that
+    // already holds them, whatever shard the rest of the batch goes to.
+    let batch: Vec<Document> = vec![doc! {"_id": 10_001, "customerId": 10_001}, doc! {"_id": 1, "customerId": 1}, doc! {"_id": 10_002, "customerId": 10_002}, doc! {"_id": 3, "customerId": 3}];
+    let e = orders.insert_many(batch).ordered(false).await.unwrap_err();
+    let mongodb::error::ErrorKind::InsertMany(failure) = *e.kind else { panic!("{e:?}") };
+    let mut failed: Vec<usize> = failure.write_errors.unwrap().iter().map(|w| w.index).collect();
+    failed.sort();
+    assert_eq!(failed, vec![1, 3]);
+    assert_eq!(orders.count_documents(doc! {"_id": {"$in": [10_001, 10_002]}}).await.unwrap(), 2);
+
+    // An unsharded collection lives on its database's primary shard.
+    let plain = client.database("app").collection::<Document>("plain");
+    plain.insert_many((0..10).map(|i| doc! {"_id": i})).await.unwrap();
+    let primary = client.database("config").collection::<Document>("databases").find_one(doc! {"_id": "app"}).await.unwrap().unwrap();
+    let primary = primary.get_str("primary").unwrap();
+    let at: usize = primary.trim_start_matches("shard").parse().unwrap();
+    assert_eq!(cluster.shard(at).await.database("app").collection::<Document>("plain").count_documents(doc! {}).await.unwrap(), 10);
+    assert_eq!(plain.count_documents(doc! {}).await.unwrap(), 10);
+    let names = client.database("app").list_collection_names().await.unwrap();
+    assert!(names.contains(&"plain".to_string()) && names.contains(&"orders".to_string()), "{names:?}");
+
+    // An open cursor can be killed; a getMore then finds nothing.
+    let reply = client.database("app").run_command(doc! {"find": "orders", "batchSize": 2}).await.unwrap();
+    let id = reply.get_document("cursor").unwrap().get_i64("id").unwrap();
+    assert_ne!(id, 0);
+    let killed = client.database("app").run_command(doc! {"killCursors": "orders", "cursors": [id]}).await.unwrap();
+    assert_eq!(killed.get_array("cursorsKilled").unwrap(), &vec![Bson::Int64(id)]);
+    assert_code(client.database("app").run_command(doc! {"getMore": id, "collection": "orders"}).await, 43);
+
+    // Unknown commands are absent, as on mongos.
+    assert_code(admin.run_command(doc! {"noSuchCommand": 1}).await, 59);
+}
+
+#[tokio::test]
+async fn a_restarted_router_reads_the_cluster_from_the_config_servers() {
+    let cluster = Cluster::up(2);
+    let client = cluster.client().await;
+    client.database("admin").run_command(doc! {"shardCollection": "app.c", "key": {"k": "hashed"}}).await.unwrap();
+    let c = client.database("app").collection::<Document>("c");
+    c.insert_many((0..200).map(|i| doc! {"_id": i, "k": i})).await.unwrap();
+    drop(client);
+
+    // kill -9 the router and start another on the same port with the same config servers.
+    let pid = cluster.router_pid();
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let configdb = format!("cfg/127.0.0.1:{}", cluster.port + 1);
+    let log = std::fs::File::create(cluster.dir.join("router2.log")).unwrap();
+    let mut router = Command::new(binary_path()).args(["router", "--configdb", &configdb, "--port", &cluster.port.to_string()]).stderr(log).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", cluster.port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "the new router did not listen");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let client = cluster.client().await;
+    let c = client.database("app").collection::<Document>("c");
+    assert_eq!(c.count_documents(doc! {}).await.unwrap(), 200);
+    // Its routing table is the config servers': a point write lands on the owning shard.
+    c.insert_one(doc! {"_id": 1000, "k": 1000}).await.unwrap();
+    let mut holders = 0;
+    for i in 0..2 {
+        holders += cluster.shard(i).await.database("app").collection::<Document>("c").count_documents(doc! {"_id": 1000}).await.unwrap();
+    }
+    assert_eq!(holders, 1);
+    assert_eq!(c.find_one(doc! {"k": 1000}).await.unwrap().unwrap().get_i32("_id").unwrap(), 1000);
+    let _ = router.kill();
+    let _ = router.wait();
+}
