@@ -18,6 +18,10 @@ struct Cluster {
 
 impl Cluster {
     fn up(shards: usize) -> Cluster {
+        Cluster::up_with(shards, 1)
+    }
+
+    fn up_with(shards: usize, replicas: usize) -> Cluster {
         // The router's port and the next shards + 1 (config servers, shards) must be free.
         let port = loop {
             let p = free_port();
@@ -27,7 +31,7 @@ impl Cluster {
         };
         let dir = std::env::temp_dir().join(format!("shoal-sharding-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let up = Command::new(binary_path()).args(["cluster", "up", "--shards", &shards.to_string(), "--port", &port.to_string(), "--dir", dir.to_str().unwrap()]).output().unwrap();
+        let up = Command::new(binary_path()).args(["cluster", "up", "--shards", &shards.to_string(), "--replicas", &replicas.to_string(), "--port", &port.to_string(), "--dir", dir.to_str().unwrap()]).output().unwrap();
         assert!(up.status.success(), "cluster up failed: {}", String::from_utf8_lossy(&up.stderr));
         assert_eq!(String::from_utf8_lossy(&up.stdout).trim(), format!("mongodb://127.0.0.1:{port}/"));
         Cluster { dir, port, shards }
@@ -40,6 +44,12 @@ impl Cluster {
     /// A direct connection to shard `i`'s only member.
     async fn shard(&self, i: usize) -> mongodb::Client {
         mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?directConnection=true", self.port + 2 + i as u16)).await.unwrap()
+    }
+
+    /// The pid of the process listening on `host`.
+    fn pid_of(&self, host: &str) -> i32 {
+        let pids = std::fs::read_to_string(self.dir.join("cluster.pids")).unwrap();
+        pids.lines().filter(|l| l.split_whitespace().nth(1) == Some(host)).filter_map(|l| l.split_whitespace().next()?.parse().ok()).last().unwrap()
     }
 
     fn router_pid(&self) -> i32 {
@@ -204,4 +214,43 @@ async fn a_restarted_router_reads_the_cluster_from_the_config_servers() {
     assert_eq!(c.find_one(doc! {"k": 1000}).await.unwrap().unwrap().get_i32("_id").unwrap(), 1000);
     let _ = router.kill();
     let _ = router.wait();
+}
+
+#[tokio::test]
+async fn writes_through_the_router_go_on_after_a_shard_fails_over() {
+    let cluster = Cluster::up_with(1, 3);
+    let client = cluster.client().await;
+    client.database("admin").run_command(doc! {"shardCollection": "app.f", "key": {"k": "hashed"}}).await.unwrap();
+    let f = client.database("app").collection::<Document>("f");
+    let mut acked: Vec<i64> = Vec::new();
+    for i in 0..50i64 {
+        f.insert_one(doc! {"_id": i, "k": i}).await.unwrap();
+        acked.push(i);
+    }
+    // kill -9 the shard's primary.
+    let member = cluster.shard(0).await;
+    let hello = member.database("admin").run_command(doc! {"hello": 1}).await.unwrap();
+    let primary = hello.get_str("primary").unwrap().to_string();
+    unsafe { libc::kill(cluster.pid_of(&primary), libc::SIGKILL) };
+    // Writes fail while the set elects (the driver retries each once), then go on: the
+    // router finds the new primary by itself.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let mut i = 50i64;
+    let mut after = 0;
+    while after < 30 {
+        assert!(std::time::Instant::now() < deadline, "no write succeeded through the router after the failover ({after} did)");
+        match f.insert_one(doc! {"_id": i, "k": i}).await {
+            Ok(_) => {
+                acked.push(i);
+                after += 1;
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+        i += 1;
+    }
+    // Every acknowledged (majority) write survived the failover.
+    let found: Vec<i64> = collect(f.find(doc! {}).await.unwrap()).await.iter().map(|d| d.get_i64("_id").unwrap()).collect();
+    for id in &acked {
+        assert!(found.contains(id), "acknowledged write {id} is missing after the failover");
+    }
 }

@@ -14,6 +14,10 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
 /// Idle connections kept per host; more are opened when needed and closed when returned.
 const IDLE_PER_HOST_MAX: usize = 64;
+/// How long a command waits for a set that has no primary (mongos's server selection
+/// timeout).
+const PRIMARY_WAIT: Duration = Duration::from_secs(20);
+const PRIMARY_RETRY: Duration = Duration::from_millis(200);
 /// Hosts in a connection string.
 const HOSTS_MAX: usize = 50;
 
@@ -106,11 +110,24 @@ impl Pool {
         r
     }
 
-    /// The set's primary: the member last found, or the one its members name now.
+    /// The set's primary: the member last found, or the one its members name now. While
+    /// they name none (an election), asks again for up to `PRIMARY_WAIT`, as mongos waits
+    /// for a shard's new primary rather than fail at once.
     pub async fn primary(&self, set: &ReplicaSet) -> Result<String> {
         if let Some(p) = set.primary.lock().clone() {
             return Ok(p);
         }
+        let deadline = tokio::time::Instant::now() + PRIMARY_WAIT;
+        loop {
+            match self.find_primary(set).await {
+                Ok(p) => return Ok(p),
+                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+                Err(_) => tokio::time::sleep(PRIMARY_RETRY).await,
+            }
+        }
+    }
+
+    async fn find_primary(&self, set: &ReplicaSet) -> Result<String> {
         let mut last_error = None;
         for host in &set.hosts {
             match self.run_on_host(host, "admin", doc! {"hello": 1}, None, CONNECT_TIMEOUT).await {
