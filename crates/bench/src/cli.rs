@@ -73,7 +73,7 @@ pub struct InsertArgs {
     /// Ordered batches (stop at the first error); default unordered.
     #[arg(long)]
     pub ordered: bool,
-    /// Shard the collection on {customerId: 1} first (sharded MongoDB clusters).
+    /// Shard the collection on {customerId: "hashed"} first (sharded MongoDB clusters).
     #[arg(long)]
     pub shard: bool,
     #[arg(long, default_value_t = 100_000)]

@@ -89,6 +89,14 @@ async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
     assert_code_name(admin.run_command(doc! {"shardCollection": "app.orders", "key": {"other": 1}}).await, 23, "AlreadyInitialized");
     assert_code(admin.run_command(doc! {"shardCollection": "app.u", "key": {"h": "hashed"}, "unique": true}).await, 72);
 
+    // An empty collection's indexes go with it to every shard.
+    client.database("app").run_command(doc! {"createIndexes": "idx", "indexes": [{"key": {"v": 1, "w": -1}, "name": "v_1_w_-1"}]}).await.unwrap();
+    admin.run_command(doc! {"shardCollection": "app.idx", "key": {"h": "hashed"}}).await.unwrap();
+    for i in 0..cluster.shards {
+        let names = cluster.shard(i).await.database("app").collection::<Document>("idx").list_index_names().await.unwrap();
+        assert!(names.contains(&"v_1_w_-1".to_string()) && names.contains(&"h_hashed".to_string()), "shard {i}: {names:?}");
+    }
+
     // Six chunks (two per shard) in config.chunks, one collection entry.
     let config = client.database("config");
     let entry = config.collection::<Document>("collections").find_one(doc! {"_id": "app.orders"}).await.unwrap().unwrap();

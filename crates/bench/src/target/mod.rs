@@ -49,7 +49,8 @@ pub trait Target: Send + Sync {
     /// bench02: drops (when asked) and recreates the collection with the first `indexes_count`
     /// of `ORDER_INDEXES`.
     fn orders_prepare<'a>(&'a self, collection: &'a str, indexes_count: usize, drop_first: bool) -> BoxFuture<'a, Result<()>>;
-    /// bench02: shards the collection on customerId (MongoDB sharded clusters only).
+    /// bench02: shards the collection on a hashed customerId, as the elastic-cluster reports do
+    /// (MongoDB sharded clusters only).
     fn orders_shard<'a>(&'a self, collection: &'a str) -> BoxFuture<'a, Result<()>>;
     /// Inserts one batch; Err carries the database's message.
     fn orders_insert<'a>(&'a self, collection: &'a str, orders: &'a [Order], ordered: bool) -> BoxFuture<'a, Result<()>>;

@@ -242,7 +242,7 @@ impl Target for MongoTarget {
             let admin = self.client.database("admin");
             let ns = format!("{}.{}", self.db.name(), collection);
             admin.run_command(doc! {"enableSharding": self.db.name()}).await.context("enableSharding")?;
-            admin.run_command(doc! {"shardCollection": &ns, "key": {"customerId": 1}}).await.with_context(|| format!("shardCollection {ns}"))?;
+            admin.run_command(doc! {"shardCollection": &ns, "key": {"customerId": "hashed"}}).await.with_context(|| format!("shardCollection {ns}"))?;
             Ok(())
         })
     }

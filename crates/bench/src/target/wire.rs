@@ -361,7 +361,7 @@ impl Target for WireTarget {
         Box::pin(async move {
             let ns = format!("{}.{}", self.db, collection);
             self.run(doc! {"enableSharding": self.db.as_str(), "$db": "admin"}).await.context("enableSharding")?;
-            self.run(doc! {"shardCollection": &ns, "key": {"customerId": 1}, "$db": "admin"}).await.with_context(|| format!("shardCollection {ns}"))?;
+            self.run(doc! {"shardCollection": &ns, "key": {"customerId": "hashed"}, "$db": "admin"}).await.with_context(|| format!("shardCollection {ns}"))?;
             Ok(())
         })
     }

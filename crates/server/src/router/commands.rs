@@ -280,11 +280,19 @@ async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
     let index = doc! {"key": key.to_doc().clone(), "name": index_name(key.to_doc()), "unique": unique};
     let chunks = if count == 0 {
         let chunks = initial_chunks(&key, &shard_ids, &primary, per_shard);
-        // The collection and its shard-key index on every shard that gets a chunk.
-        let owners: BTreeSet<&str> = chunks.iter().map(|c| c.shard.as_str()).chain([primary.as_str()]).collect();
+        // The shard-key index on the primary, then the collection with every index the
+        // primary has on each other shard that gets a chunk (a migration copies indexes too).
+        reply_result(router.pool.run(&primary_set, db, doc! {"createIndexes": coll, "indexes": [index.clone()]}, None, COMMAND_TIMEOUT).await?.1)?;
+        let listed = on_primary(doc! {"listIndexes": coll}).await?;
+        let (_, specs) = cursor_docs(&listed, "firstBatch")?;
+        let specs: Vec<Document> = specs.into_iter().filter(|s| s.get_str("name").ok() != Some("_id_")).map(|mut s| {
+            s.remove("v");
+            s
+        }).collect();
+        let owners: BTreeSet<&str> = chunks.iter().map(|c| c.shard.as_str()).filter(|s| *s != primary).collect();
         for owner in owners {
             let set = router.shard(owner).await?;
-            reply_result(router.pool.run(&set, db, doc! {"createIndexes": coll, "indexes": [index.clone()]}, None, COMMAND_TIMEOUT).await?.1)?;
+            reply_result(router.pool.run(&set, db, doc! {"createIndexes": coll, "indexes": specs.clone()}, None, COMMAND_TIMEOUT).await?.1)?;
         }
         chunks
     } else {
