@@ -104,7 +104,8 @@ pub struct ScenarioArgs {
     /// Override the seconds each measured phase runs.
     #[arg(long)]
     pub seconds_per_phase: Option<u64>,
-    /// Override the replica-set sizes a scenario runs (chaining: 3,7,15).
+    /// Override the sizes a scenario runs (chaining: members per set, 3,7,15; elastic: shards
+    /// per run, 1,2,4,8,16).
     #[arg(long, value_delimiter = ',')]
     pub members: Option<Vec<usize>>,
     /// Override the chaining modes a scenario runs (chaining: on,off,auto).

@@ -5,6 +5,7 @@
 
 pub mod audit;
 pub mod chaining;
+pub mod elastic;
 pub mod logship;
 pub mod chart;
 pub mod instance;
@@ -33,7 +34,7 @@ pub trait Scenario: Send + Sync {
 
 /// Every scenario `shoal bench scenario NAME` knows.
 pub fn registry() -> Vec<Box<dyn Scenario>> {
-    vec![Box::new(instance::Instance), Box::new(chaining::Chaining), Box::new(logship::Logship), Box::new(audit::Audit)]
+    vec![Box::new(instance::Instance), Box::new(chaining::Chaining), Box::new(logship::Logship), Box::new(audit::Audit), Box::new(elastic::Elastic)]
 }
 
 /// A server process started by a scenario; killed when dropped.
@@ -106,15 +107,31 @@ impl ScenarioContext {
     /// Starts `shoal serve` on a free loopback port with a fresh dbpath and waits until it
     /// accepts connections. Returns the node's index in `nodes`.
     pub fn start_node(&mut self, name: &str, args_extra: &[String]) -> Result<usize> {
+        let dbpath = self.work_dir.join(format!("{name}-db"));
+        std::fs::create_dir_all(&dbpath).with_context(|| format!("create {}", dbpath.display()))?;
+        let mut args = vec!["serve".to_string(), "--bind_ip".into(), "127.0.0.1".into(), "--dbpath".into(), dbpath.display().to_string()];
+        args.extend(args_extra.iter().cloned());
+        self.start_process(name, args, dbpath)
+    }
+
+    /// Starts `shoal router` for the config servers `configdb` (`set/host:port`) on a free
+    /// port; returns its index in `nodes`.
+    pub fn start_router(&mut self, name: &str, configdb: &str) -> Result<usize> {
+        let args = vec!["router".to_string(), "--bind_ip".into(), "127.0.0.1".into(), "--configdb".into(), configdb.to_string()];
+        let dir = self.work_dir.clone();
+        self.start_process(name, args, dir)
+    }
+
+    /// Runs the shoal binary with `args` and `--port <free port>`, and waits until it accepts
+    /// connections.
+    fn start_process(&mut self, name: &str, args: Vec<String>, dbpath: PathBuf) -> Result<usize> {
         if self.nodes.len() >= NODES_MAX {
             bail!("a scenario may start at most {NODES_MAX} nodes");
         }
         let port = free_port()?;
-        let dbpath = self.work_dir.join(format!("{name}-db"));
-        std::fs::create_dir_all(&dbpath).with_context(|| format!("create {}", dbpath.display()))?;
         let log = std::fs::File::create(self.work_dir.join(format!("{name}.log"))).context("create node log")?;
         let mut cmd = Command::new(&self.server_exe);
-        cmd.args(["serve", "--port", &port.to_string(), "--bind_ip", "127.0.0.1", "--dbpath"]).arg(&dbpath).args(args_extra);
+        cmd.args(&args).args(["--port", &port.to_string()]);
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         let mut child = cmd.spawn().with_context(|| format!("start {} serve", self.server_exe.display()))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], port));

@@ -684,9 +684,8 @@ async fn open_streams(router: &Router, req: &Request, shards: &BTreeSet<String>,
     let opens = shards.iter().map(|s| async move {
         let set = router.shard(s).await?;
         let (host, raw) = router.pool.run_raw(&set, &req.db, body.clone(), None, timeout_of(req)).await?;
-        if super::shards::raw_reply_code(&raw).is_some() {
-            reply_result(super::shards::decode(raw)?)?;
-            return Err(Error::internal("unreachable: an error reply"));
+        if let Some(e) = super::shards::raw_error(&raw) {
+            return Err(e);
         }
         Stream::from_reply(host, &req.db, &raw)
     });
@@ -710,8 +709,8 @@ async fn single_shard_cursor(router: &Router, req: &Request, shard: &str, body: 
     let ns_default = format!("{}.{}", req.db, req.body.get_str(&req.name).unwrap_or("$cmd"));
     let set = router.shard(shard).await?;
     let (host, raw) = router.pool.run_raw(&set, &req.db, body, None, timeout_of(req)).await?;
-    if super::shards::raw_reply_code(&raw).is_some() {
-        return reply_result(super::shards::decode(raw)?);
+    if let Some(e) = super::shards::raw_error(&raw) {
+        return Err(e);
     }
     let ns = raw.get_document("cursor").ok().and_then(|c| c.get_str("ns").ok()).unwrap_or(&ns_default).to_string();
     let mut stream = Stream::from_reply(host, &req.db, &raw)?;

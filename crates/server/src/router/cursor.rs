@@ -4,7 +4,7 @@
 //! merge (each shard was asked for skip + limit and no skip) and a projection it kept back
 //! from the shards (a sort on a field the projection drops needs the field to merge).
 
-use super::shards::{decode, raw_reply_code, reply_result, Pool, COMMAND_TIMEOUT};
+use super::shards::{raw_error, Pool, COMMAND_TIMEOUT};
 use bson::{doc, Document, RawDocumentBuf};
 use common::{Code, Error, Result};
 use parking_lot::Mutex;
@@ -52,10 +52,9 @@ impl Stream {
                 return Err(e);
             }
         };
-        if raw_reply_code(&reply).is_some() {
+        if let Some(e) = raw_error(&reply) {
             self.id = 0;
-            reply_result(decode(reply)?)?;
-            return Ok(());
+            return Err(e);
         }
         let (id, _, docs) = raw_batch(&reply, "nextBatch")?;
         self.id = id;

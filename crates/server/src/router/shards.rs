@@ -205,7 +205,16 @@ pub fn decode(raw: RawDocumentBuf) -> Result<Document> {
     Document::try_from(raw.as_ref()).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid BSON in a reply: {e}")))
 }
 
-pub fn raw_reply_code(reply: &bson::RawDocument) -> Option<i32> {
+/// The error a raw reply carries, if it is not ok.
+pub fn raw_error(reply: &RawDocumentBuf) -> Option<Error> {
+    raw_reply_code(reply)?;
+    Some(match decode(reply.clone()).and_then(reply_result) {
+        Err(e) => e,
+        Ok(_) => Error::new(Code::UnknownError, "a reply without ok:1"),
+    })
+}
+
+fn raw_reply_code(reply: &bson::RawDocument) -> Option<i32> {
     use bson::RawBsonRef;
     let ok = matches!(reply.get("ok"), Ok(Some(RawBsonRef::Double(v))) if v == 1.0) || matches!(reply.get("ok"), Ok(Some(RawBsonRef::Int32(1) | RawBsonRef::Int64(1) | RawBsonRef::Boolean(true))));
     if ok {
