@@ -5,7 +5,7 @@
 //! replaced by its hash (an int64, `storage::hash_bson`, equal to mongod's), so keys compare
 //! with `query`'s BSON order, field by field, as mongod compares chunk bounds.
 
-use bson::{Bson, Document};
+use bson::{Bson, Document, RawBsonRef, RawDocument};
 use common::{Code, Error, Result};
 use std::cmp::Ordering;
 
@@ -85,9 +85,19 @@ impl ShardKeyPattern {
     /// The key `doc` has: a missing field counts as null (as mongod places documents that
     /// lack a shard key field since 4.4), an array anywhere on a path is refused.
     pub fn key_of_doc(&self, doc: &Document) -> Result<Key> {
+        self.key_with(|parts| value_at(doc, parts))
+    }
+
+    /// `key_of_doc` of a document still in BSON: only the key's fields are decoded (a
+    /// router routes a batch's documents without decoding them).
+    pub fn key_of_raw(&self, doc: &RawDocument) -> Result<Key> {
+        self.key_with(|parts| raw_value_at(doc, parts))
+    }
+
+    fn key_with(&self, value_at: impl Fn(&[String]) -> Result<Option<Bson>>) -> Result<Key> {
         let mut key = Vec::with_capacity(self.fields.len());
         for (parts, hashed) in &self.fields {
-            let v = value_at(doc, parts)?.unwrap_or(Bson::Null);
+            let v = value_at(parts)?.unwrap_or(Bson::Null);
             key.push(if *hashed { Bson::Int64(storage::hash_bson(&v)) } else { v });
         }
         Ok(key)
@@ -142,6 +152,23 @@ fn value_at(doc: &Document, parts: &[String]) -> Result<Option<Bson>> {
     Ok(None)
 }
 
+/// `value_at` in a raw document.
+fn raw_value_at(doc: &RawDocument, parts: &[String]) -> Result<Option<Bson>> {
+    let array = || Error::new(Code::ShardKeyNotFound, "Shard key cannot contain array values or array descendants.");
+    let invalid = |e: bson::error::Error| Error::new(Code::InvalidBSON, format!("Invalid BSON: {e}"));
+    let mut cur = doc;
+    for (i, p) in parts.iter().enumerate() {
+        match cur.get(p).map_err(invalid)? {
+            None => return Ok(None),
+            Some(RawBsonRef::Array(_)) => return Err(array()),
+            Some(RawBsonRef::Document(d)) if i + 1 < parts.len() => cur = d,
+            Some(_) if i + 1 < parts.len() => return Ok(None),
+            Some(v) => return Ok(Some(Bson::try_from(v).map_err(invalid)?)),
+        }
+    }
+    Ok(None)
+}
+
 /// Keys compare field by field in BSON order.
 pub fn cmp_keys(a: &[Bson], b: &[Bson]) -> Ordering {
     for (x, y) in a.iter().zip(b) {
@@ -179,6 +206,11 @@ mod tests {
         assert_eq!(p.key_of_doc(&doc! {"a": {"b": [1]}}).unwrap_err().code, Code::ShardKeyNotFound.0);
         assert_eq!(p.key_of_doc(&doc! {"a": [{"b": 1}]}).unwrap_err().code, Code::ShardKeyNotFound.0);
         assert_eq!(p.key_doc(&p.global_min()), doc! {"a.b": Bson::MinKey, "c": Bson::MinKey});
+        // The same keys from BSON.
+        for d in [doc! {"a": {"b": "x"}, "c": 2}, doc! {"c": 1.5}, doc! {"a": 1}, doc! {"a": {"b": [1]}}] {
+            let raw = bson::RawDocumentBuf::try_from(&d).unwrap();
+            assert_eq!(p.key_of_raw(&raw).map_err(|e| e.code), p.key_of_doc(&d).map_err(|e| e.code), "{d}");
+        }
     }
 
     #[test]

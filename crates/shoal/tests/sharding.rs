@@ -167,6 +167,14 @@ async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
     assert_eq!(failed, vec![1, 3]);
     assert_eq!(orders.count_documents(doc! {"_id": {"$in": [10_001, 10_002]}}).await.unwrap(), 2);
 
+    // The same through documents in the command's body, without _id (the router adds one,
+    // so every shard stores the document it routed).
+    let r = client.database("app").run_command(doc! {"insert": "orders", "documents": [{"customerId": 20_001}, {"customerId": 20_002}]}).await.unwrap();
+    assert_eq!(num_field(&r, "n"), 2.0);
+    let added = collect(orders.find(doc! {"customerId": {"$in": [20_001, 20_002]}}).await.unwrap()).await;
+    assert_eq!(added.len(), 2);
+    assert!(added.iter().all(|d| d.get_object_id("_id").is_ok()));
+
     // An unsharded collection lives on its database's primary shard.
     let plain = client.database("app").collection::<Document>("plain");
     plain.insert_many((0..10).map(|i| doc! {"_id": i})).await.unwrap();

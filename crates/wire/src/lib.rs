@@ -201,6 +201,93 @@ pub fn with_raw_msg<T>(
     f(header, flags, body)
 }
 
+/// A document sequence whose documents are kept as BSON: a router reads a client's batch
+/// this way and passes each document on to its shard as the bytes it came as.
+#[derive(Clone, Debug)]
+pub struct RawSequence<'a> {
+    pub identifier: &'a str,
+    /// Each a whole BSON document (its length checked, not its contents).
+    pub documents: Vec<&'a [u8]>,
+}
+
+/// An uncompressed OP_MSG read without decoding its document sequences.
+pub struct RawMsg<'a> {
+    pub flags: u32,
+    pub body: &'a bson::RawDocument,
+    pub sequences: Vec<RawSequence<'a>>,
+}
+
+/// `frame` as a `RawMsg`, borrowing from it; `None` for another opcode or a compressed
+/// message (the caller decodes those with `decode`). Flags, checksum, section kinds, the
+/// sequences' sizes and each document's length are checked as `decode` checks them; the
+/// documents' contents are not.
+pub fn raw_msg(frame: &[u8], max_message_size_bytes: usize) -> Result<Option<RawMsg<'_>>> {
+    let (header, bytes, _) = uncompressed(frame, max_message_size_bytes)?;
+    if header.op_code != OP_MSG || matches!(bytes, std::borrow::Cow::Owned(_)) {
+        return Ok(None);
+    }
+    let (flags, sections) = msg_sections(frame)?;
+    let mut reader = Reader::new(sections);
+    let mut body = None;
+    let mut sequences: Vec<RawSequence> = Vec::new();
+    while !reader.is_empty() {
+        match reader.u8("section kind")? {
+            0 if body.is_none() => {
+                let len = bson_codec::read_raw_document(reader.rest())?;
+                let bytes = reader.take(len, "body")?;
+                body = Some(bson::RawDocument::from_bytes(bytes).map_err(|e| Error::new(Code::InvalidBSON, format!("Invalid BSON: {e}")))?);
+            }
+            0 => return Err(Error::location(40430, "Multiple body sections in message")),
+            1 => {
+                if sequences.len() >= DOCUMENT_SEQUENCES_MAX {
+                    return Err(Error::new(Code::TooManyDocumentSequences, "Too many document sequences in OP_MSG"));
+                }
+                let size = reader.i32("document sequence size")?;
+                let size = usize::try_from(size).ok().filter(|&s| s > 4).ok_or_else(|| protocol(format!("invalid document sequence size {size}")))?;
+                let mut sequence = Reader::new(reader.take(size - 4, "document sequence")?);
+                let identifier = sequence.cstr("document sequence identifier")?;
+                if sequences.iter().any(|s| s.identifier == identifier) {
+                    return Err(Error::location(40431, format!("Duplicate document sequence: {identifier}")));
+                }
+                let mut documents = Vec::new();
+                while !sequence.is_empty() {
+                    let len = bson_codec::read_raw_document(sequence.rest())?;
+                    documents.push(sequence.take(len, "document")?);
+                }
+                sequences.push(RawSequence { identifier, documents });
+            }
+            2 => return Err(Error::new(Code::Unauthorized, "Unsupported Security Token provided")),
+            kind => return Err(Error::location(40432, format!("Unknown section kind {kind}"))),
+        }
+    }
+    let body = body.ok_or_else(|| Error::location(40587, "OP_MSG messages must have a body"))?;
+    Ok(Some(RawMsg { flags, body, sequences }))
+}
+
+/// Encode an OP_MSG of `body` and the raw document sequence `sequence` (no checksum, no
+/// compression).
+pub fn try_encode_msg_raw_sequence(request_id: i32, body: &Document, sequence: &RawSequence) -> Result<Vec<u8>> {
+    if sequence.identifier.as_bytes().contains(&0) {
+        return Err(Error::new(Code::InvalidBSON, "document sequence identifier contains a NUL byte"));
+    }
+    let docs_bytes: usize = sequence.documents.iter().map(|d| d.len()).sum();
+    let mut buf = frame_start(request_id, 0, OP_MSG, 4 + 1 + document_size_bytes(body) + 1 + 4 + sequence.identifier.len() + 1 + docs_bytes);
+    buf.extend_from_slice(&0u32.to_le_bytes());
+    buf.push(0);
+    bson_codec::write_document(&mut buf, body)?;
+    buf.push(1);
+    let start = buf.len();
+    buf.extend_from_slice(&[0; 4]);
+    buf.extend_from_slice(sequence.identifier.as_bytes());
+    buf.push(0);
+    for d in &sequence.documents {
+        buf.extend_from_slice(d);
+    }
+    bson_codec::patch_length(&mut buf, start)?;
+    frame_finish(&mut buf)?;
+    Ok(buf)
+}
+
 /// The frame with OP_COMPRESSED undone (the inner message behind a reconstructed header),
 /// and the compressor that was used.
 fn uncompressed(

@@ -949,3 +949,28 @@ fn msg_command_of_a_cut_or_foreign_frame_is_an_error() {
     }
     assert!(msg_command_into(&mut Vec::new(), &encode_query(1, &sample_query())).is_err());
 }
+
+#[test]
+fn raw_msg_keeps_a_sequences_documents_as_bytes_and_they_encode_back() {
+    let docs = vec![doc! {"_id": 1, "a": "x"}, doc! {"_id": 2, "b": [1, 2]}];
+    let msg = OpMsg { flags: 0, body: doc! {"insert": "c", "$db": "d"}, sequences: vec![DocumentSequence { identifier: "documents".into(), documents: docs.clone() }] };
+    let frame = encode_msg(7, 0, &msg, None);
+    let raw = super::raw_msg(&frame, 1 << 20).unwrap().expect("an uncompressed OP_MSG");
+    assert_eq!(raw.body.get_str("insert").unwrap(), "c");
+    assert_eq!(raw.sequences.len(), 1);
+    assert_eq!(raw.sequences[0].identifier, "documents");
+    let back: Vec<Document> = raw.sequences[0].documents.iter().map(|b| Document::try_from(bson::RawDocument::from_bytes(b).unwrap()).unwrap()).collect();
+    assert_eq!(back, docs);
+    // Re-encoded with another body, the documents arrive as they were.
+    let out = try_encode_msg_raw_sequence(9, &doc! {"insert": "c", "$db": "d2"}, &raw.sequences[0]).unwrap();
+    let Message::Msg(m) = decode(&out, 1 << 20).unwrap().message else { panic!("not an OP_MSG") };
+    assert_eq!(m.body.get_str("$db").unwrap(), "d2");
+    assert_eq!(m.sequences[0].documents, docs);
+    // A compressed frame or another opcode is left to `decode`; a cut document is refused.
+    assert!(super::raw_msg(&encode_msg(7, 0, &msg, Some(Compressor::Snappy)), 1 << 20).unwrap().is_none());
+    assert!(super::raw_msg(&encode_query(1, &sample_query()), 1 << 20).unwrap().is_none());
+    let mut bad = frame.clone();
+    let n = bad.len();
+    bad[n - 1] = 1; // the last document loses its terminator
+    assert!(super::raw_msg(&bad, 1 << 20).is_err());
+}

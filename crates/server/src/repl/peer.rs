@@ -119,7 +119,7 @@ impl PeerConn {
     /// return the reply whatever its `ok`: the router passes shards' errors on with every
     /// field they carry. Only network errors and timeouts are `Err` (and break the
     /// connection).
-    pub async fn command_reply_raw(&mut self, db: &str, body: Document, sequence: Option<wire::DocumentSequence>, timeout: Duration) -> Result<RawDocumentBuf> {
+    pub async fn command_reply_raw(&mut self, db: &str, body: Document, sequence: Option<&wire::RawSequence<'_>>, timeout: Duration) -> Result<RawDocumentBuf> {
         if self.broken {
             return Err(Error::new(Code::HostUnreachable, format!("connection to {} was broken by an earlier error", self.host)));
         }
@@ -127,8 +127,7 @@ impl PeerConn {
         body.insert("$db", db);
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        let msg = wire::OpMsg { flags: 0, body, sequences: sequence.into_iter().collect() };
-        let r = match tokio::time::timeout(timeout, self.write_msg(id, &msg)).await {
+        let r = match tokio::time::timeout(timeout, self.write_with_sequence(id, body, sequence)).await {
             Ok(r) => r,
             Err(_) => Err(Error::new(Code::NetworkTimeout, format!("could not send to {} within {} ms", self.host, timeout.as_millis()))),
         };
@@ -207,11 +206,25 @@ impl PeerConn {
         self.write_msg(id, &wire::OpMsg { flags, body, sequences: Vec::new() }).await
     }
 
+    async fn write_with_sequence(&mut self, id: i32, body: Document, sequence: Option<&wire::RawSequence<'_>>) -> Result<()> {
+        match sequence {
+            None => self.write_msg(id, &wire::OpMsg { flags: 0, body, sequences: Vec::new() }).await,
+            Some(seq) => {
+                let frame = wire::try_encode_msg_raw_sequence(id, &body, seq)?;
+                self.write_frame(&frame).await
+            }
+        }
+    }
+
     async fn write_msg(&mut self, id: i32, msg: &wire::OpMsg) -> Result<()> {
-        crate::fault::before_send(&self.host).await?;
         let frame = wire::try_encode_msg(id, 0, msg, None)?;
+        self.write_frame(&frame).await
+    }
+
+    async fn write_frame(&mut self, frame: &[u8]) -> Result<()> {
+        crate::fault::before_send(&self.host).await?;
         let io = |e: std::io::Error| Error::new(Code::HostUnreachable, format!("connection to {} failed: {e}", self.host));
-        self.stream.write_all(&frame).await.map_err(io)
+        self.stream.write_all(frame).await.map_err(io)
     }
 
     async fn read_reply(&mut self, request: i32) -> Result<RawDocumentBuf> {

@@ -339,13 +339,19 @@ async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
 // Writes
 
 /// One statement of a write command and where it goes.
-struct Stmt {
+struct Stmt<'a> {
     /// Its position in the client's command.
     index: usize,
-    body: Bson,
+    body: StmtBody<'a>,
     shards: Vec<String>,
     /// Refused by the router before any shard saw it.
     error: Option<Error>,
+}
+
+enum StmtBody<'a> {
+    Doc(Document),
+    /// A document of the client's batch as the bytes it came as (`raw_insert`).
+    Raw(&'a [u8]),
 }
 
 /// The statements' array field of a write command ("documents", "updates", "deletes").
@@ -379,9 +385,45 @@ async fn insert(router: &Router, req: &Request) -> Result<Document> {
             Ok(k) => (vec![sc.table.chunk_for(&k).shard.clone()], None),
             Err(e) => (Vec::new(), Some(e)),
         };
-        stmts.push(Stmt { index, body: Bson::Document(d), shards, error });
+        stmts.push(Stmt { index, body: StmtBody::Doc(d), shards, error });
     }
     split_write(router, req, "documents", stmts).await
+}
+
+/// An insert whose documents came as a document sequence, into a sharded collection: each
+/// document goes to its shard as the bytes it came as, only its shard key decoded. `None`
+/// when the message is not such an insert (or a document lacks an `_id`, which the router
+/// would have to add): the caller decodes it and runs it as any command.
+pub async fn raw_insert(router: &Router, msg: &wire::RawMsg<'_>) -> Option<Document> {
+    if msg.body.iter().next().and_then(|e| e.ok()).map(|(k, _)| k.as_str()) != Some("insert") || msg.sequences.len() != 1 || msg.sequences[0].identifier != "documents" {
+        return None;
+    }
+    let req = Request::from_msg(Document::try_from(msg.body).ok()?, Vec::new()).ok()?;
+    let coll = collection_of(&req).ok()?;
+    let ns = format!("{}.{coll}", req.db);
+    let sc = match router.sharded(&ns).await {
+        Ok(Some(sc)) => sc,
+        Ok(None) => return None,
+        Err(e) => return Some(dispatch::error_reply(&e)),
+    };
+    let mut stmts = Vec::with_capacity(msg.sequences[0].documents.len());
+    for (index, bytes) in msg.sequences[0].documents.iter().enumerate() {
+        let doc = bson::RawDocument::from_bytes(bytes).ok()?;
+        if !matches!(doc.get("_id"), Ok(Some(_))) {
+            return None;
+        }
+        let (shards, error) = match sc.table.key.key_of_raw(doc) {
+            Ok(k) => (vec![sc.table.chunk_for(&k).shard.clone()], None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        stmts.push(Stmt { index, body: StmtBody::Raw(bytes), shards, error });
+    }
+    let mut reply = match split_write(router, &req, "documents", stmts).await {
+        Ok(r) => r,
+        Err(e) => return Some(dispatch::error_reply(&e)),
+    };
+    reply.insert("ok", 1.0);
+    Some(reply)
 }
 
 /// Whether `filter` fixes `_id` to one value (a single update or delete may then go to every
@@ -461,7 +503,7 @@ async fn update(router: &Router, req: &Request) -> Result<Document> {
             Ok(s) => (s, None),
             Err(e) => (Vec::new(), Some(e)),
         };
-        stmts.push(Stmt { index, body: s.clone(), shards, error });
+        stmts.push(Stmt { index, body: StmtBody::Doc(d.clone()), shards, error });
     }
     split_write(router, req, "updates", stmts).await
 }
@@ -480,7 +522,7 @@ async fn delete(router: &Router, req: &Request) -> Result<Document> {
         let error = (single && shards.len() > 1 && !fixes_id(&filter)).then(|| {
             Error::new(Code::ShardKeyNotFound, "A single delete on a sharded collection must contain an exact match on _id (and have the collection default collation) or contain the shard key (and have the simple collation).")
         });
-        stmts.push(Stmt { index, body: s.clone(), shards, error });
+        stmts.push(Stmt { index, body: StmtBody::Doc(d.clone()), shards, error });
     }
     split_write(router, req, "deletes", stmts).await
 }
@@ -573,7 +615,7 @@ impl WriteResult {
 /// fields (write concern, session, `ordered`). Unordered: every shard at once. Ordered: runs
 /// of consecutive statements with the same targets, one run after another, stopping at the
 /// first error, as mongos does.
-async fn split_write(router: &Router, req: &Request, field: &str, stmts: Vec<Stmt>) -> Result<Document> {
+async fn split_write(router: &Router, req: &Request, field: &str, stmts: Vec<Stmt<'_>>) -> Result<Document> {
     let ordered = req.body.get_bool("ordered").unwrap_or(true);
     let mut result = WriteResult::default();
     let mut base = forwarded(req);
@@ -617,13 +659,27 @@ async fn split_write(router: &Router, req: &Request, field: &str, stmts: Vec<Stm
             if let Some(ids) = &stmt_ids {
                 body.insert("stmtIds", list.iter().map(|s| ids[s.index]).collect::<Vec<i32>>());
             }
-            let documents: Vec<Document> = list.iter().filter_map(|s| s.body.as_document().cloned()).collect();
-            let sequence = wire::DocumentSequence { identifier: field.to_string(), documents };
             let indexes: Vec<usize> = list.iter().map(|s| s.index).collect();
             async move {
-                let reply = match router.shard(shard).await {
-                    Ok(set) => router.pool.run(&set, &req.db, body, Some(sequence), timeout_of(req)).await.map(|(_, r)| r),
-                    Err(e) => Err(e),
+                // Each statement as BSON: a raw one as it came, a decoded one encoded once.
+                let encoded: Result<Vec<Vec<u8>>> = list
+                    .iter()
+                    .filter_map(|s| match &s.body {
+                        StmtBody::Doc(d) => Some(bson::RawDocumentBuf::try_from(d).map(|r| r.into_bytes()).map_err(|e| Error::new(Code::InvalidBSON, e.to_string()))),
+                        StmtBody::Raw(_) => None,
+                    })
+                    .collect();
+                let reply = match (router.shard(shard).await, encoded) {
+                    (Ok(set), Ok(encoded)) => {
+                        let mut owned = encoded.iter();
+                        let documents: Vec<&[u8]> = list.iter().filter_map(|s| match &s.body {
+                            StmtBody::Raw(b) => Some(*b),
+                            StmtBody::Doc(_) => owned.next().map(Vec::as_slice),
+                        }).collect();
+                        let sequence = wire::RawSequence { identifier: field, documents };
+                        router.pool.run(&set, &req.db, body, Some(&sequence), timeout_of(req)).await.map(|(_, r)| r)
+                    }
+                    (Err(e), _) | (_, Err(e)) => Err(e),
                 };
                 (indexes, reply)
             }

@@ -129,6 +129,17 @@ async fn serve_conn(router: &Arc<Router>, mut stream: TcpStream, conn: &mut Rout
         let Some(frame) = reader.next(&mut stream).await? else { return Ok(()) };
         let buf = &reader.buf[frame];
         let (request_id, op_code) = (i32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]), i32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]));
+        // An insert batch into a sharded collection passes its documents on undecoded.
+        if op_code == wire::OP_MSG {
+            if let Ok(Some(msg)) = wire::raw_msg(buf, MESSAGE_SIZE_MAX_BYTES) {
+                if let Some(reply) = commands::raw_insert(router, &msg).await {
+                    if msg.flags & wire::flags::MORE_TO_COME == 0 {
+                        stream.write_all(&msg_reply(request_id, reply)).await.map_err(|e| format!("write error: {e}"))?;
+                    }
+                    continue;
+                }
+            }
+        }
         let out = match wire::decode(buf, MESSAGE_SIZE_MAX_BYTES) {
             Err(e) if op_code == wire::OP_QUERY => wire::encode_reply(next_request_id(), request_id, &OpReply { response_flags: 2, cursor_id: 0, starting_from: 0, documents: vec![dispatch::error_reply(&e)] }, None),
             Err(e) if op_code == wire::OP_MSG || op_code == wire::OP_COMPRESSED => msg_reply(request_id, dispatch::error_reply(&e)),

@@ -98,12 +98,12 @@ impl Pool {
     }
 
     /// Run a command on `host` and return its reply, `ok: 0` included.
-    pub async fn run_on_host(&self, host: &str, db: &str, body: Document, sequence: Option<wire::DocumentSequence>, timeout: Duration) -> Result<Document> {
+    pub async fn run_on_host(&self, host: &str, db: &str, body: Document, sequence: Option<&wire::RawSequence<'_>>, timeout: Duration) -> Result<Document> {
         decode(self.run_on_host_raw(host, db, body, sequence, timeout).await?)
     }
 
     /// `run_on_host` with the reply as BSON.
-    pub async fn run_on_host_raw(&self, host: &str, db: &str, body: Document, sequence: Option<wire::DocumentSequence>, timeout: Duration) -> Result<RawDocumentBuf> {
+    pub async fn run_on_host_raw(&self, host: &str, db: &str, body: Document, sequence: Option<&wire::RawSequence<'_>>, timeout: Duration) -> Result<RawDocumentBuf> {
         let mut conn = self.checkout(host).await?;
         let r = conn.command_reply_raw(db, body, sequence, timeout).await;
         self.checkin(conn);
@@ -155,13 +155,13 @@ impl Pool {
     /// Run a command on the set's primary and return the host and its reply (`ok: 0`
     /// included). A primary that is no longer one, or cannot be reached before the command
     /// is sent, is looked up again and the command sent once more: it did not run.
-    pub async fn run(&self, set: &ReplicaSet, db: &str, body: Document, sequence: Option<wire::DocumentSequence>, timeout: Duration) -> Result<(String, Document)> {
+    pub async fn run(&self, set: &ReplicaSet, db: &str, body: Document, sequence: Option<&wire::RawSequence<'_>>, timeout: Duration) -> Result<(String, Document)> {
         let (host, raw) = self.run_raw(set, db, body, sequence, timeout).await?;
         Ok((host, decode(raw)?))
     }
 
     /// `run` with the reply as BSON.
-    pub async fn run_raw(&self, set: &ReplicaSet, db: &str, body: Document, sequence: Option<wire::DocumentSequence>, timeout: Duration) -> Result<(String, RawDocumentBuf)> {
+    pub async fn run_raw(&self, set: &ReplicaSet, db: &str, body: Document, sequence: Option<&wire::RawSequence<'_>>, timeout: Duration) -> Result<(String, RawDocumentBuf)> {
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -176,7 +176,7 @@ impl Pool {
                     return Err(e);
                 }
             };
-            let r = conn.command_reply_raw(db, body.clone(), sequence.clone(), timeout).await;
+            let r = conn.command_reply_raw(db, body.clone(), sequence, timeout).await;
             self.checkin(conn);
             match r {
                 Ok(reply) => match raw_reply_code(&reply) {

@@ -1,0 +1,62 @@
+"""A sharded cluster through pymongo: `shoal cluster up --shards 2` (config servers, two
+one-member shard sets, a router), a collection hash-sharded through the router, and pymongo's
+CRUD, bulk writes, cursors and errors against it."""
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pymongo
+import pytest
+from conftest import free_port
+from pymongo import DeleteOne, InsertOne, UpdateOne
+from pymongo.errors import BulkWriteError, OperationFailure
+
+
+@pytest.fixture(scope="module")
+def cluster(shoal_bin):
+    for _ in range(20):
+        port = free_port()
+        if port < 60000:
+            break
+    root = Path(tempfile.mkdtemp(prefix="shoal-pytest-sharded-"))
+    up = subprocess.run([shoal_bin, "cluster", "up", "--shards", "2", "--port", str(port), "--dir", str(root)], capture_output=True, text=True, timeout=180)
+    assert up.returncode == 0, up.stderr
+    yield {"uri": up.stdout.strip(), "port": port}
+    subprocess.run([shoal_bin, "cluster", "down", "--dir", str(root)], capture_output=True, timeout=60)
+
+
+def test_router_crud_bulk_and_cursors(cluster):
+    c = pymongo.MongoClient(cluster["uri"])
+    assert c.admin.command("hello")["msg"] == "isdbgrid"
+    assert c.admin.command("shardCollection", "shop.orders", key={"customerId": "hashed"})["collectionsharded"] == "shop.orders"
+    orders = c.shop.orders
+    orders.insert_many([{"_id": i, "customerId": i % 50, "qty": i} for i in range(500)], ordered=False)
+
+    # Each shard holds part of the collection.
+    counts = []
+    for i in range(2):
+        direct = pymongo.MongoClient(f"mongodb://127.0.0.1:{cluster['port'] + 2 + i}/?directConnection=true")
+        counts.append(direct.shop.orders.count_documents({}))
+        direct.close()
+    assert sum(counts) == 500 and min(counts) > 0, counts
+
+    assert orders.count_documents({"customerId": 7}) == 10
+    assert [d["_id"] for d in orders.find({"qty": {"$gte": 490}}).sort("qty", pymongo.DESCENDING)] == list(range(499, 489, -1))
+    assert len(list(orders.find({}, batch_size=7))) == 500
+
+    # A bulk write of mixed operations, ordered: results at the client's positions.
+    r = orders.bulk_write([InsertOne({"_id": 1000, "customerId": 1}), UpdateOne({"customerId": 1, "_id": 1}, {"$set": {"seen": True}}), DeleteOne({"customerId": 2, "_id": 2})])
+    assert (r.inserted_count, r.modified_count, r.deleted_count) == (1, 1, 1)
+    with pytest.raises(BulkWriteError) as e:
+        orders.insert_many([{"_id": 2000, "customerId": 3}, {"_id": 5, "customerId": 5}, {"_id": 2001, "customerId": 4}])
+    errors = e.value.details["writeErrors"]
+    assert [w["index"] for w in errors] == [1] and errors[0]["code"] == 11000
+    # Ordered: the batch stopped at the duplicate.
+    assert orders.count_documents({"_id": {"$in": [2000, 2001]}}) == 1
+
+    # A single update that fixes neither the shard key nor the _id is refused as mongos does.
+    with pytest.raises(OperationFailure) as e:
+        orders.update_one({"qty": 3}, {"$set": {"x": 1}})
+    assert e.value.code == 61
+    c.close()
