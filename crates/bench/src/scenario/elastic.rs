@@ -19,7 +19,7 @@ pub struct Elastic;
 const SHARDS_MAX: usize = 16;
 const SET_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Client workers: enough batches in flight to keep every shard busy.
-const WORKERS: usize = 8;
+const WORKERS: usize = 16;
 const BATCH_SIZE: usize = 1000;
 
 struct Sizes {

@@ -390,15 +390,33 @@ async fn insert(router: &Router, req: &Request) -> Result<Document> {
     split_write(router, req, "documents", stmts).await
 }
 
-/// An insert whose documents came as a document sequence, into a sharded collection: each
-/// document goes to its shard as the bytes it came as, only its shard key decoded. `None`
-/// when the message is not such an insert (or a document lacks an `_id`, which the router
-/// would have to add): the caller decodes it and runs it as any command.
+/// An insert into a sharded collection, its documents in a document sequence (as drivers
+/// send them) or in the body: each document goes to its shard as the bytes it came as, only
+/// its shard key decoded. `None` when the message is not such an insert (or a document
+/// lacks an `_id`, which the router would have to add): the caller decodes it and runs it
+/// as any command.
 pub async fn raw_insert(router: &Router, msg: &wire::RawMsg<'_>) -> Option<Document> {
-    if msg.body.iter().next().and_then(|e| e.ok()).map(|(k, _)| k.as_str()) != Some("insert") || msg.sequences.len() != 1 || msg.sequences[0].identifier != "documents" {
+    if msg.body.iter().next().and_then(|e| e.ok()).map(|(k, _)| k.as_str()) != Some("insert") {
         return None;
     }
-    let req = Request::from_msg(Document::try_from(msg.body).ok()?, Vec::new()).ok()?;
+    // The body's other fields decoded; the documents left as BSON.
+    let mut body = Document::new();
+    let mut in_body: Option<Vec<&[u8]>> = None;
+    for element in msg.body.iter() {
+        let (k, v) = element.ok()?;
+        if k.as_str() == "documents" {
+            let docs: Option<Vec<&[u8]>> = v.as_array()?.into_iter().map(|d| d.ok()?.as_document().map(|d| d.as_bytes())).collect();
+            in_body = Some(docs?);
+        } else {
+            body.insert(k.as_str(), Bson::try_from(v).ok()?);
+        }
+    }
+    let documents = match (in_body, msg.sequences.as_slice()) {
+        (Some(docs), []) => docs,
+        (None, [seq]) if seq.identifier == "documents" => seq.documents.clone(),
+        _ => return None,
+    };
+    let req = Request::from_msg(body, Vec::new()).ok()?;
     let coll = collection_of(&req).ok()?;
     let ns = format!("{}.{coll}", req.db);
     let sc = match router.sharded(&ns).await {
@@ -406,8 +424,8 @@ pub async fn raw_insert(router: &Router, msg: &wire::RawMsg<'_>) -> Option<Docum
         Ok(None) => return None,
         Err(e) => return Some(dispatch::error_reply(&e)),
     };
-    let mut stmts = Vec::with_capacity(msg.sequences[0].documents.len());
-    for (index, bytes) in msg.sequences[0].documents.iter().enumerate() {
+    let mut stmts = Vec::with_capacity(documents.len());
+    for (index, bytes) in documents.iter().copied().enumerate() {
         let doc = bson::RawDocument::from_bytes(bytes).ok()?;
         if !matches!(doc.get("_id"), Ok(Some(_))) {
             return None;
