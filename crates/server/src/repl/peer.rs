@@ -120,18 +120,7 @@ impl PeerConn {
     /// field they carry. Only network errors and timeouts are `Err` (and break the
     /// connection).
     pub async fn command_reply_raw(&mut self, db: &str, body: Document, sequence: Option<&wire::RawSequence<'_>>, timeout: Duration) -> Result<RawDocumentBuf> {
-        if self.broken {
-            return Err(Error::new(Code::HostUnreachable, format!("connection to {} was broken by an earlier error", self.host)));
-        }
-        let mut body = body;
-        body.insert("$db", db);
-        let id = self.next_id;
-        self.next_id = self.next_id.wrapping_add(1);
-        let r = match tokio::time::timeout(timeout, self.write_with_sequence(id, body, sequence)).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::new(Code::NetworkTimeout, format!("could not send to {} within {} ms", self.host, timeout.as_millis()))),
-        };
-        self.break_on_network_error(r)?;
+        let id = self.send_message(db, body, 0, sequence, timeout).await?;
         let r = match tokio::time::timeout(timeout, self.read_reply(id)).await {
             Ok(r) => r,
             Err(_) => Err(Error::new(Code::NetworkTimeout, format!("no reply from {} within {} ms", self.host, timeout.as_millis()))),
@@ -147,14 +136,23 @@ impl PeerConn {
 
     /// `send` with OP_MSG `flags`: `EXHAUST_ALLOWED` opens a push stream of replies,
     /// `MORE_TO_COME` sends a message that gets no reply (a push stream's acknowledgement).
-    pub async fn send_flags(&mut self, db: &str, mut body: Document, flags: u32, timeout: Duration) -> Result<i32> {
+    pub async fn send_flags(&mut self, db: &str, body: Document, flags: u32, timeout: Duration) -> Result<i32> {
+        self.send_message(db, body, flags, None, timeout).await
+    }
+
+    /// Send `body` on `db` with `flags`, and `sequence` beside it (then with no flags).
+    async fn send_message(&mut self, db: &str, mut body: Document, flags: u32, sequence: Option<&wire::RawSequence<'_>>, timeout: Duration) -> Result<i32> {
         if self.broken {
             return Err(Error::new(Code::HostUnreachable, format!("connection to {} was broken by an earlier error", self.host)));
         }
         body.insert("$db", db);
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        let r = match tokio::time::timeout(timeout, self.write_request(id, body, flags)).await {
+        let frame = match sequence {
+            None => wire::try_encode_msg(id, 0, &wire::OpMsg { flags, body, sequences: Vec::new() }, None)?,
+            Some(seq) => wire::try_encode_msg_raw_sequence(id, &body, seq)?,
+        };
+        let r = match tokio::time::timeout(timeout, self.write_frame(&frame)).await {
             Ok(r) => r,
             Err(_) => Err(Error::new(Code::NetworkTimeout, format!("could not send to {} within {} ms", self.host, timeout.as_millis()))),
         };
@@ -200,25 +198,6 @@ impl PeerConn {
             self.broken = true;
         }
         r
-    }
-
-    async fn write_request(&mut self, id: i32, body: Document, flags: u32) -> Result<()> {
-        self.write_msg(id, &wire::OpMsg { flags, body, sequences: Vec::new() }).await
-    }
-
-    async fn write_with_sequence(&mut self, id: i32, body: Document, sequence: Option<&wire::RawSequence<'_>>) -> Result<()> {
-        match sequence {
-            None => self.write_msg(id, &wire::OpMsg { flags: 0, body, sequences: Vec::new() }).await,
-            Some(seq) => {
-                let frame = wire::try_encode_msg_raw_sequence(id, &body, seq)?;
-                self.write_frame(&frame).await
-            }
-        }
-    }
-
-    async fn write_msg(&mut self, id: i32, msg: &wire::OpMsg) -> Result<()> {
-        let frame = wire::try_encode_msg(id, 0, msg, None)?;
-        self.write_frame(&frame).await
     }
 
     async fn write_frame(&mut self, frame: &[u8]) -> Result<()> {

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 /// How long the router trusts that a collection is not sharded before it asks again.
 const UNSHARDED_TTL: Duration = Duration::from_secs(1);
+/// Namespaces whose sharding the router remembers at most.
+const COLLECTIONS_CACHED_MAX: usize = 100_000;
 /// Documents a config read returns at most (a routing table's chunks are bounded apart).
 const CONFIG_READ_DOCS_MAX: usize = shard::chunks::CHUNKS_MAX;
 
@@ -181,7 +183,13 @@ impl Router {
             Some(c) => CollEntry::Sharded(c.clone()),
             None => CollEntry::Unsharded(Instant::now()),
         };
-        self.catalog.colls.write().insert(ns.to_string(), entry);
+        let mut colls = self.catalog.colls.write();
+        if colls.len() >= COLLECTIONS_CACHED_MAX {
+            // Clients naming endless collections do not grow the cache: what is not sharded
+            // is asked again anyway.
+            colls.retain(|_, e| matches!(e, CollEntry::Sharded(_)));
+        }
+        colls.insert(ns.to_string(), entry);
         Ok(coll)
     }
 

@@ -89,7 +89,7 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
     for l in listeners {
         tokio::spawn(accept_loop(router.clone(), l));
     }
-    shutdown_signal().await;
+    crate::shutdown_signal().await;
     tracing::info!("router shutting down");
     Ok(())
 }
@@ -185,17 +185,5 @@ async fn legacy_hello(router: &Arc<Router>, conn: &mut RouterConn, q: wire::OpQu
     match Request::from_msg(cmd, Vec::new()) {
         Ok(r) => commands::run(router, conn, r).await,
         Err(e) => dispatch::error_reply(&e),
-    }
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }
