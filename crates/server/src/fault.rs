@@ -25,6 +25,22 @@ pub struct LinkFault {
 
 static FAULTS: LazyLock<RwLock<HashMap<String, LinkFault>>> = LazyLock::new(Default::default);
 
+/// Added before each sync of the journal flusher (`configureFailPoint: "journalFlushDelay"`):
+/// a test makes this member's journal slower than replication to its secondaries.
+static JOURNAL_FLUSH_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Longest journal flush delay a test may set.
+pub const JOURNAL_FLUSH_DELAY_MS_MAX: u64 = 10_000;
+
+pub fn set_journal_flush_delay(ms: u64) {
+    JOURNAL_FLUSH_DELAY_MS.store(ms.min(JOURNAL_FLUSH_DELAY_MS_MAX), std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn journal_flush_delay() -> Option<Duration> {
+    let ms = JOURNAL_FLUSH_DELAY_MS.load(std::sync::atomic::Ordering::Relaxed);
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
 /// Set the fault on the link to `host` (`None` clears it); `"*"` is every host.
 pub fn set(host: &str, fault: Option<LinkFault>) {
     let mut f = FAULTS.write();

@@ -265,6 +265,21 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
         let after = syncs().await;
         assert!(after > before, "w:1 write {i} was acknowledged without a sync on the primary ({before} syncs before, {after} after)");
     }
+    // With the primary's journal slower than replication, a secondary has each write applied
+    // before the primary's sync ends: w:1 still waits for the primary's own journal (seen
+    // failing in CI before the fix: a secondary's applied optime met w:1).
+    admin(&direct(&set.members[0]).await, doc! {"configureFailPoint": "journalFlushDelay", "mode": "alwaysOn", "data": {"delayMs": 200}}).await.unwrap();
+    for i in 0..3 {
+        let before = syncs().await;
+        match app0.run_command(doc! {"insert": "slow", "documents": [{"_id": i}], "writeConcern": {"w": 1}}).await {
+            Ok(_) => {}
+            Err(e) if e.to_string().contains("NotWritablePrimary") => break,
+            Err(e) => panic!("w:1 write {i} with a slow journal: {e}"),
+        }
+        let after = syncs().await;
+        assert!(after > before, "w:1 write {i} was acknowledged before the primary's slow sync ended ({before} syncs before, {after} after)");
+    }
+    admin(&direct(&set.members[0]).await, doc! {"configureFailPoint": "journalFlushDelay", "mode": "off"}).await.unwrap();
     let before = syncs().await;
     for i in 0..WRITES {
         db.run_command(doc! {"insert": "c", "documents": [{"_id": 300 + i}], "writeConcern": {"w": 1, "j": false}}).await.unwrap();

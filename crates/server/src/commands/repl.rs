@@ -140,9 +140,11 @@ pub fn repl_set_freeze(ctx: &mut Ctx) -> Result<Document> {
     crate::repl::member_commands::freeze(ctx.shared, secs as u64)
 }
 
-/// configureFailPoint, for the one fail point shoal has: `replLink`, faults on this member's
+/// configureFailPoint, for shoal's two fail points: `replLink`, faults on this member's
 /// links to other members (crate::fault). `{configureFailPoint: "replLink", mode: "alwaysOn"
-/// | "off", data: {host: "h:p" | "*", delayMs, lossPercent, partition}}`. Only with
+/// | "off", data: {host: "h:p" | "*", delayMs, lossPercent, partition}}`; and
+/// `journalFlushDelay` (`data: {delayMs}`), a wait before each sync of the journal
+/// flusher. Only with
 /// `--setParameter enableTestCommands=1`; otherwise the command does not exist, as in mongod.
 pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     if !ctx.shared.config.enable_test_commands {
@@ -153,15 +155,21 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     }
     super::check_fields("configureFailPoint", ctx.cmd, &["configureFailPoint", "mode", "data"])?;
     let name = ctx.cmd.get_str("configureFailPoint").map_err(|_| Error::type_mismatch("configureFailPoint must name a fail point"))?;
-    if name != "replLink" {
+    if name != "replLink" && name != "journalFlushDelay" {
         return Err(Error::bad_value(format!("Cannot find failpoint: {name}")));
     }
     let on = match ctx.cmd.get("mode") {
         Some(Bson::String(m)) if m == "alwaysOn" => true,
         Some(Bson::String(m)) if m == "off" => false,
-        _ => return Err(Error::bad_value("replLink supports mode \"alwaysOn\" or \"off\"")),
+        _ => return Err(Error::bad_value(format!("{name} supports mode \"alwaysOn\" or \"off\""))),
     };
     let data = ctx.cmd.get_document("data").cloned().unwrap_or_default();
+    if name == "journalFlushDelay" {
+        // {data: {delayMs}}: the journal flusher waits this long before each sync.
+        let ms = data.get("delayMs").and_then(super::as_i64).unwrap_or(0).max(0) as u64;
+        crate::fault::set_journal_flush_delay(if on { ms } else { 0 });
+        return Ok(bson::doc! {"count": 0});
+    }
     let host = data.get_str("host").unwrap_or("*").to_string();
     let num = |k: &str| data.get(k).and_then(super::as_i64).unwrap_or(0).max(0) as u64;
     let fault = crate::fault::LinkFault {

@@ -532,6 +532,12 @@ impl ReplCoord {
         }
         let me = inner.self_index;
         let own = if durable || own_durable { store.oplog_durable() } else { store.oplog_last() }.unwrap_or_default();
+        // A journaled write is durable here before anyone acknowledges it: w:1 is met by any
+        // one member, and a secondary that fetched and applied the entry before this
+        // member's sync ended must not stand in for its journal.
+        if own_durable && own < at {
+            return WcStatus::Pending;
+        }
         let optime_of = |i: usize| {
             if i == me {
                 own
@@ -638,6 +644,9 @@ impl ReplCoord {
                     self.journal_flush_wake.wait(&mut requested);
                 }
                 *requested = false;
+            }
+            if let Some(d) = crate::fault::journal_flush_delay() {
+                std::thread::sleep(d);
             }
             if let Err(e) = store.commit_durable() {
                 // Every later sync fails too (storage treats a failed fsync as fatal, as
