@@ -79,8 +79,10 @@ async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
     assert_eq!(hello.get_str("msg").unwrap(), "isdbgrid");
     let shards = admin.run_command(doc! {"listShards": 1}).await.unwrap();
     assert_eq!(shards.get_array("shards").unwrap().len(), 8);
-    // Admin commands belong to the admin database.
+    // Admin commands belong to the admin database, and elsewhere do nothing.
     assert_code(client.database("app").run_command(doc! {"listShards": 1}).await, 13);
+    assert_code(client.database("app").run_command(doc! {"shardCollection": "other.c", "key": {"k": 1}}).await, 13);
+    assert_eq!(client.database("config").collection::<Document>("collections").count_documents(doc! {"_id": "other.c"}).await.unwrap(), 0);
 
     admin.run_command(doc! {"enableSharding": "app"}).await.unwrap();
     let r = admin.run_command(doc! {"shardCollection": "app.orders", "key": {"customerId": "hashed"}}).await.unwrap();

@@ -46,10 +46,23 @@ async fn route(router: &Arc<Router>, conn: &mut RouterConn, req: &Request) -> Re
         "isdbgrid" => Ok(doc! {"isdbgrid": 1, "hostname": crate::sysinfo::hostname()}),
         "whatsmyuri" => Ok(doc! {"you": conn.remote.to_string()}),
         "endSessions" => end_sessions(router, req).await,
-        "addShard" | "addshard" => admin_only(req).and(add_shard(router, req).await),
-        "listShards" | "listshards" => admin_only(req).and(list_shards(router).await),
-        "enableSharding" | "enablesharding" => admin_only(req).and(enable_sharding(router, req).await),
-        "shardCollection" | "shardcollection" => admin_only(req).and(shard_collection(router, req).await),
+        // The database is checked before the command runs: these change the cluster.
+        "addShard" | "addshard" => {
+            admin_only(req)?;
+            add_shard(router, req).await
+        }
+        "listShards" | "listshards" => {
+            admin_only(req)?;
+            list_shards(router).await
+        }
+        "enableSharding" | "enablesharding" => {
+            admin_only(req)?;
+            enable_sharding(router, req).await
+        }
+        "shardCollection" | "shardcollection" => {
+            admin_only(req)?;
+            shard_collection(router, req).await
+        }
         "insert" => insert(router, req).await,
         "update" => update(router, req).await,
         "delete" => delete(router, req).await,
