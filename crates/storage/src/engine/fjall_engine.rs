@@ -304,6 +304,7 @@ mod tests {
             let marker: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(31).wrapping_add(round).wrapping_add(0x5a)).collect();
             let mut batch = Batch::new();
             batch.put(Space::Records, vec![round; 8], marker.clone());
+            let before = engine.journal.newest_journal().unwrap().unwrap();
             engine.write(batch).unwrap();
             engine.sync().unwrap();
             let newest = engine.journal.newest_journal().unwrap().unwrap();
@@ -317,8 +318,14 @@ mod tests {
                 .filter(|e| std::fs::read(e.path()).is_ok_and(|bytes| bytes.windows(marker.len()).any(|w| w == marker.as_slice())))
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .collect();
-            assert_eq!(holding, vec![format!("{newest}.jnl")], "round {round}");
-            assert_eq!(engine.journal.active.lock().as_ref().map(|(n, _)| *n), Some(newest));
+            // fjall may rotate to a new journal in the background right after the write (seen
+            // in CI): the batch is then in the journal it sealed, and fjall syncs a journal
+            // when it seals it (`journal::Writer::rotate`), so it is durable either way.
+            let sealed_after_write = newest > before && holding == vec![format!("{before}.jnl")];
+            if !sealed_after_write {
+                assert_eq!(holding, vec![format!("{newest}.jnl")], "round {round}");
+                assert_eq!(engine.journal.active.lock().as_ref().map(|(n, _)| *n), Some(newest));
+            }
             // fjall starts a new journal when a flush finds the active one over 64 MB: fill it
             // and flush, so that the next round writes to a new journal, which the sync must
             // find.
