@@ -150,6 +150,8 @@ impl Code {
     pub const ShardKeyNotFound: Code = Code(61, "ShardKeyNotFound");
     pub const ShardNotFound: Code = Code(70, "ShardNotFound");
     pub const StaleConfig: Code = Code(13388, "StaleConfig");
+    pub const ConflictingOperationInProgress: Code = Code(117, "ConflictingOperationInProgress");
+    pub const ShardingStateNotInitialized: Code = Code(203, "ShardingStateNotInitialized");
 }
 
 /// A MongoDB-shaped error: serialized as `{ok: 0, errmsg, code, codeName, ...extra}`.

@@ -54,6 +54,9 @@ pub struct ConnState {
     /// The frame of the request about to run, kept for its authCheck record
     /// (`audit::keep_frame`); empty when none is kept.
     pub audit_frame: Vec<u8>,
+    /// The sharding metadata the running command's scans keep to (`sharding::admit`): set
+    /// for a versioned read, update or delete from a router, only while it runs.
+    pub shard_filter: Option<Arc<crate::sharding::CollMeta>>,
 }
 
 impl ConnState {
@@ -127,7 +130,7 @@ pub struct AwaitData {
 pub async fn serve(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None, auth: Default::default(), local: stream.local_addr().ok(), uuid: bson::Uuid::new(), audit_actor: None, audit_frame: Vec::new() };
+    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None, auth: Default::default(), local: stream.local_addr().ok(), uuid: bson::Uuid::new(), audit_actor: None, audit_frame: Vec::new(), shard_filter: None };
     tracing::debug!(conn = id, %remote, "connection accepted");
     match shared.tls.accept(stream).await {
         Ok(mut stream) => {
@@ -530,12 +533,25 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
             return Reply { body: dispatch::error_reply(&dispatch::with_topology_version(shared, e)), batch: None };
         }
     }
+    // A router's operation on a sharded collection: its shard version checked, and a
+    // write admitted through the collection's gate (held until the command is done).
+    let admission = if request.body.contains_key("shardVersion") {
+        match admit(shared, &request).await {
+            Ok(a) => a,
+            Err(e) => return Reply { body: dispatch::error_reply(&dispatch::with_topology_version(shared, e)), batch: None },
+        }
+    } else {
+        Default::default()
+    };
+    conn.shard_filter = admission.filter;
     let authenticating = matches!(request.name.as_str(), "saslStart" | "saslContinue");
     let mut reply = if crate::commands::never_blocks(&request.name) {
         await_data_loop(shared, conn, request).await
     } else {
         tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request))
     };
+    conn.shard_filter = None;
+    drop(admission.gate);
     if authenticating && reply.get_i32("code").is_ok_and(|c| c == common::Code::AuthenticationFailed.0) {
         conn.auth.failures += 1;
         if shared.config.auth_failed_delay_ms > 0 {
@@ -560,6 +576,14 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
     let ok = reply_ok(&reply);
     let batch = conn.raw_batch.take().filter(|_| ok);
     Reply { body: reply, batch }
+}
+
+/// `sharding::ShardingState::admit`, on a primary (a secondary answers the command's own
+/// not-primary error: a versioned operation is the primary's) that is authorized to run it.
+async fn admit(shared: &Arc<Shared>, request: &Request) -> common::Result<crate::sharding::Admission> {
+    let Some(repl) = shared.repl.as_ref().filter(|r| r.is_writable_primary()) else { return Ok(Default::default()) };
+    shared.sharding.on_term(repl.term());
+    shared.sharding.admit(request).await
 }
 
 /// Wait until a read's entries are majority-committed (dispatch::ReadWait). Without

@@ -27,6 +27,8 @@ pub struct Scan {
     pub keys_examined: u64,
     /// Documents read from the record store (explain's docsExamined).
     pub docs_examined: u64,
+    /// A shard's chunks: documents outside them (a migration's) are not returned.
+    owner: Option<std::sync::Arc<crate::sharding::CollMeta>>,
 }
 
 enum ScanAccess {
@@ -57,7 +59,13 @@ impl Scan {
     }
 
     fn with_access(snapshot: Snapshot, filter: Filter, access: ScanAccess) -> Scan {
-        Scan { snapshot, filter, access, chunk: Vec::new().into_iter(), done: false, examined: 0, keys_examined: 0, docs_examined: 0 }
+        Scan { snapshot, filter, access, chunk: Vec::new().into_iter(), done: false, examined: 0, keys_examined: 0, docs_examined: 0, owner: None }
+    }
+
+    /// Keep to `owner`'s chunks (a router's versioned operation on a shard).
+    pub fn owned_by(mut self, owner: Option<std::sync::Arc<crate::sharding::CollMeta>>) -> Scan {
+        self.owner = owner;
+        self
     }
 
     /// Next matching document with its match details (for positional projection/update).
@@ -70,7 +78,7 @@ impl Scan {
                     op.check()?;
                 }
                 let (ok, details) = self.filter.try_matches_details(&doc)?;
-                if ok {
+                if ok && self.owner.as_ref().is_none_or(|o| o.owns(&doc)) {
                     return Ok(Some((rid, doc, details)));
                 }
                 continue;

@@ -17,6 +17,7 @@ mod plan;
 mod repl;
 pub mod router;
 mod retry;
+mod sharding;
 mod state;
 mod sysinfo;
 mod tls;

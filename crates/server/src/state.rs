@@ -189,6 +189,8 @@ pub struct Shared {
     pub tls: crate::tls::Acceptor,
     /// The audit log, when `auditLog.destination` is set.
     pub audit: Option<crate::audit::Audit>,
+    /// This member's part in a sharded cluster, if a router told it one.
+    pub sharding: crate::sharding::ShardingState,
 }
 
 impl Shared {
@@ -215,6 +217,7 @@ impl Shared {
             auth,
             tls,
             audit,
+            sharding: Default::default(),
         }
     }
 

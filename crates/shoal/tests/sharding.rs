@@ -273,3 +273,148 @@ async fn writes_through_the_router_go_on_after_a_shard_fails_over() {
         assert!(found.contains(id), "acknowledged write {id} is missing after the failover");
     }
 }
+
+/// Start another router on a free port for the cluster's config servers.
+fn second_router(cluster: &Cluster) -> (std::process::Child, u16) {
+    let port = free_port();
+    let configdb = format!("cfg/127.0.0.1:{}", cluster.port + 1);
+    let log = std::fs::File::create(cluster.dir.join(format!("router-{port}.log"))).unwrap();
+    let child = Command::new(binary_path()).args(["router", "--configdb", &configdb, "--port", &port.to_string()]).stderr(log).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "the second router did not listen");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    (child, port)
+}
+
+/// Chunks migrate while clients insert, update and delete through two routers, one of
+/// which learns of each migration only from the shards (StaleConfig). Afterwards every
+/// acknowledged write is there exactly once: the count, each document's counter and the
+/// checksum agree with what the writers were told, and no shard holds a copy of a document
+/// outside its chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chunks_migrate_under_concurrent_writes_without_losing_or_doubling_documents() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const DOCS: i64 = 2_000;
+    let cluster = Cluster::up(2);
+    let client = cluster.client().await;
+    let admin = client.database("admin");
+    admin.run_command(doc! {"shardCollection": "app.m", "key": {"k": "hashed"}}).await.unwrap();
+    let m = client.database("app").collection::<Document>("m");
+    m.insert_many((0..DOCS).map(|i| doc! {"_id": i, "k": i, "n": 0i64, "pad": "x".repeat(200)})).await.unwrap();
+    let (mut other, other_port) = second_router(&cluster);
+    let other_client = mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{other_port}/")).await.unwrap();
+    // The second router reads the routing table now, and keeps it until a shard says it is stale.
+    assert_eq!(other_client.database("app").collection::<Document>("m").count_documents(doc! {}).await.unwrap(), DOCS as u64);
+
+    // Writers: router 0 and router 1 each increment their own documents' counters, insert
+    // new documents and delete some; each records what was acknowledged.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for (w, c) in [client.clone(), other_client.clone()].into_iter().enumerate() {
+        let stop = stop.clone();
+        writers.push(tokio::spawn(async move {
+            let coll = c.database("app").collection::<Document>("m");
+            let mut incs: std::collections::BTreeMap<i64, i64> = Default::default();
+            let (mut inserted, mut deleted) = (Vec::new(), Vec::new());
+            let mut i = 0i64;
+            while !stop.load(Ordering::Relaxed) {
+                // Documents with k % 2 == w are this writer's, so counts are exact.
+                let k = (i * 7919 % (DOCS / 2)) * 2 + w as i64;
+                if i % 50 == 49 && !deleted.contains(&k) {
+                    let r = coll.delete_one(doc! {"k": k}).await.unwrap_or_else(|e| panic!("writer {w}: delete of {k} failed: {e}"));
+                    assert_eq!(r.deleted_count, 1, "writer {w}: {k} was there to delete");
+                    deleted.push(k);
+                } else if !deleted.contains(&k) {
+                    let r = coll.update_one(doc! {"k": k}, doc! {"$inc": {"n": 1i64}}).await.unwrap_or_else(|e| panic!("writer {w}: update of {k} failed: {e}"));
+                    assert_eq!(r.modified_count, 1, "writer {w}: the update of {k} found its document");
+                    *incs.entry(k).or_default() += 1;
+                }
+                let new_k = DOCS + i * 2 + w as i64;
+                coll.insert_one(doc! {"_id": new_k, "k": new_k, "n": 0i64}).await.unwrap_or_else(|e| panic!("writer {w}: insert of {new_k} failed: {e}"));
+                inserted.push(new_k);
+                i += 1;
+            }
+            (incs, inserted, deleted)
+        }));
+    }
+
+    // Migrations through router 0: every chunk moves to the other shard, then half move back.
+    let chunks_of = || async {
+        let chunks: Vec<Document> = collect(client.database("config").collection::<Document>("chunks").find(doc! {}).sort(doc! {"min": 1}).await.unwrap()).await;
+        chunks
+    };
+    let initial = chunks_of().await;
+    assert_eq!(initial.len(), 4, "two chunks per shard to start with");
+    let mut moves = 0;
+    for round in 0..2 {
+        for (j, c) in chunks_of().await.iter().enumerate() {
+            if round == 1 && j % 2 == 0 {
+                continue;
+            }
+            let to = if c.get_str("shard").unwrap() == "shard0" { "shard1" } else { "shard0" };
+            let r = admin.run_command(doc! {"moveChunk": "app.m", "bounds": [c.get_document("min").unwrap().clone(), c.get_document("max").unwrap().clone()], "to": to}).await;
+            r.unwrap_or_else(|e| panic!("moveChunk {j} in round {round} failed: {e}"));
+            moves += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+    assert_eq!(moves, 6);
+    stop.store(true, Ordering::Relaxed);
+    let mut expected: std::collections::BTreeMap<i64, i64> = (0..DOCS).map(|k| (k, 0)).collect();
+    let mut writes = 0;
+    for w in writers {
+        let (incs, inserted, deleted) = w.await.unwrap();
+        writes += incs.values().sum::<i64>() + inserted.len() as i64 + deleted.len() as i64;
+        for (k, n) in incs {
+            *expected.get_mut(&k).unwrap() += n;
+        }
+        for k in inserted {
+            expected.insert(k, 0);
+        }
+        for k in deleted {
+            expected.remove(&k);
+        }
+    }
+    assert!(writes > 200, "the writers ran during the migrations ({writes} writes)");
+
+    // Each shard's chunks changed: 4 chunks, with new major versions on the movers.
+    let after = chunks_of().await;
+    assert_eq!(after.len(), 4);
+    assert_ne!(after.iter().map(|c| c.get_str("shard").unwrap().to_string()).collect::<Vec<_>>(), initial.iter().map(|c| c.get_str("shard").unwrap().to_string()).collect::<Vec<_>>());
+    assert!(client.database("config").collection::<Document>("migrations").count_documents(doc! {}).await.unwrap() == 0, "no migration record is left");
+
+    // Through both routers: the exact documents and counters.
+    for c in [&client, &other_client] {
+        let coll = c.database("app").collection::<Document>("m");
+        assert_eq!(coll.count_documents(doc! {}).await.unwrap(), expected.len() as u64);
+        let found: std::collections::BTreeMap<i64, i64> = collect(coll.find(doc! {}).projection(doc! {"k": 1, "n": 1}).await.unwrap()).await.iter().map(|d| (num_field(d, "k") as i64, num_field(d, "n") as i64)).collect();
+        assert_eq!(found.len(), expected.len(), "no document is returned twice");
+        for (k, n) in &expected {
+            assert_eq!(found.get(k), Some(n), "document {k}: its counter after every acknowledged $inc");
+        }
+        let sum = collect(coll.aggregate(vec![doc! {"$group": {"_id": null, "n": {"$sum": "$n"}, "k": {"$sum": "$k"}}}]).await.unwrap()).await;
+        assert_eq!(num_field(&sum[0], "n") as i64, expected.values().sum::<i64>(), "checksum of counters");
+        assert_eq!(num_field(&sum[0], "k") as i64, expected.keys().sum::<i64>(), "checksum of keys");
+    }
+    // Directly on the shards: the donors deleted their copies, so every document is on one
+    // shard only.
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..2 {
+        for d in collect(cluster.shard(i).await.database("app").collection::<Document>("m").find(doc! {}).projection(doc! {"k": 1}).await.unwrap()).await {
+            assert!(seen.insert(num_field(&d, "k") as i64), "document {} is on both shards", num_field(&d, "k"));
+        }
+    }
+    assert_eq!(seen.len(), expected.len());
+
+    // Errors as mongos gives them.
+    let c0 = &after[0];
+    let bounds = vec![Bson::Document(c0.get_document("min").unwrap().clone()), Bson::Document(c0.get_document("max").unwrap().clone())];
+    assert_code(admin.run_command(doc! {"moveChunk": "app.m", "bounds": bounds.clone(), "to": "nosuchshard"}).await, 70);
+    assert_code(client.database("app").run_command(doc! {"moveChunk": "app.m", "bounds": bounds, "to": "shard0"}).await, 13);
+    assert_code(admin.run_command(doc! {"moveChunk": "app.unsharded", "find": {"k": 1}, "to": "shard0"}).await, 118);
+    let _ = other.kill();
+    let _ = other.wait();
+}

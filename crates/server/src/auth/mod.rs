@@ -436,6 +436,9 @@ fn need(name: &str, db: &str, cmd: &Document) -> Need {
         // Member-to-member commands: only the internal user runs them (internal
         // authentication, a keyFile, is not built yet, so no one does under --auth).
         "replSetHeartbeat" | "replSetRequestVotes" | "replSetUpdatePosition" | "replSetGetAcknowledged" => cluster("internal"),
+        // Router-to-shard commands of sharding (commands::sharding).
+        "_addShard" | "_shardsvrCleanupRange" | "_recvChunkApply" | "_shardsvrMigrateStart" | "_shardsvrMigrateClone" | "_shardsvrTransferMods"
+        | "_shardsvrEnterCriticalSection" | "_shardsvrExitCriticalSection" => cluster("internal"),
         "createUser" => {
             let mut p = vec![("createUser", Resource::db(db))];
             p.extend(role_dbs(cmd, db).into_iter().map(|d| ("grantRole", Resource::Db(d))));

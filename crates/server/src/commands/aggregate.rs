@@ -3,7 +3,6 @@
 
 use super::{check_fields, Ctx};
 use crate::cursor::{Cursor, Source, FIRST_BATCH_DOCS_DEFAULT};
-use crate::exec::planned_scan;
 use bson::{doc, Bson, DateTime, Document};
 use common::{Code, Error, Result};
 use query::agg::{Pipeline, RunOptions, Stage};
@@ -67,7 +66,7 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
         None => match coll_name.as_deref().and_then(|c| ctx.shared.store.collection(ctx.db, c)) {
             Some(coll) => {
                 let leading = pipeline.leading_match().unwrap_or_default();
-                let (mut scan, _) = planned_scan(coll.snapshot(), &leading, None, ctx.cmd.get("hint"), None)?;
+                let (mut scan, _) = ctx.planned_scan(coll.snapshot(), &leading, None, ctx.cmd.get("hint"), None)?;
                 let op = ctx.op;
                 let mut input = std::iter::from_fn(|| scan.next(op).transpose().map(|r| r.map(|(_, d, _)| d)));
                 pipeline.run_interruptible(&mut input, &opts, &|| op.check())?

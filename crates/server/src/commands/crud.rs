@@ -3,7 +3,7 @@
 
 use super::{as_i64, check_fields, cursor_reply, Ctx};
 use crate::cursor::{Cursor, Source, FIRST_BATCH_DOCS_DEFAULT};
-use crate::exec::{planned_scan, Scan};
+use crate::exec::Scan;
 use crate::plan::Plan;
 use crate::state::Counters;
 use bson::{doc, oid::ObjectId, Bson, Document};
@@ -316,7 +316,7 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     let filter_doc = ctx.doc_arg("filter")?.cloned().unwrap_or_default();
     let projected = projection.as_ref().and_then(|p| p.included_paths());
     let hint = natural.as_ref().or(ctx.cmd.get("hint"));
-    let (scan, plan) = planned_scan(coll.snapshot(), &filter_doc, Some(&sort), hint, projected.as_deref())?;
+    let (scan, plan) = ctx.planned_scan(coll.snapshot(), &filter_doc, Some(&sort), hint, projected.as_deref())?;
     let source = if sort.is_empty() || plan.provides_sort {
         Source::Find { scan: Box::new(scan), projection, skip, limit, returned: 0 }
     } else {
@@ -548,7 +548,7 @@ fn apply_update(ctx: &Ctx, coll_name: &str, stmt: &UpdateStmt, sort: Option<&Sor
         res.after = Some(new);
         Ok(())
     };
-    let (mut scan, plan) = planned_scan(snapshot, &stmt.query, sort, stmt.hint.as_ref(), None)?;
+    let (mut scan, plan) = ctx.planned_scan(snapshot, &stmt.query, sort, stmt.hint.as_ref(), None)?;
     if stmt.multi {
         while let Some((rid, doc, details)) = scan.next(ctx.op)? {
             apply_one(&mut writer, rid, doc, details, &mut res)?;
@@ -643,7 +643,7 @@ fn apply_delete(ctx: &Ctx, coll_name: &str, query: &Document, multi: bool, sort:
         return Ok(Vec::new());
     };
     let mut writer = coll.writer();
-    let (mut scan, plan) = planned_scan(writer.snapshot(), query, sort, hint, None)?;
+    let (mut scan, plan) = ctx.planned_scan(writer.snapshot(), query, sort, hint, None)?;
     let mut deleted = Vec::new();
     if multi {
         while let Some((rid, doc, _)) = scan.next(ctx.op)? {
@@ -800,10 +800,10 @@ pub fn count(ctx: &mut Ctx) -> Result<Document> {
     let Some(coll) = ctx.shared.store.collection(ctx.db, &name) else { return Ok(doc! { "n": 0 }) };
     check_hint(ctx, ctx.cmd.get("hint"), Some(&coll))?;
     let snapshot = coll.snapshot();
-    let total = if filter.is_match_all() {
+    let total = if filter.is_match_all() && ctx.conn.shard_filter.is_none() {
         snapshot.count()?
     } else {
-        let (mut scan, _) = planned_scan(snapshot, &query_doc, None, ctx.cmd.get("hint"), None)?;
+        let (mut scan, _) = ctx.planned_scan(snapshot, &query_doc, None, ctx.cmd.get("hint"), None)?;
         let mut n = 0u64;
         let cap = limit.map(|l| l + skip).unwrap_or(u64::MAX);
         while n < cap && scan.next(ctx.op)?.is_some() {
@@ -866,7 +866,7 @@ pub fn distinct(ctx: &mut Ctx) -> Result<Document> {
     let query_doc = ctx.doc_arg("query")?.cloned().unwrap_or_default();
     Filter::parse(&query_doc)?;
     let Some(coll) = ctx.shared.store.collection(ctx.db, &name) else { return Ok(doc! { "values": [] }) };
-    let (mut scan, _) = planned_scan(coll.snapshot(), &query_doc, None, ctx.cmd.get("hint"), None)?;
+    let (mut scan, _) = ctx.planned_scan(coll.snapshot(), &query_doc, None, ctx.cmd.get("hint"), None)?;
     let mut values: Vec<Bson> = Vec::new();
     let mut size = 0usize;
     while let Some((_, doc, _)) = scan.next(ctx.op)? {

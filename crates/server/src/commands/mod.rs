@@ -8,6 +8,7 @@ pub(crate) mod aggregate;
 pub(crate) mod hello;
 mod repl;
 mod roles;
+pub(crate) mod sharding;
 pub mod users;
 
 use crate::conn::ConnState;
@@ -58,6 +59,15 @@ impl Ctx<'_> {
     pub fn register_cursor(&self, mut cursor: crate::cursor::Cursor) -> Result<i64> {
         cursor.owner = self.user_name();
         self.shared.cursors.register(cursor)
+    }
+
+    /// `exec::planned_scan`, keeping to this shard's chunks for a router's versioned
+    /// operation (`sharding::admit`); then no plan is covered, as the shard key is read.
+    pub fn planned_scan(&self, snapshot: storage::Snapshot, filter: &Document, sort: Option<&query::sort::SortSpec>, hint: Option<&Bson>, projected: Option<&[String]>) -> Result<(crate::exec::Scan, crate::plan::Plan)> {
+        let owner = self.conn.shard_filter.clone();
+        let projected = if owner.is_some() { None } else { projected };
+        let (scan, plan) = crate::exec::planned_scan(snapshot, filter, sort, hint, projected)?;
+        Ok((scan.owned_by(owner), plan))
     }
 
     /// The statement id of the command's `i`th statement: its `stmtIds` entry if it has one
@@ -138,6 +148,14 @@ command_table! {
     "replSetGetStatus" => repl::repl_set_get_status,
     "applyOps" => repl::apply_ops,
     "replSetHeartbeat" => repl::repl_set_heartbeat,
+    "_addShard" => sharding::add_shard,
+    "_shardsvrCleanupRange" => sharding::cleanup_range,
+    "_shardsvrMigrateStart" => sharding::migrate_start,
+    "_shardsvrMigrateClone" => sharding::migrate_clone,
+    "_shardsvrTransferMods" => sharding::transfer_mods,
+    "_shardsvrEnterCriticalSection" => sharding::enter_critical_section,
+    "_shardsvrExitCriticalSection" => sharding::exit_critical_section,
+    "_recvChunkApply" => sharding::recv_chunk_apply,
     "replSetRequestVotes" => repl::repl_set_request_votes,
     "replSetUpdatePosition" => repl::repl_set_update_position,
     "replSetGetAcknowledged" => repl::repl_set_get_acknowledged,
@@ -195,6 +213,9 @@ pub fn on_secondary(name: &str) -> OnSecondary {
     match name {
         "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "create" | "drop" | "dropDatabase" | "renameCollection"
         | "createIndexes" | "dropIndexes" | "deleteIndexes" | "applyOps" => OnSecondary::Never,
+        // A migration's commands: its source and critical section belong to the primary.
+        "_addShard" | "_shardsvrCleanupRange" | "_recvChunkApply" | "_shardsvrMigrateStart" | "_shardsvrMigrateClone" | "_shardsvrTransferMods"
+        | "_shardsvrEnterCriticalSection" | "_shardsvrExitCriticalSection" => OnSecondary::Never,
         // Users and roles are data in admin.system.users and admin.system.roles: changed on
         // the primary only, like any write.
         "createUser" | "updateUser" | "dropUser" | "dropAllUsersFromDatabase" | "grantRolesToUser" | "revokeRolesFromUser" | "setAuditConfig" | "createRole" | "updateRole" | "dropRole"

@@ -3,13 +3,14 @@
 //! each sharded collection's routing table (config.collections, config.chunks). Changes the
 //! router makes are written there with w:"majority" before they are used.
 
-use super::shards::{reply_result, ReplicaSet, COMMAND_TIMEOUT};
+use super::shards::{reply_result, Pool, ReplicaSet, COMMAND_TIMEOUT};
 use super::Router;
 use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
 use parking_lot::RwLock;
-use shard::{chunks::chunk_from_doc, RoutingTable, ShardKeyPattern};
+use shard::{chunks::chunk_from_doc, ChunkVersion, RoutingTable, ShardKeyPattern};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,24 @@ pub struct ShardedColl {
     pub table: RoutingTable,
     pub uuid: Bson,
     pub unique: bool,
+    /// Each shard's version in `table` (its highest chunk's), looked up on every operation.
+    versions: HashMap<String, ChunkVersion>,
+}
+
+impl ShardedColl {
+    pub fn new(ns: &str, table: RoutingTable, uuid: Bson, unique: bool) -> ShardedColl {
+        let mut versions: HashMap<String, ChunkVersion> = HashMap::new();
+        for c in table.chunks() {
+            let v = versions.entry(c.shard.clone()).or_default();
+            *v = (*v).max(c.lastmod);
+        }
+        ShardedColl { ns: ns.to_string(), table, uuid, unique, versions }
+    }
+
+    /// `shardVersion` for an operation on `shard` (`sharding::ShardingState::admit`).
+    pub fn version_doc(&self, shard: &str) -> Document {
+        doc! {"uuid": self.uuid.clone(), "v": self.versions.get(shard).copied().unwrap_or_default().to_timestamp()}
+    }
 }
 
 #[derive(Clone)]
@@ -60,36 +79,12 @@ impl Router {
 
     /// Every document of `config.<coll>` matching `filter`, in `sort` order.
     pub async fn config_find(&self, coll: &str, filter: Document, sort: Document) -> Result<Vec<Document>> {
-        let (host, reply) = self.pool.run(&self.catalog.config, "config", doc! {"find": coll, "filter": filter, "sort": sort, "batchSize": 10_000}, None, COMMAND_TIMEOUT).await?;
-        let reply = reply_result(reply)?;
-        let (mut id, mut docs) = cursor_docs(&reply, "firstBatch")?;
-        while id != 0 {
-            if docs.len() > CONFIG_READ_DOCS_MAX {
-                let _ = self.pool.run_on_host(&host, "config", doc! {"killCursors": coll, "cursors": [id]}, None, COMMAND_TIMEOUT).await;
-                return Err(Error::internal(format!("config.{coll} holds more than {CONFIG_READ_DOCS_MAX} matching documents")));
-            }
-            let reply = reply_result(self.pool.run_on_host(&host, "config", doc! {"getMore": id, "collection": coll, "batchSize": 10_000}, None, COMMAND_TIMEOUT).await?)?;
-            let (next, more) = cursor_docs(&reply, "nextBatch")?;
-            id = next;
-            docs.extend(more);
-        }
-        Ok(docs)
+        config_find(&self.pool, &self.catalog.config, coll, filter, sort).await
     }
 
     /// Write to the config database with w:"majority".
-    pub async fn config_write(&self, mut body: Document) -> Result<Document> {
-        body.insert("writeConcern", doc! {"w": "majority", "wtimeout": 60_000});
-        let reply = self.config_command("config", body).await?;
-        if let Ok(errors) = reply.get_array("writeErrors") {
-            if let Some(Bson::Document(e)) = errors.first() {
-                let code = e.get_i32("code").unwrap_or(Code::UnknownError.0);
-                return Err(Error::remote(code, e.get_str("codeName").unwrap_or("UnknownError"), e.get_str("errmsg").unwrap_or("").to_string()));
-            }
-        }
-        if let Ok(e) = reply.get_document("writeConcernError") {
-            return Err(Error::remote(e.get_i32("code").unwrap_or(64), e.get_str("codeName").unwrap_or("WriteConcernFailed"), e.get_str("errmsg").unwrap_or("").to_string()));
-        }
-        Ok(reply)
+    pub async fn config_write(&self, body: Document) -> Result<Document> {
+        config_write(&self.pool, &self.catalog.config, body).await
     }
 
     /// config.shards, read again (and the cache with it).
@@ -120,11 +115,33 @@ impl Router {
         if id == CONFIG_SHARD {
             return Ok(self.catalog.config.clone());
         }
-        if let Some(s) = self.catalog.shards.read().get(id) {
-            return Ok(s.clone());
+        let cached = self.catalog.shards.read().get(id).cloned();
+        let set = match cached {
+            Some(s) => s,
+            None => {
+                self.reload_shards().await?;
+                self.catalog.shards.read().get(id).cloned().ok_or_else(|| Error::new(Code::ShardNotFound, format!("Shard {id} not found")))?
+            }
+        };
+        if !set.identity_sent.load(Ordering::Relaxed) {
+            // The shard learns its name and the config servers before its first versioned
+            // operation (`sharding::ShardingState`).
+            let body = doc! {"_addShard": 1, "shardIdentity": {"shardName": id, "configsvrConnectionString": &self.catalog.config.conn_string}};
+            reply_result(self.pool.run(&set, "admin", body, None, COMMAND_TIMEOUT).await?.1)?;
+            set.identity_sent.store(true, Ordering::Relaxed);
         }
-        self.reload_shards().await?;
-        self.catalog.shards.read().get(id).cloned().ok_or_else(|| Error::new(Code::ShardNotFound, format!("Shard {id} not found")))
+        Ok(set)
+    }
+
+    /// A shard answered StaleConfig or ShardingStateNotInitialized to an operation on `ns`:
+    /// read the routing table again before the retry, and tell the shards who they are again.
+    pub fn after_stale(&self, ns: &str, e: &Error) {
+        self.forget_collection(ns);
+        if e.code == Code::ShardingStateNotInitialized.0 {
+            for set in self.catalog.shards.read().values() {
+                set.identity_sent.store(false, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The database's primary shard; with `create`, a database not yet known gets the shard
@@ -208,8 +225,45 @@ impl Router {
         let docs = self.config_find("chunks", doc! {"uuid": uuid.clone()}, doc! {"min": 1}).await?;
         let chunks = docs.iter().map(|d| chunk_from_doc(&key, d)).collect::<Result<Vec<_>>>()?;
         let table = RoutingTable::new(key, chunks)?;
-        Ok(Some(Arc::new(ShardedColl { ns: ns.to_string(), table, uuid, unique: entry.get_bool("unique").unwrap_or(false) })))
+        Ok(Some(Arc::new(ShardedColl::new(ns, table, uuid, entry.get_bool("unique").unwrap_or(false)))))
     }
+}
+
+/// Every document of `config.<coll>` on the config servers `config` matching `filter`, in
+/// `sort` order, read from their primary (routers and shards read their metadata so).
+pub async fn config_find(pool: &Pool, config: &ReplicaSet, coll: &str, filter: Document, sort: Document) -> Result<Vec<Document>> {
+    let (host, reply) = pool.run(config, "config", doc! {"find": coll, "filter": filter, "sort": sort, "batchSize": 10_000}, None, COMMAND_TIMEOUT).await?;
+    let reply = reply_result(reply)?;
+    let (mut id, mut docs) = cursor_docs(&reply, "firstBatch")?;
+    while id != 0 {
+        if docs.len() > CONFIG_READ_DOCS_MAX {
+            let _ = pool.run_on_host(&host, "config", doc! {"killCursors": coll, "cursors": [id]}, None, COMMAND_TIMEOUT).await;
+            return Err(Error::internal(format!("config.{coll} holds more than {CONFIG_READ_DOCS_MAX} matching documents")));
+        }
+        let reply = reply_result(pool.run_on_host(&host, "config", doc! {"getMore": id, "collection": coll, "batchSize": 10_000}, None, COMMAND_TIMEOUT).await?)?;
+        let (next, more) = cursor_docs(&reply, "nextBatch")?;
+        id = next;
+        docs.extend(more);
+    }
+    Ok(docs)
+}
+
+/// A write to the config database with w:"majority"; a write error or write concern error
+/// is the `Err`.
+pub async fn config_write(pool: &Pool, config: &ReplicaSet, mut body: Document) -> Result<Document> {
+    body.insert("writeConcern", doc! {"w": "majority", "wtimeout": 60_000});
+    let (_, reply) = pool.run(config, "config", body, None, COMMAND_TIMEOUT).await?;
+    let reply = reply_result(reply)?;
+    if let Ok(errors) = reply.get_array("writeErrors") {
+        if let Some(Bson::Document(e)) = errors.first() {
+            let code = e.get_i32("code").unwrap_or(Code::UnknownError.0);
+            return Err(Error::remote(code, e.get_str("codeName").unwrap_or("UnknownError"), e.get_str("errmsg").unwrap_or("").to_string()));
+        }
+    }
+    if let Ok(e) = reply.get_document("writeConcernError") {
+        return Err(Error::remote(e.get_i32("code").unwrap_or(64), e.get_str("codeName").unwrap_or("WriteConcernFailed"), e.get_str("errmsg").unwrap_or("").to_string()));
+    }
+    Ok(reply)
 }
 
 /// A cursor reply's id and batch.

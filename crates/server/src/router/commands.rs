@@ -63,20 +63,43 @@ async fn route(router: &Arc<Router>, conn: &mut RouterConn, req: &Request) -> Re
             admin_only(req)?;
             shard_collection(router, req).await
         }
+        "moveChunk" | "movechunk" | "moveRange" => {
+            admin_only(req)?;
+            move_chunk(router, req).await
+        }
         "insert" => insert(router, req).await,
         "update" => update(router, req).await,
         "delete" => delete(router, req).await,
-        "find" => find(router, req).await,
+        "find" | "count" | "distinct" | "aggregate" => read(router, req).await,
         "getMore" => get_more(router, req).await,
         "killCursors" => kill_cursors(router, req).await,
-        "count" => count(router, req).await,
-        "distinct" => distinct(router, req).await,
-        "aggregate" => aggregate(router, req).await,
         "listDatabases" => list_databases(router, req).await,
         "listCollections" | "listIndexes" | "create" | "collMod" => forward_to_primary(router, req).await,
         "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" => forward_to_owners(router, req).await,
         "dropDatabase" => drop_database(router, req).await,
         other => Err(Error::new(Code::CommandNotFound, format!("no such command: '{other}'"))),
+    }
+}
+
+/// A read, run again (on a routing table read again) while a shard answers StaleConfig:
+/// nothing was returned to the client yet, and reads change nothing.
+async fn read(router: &Router, req: &Request) -> Result<Document> {
+    let mut attempt = 0;
+    loop {
+        let r = match req.name.as_str() {
+            "find" => find(router, req).await,
+            "count" => count(router, req).await,
+            "distinct" => distinct(router, req).await,
+            _ => aggregate(router, req).await,
+        };
+        match r {
+            Err(e) if is_stale(&e) && attempt < STALE_RETRIES_MAX => {
+                attempt += 1;
+                router.after_stale(&format!("{}.{}", req.db, req.body.get_str(&req.name).unwrap_or("")), &e);
+                tokio::time::sleep(stale_backoff(attempt)).await;
+            }
+            r => return r,
+        }
     }
 }
 
@@ -242,6 +265,40 @@ async fn enable_sharding(router: &Router, req: &Request) -> Result<Document> {
     Ok(Document::new())
 }
 
+/// moveChunk (`find`: a document whose chunk moves, or `bounds`: the chunk's [min, max],
+/// and `to`) and moveRange (`min`, optionally `max`, and `toShard`): the chunk must exist
+/// as given (shoal's router does not split within them yet).
+async fn move_chunk(router: &Router, req: &Request) -> Result<Document> {
+    let cmd = &req.body;
+    let move_range = req.name == "moveRange";
+    let known: &[&str] = if move_range { &["toShard", "min", "max", "waitForDelete", "_waitForDelete", "forceJumbo", "secondaryThrottle", "writeConcern"] } else { &["to", "find", "bounds", "_waitForDelete", "waitForDelete", "forceJumbo", "secondaryThrottle", "writeConcern", "maxTimeMS"] };
+    crate::commands::check_fields(&req.name, cmd, known)?;
+    let ns = cmd.get_str(&req.name).map_err(|_| Error::type_mismatch(format!("{} takes a namespace string", req.name)))?;
+    let to = cmd.get_str(if move_range { "toShard" } else { "to" }).map_err(|_| Error::location(40414, format!("BSON field '{}.{}' is missing but a required field", req.name, if move_range { "toShard" } else { "to" })))?;
+    let sc = router.sharded(ns).await?.ok_or_else(|| Error::new(Code(118, "NamespaceNotSharded"), format!("{ns} is not sharded")))?;
+    let key = &sc.table.key;
+    let (min, max) = match (cmd.get_document("find"), cmd.get_array("bounds"), cmd.get_document("min")) {
+        (Ok(find), Err(_), _) if !move_range => {
+            let k = key.key_of_doc(find)?;
+            (sc.table.chunk_for(&k).min.clone(), None)
+        }
+        (Err(_), Ok(bounds), _) if !move_range && bounds.len() == 2 => {
+            let bound = |i: usize| bounds[i].as_document().ok_or_else(|| Error::bad_value("bounds must hold two documents")).and_then(|d| key.key_of_bound(d));
+            (bound(0)?, Some(bound(1)?))
+        }
+        (_, _, Ok(min)) if move_range => (key.key_of_bound(min)?, cmd.get_document("max").ok().map(|m| key.key_of_bound(m)).transpose()?),
+        _ => return Err(Error::new(Code::InvalidOptions, if move_range { "moveRange needs min" } else { "moveChunk needs either find or bounds" })),
+    };
+    if let Some(max) = max {
+        if sc.table.chunk_for(&min).max != max || sc.table.chunk_for(&min).min != min {
+            return Err(Error::new(Code::InvalidOptions, format!("[{}, {}) is not a chunk of {ns}; shoal's router moves whole chunks", key.key_doc(&min), key.key_doc(&max))));
+        }
+    }
+    let started = std::time::Instant::now();
+    super::migrate::move_chunk(router, ns, &min, to).await?;
+    Ok(if move_range { Document::new() } else { doc! {"millis": started.elapsed().as_millis() as i64} })
+}
+
 /// The index name mongod gives a key pattern: `customerId_hashed`, `a_1_b_1`.
 fn index_name(key: &Document) -> String {
     key.iter().map(|(k, v)| match v {
@@ -359,12 +416,62 @@ struct Stmt<'a> {
     shards: Vec<String>,
     /// Refused by the router before any shard saw it.
     error: Option<Error>,
+    /// Shards that ran it (a statement sent again after StaleConfig skips them).
+    done: Vec<String>,
 }
 
 enum StmtBody<'a> {
     Doc(Document),
     /// A document of the client's batch as the bytes it came as (`raw_insert`).
     Raw(&'a [u8]),
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum WriteKind {
+    Insert,
+    Update,
+    Delete,
+}
+
+impl WriteKind {
+    fn field(self) -> &'static str {
+        match self {
+            WriteKind::Insert => "documents",
+            WriteKind::Update => "updates",
+            WriteKind::Delete => "deletes",
+        }
+    }
+}
+
+impl<'a> Stmt<'a> {
+    fn new(index: usize, body: StmtBody<'a>, kind: WriteKind, sc: &ShardedColl) -> Stmt<'a> {
+        let mut s = Stmt { index, body, shards: Vec::new(), error: None, done: Vec::new() };
+        s.target(kind, sc);
+        s
+    }
+
+    /// Where the statement goes under `sc`'s routing table, or why it goes nowhere.
+    fn target(&mut self, kind: WriteKind, sc: &ShardedColl) {
+        let targets = match (&self.body, kind) {
+            (StmtBody::Doc(d), WriteKind::Insert) => sc.table.key.key_of_doc(d).map(|k| vec![sc.table.chunk_for(&k).shard.clone()]),
+            (StmtBody::Raw(b), _) => bson::RawDocument::from_bytes(b)
+                .map_err(|e| Error::new(Code::InvalidBSON, e.to_string()))
+                .and_then(|d| sc.table.key.key_of_raw(d))
+                .map(|k| vec![sc.table.chunk_for(&k).shard.clone()]),
+            (StmtBody::Doc(d), WriteKind::Update) => update_targets(sc, d),
+            (StmtBody::Doc(d), WriteKind::Delete) => delete_targets(sc, d),
+        };
+        match targets {
+            Ok(t) => {
+                self.shards = t.into_iter().filter(|s| !self.done.contains(s)).collect();
+                self.error = None;
+            }
+            Err(e) => {
+                self.shards = Vec::new();
+                self.error = Some(e);
+            }
+        }
+    }
 }
 
 /// The statements' array field of a write command ("documents", "updates", "deletes").
@@ -394,13 +501,9 @@ async fn insert(router: &Router, req: &Request) -> Result<Document> {
             with_id.extend(d.clone());
             with_id
         };
-        let (shards, error) = match sc.table.key.key_of_doc(&d) {
-            Ok(k) => (vec![sc.table.chunk_for(&k).shard.clone()], None),
-            Err(e) => (Vec::new(), Some(e)),
-        };
-        stmts.push(Stmt { index, body: StmtBody::Doc(d), shards, error });
+        stmts.push(Stmt::new(index, StmtBody::Doc(d), WriteKind::Insert, &sc));
     }
-    split_write(router, req, "documents", stmts).await
+    split_write(router, req, WriteKind::Insert, sc, stmts).await
 }
 
 /// An insert into a sharded collection, its documents in a document sequence (as drivers
@@ -443,13 +546,9 @@ pub async fn raw_insert(router: &Router, msg: &wire::RawMsg<'_>) -> Option<Docum
         if !matches!(doc.get("_id"), Ok(Some(_))) {
             return None;
         }
-        let (shards, error) = match sc.table.key.key_of_raw(doc) {
-            Ok(k) => (vec![sc.table.chunk_for(&k).shard.clone()], None),
-            Err(e) => (Vec::new(), Some(e)),
-        };
-        stmts.push(Stmt { index, body: StmtBody::Raw(bytes), shards, error });
+        stmts.push(Stmt::new(index, StmtBody::Raw(bytes), WriteKind::Insert, &sc));
     }
-    let mut reply = match split_write(router, &req, "documents", stmts).await {
+    let mut reply = match split_write(router, &req, WriteKind::Insert, sc, stmts).await {
         Ok(r) => r,
         Err(e) => return Some(dispatch::error_reply(&e)),
     };
@@ -530,13 +629,9 @@ async fn update(router: &Router, req: &Request) -> Result<Document> {
     let mut stmts = Vec::new();
     for (index, s) in statements(req, "updates")?.iter().enumerate() {
         let Bson::Document(d) = s else { return Err(Error::type_mismatch("BSON field 'update.updates' must hold documents")) };
-        let (shards, error) = match update_targets(&sc, d) {
-            Ok(s) => (s, None),
-            Err(e) => (Vec::new(), Some(e)),
-        };
-        stmts.push(Stmt { index, body: StmtBody::Doc(d.clone()), shards, error });
+        stmts.push(Stmt::new(index, StmtBody::Doc(d.clone()), WriteKind::Update, &sc));
     }
-    split_write(router, req, "updates", stmts).await
+    split_write(router, req, WriteKind::Update, sc, stmts).await
 }
 
 async fn delete(router: &Router, req: &Request) -> Result<Document> {
@@ -547,15 +642,22 @@ async fn delete(router: &Router, req: &Request) -> Result<Document> {
     let mut stmts = Vec::new();
     for (index, s) in statements(req, "deletes")?.iter().enumerate() {
         let Bson::Document(d) = s else { return Err(Error::type_mismatch("BSON field 'delete.deletes' must hold documents")) };
-        let filter = d.get_document("q").cloned().unwrap_or_default();
-        let single = d.get("limit").and_then(crate::commands::as_i64) == Some(1);
-        let shards: Vec<String> = shards_for_filter(&sc.table, &filter).into_iter().collect();
-        let error = (single && shards.len() > 1 && !fixes_id(&filter)).then(|| {
-            Error::new(Code::ShardKeyNotFound, "A single delete on a sharded collection must contain an exact match on _id (and have the collection default collation) or contain the shard key (and have the simple collation).")
-        });
-        stmts.push(Stmt { index, body: StmtBody::Doc(d.clone()), shards, error });
+        stmts.push(Stmt::new(index, StmtBody::Doc(d.clone()), WriteKind::Delete, &sc));
     }
-    split_write(router, req, "deletes", stmts).await
+    split_write(router, req, WriteKind::Delete, sc, stmts).await
+}
+
+fn delete_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
+    let filter = stmt.get_document("q").cloned().unwrap_or_default();
+    let single = stmt.get("limit").and_then(crate::commands::as_i64) == Some(1);
+    let shards: Vec<String> = shards_for_filter(&sc.table, &filter).into_iter().collect();
+    if single && shards.len() > 1 && !fixes_id(&filter) {
+        return Err(Error::new(
+            Code::ShardKeyNotFound,
+            "A single delete on a sharded collection must contain an exact match on _id (and have the collection default collation) or contain the shard key (and have the simple collation).",
+        ));
+    }
+    Ok(shards)
 }
 
 /// A write on an unsharded collection: the whole command to the database's primary shard.
@@ -643,10 +745,13 @@ impl WriteResult {
 }
 
 /// Send each shard the statements that target it, as one command with the client's other
-/// fields (write concern, session, `ordered`). Unordered: every shard at once. Ordered: runs
-/// of consecutive statements with the same targets, one run after another, stopping at the
-/// first error, as mongos does.
-async fn split_write(router: &Router, req: &Request, field: &str, stmts: Vec<Stmt<'_>>) -> Result<Document> {
+/// fields (write concern, session, `ordered`) and the shard's version. Unordered: every
+/// shard at once. Ordered: runs of consecutive statements with the same targets, one run
+/// after another, stopping at the first error, as mongos does. A shard that answers
+/// StaleConfig ran none of its statements: the router reads the routing table again and
+/// sends them where it now says, skipping the shards that already ran them.
+async fn split_write(router: &Router, req: &Request, kind: WriteKind, mut sc: Arc<ShardedColl>, mut stmts: Vec<Stmt<'_>>) -> Result<Document> {
+    let field = kind.field();
     let ordered = req.body.get_bool("ordered").unwrap_or(true);
     let mut result = WriteResult::default();
     let mut base = forwarded(req);
@@ -657,6 +762,7 @@ async fn split_write(router: &Router, req: &Request, field: &str, stmts: Vec<Stm
     });
     base.remove("stmtIds");
     let mut i = 0;
+    let mut stale_rounds = 0;
     while i < stmts.len() {
         // The statements of this round: a run (ordered) or all of them (unordered).
         let mut end = i;
@@ -673,51 +779,82 @@ async fn split_write(router: &Router, req: &Request, field: &str, stmts: Vec<Stm
         } else {
             end = stmts.len();
         }
-        let round = &stmts[i..end];
-        let mut per_shard: BTreeMap<&str, Vec<&Stmt>> = BTreeMap::new();
-        for s in round {
-            match &s.error {
-                Some(e) => result.error(s.index, e),
-                None => {
-                    for shard in &s.shards {
-                        per_shard.entry(shard.as_str()).or_default().push(s);
+        let before = result.write_errors.len();
+        let mut pending: Vec<usize> = (i..end).collect();
+        while !pending.is_empty() {
+            let mut per_shard: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+            for &p in &pending {
+                let s = &stmts[p];
+                match &s.error {
+                    Some(e) => result.error(s.index, e),
+                    None => {
+                        for shard in &s.shards {
+                            per_shard.entry(shard.clone()).or_default().push(p);
+                        }
                     }
                 }
             }
-        }
-        let sends = per_shard.iter().map(|(shard, list)| {
-            let mut body = base.clone();
-            if let Some(ids) = &stmt_ids {
-                body.insert("stmtIds", list.iter().map(|s| ids[s.index]).collect::<Vec<i32>>());
-            }
-            let indexes: Vec<usize> = list.iter().map(|s| s.index).collect();
-            async move {
-                // Each statement as BSON: a raw one as it came, a decoded one encoded once.
-                let encoded: Result<Vec<Vec<u8>>> = list
-                    .iter()
-                    .filter_map(|s| match &s.body {
-                        StmtBody::Doc(d) => Some(bson::RawDocumentBuf::try_from(d).map(|r| r.into_bytes()).map_err(|e| Error::new(Code::InvalidBSON, e.to_string()))),
-                        StmtBody::Raw(_) => None,
-                    })
-                    .collect();
-                let reply = match (router.shard(shard).await, encoded) {
-                    (Ok(set), Ok(encoded)) => {
-                        let mut owned = encoded.iter();
-                        let documents: Vec<&[u8]> = list.iter().filter_map(|s| match &s.body {
-                            StmtBody::Raw(b) => Some(*b),
-                            StmtBody::Doc(_) => owned.next().map(Vec::as_slice),
-                        }).collect();
-                        let sequence = wire::RawSequence { identifier: field, documents };
-                        router.pool.run(&set, &req.db, body, Some(&sequence), timeout_of(req)).await.map(|(_, r)| r)
+            let sends = per_shard.into_iter().map(|(shard, list)| {
+                let mut body = base.clone();
+                if let Some(ids) = &stmt_ids {
+                    body.insert("stmtIds", list.iter().map(|&p| ids[stmts[p].index]).collect::<Vec<i32>>());
+                }
+                body.insert("shardVersion", sc.version_doc(&shard));
+                let stmts = &stmts;
+                async move {
+                    // Each statement as BSON: a raw one as it came, a decoded one encoded once.
+                    let encoded: Result<Vec<Vec<u8>>> = list
+                        .iter()
+                        .filter_map(|&p| match &stmts[p].body {
+                            StmtBody::Doc(d) => Some(bson::RawDocumentBuf::try_from(d).map(|r| r.into_bytes()).map_err(|e| Error::new(Code::InvalidBSON, e.to_string()))),
+                            StmtBody::Raw(_) => None,
+                        })
+                        .collect();
+                    let reply = match (router.shard(&shard).await, encoded) {
+                        (Ok(set), Ok(encoded)) => {
+                            let mut owned = encoded.iter();
+                            let documents: Vec<&[u8]> = list.iter().filter_map(|&p| match &stmts[p].body {
+                                StmtBody::Raw(b) => Some(*b),
+                                StmtBody::Doc(_) => owned.next().map(Vec::as_slice),
+                            }).collect();
+                            let sequence = wire::RawSequence { identifier: field, documents };
+                            router.pool.run(&set, &req.db, body, Some(&sequence), timeout_of(req)).await.map(|(_, r)| r)
+                        }
+                        (Err(e), _) | (_, Err(e)) => Err(e),
+                    };
+                    (shard, list, reply)
+                }
+            });
+            let mut stale = Vec::new();
+            for (shard, list, reply) in futures_util::future::join_all(sends).await {
+                let reply = reply.and_then(reply_result);
+                if let Err(e) = &reply {
+                    if is_stale(e) && stale_rounds < STALE_RETRIES_MAX {
+                        router.after_stale(&sc.ns, e);
+                        stale.extend(list);
+                        continue;
                     }
-                    (Err(e), _) | (_, Err(e)) => Err(e),
-                };
-                (indexes, reply)
+                }
+                let indexes: Vec<usize> = list.iter().map(|&p| stmts[p].index).collect();
+                result.take(&indexes, reply);
+                for &p in &list {
+                    stmts[p].done.push(shard.clone());
+                }
             }
-        });
-        let before = result.write_errors.len();
-        for (indexes, reply) in futures_util::future::join_all(sends).await {
-            result.take(&indexes, reply);
+            pending = stale;
+            if !pending.is_empty() {
+                stale_rounds += 1;
+                tokio::time::sleep(stale_backoff(stale_rounds)).await;
+                sc = match router.sharded(&sc.ns).await? {
+                    Some(fresh) => fresh,
+                    None => return Err(Error::new(Code::NamespaceNotFound, format!("{} is no longer sharded", sc.ns))),
+                };
+                pending.sort_unstable();
+                pending.dedup();
+                for &p in &pending {
+                    stmts[p].target(kind, &sc);
+                }
+            }
         }
         if ordered && result.write_errors.len() > before {
             break;
@@ -725,6 +862,20 @@ async fn split_write(router: &Router, req: &Request, field: &str, stmts: Vec<Stm
         i = end;
     }
     Ok(result.into_reply(field))
+}
+
+/// Times an operation is sent again after StaleConfig (mongos's 10 attempts).
+const STALE_RETRIES_MAX: u32 = 10;
+
+/// An answer that the router's routing table, or the shard's identity, is out of date.
+fn is_stale(e: &Error) -> bool {
+    e.code == Code::StaleConfig.0 || e.code == Code::ShardingStateNotInitialized.0
+}
+
+/// The wait before the `n`th retry after StaleConfig: none first, then growing, as a
+/// migration's critical section may hold the shard's answer for a while.
+fn stale_backoff(n: u32) -> Duration {
+    Duration::from_millis(if n <= 1 { 0 } else { (10u64 << n.min(7)).min(1000) })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -767,10 +918,10 @@ async fn first_batch(router: &Router, mut cursor: RouterCursor, batch: usize, si
 
 /// Run a cursor command on each shard, all at once; any failure kills the cursors the others
 /// opened and is the answer.
-async fn open_streams(router: &Router, req: &Request, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Stream>> {
+async fn open_streams(router: &Router, req: &Request, sc: &ShardedColl, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Stream>> {
     let opens = shards.iter().map(|s| async move {
         let set = router.shard(s).await?;
-        let (host, raw) = router.pool.run_raw(&set, &req.db, body.clone(), None, timeout_of(req)).await?;
+        let (host, raw) = router.pool.run_raw(&set, &req.db, versioned(body, Some(sc), s), None, timeout_of(req)).await?;
         if let Some(e) = super::shards::raw_error(&raw) {
             return Err(e);
         }
@@ -789,6 +940,15 @@ async fn open_streams(router: &Router, req: &Request, shards: &BTreeSet<String>,
         return Err(e);
     }
     Ok(streams)
+}
+
+/// `body` with the shard's version in `sc`'s routing table, if the collection is sharded.
+fn versioned(body: &Document, sc: Option<&ShardedColl>, shard: &str) -> Document {
+    let mut body = body.clone();
+    if let Some(sc) = sc {
+        body.insert("shardVersion", sc.version_doc(shard));
+    }
+    body
 }
 
 /// A cursor command for one shard, its reply passed on with the router's cursor id.
@@ -819,7 +979,7 @@ async fn find(router: &Router, req: &Request) -> Result<Document> {
     }
     if targets.len() == 1 {
         let only = targets.into_iter().next().unwrap_or_default();
-        return single_shard_cursor(router, req, &only, forwarded(req)).await;
+        return single_shard_cursor(router, req, &only, versioned(&forwarded(req), Some(&sc), &only)).await;
     }
     let skip = cmd.get("skip").and_then(crate::commands::as_i64).unwrap_or(0).max(0) as u64;
     let limit = cmd.get("limit").and_then(crate::commands::as_i64).filter(|l| *l > 0).map(|l| l as u64);
@@ -842,7 +1002,7 @@ async fn find(router: &Router, req: &Request) -> Result<Document> {
         }
         _ => None,
     };
-    let streams = open_streams(router, req, &targets, &body).await?;
+    let streams = open_streams(router, req, &sc, &targets, &body).await?;
     let cursor = RouterCursor::new(ns, streams, sort, skip, limit, projection);
     first_batch(router, cursor, batch.unwrap_or(FIRST_BATCH_DOCS_DEFAULT), cmd.get_bool("singleBatch").unwrap_or(false)).await
 }
@@ -894,20 +1054,22 @@ async fn kill_cursors(router: &Router, req: &Request) -> Result<Document> {
 }
 
 /// The shards a read of `filter` on `ns` goes to: the targeted ones if the collection is
-/// sharded, else its database's primary; none if the database does not exist.
-async fn read_targets(router: &Router, db: &str, ns: &str, filter: &Document) -> Result<BTreeSet<String>> {
-    let Some(primary) = router.db_primary(db, false).await? else { return Ok(BTreeSet::new()) };
+/// sharded (with its routing table), else its database's primary; none if the database does
+/// not exist.
+async fn read_targets(router: &Router, db: &str, ns: &str, filter: &Document) -> Result<(BTreeSet<String>, Option<Arc<ShardedColl>>)> {
+    let Some(primary) = router.db_primary(db, false).await? else { return Ok((BTreeSet::new(), None)) };
     Ok(match router.sharded(ns).await? {
-        Some(sc) => shards_for_filter(&sc.table, filter),
-        None => [primary].into_iter().collect(),
+        Some(sc) => (shards_for_filter(&sc.table, filter), Some(sc)),
+        None => ([primary].into_iter().collect(), None),
     })
 }
 
-/// Run `body` on each shard at once; every reply, or the first error.
-async fn on_each(router: &Router, req: &Request, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Document>> {
+/// Run `body` on each shard at once (with its version if the collection is sharded); every
+/// reply, or the first error.
+async fn on_each(router: &Router, req: &Request, sc: Option<&ShardedColl>, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Document>> {
     let sends = shards.iter().map(|s| async move {
         let set = router.shard(s).await?;
-        reply_result(router.pool.run(&set, &req.db, body.clone(), None, timeout_of(req)).await?.1)
+        reply_result(router.pool.run(&set, &req.db, versioned(body, sc, s), None, timeout_of(req)).await?.1)
     });
     futures_util::future::join_all(sends).await.into_iter().collect()
 }
@@ -916,7 +1078,7 @@ async fn count(router: &Router, req: &Request) -> Result<Document> {
     let coll = collection_of(req)?;
     let ns = format!("{}.{coll}", req.db);
     let filter = req.body.get_document("query").cloned().unwrap_or_default();
-    let targets = read_targets(router, &req.db, &ns, &filter).await?;
+    let (targets, sc) = read_targets(router, &req.db, &ns, &filter).await?;
     let skip = req.body.get("skip").and_then(crate::commands::as_i64).unwrap_or(0).max(0);
     let limit = req.body.get("limit").and_then(crate::commands::as_i64).unwrap_or(0).abs();
     let mut body = forwarded(req);
@@ -925,7 +1087,7 @@ async fn count(router: &Router, req: &Request) -> Result<Document> {
         body.insert("limit", limit + skip);
     }
     let mut n = 0;
-    for r in on_each(router, req, &targets, &body).await? {
+    for r in on_each(router, req, sc.as_deref(), &targets, &body).await? {
         n += r.get("n").and_then(crate::commands::as_i64).unwrap_or(0);
     }
     n = (n - skip).max(0);
@@ -939,9 +1101,9 @@ async fn distinct(router: &Router, req: &Request) -> Result<Document> {
     let coll = collection_of(req)?;
     let ns = format!("{}.{coll}", req.db);
     let filter = req.body.get_document("query").cloned().unwrap_or_default();
-    let targets = read_targets(router, &req.db, &ns, &filter).await?;
+    let (targets, sc) = read_targets(router, &req.db, &ns, &filter).await?;
     let mut values: Vec<Bson> = Vec::new();
-    for r in on_each(router, req, &targets, &forwarded(req)).await? {
+    for r in on_each(router, req, sc.as_deref(), &targets, &forwarded(req)).await? {
         values.extend(r.get_array("values").cloned().unwrap_or_default());
     }
     values.sort_by(query::compare::cmp_bson);
@@ -972,7 +1134,7 @@ async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
     let targets = shards_for_filter(&sc.table, &filter);
     if targets.len() == 1 {
         let only = targets.into_iter().next().unwrap_or_default();
-        return single_shard_cursor(router, req, &only, forwarded(req)).await;
+        return single_shard_cursor(router, req, &only, versioned(&forwarded(req), Some(&sc), &only)).await;
     }
     let merge = query::agg::Pipeline::parse(merge)?;
     if merge.stages.iter().any(|s| matches!(s, query::agg::Stage::External(..))) {
@@ -981,7 +1143,7 @@ async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
     let mut body = forwarded(req);
     body.insert("pipeline", on_shards.iter().cloned().map(Bson::Document).collect::<Vec<_>>());
     body.insert("cursor", Document::new());
-    let streams = open_streams(router, req, &targets, &body).await?;
+    let streams = open_streams(router, req, &sc, &targets, &body).await?;
     let mut cursor = RouterCursor::new(ns.clone(), streams, None, 0, None, None);
     if merge.stages.is_empty() {
         return first_batch(router, cursor, batch, false).await;
@@ -1073,7 +1235,7 @@ async fn forward_to_owners(router: &Router, req: &Request) -> Result<Document> {
     };
     let mut owners = sc.table.shards();
     owners.insert(primary.clone());
-    let replies = on_each(router, req, &owners, &forwarded(req)).await?;
+    let replies = on_each(router, req, None, &owners, &forwarded(req)).await?;
     if req.name == "drop" {
         router.config_write(doc! {"delete": "chunks", "deletes": [{"q": {"uuid": sc.uuid.clone()}, "limit": 0}]}).await?;
         router.config_write(doc! {"delete": "collections", "deletes": [{"q": {"_id": &ns}, "limit": 1}]}).await?;
@@ -1089,7 +1251,7 @@ async fn drop_database(router: &Router, req: &Request) -> Result<Document> {
         return Err(Error::new(Code::IllegalOperation, format!("Cannot drop the {} database through the router", req.db)));
     }
     let shards: BTreeSet<String> = router.shard_ids().await?.into_iter().collect();
-    on_each(router, req, &shards, &forwarded(req)).await?;
+    on_each(router, req, None, &shards, &forwarded(req)).await?;
     let prefix = format!("^{}\\.", regex_escape(&req.db));
     let colls = router.config_find("collections", doc! {"_id": {"$regex": &prefix}}, doc! {}).await?;
     for c in &colls {

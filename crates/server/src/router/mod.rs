@@ -4,10 +4,11 @@
 //! replies (`cursor`, `commands`). Shards and config servers are replica sets, reached
 //! through their primaries (`shards`).
 
-mod catalog;
+pub(crate) mod catalog;
 mod commands;
 mod cursor;
-mod shards;
+mod migrate;
+pub(crate) mod shards;
 
 use crate::dispatch::{self, Request};
 use bson::oid::ObjectId;

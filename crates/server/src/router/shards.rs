@@ -29,6 +29,9 @@ pub struct ReplicaSet {
     pub hosts: Vec<String>,
     /// The member last found primary.
     primary: Mutex<Option<String>>,
+    /// Whether its primary was told its shard identity (`_addShard`) since it last answered
+    /// ShardingStateNotInitialized.
+    pub identity_sent: std::sync::atomic::AtomicBool,
 }
 
 impl ReplicaSet {
@@ -42,7 +45,7 @@ impl ReplicaSet {
         if hosts.is_empty() || hosts.len() > HOSTS_MAX || hosts.iter().any(|h| h.is_empty() || !h.contains(':')) {
             return Err(bad("every host needs a port"));
         }
-        Ok(ReplicaSet { conn_string: conn_string.to_string(), set_name: set_name.to_string(), hosts, primary: Mutex::new(None) })
+        Ok(ReplicaSet { conn_string: conn_string.to_string(), set_name: set_name.to_string(), hosts, primary: Mutex::new(None), identity_sent: Default::default() })
     }
 
     fn forget_primary(&self, host: &str) {

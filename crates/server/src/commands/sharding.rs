@@ -1,0 +1,344 @@
+//! The internal commands a router runs on shards to migrate a chunk (mongod's
+//! `_shardsvr*` and `_recvChunk*` family, in shoal's own shape). The router drives a
+//! migration (`router::migrate`); the shards do the data work:
+//!
+//! - `_addShard`: tell a shard its name and the config servers (`sharding::ShardingState`).
+//! - `_shardsvrCleanupRange`: delete the documents of a key range this shard does not own
+//!   (checked with the config servers): the recipient's leftovers before a migration, the
+//!   donor's copies after one commits, the recipient's clone after one aborts.
+//! - On the donor: `_shardsvrMigrateStart` notes where its oplog is and starts a migration
+//!   source; `_shardsvrMigrateClone` returns the range's documents a batch at a time;
+//!   `_shardsvrTransferMods` returns what changed in the range since (read from the oplog:
+//!   each touched `_id`'s document as it is now, or its deletion);
+//!   `_shardsvrEnterCriticalSection` stops writes to the collection and waits for those
+//!   admitted; `_shardsvrExitCriticalSection` lets them go on after the commit or abort.
+//! - On the recipient: `_recvChunkApply` upserts documents and deletes `_id`s, only ever
+//!   within the range.
+//!
+//! Each is idempotent, so a router may send one again after a lost reply.
+
+use super::Ctx;
+use bson::{doc, oid::ObjectId, Bson, Document};
+use common::{Code, Error, Result};
+use parking_lot::Mutex;
+use shard::{key::cmp_keys, Key, ShardKeyPattern};
+use std::cmp::Ordering;
+use std::collections::HashSet;
+use std::sync::Arc;
+use storage::RecordId;
+
+/// Bytes of documents a clone or transferMods reply carries at most (well below the 16 MiB
+/// of a reply, 48 MiB of a message).
+const MIGRATE_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Records a clone batch or a range deletion reads per step.
+const SCAN_STEP_DOCS: usize = 1000;
+/// Oplog entries one transferMods reads at most.
+const MODS_ENTRIES_MAX: usize = 20_000;
+
+/// A migration this shard is the donor of.
+pub struct MigrationSource {
+    pub id: ObjectId,
+    db: String,
+    coll: String,
+    key: ShardKeyPattern,
+    min: Key,
+    max: Key,
+    state: Mutex<SourceState>,
+}
+
+struct SourceState {
+    /// The last record the clone returned.
+    clone_after: Option<RecordId>,
+    clone_done: bool,
+    /// The last oplog entry read (its record id, the entry's timestamp).
+    oplog_after: RecordId,
+}
+
+fn in_range(k: &[Bson], min: &[Bson], max: &[Bson]) -> bool {
+    cmp_keys(min, k) != Ordering::Greater && (cmp_keys(k, max) == Ordering::Less || max.iter().all(|v| matches!(v, Bson::MaxKey)))
+}
+
+impl MigrationSource {
+    fn holds(&self, doc: &Document) -> bool {
+        self.key.key_of_doc(doc).is_ok_and(|k| in_range(&k, &self.min, &self.max))
+    }
+}
+
+/// The command's namespace (its first field, "db.coll"), after forgetting what an earlier
+/// term as primary knew (`ShardingState::on_term`).
+fn begin(ctx: &Ctx) -> Result<(String, String)> {
+    if let Some(repl) = &ctx.shared.repl {
+        ctx.shared.sharding.on_term(repl.term());
+    }
+    let ns = ctx.cmd.get_str(ctx.name).map_err(|_| Error::type_mismatch(format!("{} takes a namespace string", ctx.name)))?;
+    match ns.split_once('.') {
+        Some((d, c)) if !d.is_empty() && !c.is_empty() => Ok((d.to_string(), c.to_string())),
+        _ => Err(Error::new(Code::InvalidNamespace, format!("Invalid namespace {ns}"))),
+    }
+}
+
+fn migration_id(ctx: &Ctx) -> Result<ObjectId> {
+    ctx.cmd.get_object_id("migrationId").map_err(|_| Error::location(40414, format!("BSON field '{}.migrationId' is missing but a required field", ctx.name)))
+}
+
+/// The command's `min` and `max` bounds as keys of `key`.
+fn bounds(ctx: &Ctx, key: &ShardKeyPattern) -> Result<(Key, Key)> {
+    let get = |f: &str| ctx.cmd.get_document(f).map_err(|_| Error::location(40414, format!("BSON field '{}.{f}' is missing but a required field", ctx.name)));
+    let (min, max) = (key.key_of_bound(get("min")?)?, key.key_of_bound(get("max")?)?);
+    if cmp_keys(&min, &max) != Ordering::Less {
+        return Err(Error::bad_value("min must be below max"));
+    }
+    Ok((min, max))
+}
+
+/// This shard's metadata of `ns`, read again from the config servers.
+fn fresh_metadata(ctx: &Ctx, ns: &str) -> Result<Arc<crate::sharding::CollMeta>> {
+    let handle = tokio::runtime::Handle::current();
+    handle.block_on(ctx.shared.sharding.refresh(ns))?.ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{ns} is not sharded")))
+}
+
+fn source(ctx: &Ctx, ns: &str) -> Result<Arc<MigrationSource>> {
+    let id = migration_id(ctx)?;
+    match ctx.shared.sharding.sources.lock().get(ns) {
+        Some(s) if s.id == id => Ok(s.clone()),
+        _ => Err(Error::new(Code::IllegalOperation, format!("no migration {id} of {ns} is running on this shard (it restarted, or the migration ended)"))),
+    }
+}
+
+fn doc_size(d: &Document) -> usize {
+    crate::exec::approx_doc_size(d)
+}
+
+/// `_addShard: 1, shardIdentity: {shardName, configsvrConnectionString}`.
+pub fn add_shard(ctx: &mut Ctx) -> Result<Document> {
+    let id = ctx.cmd.get_document("shardIdentity").map_err(|_| Error::location(40414, "BSON field '_addShard.shardIdentity' is missing but a required field"))?;
+    let name = id.get_str("shardName").map_err(|_| Error::bad_value("shardIdentity.shardName must be a string"))?;
+    let config = id.get_str("configsvrConnectionString").map_err(|_| Error::bad_value("shardIdentity.configsvrConnectionString must be a string"))?;
+    if ctx.shared.repl.is_none() {
+        return Err(Error::new(Code::IllegalOperation, "a shard must be a replica set member (--replSet)"));
+    }
+    ctx.shared.sharding.set_identity(name, config)?;
+    Ok(Document::new())
+}
+
+/// `_shardsvrCleanupRange: ns, min, max`: delete the range's documents, which must be no
+/// chunk's of this shard.
+pub fn cleanup_range(ctx: &mut Ctx) -> Result<Document> {
+    let (db, coll) = begin(ctx)?;
+    let ns = format!("{db}.{coll}");
+    let meta = fresh_metadata(ctx, &ns)?;
+    let (min, max) = bounds(ctx, &meta.key)?;
+    if meta.owns_any_of(&min, &max) {
+        return Err(Error::new(Code::IllegalOperation, format!("this shard owns part of the range to clean up in {ns}")));
+    }
+    let Some(c) = ctx.shared.store.collection(&db, &coll) else { return Ok(doc! {"deleted": 0}) };
+    let mut deleted = 0i64;
+    let mut after = None;
+    loop {
+        ctx.op.check()?;
+        // The write lock for one step at a time: the shard's own writes go on between.
+        let mut writer = c.writer();
+        let page = writer.snapshot().scan(after, SCAN_STEP_DOCS)?;
+        for (rid, d) in &page {
+            if meta.key.key_of_doc(d).is_ok_and(|k| in_range(&k, &min, &max)) {
+                writer.delete(*rid, d)?;
+                deleted += 1;
+            }
+        }
+        match page.last() {
+            Some((rid, _)) if page.len() == SCAN_STEP_DOCS => after = Some(*rid),
+            _ => break,
+        }
+    }
+    Ok(doc! {"deleted": deleted})
+}
+
+/// `_shardsvrMigrateStart: ns, migrationId, min, max`: this shard must own exactly that
+/// chunk. From here on the oplog says what changes in it.
+pub fn migrate_start(ctx: &mut Ctx) -> Result<Document> {
+    let (db, coll) = begin(ctx)?;
+    let ns = format!("{db}.{coll}");
+    let id = migration_id(ctx)?;
+    let meta = fresh_metadata(ctx, &ns)?;
+    let (min, max) = bounds(ctx, &meta.key)?;
+    if !meta.owns_chunk(&min, &max) {
+        return Err(Error::new(Code::StaleConfig, format!("the range to migrate is not a chunk of this shard in {ns}")));
+    }
+    let oplog_after = ctx.shared.store.oplog_last().ok_or_else(|| Error::new(Code::IllegalOperation, "a donor shard needs its oplog (a replica set)"))?.ts;
+    let mut sources = ctx.shared.sharding.sources.lock();
+    match sources.get(&ns) {
+        Some(s) if s.id == id => return Ok(Document::new()),
+        Some(s) => return Err(Error::new(Code::ConflictingOperationInProgress, format!("migration {} of {ns} is running on this shard", s.id))),
+        None => {}
+    }
+    let state = Mutex::new(SourceState { clone_after: None, clone_done: false, oplog_after });
+    sources.insert(ns, Arc::new(MigrationSource { id, db, coll, key: meta.key.clone(), min, max, state }));
+    Ok(Document::new())
+}
+
+/// `_shardsvrMigrateClone: ns, migrationId`: the next documents of the range, in record
+/// order, and whether the clone is done.
+pub fn migrate_clone(ctx: &mut Ctx) -> Result<Document> {
+    let (db, coll) = begin(ctx)?;
+    let src = source(ctx, &format!("{db}.{coll}"))?;
+    let Some(c) = ctx.shared.store.collection(&src.db, &src.coll) else { return Ok(doc! {"docs": [], "done": true}) };
+    let mut st = src.state.lock();
+    let mut docs = Vec::new();
+    let mut bytes = 0;
+    while !st.clone_done && bytes < MIGRATE_BATCH_BYTES_MAX {
+        ctx.op.check()?;
+        let page = c.snapshot().scan(st.clone_after, SCAN_STEP_DOCS)?;
+        st.clone_done = page.len() < SCAN_STEP_DOCS;
+        for (rid, d) in page {
+            st.clone_after = Some(rid);
+            if src.holds(&d) {
+                bytes += doc_size(&d);
+                docs.push(d);
+                if bytes >= MIGRATE_BATCH_BYTES_MAX {
+                    // The rest of this page comes with the next batch.
+                    st.clone_done = false;
+                    break;
+                }
+            }
+        }
+    }
+    Ok(doc! {"docs": docs, "done": st.clone_done})
+}
+
+/// `_shardsvrTransferMods: ns, migrationId`: the range's documents changed since the last
+/// call (or the start): each touched `_id`'s document as it is now if it is in the range,
+/// else its `_id` to delete; `more` when the oplog has more to read now.
+pub fn transfer_mods(ctx: &mut Ctx) -> Result<Document> {
+    let (db, coll) = begin(ctx)?;
+    let ns = format!("{db}.{coll}");
+    let src = source(ctx, &ns)?;
+    let oplog = ctx.shared.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).ok_or_else(|| Error::new(Code::IllegalOperation, "a donor shard needs its oplog"))?;
+    let c = ctx.shared.store.collection(&src.db, &src.coll);
+    let mut st = src.state.lock();
+    // Entries past our position must all still be there.
+    if let Some((oldest, _)) = oplog.snapshot().scan(None, 1)?.first() {
+        if *oldest > st.oplog_after {
+            return Err(Error::new(Code::OplogStartMissing, format!("the oplog rolled over past the migration of {ns}; it must start again")));
+        }
+    }
+    let entries = oplog.tail_chunk(Some(st.oplog_after), MODS_ENTRIES_MAX)?;
+    let more = entries.len() == MODS_ENTRIES_MAX;
+    let (mut upserts, mut deletes) = (Vec::new(), Vec::new());
+    let mut seen = HashSet::new();
+    let mut bytes = 0;
+    let mut last = st.oplog_after;
+    let mut cut = false;
+    for (rid, raw) in &entries {
+        if bytes >= MIGRATE_BATCH_BYTES_MAX {
+            cut = true;
+            break;
+        }
+        last = *rid;
+        let e = bson::RawDocument::from_bytes(raw.as_ref()).map_err(|e| Error::internal(format!("an oplog entry is not BSON: {e}")))?;
+        if e.get_str("ns").ok() != Some(ns.as_str()) {
+            if e.get_str("op").ok() == Some("c") && e.get_str("ns").ok() == Some(&format!("{db}.$cmd")) {
+                let o = e.get_document("o").ok();
+                let names_coll = |f: &str| o.and_then(|o| o.get_str(f).ok()) == Some(coll.as_str());
+                if names_coll("drop") || o.is_some_and(|o| o.get_str("renameCollection").ok() == Some(ns.as_str())) {
+                    return Err(Error::new(Code::ConflictingOperationInProgress, format!("{ns} was dropped or renamed during its migration")));
+                }
+            }
+            continue;
+        }
+        let holder = match e.get_str("op").ok() {
+            Some("u") => e.get_document("o2").ok(),
+            Some("i" | "d") => e.get_document("o").ok(),
+            _ => None,
+        };
+        let Some(id) = holder.and_then(|h| h.get("_id").ok().flatten()) else { continue };
+        let id = Bson::try_from(id).map_err(|e| Error::internal(format!("an oplog entry's _id: {e}")))?;
+        let id_key = bson::RawDocumentBuf::try_from(&doc! {"_id": id.clone()}).map(|r| r.into_bytes()).unwrap_or_default();
+        if !seen.insert(id_key) {
+            continue;
+        }
+        let now = match &c {
+            Some(c) => c.snapshot().find_by_id(&id)?.map(|(_, d)| d),
+            None => None,
+        };
+        match now {
+            Some(d) if src.holds(&d) => {
+                bytes += doc_size(&d);
+                upserts.push(d);
+            }
+            _ => {
+                bytes += 32;
+                deletes.push(id);
+            }
+        }
+    }
+    st.oplog_after = last;
+    Ok(doc! {"upserts": upserts, "deletes": deletes, "more": more || cut})
+}
+
+/// `_shardsvrEnterCriticalSection: ns, migrationId`: no more writes to the collection here
+/// until the migration commits or aborts; returns once the writes admitted before are done.
+pub fn enter_critical_section(ctx: &mut Ctx) -> Result<Document> {
+    let (db, coll) = begin(ctx)?;
+    let ns = format!("{db}.{coll}");
+    let src = source(ctx, &ns)?;
+    ctx.shared.sharding.enter_critical_section(&ns, src.id)?;
+    Ok(Document::new())
+}
+
+/// `_shardsvrExitCriticalSection: ns, migrationId`: the migration is over (committed or
+/// not): writes go on, and see the versions the config servers have now.
+pub fn exit_critical_section(ctx: &mut Ctx) -> Result<Document> {
+    let (db, coll) = begin(ctx)?;
+    let ns = format!("{db}.{coll}");
+    let id = migration_id(ctx)?;
+    let exited = ctx.shared.sharding.exit_critical_section(&ns, id);
+    let mut sources = ctx.shared.sharding.sources.lock();
+    if sources.get(&ns).is_some_and(|s| s.id == id) {
+        sources.remove(&ns);
+    }
+    Ok(doc! {"exited": exited})
+}
+
+/// `_recvChunkApply: ns, migrationId, min, max, upserts, deletes`: the recipient's side of a
+/// clone or transferMods batch. Only documents in the range are written or deleted; a
+/// document of the same `_id` outside it (another chunk's, which this shard owns) fails the
+/// migration rather than be overwritten.
+pub fn recv_chunk_apply(ctx: &mut Ctx) -> Result<Document> {
+    let (db, coll) = begin(ctx)?;
+    let ns = format!("{db}.{coll}");
+    let key_doc = ctx.cmd.get_document("key").map_err(|_| Error::location(40414, "BSON field '_recvChunkApply.key' is missing but a required field"))?;
+    let key = ShardKeyPattern::parse(key_doc)?;
+    let (min, max) = bounds(ctx, &key)?;
+    let holds = |d: &Document| key.key_of_doc(d).is_ok_and(|k| in_range(&k, &min, &max));
+    let c = ctx.shared.store.collection(&db, &coll).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{ns} does not exist on the recipient (its indexes are created first)")))?;
+    let array = |f: &str| ctx.cmd.get_array(f).map(|a| a.as_slice()).unwrap_or_default();
+    let (mut written, mut deleted) = (0i64, 0i64);
+    let mut writer = c.writer();
+    for d in array("upserts") {
+        let Bson::Document(d) = d else { return Err(Error::type_mismatch("upserts must hold documents")) };
+        if !holds(d) {
+            return Err(Error::bad_value(format!("a migrated document is outside the range of {ns}")));
+        }
+        let id = d.get("_id").ok_or_else(|| Error::bad_value("a migrated document has no _id"))?;
+        match writer.snapshot().find_by_id(id)? {
+            Some((_, old)) if !holds(&old) => {
+                return Err(Error::new(Code::DuplicateKey, format!("{ns} on the recipient has a document with _id {id} outside the migrated range")));
+            }
+            Some((rid, old)) if &old != d => writer.update(rid, &old, d)?,
+            Some(_) => {}
+            None => {
+                writer.insert(d)?;
+            }
+        }
+        written += 1;
+    }
+    for id in array("deletes") {
+        if let Some((rid, old)) = writer.snapshot().find_by_id(id)? {
+            if holds(&old) {
+                writer.delete(rid, &old)?;
+                deleted += 1;
+            }
+        }
+    }
+    Ok(doc! {"written": written, "deleted": deleted})
+}
