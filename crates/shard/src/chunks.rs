@@ -57,6 +57,14 @@ impl RoutingTable {
             return Err(Error::internal(format!("a collection has {} chunks (1 to {CHUNKS_MAX})", chunks.len())));
         }
         chunks.sort_by(|a, b| cmp_keys(&a.min, &b.min));
+        // A split writes its right half before it shrinks the chunk it cuts (`split` in
+        // the router): until then, or if it stopped there, the right half lies inside the
+        // old chunk, ending where it ends. The old chunk ends where the right half begins.
+        for i in 1..chunks.len() {
+            if chunks[i - 1].max == chunks[i].max && cmp_keys(&chunks[i - 1].min, &chunks[i].min) == Ordering::Less {
+                chunks[i - 1].max = chunks[i].min.clone();
+            }
+        }
         let broken = |why: &str| Err(Error::internal(format!("the chunks of a collection sharded on {} {why}", key.to_doc())));
         if chunks[0].min != key.global_min() || chunks[chunks.len() - 1].max != key.global_max() {
             return broken("do not span MinKey to MaxKey");
@@ -203,6 +211,11 @@ mod tests {
         assert!(RoutingTable::new(key.clone(), vec![c(Bson::MinKey, Bson::Int32(1)), c(Bson::Int32(2), Bson::MaxKey)]).is_err());
         assert!(RoutingTable::new(key.clone(), vec![c(Bson::MinKey, Bson::Int32(3)), c(Bson::Int32(2), Bson::MaxKey)]).is_err());
         assert!(RoutingTable::new(key.clone(), vec![c(Bson::MinKey, Bson::Int32(3))]).is_err());
-        assert!(RoutingTable::new(key, vec![]).is_err());
+        assert!(RoutingTable::new(key.clone(), vec![]).is_err());
+        // A split cut short: the right half inside the old chunk, ending where it ends. The
+        // old chunk ends where the right half begins.
+        let t = RoutingTable::new(key, vec![c(Bson::MinKey, Bson::MaxKey), c(Bson::Int32(5), Bson::MaxKey)]).unwrap();
+        assert_eq!(t.chunks()[0].max, vec![Bson::Int32(5)]);
+        assert_eq!(t.chunk_for(&[Bson::Int32(7)]).min, vec![Bson::Int32(5)]);
     }
 }

@@ -274,12 +274,22 @@ async fn writes_through_the_router_go_on_after_a_shard_fails_over() {
     }
 }
 
+/// A process the test started, killed when dropped (a failed test leaves none behind).
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Start another router on a free port for the cluster's config servers.
-fn second_router(cluster: &Cluster) -> (std::process::Child, u16) {
+fn second_router(cluster: &Cluster) -> (Proc, u16) {
     let port = free_port();
     let configdb = format!("cfg/127.0.0.1:{}", cluster.port + 1);
     let log = std::fs::File::create(cluster.dir.join(format!("router-{port}.log"))).unwrap();
-    let child = Command::new(binary_path()).args(["router", "--configdb", &configdb, "--port", &port.to_string()]).stderr(log).spawn().unwrap();
+    let child = Proc(Command::new(binary_path()).args(["router", "--configdb", &configdb, "--port", &port.to_string()]).stdout(std::process::Stdio::null()).stderr(log).spawn().unwrap());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(std::time::Instant::now() < deadline, "the second router did not listen");
@@ -304,7 +314,7 @@ async fn chunks_migrate_under_concurrent_writes_without_losing_or_doubling_docum
     admin.run_command(doc! {"shardCollection": "app.m", "key": {"k": "hashed"}}).await.unwrap();
     let m = client.database("app").collection::<Document>("m");
     m.insert_many((0..DOCS).map(|i| doc! {"_id": i, "k": i, "n": 0i64, "pad": "x".repeat(200)})).await.unwrap();
-    let (mut other, other_port) = second_router(&cluster);
+    let (_other, other_port) = second_router(&cluster);
     let other_client = mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{other_port}/")).await.unwrap();
     // The second router reads the routing table now, and keeps it until a shard says it is stale.
     assert_eq!(other_client.database("app").collection::<Document>("m").count_documents(doc! {}).await.unwrap(), DOCS as u64);
@@ -415,6 +425,125 @@ async fn chunks_migrate_under_concurrent_writes_without_losing_or_doubling_docum
     assert_code(admin.run_command(doc! {"moveChunk": "app.m", "bounds": bounds.clone(), "to": "nosuchshard"}).await, 70);
     assert_code(client.database("app").run_command(doc! {"moveChunk": "app.m", "bounds": bounds, "to": "shard0"}).await, 13);
     assert_code(admin.run_command(doc! {"moveChunk": "app.unsharded", "find": {"k": 1}, "to": "shard0"}).await, 118);
-    let _ = other.kill();
-    let _ = other.wait();
+}
+
+/// Start a one-member replica set `name` outside the cluster (a shard to add later).
+async fn start_shard_set(cluster: &Cluster, name: &str) -> (Proc, String) {
+    let port = free_port();
+    let host = format!("127.0.0.1:{port}");
+    let data = cluster.dir.join(name);
+    std::fs::create_dir_all(&data).unwrap();
+    let log = std::fs::File::create(cluster.dir.join(format!("{name}.log"))).unwrap();
+    let child = Proc(Command::new(binary_path()).args(["serve", "--port", &port.to_string(), "--replSet", name, "--dbpath", data.to_str().unwrap()]).stdout(std::process::Stdio::null()).stderr(log).spawn().unwrap());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(&host).is_err() {
+        assert!(std::time::Instant::now() < deadline, "{name} did not listen");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let member = mongodb::Client::with_uri_str(format!("mongodb://{host}/?directConnection=true")).await.unwrap();
+    member.database("admin").run_command(doc! {"replSetInitiate": {"_id": name, "version": 1, "members": [{"_id": 0, "host": &host}]}}).await.unwrap();
+    while !member.database("admin").run_command(doc! {"hello": 1}).await.unwrap().get_bool("isWritablePrimary").unwrap_or(false) {
+        assert!(std::time::Instant::now() < deadline, "{name} elected no primary");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    (child, format!("{name}/{host}"))
+}
+
+async fn chunk_counts(client: &mongodb::Client) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for c in collect(client.database("config").collection::<Document>("chunks").find(doc! {}).await.unwrap()).await {
+        *counts.entry(c.get_str("shard").unwrap().to_string()).or_default() += 1;
+    }
+    counts
+}
+
+/// A shard added while clients write gets chunks from the balancer; removed again, it is
+/// drained; split cuts a chunk in two. Every acknowledged insert is there once at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_balancer_fills_an_added_shard_and_drains_a_removed_one() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let cluster = Cluster::up(2);
+    let client = cluster.client().await;
+    let admin = client.database("admin");
+    admin.run_command(doc! {"shardCollection": "app.e", "key": {"k": "hashed"}, "numInitialChunks": 8}).await.unwrap();
+    let e = client.database("app").collection::<Document>("e");
+    e.insert_many((0..1000i64).map(|i| doc! {"_id": i, "k": i})).await.unwrap();
+    let status = admin.run_command(doc! {"balancerStatus": 1}).await.unwrap();
+    assert_eq!(status.get_str("mode").unwrap(), "full");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, e) = (stop.clone(), e.clone());
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut i = 1000i64;
+            while !stop.load(Ordering::Relaxed) {
+                e.insert_one(doc! {"_id": i, "k": i}).await.unwrap_or_else(|err| panic!("insert {i} failed: {err}"));
+                acked.push(i);
+                i += 1;
+            }
+            acked
+        })
+    };
+
+    // Add a shard: the balancer moves chunks to it until no shard has two more than another.
+    let (_extra, conn) = start_shard_set(&cluster, "shardx").await;
+    admin.run_command(doc! {"addShard": &conn}).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    loop {
+        let counts = chunk_counts(&client).await;
+        let (lo, hi) = (counts.values().min().copied().unwrap_or(0), counts.values().max().copied().unwrap_or(0));
+        if counts.len() == 3 && hi - lo < 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the balancer did not even out the chunks: {counts:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let on_extra = mongodb::Client::with_uri_str(format!("mongodb://{}/?directConnection=true", conn.split_once('/').unwrap().1)).await.unwrap();
+    assert!(on_extra.database("app").collection::<Document>("e").count_documents(doc! {}).await.unwrap() > 0, "the added shard holds documents");
+    assert!(admin.run_command(doc! {"balancerStatus": 1}).await.unwrap().get_i64("numBalancerRounds").unwrap() >= 1);
+
+    // Remove it: draining starts, goes on, completes.
+    let started = admin.run_command(doc! {"removeShard": "shardx"}).await.unwrap();
+    assert_eq!(started.get_str("state").unwrap(), "started");
+    loop {
+        let r = admin.run_command(doc! {"removeShard": "shardx"}).await.unwrap();
+        if r.get_str("state").unwrap() == "completed" {
+            break;
+        }
+        assert_eq!(r.get_str("state").unwrap(), "ongoing");
+        assert!(std::time::Instant::now() < deadline, "shardx did not drain: {r}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(!chunk_counts(&client).await.contains_key("shardx"));
+    let listed = admin.run_command(doc! {"listShards": 1}).await.unwrap();
+    assert_eq!(listed.get_array("shards").unwrap().len(), 2);
+    assert_eq!(on_extra.database("app").collection::<Document>("e").count_documents(doc! {}).await.unwrap(), 0, "the drained shard deleted its copies");
+
+    // Split a chunk at a hash value inside it.
+    let before: usize = chunk_counts(&client).await.values().sum();
+    let first = collect(client.database("config").collection::<Document>("chunks").find(doc! {}).sort(doc! {"min": 1}).await.unwrap()).await;
+    let c = &first[1];
+    admin.run_command(doc! {"split": "app.e", "bounds": [c.get_document("min").unwrap().clone(), c.get_document("max").unwrap().clone()]}).await.unwrap();
+    assert_eq!(chunk_counts(&client).await.values().sum::<usize>(), before + 1);
+
+    admin.run_command(doc! {"balancerStop": 1}).await.unwrap();
+    assert_eq!(admin.run_command(doc! {"balancerStatus": 1}).await.unwrap().get_str("mode").unwrap(), "off");
+    stop.store(true, Ordering::Relaxed);
+    let acked = writer.await.unwrap();
+    assert!(acked.len() > 50, "the writer ran during the balancing ({} inserts)", acked.len());
+    let total = 1000 + acked.len() as u64;
+    assert_eq!(e.count_documents(doc! {}).await.unwrap(), total);
+    let mut direct = 0;
+    for i in 0..2 {
+        direct += cluster.shard(i).await.database("app").collection::<Document>("e").count_documents(doc! {}).await.unwrap();
+    }
+    assert_eq!(direct, total, "each document on one shard only");
+    // Errors as mongos gives them.
+    assert_code(admin.run_command(doc! {"removeShard": "nosuchshard"}).await, 70);
+    client.database("app").collection::<Document>("plain").insert_one(doc! {"a": 1}).await.unwrap();
+    let primary = collect(client.database("config").collection::<Document>("databases").find(doc! {"_id": "app"}).await.unwrap()).await[0].get_str("primary").unwrap().to_string();
+    let other = if primary == "shard0" { "shard1" } else { "shard0" };
+    assert_code(admin.run_command(doc! {"movePrimary": "app", "to": other}).await, 115);
 }

@@ -111,6 +111,12 @@ impl Router {
         Ok(self.catalog.shards.read().keys().cloned().collect())
     }
 
+    /// The shards a new database or a new collection's chunks may go to: those not being
+    /// drained by removeShard.
+    pub async fn placeable_shard_ids(&self) -> Result<Vec<String>> {
+        Ok(super::balance::placeable(&self.reload_shards().await?))
+    }
+
     pub async fn shard(&self, id: &str) -> Result<Arc<ReplicaSet>> {
         if id == CONFIG_SHARD {
             return Ok(self.catalog.config.clone());
@@ -161,7 +167,7 @@ impl Router {
         if !create {
             return Ok(None);
         }
-        let shards = self.shard_ids().await?;
+        let shards = self.placeable_shard_ids().await?;
         if shards.is_empty() {
             return Err(Error::new(Code::ShardNotFound, "Database could not be created because the cluster has no shards (addShard first)"));
         }

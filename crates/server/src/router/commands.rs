@@ -63,6 +63,26 @@ async fn route(router: &Arc<Router>, conn: &mut RouterConn, req: &Request) -> Re
             admin_only(req)?;
             shard_collection(router, req).await
         }
+        "split" => {
+            admin_only(req)?;
+            super::balance::split(router, req).await
+        }
+        "balancerStart" | "balancerStop" => {
+            admin_only(req)?;
+            super::balance::set_balancer(router, req.name == "balancerStart").await
+        }
+        "balancerStatus" => {
+            admin_only(req)?;
+            super::balance::balancer_status(router).await
+        }
+        "removeShard" | "removeshard" => {
+            admin_only(req)?;
+            super::balance::remove_shard(router, req).await
+        }
+        "movePrimary" | "moveprimary" => {
+            admin_only(req)?;
+            super::balance::move_primary(router, req).await
+        }
         "moveChunk" | "movechunk" | "moveRange" => {
             admin_only(req)?;
             move_chunk(router, req).await
@@ -237,6 +257,8 @@ async fn add_shard(router: &Router, req: &Request) -> Result<Document> {
         router.create_database(db, &name).await?;
     }
     tracing::info!(shard = %name, host = conn_string, "added shard");
+    // The new shard is the emptiest: the balancer starts its round now.
+    router.balancer.wake.notify_one();
     Ok(doc! {"shardAdded": name})
 }
 
@@ -331,7 +353,7 @@ async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
     if cmd.get_bool("presplitHashedZones").unwrap_or(false) {
         return Err(Error::new(Code::InvalidOptions, "presplitHashedZones needs zones, which shoal's router does not have yet"));
     }
-    let shard_ids = router.shard_ids().await?;
+    let shard_ids = router.placeable_shard_ids().await?;
     let per_shard = match cmd.get("numInitialChunks").and_then(crate::commands::as_i64) {
         None | Some(0) => INITIAL_CHUNKS_PER_SHARD,
         Some(n) if n > 0 && (n as u64) <= INITIAL_CHUNKS_PER_SHARD_MAX * shard_ids.len().max(1) as u64 => (n as u64).div_ceil(shard_ids.len().max(1) as u64),

@@ -4,6 +4,7 @@
 //! replies (`cursor`, `commands`). Shards and config servers are replica sets, reached
 //! through their primaries (`shards`).
 
+mod balance;
 pub(crate) mod catalog;
 mod commands;
 mod cursor;
@@ -38,6 +39,7 @@ pub struct Router {
     process_id: ObjectId,
     next_connection_id: AtomicU64,
     connections_current: AtomicU64,
+    balancer: balance::BalancerState,
 }
 
 /// A client connection's state the router's commands see.
@@ -70,6 +72,7 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
         process_id: ObjectId::new(),
         next_connection_id: AtomicU64::new(1),
         connections_current: AtomicU64::new(0),
+        balancer: Default::default(),
     });
     match router.reload_shards().await {
         Ok(s) => tracing::info!(shards = s.len(), "read the cluster's shards from the config servers"),
@@ -87,6 +90,7 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
             }
         }
     });
+    tokio::spawn(balance::balancer_loop(router.clone()));
     for l in listeners {
         tokio::spawn(accept_loop(router.clone(), l));
     }

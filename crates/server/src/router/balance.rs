@@ -1,0 +1,258 @@
+//! Chunk placement: `split`, the balancer (`balancerStart`, `balancerStop`,
+//! `balancerStatus`, and the rounds each router runs), `removeShard`'s draining, and
+//! `movePrimary`.
+//!
+//! The balancer evens out chunk counts: each round, for each sharded collection, one chunk
+//! moves from the shard with the most to the one with the fewest when they differ by
+//! `IMBALANCE_CHUNKS_MIN` or more, and every chunk of a draining shard moves off it. It
+//! runs in every router; two routers picking the same collection collide on its
+//! config.migrations record, and one of them skips it. Its switch is config.settings
+//! `{_id: "balancer", mode}` (on when absent, as in mongod).
+
+use super::catalog::{now_timestamp, CONFIG_SHARD};
+use super::shards::{reply_result, COMMAND_TIMEOUT};
+use super::Router;
+use bson::{doc, Bson, Document};
+use common::{Code, Error, Result};
+use shard::{ChunkVersion, Key};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The pause between balancer rounds that moved nothing (mongod's 10 s).
+const ROUND_INTERVAL_IDLE: Duration = Duration::from_secs(10);
+/// ...and after a round that moved a chunk: the next may have more to do.
+const ROUND_INTERVAL_BUSY: Duration = Duration::from_millis(100);
+/// Chunk counts of two shards must differ by this much for the balancer to move one.
+const IMBALANCE_CHUNKS_MIN: usize = 2;
+
+#[derive(Default)]
+pub struct BalancerState {
+    in_round: AtomicBool,
+    rounds: AtomicU64,
+    /// Woken by balancerStart and addShard/removeShard, so a round need not wait.
+    pub wake: tokio::sync::Notify,
+}
+
+/// Run balancer rounds until the process ends.
+pub async fn balancer_loop(router: Arc<Router>) {
+    loop {
+        let moved = match round(&router).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::debug!("balancer round failed: {}", e.message);
+                0
+            }
+        };
+        let pause = if moved > 0 { ROUND_INTERVAL_BUSY } else { ROUND_INTERVAL_IDLE };
+        let _ = tokio::time::timeout(pause, router.balancer.wake.notified()).await;
+    }
+}
+
+async fn enabled(router: &Router) -> Result<bool> {
+    let settings = router.config_find("settings", doc! {"_id": "balancer"}, doc! {}).await?;
+    Ok(settings.first().is_none_or(|s| s.get_str("mode").unwrap_or("full") != "off" && !s.get_bool("stopped").unwrap_or(false)))
+}
+
+/// One round; returns how many chunks it moved.
+async fn round(router: &Router) -> Result<usize> {
+    if !enabled(router).await? {
+        return Ok(0);
+    }
+    router.balancer.in_round.store(true, Ordering::SeqCst);
+    let r = balance_all(router).await;
+    router.balancer.in_round.store(false, Ordering::SeqCst);
+    router.balancer.rounds.fetch_add(1, Ordering::Relaxed);
+    r
+}
+
+async fn balance_all(router: &Router) -> Result<usize> {
+    let shards = router.reload_shards().await?;
+    let draining: Vec<String> = shards.iter().filter(|s| s.get_bool("draining").unwrap_or(false)).filter_map(|s| s.get_str("_id").ok().map(str::to_string)).collect();
+    let active: Vec<String> = shards.iter().filter_map(|s| s.get_str("_id").ok().map(str::to_string)).filter(|s| !draining.contains(s)).collect();
+    if active.is_empty() {
+        return Ok(0);
+    }
+    let mut moved = 0;
+    for c in router.config_find("collections", doc! {}, doc! {"_id": 1}).await? {
+        let Ok(ns) = c.get_str("_id") else { continue };
+        if c.get_bool("dropped").unwrap_or(false) || c.get_bool("noBalance").unwrap_or(false) {
+            continue;
+        }
+        let Some(sc) = router.sharded(ns).await? else { continue };
+        let mut counts: BTreeMap<&str, usize> = active.iter().map(|s| (s.as_str(), 0)).collect();
+        let mut on_draining = None;
+        for ch in sc.table.chunks() {
+            if let Some(n) = counts.get_mut(ch.shard.as_str()) {
+                *n += 1;
+            } else if on_draining.is_none() {
+                on_draining = Some(ch.clone());
+            }
+        }
+        let (fewest, least) = counts.iter().min_by_key(|(_, n)| **n).map(|(s, n)| (s.to_string(), *n)).unwrap_or_default();
+        let (most, greatest) = counts.iter().max_by_key(|(_, n)| **n).map(|(s, n)| (s.to_string(), *n)).unwrap_or_default();
+        let chunk = match on_draining {
+            Some(ch) => ch,
+            None if greatest >= least + IMBALANCE_CHUNKS_MIN => match sc.table.chunks().iter().find(|ch| ch.shard == most) {
+                Some(ch) => ch.clone(),
+                None => continue,
+            },
+            None => continue,
+        };
+        match super::migrate::move_chunk(router, ns, &chunk.min, &fewest).await {
+            Ok(()) => {
+                tracing::info!(%ns, from = %chunk.shard, to = %fewest, "balancer moved a chunk");
+                moved += 1;
+            }
+            Err(e) => tracing::info!(%ns, "balancer could not move a chunk: {}", e.message),
+        }
+    }
+    Ok(moved)
+}
+
+/// balancerStart / balancerStop: set config.settings' switch. balancerStop returns once the
+/// round under way (in this router) is over, as mongod's waits for its balancer.
+pub async fn set_balancer(router: &Router, on: bool) -> Result<Document> {
+    let mode = if on { "full" } else { "off" };
+    router.config_write(doc! {"update": "settings", "updates": [{"q": {"_id": "balancer"}, "u": {"$set": {"mode": mode, "stopped": !on}}, "upsert": true}]}).await?;
+    if on {
+        router.balancer.wake.notify_one();
+    } else {
+        let deadline = tokio::time::Instant::now() + COMMAND_TIMEOUT;
+        while router.balancer.in_round.load(Ordering::SeqCst) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(Document::new())
+}
+
+pub async fn balancer_status(router: &Router) -> Result<Document> {
+    let on = enabled(router).await?;
+    Ok(doc! {
+        "mode": if on { "full" } else { "off" },
+        "inBalancerRound": router.balancer.in_round.load(Ordering::SeqCst),
+        "numBalancerRounds": router.balancer.rounds.load(Ordering::Relaxed) as i64,
+    })
+}
+
+/// `split: ns, middle: {...}`: the chunk holding `middle` becomes two at it. Or `bounds:
+/// [min, max]` of a chunk of a hashed key: split at the middle of its hash range (a ranged
+/// key's median would need the documents, which shoal's router does not ask shards for
+/// yet).
+pub async fn split(router: &Router, req: &crate::dispatch::Request) -> Result<Document> {
+    let cmd = &req.body;
+    crate::commands::check_fields(&req.name, cmd, &["middle", "bounds", "find"])?;
+    let ns = cmd.get_str(&req.name).map_err(|_| Error::type_mismatch("split takes a namespace string"))?;
+    router.forget_collection(ns);
+    let sc = router.sharded(ns).await?.ok_or_else(|| Error::new(Code(118, "NamespaceNotSharded"), format!("{ns} is not sharded")))?;
+    let key = &sc.table.key;
+    let middle: Key = match (cmd.get_document("middle"), cmd.get_array("bounds")) {
+        (Ok(m), _) => key.key_of_bound(m)?,
+        (Err(_), Ok(b)) if b.len() == 2 && key.hashed_field() == Some(0) => {
+            let lo = b[0].as_document().ok_or_else(|| Error::bad_value("bounds must hold two documents")).and_then(|d| key.key_of_bound(d))?;
+            let chunk = sc.table.chunk_for(&lo);
+            let as_i128 = |v: &Bson| match v {
+                Bson::Int64(i) => *i as i128,
+                Bson::MinKey => i64::MIN as i128,
+                _ => i64::MAX as i128 + 1,
+            };
+            let mid = ((as_i128(&chunk.min[0]) + as_i128(&chunk.max[0])) / 2).clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+            let mut k = vec![Bson::Int64(mid)];
+            k.extend(std::iter::repeat_n(Bson::MinKey, key.len() - 1));
+            k
+        }
+        _ => return Err(Error::new(Code::CommandNotSupported, "split needs middle (or bounds of a chunk of a hashed shard key)")),
+    };
+    let chunk = sc.table.chunk_for(&middle).clone();
+    if chunk.min == middle {
+        return Err(Error::new(Code::InvalidOptions, format!("cannot split on {}: it is a chunk's lower bound already", key.key_doc(&middle))));
+    }
+    let version = sc.table.version();
+    let right = ChunkVersion { major: version.major, minor: version.minor + 1 };
+    let left = ChunkVersion { major: version.major, minor: version.minor + 2 };
+    let now = now_timestamp();
+    // The right half first, then the left one shrinks: in between, a reader sees the right
+    // half inside the old chunk, and `RoutingTable::new` takes the inner chunk's bound (a
+    // split cut short stays readable that way).
+    router.config_write(doc! {"insert": "chunks", "documents": [{
+        "_id": bson::oid::ObjectId::new(), "uuid": sc.uuid.clone(), "min": key.key_doc(&middle), "max": key.key_doc(&chunk.max), "shard": &chunk.shard,
+        "lastmod": right.to_timestamp(), "onCurrentShardSince": now, "history": [{"validAfter": now, "shard": &chunk.shard}],
+    }]}).await?;
+    router.config_write(doc! {"update": "chunks", "updates": [{
+        "q": {"uuid": sc.uuid.clone(), "min": key.key_doc(&chunk.min), "shard": &chunk.shard},
+        "u": {"$set": {"max": key.key_doc(&middle), "lastmod": left.to_timestamp()}},
+    }]}).await?;
+    router.forget_collection(ns);
+    Ok(Document::new())
+}
+
+/// `removeShard: id`: the first call starts draining (the balancer moves its chunks off,
+/// no new database or chunk goes to it); later calls report what is left; once nothing is,
+/// the shard leaves config.shards.
+pub async fn remove_shard(router: &Router, req: &crate::dispatch::Request) -> Result<Document> {
+    let id = req.body.get_str(&req.name).map_err(|_| Error::type_mismatch("removeShard takes a shard id"))?.to_string();
+    let shards = router.reload_shards().await?;
+    let Some(entry) = shards.iter().find(|s| s.get_str("_id").ok() == Some(id.as_str())) else {
+        return Err(Error::new(Code::ShardNotFound, format!("Shard {id} not found")));
+    };
+    if shards.len() == 1 {
+        return Err(Error::new(Code::IllegalOperation, "Operation not allowed because it would remove the last shard"));
+    }
+    let dbs: Vec<String> = router.config_find("databases", doc! {"primary": &id}, doc! {"_id": 1}).await?.iter().filter_map(|d| d.get_str("_id").ok().map(str::to_string)).collect();
+    let note = "you need to call movePrimary for these databases (or drop them)";
+    if !entry.get_bool("draining").unwrap_or(false) {
+        router.config_write(doc! {"update": "shards", "updates": [{"q": {"_id": &id}, "u": {"$set": {"draining": true}}}]}).await?;
+        router.reload_shards().await?;
+        router.balancer.wake.notify_one();
+        return Ok(doc! {"msg": "draining started successfully", "state": "started", "shard": &id, "note": note, "dbsToMove": dbs});
+    }
+    let chunks = router.config_find("chunks", doc! {"shard": &id}, doc! {}).await?.len() as i64;
+    if chunks == 0 && dbs.is_empty() {
+        router.config_write(doc! {"delete": "shards", "deletes": [{"q": {"_id": &id}, "limit": 1}]}).await?;
+        router.reload_shards().await?;
+        tracing::info!(shard = %id, "removed shard");
+        return Ok(doc! {"msg": "removeshard completed successfully", "state": "completed", "shard": &id});
+    }
+    Ok(doc! {
+        "msg": "draining ongoing", "state": "ongoing",
+        "remaining": {"chunks": chunks, "dbs": dbs.len() as i64, "jumboChunks": 0i64, "collectionsToMove": 0i64},
+        "note": note, "dbsToMove": dbs,
+    })
+}
+
+/// `movePrimary: db, to: shard`. The primary shard holds a database's unsharded
+/// collections; shoal's router does not copy them yet, so a database with any stays where
+/// it is (sharded collections' chunks do not move with it).
+pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Result<Document> {
+    let db = req.body.get_str(&req.name).map_err(|_| Error::type_mismatch("movePrimary takes a database name"))?.to_string();
+    let to = req.body.get_str("to").map_err(|_| Error::location(40414, "BSON field 'movePrimary.to' is missing but a required field"))?.to_string();
+    if matches!(db.as_str(), "admin" | "config" | "local") {
+        return Err(Error::new(Code::InvalidOptions, format!("Can't move primary for {db} database")));
+    }
+    let from = router.db_primary(&db, false).await?.ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("Database {db} not found")))?;
+    let target = router.shard(&to).await?;
+    if from == to {
+        return Ok(doc! {"primary": format!("{to}:{}", target.conn_string)});
+    }
+    let from_set = router.shard(&from).await?;
+    let listed = reply_result(router.pool.run(&from_set, &db, doc! {"listCollections": 1, "nameOnly": true}, None, COMMAND_TIMEOUT).await?.1)?;
+    let (_, colls) = super::catalog::cursor_docs(&listed, "firstBatch")?;
+    for c in colls {
+        let Ok(name) = c.get_str("name") else { continue };
+        if name.starts_with("system.") {
+            continue;
+        }
+        if router.sharded(&format!("{db}.{name}")).await?.is_none() {
+            return Err(Error::new(Code::CommandNotSupported, format!("{db}.{name} is not sharded: shoal's router cannot move a database's unsharded collections yet")));
+        }
+    }
+    router.config_write(doc! {"update": "databases", "updates": [{"q": {"_id": &db, "primary": &from}, "u": {"$set": {"primary": &to}, "$inc": {"version.lastMod": 1}}}]}).await?;
+    router.forget_database(&db);
+    Ok(doc! {"primary": format!("{to}:{}", target.conn_string)})
+}
+
+/// Shards new databases and chunks may go to: not draining, not the config servers.
+pub fn placeable(shards: &[Document]) -> Vec<String> {
+    shards.iter().filter(|s| !s.get_bool("draining").unwrap_or(false)).filter_map(|s| s.get_str("_id").ok().map(str::to_string)).filter(|s| s != CONFIG_SHARD).collect()
+}
