@@ -5,7 +5,7 @@ import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startServer } from './lib/server.mjs';
+import { startCluster, startServer } from './lib/server.mjs';
 
 const SCRIPT_TIMEOUT_MS = 180_000;
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -26,13 +26,15 @@ const env = {
 // Scripts named replset_*.js each get their own server started with --replSet rs0,
 // auth_*.js one started with --auth, tls_*.js one with --auth that requires TLS (with a
 // CA made for the run; mongosh connects with it and the script finds it in
-// SHOAL_TLS_CA_FILE). The others share one standalone.
+// SHOAL_TLS_CA_FILE), sharded_*.js a cluster of two shards behind a router (`shoal cluster
+// up`). The others share one standalone.
 const certDir = mkdtempSync(path.join(os.tmpdir(), 'shoal-mongosh-certs-'));
 const ca = path.join(certDir, 'ca.pem');
 const OWN_SERVER = {
   replset_: { args: ['--replSet', 'rs0'], shell: [] },
   auth_: { args: ['--auth'], shell: [] },
   tls_: { args: ['--auth', '--tlsMode', 'requireTLS', '--tlsCertificateKeyFile', path.join(certDir, 'server.pem')], shell: ['--tls', '--tlsCAFile', ca] },
+  sharded_: { cluster: 2, shell: [] },
 };
 
 function run(uri, file, shellArgs) {
@@ -54,7 +56,8 @@ const server = await startServer();
 try {
   for (const name of scripts) {
     const prefix = Object.keys(OWN_SERVER).find((p) => name.startsWith(p));
-    const own = prefix ? await startServer(OWN_SERVER[prefix].args) : null;
+    const spec = prefix ? OWN_SERVER[prefix] : null;
+    const own = spec ? await (spec.cluster ? startCluster(spec.cluster) : startServer(spec.args)) : null;
     const { code, out } = await run((own ?? server).uri, path.join(scriptsDir, name), prefix ? OWN_SERVER[prefix].shell : []);
     if (own) await own.stop();
     if (code === 0) {

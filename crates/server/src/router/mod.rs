@@ -91,12 +91,37 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
         }
     });
     tokio::spawn(balance::balancer_loop(router.clone()));
+    tokio::spawn(ping_loop(router.clone()));
     for l in listeners {
         tokio::spawn(accept_loop(router.clone(), l));
     }
     crate::shutdown_signal().await;
     tracing::info!("router shutting down");
     Ok(())
+}
+
+/// How often a router records itself in config.mongos (mongos's 30 s).
+const PING_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Keep the cluster's config.version document (its clusterId, written by the first router
+/// to start) and this router's config.mongos entry, which `sh.status()` reads.
+async fn ping_loop(router: Arc<Router>) {
+    let started = std::time::Instant::now();
+    let id = format!("{}:{}", crate::sysinfo::hostname(), router.config.port);
+    let mut tick = tokio::time::interval(PING_INTERVAL);
+    loop {
+        tick.tick().await;
+        let version = bson::doc! {"update": "version", "updates": [{"q": {"_id": 1}, "u": {"$setOnInsert": {"clusterId": ObjectId::new()}}, "upsert": true}]};
+        let version_str = crate::commands::hello::build_info_doc().get_str("version").unwrap_or_default().to_string();
+        let ping = bson::doc! {"update": "mongos", "updates": [{"q": {"_id": &id}, "u": {"$set": {
+            "ping": bson::DateTime::now(), "up": started.elapsed().as_secs() as i64, "waiting": true, "mongoVersion": version_str, "advisoryHostFQDNs": [],
+        }}, "upsert": true}]};
+        for body in [version, ping] {
+            if let Err(e) = router.config_write(body).await {
+                tracing::debug!("cannot write to the config servers yet: {}", e.message);
+            }
+        }
+    }
 }
 
 async fn accept_loop(router: Arc<Router>, listener: TcpListener) {

@@ -66,3 +66,25 @@ export async function startServer(extraArgs = []) {
     },
   };
 }
+
+// Starts a sharded cluster with `shoal cluster up`: config servers, `shards` one-member shard
+// sets and a router, on consecutive free loopback ports from the router's.
+export async function startCluster(shards = 2) {
+  const { execFileSync } = await import('node:child_process');
+  const root = mkdtempSync(path.join(os.tmpdir(), 'shoal-cluster-'));
+  let port;
+  for (;;) {
+    port = await freePort();
+    const taken = await Promise.all(Array.from({ length: shards + 2 }, (_, i) => canConnect(port + i)));
+    if (port < 60000 && !taken.some(Boolean)) break;
+  }
+  execFileSync(shoalBin(), ['cluster', 'up', '--shards', String(shards), '--port', String(port), '--dir', root], { stdio: ['ignore', 'ignore', 'inherit'] });
+  return {
+    port,
+    uri: `mongodb://127.0.0.1:${port}/`,
+    async stop() {
+      try { execFileSync(shoalBin(), ['cluster', 'down', '--dir', root], { stdio: 'ignore' }); } catch { /* stopped already */ }
+      rmSync(root, { recursive: true, force: true });
+    },
+  };
+}

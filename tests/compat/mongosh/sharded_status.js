@@ -1,0 +1,36 @@
+// mongosh's sharding helpers through shoal's router (two shards): sh.enableSharding,
+// sh.shardCollection, sh.status(), the balancer switches, sh.splitAt and sh.moveChunk.
+assert.strictEqual(db.hello().msg, 'isdbgrid');
+sh.enableSharding('shapp');
+const sharded = sh.shardCollection('shapp.c', { k: 'hashed' });
+assert.strictEqual(sharded.ok, 1, JSON.stringify(sharded));
+const c = db.getSiblingDB('shapp').c;
+c.insertMany(Array.from({ length: 100 }, (_, i) => ({ _id: i, k: i })));
+assert.strictEqual(c.countDocuments({}), 100);
+
+const status = sh.status();
+const text = JSON.stringify(status.value ?? status);
+assert.ok(text.includes('shapp.c') && text.includes('shard0') && text.includes('shard1'), text);
+
+assert.strictEqual(sh.getBalancerState(), true);
+sh.stopBalancer();
+assert.strictEqual(sh.getBalancerState(), false);
+sh.startBalancer();
+assert.strictEqual(sh.getBalancerState(), true);
+
+const chunks = () => db.getSiblingDB('config').chunks.find({}).sort({ min: 1 }).toArray();
+assert.strictEqual(chunks().length, 4);
+sh.splitAt('shapp.c', { k: NumberLong('123456789') });
+assert.strictEqual(chunks().length, 5);
+
+// Move the chunk holding k: 1 to shard1 (it may be there already), then to shard0: the
+// second move is a real one. Every document stays, once.
+const onShard1 = () => chunks().filter((ch) => ch.shard === 'shard1').length;
+sh.moveChunk('shapp.c', { k: 1 }, 'shard1');
+const n1 = onShard1();
+assert.strictEqual(c.countDocuments({}), 100);
+sh.moveChunk('shapp.c', { k: 1 }, 'shard0');
+assert.strictEqual(onShard1(), n1 - 1);
+assert.strictEqual(c.countDocuments({}), 100);
+assert.strictEqual(c.find({ k: 1 }).toArray().length, 1);
+assert.strictEqual(db.getSiblingDB('config').migrations.countDocuments({}), 0);
