@@ -140,6 +140,23 @@ async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
     assert_eq!(distinct, (0..7).map(Bson::Int64).collect::<Vec<_>>());
     let grouped = collect(orders.aggregate(vec![doc! {"$match": {"customerId": {"$lt": 70}}}, doc! {"$group": {"_id": "$v", "n": {"$sum": 1}}}, doc! {"$sort": {"_id": 1}}]).await.unwrap()).await;
     assert_eq!(grouped, (0..7).map(|v| doc! {"_id": v as i64, "n": 10}).collect::<Vec<_>>());
+    // Partial groups on the shards, merged by the router: sums, counts, extremes, averages
+    // (of numbers only), in the client's field order.
+    let grouped = collect(orders.aggregate(vec![
+        doc! {"$group": {"_id": "$v", "total": {"$sum": "$customerId"}, "n": {"$count": {}}, "lo": {"$min": "$customerId"}, "avg": {"$avg": "$customerId"}, "hi": {"$max": "$customerId"}, "none": {"$avg": "$text"}}},
+        doc! {"$sort": {"_id": 1}},
+    ]).await.unwrap()).await;
+    assert_eq!(grouped.len(), 7);
+    for (v, g) in grouped.iter().enumerate() {
+        let ks: Vec<i64> = (0..3000).filter(|i| i % 7 == v as i64).collect();
+        let total: i64 = ks.iter().sum();
+        assert_eq!(g.keys().collect::<Vec<_>>(), vec!["_id", "total", "n", "lo", "avg", "hi", "none"]);
+        assert_eq!(num_field(g, "total") as i64, total);
+        assert_eq!(num_field(g, "n") as usize, ks.len());
+        assert_eq!((num_field(g, "lo") as i64, num_field(g, "hi") as i64), (ks[0], *ks.last().unwrap()));
+        assert!((num_field(g, "avg") - total as f64 / ks.len() as f64).abs() < 1e-9);
+        assert_eq!(g.get("none"), Some(&Bson::Null), "$avg of no numbers is null");
+    }
 
     // Writes: by shard key to one shard, multi to all, by _id to all; a single write that
     // names neither is refused as mongos refuses it.

@@ -1133,6 +1133,50 @@ async fn distinct(router: &Router, req: &Request) -> Result<Document> {
     Ok(doc! {"values": values})
 }
 
+/// A `$group` split in two: the one each shard runs, and the stages the router runs over
+/// the shards' groups. `None` unless every accumulator combines: $sum and $count (sums of
+/// partial sums), $min and $max, and $avg (a partial sum and count of numeric values, whose
+/// quotient the router takes; none is null, as $avg of nothing).
+fn split_group(group: &Document) -> Option<(Document, Vec<Document>)> {
+    let mut shard = doc! {"_id": group.get("_id")?.clone()};
+    let mut merge = doc! {"_id": "$_id"};
+    let mut project = doc! {"_id": 1};
+    let mut averaged = false;
+    for (field, spec) in group.iter().filter(|(k, _)| k.as_str() != "_id") {
+        let acc = spec.as_document().filter(|d| d.len() == 1)?;
+        let (op, arg) = acc.iter().next()?;
+        let mine = format!("${field}");
+        match op.as_str() {
+            "$sum" | "$min" | "$max" => {
+                shard.insert(field, doc! {op: arg.clone()});
+                merge.insert(field, doc! {if op == "$min" || op == "$max" { op.as_str() } else { "$sum" }: &mine});
+                project.insert(field, &mine);
+            }
+            "$count" if arg.as_document().is_some_and(|d| d.is_empty()) => {
+                shard.insert(field, doc! {"$sum": 1});
+                merge.insert(field, doc! {"$sum": &mine});
+                project.insert(field, &mine);
+            }
+            "$avg" => {
+                let (sum, n) = (format!("__shoal_avg_sum_{field}"), format!("__shoal_avg_n_{field}"));
+                shard.insert(&sum, doc! {"$sum": arg.clone()});
+                shard.insert(&n, doc! {"$sum": {"$cond": [{"$isNumber": arg.clone()}, 1, 0]}});
+                merge.insert(&sum, doc! {"$sum": format!("${sum}")});
+                merge.insert(&n, doc! {"$sum": format!("${n}")});
+                project.insert(field, doc! {"$cond": [{"$eq": [format!("${n}"), 0]}, Bson::Null, {"$divide": [format!("${sum}"), format!("${n}")]}]});
+                averaged = true;
+            }
+            _ => return None,
+        }
+    }
+    let mut stages = vec![doc! {"$group": merge}];
+    if averaged {
+        // The fields in the client's order, each average from its parts.
+        stages.push(doc! {"$project": project});
+    }
+    Some((shard, stages))
+}
+
 /// Stages each shard can run on its own documents: they look at one document at a time.
 fn runs_on_shards(stage: &Document) -> bool {
     matches!(stage.keys().next().map(String::as_str), Some("$match" | "$project" | "$addFields" | "$set" | "$unset" | "$replaceRoot" | "$replaceWith" | "$unwind"))
@@ -1151,6 +1195,18 @@ async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
     let Some(sc) = router.sharded(&ns).await? else { return single_shard_cursor(router, req, &primary, forwarded(req)).await };
     let split = stages.iter().position(|s| !runs_on_shards(s)).unwrap_or(stages.len());
     let (on_shards, merge) = stages.split_at(split);
+    // A $group whose accumulators combine runs on the shards too, partially: each shard
+    // groups its own documents, and the router groups their groups.
+    let partial = merge.first().and_then(|s| s.get_document("$group").ok()).and_then(split_group);
+    let (on_shards, merge): (Vec<Document>, Vec<Document>) = match partial {
+        Some((shard_group, merging)) => {
+            let mut shard_stages = on_shards.to_vec();
+            shard_stages.push(doc! {"$group": shard_group});
+            (shard_stages, merging.into_iter().chain(merge[1..].iter().cloned()).collect())
+        }
+        None => (on_shards.to_vec(), merge.to_vec()),
+    };
+    let (on_shards, merge) = (on_shards.as_slice(), merge.as_slice());
     // The leading $matches decide the shards.
     let filter = query::agg::Pipeline::parse(on_shards)?.leading_match().unwrap_or_default();
     let targets = shards_for_filter(&sc.table, &filter);
@@ -1297,6 +1353,17 @@ fn regex_escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn groups_split_into_shard_and_merge_parts_when_their_accumulators_combine() {
+        let (shard, merge) = split_group(&doc! {"_id": "$a", "s": {"$sum": "$x"}, "m": {"$max": "$x"}}).unwrap();
+        assert_eq!(shard, doc! {"_id": "$a", "s": {"$sum": "$x"}, "m": {"$max": "$x"}});
+        assert_eq!(merge, vec![doc! {"$group": {"_id": "$_id", "s": {"$sum": "$s"}, "m": {"$max": "$m"}}}]);
+        let (_, merge) = split_group(&doc! {"_id": null, "a": {"$avg": "$x"}, "c": {"$count": {}}}).unwrap();
+        assert_eq!(merge.len(), 2, "an average is taken from its parts after the merge");
+        assert!(split_group(&doc! {"_id": null, "p": {"$push": "$x"}}).is_none());
+        assert!(split_group(&doc! {"_id": null, "f": {"$first": "$x"}}).is_none());
+    }
 
     #[test]
     fn index_names_follow_mongods_rule() {
