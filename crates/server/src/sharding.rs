@@ -232,7 +232,16 @@ impl ShardingState {
     }
 
     pub fn gate(&self, ns: &str) -> Arc<Gate> {
-        self.gates.lock().entry(ns.to_string()).or_default().clone()
+        let mut gates = self.gates.lock();
+        // Looked up by &str first: every versioned write passes here.
+        if let Some(g) = gates.get(ns) {
+            return g.clone();
+        }
+        if gates.len() >= COLLECTIONS_CACHED_MAX {
+            // Keep only gates in use: held by a write or closed by a migration.
+            gates.retain(|_, g| Arc::strong_count(g) > 1 || g.closed_by().is_some());
+        }
+        gates.entry(ns.to_string()).or_default().clone()
     }
 
     pub fn forget(&self, ns: &str) {

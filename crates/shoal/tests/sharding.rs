@@ -545,6 +545,29 @@ async fn the_balancer_fills_an_added_shard_and_drains_a_removed_one() {
     admin.run_command(doc! {"split": "app.e", "bounds": [c.get_document("min").unwrap().clone(), c.get_document("max").unwrap().clone()]}).await.unwrap();
     assert_eq!(chunk_counts(&client).await.values().sum::<usize>(), before + 1);
 
+    // A migration whose router died long ago (its record left in config.migrations): the
+    // balancer fences it (the chunk's version moves, so its commit can never land) and
+    // removes the record; the chunk stays where it was.
+    let chunks = client.database("config").collection::<Document>("chunks");
+    let victim = collect(chunks.find(doc! {}).sort(doc! {"min": 1}).await.unwrap()).await.remove(0);
+    let lastmod = victim.get_timestamp("lastmod").unwrap();
+    let owner = victim.get_str("shard").unwrap().to_string();
+    let ten_minutes_ago = mongodb::bson::DateTime::from_millis(mongodb::bson::DateTime::now().timestamp_millis() - 600_000);
+    client.database("config").collection::<Document>("migrations").insert_one(doc! {
+        "_id": "app.e", "migrationId": mongodb::bson::oid::ObjectId::new(), "uuid": victim.get("uuid").unwrap().clone(), "donor": &owner,
+        "recipient": if owner == "shard0" { "shard1" } else { "shard0" }, "min": victim.get_document("min").unwrap().clone(), "max": victim.get_document("max").unwrap().clone(),
+        "chunkLastmod": lastmod, "inCriticalSection": true, "started": ten_minutes_ago,
+    }).await.unwrap();
+    admin.run_command(doc! {"balancerStart": 1}).await.unwrap();
+    while client.database("config").collection::<Document>("migrations").count_documents(doc! {}).await.unwrap() > 0 {
+        assert!(std::time::Instant::now() < deadline + std::time::Duration::from_secs(30), "the abandoned migration was not recovered");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let after = chunks.find_one(doc! {"uuid": victim.get("uuid").unwrap().clone(), "min": victim.get_document("min").unwrap().clone()}).await.unwrap().unwrap();
+    assert_eq!(after.get_str("shard").unwrap(), owner);
+    let fenced = after.get_timestamp("lastmod").unwrap();
+    assert_eq!((fenced.time, fenced.increment), (lastmod.time, lastmod.increment + 1), "the fence bumped the chunk's minor version");
+
     admin.run_command(doc! {"balancerStop": 1}).await.unwrap();
     assert_eq!(admin.run_command(doc! {"balancerStatus": 1}).await.unwrap().get_str("mode").unwrap(), "off");
     stop.store(true, Ordering::Relaxed);

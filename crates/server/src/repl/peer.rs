@@ -279,7 +279,7 @@ pub(super) fn cursor_batch_raw(reply: &RawDocument, key: &str) -> Result<(i64, V
     Ok((id, docs))
 }
 
-fn is_ok(reply: &RawDocument) -> bool {
+pub(crate) fn is_ok(reply: &RawDocument) -> bool {
     use bson::RawBsonRef;
     matches!(reply.get("ok"), Ok(Some(RawBsonRef::Double(v))) if v == 1.0)
         || matches!(reply.get("ok"), Ok(Some(RawBsonRef::Int32(1) | RawBsonRef::Int64(1) | RawBsonRef::Boolean(true))))

@@ -74,6 +74,14 @@ async fn balance_all(router: &Router) -> Result<usize> {
     if active.is_empty() {
         return Ok(0);
     }
+    // Migrations whose routers died (their critical section may hold a donor's writes).
+    for m in router.config_find("migrations", doc! {}, doc! {}).await? {
+        if super::migrate::is_abandoned(&m) {
+            if let Err(e) = super::migrate::recover(router, &m).await {
+                tracing::warn!("cannot recover an abandoned migration: {}", e.message);
+            }
+        }
+    }
     let mut moved = 0;
     for c in router.config_find("collections", doc! {}, doc! {"_id": 1}).await? {
         let Ok(ns) = c.get_str("_id") else { continue };

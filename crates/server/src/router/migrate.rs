@@ -108,8 +108,7 @@ impl Migration<'_> {
                 Err(e) if e.code == Code::DuplicateKey.0 && attempt == 0 => {
                     let existing = self.router.config_find("migrations", doc! {"_id": &self.ns}, doc! {}).await?;
                     let Some(old) = existing.into_iter().next() else { continue };
-                    let age = old.get_datetime("started").map(|t| bson::DateTime::now().timestamp_millis() - t.timestamp_millis()).unwrap_or(i64::MAX);
-                    if age < MIGRATION_LEASE.as_millis() as i64 {
+                    if !is_abandoned(&old) {
                         return Err(Error::new(Code::ConflictingOperationInProgress, format!("a migration of {} is in progress ({})", self.ns, old.get_object_id("migrationId").map(|i| i.to_hex()).unwrap_or_default())));
                     }
                     recover(self.router, &old).await?;
@@ -251,11 +250,17 @@ impl Migration<'_> {
     }
 }
 
+/// Whether a config.migrations record is older than its lease: its router died.
+pub fn is_abandoned(record: &Document) -> bool {
+    let age_ms = record.get_datetime("started").map(|t| bson::DateTime::now().timestamp_millis() - t.timestamp_millis()).unwrap_or(i64::MAX);
+    age_ms >= MIGRATION_LEASE.as_millis() as i64
+}
+
 /// Resolve a migration its router left (config.migrations `old`): fence the commit (bump
 /// the chunk's minor version if it is still the donor's at the recorded version, so the
 /// commit's conditional update can no longer match), then end it on the donor, and delete
 /// the copies on the shard that does not own the range.
-async fn recover(router: &Router, old: &Document) -> Result<()> {
+pub async fn recover(router: &Router, old: &Document) -> Result<()> {
     let ns = old.get_str("_id").unwrap_or_default().to_string();
     let (db, _) = ns.split_once('.').unwrap_or_default();
     let id = old.get_object_id("migrationId").map_err(|_| Error::internal("a migration record without migrationId"))?;

@@ -218,9 +218,7 @@ pub fn raw_error(reply: &RawDocumentBuf) -> Option<Error> {
 }
 
 fn raw_reply_code(reply: &bson::RawDocument) -> Option<i32> {
-    use bson::RawBsonRef;
-    let ok = matches!(reply.get("ok"), Ok(Some(RawBsonRef::Double(v))) if v == 1.0) || matches!(reply.get("ok"), Ok(Some(RawBsonRef::Int32(1) | RawBsonRef::Int64(1) | RawBsonRef::Boolean(true))));
-    if ok {
+    if crate::repl::peer::is_ok(reply) {
         None
     } else {
         Some(reply.get_i32("code").unwrap_or(Code::UnknownError.0))
