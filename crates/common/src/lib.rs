@@ -152,6 +152,7 @@ impl Code {
     pub const StaleConfig: Code = Code(13388, "StaleConfig");
     pub const ConflictingOperationInProgress: Code = Code(117, "ConflictingOperationInProgress");
     pub const ShardingStateNotInitialized: Code = Code(203, "ShardingStateNotInitialized");
+    pub const StaleDbVersion: Code = Code(249, "StaleDbVersion");
 }
 
 /// A MongoDB-shaped error: serialized as `{ok: 0, errmsg, code, codeName, ...extra}`.

@@ -535,7 +535,7 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
     }
     // A router's operation on a sharded collection: its shard version checked, and a
     // write admitted through the collection's gate (held until the command is done).
-    let admission = if request.body.contains_key("shardVersion") {
+    let admission = if request.body.contains_key("shardVersion") || request.body.contains_key("databaseVersion") {
         match admit(shared, &request).await {
             Ok(a) => a,
             Err(e) => return Reply { body: dispatch::error_reply(&dispatch::with_topology_version(shared, e)), batch: None },

@@ -87,6 +87,24 @@ impl CollMeta {
     }
 }
 
+/// What this shard knows of a database's entry (config.databases): whether it is the
+/// primary shard, and the entry's version.
+pub struct DbMeta {
+    uuid: Bson,
+    last_mod: i64,
+    version: Document,
+    primary_here: bool,
+    /// A movePrimary this process does not hold is in its critical section (as
+    /// `CollMeta::blocked`).
+    blocked: bool,
+}
+
+/// The gate key of a database's unsharded collections (no collection is named so: a
+/// collection name holds no `$` but the oplog's).
+fn db_gate_key(db: &str) -> String {
+    format!("{db}.$db")
+}
+
 /// The gate writes to one sharded collection pass: open, any number at once; closed by a
 /// migration's critical section, none, and the migration first waits for those admitted.
 #[derive(Default)]
@@ -184,6 +202,7 @@ pub struct ShardingState {
     identity: RwLock<Option<Arc<Identity>>>,
     pub pool: Pool,
     colls: Mutex<HashMap<String, Arc<CollMeta>>>,
+    dbs: Mutex<HashMap<String, Arc<DbMeta>>>,
     gates: Mutex<HashMap<String, Arc<Gate>>>,
     /// Migrations this shard is the donor of, by namespace (`commands::sharding`).
     pub sources: Mutex<HashMap<String, Arc<crate::commands::sharding::MigrationSource>>>,
@@ -222,6 +241,7 @@ impl ShardingState {
             return;
         }
         self.colls.lock().clear();
+        self.dbs.lock().clear();
         self.sources.lock().clear();
         let gates = std::mem::take(&mut *self.gates.lock());
         for g in gates.values() {
@@ -289,9 +309,94 @@ impl ShardingState {
         Ok(Some(meta))
     }
 
+    /// Read the database's entry from the config servers (and cache it). `None`: there is none.
+    pub async fn refresh_db(&self, db: &str) -> Result<Option<Arc<DbMeta>>> {
+        let id = self.identity()?;
+        let found = config_find(&self.pool, &id.config, "databases", doc! {"_id": db}, doc! {}).await?;
+        let Some(entry) = found.into_iter().next() else {
+            self.dbs.lock().remove(db);
+            return Ok(None);
+        };
+        let version = entry.get_document("version").cloned().unwrap_or_default();
+        let blocked = entry.get_object_id("movePrimaryInProgress").is_ok_and(|m| Some(m) != self.gate(&db_gate_key(db)).closed_by());
+        let meta = Arc::new(DbMeta {
+            uuid: version.get("uuid").cloned().unwrap_or(Bson::Null),
+            last_mod: version.get("lastMod").and_then(crate::commands::as_i64).unwrap_or(0),
+            primary_here: entry.get_str("primary").ok() == Some(id.shard_name.as_str()),
+            version,
+            blocked,
+        });
+        if !blocked {
+            let mut dbs = self.dbs.lock();
+            if dbs.len() >= COLLECTIONS_CACHED_MAX {
+                dbs.clear();
+            }
+            dbs.insert(db.to_string(), meta.clone());
+        }
+        Ok(Some(meta))
+    }
+
+    /// A command on an unsharded collection from a router, with the `databaseVersion` it
+    /// routed by: this shard must be the database's primary at that version (else
+    /// StaleDbVersion, 249, and the router reads the entry again). Its writes pass the
+    /// database's gate, which movePrimary's critical section closes.
+    async fn admit_db(&self, req: &Request, dv: &Document) -> Result<Admission> {
+        let uuid = dv.get("uuid").cloned().unwrap_or(Bson::Null);
+        let last_mod = dv.get("lastMod").and_then(crate::commands::as_i64).unwrap_or(0);
+        let db = req.db.as_str();
+        let write = !matches!(req.name.as_str(), "find" | "count" | "distinct" | "aggregate" | "listCollections" | "listIndexes");
+        let deadline = tokio::time::Instant::now() + CRITICAL_SECTION_WAIT;
+        let gate = if write { Some(self.gate(&db_gate_key(db)).enter(deadline).await?) } else { None };
+        let stale = |wanted: Option<&DbMeta>, why: &str| {
+            Error::new(Code::StaleDbVersion, format!("{why} for database {db}"))
+                .with_extra(doc! {"db": db, "vReceived": dv.clone(), "vWanted": wanted.map(|m| Bson::Document(m.version.clone())).unwrap_or(Bson::Null)})
+        };
+        loop {
+            let cached = self.dbs.lock().get(db).cloned();
+            let meta = match cached {
+                Some(m) if m.uuid != uuid || last_mod > m.last_mod => {
+                    self.dbs.lock().remove(db);
+                    continue;
+                }
+                Some(m) => m,
+                None => match self.refresh_db(db).await? {
+                    Some(m) => m,
+                    None => return Err(stale(None, "the database is not in the cluster")),
+                },
+            };
+            if meta.uuid != uuid || meta.last_mod != last_mod || !meta.primary_here {
+                return Err(stale(Some(&meta), "this shard is not the primary at the router's version"));
+            }
+            if write && meta.blocked {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(stale(Some(&meta), "a movePrimary is in its critical section"));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            return Ok(Admission { filter: None, gate });
+        }
+    }
+
+    /// Close the gate of a database's unsharded collections for movePrimary `id`.
+    pub fn enter_db_critical_section(&self, db: &str, id: ObjectId) -> Result<()> {
+        self.gate(&db_gate_key(db)).close(id)
+    }
+
+    pub fn exit_db_critical_section(&self, db: &str, id: ObjectId) -> bool {
+        self.dbs.lock().remove(db);
+        self.gate(&db_gate_key(db)).open(id)
+    }
+
     /// Check a command's `shardVersion` (see the module's comment) and admit it: a write
     /// through the collection's gate, waiting while a migration's critical section holds it.
+    /// A command with `databaseVersion` instead is checked by `admit_db`.
     pub async fn admit(&self, req: &Request) -> Result<Admission> {
+        if let Ok(dv) = req.body.get_document("databaseVersion") {
+            if !req.body.contains_key("shardVersion") {
+                return self.admit_db(req, dv).await;
+            }
+        }
         let sv = req.body.get_document("shardVersion").map_err(|_| Error::type_mismatch("shardVersion must be a document"))?;
         let uuid = sv.get("uuid").cloned().unwrap_or(Bson::Null);
         let received = ChunkVersion::from_timestamp(sv.get_timestamp("v").map_err(|_| Error::type_mismatch("shardVersion.v must be a timestamp"))?);

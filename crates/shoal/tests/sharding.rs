@@ -442,6 +442,47 @@ async fn chunks_migrate_under_concurrent_writes_without_losing_or_doubling_docum
     assert_code(admin.run_command(doc! {"moveChunk": "app.m", "bounds": bounds.clone(), "to": "nosuchshard"}).await, 70);
     assert_code(client.database("app").run_command(doc! {"moveChunk": "app.m", "bounds": bounds, "to": "shard0"}).await, 13);
     assert_code(admin.run_command(doc! {"moveChunk": "app.unsharded", "find": {"k": 1}, "to": "shard0"}).await, 118);
+
+    // movePrimary while the other router, which knows the old primary, keeps inserting into
+    // an unsharded collection: the old primary holds its writes through the copy and then
+    // answers StaleDbVersion, and the router finds the new primary.
+    let plain = client.database("app").collection::<Document>("plain");
+    plain.insert_many((0..500i64).map(|i| doc! {"_id": i, "v": i})).await.unwrap();
+    plain.create_index(mongodb::IndexModel::builder().keys(doc! {"v": -1}).build()).await.unwrap();
+    let stale_plain = other_client.database("app").collection::<Document>("plain");
+    assert_eq!(stale_plain.count_documents(doc! {}).await.unwrap(), 500);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, stale_plain) = (stop.clone(), stale_plain.clone());
+        tokio::spawn(async move {
+            let mut i = 500i64;
+            while !stop.load(Ordering::Relaxed) {
+                stale_plain.insert_one(doc! {"_id": i, "v": i}).await.unwrap_or_else(|e| panic!("insert {i} during movePrimary failed: {e}"));
+                i += 1;
+            }
+            i - 500
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let primary = collect(client.database("config").collection::<Document>("databases").find(doc! {"_id": "app"}).await.unwrap()).await[0].get_str("primary").unwrap().to_string();
+    let (from, to) = if primary == "shard0" { (0, 1) } else { (1, 0) };
+    let moved = admin.run_command(doc! {"movePrimary": "app", "to": format!("shard{to}")}).await.unwrap();
+    assert!(moved.get_str("primary").unwrap().starts_with(&format!("shard{to}:")), "{moved}");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let inserted = writer.await.unwrap();
+    assert!(inserted > 10, "the writer ran across the move ({inserted} inserts)");
+    for c in [&plain, &stale_plain] {
+        assert_eq!(c.count_documents(doc! {}).await.unwrap(), 500 + inserted as u64);
+    }
+    let new_home = cluster.shard(to).await.database("app").collection::<Document>("plain");
+    assert_eq!(new_home.count_documents(doc! {}).await.unwrap(), 500 + inserted as u64, "every document on the new primary");
+    let names: Vec<String> = new_home.list_index_names().await.unwrap();
+    assert!(names.contains(&"v_-1".to_string()), "{names:?}");
+    let old_home = cluster.shard(from).await.database("app").list_collection_names().await.unwrap();
+    assert!(!old_home.contains(&"plain".to_string()), "the old primary dropped its copy: {old_home:?}");
+    // The sharded collection did not move with the database.
+    assert_eq!(m.count_documents(doc! {}).await.unwrap(), expected.len() as u64);
 }
 
 /// Start a one-member replica set `name` outside the cluster (a shard to add later).
@@ -582,8 +623,6 @@ async fn the_balancer_fills_an_added_shard_and_drains_a_removed_one() {
     assert_eq!(direct, total, "each document on one shard only");
     // Errors as mongos gives them.
     assert_code(admin.run_command(doc! {"removeShard": "nosuchshard"}).await, 70);
-    client.database("app").collection::<Document>("plain").insert_one(doc! {"a": 1}).await.unwrap();
-    let primary = collect(client.database("config").collection::<Document>("databases").find(doc! {"_id": "app"}).await.unwrap()).await[0].get_str("primary").unwrap().to_string();
-    let other = if primary == "shard0" { "shard1" } else { "shard0" };
-    assert_code(admin.run_command(doc! {"movePrimary": "app", "to": other}).await, 115);
+    assert_code(admin.run_command(doc! {"movePrimary": "app", "to": "nosuchshard"}).await, 70);
+    assert_code(admin.run_command(doc! {"movePrimary": "config", "to": "shard0"}).await, 72);
 }

@@ -77,6 +77,14 @@ fn begin(ctx: &Ctx) -> Result<(String, String)> {
     }
 }
 
+/// The command names a database (no collection): movePrimary's critical section.
+fn database_only(ctx: &Ctx) -> Option<String> {
+    if let Some(repl) = &ctx.shared.repl {
+        ctx.shared.sharding.on_term(repl.term());
+    }
+    ctx.cmd.get_str(ctx.name).ok().filter(|n| !n.is_empty() && !n.contains('.')).map(str::to_string)
+}
+
 fn migration_id(ctx: &Ctx) -> Result<ObjectId> {
     ctx.cmd.get_object_id("migrationId").map_err(|_| Error::location(40414, format!("BSON field '{}.migrationId' is missing but a required field", ctx.name)))
 }
@@ -277,7 +285,13 @@ pub fn transfer_mods(ctx: &mut Ctx) -> Result<Document> {
 
 /// `_shardsvrEnterCriticalSection: ns, migrationId`: no more writes to the collection here
 /// until the migration commits or aborts; returns once the writes admitted before are done.
+/// Given a database name instead, the same for its unsharded collections (movePrimary).
 pub fn enter_critical_section(ctx: &mut Ctx) -> Result<Document> {
+    if let Some(db) = database_only(ctx) {
+        // movePrimary's: the database's unsharded collections.
+        ctx.shared.sharding.enter_db_critical_section(&db, migration_id(ctx)?)?;
+        return Ok(Document::new());
+    }
     let (db, coll) = begin(ctx)?;
     let ns = format!("{db}.{coll}");
     let src = source(ctx, &ns)?;
@@ -288,6 +302,10 @@ pub fn enter_critical_section(ctx: &mut Ctx) -> Result<Document> {
 /// `_shardsvrExitCriticalSection: ns, migrationId`: the migration is over (committed or
 /// not): writes go on, and see the versions the config servers have now.
 pub fn exit_critical_section(ctx: &mut Ctx) -> Result<Document> {
+    if let Some(db) = database_only(ctx) {
+        let exited = ctx.shared.sharding.exit_db_critical_section(&db, migration_id(ctx)?);
+        return Ok(doc! {"exited": exited});
+    }
     let (db, coll) = begin(ctx)?;
     let ns = format!("{db}.{coll}");
     let id = migration_id(ctx)?;

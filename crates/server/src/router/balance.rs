@@ -74,11 +74,20 @@ async fn balance_all(router: &Router) -> Result<usize> {
     if active.is_empty() {
         return Ok(0);
     }
-    // Migrations whose routers died (their critical section may hold a donor's writes).
+    // Migrations and movePrimaries whose routers died (their critical sections may hold
+    // writes).
     for m in router.config_find("migrations", doc! {}, doc! {}).await? {
         if super::migrate::is_abandoned(&m) {
             if let Err(e) = super::migrate::recover(router, &m).await {
                 tracing::warn!("cannot recover an abandoned migration: {}", e.message);
+            }
+        }
+    }
+    for d in router.config_find("databases", doc! {"movePrimaryInProgress": {"$exists": true}}, doc! {}).await? {
+        let started = doc! {"started": d.get("movePrimaryStarted").cloned().unwrap_or(Bson::Null)};
+        if super::migrate::is_abandoned(&started) {
+            if let Err(e) = recover_move_primary(router, &d).await {
+                tracing::warn!("cannot recover an abandoned movePrimary: {}", e.message);
             }
         }
     }
@@ -229,35 +238,137 @@ pub async fn remove_shard(router: &Router, req: &crate::dispatch::Request) -> Re
     })
 }
 
-/// `movePrimary: db, to: shard`. The primary shard holds a database's unsharded
-/// collections; shoal's router does not copy them yet, so a database with any stays where
-/// it is (sharded collections' chunks do not move with it).
+/// `movePrimary: db, to: shard`: the database's unsharded collections move to `to`, which
+/// becomes its primary shard (sharded collections' chunks stay where they are). As
+/// mongod's: config.databases records the move (a primary that restarts or fails over then
+/// holds writes), the old primary stops writes to those collections (its critical section),
+/// they are copied with their options and indexes, the entry's primary and version change
+/// (conditional on the record, so a recovery can fence it), the old primary lets writes go
+/// on (routers with the old entry now get StaleDbVersion from it) and drops its copies.
 pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Result<Document> {
     let db = req.body.get_str(&req.name).map_err(|_| Error::type_mismatch("movePrimary takes a database name"))?.to_string();
     let to = req.body.get_str("to").map_err(|_| Error::location(40414, "BSON field 'movePrimary.to' is missing but a required field"))?.to_string();
     if matches!(db.as_str(), "admin" | "config" | "local") {
         return Err(Error::new(Code::InvalidOptions, format!("Can't move primary for {db} database")));
     }
+    router.forget_database(&db);
     let from = router.db_primary(&db, false).await?.ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("Database {db} not found")))?;
     let target = router.shard(&to).await?;
+    let reply = doc! {"primary": format!("{to}:{}", target.conn_string)};
     if from == to {
-        return Ok(doc! {"primary": format!("{to}:{}", target.conn_string)});
+        return Ok(reply);
     }
-    let from_set = router.shard(&from).await?;
-    let listed = reply_result(router.pool.run(&from_set, &db, doc! {"listCollections": 1, "nameOnly": true}, None, COMMAND_TIMEOUT).await?.1)?;
+    let source = router.shard(&from).await?;
+    let on = |set: Arc<super::shards::ReplicaSet>, body: Document| {
+        let db = db.clone();
+        async move { reply_result(router.pool.run(&set, &db, body, None, COMMAND_TIMEOUT).await?.1) }
+    };
+    // The unsharded collections, with their options; none of them on the target yet.
+    let listed = on(source.clone(), doc! {"listCollections": 1, "cursor": {"batchSize": 100_000}}).await?;
     let (_, colls) = super::catalog::cursor_docs(&listed, "firstBatch")?;
+    let mut moving = Vec::new();
     for c in colls {
         let Ok(name) = c.get_str("name") else { continue };
-        if name.starts_with("system.") {
+        if name.starts_with("system.") || router.sharded(&format!("{db}.{name}")).await?.is_some() {
             continue;
         }
-        if router.sharded(&format!("{db}.{name}")).await?.is_none() {
-            return Err(Error::new(Code::CommandNotSupported, format!("{db}.{name} is not sharded: shoal's router cannot move a database's unsharded collections yet")));
+        if c.get_str("type").unwrap_or("collection") != "collection" {
+            return Err(Error::new(Code::CommandNotSupported, format!("{db}.{name} is a {}: movePrimary moves collections only", c.get_str("type").unwrap_or("?"))));
+        }
+        moving.push((name.to_string(), c.get_document("options").cloned().unwrap_or_default()));
+    }
+    let listed = on(target.clone(), doc! {"listCollections": 1, "nameOnly": true, "cursor": {"batchSize": 100_000}}).await?;
+    let (_, there) = super::catalog::cursor_docs(&listed, "firstBatch")?;
+    if let Some((name, _)) = moving.iter().find(|(n, _)| there.iter().any(|t| t.get_str("name").ok() == Some(n.as_str()))) {
+        return Err(Error::new(Code::NamespaceExists, format!("{db}.{name} exists on {to} already")));
+    }
+    let id = bson::oid::ObjectId::new();
+    let record = doc! {"$set": {"movePrimaryInProgress": id, "movePrimaryStarted": bson::DateTime::now()}};
+    let r = router.config_write(doc! {"update": "databases", "updates": [{"q": {"_id": &db, "primary": &from, "movePrimaryInProgress": {"$exists": false}}, "u": record}]}).await?;
+    if r.get("n").and_then(crate::commands::as_i64) != Some(1) {
+        return Err(Error::new(Code::ConflictingOperationInProgress, format!("database {db} is being moved already, or its primary changed")));
+    }
+    let moved = async {
+        on(source.clone(), doc! {"_shardsvrEnterCriticalSection": &db, "migrationId": id}).await?;
+        for (name, options) in &moving {
+            copy_collection(router, &source, &target, &db, name, options).await?;
+        }
+        let commit = doc! {"$set": {"primary": &to}, "$inc": {"version.lastMod": 1}, "$unset": {"movePrimaryInProgress": "", "movePrimaryStarted": ""}};
+        let r = router.config_write(doc! {"update": "databases", "updates": [{"q": {"_id": &db, "primary": &from, "movePrimaryInProgress": id}, "u": commit}]}).await?;
+        if r.get("n").and_then(crate::commands::as_i64) != Some(1) {
+            return Err(Error::new(Code::ConflictingOperationInProgress, format!("the move of database {db} was fenced by a recovery")));
+        }
+        Ok(())
+    }
+    .await;
+    let committed = moved.is_ok();
+    if let Err(e) = on(source.clone(), doc! {"_shardsvrExitCriticalSection": &db, "migrationId": id}).await {
+        tracing::warn!(%db, "the old primary did not leave the critical section: {}", e.message);
+    }
+    // The copies nobody reads any more: the old primary's after the commit, the target's
+    // after a failure.
+    let (holder, set) = if committed { (&from, &source) } else { (&to, &target) };
+    for (name, _) in &moving {
+        if let Err(e) = on(set.clone(), doc! {"drop": name}).await {
+            if e.code != Code::NamespaceNotFound.0 {
+                tracing::warn!(%db, collection = %name, "{holder} kept its copy: {}", e.message);
+            }
         }
     }
-    router.config_write(doc! {"update": "databases", "updates": [{"q": {"_id": &db, "primary": &from}, "u": {"$set": {"primary": &to}, "$inc": {"version.lastMod": 1}}}]}).await?;
+    if !committed {
+        let _ = router.config_write(doc! {"update": "databases", "updates": [{"q": {"_id": &db, "movePrimaryInProgress": id}, "u": {"$unset": {"movePrimaryInProgress": "", "movePrimaryStarted": ""}}}]}).await;
+    }
     router.forget_database(&db);
-    Ok(doc! {"primary": format!("{to}:{}", target.conn_string)})
+    moved.map(|()| reply)
+}
+
+/// Copy collection `name` of `db` from `source` to `target`: created with its options, its
+/// indexes, then its documents in batches (the source takes no writes meanwhile).
+async fn copy_collection(router: &Router, source: &super::shards::ReplicaSet, target: &super::shards::ReplicaSet, db: &str, name: &str, options: &Document) -> Result<()> {
+    const COPY_BATCH_DOCS: i32 = 10_000;
+    let mut create = doc! {"create": name};
+    create.extend(options.clone());
+    run_on(router, target, db, create).await?;
+    let listed = run_on(router, source, db, doc! {"listIndexes": name}).await?;
+    let (_, specs) = super::catalog::cursor_docs(&listed, "firstBatch")?;
+    let specs: Vec<Document> = specs.into_iter().filter(|s| s.get_str("name").ok() != Some("_id_")).map(|mut s| {
+        s.remove("v");
+        s
+    }).collect();
+    if !specs.is_empty() {
+        run_on(router, target, db, doc! {"createIndexes": name, "indexes": specs}).await?;
+    }
+    let (host, first) = router.pool.run(source, db, doc! {"find": name, "batchSize": COPY_BATCH_DOCS}, None, COMMAND_TIMEOUT).await?;
+    let (mut id, mut docs) = super::catalog::cursor_docs(&reply_result(first)?, "firstBatch")?;
+    loop {
+        if !docs.is_empty() {
+            let r = run_on(router, target, db, doc! {"insert": name, "documents": std::mem::take(&mut docs)}).await?;
+            if let Ok(errors) = r.get_array("writeErrors") {
+                return Err(Error::new(Code::OperationFailed, format!("copying {db}.{name}: {errors:?}")));
+            }
+        }
+        if id == 0 {
+            return Ok(());
+        }
+        let more = reply_result(router.pool.run_on_host(&host, db, doc! {"getMore": id, "collection": name, "batchSize": COPY_BATCH_DOCS}, None, COMMAND_TIMEOUT).await?)?;
+        (id, docs) = super::catalog::cursor_docs(&more, "nextBatch")?;
+    }
+}
+
+async fn run_on(router: &Router, set: &super::shards::ReplicaSet, db: &str, body: Document) -> Result<Document> {
+    reply_result(router.pool.run(set, db, body, None, COMMAND_TIMEOUT).await?.1)
+}
+
+/// Fence and end a movePrimary whose router died (config.databases still records it after
+/// its lease): the record goes, so its commit can no longer match, and the old primary
+/// lets writes go on.
+async fn recover_move_primary(router: &Router, entry: &Document) -> Result<()> {
+    let (Ok(db), Ok(id), Ok(primary)) = (entry.get_str("_id"), entry.get_object_id("movePrimaryInProgress"), entry.get_str("primary")) else { return Ok(()) };
+    router.config_write(doc! {"update": "databases", "updates": [{"q": {"_id": db, "movePrimaryInProgress": id}, "u": {"$unset": {"movePrimaryInProgress": "", "movePrimaryStarted": ""}}}]}).await?;
+    let set = router.shard(primary).await?;
+    reply_result(router.pool.run(&set, db, doc! {"_shardsvrExitCriticalSection": db, "migrationId": id}, None, COMMAND_TIMEOUT).await?.1)?;
+    tracing::warn!(%db, "recovered a movePrimary its router left");
+    Ok(())
 }
 
 /// Shards new databases and chunks may go to: not draining, not the config servers.

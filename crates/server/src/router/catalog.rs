@@ -59,7 +59,8 @@ enum CollEntry {
 pub struct Catalog {
     pub config: Arc<ReplicaSet>,
     shards: RwLock<BTreeMap<String, Arc<ReplicaSet>>>,
-    dbs: RwLock<HashMap<String, String>>,
+    /// Each database's primary shard and its version (config.databases `version`).
+    dbs: RwLock<HashMap<String, (String, Document)>>,
     colls: RwLock<HashMap<String, CollEntry>>,
 }
 
@@ -143,6 +144,9 @@ impl Router {
     /// read the routing table again before the retry, and tell the shards who they are again.
     pub fn after_stale(&self, ns: &str, e: &Error) {
         self.forget_collection(ns);
+        if e.code == Code::StaleDbVersion.0 {
+            self.forget_database(ns.split_once('.').map_or(ns, |(db, _)| db));
+        }
         if e.code == Code::ShardingStateNotInitialized.0 {
             for set in self.catalog.shards.read().values() {
                 set.identity_sent.store(false, Ordering::Relaxed);
@@ -156,13 +160,16 @@ impl Router {
         if matches!(db, "admin" | "config") {
             return Ok(Some(CONFIG_SHARD.to_string()));
         }
-        if let Some(p) = self.catalog.dbs.read().get(db) {
+        if let Some((p, _)) = self.catalog.dbs.read().get(db) {
             return Ok(Some(p.clone()));
         }
         let found = self.config_find("databases", doc! {"_id": db}, doc! {}).await?;
-        if let Some(p) = found.first().and_then(|d| d.get_str("primary").ok()) {
-            self.catalog.dbs.write().insert(db.to_string(), p.to_string());
-            return Ok(Some(p.to_string()));
+        if let Some(entry) = found.first() {
+            if let Ok(p) = entry.get_str("primary") {
+                let version = entry.get_document("version").cloned().unwrap_or_default();
+                self.catalog.dbs.write().insert(db.to_string(), (p.to_string(), version));
+                return Ok(Some(p.to_string()));
+            }
         }
         if !create {
             return Ok(None);
@@ -186,6 +193,16 @@ impl Router {
         }
         self.catalog.dbs.write().remove(db);
         Box::pin(self.db_primary(db, false)).await
+    }
+
+    /// `body` with `databaseVersion`, the version of the database's entry the router routed
+    /// by: an operation on an unsharded collection, sent to the primary shard, which checks
+    /// it (`sharding::ShardingState::admit`). The config servers' databases have none.
+    pub fn with_db_version(&self, db: &str, mut body: Document) -> Document {
+        if let Some((_, v)) = self.catalog.dbs.read().get(db).filter(|(_, v)| !v.is_empty()) {
+            body.insert("databaseVersion", v.clone());
+        }
+        body
     }
 
     pub fn forget_database(&self, db: &str) {

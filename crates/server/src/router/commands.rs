@@ -27,7 +27,20 @@ const AWAIT_TIME_MS_MAX: i64 = 60_000;
 const MERGE_INPUT_BYTES_MAX: usize = crate::commands::aggregate::AGG_MEMORY_BYTES_MAX;
 
 pub async fn run(router: &Arc<Router>, conn: &mut RouterConn, req: Request) -> Document {
-    match route(router, conn, &req).await {
+    // A primary shard that answers StaleDbVersion ran nothing: the database moved (or the
+    // router's entry is old). Read it again and route the command again.
+    let mut attempt = 0;
+    let routed = loop {
+        match route(router, conn, &req).await {
+            Err(e) if e.code == Code::StaleDbVersion.0 && attempt < STALE_RETRIES_MAX => {
+                attempt += 1;
+                router.forget_database(&req.db);
+                tokio::time::sleep(stale_backoff(attempt)).await;
+            }
+            r => break r,
+        }
+    };
+    match routed {
         Ok(mut reply) => {
             if !reply.contains_key("ok") {
                 reply.insert("ok", 1.0);
@@ -685,7 +698,7 @@ fn delete_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
 /// A write on an unsharded collection: the whole command to the database's primary shard.
 async fn forward_write(router: &Router, req: &Request, primary: &str) -> Result<Document> {
     let set = router.shard(primary).await?;
-    let (_, reply) = router.pool.run(&set, &req.db, forwarded(req), None, timeout_of(req)).await?;
+    let (_, reply) = router.pool.run(&set, &req.db, router.with_db_version(&req.db, forwarded(req)), None, timeout_of(req)).await?;
     reply_result(reply)
 }
 
@@ -891,7 +904,7 @@ const STALE_RETRIES_MAX: u32 = 10;
 
 /// An answer that the router's routing table, or the shard's identity, is out of date.
 fn is_stale(e: &Error) -> bool {
-    e.code == Code::StaleConfig.0 || e.code == Code::ShardingStateNotInitialized.0
+    e.code == Code::StaleConfig.0 || e.code == Code::ShardingStateNotInitialized.0 || e.code == Code::StaleDbVersion.0
 }
 
 /// The wait before the `n`th retry after StaleConfig: none first, then growing, as a
@@ -992,7 +1005,7 @@ async fn find(router: &Router, req: &Request) -> Result<Document> {
     let coll = collection_of(req)?;
     let ns = format!("{}.{coll}", req.db);
     let Some(primary) = router.db_primary(&req.db, false).await? else { return Ok(cursor_reply(&ns, 0, Vec::new(), "firstBatch")) };
-    let Some(sc) = router.sharded(&ns).await? else { return single_shard_cursor(router, req, &primary, forwarded(req)).await };
+    let Some(sc) = router.sharded(&ns).await? else { return single_shard_cursor(router, req, &primary, router.with_db_version(&req.db, forwarded(req))).await };
     let cmd = &req.body;
     let filter = cmd.get_document("filter").cloned().unwrap_or_default();
     let targets = shards_for_filter(&sc.table, &filter);
@@ -1108,6 +1121,9 @@ async fn count(router: &Router, req: &Request) -> Result<Document> {
     if limit > 0 {
         body.insert("limit", limit + skip);
     }
+    if sc.is_none() {
+        body = router.with_db_version(&req.db, body);
+    }
     let mut n = 0;
     for r in on_each(router, req, sc.as_deref(), &targets, &body).await? {
         n += r.get("n").and_then(crate::commands::as_i64).unwrap_or(0);
@@ -1125,7 +1141,8 @@ async fn distinct(router: &Router, req: &Request) -> Result<Document> {
     let filter = req.body.get_document("query").cloned().unwrap_or_default();
     let (targets, sc) = read_targets(router, &req.db, &ns, &filter).await?;
     let mut values: Vec<Bson> = Vec::new();
-    for r in on_each(router, req, sc.as_deref(), &targets, &forwarded(req)).await? {
+    let body = if sc.is_none() { router.with_db_version(&req.db, forwarded(req)) } else { forwarded(req) };
+    for r in on_each(router, req, sc.as_deref(), &targets, &body).await? {
         values.extend(r.get_array("values").cloned().unwrap_or_default());
     }
     values.sort_by(query::compare::cmp_bson);
@@ -1192,7 +1209,7 @@ async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
     let stages: Vec<Document> = cmd.get_array("pipeline").map_err(|_| Error::location(40414, "BSON field 'aggregate.pipeline' is missing but a required field"))?.iter().filter_map(|s| s.as_document().cloned()).collect();
     let batch = batch_size_of(cmd.get_document("cursor").ok().and_then(|c| c.get("batchSize")))?.unwrap_or(FIRST_BATCH_DOCS_DEFAULT);
     let Some(primary) = router.db_primary(&req.db, false).await? else { return Ok(cursor_reply(&ns, 0, Vec::new(), "firstBatch")) };
-    let Some(sc) = router.sharded(&ns).await? else { return single_shard_cursor(router, req, &primary, forwarded(req)).await };
+    let Some(sc) = router.sharded(&ns).await? else { return single_shard_cursor(router, req, &primary, router.with_db_version(&req.db, forwarded(req))).await };
     let split = stages.iter().position(|s| !runs_on_shards(s)).unwrap_or(stages.len());
     let (on_shards, merge) = stages.split_at(split);
     // A $group whose accumulators combine runs on the shards too, partially: each shard
@@ -1292,11 +1309,12 @@ async fn forward_to_primary(router: &Router, req: &Request) -> Result<Document> 
         None if req.name == "listCollections" => return Ok(cursor_reply(&format!("{}.$cmd.listCollections", req.db), 0, Vec::new(), "firstBatch")),
         None => return Err(Error::new(Code::NamespaceNotFound, format!("database {} not found", req.db))),
     };
+    let body = router.with_db_version(&req.db, forwarded(req));
     if matches!(req.name.as_str(), "listCollections" | "listIndexes") {
-        return single_shard_cursor(router, req, &primary, forwarded(req)).await;
+        return single_shard_cursor(router, req, &primary, body).await;
     }
     let set = router.shard(&primary).await?;
-    reply_result(router.pool.run(&set, &req.db, forwarded(req), None, timeout_of(req)).await?.1)
+    reply_result(router.pool.run(&set, &req.db, body, None, timeout_of(req)).await?.1)
 }
 
 /// Indexes and drops of a sharded collection go to every shard that has it; of an unsharded
@@ -1309,7 +1327,7 @@ async fn forward_to_owners(router: &Router, req: &Request) -> Result<Document> {
     };
     let Some(sc) = router.sharded(&ns).await? else {
         let set = router.shard(&primary).await?;
-        return reply_result(router.pool.run(&set, &req.db, forwarded(req), None, timeout_of(req)).await?.1);
+        return reply_result(router.pool.run(&set, &req.db, router.with_db_version(&req.db, forwarded(req)), None, timeout_of(req)).await?.1);
     };
     let mut owners = sc.table.shards();
     owners.insert(primary.clone());
