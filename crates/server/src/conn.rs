@@ -533,8 +533,9 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
             return Reply { body: dispatch::error_reply(&dispatch::with_topology_version(shared, e)), batch: None };
         }
     }
-    // A router's operation on a sharded collection: its shard version checked, and a
-    // write admitted through the collection's gate (held until the command is done).
+    // A router's operation on a sharded collection (shardVersion) or on an unsharded one
+    // (databaseVersion): the version checked, and a write admitted through the collection's
+    // or database's gate (held until the command is done, not through its replication wait).
     let admission = if request.body.contains_key("shardVersion") || request.body.contains_key("databaseVersion") {
         match admit(shared, &request).await {
             Ok(a) => a,
