@@ -537,7 +537,7 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
     // (databaseVersion): the version checked, and a write admitted through the collection's
     // or database's gate (held until the command is done, not through its replication wait).
     let admission = if request.body.contains_key("shardVersion") || request.body.contains_key("databaseVersion") {
-        match admit(shared, &request).await {
+        match admit(shared, conn, &request).await {
             Ok(a) => a,
             Err(e) => return Reply { body: dispatch::error_reply(&dispatch::with_topology_version(shared, e)), batch: None },
         }
@@ -580,9 +580,15 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
 }
 
 /// `sharding::ShardingState::admit`, on a primary (a secondary answers the command's own
-/// not-primary error: a versioned operation is the primary's) that is authorized to run it.
-async fn admit(shared: &Arc<Shared>, request: &Request) -> common::Result<crate::sharding::Admission> {
+/// not-primary error: a versioned operation is the primary's), for a client authorized to
+/// run the command.
+async fn admit(shared: &Arc<Shared>, conn: &mut ConnState, request: &Request) -> common::Result<crate::sharding::Admission> {
     let Some(repl) = shared.repl.as_ref().filter(|r| r.is_writable_primary()) else { return Ok(Default::default()) };
+    // Only for a client that may run the command (admission may read the config servers);
+    // any other is refused by dispatch, as without a version.
+    if crate::auth::check(shared, conn, &request.db, &request.name, &request.body).is_err() {
+        return Ok(Default::default());
+    }
     shared.sharding.on_term(repl.term());
     shared.sharding.admit(request).await
 }

@@ -329,6 +329,8 @@ async fn chunks_migrate_under_concurrent_writes_without_losing_or_doubling_docum
     let client = cluster.client().await;
     let admin = client.database("admin");
     admin.run_command(doc! {"shardCollection": "app.m", "key": {"k": "hashed"}}).await.unwrap();
+    // The moves here are the test's own: every router's balancer stays out of them.
+    admin.run_command(doc! {"balancerStop": 1}).await.unwrap();
     let m = client.database("app").collection::<Document>("m");
     m.insert_many((0..DOCS).map(|i| doc! {"_id": i, "k": i, "n": 0i64, "pad": "x".repeat(200)})).await.unwrap();
     let (_other, other_port) = second_router(&cluster);
