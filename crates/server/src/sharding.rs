@@ -208,6 +208,15 @@ pub struct ShardingState {
     pub sources: Mutex<HashMap<String, Arc<crate::commands::sharding::MigrationSource>>>,
 }
 
+/// Remember `meta` under `key`; a cache at its bound starts over (what it forgets is read
+/// again from the config servers when next needed).
+fn cache<T>(map: &mut HashMap<String, Arc<T>>, key: &str, meta: &Arc<T>) {
+    if map.len() >= COLLECTIONS_CACHED_MAX {
+        map.clear();
+    }
+    map.insert(key.to_string(), meta.clone());
+}
+
 fn stale(ns: &str, received: Option<ChunkVersion>, wanted: ChunkVersion, shard: &str, why: &str) -> Error {
     let v = |c: ChunkVersion| Bson::Timestamp(c.to_timestamp());
     Error::new(Code::StaleConfig, format!("{why} for {ns} on shard {shard}"))
@@ -300,11 +309,7 @@ impl ShardingState {
         });
         let meta = Arc::new(CollMeta { uuid, key, owned, version, blocked });
         if !blocked {
-            let mut colls = self.colls.lock();
-            if colls.len() >= COLLECTIONS_CACHED_MAX {
-                colls.clear();
-            }
-            colls.insert(ns.to_string(), meta.clone());
+            cache(&mut self.colls.lock(), ns, &meta);
         }
         Ok(Some(meta))
     }
@@ -327,11 +332,7 @@ impl ShardingState {
             blocked,
         });
         if !blocked {
-            let mut dbs = self.dbs.lock();
-            if dbs.len() >= COLLECTIONS_CACHED_MAX {
-                dbs.clear();
-            }
-            dbs.insert(db.to_string(), meta.clone());
+            cache(&mut self.dbs.lock(), db, &meta);
         }
         Ok(Some(meta))
     }

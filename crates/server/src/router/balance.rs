@@ -77,15 +77,14 @@ async fn balance_all(router: &Router) -> Result<usize> {
     // Migrations and movePrimaries whose routers died (their critical sections may hold
     // writes).
     for m in router.config_find("migrations", doc! {}, doc! {}).await? {
-        if super::migrate::is_abandoned(&m) {
+        if super::migrate::is_abandoned(m.get_datetime("started").ok()) {
             if let Err(e) = super::migrate::recover(router, &m).await {
                 tracing::warn!("cannot recover an abandoned migration: {}", e.message);
             }
         }
     }
     for d in router.config_find("databases", doc! {"movePrimaryInProgress": {"$exists": true}}, doc! {}).await? {
-        let started = doc! {"started": d.get("movePrimaryStarted").cloned().unwrap_or(Bson::Null)};
-        if super::migrate::is_abandoned(&started) {
+        if super::migrate::is_abandoned(d.get_datetime("movePrimaryStarted").ok()) {
             if let Err(e) = recover_move_primary(router, &d).await {
                 tracing::warn!("cannot recover an abandoned movePrimary: {}", e.message);
             }
@@ -259,12 +258,8 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
         return Ok(reply);
     }
     let source = router.shard(&from).await?;
-    let on = |set: Arc<super::shards::ReplicaSet>, body: Document| {
-        let db = db.clone();
-        async move { reply_result(router.pool.run(&set, &db, body, None, COMMAND_TIMEOUT).await?.1) }
-    };
     // The unsharded collections, with their options; none of them on the target yet.
-    let listed = on(source.clone(), doc! {"listCollections": 1, "cursor": {"batchSize": 100_000}}).await?;
+    let listed = router.command(&source, &db, doc! {"listCollections": 1, "cursor": {"batchSize": 100_000}}).await?;
     let (_, colls) = super::catalog::cursor_docs(&listed, "firstBatch")?;
     let mut moving = Vec::new();
     for c in colls {
@@ -277,7 +272,7 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
         }
         moving.push((name.to_string(), c.get_document("options").cloned().unwrap_or_default()));
     }
-    let listed = on(target.clone(), doc! {"listCollections": 1, "nameOnly": true, "cursor": {"batchSize": 100_000}}).await?;
+    let listed = router.command(&target, &db, doc! {"listCollections": 1, "nameOnly": true, "cursor": {"batchSize": 100_000}}).await?;
     let (_, there) = super::catalog::cursor_docs(&listed, "firstBatch")?;
     if let Some((name, _)) = moving.iter().find(|(n, _)| there.iter().any(|t| t.get_str("name").ok() == Some(n.as_str()))) {
         return Err(Error::new(Code::NamespaceExists, format!("{db}.{name} exists on {to} already")));
@@ -289,7 +284,7 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
         return Err(Error::new(Code::ConflictingOperationInProgress, format!("database {db} is being moved already, or its primary changed")));
     }
     let moved = async {
-        on(source.clone(), doc! {"_shardsvrEnterCriticalSection": &db, "migrationId": id}).await?;
+        router.command(&source, &db, doc! {"_shardsvrEnterCriticalSection": &db, "migrationId": id}).await?;
         for (name, options) in &moving {
             copy_collection(router, &source, &target, &db, name, options).await?;
         }
@@ -302,14 +297,14 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
     }
     .await;
     let committed = moved.is_ok();
-    if let Err(e) = on(source.clone(), doc! {"_shardsvrExitCriticalSection": &db, "migrationId": id}).await {
+    if let Err(e) = router.command(&source, &db, doc! {"_shardsvrExitCriticalSection": &db, "migrationId": id}).await {
         tracing::warn!(%db, "the old primary did not leave the critical section: {}", e.message);
     }
     // The copies nobody reads any more: the old primary's after the commit, the target's
     // after a failure.
     let (holder, set) = if committed { (&from, &source) } else { (&to, &target) };
     for (name, _) in &moving {
-        if let Err(e) = on(set.clone(), doc! {"drop": name}).await {
+        if let Err(e) = router.command(&set, &db, doc! {"drop": name}).await {
             if e.code != Code::NamespaceNotFound.0 {
                 tracing::warn!(%db, collection = %name, "{holder} kept its copy: {}", e.message);
             }
@@ -328,21 +323,21 @@ async fn copy_collection(router: &Router, source: &super::shards::ReplicaSet, ta
     const COPY_BATCH_DOCS: i32 = 10_000;
     let mut create = doc! {"create": name};
     create.extend(options.clone());
-    run_on(router, target, db, create).await?;
-    let listed = run_on(router, source, db, doc! {"listIndexes": name}).await?;
+    router.command(target, db, create).await?;
+    let listed = router.command(source, db, doc! {"listIndexes": name}).await?;
     let (_, specs) = super::catalog::cursor_docs(&listed, "firstBatch")?;
     let specs: Vec<Document> = specs.into_iter().filter(|s| s.get_str("name").ok() != Some("_id_")).map(|mut s| {
         s.remove("v");
         s
     }).collect();
     if !specs.is_empty() {
-        run_on(router, target, db, doc! {"createIndexes": name, "indexes": specs}).await?;
+        router.command(target, db, doc! {"createIndexes": name, "indexes": specs}).await?;
     }
     let (host, first) = router.pool.run(source, db, doc! {"find": name, "batchSize": COPY_BATCH_DOCS}, None, COMMAND_TIMEOUT).await?;
     let (mut id, mut docs) = super::catalog::cursor_docs(&reply_result(first)?, "firstBatch")?;
     loop {
         if !docs.is_empty() {
-            let r = run_on(router, target, db, doc! {"insert": name, "documents": std::mem::take(&mut docs)}).await?;
+            let r = router.command(target, db, doc! {"insert": name, "documents": std::mem::take(&mut docs)}).await?;
             if let Ok(errors) = r.get_array("writeErrors") {
                 return Err(Error::new(Code::OperationFailed, format!("copying {db}.{name}: {errors:?}")));
             }
@@ -355,10 +350,6 @@ async fn copy_collection(router: &Router, source: &super::shards::ReplicaSet, ta
     }
 }
 
-async fn run_on(router: &Router, set: &super::shards::ReplicaSet, db: &str, body: Document) -> Result<Document> {
-    reply_result(router.pool.run(set, db, body, None, COMMAND_TIMEOUT).await?.1)
-}
-
 /// Fence and end a movePrimary whose router died (config.databases still records it after
 /// its lease): the record goes, so its commit can no longer match, and the old primary
 /// lets writes go on.
@@ -366,7 +357,7 @@ async fn recover_move_primary(router: &Router, entry: &Document) -> Result<()> {
     let (Ok(db), Ok(id), Ok(primary)) = (entry.get_str("_id"), entry.get_object_id("movePrimaryInProgress"), entry.get_str("primary")) else { return Ok(()) };
     router.config_write(doc! {"update": "databases", "updates": [{"q": {"_id": db, "movePrimaryInProgress": id}, "u": {"$unset": {"movePrimaryInProgress": "", "movePrimaryStarted": ""}}}]}).await?;
     let set = router.shard(primary).await?;
-    reply_result(router.pool.run(&set, db, doc! {"_shardsvrExitCriticalSection": db, "migrationId": id}, None, COMMAND_TIMEOUT).await?.1)?;
+    router.command(&set, db, doc! {"_shardsvrExitCriticalSection": db, "migrationId": id}).await?;
     tracing::warn!(%db, "recovered a movePrimary its router left");
     Ok(())
 }

@@ -78,6 +78,12 @@ impl Router {
         reply_result(reply)
     }
 
+    /// Run a command on a set's primary (a shard's, for the router's own operations:
+    /// migrations, movePrimary); a reply with ok:0 is an `Err`.
+    pub async fn command(&self, set: &ReplicaSet, db: &str, body: Document) -> Result<Document> {
+        reply_result(self.pool.run(set, db, body, None, COMMAND_TIMEOUT).await?.1)
+    }
+
     /// Every document of `config.<coll>` matching `filter`, in `sort` order.
     pub async fn config_find(&self, coll: &str, filter: Document, sort: Document) -> Result<Vec<Document>> {
         config_find(&self.pool, &self.catalog.config, coll, filter, sort).await
@@ -276,6 +282,12 @@ pub async fn config_find(pool: &Pool, config: &ReplicaSet, coll: &str, filter: D
 pub async fn config_write(pool: &Pool, config: &ReplicaSet, mut body: Document) -> Result<Document> {
     body.insert("writeConcern", doc! {"w": "majority", "wtimeout": 60_000});
     let (_, reply) = pool.run(config, "config", body, None, COMMAND_TIMEOUT).await?;
+    write_result(reply)
+}
+
+/// A write's reply as a result: ok:0, its first write error, or its write concern error is
+/// the `Err`.
+pub fn write_result(reply: Document) -> Result<Document> {
     let reply = reply_result(reply)?;
     if let Ok(errors) = reply.get_array("writeErrors") {
         if let Some(Bson::Document(e)) = errors.first() {

@@ -22,7 +22,7 @@
 //! none after the last transfer), and the donor's copies are filtered out until deleted.
 
 use super::catalog::{now_timestamp, ShardedColl};
-use super::shards::{reply_result, ReplicaSet, COMMAND_TIMEOUT};
+use super::shards::{ReplicaSet, COMMAND_TIMEOUT};
 use super::Router;
 use bson::{doc, oid::ObjectId, Bson, Document};
 use common::{Code, Error, Result};
@@ -88,7 +88,7 @@ impl Migration<'_> {
 
     /// A command on the donor or recipient; `ok: 0` is the `Err`.
     async fn on(&self, set: &ReplicaSet, body: Document) -> Result<Document> {
-        reply_result(self.router.pool.run(set, &self.db, body, None, COMMAND_TIMEOUT).await?.1)
+        self.router.command(set, &self.db, body).await
     }
 
     fn range_fields(&self, name: &str) -> Document {
@@ -108,7 +108,7 @@ impl Migration<'_> {
                 Err(e) if e.code == Code::DuplicateKey.0 && attempt == 0 => {
                     let existing = self.router.config_find("migrations", doc! {"_id": &self.ns}, doc! {}).await?;
                     let Some(old) = existing.into_iter().next() else { continue };
-                    if !is_abandoned(&old) {
+                    if !is_abandoned(old.get_datetime("started").ok()) {
                         return Err(Error::new(Code::ConflictingOperationInProgress, format!("a migration of {} is in progress ({})", self.ns, old.get_object_id("migrationId").map(|i| i.to_hex()).unwrap_or_default())));
                     }
                     recover(self.router, &old).await?;
@@ -127,11 +127,7 @@ impl Migration<'_> {
         body.insert("deletes", deletes);
         body.insert("writeConcern", if majority { doc! {"w": "majority"} } else { doc! {"w": 1} });
         let reply = self.router.pool.run(&self.recipient, &self.db, body, None, COMMAND_TIMEOUT).await?.1;
-        let reply = reply_result(reply)?;
-        if let Ok(e) = reply.get_document("writeConcernError") {
-            return Err(Error::remote(e.get_i32("code").unwrap_or(64), e.get_str("codeName").unwrap_or("WriteConcernFailed"), e.get_str("errmsg").unwrap_or("").to_string()));
-        }
-        Ok(())
+        super::catalog::write_result(reply).map(|_| ())
     }
 
     /// One transferMods round, applied on the recipient: how many changes it carried, and
@@ -250,9 +246,10 @@ impl Migration<'_> {
     }
 }
 
-/// Whether a config.migrations record is older than its lease: its router died.
-pub fn is_abandoned(record: &Document) -> bool {
-    let age_ms = record.get_datetime("started").map(|t| bson::DateTime::now().timestamp_millis() - t.timestamp_millis()).unwrap_or(i64::MAX);
+/// Whether a migration or movePrimary recorded as started then is older than its lease:
+/// its router died. No start time counts as old.
+pub fn is_abandoned(started: Option<&bson::DateTime>) -> bool {
+    let age_ms = started.map(|t| bson::DateTime::now().timestamp_millis() - t.timestamp_millis()).unwrap_or(i64::MAX);
     age_ms >= MIGRATION_LEASE.as_millis() as i64
 }
 
@@ -274,10 +271,10 @@ pub async fn recover(router: &Router, old: &Document) -> Result<()> {
     let aborted = r.get("n").and_then(crate::commands::as_i64) == Some(1);
     tracing::warn!(%ns, %id, aborted, "recovering a migration its router left");
     let donor_set = router.shard(&donor).await?;
-    reply_result(router.pool.run(&donor_set, db, doc! {"_shardsvrExitCriticalSection": &ns, "migrationId": id, "committed": !aborted}, None, COMMAND_TIMEOUT).await?.1)?;
+    router.command(&donor_set, db, doc! {"_shardsvrExitCriticalSection": &ns, "migrationId": id, "committed": !aborted}).await?;
     let holder = if aborted { recipient } else { donor };
     let set = router.shard(&holder).await?;
-    if let Err(e) = reply_result(router.pool.run(&set, db, doc! {"_shardsvrCleanupRange": &ns, "min": min, "max": max}, None, COMMAND_TIMEOUT).await?.1) {
+    if let Err(e) = router.command(&set, db, doc! {"_shardsvrCleanupRange": &ns, "min": min, "max": max}).await {
         tracing::warn!(%ns, "{holder} kept its copies of the left migration's range: {}", e.message);
     }
     router.config_write(doc! {"delete": "migrations", "deletes": [{"q": {"_id": &ns, "migrationId": id}, "limit": 1}]}).await?;
