@@ -10,4 +10,4 @@ pub mod target;
 
 pub use chunks::{Chunk, ChunkVersion, RoutingTable};
 pub use key::{Key, ShardKeyPattern};
-pub use target::shards_for_filter;
+pub use target::{exact_key, shards_for_filter};

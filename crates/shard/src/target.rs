@@ -5,7 +5,7 @@
 //! targets the chunks of that range; any other targets every shard.
 
 use crate::chunks::RoutingTable;
-use crate::key::Key;
+use crate::key::{Key, ShardKeyPattern};
 use bson::{Bson, Document};
 use query::compare::cmp_bson;
 use std::cmp::Ordering;
@@ -71,6 +71,18 @@ pub fn shards_for_filter(table: &RoutingTable, filter: &Document) -> BTreeSet<St
         return table.shards_for_range(&lo, &hi);
     }
     table.shards()
+}
+
+/// The shard key `filter` fixes, if it sets every field of `key` to one value (at top level
+/// or under `$and`): what a findAndModify on a sharded collection needs, as mongos does.
+pub fn exact_key(key: &ShardKeyPattern, filter: &Document) -> Option<Key> {
+    let names: Vec<&str> = key.field_names().collect();
+    let mut constraints = vec![FieldConstraint::default(); names.len()];
+    collect(filter, &names, &mut constraints, 0);
+    constraints.iter().enumerate().map(|(i, c)| match c.points.as_deref() {
+        Some([p]) => Some(key.key_value(i, p)),
+        _ => None,
+    }).collect()
 }
 
 /// Depth of nested `$and`s looked into (deeper ones are ignored: still a superset).
@@ -168,6 +180,16 @@ mod tests {
 
     fn names(s: BTreeSet<String>) -> Vec<String> {
         s.into_iter().collect()
+    }
+
+    #[test]
+    fn an_exact_key_needs_every_field_at_one_value() {
+        let key = ShardKeyPattern::parse(&doc! {"a": 1, "b": "hashed"}).unwrap();
+        let fixed = exact_key(&key, &doc! {"a": 5, "$and": [{"b": {"$eq": "x"}}], "other": 1}).unwrap();
+        assert_eq!(fixed, vec![Bson::Int32(5), key.key_value(1, &Bson::String("x".into()))]);
+        assert_eq!(exact_key(&key, &doc! {"a": 5}), None, "b is not fixed");
+        assert_eq!(exact_key(&key, &doc! {"a": 5, "b": {"$in": [1, 2]}}), None, "two values");
+        assert_eq!(exact_key(&key, &doc! {"a": {"$gt": 5}, "b": 1}), None, "a range");
     }
 
     #[test]

@@ -61,7 +61,10 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = Command::new(binary_path()).args(["cluster", "down", "--dir", self.dir.to_str().unwrap()]).output();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // SHOAL_KEEP=1 keeps the members' logs for a failed test.
+        if std::env::var_os("SHOAL_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -627,4 +630,132 @@ async fn the_balancer_fills_an_added_shard_and_drains_a_removed_one() {
     assert_code(admin.run_command(doc! {"removeShard": "nosuchshard"}).await, 70);
     assert_code(admin.run_command(doc! {"movePrimary": "app", "to": "nosuchshard"}).await, 70);
     assert_code(admin.run_command(doc! {"movePrimary": "config", "to": "shard0"}).await, 72);
+}
+
+/// A retryable write's history moves with its chunk: a client whose write ran on the donor
+/// (its reply lost) retries once the chunk has moved, and the recipient finds the statement
+/// executed instead of running it again. Raw commands with a session and txnNumber, sent
+/// twice, are what a driver sends when it retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retried_write_finds_its_first_attempt_after_the_chunk_moved() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let cluster = Cluster::up(2);
+    let client = cluster.client().await;
+    let admin = client.database("admin");
+    admin.run_command(doc! {"shardCollection": "app.r", "key": {"k": 1}}).await.unwrap();
+    admin.run_command(doc! {"balancerStop": 1}).await.unwrap();
+    admin.run_command(doc! {"split": "app.r", "middle": {"k": 0}}).await.unwrap();
+    let owner = || async {
+        let c = client.database("config").collection::<Document>("chunks").find_one(doc! {"min": {"k": 0}}).await.unwrap().unwrap();
+        c.get_str("shard").unwrap().to_string()
+    };
+    let donor = owner().await;
+    let recipient = if donor == "shard0" { "shard1" } else { "shard0" }.to_string();
+    let lsid = |n: u32| {
+        let mut bytes = vec![0xab; 16];
+        bytes[..4].copy_from_slice(&n.to_be_bytes());
+        doc! {"id": Bson::Binary(mongodb::bson::Binary { subtype: mongodb::bson::spec::BinarySubtype::Uuid, bytes })}
+    };
+    let mut s = wire::connect(cluster.port);
+    let mut request_id = 0;
+    let mut send = |body: &Document| {
+        request_id += 1;
+        wire::command(&mut s, request_id, body).doc
+    };
+    // First attempts, on the donor (k >= 0) and on the shard that keeps k < 0.
+    let insert = doc! {"insert": "r", "documents": [{"_id": -1, "k": -1, "n": 0}, {"_id": 1, "k": 1, "n": 0}, {"_id": 2, "k": 2, "n": 0}, {"_id": 3, "k": 3, "n": 0}], "lsid": lsid(1), "txnNumber": 1i64, "$db": "app"};
+    let update = doc! {"update": "r", "updates": [{"q": {"k": 1}, "u": {"$inc": {"n": 1}}}], "lsid": lsid(2), "txnNumber": 1i64, "$db": "app"};
+    let fam = doc! {"findAndModify": "r", "query": {"k": 2}, "update": {"$inc": {"n": 1}}, "new": true, "lsid": lsid(3), "txnNumber": 1i64, "$db": "app"};
+    let delete = doc! {"delete": "r", "deletes": [{"q": {"k": 3}, "limit": 1}], "lsid": lsid(4), "txnNumber": 1i64, "$db": "app"};
+    let upsert = doc! {"update": "r", "updates": [{"q": {"k": 4}, "u": {"$inc": {"n": 1}}, "upsert": true}], "lsid": lsid(5), "txnNumber": 1i64, "$db": "app"};
+    let first: Vec<Document> = [&insert, &update, &fam, &delete, &upsert].into_iter().map(|c| send(c)).collect();
+    for r in &first {
+        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+        assert!(r.get("writeErrors").is_none(), "{r}");
+    }
+    assert_eq!(first[0].get_i32("n").ok(), Some(4));
+    // findAndModify goes to the one shard its shard key names; without one, mongod's error.
+    let keyless = send(&doc! {"findAndModify": "r", "query": {"n": 0}, "update": {"$set": {"x": 1}}, "$db": "app"});
+    assert_eq!(keyless.get_str("codeName").ok(), Some("ShardKeyNotFound"), "{keyless}");
+    let unsharded = send(&doc! {"findAndModify": "plain", "query": {"_id": 1}, "update": {"$inc": {"n": 1}}, "upsert": true, "new": true, "$db": "app"});
+    assert_eq!(path(&unsharded, "value.n").cloned(), Some(Bson::Int32(1)), "{unsharded}");
+    assert_eq!(path(&first[2], "value.n").cloned(), Some(Bson::Int32(1)), "{}", first[2]);
+
+    // A writer with a new session per write keeps going while the chunk moves: its writes
+    // reach the recipient's history by the catch-up (transferMods), the ones above by the
+    // clone's pass over config.transactions.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let port = cluster.port;
+        std::thread::spawn(move || {
+            let mut s = wire::connect(port);
+            let mut acked = Vec::new();
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) || acked.len() < 20 {
+                let body = doc! {"update": "r", "updates": [{"q": {"k": 1}, "u": {"$inc": {"n": 1}}}], "lsid": lsid(1000 + i), "txnNumber": 1i64, "$db": "app"};
+                let r = wire::command(&mut s, i as i32 + 1, &body).doc;
+                assert_eq!(r.get_i32("nModified").ok(), Some(1), "writer's update {i}: {r}");
+                acked.push(body);
+                i += 1;
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    admin.run_command(doc! {"moveChunk": "app.r", "find": {"k": 1}, "to": &recipient}).await.unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let acked = writer.join().unwrap();
+    assert_eq!(owner().await, recipient);
+
+    // The retries: each answers as its first attempt did, and changes nothing.
+    let r = send(&insert);
+    assert_eq!((r.get_i32("n").ok(), r.get("writeErrors")), (Some(4), None), "the retried insert: {r}");
+    let r = send(&update);
+    assert_eq!((r.get_i32("n").ok(), r.get_i32("nModified").ok()), (Some(1), Some(1)), "the retried update: {r}");
+    let r = send(&fam);
+    assert_eq!(path(&r, "value.n").cloned(), Some(Bson::Int32(1)), "the retried findAndModify returns the document as its first attempt left it: {r}");
+    assert_eq!(path(&r, "lastErrorObject.updatedExisting").cloned(), Some(Bson::Boolean(true)), "{r}");
+    let r = send(&delete);
+    assert_eq!(r.get_i32("n").ok(), Some(1), "the retried delete: {r}");
+    let r = send(&upsert);
+    let upserted = r.get_array("upserted").ok().and_then(|u| u.first()).and_then(Bson::as_document).and_then(|u| u.get_i32("index").ok());
+    assert_eq!((r.get_i32("n").ok(), upserted), (Some(1), Some(0)), "the retried upsert reports its upsert: {r}");
+    for (i, body) in acked.iter().enumerate() {
+        let r = send(body);
+        assert_eq!((r.get_i32("n").ok(), r.get_i32("nModified").ok()), (Some(1), Some(1)), "the writer's retried update {i}: {r}");
+    }
+    let coll = client.database("app").collection::<Document>("r");
+    let docs = collect(coll.find(doc! {}).sort(doc! {"k": 1}).await.unwrap()).await;
+    let n_of = |k: i32| docs.iter().find(|d| d.get_i32("k").ok() == Some(k)).map(|d| num_field(d, "n") as usize);
+    assert_eq!(docs.len(), 4, "-1, 1, 2 and the upserted 4; 3 deleted once: {docs:?}");
+    assert_eq!(n_of(1), Some(1 + acked.len()), "each update of k: 1 applied once");
+    assert_eq!((n_of(2), n_of(4)), (Some(1), Some(1)));
+
+    // The recipient logged the donor's entries in the sessions, as mongod does.
+    let recipient_i = recipient.trim_start_matches("shard").parse::<usize>().unwrap();
+    let direct = cluster.shard(recipient_i).await;
+    let migrated = direct.database("local").collection::<Document>("oplog.rs").count_documents(doc! {"op": "n", "ns": "app.r", "o.$sessionMigrateInfo": 1, "fromMigrate": true}).await.unwrap();
+    assert!(migrated >= 6 + acked.len() as u64 / 2, "{migrated} migrated session entries");
+    let records = direct.database("config").collection::<Document>("transactions").count_documents(doc! {}).await.unwrap();
+    assert!(records >= 5, "{records} session records on the recipient");
+
+    // A newer transaction on a migrated session runs; the older one is then too old, on
+    // the recipient as it was on the donor.
+    let next = doc! {"update": "r", "updates": [{"q": {"k": 1}, "u": {"$inc": {"n": 1}}}], "lsid": lsid(2), "txnNumber": 2i64, "$db": "app"};
+    assert_eq!(send(&next).get_i32("nModified").ok(), Some(1));
+    let old = send(&update);
+    let code = old.get_array("writeErrors").ok().and_then(|e| e.first()).and_then(Bson::as_document).map_or(old.get_i32("code").ok(), |e| e.get_i32("code").ok());
+    assert_eq!(code, Some(225), "TransactionTooOld: {old}");
+
+    // Back to the first shard: the history moves again (the recipient's migrated entries
+    // stand for the donor's), and the retry of transaction 2 still runs nothing.
+    admin.run_command(doc! {"moveChunk": "app.r", "find": {"k": 1}, "to": &donor}).await.unwrap();
+    let r = send(&next);
+    assert_eq!(r.get_i32("nModified").ok(), Some(1), "{r}");
+    let r = send(&insert);
+    assert_eq!((r.get_i32("n").ok(), r.get("writeErrors")), (Some(4), None), "the insert retried after two moves: {r}");
+    let k1 = coll.find_one(doc! {"k": 1}).await.unwrap().unwrap();
+    assert_eq!(num_field(&k1, "n") as usize, 2 + acked.len());
 }

@@ -49,7 +49,7 @@ mod oplog;
 pub mod keys;
 
 pub use engine::{Batch, BatchOp, Engine, EngineSnapshot, Space};
-pub use oplog::{applying_replicated_ops, ts_of, OpTime, ReplicatedApplyGuard, OPLOG_COLLECTION, OPLOG_DB};
+pub use oplog::{applying_replicated_ops, ts_of, OpTime, ReplicatedApplyGuard, OPLOG_COLLECTION, OPLOG_DB, SESSION_MIGRATE_INFO};
 
 /// The storage memory budget when none is configured (the bound: at most 1 GiB).
 pub const CACHE_SIZE_BYTES_DEFAULT: u64 = 1 << 30;
@@ -3152,6 +3152,22 @@ impl Writer {
         debug_assert!(decode_doc(&old_bytes).is_ok_and(|d| &d == old), "Writer::update given a stale document");
         let mut pending = st.pending();
         st.prepare_update(&meta, &*snap, id, old_bytes.len(), old, new, &mut pending)?;
+        st.commit_pending(pending)
+    }
+
+    /// Log a retryable write's history that a chunk migration brought from the donor shard:
+    /// for each `(stmtId, donor's entry)`, a no-op entry of this collection in the
+    /// transaction this thread runs (`Store::begin_retryable_write`), all in one batch with
+    /// the session's record. A retry here then finds those statements executed.
+    pub fn log_session_history(&mut self, entries: &[(i32, Vec<u8>)]) -> Result<()> {
+        let st = self.st();
+        st.check_live()?;
+        let mut pending = st.pending();
+        let Some(log) = pending.log.as_ref() else { return Err(Error::new(Code::IllegalOperation, "session history is logged on a replica-set member only")) };
+        let Some(tag) = log.session.as_ref() else { return Err(Error::internal("session history is logged inside a retryable write")) };
+        for (stmt, original) in entries {
+            pending.oplog.push(oplog::migrated_session_entry(&log.ns, log.ui, original, log.wall_ms, (tag, *stmt)));
+        }
         st.commit_pending(pending)
     }
 

@@ -322,6 +322,24 @@ pub(crate) fn pre_image_entry(ns: &str, ui: bson::Uuid, record: &[u8], wall_ms: 
     finish(out, start, wall_ms, Some(session))
 }
 
+/// A retryable write's entry that a chunk migration brought from the donor shard, logged
+/// by the recipient in the session's transaction (mongod's `$sessionMigrateInfo` no-op):
+/// `o2` is the donor's entry, whose statement and change a retry on this shard finds.
+pub(crate) fn migrated_session_entry(ns: &str, ui: bson::Uuid, original: &[u8], wall_ms: i64, session: (&SessionTag, i32)) -> Vec<u8> {
+    let mut out = Vec::with_capacity(original.len() + ns.len() + 140 + SESSION_FIELDS_BYTES);
+    let start = head(&mut out, "n", ns, Some(ui));
+    raw_doc_field(&mut out, b"o", &MIGRATED_O);
+    raw_doc_field(&mut out, b"o2", original);
+    out.push(0x08);
+    out.extend_from_slice(b"fromMigrate\0");
+    out.push(1);
+    finish(out, start, wall_ms, Some(session))
+}
+
+/// `{$sessionMigrateInfo: 1}`, the `o` of a migrated session entry.
+pub const SESSION_MIGRATE_INFO: &str = "$sessionMigrateInfo";
+const MIGRATED_O: [u8; 30] = *b"\x1e\0\0\0\x10$sessionMigrateInfo\0\x01\0\0\0\0";
+
 /// A command on database `db` (`ns` is `db.$cmd`), such as `{create: "c"}` or `{drop: "c"}`.
 pub(crate) fn command_entry(db: &str, ui: Option<bson::Uuid>, o: &Document, wall_ms: i64) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(128);
@@ -395,5 +413,22 @@ mod tests {
         let d = Document::from_reader(&mut n.as_slice()).unwrap();
         assert_eq!((d.get_str("op").unwrap(), d.get_str("ns").unwrap()), ("n", ""));
         assert!(d.get("ui").is_none());
+    }
+
+    #[test]
+    fn a_migrated_session_entry_wraps_the_donors_entry_and_chains_like_any_other() {
+        let ui = bson::Uuid::new();
+        let original = bson::RawDocumentBuf::try_from(&bson::doc! {"op": "i", "ns": "db.c", "o": {"_id": 1}, "stmtId": 3}).unwrap().into_bytes();
+        let tag = SessionTag { lsid: vec![7; 16], txn: 9 };
+        let mut e = migrated_session_entry("db.c", ui, &original, 55, (&tag, 3));
+        let prev = OpTime { ts: (1_700_000_000u64 << 32) | 1, term: 2 };
+        stamp_prev(&mut e, prev);
+        let d = Document::from_reader(&mut e.as_slice()).unwrap();
+        assert_eq!(d.get_str("op").unwrap(), "n");
+        assert_eq!(d.get_document("o").unwrap(), &bson::doc! {SESSION_MIGRATE_INFO: 1});
+        assert_eq!(d.get_document("o2").unwrap().get_str("op").unwrap(), "i");
+        assert!(d.get_bool("fromMigrate").unwrap());
+        assert_eq!((d.get_i64("txnNumber").unwrap(), d.get_i32("stmtId").unwrap()), (9, 3));
+        assert_eq!(OpTime::from_doc(d.get_document("prevOpTime").unwrap()), Some(prev));
     }
 }

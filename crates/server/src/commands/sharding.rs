@@ -13,7 +13,16 @@
 //!   `_shardsvrEnterCriticalSection` stops writes to the collection and waits for those
 //!   admitted; `_shardsvrExitCriticalSection` lets them go on after the commit or abort.
 //! - On the recipient: `_recvChunkApply` upserts documents and deletes `_id`s, only ever
-//!   within the range.
+//!   within the range, and logs the retryable writes' history that came with them.
+//!
+//! A retryable write's history moves with its documents, as mongod's session migration
+//! does: a client whose write ran on the donor, and whose reply was lost, retries on the
+//! recipient once the chunk has moved, and must find its statements executed there (else an
+//! `$inc` runs twice, or an insert fails as a duplicate). The donor sends, for each session
+//! whose newest transaction touched the range, that transaction's entries in the range
+//! (`retry::history`): the clone sends every session's, from `config.transactions`, and
+//! each transferMods those of the sessions that wrote since. The recipient logs them in
+//! the same session and transaction (`retry::RetryTable::import`).
 //!
 //! Each is idempotent, so a router may send one again after a lost reply.
 
@@ -23,7 +32,7 @@ use common::{Code, Error, Result};
 use parking_lot::Mutex;
 use shard::{key::cmp_keys, Key, ShardKeyPattern};
 use std::cmp::Ordering;
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use storage::RecordId;
 
@@ -34,6 +43,9 @@ const MIGRATE_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
 const SCAN_STEP_DOCS: usize = 1000;
 /// Oplog entries one transferMods reads at most.
 const MODS_ENTRIES_MAX: usize = 20_000;
+/// Session records the clone's pass over `config.transactions` reads per step (each one's
+/// history is walked).
+const SESSIONS_STEP: usize = 100;
 
 /// A migration this shard is the donor of.
 pub struct MigrationSource {
@@ -52,6 +64,19 @@ struct SourceState {
     clone_done: bool,
     /// The last oplog entry read (its record id, the entry's timestamp).
     oplog_after: RecordId,
+    /// Retryable writes' entries to send, a session's transaction's in order.
+    sessions: VecDeque<SessionEntry>,
+    /// The last `config.transactions` record the clone's pass read, and whether it read them
+    /// all.
+    sessions_after: Option<RecordId>,
+    sessions_done: bool,
+}
+
+/// One entry of a session's transaction to send the recipient.
+struct SessionEntry {
+    lsid: Vec<u8>,
+    txn: i64,
+    entry: Document,
 }
 
 fn in_range(k: &[Bson], min: &[Bson], max: &[Bson]) -> bool {
@@ -61,6 +86,80 @@ fn in_range(k: &[Bson], min: &[Bson], max: &[Bson]) -> bool {
 impl MigrationSource {
     fn holds(&self, doc: &Document) -> bool {
         self.key.key_of_doc(doc).is_ok_and(|k| in_range(&k, &self.min, &self.max))
+    }
+
+    /// Queue the statements of session `lsid`'s newest transaction that touched the range:
+    /// those with an entry whose document is in it, or not known from the entry (a delete's
+    /// `o` holds only the `_id`; sending more history than needed is harmless, since a retry
+    /// of a statement only ever reaches the shard that owns its document). A history no
+    /// longer complete here is not sent: a retry of it would fail here too.
+    fn queue_history(&self, store: &storage::Store, lsid: &[u8], queue: &mut VecDeque<SessionEntry>) -> Result<()> {
+        let (txn, entries) = match crate::retry::history(store, lsid) {
+            Ok(Some(h)) => h,
+            Ok(None) => return Ok(()),
+            Err(e) if e.code == Code::IncompleteTransactionHistory.0 => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let ns = format!("{}.{}", self.db, self.coll);
+        let ours = |e: &Document| e.get_str("ns").ok() == Some(ns.as_str());
+        let touched: HashSet<i32> = entries
+            .iter()
+            .filter(|(_, e)| {
+                let in_range = match e.get_str("op") {
+                    Ok("i" | "u" | "n") => e.get_document("o").is_ok_and(|d| self.holds(d)),
+                    _ => true,
+                };
+                ours(e) && in_range
+            })
+            .map(|(stmt, _)| *stmt)
+            .collect();
+        for (stmt, entry) in entries {
+            if ours(&entry) && touched.contains(&stmt) {
+                queue.push_back(SessionEntry { lsid: lsid.to_vec(), txn, entry });
+            }
+        }
+        Ok(())
+    }
+
+    /// Session history for a reply that holds `bytes` already, up to the batch size:
+    /// queued entries, and when `scan`, more from the next sessions' records (the clone's
+    /// pass). As `[{lsid, txnNumber, entries}]`.
+    fn session_batch(&self, ctx: &Ctx, st: &mut SourceState, bytes: &mut usize, scan: bool) -> Result<Vec<Document>> {
+        let store = &ctx.shared.store;
+        let mut out: Vec<Document> = Vec::new();
+        let mut group: Option<(Vec<u8>, i64)> = None;
+        while *bytes < MIGRATE_BATCH_BYTES_MAX {
+            let Some(e) = st.sessions.pop_front() else {
+                if !scan || st.sessions_done {
+                    break;
+                }
+                ctx.op.check()?;
+                let Some(records) = store.collection(storage::SESSION_RECORDS_DB, storage::SESSION_RECORDS_COLLECTION) else {
+                    st.sessions_done = true;
+                    break;
+                };
+                let page = records.snapshot().scan(st.sessions_after, SESSIONS_STEP)?;
+                st.sessions_done = page.len() < SESSIONS_STEP;
+                for (rid, record) in page {
+                    st.sessions_after = Some(rid);
+                    if let Some(lsid) = session_id(record.get_document("_id").ok()) {
+                        self.queue_history(store, lsid, &mut st.sessions)?;
+                    }
+                }
+                continue;
+            };
+            *bytes += doc_size(&e.entry);
+            let same = group.as_ref().is_some_and(|(l, t)| *l == e.lsid && *t == e.txn);
+            match out.last_mut().and_then(|g| g.get_array_mut("entries").ok()) {
+                Some(entries) if same => entries.push(Bson::Document(e.entry)),
+                _ => {
+                    let lsid = bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: e.lsid.clone() };
+                    out.push(doc! {"lsid": {"id": lsid}, "txnNumber": e.txn, "entries": [e.entry]});
+                    group = Some((e.lsid, e.txn));
+                }
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -110,6 +209,14 @@ fn source(ctx: &Ctx, ns: &str) -> Result<Arc<MigrationSource>> {
     match ctx.shared.sharding.sources.lock().get(ns) {
         Some(s) if s.id == id => Ok(s.clone()),
         _ => Err(Error::new(Code::IllegalOperation, format!("no migration {id} of {ns} is running on this shard (it restarted, or the migration ended)"))),
+    }
+}
+
+/// The bytes of a session id, `{id: BinData}`.
+fn session_id(lsid: Option<&Document>) -> Option<&[u8]> {
+    match lsid?.get("id") {
+        Some(Bson::Binary(b)) => Some(&b.bytes),
+        _ => None,
     }
 }
 
@@ -179,17 +286,17 @@ pub fn migrate_start(ctx: &mut Ctx) -> Result<Document> {
         Some(s) => return Err(Error::new(Code::ConflictingOperationInProgress, format!("migration {} of {ns} is running on this shard", s.id))),
         None => {}
     }
-    let state = Mutex::new(SourceState { clone_after: None, clone_done: false, oplog_after });
+    let state = Mutex::new(SourceState { clone_after: None, clone_done: false, oplog_after, sessions: VecDeque::new(), sessions_after: None, sessions_done: false });
     sources.insert(ns, Arc::new(MigrationSource { id, db, coll, key: meta.key.clone(), min, max, state }));
     Ok(Document::new())
 }
 
 /// `_shardsvrMigrateClone: ns, migrationId`: the next documents of the range, in record
-/// order, and whether the clone is done.
+/// order, then the sessions' history in it, and whether the clone is done.
 pub fn migrate_clone(ctx: &mut Ctx) -> Result<Document> {
     let (db, coll) = begin(ctx)?;
     let src = source(ctx, &format!("{db}.{coll}"))?;
-    let Some(c) = ctx.shared.store.collection(&src.db, &src.coll) else { return Ok(doc! {"docs": [], "done": true}) };
+    let Some(c) = ctx.shared.store.collection(&src.db, &src.coll) else { return Ok(doc! {"docs": [], "sessions": [], "done": true}) };
     let mut st = src.state.lock();
     let mut docs = Vec::new();
     let mut bytes = 0;
@@ -210,12 +317,15 @@ pub fn migrate_clone(ctx: &mut Ctx) -> Result<Document> {
             }
         }
     }
-    Ok(doc! {"docs": docs, "done": st.clone_done})
+    let sessions = if st.clone_done { src.session_batch(ctx, &mut st, &mut bytes, true)? } else { Vec::new() };
+    let done = st.clone_done && st.sessions_done && st.sessions.is_empty();
+    Ok(doc! {"docs": docs, "sessions": sessions, "done": done})
 }
 
 /// `_shardsvrTransferMods: ns, migrationId`: the range's documents changed since the last
 /// call (or the start): each touched `_id`'s document as it is now if it is in the range,
-/// else its `_id` to delete; `more` when the oplog has more to read now.
+/// else its `_id` to delete; the history of the sessions that wrote to the collection
+/// meanwhile; `more` when there is more to send now.
 pub fn transfer_mods(ctx: &mut Ctx) -> Result<Document> {
     let (db, coll) = begin(ctx)?;
     let ns = format!("{db}.{coll}");
@@ -233,6 +343,7 @@ pub fn transfer_mods(ctx: &mut Ctx) -> Result<Document> {
     let more = entries.len() == MODS_ENTRIES_MAX;
     let (mut upserts, mut deletes) = (Vec::new(), Vec::new());
     let mut seen = HashSet::new();
+    let mut sessions = HashSet::new();
     let mut bytes = 0;
     let mut last = st.oplog_after;
     let mut cut = false;
@@ -252,6 +363,9 @@ pub fn transfer_mods(ctx: &mut Ctx) -> Result<Document> {
                 }
             }
             continue;
+        }
+        if let Ok(lsid) = e.get_document("lsid").and_then(|l| l.get_binary("id")) {
+            sessions.insert(lsid.bytes.to_vec());
         }
         let holder = match e.get_str("op").ok() {
             Some("u") => e.get_document("o2").ok(),
@@ -280,7 +394,12 @@ pub fn transfer_mods(ctx: &mut Ctx) -> Result<Document> {
         }
     }
     st.oplog_after = last;
-    Ok(doc! {"upserts": upserts, "deletes": deletes, "more": more || cut})
+    for lsid in &sessions {
+        src.queue_history(&ctx.shared.store, lsid, &mut st.sessions)?;
+    }
+    let sessions = src.session_batch(ctx, &mut st, &mut bytes, false)?;
+    let more = more || cut || !st.sessions.is_empty();
+    Ok(doc! {"upserts": upserts, "deletes": deletes, "sessions": sessions, "more": more})
 }
 
 /// `_shardsvrEnterCriticalSection: ns, migrationId`: no more writes to the collection here
@@ -317,10 +436,11 @@ pub fn exit_critical_section(ctx: &mut Ctx) -> Result<Document> {
     Ok(doc! {"exited": exited})
 }
 
-/// `_recvChunkApply: ns, migrationId, min, max, upserts, deletes`: the recipient's side of a
-/// clone or transferMods batch. Only documents in the range are written or deleted; a
-/// document of the same `_id` outside it (another chunk's, which this shard owns) fails the
-/// migration rather than be overwritten.
+/// `_recvChunkApply: ns, migrationId, min, max, upserts, deletes, sessions`: the
+/// recipient's side of a clone or transferMods batch. Only documents in the range are
+/// written or deleted; a document of the same `_id` outside it (another chunk's, which this
+/// shard owns) fails the migration rather than be overwritten. Then the sessions' history
+/// is logged (`retry::RetryTable::import`).
 pub fn recv_chunk_apply(ctx: &mut Ctx) -> Result<Document> {
     let (db, coll) = begin(ctx)?;
     let ns = format!("{db}.{coll}");
@@ -358,5 +478,24 @@ pub fn recv_chunk_apply(ctx: &mut Ctx) -> Result<Document> {
             }
         }
     }
-    Ok(doc! {"written": written, "deleted": deleted})
+    drop(writer);
+    let term = ctx.shared.repl.as_ref().map_or(0, |r| r.term());
+    let mut logged = 0i64;
+    for s in array("sessions") {
+        let bad = |what: &str| Error::bad_value(format!("_recvChunkApply.sessions: {what}"));
+        let Bson::Document(s) = s else { return Err(bad("elements must be documents")) };
+        let lsid = session_id(s.get_document("lsid").ok()).ok_or_else(|| bad("lsid.id must be binary"))?;
+        let txn = s.get_i64("txnNumber").map_err(|_| bad("txnNumber must be a long"))?;
+        let entries: Vec<(i32, Document)> = s
+            .get_array("entries")
+            .map_err(|_| bad("entries must be an array"))?
+            .iter()
+            .map(|e| match e {
+                Bson::Document(e) => e.get_i32("stmtId").map(|stmt| (stmt, e.clone())).map_err(|_| bad("an entry has no stmtId")),
+                _ => Err(bad("entries must be documents")),
+            })
+            .collect::<Result<_>>()?;
+        logged += ctx.shared.retry.import(&ctx.shared.store, term, lsid, txn, &entries, &c)? as i64;
+    }
+    Ok(doc! {"written": written, "deleted": deleted, "sessionEntries": logged})
 }

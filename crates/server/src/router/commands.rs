@@ -103,7 +103,7 @@ async fn route(router: &Arc<Router>, conn: &mut RouterConn, req: &Request) -> Re
         "insert" => insert(router, req).await,
         "update" => update(router, req).await,
         "delete" => delete(router, req).await,
-        "find" | "count" | "distinct" | "aggregate" => read(router, req).await,
+        "find" | "count" | "distinct" | "aggregate" | "findAndModify" | "findandmodify" => whole(router, req).await,
         "getMore" => get_more(router, req).await,
         "killCursors" => kill_cursors(router, req).await,
         "listDatabases" => list_databases(router, req).await,
@@ -114,15 +114,17 @@ async fn route(router: &Arc<Router>, conn: &mut RouterConn, req: &Request) -> Re
     }
 }
 
-/// A read, run again (on a routing table read again) while a shard answers StaleConfig:
-/// nothing was returned to the client yet, and reads change nothing.
-async fn read(router: &Router, req: &Request) -> Result<Document> {
+/// A read, or a findAndModify (one shard), run again on a routing table read again while a
+/// shard answers StaleConfig: nothing was returned to the client yet, reads change
+/// nothing, and a shard that answers StaleConfig ran nothing.
+async fn whole(router: &Router, req: &Request) -> Result<Document> {
     let mut attempt = 0;
     loop {
         let r = match req.name.as_str() {
             "find" => find(router, req).await,
             "count" => count(router, req).await,
             "distinct" => distinct(router, req).await,
+            "findAndModify" | "findandmodify" => find_and_modify(router, req).await,
             _ => aggregate(router, req).await,
         };
         match r {
@@ -695,6 +697,35 @@ fn delete_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
     Ok(shards)
 }
 
+/// findAndModify changes one document, so it goes to one shard: on a sharded collection,
+/// the one its filter's shard key names (without one, ShardKeyNotFound, as mongod before
+/// 7.0's two-phase writes), with the same rules for the update as `update_targets`.
+async fn find_and_modify(router: &Router, req: &Request) -> Result<Document> {
+    let coll = collection_of(req)?;
+    let ns = format!("{}.{coll}", req.db);
+    let primary = router.db_primary(&req.db, true).await?.ok_or_else(|| Error::internal("no primary shard"))?;
+    let Some(sc) = router.sharded(&ns).await? else { return forward_write(router, req, &primary).await };
+    let filter = match req.body.get("query") {
+        Some(Bson::Document(q)) => q.clone(),
+        None => Document::new(),
+        Some(_) => return Err(Error::type_mismatch("BSON field 'findAndModify.query' is the wrong type, expected type 'object'")),
+    };
+    let Some(key) = shard::exact_key(&sc.table.key, &filter) else {
+        return Err(Error::new(Code::ShardKeyNotFound, format!("Query for sharded findAndModify must contain the shard key ({})", sc.table.key.to_doc())));
+    };
+    if !req.body.get_bool("remove").unwrap_or(false) {
+        // The update's own rules: the shard key stays.
+        let mut stmt = doc! {"q": filter, "upsert": req.body.get_bool("upsert").unwrap_or(false)};
+        if let Some(u) = req.body.get("update") {
+            stmt.insert("u", u.clone());
+        }
+        update_targets(&sc, &stmt)?;
+    }
+    let shard = &sc.table.chunk_for(&key).shard;
+    let set = router.shard(shard).await?;
+    reply_result(router.pool.run(&set, &req.db, versioned(&forwarded(req), Some(&sc), shard), None, timeout_of(req)).await?.1)
+}
+
 /// A write on an unsharded collection: the whole command to the database's primary shard.
 async fn forward_write(router: &Router, req: &Request, primary: &str) -> Result<Document> {
     let set = router.shard(primary).await?;
@@ -760,9 +791,10 @@ impl WriteResult {
     }
 
     fn into_reply(mut self, field: &str) -> Document {
-        let mut r = doc! {"n": self.n};
+        // Int32, as mongod and mongos reply (a batch holds at most 100,000 statements).
+        let mut r = doc! {"n": self.n as i32};
         if field == "updates" {
-            r.insert("nModified", self.n_modified.unwrap_or(0));
+            r.insert("nModified", self.n_modified.unwrap_or(0) as i32);
             if !self.upserted.is_empty() {
                 self.upserted.sort_by_key(|u| u.get_i32("index").unwrap_or(0));
                 r.insert("upserted", self.upserted);

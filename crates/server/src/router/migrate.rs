@@ -4,8 +4,11 @@
 //! 1. Record the migration in config.migrations (one per collection at a time).
 //! 2. The recipient gets the collection's indexes, and loses any leftovers in the range.
 //! 3. The donor starts a migration source: from here its oplog says what changes.
-//! 4. Clone: the range's documents, donor to recipient, a batch at a time.
-//! 5. Catch up: what changed meanwhile, until little is left.
+//! 4. Clone: the range's documents, donor to recipient, a batch at a time; then the
+//!    retryable writes' history in the range (so that a retry after the move finds its
+//!    statements executed on the recipient).
+//! 5. Catch up: what changed meanwhile (documents and sessions' history), until little is
+//!    left.
 //! 6. Critical section: config.migrations says so first (a donor that restarts or fails
 //!    over then keeps writes waiting), then the donor stops writes to the collection and
 //!    the last changes go over, majority-committed on the recipient.
@@ -120,11 +123,12 @@ impl Migration<'_> {
     }
 
     /// Send a transfer batch (from the clone or the catch-up) to the recipient.
-    async fn apply(&self, upserts: Vec<Bson>, deletes: Vec<Bson>, majority: bool) -> Result<()> {
+    async fn apply(&self, upserts: Vec<Bson>, deletes: Vec<Bson>, sessions: Vec<Bson>, majority: bool) -> Result<()> {
         let mut body = self.range_fields("_recvChunkApply");
         body.insert("key", self.sc.table.key.to_doc().clone());
         body.insert("upserts", upserts);
         body.insert("deletes", deletes);
+        body.insert("sessions", sessions);
         body.insert("writeConcern", if majority { doc! {"w": "majority"} } else { doc! {"w": 1} });
         let reply = self.router.pool.run(&self.recipient, &self.db, body, None, COMMAND_TIMEOUT).await?.1;
         super::catalog::write_result(reply).map(|_| ())
@@ -137,9 +141,10 @@ impl Migration<'_> {
         let mods = self.on(&self.donor, doc! {"_shardsvrTransferMods": &self.ns, "migrationId": self.id, "writeConcern": {"w": 1, "j": false}}).await?;
         let upserts = mods.get_array("upserts").cloned().unwrap_or_default();
         let deletes = mods.get_array("deletes").cloned().unwrap_or_default();
-        let n = upserts.len() + deletes.len();
+        let sessions = mods.get_array("sessions").cloned().unwrap_or_default();
+        let n = upserts.len() + deletes.len() + sessions.len();
         if n > 0 || majority {
-            self.apply(upserts, deletes, majority).await?;
+            self.apply(upserts, deletes, sessions, majority).await?;
         }
         Ok((n, mods.get_bool("more").unwrap_or(false)))
     }
@@ -165,8 +170,9 @@ impl Migration<'_> {
         loop {
             let batch = self.on(&self.donor, doc! {"_shardsvrMigrateClone": &self.ns, "migrationId": self.id, "writeConcern": {"w": 1, "j": false}}).await?;
             let docs = batch.get_array("docs").cloned().unwrap_or_default();
-            if !docs.is_empty() {
-                self.apply(docs, Vec::new(), false).await?;
+            let sessions = batch.get_array("sessions").cloned().unwrap_or_default();
+            if !docs.is_empty() || !sessions.is_empty() {
+                self.apply(docs, Vec::new(), sessions, false).await?;
             }
             if batch.get_bool("done").unwrap_or(true) {
                 break;
