@@ -41,6 +41,34 @@ pub fn journal_flush_delay() -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
+/// While on (`configureFailPoint: "migrateHangInFinalTransfer"`), a recipient holds a chunk
+/// migration's last transfer (the one that asks for w:majority, inside the donor's
+/// critical section): a test keeps a migration in its critical section to crash the donor
+/// there. `FINAL_TRANSFERS_HELD` counts the transfers held, as mongod's fail points count
+/// their hits.
+static FINAL_TRANSFER_HANG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static FINAL_TRANSFERS_HELD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Turn the final-transfer hang on or off; returns how many transfers it has held so far.
+pub fn set_final_transfer_hang(on: bool) -> u64 {
+    FINAL_TRANSFER_HANG.store(on, std::sync::atomic::Ordering::Relaxed);
+    FINAL_TRANSFERS_HELD.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Wait while the final-transfer hang is on; `check` ends the wait early (the operation was
+/// killed or timed out).
+pub fn hold_final_transfer(check: impl Fn() -> Result<()>) -> Result<()> {
+    if !FINAL_TRANSFER_HANG.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
+    FINAL_TRANSFERS_HELD.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    while FINAL_TRANSFER_HANG.load(std::sync::atomic::Ordering::Relaxed) {
+        check()?;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 /// Set the fault on the link to `host` (`None` clears it); `"*"` is every host.
 pub fn set(host: &str, fault: Option<LinkFault>) {
     let mut f = FAULTS.write();

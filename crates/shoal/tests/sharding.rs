@@ -492,12 +492,16 @@ async fn chunks_migrate_under_concurrent_writes_without_losing_or_doubling_docum
 
 /// Start a one-member replica set `name` outside the cluster (a shard to add later).
 async fn start_shard_set(cluster: &Cluster, name: &str) -> (Proc, String) {
+    start_shard_set_with(cluster, name, &[]).await
+}
+
+async fn start_shard_set_with(cluster: &Cluster, name: &str, extra: &[&str]) -> (Proc, String) {
     let port = free_port();
     let host = format!("127.0.0.1:{port}");
     let data = cluster.dir.join(name);
     std::fs::create_dir_all(&data).unwrap();
     let log = std::fs::File::create(cluster.dir.join(format!("{name}.log"))).unwrap();
-    let child = Proc(Command::new(binary_path()).args(["serve", "--port", &port.to_string(), "--replSet", name, "--dbpath", data.to_str().unwrap()]).stdout(std::process::Stdio::null()).stderr(log).spawn().unwrap());
+    let child = Proc(Command::new(binary_path()).args(["serve", "--port", &port.to_string(), "--replSet", name, "--dbpath", data.to_str().unwrap()]).args(extra).stdout(std::process::Stdio::null()).stderr(log).spawn().unwrap());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::net::TcpStream::connect(&host).is_err() {
         assert!(std::time::Instant::now() < deadline, "{name} did not listen");
@@ -758,4 +762,134 @@ async fn a_retried_write_finds_its_first_attempt_after_the_chunk_moved() {
     assert_eq!((r.get_i32("n").ok(), r.get("writeErrors")), (Some(4), None), "the insert retried after two moves: {r}");
     let k1 = coll.find_one(doc! {"k": 1}).await.unwrap().unwrap();
     assert_eq!(num_field(&k1, "n") as usize, 2 + acked.len());
+}
+
+/// A donor killed (-9) inside a migration's critical section restarts, finds the migration
+/// in config.migrations and holds writes to the collection until the router resolves it;
+/// then the writes go to the recipient. Every acknowledged write is there once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_donor_killed_in_the_critical_section_holds_writes_until_the_migration_is_resolved() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let cluster = Cluster::up(1);
+    let client = cluster.client().await;
+    let admin = client.database("admin");
+    admin.run_command(doc! {"balancerStop": 1}).await.unwrap();
+    admin.run_command(doc! {"shardCollection": "app.cs", "key": {"k": 1}}).await.unwrap();
+    admin.run_command(doc! {"split": "app.cs", "middle": {"k": 0}}).await.unwrap();
+    let cs = client.database("app").collection::<Document>("cs");
+    cs.insert_many((0..500i64).map(|k| doc! {"_id": k, "k": k, "n": 0i64})).await.unwrap();
+    // The recipient, added now (the chunks are shard0's), holds the last transfer while the
+    // test's fail point is on.
+    let (_recipient, recipient_cs) = start_shard_set_with(&cluster, "rcpt", &["--setParameter", "enableTestCommands=1"]).await;
+    admin.run_command(doc! {"addShard": &recipient_cs, "name": "rcpt"}).await.unwrap();
+    let recipient_host = recipient_cs.split_once('/').unwrap().1.to_string();
+    let recipient = mongodb::Client::with_uri_str(format!("mongodb://{recipient_host}/?directConnection=true")).await.unwrap();
+
+    // A writer through the router: inserts of new keys and increments of old ones, in the
+    // migrating chunk. Writes whose outcome the client never learned are "unknown".
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let cs = cs.clone();
+        tokio::spawn(async move {
+            let (mut inserted, mut unknown_inserts) = (Vec::new(), Vec::new());
+            let mut incs: std::collections::BTreeMap<i64, (i64, i64)> = Default::default();
+            let mut i = 0i64;
+            while !stop.load(Ordering::Relaxed) {
+                let k = 1000 + i;
+                match cs.insert_one(doc! {"_id": k, "k": k, "n": 0i64}).await {
+                    Ok(_) => inserted.push(k),
+                    Err(_) => unknown_inserts.push(k),
+                }
+                let old = i * 37 % 500;
+                let e = incs.entry(old).or_default();
+                match cs.update_one(doc! {"k": old}, doc! {"$inc": {"n": 1i64}}).await {
+                    Ok(r) if r.modified_count == 1 => e.0 += 1,
+                    Ok(r) => panic!("the update of {old} found no document: {r:?}"),
+                    Err(_) => e.1 += 1,
+                }
+                i += 1;
+            }
+            (inserted, unknown_inserts, incs)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let fail_point = |on: bool| doc! {"configureFailPoint": "migrateHangInFinalTransfer", "mode": if on { "alwaysOn" } else { "off" }};
+    recipient.database("admin").run_command(fail_point(true)).await.unwrap();
+    let mover = {
+        let admin = admin.clone();
+        tokio::spawn(async move { admin.run_command(doc! {"moveChunk": "app.cs", "find": {"k": 1}, "to": "rcpt"}).await })
+    };
+    // Wait until the recipient holds the last transfer: the donor is in its critical section.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let held = recipient.database("admin").run_command(fail_point(true)).await.unwrap();
+        if held.get_i64("count").unwrap() > 0 {
+            break;
+        }
+        assert!(!mover.is_finished(), "the migration ended before its last transfer: {:?}", mover.await);
+        assert!(Instant::now() < deadline, "the migration never reached its last transfer");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let record = client.database("config").collection::<Document>("migrations").find_one(doc! {"_id": "app.cs"}).await.unwrap().unwrap();
+    assert_eq!(record.get_bool("inCriticalSection").ok(), Some(true), "{record}");
+
+    // kill -9 the donor and start it again, as it was.
+    let donor_host = format!("127.0.0.1:{}", cluster.port + 2);
+    let pid = cluster.pid_of(&donor_host);
+    let cmdline: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap().split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    while std::net::TcpStream::connect(&donor_host).is_ok() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = std::fs::OpenOptions::new().append(true).open(cluster.dir.join("shard0-m0.log")).unwrap();
+    let _donor = Proc(Command::new(&cmdline[0]).args(&cmdline[1..]).stdout(std::process::Stdio::null()).stderr(log).spawn().unwrap());
+    let donor = mongodb::Client::with_uri_str(format!("mongodb://{donor_host}/?directConnection=true")).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !donor.database("admin").run_command(doc! {"hello": 1}).await.is_ok_and(|h| h.get_bool("isWritablePrimary").unwrap_or(false)) {
+        assert!(Instant::now() < deadline, "the donor did not come back as primary");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The restarted donor takes no write to the collection while the migration is open
+    // (the writer keeps trying through the router meanwhile).
+    let donor_cs = donor.database("app").collection::<Document>("cs");
+    let before = donor_cs.count_documents(doc! {}).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(donor_cs.count_documents(doc! {}).await.unwrap(), before, "the donor took writes inside the critical section");
+
+    // Let the migration finish: it commits (the recipient has every change), the donor's
+    // held writes meet the new version and go to the recipient.
+    recipient.database("admin").run_command(fail_point(false)).await.unwrap();
+    mover.await.unwrap().unwrap_or_else(|e| panic!("the migration failed: {e}"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (inserted, unknown_inserts, incs) = writer.await.unwrap();
+    assert!(inserted.len() > 20, "the writer ran ({} inserts)", inserted.len());
+
+    let owner = client.database("config").collection::<Document>("chunks").find_one(doc! {"min": {"k": 0}}).await.unwrap().unwrap();
+    assert_eq!(owner.get_str("shard").unwrap(), "rcpt");
+    let docs = collect(cs.find(doc! {}).await.unwrap()).await;
+    let by_key: std::collections::BTreeMap<i64, i64> = docs.iter().map(|d| (num_field(d, "k") as i64, num_field(d, "n") as i64)).collect();
+    assert_eq!(by_key.len(), docs.len(), "no key twice through the router");
+    for k in &inserted {
+        assert!(by_key.contains_key(k), "acknowledged insert {k} is missing");
+    }
+    for k in by_key.keys().filter(|k| **k >= 1000) {
+        assert!(inserted.contains(k) || unknown_inserts.contains(k), "{k} was never inserted");
+    }
+    for (k, (acked, unknown)) in &incs {
+        let n = by_key[k];
+        assert!(n >= *acked && n <= acked + unknown, "document {k}: n = {n}, with {acked} acknowledged and {unknown} unknown increments");
+    }
+    // Directly: the range is on the recipient only, once the donor has cleaned up.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while donor_cs.count_documents(doc! {"k": {"$gte": 0}}).await.unwrap() > 0 {
+        assert!(Instant::now() < deadline, "the donor kept its copies of the moved range");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let on_recipient = recipient.database("app").collection::<Document>("cs").count_documents(doc! {}).await.unwrap();
+    assert_eq!(on_recipient as usize, docs.len());
 }

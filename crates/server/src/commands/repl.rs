@@ -140,11 +140,12 @@ pub fn repl_set_freeze(ctx: &mut Ctx) -> Result<Document> {
     crate::repl::member_commands::freeze(ctx.shared, secs as u64)
 }
 
-/// configureFailPoint, for shoal's two fail points: `replLink`, faults on this member's
+/// configureFailPoint, for shoal's three fail points: `replLink`, faults on this member's
 /// links to other members (crate::fault). `{configureFailPoint: "replLink", mode: "alwaysOn"
 /// | "off", data: {host: "h:p" | "*", delayMs, lossPercent, partition}}`; and
 /// `journalFlushDelay` (`data: {delayMs}`), a wait before each sync of the journal
-/// flusher. Only with
+/// flusher; `migrateHangInFinalTransfer`, a recipient holding a migration's last transfer
+/// (crate::fault; the reply's `count`: transfers held so far). Only with
 /// `--setParameter enableTestCommands=1`; otherwise the command does not exist, as in mongod.
 pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     if !ctx.shared.config.enable_test_commands {
@@ -155,7 +156,7 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     }
     super::check_fields("configureFailPoint", ctx.cmd, &["configureFailPoint", "mode", "data"])?;
     let name = ctx.cmd.get_str("configureFailPoint").map_err(|_| Error::type_mismatch("configureFailPoint must name a fail point"))?;
-    if name != "replLink" && name != "journalFlushDelay" {
+    if !matches!(name, "replLink" | "journalFlushDelay" | "migrateHangInFinalTransfer") {
         return Err(Error::bad_value(format!("Cannot find failpoint: {name}")));
     }
     let on = match ctx.cmd.get("mode") {
@@ -164,6 +165,10 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
         _ => return Err(Error::bad_value(format!("{name} supports mode \"alwaysOn\" or \"off\""))),
     };
     let data = ctx.cmd.get_document("data").cloned().unwrap_or_default();
+    if name == "migrateHangInFinalTransfer" {
+        let held = crate::fault::set_final_transfer_hang(on);
+        return Ok(bson::doc! {"count": held as i64});
+    }
     if name == "journalFlushDelay" {
         // {data: {delayMs}}: the journal flusher waits this long before each sync.
         let ms = data.get("delayMs").and_then(super::as_i64).unwrap_or(0).max(0) as u64;

@@ -450,6 +450,10 @@ pub fn recv_chunk_apply(ctx: &mut Ctx) -> Result<Document> {
     let holds = |d: &Document| key.key_of_doc(d).is_ok_and(|k| in_range(&k, &min, &max));
     let c = ctx.shared.store.collection(&db, &coll).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{ns} does not exist on the recipient (its indexes are created first)")))?;
     let array = |f: &str| ctx.cmd.get_array(f).map(|a| a.as_slice()).unwrap_or_default();
+    if ctx.cmd.get_document("writeConcern").is_ok_and(|w| w.get_str("w").ok() == Some("majority")) {
+        // The last transfer, in the donor's critical section (a test may hold it there).
+        crate::fault::hold_final_transfer(|| ctx.op.check())?;
+    }
     let (mut written, mut deleted) = (0i64, 0i64);
     let mut writer = c.writer();
     for d in array("upserts") {
