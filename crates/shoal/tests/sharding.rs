@@ -116,12 +116,32 @@ async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
     assert_eq!(r.inserted_ids.len(), 3000);
     // Every shard holds a share, and the shares add up.
     let mut total = 0;
+    let mut held = Vec::new();
     for i in 0..cluster.shards {
         let n = cluster.shard(i).await.database("app").collection::<Document>("orders").count_documents(doc! {}).await.unwrap();
         assert!((200..600).contains(&n), "shard {i} holds {n} of 3000");
         total += n;
+        held.push(n);
     }
     assert_eq!(total, 3000);
+    // $shardedDataDistribution (sh.status() reads it) says the same; a document written
+    // directly into a shard outside its chunks is its orphan.
+    let stray = cluster.shard(0).await.database("app").collection::<Document>("orders").find_one(doc! {}).await.unwrap().unwrap();
+    cluster.shard(3).await.database("app").collection::<Document>("orders").insert_one(doc! {"_id": -1, "customerId": stray.get("customerId").unwrap().clone()}).await.unwrap();
+    let dist = collect(admin.aggregate(vec![doc! {"$shardedDataDistribution": {}}, doc! {"$match": {"ns": "app.orders"}}]).await.unwrap()).await;
+    assert_eq!(dist.len(), 1, "{dist:?}");
+    let per_shard = dist[0].get_array("shards").unwrap();
+    assert_eq!(per_shard.len(), 8);
+    for s in per_shard {
+        let s = s.as_document().unwrap();
+        let i: usize = s.get_str("shardName").unwrap().trim_start_matches("shard").parse().unwrap();
+        let orphans = if i == 3 { 1 } else { 0 };
+        assert_eq!(num_field(s, "numOwnedDocuments") as u64, held[i], "{s}");
+        assert_eq!(num_field(s, "numOrphanedDocs") as u64, orphans, "{s}");
+        assert!(num_field(s, "ownedSizeBytes") > 100.0 * held[i] as f64, "{s}");
+    }
+    assert_code(client.database("app").run_command(doc! {"aggregate": 1, "pipeline": [{"$shardedDataDistribution": {}}], "cursor": {}}).await, 6789100);
+    cluster.shard(3).await.database("app").collection::<Document>("orders").delete_one(doc! {"_id": -1}).await.unwrap();
 
     // Point reads go to one shard; scatter-gather reads merge sort, skip and limit.
     let one = orders.find_one(doc! {"customerId": 1234}).await.unwrap().unwrap();

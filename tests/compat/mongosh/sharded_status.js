@@ -11,6 +11,13 @@ assert.strictEqual(c.countDocuments({}), 100);
 const status = sh.status();
 const text = JSON.stringify(status.value ?? status);
 assert.ok(text.includes('shapp.c') && text.includes('shard0') && text.includes('shard1'), text);
+// The data distribution section ($shardedDataDistribution): both shards, every document owned.
+const dist = (status.value ?? status).shardedDataDistribution;
+assert.ok(Array.isArray(dist), text);
+const shappC = dist.find((d) => d.ns === 'shapp.c');
+assert.ok(shappC && shappC.shards.length === 2, JSON.stringify(dist));
+assert.strictEqual(shappC.shards.reduce((n, s) => n + Number(s.numOwnedDocuments), 0), 100);
+assert.strictEqual(shappC.shards.reduce((n, s) => n + Number(s.numOrphanedDocs), 0), 0);
 
 assert.strictEqual(sh.getBalancerState(), true);
 sh.stopBalancer();

@@ -697,6 +697,25 @@ fn delete_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
     Ok(shards)
 }
 
+/// `{aggregate: 1, pipeline: [{$shardedDataDistribution: {}}, ...]}` on admin: the
+/// distribution (`balance::data_distribution`), the later stages run here over it.
+async fn sharded_data_distribution(router: &Router, req: &Request, stages: &[Document], batch: usize) -> Result<Document> {
+    if req.db != "admin" || !matches!(req.body.get("aggregate"), Some(Bson::Int32(1) | Bson::Int64(1) | Bson::Double(_))) {
+        return Err(Error::location(6789100, "The $shardedDataDistribution stage can only be run on the admin database, as {aggregate: 1}"));
+    }
+    if !stages[0].get_document("$shardedDataDistribution").is_ok_and(|o| o.is_empty()) {
+        return Err(Error::location(6789101, "The $shardedDataDistribution stage takes an empty document"));
+    }
+    let rest = query::agg::Pipeline::parse(&stages[1..])?;
+    if rest.stages.iter().any(|s| matches!(s, query::agg::Stage::External(..))) {
+        return Err(Error::new(Code::CommandNotSupported, "this stage cannot follow $shardedDataDistribution in shoal's router"));
+    }
+    let input = super::balance::data_distribution(router).await?;
+    let opts = query::agg::RunOptions { allow_disk_use: false, mem_limit_bytes: crate::commands::aggregate::AGG_MEMORY_BYTES_MAX };
+    let out = rest.run(&mut input.into_iter().map(Ok), &opts)?;
+    buffered_cursor(router, req, "admin.$cmd.aggregate".to_string(), "$cmd.aggregate".to_string(), out, batch).await
+}
+
 /// findAndModify changes one document, so it goes to one shard: on a sharded collection,
 /// the one its filter's shard key names (without one, ShardKeyNotFound, as mongod before
 /// 7.0's two-phase writes), with the same rules for the update as `update_targets`.
@@ -1233,13 +1252,16 @@ fn runs_on_shards(stage: &Document) -> bool {
 
 async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
     let cmd = &req.body;
-    let coll = collection_of(req).map_err(|_| Error::new(Code::CommandNotSupported, "aggregate without a collection is not supported by shoal's router"))?;
-    let ns = format!("{}.{coll}", req.db);
     if cmd.get_bool("explain").unwrap_or(false) {
         return Err(Error::new(Code::CommandNotSupported, "aggregate explain is not supported by shoal yet"));
     }
     let stages: Vec<Document> = cmd.get_array("pipeline").map_err(|_| Error::location(40414, "BSON field 'aggregate.pipeline' is missing but a required field"))?.iter().filter_map(|s| s.as_document().cloned()).collect();
     let batch = batch_size_of(cmd.get_document("cursor").ok().and_then(|c| c.get("batchSize")))?.unwrap_or(FIRST_BATCH_DOCS_DEFAULT);
+    if stages.first().is_some_and(|s| s.contains_key("$shardedDataDistribution")) {
+        return sharded_data_distribution(router, req, &stages, batch).await;
+    }
+    let coll = collection_of(req).map_err(|_| Error::new(Code::CommandNotSupported, "aggregate without a collection is not supported by shoal's router"))?;
+    let ns = format!("{}.{coll}", req.db);
     let Some(primary) = router.db_primary(&req.db, false).await? else { return Ok(cursor_reply(&ns, 0, Vec::new(), "firstBatch")) };
     let Some(sc) = router.sharded(&ns).await? else { return single_shard_cursor(router, req, &primary, router.with_db_version(&req.db, forwarded(req))).await };
     let split = stages.iter().position(|s| !runs_on_shards(s)).unwrap_or(stages.len());
@@ -1290,11 +1312,16 @@ async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
     }
     let opts = query::agg::RunOptions { allow_disk_use: cmd.get_bool("allowDiskUse").unwrap_or(false), mem_limit_bytes: crate::commands::aggregate::AGG_MEMORY_BYTES_MAX };
     let out = merge.run(&mut input.into_iter().map(Ok), &opts)?;
-    let buffered: Vec<(Document, usize)> = out.into_iter().map(|d| {
+    buffered_cursor(router, req, ns, coll, out, batch).await
+}
+
+/// Documents the router computed, returned as a cursor of batches of `batch`.
+async fn buffered_cursor(router: &Router, req: &Request, ns: String, coll: String, docs: Vec<Document>, batch: usize) -> Result<Document> {
+    let buffered: Vec<(Document, usize)> = docs.into_iter().map(|d| {
         let size = doc_size(&d);
         (d, size)
     }).collect();
-    let stream = Stream { host: String::new(), db: req.db.clone(), coll: coll.clone(), id: 0, buf: buffered.into() };
+    let stream = Stream { host: String::new(), db: req.db.clone(), coll, id: 0, buf: buffered.into() };
     first_batch(router, RouterCursor::new(ns, vec![stream], None, 0, None, None), batch, false).await
 }
 
