@@ -113,10 +113,14 @@ impl RetryTable {
             return Ok(0);
         }
         let (known, prev) = match record {
-            Some((t, last)) if t == txn => {
-                let known: HashSet<(i32, Option<bson::Timestamp>)> = transaction_entries(store, lsid, txn, last)?.iter().map(|(stmt, e)| (*stmt, e.get_timestamp("ts").ok())).collect();
-                (known, last)
-            }
+            Some((t, last)) if t == txn => match transaction_entries(store, lsid, txn, last) {
+                Ok(here) => (here.iter().map(|(stmt, e)| (*stmt, e.get_timestamp("ts").ok())).collect::<HashSet<_>>(), last),
+                // This member's part of the transaction is gone from its oplog: a retry here
+                // fails (IncompleteTransactionHistory) whatever is added, so add nothing
+                // rather than fail the migration.
+                Err(e) if e.code == Code::IncompleteTransactionHistory.0 => return Ok(0),
+                Err(e) => return Err(e),
+            },
             _ => (HashSet::new(), OpTime::NULL),
         };
         let mut fresh = Vec::new();

@@ -23,9 +23,15 @@ impl Cluster {
 
     fn up_with(shards: usize, replicas: usize) -> Cluster {
         // The router's port and the next shards + 1 (config servers, shards) must be free.
+        // They come from below the kernel's ephemeral range (32768 and up), where the other
+        // tests' servers (free_port) and every client's own end take theirs: a block of 40
+        // per cluster, each cluster of this process its own.
+        static NEXT_BLOCK: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+        assert!(shards <= 38);
         let port = loop {
-            let p = free_port();
-            if p < 60_000 && (1..=shards as u16 + 1).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+            let block = NEXT_BLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 300;
+            let p = 20_000 + block * 40;
+            if (0..=shards as u16 + 1).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
                 break p;
             }
         };
@@ -140,7 +146,9 @@ async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
         assert_eq!(num_field(s, "numOrphanedDocs") as u64, orphans, "{s}");
         assert!(num_field(s, "ownedSizeBytes") > 100.0 * held[i] as f64, "{s}");
     }
-    assert_code(client.database("app").run_command(doc! {"aggregate": 1, "pipeline": [{"$shardedDataDistribution": {}}], "cursor": {}}).await, 6789100);
+    assert_code(client.database("app").run_command(doc! {"aggregate": 1, "pipeline": [{"$shardedDataDistribution": {}}], "cursor": {}}).await, 6789102);
+    assert_code(admin.run_command(doc! {"aggregate": 1, "pipeline": [{"$shardedDataDistribution": {"x": 1}}], "cursor": {}}).await, 6789100);
+    assert_code(cluster.shard(0).await.database("admin").run_command(doc! {"aggregate": 1, "pipeline": [{"$shardedDataDistribution": {}}], "cursor": {}}).await, 6789101);
     cluster.shard(3).await.database("app").collection::<Document>("orders").delete_one(doc! {"_id": -1}).await.unwrap();
 
     // Point reads go to one shard; scatter-gather reads merge sort, skip and limit.
@@ -912,4 +920,66 @@ async fn a_donor_killed_in_the_critical_section_holds_writes_until_the_migration
     }
     let on_recipient = recipient.database("app").collection::<Document>("cs").count_documents(doc! {}).await.unwrap();
     assert_eq!(on_recipient as usize, docs.len());
+}
+
+/// A router killed inside its migration's critical section leaves the donor holding the
+/// collection's writes. Once the migration's lease runs out, another router's round (with
+/// the balancer off, too) fences the commit, ends the critical section and deletes the
+/// recipient's clone; the held writes then go on, on the donor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_migration_whose_router_died_in_its_critical_section_is_recovered_after_its_lease() {
+    use std::time::{Duration, Instant};
+    let cluster = Cluster::up(1);
+    let client = cluster.client().await;
+    let admin = client.database("admin");
+    admin.run_command(doc! {"balancerStop": 1}).await.unwrap();
+    admin.run_command(doc! {"shardCollection": "app.dr", "key": {"k": 1}}).await.unwrap();
+    admin.run_command(doc! {"split": "app.dr", "middle": {"k": 0}}).await.unwrap();
+    client.database("app").collection::<Document>("dr").insert_many((0..200i64).map(|k| doc! {"_id": k, "k": k})).await.unwrap();
+    let (_recipient, recipient_cs) = start_shard_set_with(&cluster, "rcpt", &["--setParameter", "enableTestCommands=1"]).await;
+    admin.run_command(doc! {"addShard": &recipient_cs, "name": "rcpt"}).await.unwrap();
+    let recipient = mongodb::Client::with_uri_str(format!("mongodb://{}/?directConnection=true", recipient_cs.split_once('/').unwrap().1)).await.unwrap();
+    let (_other, other_port) = second_router(&cluster);
+    let other = mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{other_port}/")).await.unwrap();
+    let chunk = |c: mongodb::Client| async move { c.database("config").collection::<Document>("chunks").find_one(doc! {"min": {"k": 0}}).await.unwrap().unwrap() };
+    let before = chunk(other.clone()).await;
+
+    let fail_point = |on: bool| doc! {"configureFailPoint": "migrateHangInFinalTransfer", "mode": if on { "alwaysOn" } else { "off" }};
+    recipient.database("admin").run_command(fail_point(true)).await.unwrap();
+    let mover = {
+        let admin = admin.clone();
+        tokio::spawn(async move { admin.run_command(doc! {"moveChunk": "app.dr", "find": {"k": 1}, "to": "rcpt"}).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while recipient.database("admin").run_command(fail_point(true)).await.unwrap().get_i64("count").unwrap() == 0 {
+        assert!(!mover.is_finished(), "the migration ended before its last transfer");
+        assert!(Instant::now() < deadline, "the migration never reached its last transfer");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The migration's router dies in the critical section; the recipient's transfer ends.
+    unsafe { libc::kill(cluster.router_pid(), libc::SIGKILL) };
+    recipient.database("admin").run_command(fail_point(false)).await.unwrap();
+    let _ = mover.await;
+
+    // A write through the other router waits for the recovery, then lands on the donor.
+    let started = Instant::now();
+    other.database("app").collection::<Document>("dr").insert_one(doc! {"_id": 5000, "k": 5000}).await.unwrap();
+    let waited = started.elapsed();
+    assert!(waited > Duration::from_secs(5) && waited < Duration::from_secs(120), "the write waited {waited:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while other.database("config").collection::<Document>("migrations").count_documents(doc! {}).await.unwrap() > 0 {
+        assert!(Instant::now() < deadline, "the migration's record stayed after its recovery");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let after = chunk(other.clone()).await;
+    assert_eq!(after.get_str("shard").unwrap(), "shard0", "the migration did not commit");
+    assert_ne!(after.get_timestamp("lastmod").unwrap(), before.get_timestamp("lastmod").unwrap(), "the recovery fenced the commit");
+    let donor = cluster.shard(0).await;
+    assert_eq!(donor.database("app").collection::<Document>("dr").count_documents(doc! {}).await.unwrap(), 201);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while recipient.database("app").collection::<Document>("dr").count_documents(doc! {}).await.unwrap() > 0 {
+        assert!(Instant::now() < deadline, "the recipient kept the clone of an aborted migration");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(other.database("app").collection::<Document>("dr").count_documents(doc! {}).await.unwrap(), 201);
 }

@@ -53,6 +53,9 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
             Stage::External(name, _) if name == "$changeStream" => {
                 return Err(Error::location(40573, "The $changeStream stage is only supported on replica sets"));
             }
+            Stage::External(name, _) if name == "$shardedDataDistribution" => {
+                return Err(Error::location(6789101, "The $shardedDataDistribution stage can only be run on mongoS"));
+            }
             Stage::External(name, _) => {
                 return Err(Error::new(Code::CommandNotSupported, format!("{name} is not supported by shoal yet")));
             }

@@ -55,8 +55,10 @@ async fn enabled(router: &Router) -> Result<bool> {
     Ok(settings.first().is_none_or(|s| s.get_str("mode").unwrap_or("full") != "off" && !s.get_bool("stopped").unwrap_or(false)))
 }
 
-/// One round; returns how many chunks it moved.
+/// One round; returns how many chunks it moved. Dead routers' migrations and movePrimaries
+/// are recovered even while the balancer is off: their critical sections may hold writes.
 async fn round(router: &Router) -> Result<usize> {
+    recover_abandoned(router).await?;
     if !enabled(router).await? {
         return Ok(0);
     }
@@ -67,28 +69,32 @@ async fn round(router: &Router) -> Result<usize> {
     r
 }
 
-async fn balance_all(router: &Router) -> Result<usize> {
-    let shards = router.reload_shards().await?;
-    let draining: Vec<String> = shards.iter().filter(|s| s.get_bool("draining").unwrap_or(false)).filter_map(|s| s.get_str("_id").ok().map(str::to_string)).collect();
-    let active: Vec<String> = shards.iter().filter_map(|s| s.get_str("_id").ok().map(str::to_string)).filter(|s| !draining.contains(s)).collect();
-    if active.is_empty() {
-        return Ok(0);
-    }
-    // Migrations and movePrimaries whose routers died (their critical sections may hold
-    // writes).
+/// Migrations and movePrimaries whose routers died (their critical sections may hold
+/// writes).
+async fn recover_abandoned(router: &Router) -> Result<()> {
     for m in router.config_find("migrations", doc! {}, doc! {}).await? {
-        if super::migrate::is_abandoned(m.get_datetime("started").ok()) {
+        if super::migrate::is_abandoned(&m) {
             if let Err(e) = super::migrate::recover(router, &m).await {
                 tracing::warn!("cannot recover an abandoned migration: {}", e.message);
             }
         }
     }
     for d in router.config_find("databases", doc! {"movePrimaryInProgress": {"$exists": true}}, doc! {}).await? {
-        if super::migrate::is_abandoned(d.get_datetime("movePrimaryStarted").ok()) {
+        if super::migrate::is_older_than(d.get_datetime("movePrimaryStarted").ok(), super::migrate::MOVE_PRIMARY_LEASE) {
             if let Err(e) = recover_move_primary(router, &d).await {
                 tracing::warn!("cannot recover an abandoned movePrimary: {}", e.message);
             }
         }
+    }
+    Ok(())
+}
+
+async fn balance_all(router: &Router) -> Result<usize> {
+    let shards = router.reload_shards().await?;
+    let draining: Vec<String> = shards.iter().filter(|s| s.get_bool("draining").unwrap_or(false)).filter_map(|s| s.get_str("_id").ok().map(str::to_string)).collect();
+    let active: Vec<String> = shards.iter().filter_map(|s| s.get_str("_id").ok().map(str::to_string)).filter(|s| !draining.contains(s)).collect();
+    if active.is_empty() {
+        return Ok(0);
     }
     let mut moved = 0;
     for c in router.config_find("collections", doc! {}, doc! {"_id": 1}).await? {

@@ -700,11 +700,12 @@ fn delete_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
 /// `{aggregate: 1, pipeline: [{$shardedDataDistribution: {}}, ...]}` on admin: the
 /// distribution (`balance::data_distribution`), the later stages run here over it.
 async fn sharded_data_distribution(router: &Router, req: &Request, stages: &[Document], batch: usize) -> Result<Document> {
-    if req.db != "admin" || !matches!(req.body.get("aggregate"), Some(Bson::Int32(1) | Bson::Int64(1) | Bson::Double(_))) {
-        return Err(Error::location(6789100, "The $shardedDataDistribution stage can only be run on the admin database, as {aggregate: 1}"));
-    }
+    // mongod's checks, in its order and with its codes.
     if !stages[0].get_document("$shardedDataDistribution").is_ok_and(|o| o.is_empty()) {
-        return Err(Error::location(6789101, "The $shardedDataDistribution stage takes an empty document"));
+        return Err(Error::location(6789100, "The $shardedDataDistribution stage specification must be an empty object"));
+    }
+    if req.db != "admin" || !matches!(req.body.get("aggregate"), Some(Bson::Int32(1) | Bson::Int64(1) | Bson::Double(_))) {
+        return Err(Error::location(6789102, "The $shardedDataDistribution stage must be run on the admin database"));
     }
     let rest = query::agg::Pipeline::parse(&stages[1..])?;
     if rest.stages.iter().any(|s| matches!(s, query::agg::Stage::External(..))) {

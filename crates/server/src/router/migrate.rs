@@ -37,11 +37,16 @@ use std::time::{Duration, Instant};
 /// the critical section.
 const CATCH_UP_ROUNDS_MAX: usize = 100;
 const CATCH_UP_LEFT_MAX: usize = 100;
-/// A migration record older than this is taken for its router's (dead) and recovered by the
-/// next migration of the collection. A router gives up on a migration that has not reached
-/// its critical section in `MIGRATION_ABANDON_AFTER`, well before.
-const MIGRATION_LEASE: Duration = Duration::from_secs(300);
-const MIGRATION_ABANDON_AFTER: Duration = Duration::from_secs(240);
+/// The router running a migration renews its record's lease (`renewed`) this often; a
+/// record not renewed for `MIGRATION_LEASE` is taken for a dead router's and recovered by
+/// the next balancer round of any router (or the next migration of the collection). The
+/// lease bounds how long a dead router's critical section holds the donor's writes.
+const MIGRATION_LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(5);
+pub const MIGRATION_LEASE: Duration = Duration::from_secs(30);
+/// A movePrimary's record is not renewed: its lease is long enough for a large copy.
+pub const MOVE_PRIMARY_LEASE: Duration = Duration::from_secs(300);
+/// A catch-up that has not converged by then (the writes outpace the transfer) gives up.
+const CATCH_UP_TIME_MAX: Duration = Duration::from_secs(240);
 
 struct Migration<'a> {
     router: &'a Router,
@@ -75,11 +80,28 @@ pub async fn move_chunk(router: &Router, ns: &str, min: &Key, to: &str) -> Resul
     let m = Migration { router, ns: ns.to_string(), db, coll, id: ObjectId::new(), sc, chunk, to: to.to_string(), donor, recipient, started: Instant::now() };
     m.record().await?;
     let mut committed = false;
-    let r = m.run(&mut committed).await;
-    if let Err(e) = &r {
-        tracing::warn!(ns = %m.ns, id = %m.id, committed, "migration failed: {}", e.message);
-    }
-    m.finish(committed).await;
+    let work = async {
+        let r = m.run(&mut committed).await;
+        if let Err(e) = &r {
+            tracing::warn!(ns = %m.ns, id = %m.id, committed, "migration failed: {}", e.message);
+        }
+        m.finish(committed).await;
+        r
+    };
+    // The lease is renewed until the record is gone (`finish` deletes it).
+    let renew = async {
+        loop {
+            tokio::time::sleep(MIGRATION_LEASE_RENEW_INTERVAL).await;
+            let renewal = doc! {"update": "migrations", "updates": [{"q": {"_id": &m.ns, "migrationId": m.id}, "u": {"$set": {"renewed": bson::DateTime::now()}}}]};
+            if let Err(e) = router.config_write(renewal).await {
+                tracing::warn!(ns = %m.ns, "cannot renew the migration's lease: {}", e.message);
+            }
+        }
+    };
+    let r = tokio::select! {
+        r = work => r,
+        _ = renew => Err(Error::internal("a migration's lease renewal ended")),
+    };
     router.forget_collection(ns);
     r
 }
@@ -111,7 +133,7 @@ impl Migration<'_> {
                 Err(e) if e.code == Code::DuplicateKey.0 && attempt == 0 => {
                     let existing = self.router.config_find("migrations", doc! {"_id": &self.ns}, doc! {}).await?;
                     let Some(old) = existing.into_iter().next() else { continue };
-                    if !is_abandoned(old.get_datetime("started").ok()) {
+                    if !is_abandoned(&old) {
                         return Err(Error::new(Code::ConflictingOperationInProgress, format!("a migration of {} is in progress ({})", self.ns, old.get_object_id("migrationId").map(|i| i.to_hex()).unwrap_or_default())));
                     }
                     recover(self.router, &old).await?;
@@ -185,7 +207,7 @@ impl Migration<'_> {
                 break;
             }
         }
-        if self.started.elapsed() > MIGRATION_ABANDON_AFTER {
+        if self.started.elapsed() > CATCH_UP_TIME_MAX {
             return Err(Error::new(Code::ExceededTimeLimit, format!("the migration of {} took too long to catch up", self.ns)));
         }
         // 6.
@@ -252,11 +274,17 @@ impl Migration<'_> {
     }
 }
 
-/// Whether a migration or movePrimary recorded as started then is older than its lease:
-/// its router died. No start time counts as old.
-pub fn is_abandoned(started: Option<&bson::DateTime>) -> bool {
-    let age_ms = started.map(|t| bson::DateTime::now().timestamp_millis() - t.timestamp_millis()).unwrap_or(i64::MAX);
-    age_ms >= MIGRATION_LEASE.as_millis() as i64
+/// Whether a migration's record (config.migrations) has outlived its lease, last renewed
+/// (or started) more than `MIGRATION_LEASE` ago: its router died.
+pub fn is_abandoned(record: &Document) -> bool {
+    let renewed = record.get_datetime("renewed").or_else(|_| record.get_datetime("started")).ok();
+    is_older_than(renewed, MIGRATION_LEASE)
+}
+
+/// Whether `at` is more than `lease` ago (no time counts as old).
+pub fn is_older_than(at: Option<&bson::DateTime>, lease: Duration) -> bool {
+    let age_ms = at.map(|t| bson::DateTime::now().timestamp_millis() - t.timestamp_millis()).unwrap_or(i64::MAX);
+    age_ms >= lease.as_millis() as i64
 }
 
 /// Resolve a migration its router left (config.migrations `old`): fence the commit (bump
