@@ -790,6 +790,24 @@ async fn a_retried_write_finds_its_first_attempt_after_the_chunk_moved() {
     assert_eq!((r.get_i32("n").ok(), r.get("writeErrors")), (Some(4), None), "the insert retried after two moves: {r}");
     let k1 = coll.find_one(doc! {"k": 1}).await.unwrap().unwrap();
     assert_eq!(num_field(&k1, "n") as usize, 2 + acked.len());
+
+    // Large documents migrate too: a clone batch just under its 4 MiB, then a 13 MiB
+    // document, which must start the next batch (together they would pass the 16 MiB a
+    // reply may hold).
+    admin.run_command(doc! {"shardCollection": "app.big", "key": {"k": 1}}).await.unwrap();
+    let big = client.database("app").collection::<Document>("big");
+    for k in 0..39 {
+        big.insert_one(doc! {"_id": k, "k": k, "pad": "s".repeat(100 * 1024)}).await.unwrap();
+    }
+    big.insert_one(doc! {"_id": 39, "k": 39, "pad": "b".repeat(13 << 20)}).await.unwrap();
+    let entry = client.database("config").collection::<Document>("collections").find_one(doc! {"_id": "app.big"}).await.unwrap().unwrap();
+    let from = client.database("config").collection::<Document>("chunks").find_one(doc! {"uuid": entry.get("uuid").unwrap().clone()}).await.unwrap().unwrap();
+    let to = if from.get_str("shard").unwrap() == "shard0" { "shard1" } else { "shard0" };
+    admin.run_command(doc! {"moveChunk": "app.big", "find": {"k": 1}, "to": to}).await.unwrap();
+    let moved = cluster.shard(to.trim_start_matches("shard").parse().unwrap()).await.database("app").collection::<Document>("big");
+    assert_eq!(moved.count_documents(doc! {}).await.unwrap(), 40);
+    let largest = moved.find_one(doc! {"_id": 39}).await.unwrap().unwrap();
+    assert_eq!(largest.get_str("pad").unwrap().len(), 13 << 20);
 }
 
 /// A donor killed (-9) inside a migration's critical section restarts, finds the migration

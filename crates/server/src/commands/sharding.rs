@@ -39,6 +39,13 @@ use storage::RecordId;
 /// Bytes of documents a clone or transferMods reply carries at most (well below the 16 MiB
 /// of a reply, 48 MiB of a message).
 const MIGRATE_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Whether a reply holding `bytes` takes a document of `size` more: its first always, the
+/// others within MIGRATE_BATCH_BYTES_MAX. So a reply (and the `_recvChunkApply` that passes
+/// it on) is never much larger than its largest document, within the wire's limit.
+fn fits(bytes: usize, size: usize) -> bool {
+    bytes == 0 || bytes + size <= MIGRATE_BATCH_BYTES_MAX
+}
+
 /// Records a clone batch or a range deletion reads per step.
 const SCAN_STEP_DOCS: usize = 1000;
 /// Oplog entries one transferMods reads at most.
@@ -128,8 +135,8 @@ impl MigrationSource {
         let store = &ctx.shared.store;
         let mut out: Vec<Document> = Vec::new();
         let mut group: Option<(Vec<u8>, i64)> = None;
-        while *bytes < MIGRATE_BATCH_BYTES_MAX {
-            let Some(e) = st.sessions.pop_front() else {
+        loop {
+            let Some(size) = st.sessions.front().map(|e| doc_size(&e.entry)) else {
                 if !scan || st.sessions_done {
                     break;
                 }
@@ -148,7 +155,11 @@ impl MigrationSource {
                 }
                 continue;
             };
-            *bytes += doc_size(&e.entry);
+            if !fits(*bytes, size) {
+                break;
+            }
+            let Some(e) = st.sessions.pop_front() else { break };
+            *bytes += size;
             let same = group.as_ref().is_some_and(|(l, t)| *l == e.lsid && *t == e.txn);
             match out.last_mut().and_then(|g| g.get_array_mut("entries").ok()) {
                 Some(entries) if same => entries.push(Bson::Document(e.entry)),
@@ -300,21 +311,24 @@ pub fn migrate_clone(ctx: &mut Ctx) -> Result<Document> {
     let mut st = src.state.lock();
     let mut docs = Vec::new();
     let mut bytes = 0;
-    while !st.clone_done && bytes < MIGRATE_BATCH_BYTES_MAX {
+    let mut full = false;
+    while !st.clone_done && !full {
         ctx.op.check()?;
         let page = c.snapshot().scan(st.clone_after, SCAN_STEP_DOCS)?;
         st.clone_done = page.len() < SCAN_STEP_DOCS;
         for (rid, d) in page {
-            st.clone_after = Some(rid);
             if src.holds(&d) {
-                bytes += doc_size(&d);
-                docs.push(d);
-                if bytes >= MIGRATE_BATCH_BYTES_MAX {
-                    // The rest of this page comes with the next batch.
+                let size = doc_size(&d);
+                if !fits(bytes, size) {
+                    // This document and the rest of the page come with the next batch.
                     st.clone_done = false;
+                    full = true;
                     break;
                 }
+                bytes += size;
+                docs.push(d);
             }
+            st.clone_after = Some(rid);
         }
     }
     let sessions = if st.clone_done { src.session_batch(ctx, &mut st, &mut bytes, true)? } else { Vec::new() };
@@ -352,6 +366,7 @@ pub fn transfer_mods(ctx: &mut Ctx) -> Result<Document> {
             cut = true;
             break;
         }
+        let before = last;
         last = *rid;
         let e = bson::RawDocument::from_bytes(raw.as_ref()).map_err(|e| Error::internal(format!("an oplog entry is not BSON: {e}")))?;
         if e.get_str("ns").ok() != Some(ns.as_str()) {
@@ -384,7 +399,14 @@ pub fn transfer_mods(ctx: &mut Ctx) -> Result<Document> {
         };
         match now {
             Some(d) if src.holds(&d) => {
-                bytes += doc_size(&d);
+                let size = doc_size(&d);
+                if !fits(bytes, size) {
+                    // This entry comes with the next batch.
+                    last = before;
+                    cut = true;
+                    break;
+                }
+                bytes += size;
                 upserts.push(d);
             }
             _ => {
