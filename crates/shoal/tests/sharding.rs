@@ -74,6 +74,15 @@ impl Drop for Cluster {
     }
 }
 
+fn bson_int(v: &Bson) -> Option<i64> {
+    match v {
+        Bson::Int32(n) => Some(*n as i64),
+        Bson::Int64(n) => Some(*n),
+        Bson::Double(f) => Some(*f as i64),
+        _ => None,
+    }
+}
+
 fn ids(docs: &[Document]) -> Vec<i64> {
     docs.iter().map(|d| num_field(d, "customerId") as i64).collect()
 }
@@ -150,6 +159,26 @@ async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
     assert_code(admin.run_command(doc! {"aggregate": 1, "pipeline": [{"$shardedDataDistribution": {"x": 1}}], "cursor": {}}).await, 6789100);
     assert_code(cluster.shard(0).await.database("admin").run_command(doc! {"aggregate": 1, "pipeline": [{"$shardedDataDistribution": {}}], "cursor": {}}).await, 6789101);
     cluster.shard(3).await.database("app").collection::<Document>("orders").delete_one(doc! {"_id": -1}).await.unwrap();
+
+    // The router's own state and the spread of the data, in mongos's shapes.
+    let status = admin.run_command(doc! {"serverStatus": 1}).await.unwrap();
+    assert_eq!(status.get_str("process").unwrap(), "mongos");
+    assert!(num_field(status.get_document("connections").unwrap(), "current") >= 1.0);
+    let app = client.database("app");
+    let db_stats = app.run_command(doc! {"dbStats": 1}).await.unwrap();
+    assert_eq!(db_stats.get_document("raw").unwrap().len(), 8, "{db_stats}");
+    assert_eq!(num_field(&db_stats, "objects") as u64, 3000);
+    let coll_stats = app.run_command(doc! {"collStats": "orders"}).await.unwrap();
+    assert_eq!((coll_stats.get_bool("sharded").unwrap(), num_field(&coll_stats, "count") as u64, num_field(&coll_stats, "nchunks") as u64), (true, 3000, 16));
+    assert_eq!(coll_stats.get_document("shards").unwrap().len(), 8);
+    let per_shard = collect(orders.aggregate(vec![doc! {"$collStats": {"count": {}}}, doc! {"$sort": {"shard": 1}}]).await.unwrap()).await;
+    assert_eq!(per_shard.iter().map(|d| (d.get_str("shard").unwrap().to_string(), num_field(d, "count") as u64)).collect::<Vec<_>>(), (0..8).map(|i| (format!("shard{i}"), held[i])).collect::<Vec<_>>());
+    let point = app.run_command(doc! {"explain": {"find": "orders", "filter": {"customerId": 7}}, "verbosity": "queryPlanner"}).await.unwrap();
+    assert_eq!(path(&point, "queryPlanner.winningPlan.stage").cloned(), Some(Bson::String("SINGLE_SHARD".into())), "{point}");
+    let scatter = app.run_command(doc! {"explain": {"find": "orders", "filter": {"v": 1}}, "verbosity": "executionStats"}).await.unwrap();
+    assert_eq!(path(&scatter, "queryPlanner.winningPlan.stage").cloned(), Some(Bson::String("SHARD_MERGE".into())), "{scatter}");
+    assert_eq!(path(&scatter, "queryPlanner.winningPlan.shards").and_then(Bson::as_array).map(Vec::len), Some(8));
+    assert_eq!(path(&scatter, "executionStats.nReturned").and_then(bson_int), Some((0..3000).filter(|i| i % 7 == 1).count() as i64));
 
     // Point reads go to one shard; scatter-gather reads merge sort, skip and limit.
     let one = orders.find_one(doc! {"customerId": 1234}).await.unwrap().unwrap();

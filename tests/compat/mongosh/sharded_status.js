@@ -18,6 +18,14 @@ const shappC = dist.find((d) => d.ns === 'shapp.c');
 assert.ok(shappC && shappC.shards.length === 2, JSON.stringify(dist));
 assert.strictEqual(shappC.shards.reduce((n, s) => n + Number(s.numOwnedDocuments), 0), 100);
 assert.strictEqual(shappC.shards.reduce((n, s) => n + Number(s.numOrphanedDocs), 0), 0);
+// The shell's stats and explain helpers through the router.
+const stats = c.stats();
+assert.strictEqual(stats.sharded, true, JSON.stringify(stats));
+assert.strictEqual(Number(stats.count), 100);
+assert.strictEqual(Number(db.getSiblingDB('shapp').stats().objects), 100);
+assert.strictEqual(c.find({ k: 5 }).explain().queryPlanner.winningPlan.stage, 'SINGLE_SHARD');
+assert.strictEqual(c.find({}).explain('executionStats').queryPlanner.winningPlan.stage, 'SHARD_MERGE');
+assert.strictEqual(db.serverStatus().process, 'mongos');
 
 assert.strictEqual(sh.getBalancerState(), true);
 sh.stopBalancer();

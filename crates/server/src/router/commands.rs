@@ -105,6 +105,11 @@ async fn route(router: &Arc<Router>, conn: &mut RouterConn, req: &Request) -> Re
         "delete" => delete(router, req).await,
         "find" | "count" | "distinct" | "aggregate" | "findAndModify" | "findandmodify" => whole(router, req).await,
         "getMore" => get_more(router, req).await,
+        "serverStatus" => Ok(super::introspect::server_status(router)),
+        "connectionStatus" => Ok(super::introspect::connection_status(req)),
+        "dbStats" | "dbstats" => super::introspect::db_stats(router, req).await,
+        "collStats" | "collstats" => super::introspect::coll_stats(router, req).await,
+        "explain" => super::introspect::explain(router, req).await,
         "killCursors" => kill_cursors(router, req).await,
         "listDatabases" => list_databases(router, req).await,
         "listCollections" | "listIndexes" | "create" | "collMod" => forward_to_primary(router, req).await,
@@ -147,7 +152,7 @@ fn admin_only(req: &Request) -> Result<()> {
 }
 
 /// The command's first field as a collection name.
-fn collection_of(req: &Request) -> Result<String> {
+pub(super) fn collection_of(req: &Request) -> Result<String> {
     match req.body.get(&req.name) {
         Some(Bson::String(s)) if !s.is_empty() => Ok(s.clone()),
         _ => Err(Error::new(Code::InvalidNamespace, format!("Invalid namespace specified '{}.'", req.db))),
@@ -155,13 +160,13 @@ fn collection_of(req: &Request) -> Result<String> {
 }
 
 /// The body sent on to a shard: the client's, without `$db` (the connection adds it).
-fn forwarded(req: &Request) -> Document {
+pub(super) fn forwarded(req: &Request) -> Document {
     let mut body = (*req.body).clone();
     body.remove("$db");
     body
 }
 
-fn timeout_of(req: &Request) -> Duration {
+pub(super) fn timeout_of(req: &Request) -> Duration {
     match req.body.get("maxTimeMS").and_then(crate::commands::as_i64) {
         // The shard enforces maxTimeMS; the router waits a little longer for its answer.
         Some(ms) if ms > 0 => Duration::from_millis(ms as u64) + Duration::from_secs(5),
@@ -1263,6 +1268,10 @@ async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
     }
     let coll = collection_of(req).map_err(|_| Error::new(Code::CommandNotSupported, "aggregate without a collection is not supported by shoal's router"))?;
     let ns = format!("{}.{coll}", req.db);
+    if stages.first().is_some_and(|s| s.contains_key("$collStats")) {
+        let out = super::introspect::coll_stats_stage(router, req, &stages).await?;
+        return buffered_cursor(router, req, ns, coll, out, batch).await;
+    }
     let Some(primary) = router.db_primary(&req.db, false).await? else { return Ok(cursor_reply(&ns, 0, Vec::new(), "firstBatch")) };
     let Some(sc) = router.sharded(&ns).await? else { return single_shard_cursor(router, req, &primary, router.with_db_version(&req.db, forwarded(req))).await };
     let split = stages.iter().position(|s| !runs_on_shards(s)).unwrap_or(stages.len());

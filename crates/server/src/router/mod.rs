@@ -8,6 +8,7 @@ mod balance;
 pub(crate) mod catalog;
 mod commands;
 mod cursor;
+mod introspect;
 mod migrate;
 pub(crate) mod shards;
 
@@ -40,6 +41,8 @@ pub struct Router {
     next_connection_id: AtomicU64,
     connections_current: AtomicU64,
     balancer: balance::BalancerState,
+    /// When this router started (serverStatus's uptime).
+    started: std::time::Instant,
 }
 
 /// A client connection's state the router's commands see.
@@ -73,6 +76,7 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
         next_connection_id: AtomicU64::new(1),
         connections_current: AtomicU64::new(0),
         balancer: Default::default(),
+        started: std::time::Instant::now(),
     });
     match router.reload_shards().await {
         Ok(s) => tracing::info!(shards = s.len(), "read the cluster's shards from the config servers"),
@@ -106,7 +110,6 @@ const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// Keep the cluster's config.version document (its clusterId, written by the first router
 /// to start) and this router's config.mongos entry, which `sh.status()` reads.
 async fn ping_loop(router: Arc<Router>) {
-    let started = std::time::Instant::now();
     let id = format!("{}:{}", crate::sysinfo::hostname(), router.config.port);
     let mut tick = tokio::time::interval(PING_INTERVAL);
     loop {
@@ -114,7 +117,7 @@ async fn ping_loop(router: Arc<Router>) {
         let version = bson::doc! {"update": "version", "updates": [{"q": {"_id": 1}, "u": {"$setOnInsert": {"clusterId": ObjectId::new()}}, "upsert": true}]};
         let version_str = crate::commands::hello::build_info_doc().get_str("version").unwrap_or_default().to_string();
         let ping = bson::doc! {"update": "mongos", "updates": [{"q": {"_id": &id}, "u": {"$set": {
-            "ping": bson::DateTime::now(), "up": started.elapsed().as_secs() as i64, "waiting": true, "mongoVersion": version_str, "advisoryHostFQDNs": [],
+            "ping": bson::DateTime::now(), "up": router.started.elapsed().as_secs() as i64, "waiting": true, "mongoVersion": version_str, "advisoryHostFQDNs": [],
         }}, "upsert": true}]};
         for body in [version, ping] {
             if let Err(e) = router.config_write(body).await {
