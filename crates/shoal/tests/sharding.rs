@@ -14,6 +14,36 @@ struct Cluster {
     dir: PathBuf,
     port: u16,
     shards: usize,
+    /// This cluster's block of ports, claimed while it lives (`claim_port_block`).
+    _port_claim: std::fs::File,
+}
+
+/// Claim a block of `ports` consecutive free ports (the router's, the config servers',
+/// then one per shard). Blocks come from below the kernel's ephemeral range (32768 and up),
+/// where other tests' servers (`free_port`) and every client's own end take theirs. Test
+/// processes run side by side (nextest runs each test in its own), so a block is claimed
+/// by an exclusive lock on a file named after it, held until the returned file is dropped.
+fn claim_port_block(ports: u16) -> (u16, std::fs::File) {
+    use std::os::fd::AsRawFd;
+    const BLOCK_PORTS: u16 = 40;
+    const BLOCKS: u16 = 300;
+    assert!(ports <= BLOCK_PORTS);
+    let dir = std::env::temp_dir().join("shoal-test-port-blocks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let first = (std::process::id() % BLOCKS as u32) as u16;
+    for i in 0..BLOCKS {
+        let block = (first + i) % BLOCKS;
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(block.to_string())).unwrap();
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            continue;
+        }
+        let port = 20_000 + block * BLOCK_PORTS;
+        if (0..ports).all(|i| std::net::TcpListener::bind(("127.0.0.1", port + i)).is_ok()) {
+            return (port, file);
+        }
+    }
+    panic!("no free block of {ports} ports between 20000 and {}", 20_000 + BLOCKS * BLOCK_PORTS);
 }
 
 impl Cluster {
@@ -22,25 +52,13 @@ impl Cluster {
     }
 
     fn up_with(shards: usize, replicas: usize) -> Cluster {
-        // The router's port and the next shards + 1 (config servers, shards) must be free.
-        // They come from below the kernel's ephemeral range (32768 and up), where the other
-        // tests' servers (free_port) and every client's own end take theirs: a block of 40
-        // per cluster, each cluster of this process its own.
-        static NEXT_BLOCK: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
-        assert!(shards <= 38);
-        let port = loop {
-            let block = NEXT_BLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 300;
-            let p = 20_000 + block * 40;
-            if (0..=shards as u16 + 1).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
-                break p;
-            }
-        };
+        let (port, port_claim) = claim_port_block(shards as u16 + 2);
         let dir = std::env::temp_dir().join(format!("shoal-sharding-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let up = Command::new(binary_path()).args(["cluster", "up", "--shards", &shards.to_string(), "--replicas", &replicas.to_string(), "--port", &port.to_string(), "--dir", dir.to_str().unwrap()]).output().unwrap();
         assert!(up.status.success(), "cluster up failed: {}", String::from_utf8_lossy(&up.stderr));
         assert_eq!(String::from_utf8_lossy(&up.stdout).trim(), format!("mongodb://127.0.0.1:{port}/"));
-        Cluster { dir, port, shards }
+        Cluster { dir, port, shards, _port_claim: port_claim }
     }
 
     async fn client(&self) -> mongodb::Client {
@@ -736,6 +754,10 @@ async fn a_retried_write_finds_its_first_attempt_after_the_chunk_moved() {
         assert!(r.get("writeErrors").is_none(), "{r}");
     }
     assert_eq!(first[0].get_i32("n").ok(), Some(4));
+    // An upsert must fix the whole shard key, even while every chunk is on one shard.
+    let keyless_upsert = send(&doc! {"update": "r", "updates": [{"q": {"n": 99}, "u": {"$set": {"x": 1}}, "upsert": true}], "$db": "app"});
+    let code = keyless_upsert.get_array("writeErrors").ok().and_then(|e| e.first()).and_then(Bson::as_document).and_then(|e| e.get_str("codeName").ok());
+    assert_eq!(code, Some("ShardKeyNotFound"), "{keyless_upsert}");
     // findAndModify goes to the one shard its shard key names; without one, mongod's error.
     let keyless = send(&doc! {"findAndModify": "r", "query": {"n": 0}, "update": {"$set": {"x": 1}}, "$db": "app"});
     assert_eq!(keyless.get_str("codeName").ok(), Some("ShardKeyNotFound"), "{keyless}");
@@ -847,20 +869,9 @@ async fn a_donor_killed_in_the_critical_section_holds_writes_until_the_migration
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
-    let cluster = Cluster::up(1);
-    let client = cluster.client().await;
+    let (cluster, client, _recipient, recipient) = cluster_with_recipient("cs", 500).await;
     let admin = client.database("admin");
-    admin.run_command(doc! {"balancerStop": 1}).await.unwrap();
-    admin.run_command(doc! {"shardCollection": "app.cs", "key": {"k": 1}}).await.unwrap();
-    admin.run_command(doc! {"split": "app.cs", "middle": {"k": 0}}).await.unwrap();
     let cs = client.database("app").collection::<Document>("cs");
-    cs.insert_many((0..500i64).map(|k| doc! {"_id": k, "k": k, "n": 0i64})).await.unwrap();
-    // The recipient, added now (the chunks are shard0's), holds the last transfer while the
-    // test's fail point is on.
-    let (_recipient, recipient_cs) = start_shard_set_with(&cluster, "rcpt", &["--setParameter", "enableTestCommands=1"]).await;
-    admin.run_command(doc! {"addShard": &recipient_cs, "name": "rcpt"}).await.unwrap();
-    let recipient_host = recipient_cs.split_once('/').unwrap().1.to_string();
-    let recipient = mongodb::Client::with_uri_str(format!("mongodb://{recipient_host}/?directConnection=true")).await.unwrap();
 
     // A writer through the router: inserts of new keys and increments of old ones, in the
     // migrating chunk. Writes whose outcome the client never learned are "unknown".
@@ -891,24 +902,7 @@ async fn a_donor_killed_in_the_critical_section_holds_writes_until_the_migration
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-
-    let fail_point = |on: bool| doc! {"configureFailPoint": "migrateHangInFinalTransfer", "mode": if on { "alwaysOn" } else { "off" }};
-    recipient.database("admin").run_command(fail_point(true)).await.unwrap();
-    let mover = {
-        let admin = admin.clone();
-        tokio::spawn(async move { admin.run_command(doc! {"moveChunk": "app.cs", "find": {"k": 1}, "to": "rcpt"}).await })
-    };
-    // Wait until the recipient holds the last transfer: the donor is in its critical section.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let held = recipient.database("admin").run_command(fail_point(true)).await.unwrap();
-        if held.get_i64("count").unwrap() > 0 {
-            break;
-        }
-        assert!(!mover.is_finished(), "the migration ended before its last transfer: {:?}", mover.await);
-        assert!(Instant::now() < deadline, "the migration never reached its last transfer");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mover = move_until_final_transfer(&admin, &recipient, "cs").await;
     let record = client.database("config").collection::<Document>("migrations").find_one(doc! {"_id": "app.cs"}).await.unwrap().unwrap();
     assert_eq!(record.get_bool("inCriticalSection").ok(), Some(true), "{record}");
 
@@ -976,33 +970,14 @@ async fn a_donor_killed_in_the_critical_section_holds_writes_until_the_migration
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_migration_whose_router_died_in_its_critical_section_is_recovered_after_its_lease() {
     use std::time::{Duration, Instant};
-    let cluster = Cluster::up(1);
-    let client = cluster.client().await;
+    let (cluster, client, _recipient, recipient) = cluster_with_recipient("dr", 200).await;
     let admin = client.database("admin");
-    admin.run_command(doc! {"balancerStop": 1}).await.unwrap();
-    admin.run_command(doc! {"shardCollection": "app.dr", "key": {"k": 1}}).await.unwrap();
-    admin.run_command(doc! {"split": "app.dr", "middle": {"k": 0}}).await.unwrap();
-    client.database("app").collection::<Document>("dr").insert_many((0..200i64).map(|k| doc! {"_id": k, "k": k})).await.unwrap();
-    let (_recipient, recipient_cs) = start_shard_set_with(&cluster, "rcpt", &["--setParameter", "enableTestCommands=1"]).await;
-    admin.run_command(doc! {"addShard": &recipient_cs, "name": "rcpt"}).await.unwrap();
-    let recipient = mongodb::Client::with_uri_str(format!("mongodb://{}/?directConnection=true", recipient_cs.split_once('/').unwrap().1)).await.unwrap();
     let (_other, other_port) = second_router(&cluster);
     let other = mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{other_port}/")).await.unwrap();
     let chunk = |c: mongodb::Client| async move { c.database("config").collection::<Document>("chunks").find_one(doc! {"min": {"k": 0}}).await.unwrap().unwrap() };
     let before = chunk(other.clone()).await;
 
-    let fail_point = |on: bool| doc! {"configureFailPoint": "migrateHangInFinalTransfer", "mode": if on { "alwaysOn" } else { "off" }};
-    recipient.database("admin").run_command(fail_point(true)).await.unwrap();
-    let mover = {
-        let admin = admin.clone();
-        tokio::spawn(async move { admin.run_command(doc! {"moveChunk": "app.dr", "find": {"k": 1}, "to": "rcpt"}).await })
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while recipient.database("admin").run_command(fail_point(true)).await.unwrap().get_i64("count").unwrap() == 0 {
-        assert!(!mover.is_finished(), "the migration ended before its last transfer");
-        assert!(Instant::now() < deadline, "the migration never reached its last transfer");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mover = move_until_final_transfer(&admin, &recipient, "dr").await;
     // The migration's router dies in the critical section; the recipient's transfer ends.
     unsafe { libc::kill(cluster.router_pid(), libc::SIGKILL) };
     recipient.database("admin").run_command(fail_point(false)).await.unwrap();
@@ -1029,4 +1004,44 @@ async fn a_migration_whose_router_died_in_its_critical_section_is_recovered_afte
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(other.database("app").collection::<Document>("dr").count_documents(doc! {}).await.unwrap(), 201);
+}
+
+/// One shard (the cluster's) with `app.<coll>` ranged on `k`, split at 0 and holding
+/// `docs` documents `{_id: k, k, n: 0}`, the balancer off; then a second shard, "rcpt",
+/// with its fail points enabled (its process, and a direct connection to it).
+async fn cluster_with_recipient(coll: &str, docs: i64) -> (Cluster, mongodb::Client, Proc, mongodb::Client) {
+    let cluster = Cluster::up(1);
+    let client = cluster.client().await;
+    let admin = client.database("admin");
+    admin.run_command(doc! {"balancerStop": 1}).await.unwrap();
+    let ns = format!("app.{coll}");
+    admin.run_command(doc! {"shardCollection": &ns, "key": {"k": 1}}).await.unwrap();
+    admin.run_command(doc! {"split": &ns, "middle": {"k": 0}}).await.unwrap();
+    client.database("app").collection::<Document>(coll).insert_many((0..docs).map(|k| doc! {"_id": k, "k": k, "n": 0i64})).await.unwrap();
+    // Added now, so that the database and its chunks are shard0's.
+    let (recipient, recipient_cs) = start_shard_set_with(&cluster, "rcpt", &["--setParameter", "enableTestCommands=1"]).await;
+    admin.run_command(doc! {"addShard": &recipient_cs, "name": "rcpt"}).await.unwrap();
+    let direct = mongodb::Client::with_uri_str(format!("mongodb://{}/?directConnection=true", recipient_cs.split_once('/').unwrap().1)).await.unwrap();
+    (cluster, client, recipient, direct)
+}
+
+fn fail_point(on: bool) -> Document {
+    doc! {"configureFailPoint": "migrateHangInFinalTransfer", "mode": if on { "alwaysOn" } else { "off" }}
+}
+
+/// Start moving `app.<coll>`'s chunk of k >= 0 to "rcpt" (in a task: its result) and
+/// return once the recipient holds the last transfer: the donor is in its critical section.
+async fn move_until_final_transfer(admin: &mongodb::Database, recipient: &mongodb::Client, coll: &str) -> tokio::task::JoinHandle<mongodb::error::Result<Document>> {
+    recipient.database("admin").run_command(fail_point(true)).await.unwrap();
+    let mover = {
+        let (admin, ns) = (admin.clone(), format!("app.{coll}"));
+        tokio::spawn(async move { admin.run_command(doc! {"moveChunk": ns, "find": {"k": 1}, "to": "rcpt"}).await })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while recipient.database("admin").run_command(fail_point(true)).await.unwrap().get_i64("count").unwrap() == 0 {
+        assert!(!mover.is_finished(), "the migration ended before its last transfer: {:?}", mover.await);
+        assert!(std::time::Instant::now() < deadline, "the migration never reached its last transfer");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    mover
 }

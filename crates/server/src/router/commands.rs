@@ -651,8 +651,14 @@ fn update_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
         }
         _ => {}
     }
-    if upsert && targets.len() != 1 {
-        return Err(Error::new(Code::ShardKeyNotFound, format!("Failed to target upsert by query :: could not extract exact shard key from {filter}")));
+    if upsert {
+        // The upserted document takes its shard key from the filter's equalities, so the
+        // filter must fix the whole key (wherever the chunks are now): else the document
+        // could land on a shard its key does not map to.
+        let Some(key) = shard::exact_key(&sc.table.key, &filter) else {
+            return Err(Error::new(Code::ShardKeyNotFound, format!("Failed to target upsert by query :: could not extract exact shard key from {filter}")));
+        };
+        return Ok(vec![sc.table.chunk_for(&key).shard.clone()]);
     }
     if !multi && targets.len() > 1 && !fixes_id(&filter) {
         return Err(Error::new(
