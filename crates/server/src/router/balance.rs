@@ -133,52 +133,6 @@ async fn balance_all(router: &Router) -> Result<usize> {
     Ok(moved)
 }
 
-/// `$shardedDataDistribution` (admin, first stage): for each sharded collection, each shard
-/// that owns chunks of it or holds documents of it: the documents it owns (a count at the
-/// router's shard version, which counts owned documents only), those it holds but does not
-/// own (orphans, such as a migration's leftovers), and their sizes from the shard's
-/// average document size, as mongod estimates them.
-pub async fn data_distribution(router: &Router) -> Result<Vec<Document>> {
-    let shards: Vec<String> = router.config_find("shards", doc! {}, doc! {"_id": 1}).await?.iter().filter_map(|s| s.get_str("_id").ok().map(str::to_string)).collect();
-    let mut out = Vec::new();
-    for c in router.config_find("collections", doc! {}, doc! {"_id": 1}).await? {
-        let Ok(ns) = c.get_str("_id") else { continue };
-        if c.get_bool("dropped").unwrap_or(false) {
-            continue;
-        }
-        let Some(sc) = router.sharded(ns).await? else { continue };
-        let Some((db, coll)) = ns.split_once('.') else { continue };
-        let owners = sc.table.shards();
-        let mut per_shard = Vec::new();
-        for shard in &shards {
-            let set = router.shard(shard).await?;
-            let stats = match router.command(&set, db, doc! {"collStats": coll}).await {
-                Ok(s) => s,
-                Err(e) if e.code == Code::NamespaceNotFound.0 => continue,
-                Err(e) => return Err(e),
-            };
-            let num = |f: &str| stats.get(f).and_then(crate::commands::as_i64).unwrap_or(0);
-            let (held, avg) = (num("count"), num("avgObjSize"));
-            let owned = if owners.contains(shard) {
-                let counted = router.command(&set, db, doc! {"count": coll, "shardVersion": sc.version_doc(shard)}).await?;
-                counted.get("n").and_then(crate::commands::as_i64).unwrap_or(0)
-            } else {
-                0
-            };
-            if held == 0 && owned == 0 && !owners.contains(shard) {
-                continue;
-            }
-            let orphaned = (held - owned).max(0);
-            per_shard.push(doc! {
-                "shardName": shard, "numOrphanedDocs": orphaned, "numOwnedDocuments": owned,
-                "ownedSizeBytes": owned * avg, "orphanedSizeBytes": orphaned * avg,
-            });
-        }
-        out.push(doc! {"ns": ns, "shards": per_shard});
-    }
-    Ok(out)
-}
-
 /// balancerStart / balancerStop: set config.settings' switch. balancerStop returns once the
 /// round under way (in this router) is over, as mongod's waits for its balancer.
 pub async fn set_balancer(router: &Router, on: bool) -> Result<Document> {

@@ -708,26 +708,6 @@ fn delete_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
     Ok(shards)
 }
 
-/// `{aggregate: 1, pipeline: [{$shardedDataDistribution: {}}, ...]}` on admin: the
-/// distribution (`balance::data_distribution`), the later stages run here over it.
-async fn sharded_data_distribution(router: &Router, req: &Request, stages: &[Document], batch: usize) -> Result<Document> {
-    // mongod's checks, in its order and with its codes.
-    if !stages[0].get_document("$shardedDataDistribution").is_ok_and(|o| o.is_empty()) {
-        return Err(Error::location(6789100, "The $shardedDataDistribution stage specification must be an empty object"));
-    }
-    if req.db != "admin" || !matches!(req.body.get("aggregate"), Some(Bson::Int32(1) | Bson::Int64(1) | Bson::Double(_))) {
-        return Err(Error::location(6789102, "The $shardedDataDistribution stage must be run on the admin database"));
-    }
-    let rest = query::agg::Pipeline::parse(&stages[1..])?;
-    if rest.stages.iter().any(|s| matches!(s, query::agg::Stage::External(..))) {
-        return Err(Error::new(Code::CommandNotSupported, "this stage cannot follow $shardedDataDistribution in shoal's router"));
-    }
-    let input = super::balance::data_distribution(router).await?;
-    let opts = query::agg::RunOptions { allow_disk_use: false, mem_limit_bytes: crate::commands::aggregate::AGG_MEMORY_BYTES_MAX };
-    let out = rest.run(&mut input.into_iter().map(Ok), &opts)?;
-    buffered_cursor(router, req, "admin.$cmd.aggregate".to_string(), "$cmd.aggregate".to_string(), out, batch).await
-}
-
 /// findAndModify changes one document, so it goes to one shard: on a sharded collection,
 /// the one its filter's shard key names (without one, ShardKeyNotFound, as mongod before
 /// 7.0's two-phase writes), with the same rules for the update as `update_targets`.
@@ -1270,7 +1250,7 @@ async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
     let stages: Vec<Document> = cmd.get_array("pipeline").map_err(|_| Error::location(40414, "BSON field 'aggregate.pipeline' is missing but a required field"))?.iter().filter_map(|s| s.as_document().cloned()).collect();
     let batch = batch_size_of(cmd.get_document("cursor").ok().and_then(|c| c.get("batchSize")))?.unwrap_or(FIRST_BATCH_DOCS_DEFAULT);
     if stages.first().is_some_and(|s| s.contains_key("$shardedDataDistribution")) {
-        return sharded_data_distribution(router, req, &stages, batch).await;
+        return super::introspect::sharded_data_distribution(router, req, &stages, batch).await;
     }
     let coll = collection_of(req).map_err(|_| Error::new(Code::CommandNotSupported, "aggregate without a collection is not supported by shoal's router"))?;
     let ns = format!("{}.{coll}", req.db);
@@ -1301,10 +1281,7 @@ async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
         let only = targets.into_iter().next().unwrap_or_default();
         return single_shard_cursor(router, req, &only, versioned(&forwarded(req), Some(&sc), &only)).await;
     }
-    let merge = query::agg::Pipeline::parse(merge)?;
-    if merge.stages.iter().any(|s| matches!(s, query::agg::Stage::External(..))) {
-        return Err(Error::new(Code::CommandNotSupported, "this stage is not supported on a sharded collection by shoal's router yet"));
-    }
+    let merge = router_stages(merge, "this stage is not supported on a sharded collection by shoal's router yet")?;
     let mut body = forwarded(req);
     body.insert("pipeline", on_shards.iter().cloned().map(Bson::Document).collect::<Vec<_>>());
     body.insert("cursor", Document::new());
@@ -1326,13 +1303,28 @@ async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
             return Err(Error::new(Code::ExceededMemoryLimit, format!("a sharded aggregate's merge took in more than {MERGE_INPUT_BYTES_MAX} bytes")));
         }
     }
-    let opts = query::agg::RunOptions { allow_disk_use: cmd.get_bool("allowDiskUse").unwrap_or(false), mem_limit_bytes: crate::commands::aggregate::AGG_MEMORY_BYTES_MAX };
-    let out = merge.run(&mut input.into_iter().map(Ok), &opts)?;
+    let out = run_router_stages(&merge, input, cmd.get_bool("allowDiskUse").unwrap_or(false))?;
     buffered_cursor(router, req, ns, coll, out, batch).await
 }
 
+/// Stages the router runs itself, over documents it holds (a sharded aggregate's merge, or
+/// what a first stage the router answers made): none may need a collection (`refusal`).
+pub(super) fn router_stages(stages: &[Document], refusal: &str) -> Result<query::agg::Pipeline> {
+    let p = query::agg::Pipeline::parse(stages)?;
+    if p.stages.iter().any(|s| matches!(s, query::agg::Stage::External(..))) {
+        return Err(Error::new(Code::CommandNotSupported, refusal));
+    }
+    Ok(p)
+}
+
+/// Run `router_stages` over `input`, within an aggregate's memory limit.
+pub(super) fn run_router_stages(p: &query::agg::Pipeline, input: Vec<Document>, allow_disk_use: bool) -> Result<Vec<Document>> {
+    let opts = query::agg::RunOptions { allow_disk_use, mem_limit_bytes: crate::commands::aggregate::AGG_MEMORY_BYTES_MAX };
+    p.run(&mut input.into_iter().map(Ok), &opts)
+}
+
 /// Documents the router computed, returned as a cursor of batches of `batch`.
-async fn buffered_cursor(router: &Router, req: &Request, ns: String, coll: String, docs: Vec<Document>, batch: usize) -> Result<Document> {
+pub(super) async fn buffered_cursor(router: &Router, req: &Request, ns: String, coll: String, docs: Vec<Document>, batch: usize) -> Result<Document> {
     let buffered: Vec<(Document, usize)> = docs.into_iter().map(|d| {
         let size = doc_size(&d);
         (d, size)

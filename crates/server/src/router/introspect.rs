@@ -1,10 +1,11 @@
 //! The router's answers about itself and about data spread over shards, in mongos's shapes:
 //! serverStatus and connectionStatus (the router's own state), dbStats and collStats (each
 //! shard's reply under `raw` or `shards`, and their sums), a leading `$collStats` stage
-//! (one document per shard, with its `shard`), and explain (each targeted shard's plan
-//! under a SINGLE_SHARD or SHARD_MERGE stage).
+//! (one document per shard, with its `shard`), `$shardedDataDistribution` (owned and
+//! orphaned documents per shard), and explain (each targeted shard's plan under a
+//! SINGLE_SHARD or SHARD_MERGE stage).
 
-use super::commands::{collection_of, forwarded, timeout_of};
+use super::commands::{buffered_cursor, collection_of, forwarded, router_stages, run_router_stages, timeout_of};
 use super::Router;
 use crate::dispatch::Request;
 use bson::{doc, Bson, Document};
@@ -139,10 +140,7 @@ pub async fn coll_stats(router: &Router, req: &Request) -> Result<Document> {
 pub async fn coll_stats_stage(router: &Router, req: &Request, stages: &[Document]) -> Result<Vec<Document>> {
     let coll = collection_of(req)?;
     let (shards, _) = holders(router, req, &coll).await?;
-    let rest = query::agg::Pipeline::parse(&stages[1..])?;
-    if rest.stages.iter().any(|s| matches!(s, query::agg::Stage::External(..))) {
-        return Err(Error::new(Code::CommandNotSupported, "this stage cannot follow $collStats in shoal's router"));
-    }
+    let rest = router_stages(&stages[1..], "this stage cannot follow $collStats in shoal's router")?;
     let mut input = Vec::new();
     for id in &shards {
         let set = router.shard(id).await?;
@@ -154,8 +152,62 @@ pub async fn coll_stats_stage(router: &Router, req: &Request, stages: &[Document
             input.push(d);
         }
     }
-    let opts = query::agg::RunOptions { allow_disk_use: false, mem_limit_bytes: crate::commands::aggregate::AGG_MEMORY_BYTES_MAX };
-    rest.run(&mut input.into_iter().map(Ok), &opts)
+    run_router_stages(&rest, input, false)
+}
+
+/// `{aggregate: 1, pipeline: [{$shardedDataDistribution: {}}, ...]}` on admin: the
+/// distribution (`data_distribution`), the later stages run here over it.
+pub async fn sharded_data_distribution(router: &Router, req: &Request, stages: &[Document], batch: usize) -> Result<Document> {
+    // mongod's checks, in its order and with its codes.
+    if !stages[0].get_document("$shardedDataDistribution").is_ok_and(|o| o.is_empty()) {
+        return Err(Error::location(6789100, "The $shardedDataDistribution stage specification must be an empty object"));
+    }
+    if req.db != "admin" || !matches!(req.body.get("aggregate"), Some(Bson::Int32(1) | Bson::Int64(1) | Bson::Double(_))) {
+        return Err(Error::location(6789102, "The $shardedDataDistribution stage must be run on the admin database"));
+    }
+    let rest = router_stages(&stages[1..], "this stage cannot follow $shardedDataDistribution in shoal's router")?;
+    let out = run_router_stages(&rest, data_distribution(router).await?, false)?;
+    buffered_cursor(router, req, "admin.$cmd.aggregate".to_string(), "$cmd.aggregate".to_string(), out, batch).await
+}
+
+/// For each sharded collection, each shard that owns chunks of it or holds documents of
+/// it: the documents it owns (a count at the router's shard version, which counts owned
+/// documents only), those it holds but does not own (orphans, such as a migration's
+/// leftovers), and their sizes from the shard's average document size, as mongod
+/// estimates them.
+async fn data_distribution(router: &Router) -> Result<Vec<Document>> {
+    let shards: Vec<String> = router.reload_shards().await?.iter().filter_map(|s| s.get_str("_id").ok().map(str::to_string)).collect();
+    let mut out = Vec::new();
+    for c in router.config_find("collections", doc! {}, doc! {"_id": 1}).await? {
+        let Ok(ns) = c.get_str("_id") else { continue };
+        if c.get_bool("dropped").unwrap_or(false) {
+            continue;
+        }
+        let Some(sc) = router.sharded(ns).await? else { continue };
+        let Some((db, coll)) = ns.split_once('.') else { continue };
+        let owners = sc.table.shards();
+        let mut per_shard = Vec::new();
+        for shard in &shards {
+            let set = router.shard(shard).await?;
+            let stats = match router.command(&set, db, doc! {"collStats": coll}).await {
+                Ok(s) => s,
+                Err(e) if e.code == Code::NamespaceNotFound.0 => continue,
+                Err(e) => return Err(e),
+            };
+            let (held, avg) = (num(&stats, "count"), num(&stats, "avgObjSize"));
+            let owned = if owners.contains(shard) { num(&router.command(&set, db, doc! {"count": coll, "shardVersion": sc.version_doc(shard)}).await?, "n") } else { 0 };
+            if held == 0 && !owners.contains(shard) {
+                continue;
+            }
+            let orphaned = (held - owned).max(0);
+            per_shard.push(doc! {
+                "shardName": shard, "numOrphanedDocs": orphaned, "numOwnedDocuments": owned,
+                "ownedSizeBytes": owned * avg, "orphanedSizeBytes": orphaned * avg,
+            });
+        }
+        out.push(doc! {"ns": ns, "shards": per_shard});
+    }
+    Ok(out)
 }
 
 /// explain of a find, count, distinct or aggregate: each shard the command would target
