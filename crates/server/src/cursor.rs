@@ -27,7 +27,8 @@ pub enum Source {
     /// Results computed up front (sorted finds, aggregation, listings).
     Buffered(VecDeque<Document>),
     /// A streaming scan that resumes where the previous batch ended.
-    Find { scan: Box<Scan>, projection: Option<Projection>, skip: u64, limit: Option<u64>, returned: u64 },
+    /// `held`: a result read for the previous batch that did not fit in it.
+    Find { scan: Box<Scan>, projection: Option<Projection>, skip: u64, limit: Option<u64>, returned: u64, held: Option<Document> },
     /// A tailable cursor: never exhausted by reaching the end of the data.
     Tail(Box<Tail>),
 }
@@ -114,7 +115,8 @@ impl Tail {
     }
 
     /// Append to `out` what `keep` makes of each record after `last` (None: the record does
-    /// not match), up to `docs_max` results and about BATCH_SIZE_BYTES_MAX bytes.
+    /// not match), up to `docs_max` results and BATCH_SIZE_BYTES_MAX bytes (or one result,
+    /// whatever its size).
     fn fill<T>(
         &mut self,
         docs_max: usize,
@@ -146,11 +148,19 @@ impl Tail {
                 if self.limit.is_some_and(|l| self.returned >= l) {
                     return Ok(true);
                 }
-                if out.len() >= docs_max || size >= BATCH_SIZE_BYTES_MAX {
+                if out.len() >= docs_max {
+                    return Ok(false);
+                }
+                let Some((item, item_size)) = keep(&self.filter, self.projection.as_ref(), bytes)? else {
+                    self.last = Some(rid);
+                    continue;
+                };
+                // At least one result per batch, and past that no more than
+                // BATCH_SIZE_BYTES_MAX: this one starts the next batch (read again then).
+                if !out.is_empty() && size + item_size > BATCH_SIZE_BYTES_MAX {
                     return Ok(false);
                 }
                 self.last = Some(rid);
-                let Some((item, item_size)) = keep(&self.filter, self.projection.as_ref(), bytes)? else { continue };
                 size += item_size;
                 self.returned += 1;
                 out.push(item);
@@ -229,8 +239,8 @@ impl Cursor {
                 }
                 q.is_empty()
             }
-            Source::Find { scan, projection, skip, limit, returned } => loop {
-                if out.len() >= docs_max || size >= BATCH_SIZE_BYTES_MAX {
+            Source::Find { scan, projection, skip, limit, returned, held } => loop {
+                if out.len() >= docs_max {
                     break false;
                 }
                 if let Some(l) = *limit {
@@ -238,16 +248,28 @@ impl Cursor {
                         break true;
                     }
                 }
-                let Some((_, doc, details)) = scan.next(op)? else { break true };
-                if *skip > 0 {
-                    *skip -= 1;
-                    continue;
-                }
-                let doc = match projection {
-                    Some(p) => p.apply(&doc, &details)?,
-                    None => doc,
+                let doc = match held.take() {
+                    Some(doc) => doc,
+                    None => {
+                        let Some((_, doc, details)) = scan.next(op)? else { break true };
+                        if *skip > 0 {
+                            *skip -= 1;
+                            continue;
+                        }
+                        match projection {
+                            Some(p) => p.apply(&doc, &details)?,
+                            None => doc,
+                        }
+                    }
                 };
-                size += approx_doc_size(&doc);
+                // At least one document per batch, and past that no more than
+                // BATCH_SIZE_BYTES_MAX: one that does not fit is held for the next batch.
+                let doc_size = approx_doc_size(&doc);
+                if !out.is_empty() && size + doc_size > BATCH_SIZE_BYTES_MAX {
+                    *held = Some(doc);
+                    break false;
+                }
+                size += doc_size;
                 *returned += 1;
                 out.push(doc);
             },

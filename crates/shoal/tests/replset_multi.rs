@@ -1584,3 +1584,48 @@ async fn set_audit_config_on_the_primary_reaches_every_member_and_outlives_a_res
     assert_eq!(audit_config(&set, 2).await.get_object_id("generation").ok(), Some(generation));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two documents of about 15 MB each, one insert: their oplog entries cannot share a 16 MiB
+/// batch. Each transport must still carry them, one entry per batch when it has to, and the
+/// set must go on acknowledging w:3 writes.
+async fn near_limit_documents_replicate(transport: &str) {
+    let mut set = Set::start_with_args(3, doc! {}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}], &[&[], &["--logTransport", transport], &["--logTransport", transport]]).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    for i in 1..3 {
+        set.wait_for_secondary(i).await;
+    }
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("big");
+    let big = |id: i32| doc! {"_id": id, "s": "x".repeat(15_000_000)};
+    coll.insert_many(vec![big(1), big(2)]).write_concern(w1()).await.unwrap();
+    let w3 = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(3)).w_timeout(Duration::from_secs(20)).build();
+    let started = Instant::now();
+    coll.insert_one(doc! {"_id": 3}).write_concern(w3.clone()).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10), "the w:3 write took {:?}", started.elapsed());
+    // A single entry at the largest size an oplog entry can have, then small writes again.
+    coll.insert_one(doc! {"_id": 4, "s": "y".repeat(16 * 1024 * 1024 - 100)}).write_concern(w1()).await.unwrap();
+    coll.insert_one(doc! {"_id": 5}).write_concern(w3).await.unwrap();
+    for i in 1..3 {
+        set.wait_for_count(i, "big", 5).await;
+        let c = direct(&set.members[i]).await;
+        let opts = mongodb::options::FindOptions::builder().selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::SecondaryPreferred { options: None })).projection(doc! {"len": {"$strLenBytes": {"$ifNull": ["$s", ""]}}}).sort(doc! {"_id": 1}).build();
+        let got = collect(c.database("app").collection::<Document>("big").find(doc! {}).with_options(opts).await.unwrap()).await;
+        let lens: Vec<i32> = got.iter().map(|d| d.get_i32("len").unwrap()).collect();
+        assert_eq!(lens, vec![15_000_000, 15_000_000, 0, 16 * 1024 * 1024 - 100, 0], "member {i}");
+    }
+}
+
+#[tokio::test]
+async fn near_limit_documents_replicate_by_pull() {
+    near_limit_documents_replicate("pull").await;
+}
+
+#[tokio::test]
+async fn near_limit_documents_replicate_by_push() {
+    near_limit_documents_replicate("push").await;
+}
+
+#[tokio::test]
+async fn near_limit_documents_replicate_through_shared_memory() {
+    near_limit_documents_replicate("shm").await;
+}

@@ -318,7 +318,7 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     let hint = natural.as_ref().or(ctx.cmd.get("hint"));
     let (scan, plan) = ctx.planned_scan(coll.snapshot(), &filter_doc, Some(&sort), hint, projected.as_deref())?;
     let source = if sort.is_empty() || plan.provides_sort {
-        Source::Find { scan: Box::new(scan), projection, skip, limit, returned: 0 }
+        Source::Find { scan: Box::new(scan), projection, skip, limit, returned: 0, held: None }
     } else {
         let keep = limit.map(|l| usize::try_from(l.saturating_add(skip)).unwrap_or(usize::MAX));
         let all = sorted_matches(ctx, scan, &sort, allow_disk_use, keep)?;

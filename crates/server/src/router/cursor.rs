@@ -103,7 +103,7 @@ impl RouterCursor {
         self.last_used = Instant::now();
         let mut out = Vec::new();
         let mut bytes = 0;
-        while out.len() < docs_max && bytes < BATCH_BYTES_MAX && self.limit != Some(0) {
+        while out.len() < docs_max && self.limit != Some(0) {
             // A sorted merge needs the head of every stream that has more; an unsorted one
             // any document, and fetches only when none is buffered.
             let starved: Vec<bool> = self.streams.iter().map(|s| s.buf.is_empty() && s.id != 0).collect();
@@ -132,6 +132,12 @@ impl RouterCursor {
                 None => self.streams.iter().position(|s| !s.buf.is_empty()),
             };
             let Some(i) = next else { break };
+            // A batch holds at least one document, and past that no more than
+            // BATCH_BYTES_MAX: two documents near 16 MiB go in two batches.
+            let size = self.streams[i].buf.front().map_or(0, |(_, size)| *size);
+            if !out.is_empty() && bytes + size > BATCH_BYTES_MAX {
+                break;
+            }
             let Some((d, size)) = self.streams[i].buf.pop_front() else { break };
             if self.skip > 0 {
                 self.skip -= 1;
