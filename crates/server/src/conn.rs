@@ -598,6 +598,10 @@ async fn admit(shared: &Arc<Shared>, conn: &mut ConnState, request: &Request) ->
 /// down.
 async fn wait_for_commit_point(shared: &Shared, wait: dispatch::ReadWait) -> common::Result<()> {
     let Some(repl) = &shared.repl else { return Ok(()) };
+    // The commit point counts a primary's entries once its journal has them.
+    if repl.is_writable_primary() {
+        repl.request_journal_flush_through(&shared.store, wait.at);
+    }
     let deadline = wait.deadline.map(tokio::time::Instant::from_std);
     match wait_for_progress(repl, deadline, None, || repl.read_status(&shared.store, wait.at, wait.linearizable)).await {
         Waited::Satisfied => Ok(()),
@@ -728,6 +732,9 @@ async fn wait_for_progress(
 /// the reply gets a writeConcernError beside the write's own result, as mongod's does.
 async fn wait_for_replication(shared: &Shared, wait: dispatch::ReplicationWait, reply: &mut Document) {
     let Some(repl) = &shared.repl else { return };
+    if wait.durable || wait.own_durable {
+        repl.request_journal_flush_through(&shared.store, wait.at);
+    }
     let deadline = wait.timeout.map(|t| tokio::time::Instant::now() + t);
     let majority = (wait.durable && wait.mode == repl::progress::WMode::Majority).then_some((&shared.store, wait.at));
     let started = std::time::Instant::now();

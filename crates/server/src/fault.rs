@@ -41,32 +41,60 @@ pub fn journal_flush_delay() -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
-/// While on (`configureFailPoint: "migrateHangInFinalTransfer"`), a recipient holds a chunk
-/// migration's last transfer (the one that asks for w:majority, inside the donor's
-/// critical section): a test keeps a migration in its critical section to crash the donor
-/// there. `FINAL_TRANSFERS_HELD` counts the transfers held, as mongod's fail points count
-/// their hits.
-static FINAL_TRANSFER_HANG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-static FINAL_TRANSFERS_HELD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Turn the final-transfer hang on or off; returns how many transfers it has held so far.
-pub fn set_final_transfer_hang(on: bool) -> u64 {
-    FINAL_TRANSFER_HANG.store(on, std::sync::atomic::Ordering::Relaxed);
-    FINAL_TRANSFERS_HELD.load(std::sync::atomic::Ordering::Relaxed)
+/// A fail point that holds an operation at one place while it is on, and counts the
+/// operations it held, as mongod's fail points count their hits.
+pub struct Hang {
+    on: std::sync::atomic::AtomicBool,
+    held: std::sync::atomic::AtomicU64,
 }
 
-/// Wait while the final-transfer hang is on; `check` ends the wait early (the operation was
-/// killed or timed out).
-pub fn hold_final_transfer(check: impl Fn() -> Result<()>) -> Result<()> {
-    if !FINAL_TRANSFER_HANG.load(std::sync::atomic::Ordering::Relaxed) {
-        return Ok(());
+/// `migrateHangInFinalTransfer`: a recipient holds a chunk migration's last transfer (the
+/// one that asks for w:majority, inside the donor's critical section), so a test can crash
+/// the donor there.
+pub static FINAL_TRANSFER_HANG: Hang = Hang::new();
+/// `initialSyncHangAfterDataCloning` (mongod's name): an initial sync holds after it cloned
+/// the data, before it seeds its oplog, so a test can crash a member mid-sync.
+pub static INITIAL_SYNC_CLONED_HANG: Hang = Hang::new();
+
+impl Hang {
+    const fn new() -> Hang {
+        Hang { on: std::sync::atomic::AtomicBool::new(false), held: std::sync::atomic::AtomicU64::new(0) }
     }
-    FINAL_TRANSFERS_HELD.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    while FINAL_TRANSFER_HANG.load(std::sync::atomic::Ordering::Relaxed) {
-        check()?;
-        std::thread::sleep(Duration::from_millis(20));
+
+    /// Turn it on or off; returns how many operations it has held so far.
+    pub fn set(&self, on: bool) -> u64 {
+        self.on.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.held.load(std::sync::atomic::Ordering::Relaxed)
     }
-    Ok(())
+
+    fn enter(&self) -> bool {
+        let on = self.on.load(std::sync::atomic::Ordering::Relaxed);
+        if on {
+            self.held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        on
+    }
+
+    /// Wait on this thread while it is on; `check` ends the wait early (the operation was
+    /// killed or timed out).
+    pub fn hold(&self, check: impl Fn() -> Result<()>) -> Result<()> {
+        if self.enter() {
+            while self.on.load(std::sync::atomic::Ordering::Relaxed) {
+                check()?;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait, as a task, while it is on.
+    pub async fn hold_async(&self) {
+        if self.enter() {
+            while self.on.load(std::sync::atomic::Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
 }
 
 /// Set the fault on the link to `host` (`None` clears it); `"*"` is every host.

@@ -8,6 +8,7 @@ use common::*;
 use mongodb::bson::{doc, Bson, Document, Timestamp};
 use mongodb::options::{ReadPreference, SelectionCriteria};
 use mongodb::Client;
+use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -1628,4 +1629,91 @@ async fn near_limit_documents_replicate_by_push() {
 #[tokio::test]
 async fn near_limit_documents_replicate_through_shared_memory() {
     near_limit_documents_replicate("shm").await;
+}
+
+/// A w:0 write asks for no journal sync. A command after it that waits for this member's
+/// journal to reach the newest entry (a drop of a missing collection waits for the newest
+/// entry, as a no-op write does; so does a majority read) must not wait for some later
+/// write to ask for one.
+#[tokio::test]
+async fn waits_after_an_unacknowledged_write_answer_at_once() {
+    let mut set = Set::start(3, doc! {}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}]).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    set.seed("c", 1).await;
+    let port = set.members[0].port;
+    tokio::task::spawn_blocking(move || {
+        // One connection: the w:0 insert (moreToCome, no reply) runs before the next command.
+        let mut raw = wire::connect(port);
+        for round in 0..5 {
+            let insert = doc! {"insert": "c", "documents": [{"round": round}], "writeConcern": {"w": 0}, "$db": "app"};
+            raw.write_all(&wire::op_msg(100 + round, 2, &insert)).unwrap();
+            let started = Instant::now();
+            let r = wire::command(&mut raw, 200 + round, &doc! {"drop": format!("missing{round}"), "$db": "app"}).doc;
+            assert!(r.get_f64("ok").is_ok_and(|ok| ok == 1.0) || r.get_i32("code").ok() == Some(26), "round {round}: {r:?}");
+            let r = wire::command(&mut raw, 300 + round, &doc! {"count": "c", "readConcern": {"level": "majority"}, "$db": "app"}).doc;
+            assert_eq!(r.get_i32("n").ok(), Some(2 + round), "round {round}: {r:?}");
+            let took = started.elapsed();
+            assert!(took < Duration::from_secs(1), "round {round}: the drop and the majority read took {took:?}");
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// A member killed in the middle of its initial sync starts the sync over when it restarts
+/// (the initial-sync flag says it did not finish, although its oplog may hold entries by
+/// then); a member whose sync finished keeps its data across restarts and never syncs again.
+#[tokio::test]
+async fn an_unfinished_initial_sync_starts_over_and_a_finished_one_never_does() {
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("c");
+    let docs: Vec<Document> = (0..3000).map(|i| doc! {"_id": i, "pad": "x".repeat(100)}).collect();
+    coll.insert_many(docs).await.unwrap();
+    let mut newcomer = Server::start_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"]);
+    let c = direct(&newcomer).await;
+    admin(&c, doc! {"configureFailPoint": "initialSyncHangAfterDataCloning", "mode": "alwaysOn"}).await.unwrap();
+    let primary = direct(&set.members[p]).await;
+    let mut config = admin(&primary, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().clone();
+    let mut members = config.get_array("members").unwrap().clone();
+    members.push(Bson::Document(doc! {"_id": 3, "host": host(&newcomer), "votes": 0, "priority": 0}));
+    config.insert("members", members);
+    config.insert("version", config.get_i32("version").unwrap() + 1);
+    admin(&primary, doc! {"replSetReconfig": config}).await.unwrap();
+    // Held after its clone: the data is here, the oplog not yet seeded.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let held = admin(&c, doc! {"configureFailPoint": "initialSyncHangAfterDataCloning", "mode": "alwaysOn"}).await.unwrap();
+        if held.get_i64("count").unwrap() > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the initial sync did not reach the end of its clone");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(c);
+    newcomer.kill9();
+    newcomer.restart_with_args(&["--replSet", "rs0"]);
+    set.members.push(newcomer);
+    coll.insert_one(doc! {"_id": "after"}).write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(60)).build()).await.unwrap();
+    set.wait_for_secondary(3).await;
+    let s = admin(&direct(&set.members[3]).await, doc! {"replSetGetStatus": 1, "initialSync": 1}).await.unwrap();
+    let st = s.get_document("initialSyncStatus").unwrap();
+    assert!(st.get_str("reason").unwrap().contains("did not finish"), "{st:?}");
+    let want = all_on(&set.members[p], "app", "c").await;
+    assert_eq!(want.len(), 3001);
+    set.wait_for_count(3, "c", 3001).await;
+    assert_eq!(all_on(&set.members[3], "app", "c").await, want);
+    // Finished: killed and restarted twice, it keeps its data and starts no sync.
+    for round in 0..2 {
+        set.members[3].kill9();
+        set.members[3].restart_with_args(&["--replSet", "rs0"]);
+        coll.insert_one(doc! {"_id": format!("round{round}")}).write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(60)).build()).await.unwrap();
+        set.wait_for_secondary(3).await;
+        let s = admin(&direct(&set.members[3]).await, doc! {"replSetGetStatus": 1, "initialSync": 1}).await.unwrap();
+        assert!(s.get("initialSyncStatus").is_none(), "round {round}: {s:?}");
+        assert!(!set.members[3].stderr_tail().contains("starting an initial sync"), "round {round}:\n{}", set.members[3].stderr_tail());
+        // (w:4 counts an entry durable in its oplog; it is applied just after.)
+        set.wait_for_count(3, "c", 3002 + round as u64).await;
+    }
 }

@@ -140,12 +140,13 @@ pub fn repl_set_freeze(ctx: &mut Ctx) -> Result<Document> {
     crate::repl::member_commands::freeze(ctx.shared, secs as u64)
 }
 
-/// configureFailPoint, for shoal's three fail points: `replLink`, faults on this member's
+/// configureFailPoint, for shoal's fail points: `replLink`, faults on this member's
 /// links to other members (crate::fault). `{configureFailPoint: "replLink", mode: "alwaysOn"
 /// | "off", data: {host: "h:p" | "*", delayMs, lossPercent, partition}}`; and
 /// `journalFlushDelay` (`data: {delayMs}`), a wait before each sync of the journal
-/// flusher; `migrateHangInFinalTransfer`, a recipient holding a migration's last transfer
-/// (crate::fault; the reply's `count`: transfers held so far). Only with
+/// flusher; `migrateHangInFinalTransfer`, a recipient holding a migration's last transfer,
+/// and `initialSyncHangAfterDataCloning`, an initial sync holding after its clone
+/// (crate::fault; the reply's `count`: operations held so far). Only with
 /// `--setParameter enableTestCommands=1`; otherwise the command does not exist, as in mongod.
 pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     if !ctx.shared.config.enable_test_commands {
@@ -156,7 +157,7 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     }
     super::check_fields("configureFailPoint", ctx.cmd, &["configureFailPoint", "mode", "data"])?;
     let name = ctx.cmd.get_str("configureFailPoint").map_err(|_| Error::type_mismatch("configureFailPoint must name a fail point"))?;
-    if !matches!(name, "replLink" | "journalFlushDelay" | "migrateHangInFinalTransfer") {
+    if !matches!(name, "replLink" | "journalFlushDelay" | "migrateHangInFinalTransfer" | "initialSyncHangAfterDataCloning") {
         return Err(Error::bad_value(format!("Cannot find failpoint: {name}")));
     }
     let on = match ctx.cmd.get("mode") {
@@ -165,9 +166,13 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
         _ => return Err(Error::bad_value(format!("{name} supports mode \"alwaysOn\" or \"off\""))),
     };
     let data = ctx.cmd.get_document("data").cloned().unwrap_or_default();
-    if name == "migrateHangInFinalTransfer" {
-        let held = crate::fault::set_final_transfer_hang(on);
-        return Ok(bson::doc! {"count": held as i64});
+    let hang = match name {
+        "migrateHangInFinalTransfer" => Some(&crate::fault::FINAL_TRANSFER_HANG),
+        "initialSyncHangAfterDataCloning" => Some(&crate::fault::INITIAL_SYNC_CLONED_HANG),
+        _ => None,
+    };
+    if let Some(hang) = hang {
+        return Ok(bson::doc! {"count": hang.set(on) as i64});
     }
     if name == "journalFlushDelay" {
         // {data: {delayMs}}: the journal flusher waits this long before each sync.

@@ -474,7 +474,7 @@ pub fn recv_chunk_apply(ctx: &mut Ctx) -> Result<Document> {
     let array = |f: &str| ctx.cmd.get_array(f).map(|a| a.as_slice()).unwrap_or_default();
     if ctx.cmd.get_document("writeConcern").is_ok_and(|w| w.get_str("w").ok() == Some("majority")) {
         // The last transfer, in the donor's critical section (a test may hold it there).
-        crate::fault::hold_final_transfer(|| ctx.op.check())?;
+        crate::fault::FINAL_TRANSFER_HANG.hold(|| ctx.op.check())?;
     }
     let (mut written, mut deleted) = (0i64, 0i64);
     let mut writer = c.writer();

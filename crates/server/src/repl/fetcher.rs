@@ -79,13 +79,13 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
     // with the source below, take the oplog as applied.
     apply_unapplied(shared)?;
     let mut conn = PeerConn::connect(host, CONNECT_TIMEOUT).await?;
-    let last = shared.store.oplog_last().unwrap_or_default();
-    if last == OpTime::default() {
+    if let Some(reason) = super::ReplCoord::initial_sync_reason(&shared.store)? {
         // An empty member copies the data first (initial sync), then tails from where the
         // copy began.
-        super::initial_sync::run(shared, &mut conn, host).await?;
+        super::initial_sync::run(shared, &mut conn, host, reason).await?;
         return Ok(());
     }
+    let last = shared.store.oplog_last().unwrap_or_default();
     let find = doc! {"find": "oplog.rs", "filter": {"ts": {"$gte": last.timestamp()}}, "tailable": true, "awaitData": true, "batchSize": FETCH_BATCH_DOCS, "$replData": 1};
     let reply = conn.command_raw("local", find, CONNECT_TIMEOUT + REPLY_SLACK).await?;
     let (mut id, mut batch) = cursor_batch_raw(&reply, "firstBatch")?;

@@ -13,8 +13,10 @@
 //!    `minValid` is applied the data is consistent and the member becomes SECONDARY
 //!    (`ReplCoord::after_apply`).
 //!
-//! Until step 4 our oplog is empty, so a crash or an error anywhere before it starts the
-//! whole sync again, as mongod does after a failed attempt.
+//! Until step 4 our oplog is empty and the initial-sync flag is set (durably, before step
+//! 2 drops anything), so a crash or an error anywhere before it starts the whole sync again,
+//! as mongod does after a failed attempt. The flag is cleared once the oplog is seeded; a
+//! member whose sync finished never starts another (`ReplCoord::initial_sync_reason`).
 
 use super::peer::{cursor_batch, PeerConn};
 use crate::state::Shared;
@@ -38,6 +40,8 @@ pub(crate) struct Stats {
     pub end: Option<bson::DateTime>,
     pub elapsed_ms: i64,
     pub sync_source: String,
+    /// Why it started (`ReplCoord::initial_sync_reason`).
+    pub reason: String,
     pub oplog_start: Option<OpTime>,
     pub oplog_end: Option<OpTime>,
     pub databases_cloned: i32,
@@ -56,6 +60,7 @@ impl Stats {
         }
         d.insert("totalInitialSyncElapsedMillis", self.elapsed_ms);
         d.insert("syncSourceHost", self.sync_source.clone());
+        d.insert("reason", self.reason.clone());
         if let Some(o) = self.oplog_start {
             d.insert("initialSyncOplogStart", o.timestamp());
         }
@@ -70,13 +75,16 @@ impl Stats {
 
 /// Clone from `host`, seed the oplog and enter RECOVERING until minValid. A failed attempt
 /// is counted; the fetcher starts another.
-pub(super) async fn run(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Result<()> {
+pub(super) async fn run(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, reason: String) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let started = std::time::Instant::now();
+    tracing::info!(%host, %reason, "starting an initial sync");
+    // Out of the set's reads before the status says a sync runs.
+    coord.set_state(MemberState::Startup2);
     {
         let mut inner = coord.inner.lock();
         let failed_attempts = inner.initial_sync.failed_attempts;
-        inner.initial_sync = Stats { failed_attempts, start: Some(bson::DateTime::now()), sync_source: host.to_string(), ..Stats::default() };
+        inner.initial_sync = Stats { failed_attempts, start: Some(bson::DateTime::now()), sync_source: host.to_string(), reason, ..Stats::default() };
     }
     let r = attempt(shared, conn, host).await;
     let mut inner = coord.inner.lock();
@@ -90,13 +98,15 @@ pub(super) async fn run(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -
 
 async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
-    coord.set_state(MemberState::Startup2);
     coord.set_info_message(format!("initial sync from {host}"));
     let begin = newest_entry(conn).await?;
     let begin_at = OpTime::from_doc(&begin).ok_or_else(|| Error::new(Code::FailedToParse, format!("{host}'s newest oplog entry has no ts and t")))?;
     coord.inner.lock().initial_sync.oplog_start = Some(begin_at);
     let store = shared.store.clone();
     super::blocking(move || -> Result<()> {
+        // Before anything is dropped: a crash from here until the oplog is seeded starts
+        // the sync over after the restart, whatever the oplog holds by then.
+        super::ReplCoord::persist_initial_sync_flag(&store, true)?;
         // Not logged: these drops are this member's own, and its oplog must stay empty until
         // it is seeded with the source's entry.
         let _replicated = storage::applying_replicated_ops();
@@ -120,6 +130,7 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
         }
         coord.inner.lock().initial_sync.databases_cloned += 1;
     }
+    crate::fault::INITIAL_SYNC_CLONED_HANG.hold_async().await;
     let min_valid = OpTime::from_doc(&newest_entry(conn).await?).unwrap_or(begin_at);
     coord.inner.lock().initial_sync.oplog_end = Some(min_valid);
     // Seed the oplog with `begin`, applied (idempotently) like any fetched entry, so the
@@ -134,7 +145,9 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
             crate::apply::apply_entry(&store, &begin)?;
         }
         store.append_oplog_replicated(&[(begin_at, bytes)])?;
-        store.commit_durable()
+        store.commit_durable()?;
+        // The sync is done: from here on the oplog (and minValid) carry this member.
+        super::ReplCoord::persist_initial_sync_flag(&store, false)
     })
     .await?;
     let documents_copied = coord.inner.lock().initial_sync.documents_copied;

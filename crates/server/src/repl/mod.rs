@@ -41,6 +41,22 @@ const ELECTION_COLLECTION: &str = "replset.election";
 /// mongod's minValid: after a rollback or an initial sync, the optime the oplog must reach
 /// before the data is consistent. Kept durably so a restart in between stays RECOVERING.
 const MIN_VALID_COLLECTION: &str = "replset.minvalid";
+/// mongod's initialSyncFlag: present from the start of an initial sync (before it drops
+/// anything) until its oplog is seeded. A member starts an initial sync only when its oplog
+/// is empty or this says an earlier one did not finish; never again once it has finished.
+const INITIAL_SYNC_FLAG_COLLECTION: &str = "replset.initialSyncFlag";
+
+/// The journal flusher's requests: whether a sync is asked for, and the newest entry the
+/// sync taken or under way covers (`request_journal_flush_through`).
+#[derive(Default)]
+struct FlushRequests {
+    requested: bool,
+    covering: OpTime,
+}
+
+/// The flusher syncs at least this often while entries are not durable (mongod's
+/// storage.journal.commitIntervalMs default).
+const JOURNAL_COMMIT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 pub struct ReplCoord {
     pub set_name: String,
@@ -81,7 +97,7 @@ pub struct ReplCoord {
     pub(crate) apply_lock: Mutex<()>,
     /// Set when a write leaves its fsync to the journal flusher thread (`journal_flush_loop`),
     /// which syncs and then counts this member's new durable optime.
-    journal_flush_requested: Mutex<bool>,
+    journal_flush: Mutex<FlushRequests>,
     journal_flush_wake: parking_lot::Condvar,
     /// The server state, for tasks that commands start (set by `spawn_tasks`).
     shared: std::sync::OnceLock<std::sync::Weak<crate::state::Shared>>,
@@ -220,7 +236,7 @@ impl ReplCoord {
             tasks_started: AtomicBool::new(false),
             oplog_write_lock: Mutex::new(()),
             apply_lock: Mutex::new(()),
-            journal_flush_requested: Mutex::new(false),
+            journal_flush: Mutex::new(FlushRequests::default()),
             journal_flush_wake: parking_lot::Condvar::new(),
             shared: std::sync::OnceLock::new(),
         };
@@ -254,6 +270,34 @@ impl ReplCoord {
             }
         }
         Ok(coord)
+    }
+
+    /// Why this member must copy the set's data before it can fetch (initial sync), if it
+    /// must: its oplog is empty (it never synced), or an earlier sync did not finish. A
+    /// member whose sync finished has oplog entries and no flag, and never syncs again.
+    pub(crate) fn initial_sync_reason(store: &Store) -> Result<Option<String>> {
+        if let Some(flag) = first_doc(store, INITIAL_SYNC_FLAG_COLLECTION)? {
+            let since = flag.get_datetime("startedAt").map(|d| d.try_to_rfc3339_string().unwrap_or_default()).unwrap_or_default();
+            return Ok(Some(format!("an initial sync started at {since} did not finish")));
+        }
+        if store.oplog_last().unwrap_or_default() == OpTime::default() {
+            return Ok(Some("this member's oplog is empty".to_string()));
+        }
+        Ok(None)
+    }
+
+    /// Set (durably) or clear the initial-sync flag (`initial_sync_reason`).
+    pub(crate) fn persist_initial_sync_flag(store: &Store, set: bool) -> Result<()> {
+        if set {
+            return put_single_doc(store, INITIAL_SYNC_FLAG_COLLECTION, &doc! {"_id": "initialSyncFlag", "startedAt": bson::DateTime::now()});
+        }
+        if let Some(c) = store.collection(CONFIG_DB, INITIAL_SYNC_FLAG_COLLECTION) {
+            let mut w = c.writer();
+            for (rid, d) in w.snapshot().scan(None, usize::MAX)? {
+                w.delete(rid, &d)?;
+            }
+        }
+        store.commit_durable()
     }
 
     /// Record `min_valid` durably, before the rollback or initial sync that needs it makes
@@ -294,9 +338,10 @@ impl ReplCoord {
         })?;
         let me = config.members[self_index].clone();
         let alone = config.members.iter().enumerate().all(|(i, m)| i == self_index || !m.is_voter()) && me.is_electable();
-        // A member with nothing in its oplog has no data to serve yet: it stays in STARTUP2
-        // until an initial sync (repl::initial_sync) has copied the set's data.
-        let empty = store.oplog_last().unwrap_or_default() == OpTime::default();
+        // A member with nothing in its oplog (or whose initial sync did not finish) has no
+        // data to serve yet: it stays in STARTUP2 until an initial sync (repl::initial_sync)
+        // has copied the set's data.
+        let empty = Self::initial_sync_reason(store)?.is_some();
         {
             let mut inner = self.inner.lock();
             let old_peers = std::mem::take(&mut inner.peers);
@@ -625,9 +670,25 @@ impl ReplCoord {
 
     /// Have the journal flusher make this member's applied writes durable soon.
     pub fn request_journal_flush(&self) {
-        let mut requested = self.journal_flush_requested.lock();
-        if !*requested {
-            *requested = true;
+        let mut flush = self.journal_flush.lock();
+        if !flush.requested {
+            flush.requested = true;
+            self.journal_flush_wake.notify_one();
+        }
+    }
+
+    /// A wait for this member's own journal to reach `at` (a write concern, a majority
+    /// read): have the flusher sync unless a sync that covers `at` is already asked for or
+    /// under way. The write that logged `at` may not have asked (w:0, j:false), nor may
+    /// the command now waiting (a no-op write waits for the newest entry): without this the
+    /// wait lasted until some later write asked, or the flusher's interval.
+    pub fn request_journal_flush_through(&self, store: &Store, at: OpTime) {
+        if store.oplog_durable().is_some_and(|d| d >= at) {
+            return;
+        }
+        let mut flush = self.journal_flush.lock();
+        if !flush.requested && flush.covering < at {
+            flush.requested = true;
             self.journal_flush_wake.notify_one();
         }
     }
@@ -636,14 +697,22 @@ impl ReplCoord {
     /// writers that sync themselves share it), and count the new durable optime toward the
     /// waiting write concerns and the commit point. One thread, so a burst of writes takes
     /// one fsync and no thread blocked for it.
+    /// Without requests it still syncs every `JOURNAL_COMMIT_INTERVAL` while entries are not
+    /// durable (mongod's storage.journal.commitIntervalMs), so no durability depends on a
+    /// later write's request.
     pub(crate) fn journal_flush_loop(&self, store: &Store) {
         loop {
             {
-                let mut requested = self.journal_flush_requested.lock();
-                while !*requested {
-                    self.journal_flush_wake.wait(&mut requested);
+                let mut flush = self.journal_flush.lock();
+                while !flush.requested {
+                    let timed_out = self.journal_flush_wake.wait_for(&mut flush, JOURNAL_COMMIT_INTERVAL).timed_out();
+                    if timed_out && store.oplog_durable() < store.oplog_last() {
+                        break;
+                    }
                 }
-                *requested = false;
+                flush.requested = false;
+                // Every write applied before the sync starts is durable after it.
+                flush.covering = store.oplog_last().unwrap_or_default();
             }
             if let Some(d) = crate::fault::journal_flush_delay() {
                 std::thread::sleep(d);
