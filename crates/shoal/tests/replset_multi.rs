@@ -1603,8 +1603,9 @@ async fn near_limit_documents_replicate(transport: &str) {
     let started = Instant::now();
     coll.insert_one(doc! {"_id": 3}).write_concern(w3.clone()).await.unwrap();
     assert!(started.elapsed() < Duration::from_secs(10), "the w:3 write took {:?}", started.elapsed());
-    // A single entry at the largest size an oplog entry can have, then small writes again.
-    coll.insert_one(doc! {"_id": 4, "s": "y".repeat(16 * 1024 * 1024 - 100)}).write_concern(w1()).await.unwrap();
+    // The largest document there is ({_id: 4, s} of exactly 16 MiB; its oplog entry is a
+    // little larger), then small writes again.
+    coll.insert_one(doc! {"_id": 4, "s": "y".repeat(16 * 1024 * 1024 - 22)}).write_concern(w1()).await.unwrap();
     coll.insert_one(doc! {"_id": 5}).write_concern(w3).await.unwrap();
     for i in 1..3 {
         set.wait_for_count(i, "big", 5).await;
@@ -1612,8 +1613,22 @@ async fn near_limit_documents_replicate(transport: &str) {
         let opts = mongodb::options::FindOptions::builder().selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::SecondaryPreferred { options: None })).projection(doc! {"len": {"$strLenBytes": {"$ifNull": ["$s", ""]}}}).sort(doc! {"_id": 1}).build();
         let got = collect(c.database("app").collection::<Document>("big").find(doc! {}).with_options(opts).await.unwrap()).await;
         let lens: Vec<i32> = got.iter().map(|d| d.get_i32("len").unwrap()).collect();
-        assert_eq!(lens, vec![15_000_000, 15_000_000, 0, 16 * 1024 * 1024 - 100, 0], "member {i}");
+        assert_eq!(lens, vec![15_000_000, 15_000_000, 0, 16 * 1024 * 1024 - 22, 0], "member {i}");
     }
+    // An empty member's initial sync clones them (each in a batch of its own) and then
+    // fetches by the same transport.
+    let newcomer = Server::start_with_args(&["--replSet", "rs0", "--logTransport", transport]);
+    let primary = direct(&set.members[0]).await;
+    let mut config = admin(&primary, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().clone();
+    let mut members = config.get_array("members").unwrap().clone();
+    members.push(Bson::Document(doc! {"_id": 3, "host": host(&newcomer), "votes": 0, "priority": 0}));
+    config.insert("members", members);
+    config.insert("version", config.get_i32("version").unwrap() + 1);
+    admin(&primary, doc! {"replSetReconfig": config}).await.unwrap();
+    set.members.push(newcomer);
+    set.wait_for_secondary(3).await;
+    coll.insert_one(doc! {"_id": 6, "s": "z".repeat(15_000_000)}).write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(20)).build()).await.unwrap();
+    set.wait_for_count(3, "big", 6).await;
 }
 
 #[tokio::test]

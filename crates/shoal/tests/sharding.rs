@@ -8,6 +8,7 @@ use common::*;
 use mongodb::bson::{doc, Bson, Document};
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 /// A cluster started by `shoal cluster up`, stopped when dropped.
 struct Cluster {
@@ -1044,4 +1045,46 @@ async fn move_until_final_transfer(admin: &mongodb::Database, recipient: &mongod
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     mover
+}
+
+/// Documents near the 16 MiB limit through a router: two of 15 MB in one insert and one of
+/// exactly 16 MiB, on shards of three members. A w:3 write is acknowledged after
+/// them (every shard member fetched them), their chunk migrates whole, and an unsharded
+/// collection of them moves with movePrimary.
+#[tokio::test]
+async fn near_limit_documents_replicate_and_migrate_through_the_router() {
+    // {_id: 3, k: 3, s} is then exactly 16 MiB, the largest document there is.
+    const LARGEST_S_BYTES: usize = 16 * 1024 * 1024 - 29;
+    let cluster = Cluster::up_with(2, 3);
+    let client = cluster.client().await;
+    let admin = client.database("admin");
+    admin.run_command(doc! {"enableSharding": "app"}).await.unwrap();
+    admin.run_command(doc! {"shardCollection": "app.big", "key": {"k": 1}}).await.unwrap();
+    let big = client.database("app").collection::<Document>("big");
+    let w1 = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(1)).build();
+    big.insert_many(vec![doc! {"_id": 1, "k": 1, "s": "x".repeat(15_000_000)}, doc! {"_id": 2, "k": 2, "s": "y".repeat(15_000_000)}]).write_concern(w1.clone()).await.unwrap();
+    big.insert_one(doc! {"_id": 3, "k": 3, "s": "z".repeat(LARGEST_S_BYTES)}).write_concern(w1).await.unwrap();
+    let w3 = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(3)).w_timeout(Duration::from_secs(20)).build();
+    let started = std::time::Instant::now();
+    big.insert_one(doc! {"_id": 4, "k": 4}).write_concern(w3).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10), "the w:3 write took {:?}", started.elapsed());
+    let entry = client.database("config").collection::<Document>("collections").find_one(doc! {"_id": "app.big"}).await.unwrap().unwrap();
+    let from = client.database("config").collection::<Document>("chunks").find_one(doc! {"uuid": entry.get("uuid").unwrap().clone()}).await.unwrap().unwrap();
+    let to = if from.get_str("shard").unwrap() == "shard0" { "shard1" } else { "shard0" };
+    admin.run_command(doc! {"moveChunk": "app.big", "find": {"k": 1}, "to": to}).await.unwrap();
+    let lens = |docs: Vec<Document>| docs.iter().map(|d| d.get_str("s").map_or(0, |s| s.len())).collect::<Vec<usize>>();
+    let through_router = collect(big.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await;
+    assert_eq!(lens(through_router), vec![15_000_000, 15_000_000, LARGEST_S_BYTES, 0]);
+    // The collection's one chunk (all of it) is the recipient's now.
+    let chunks = collect(client.database("config").collection::<Document>("chunks").find(doc! {"uuid": entry.get("uuid").unwrap().clone()}).await.unwrap()).await;
+    assert!(!chunks.is_empty() && chunks.iter().all(|c| c.get_str("shard").unwrap() == to), "{chunks:?}");
+    // An unsharded collection of the same documents moves with its database's primary.
+    let plain = client.database("app").collection::<Document>("plain");
+    let docs = collect(big.find(doc! {}).await.unwrap()).await;
+    plain.insert_many(docs).await.unwrap();
+    let primary = client.database("config").collection::<Document>("databases").find_one(doc! {"_id": "app"}).await.unwrap().unwrap();
+    let other = if primary.get_str("primary").unwrap() == "shard0" { "shard1" } else { "shard0" };
+    admin.run_command(doc! {"movePrimary": "app", "to": other}).await.unwrap();
+    let copied = collect(plain.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await;
+    assert_eq!(lens(copied), vec![15_000_000, 15_000_000, LARGEST_S_BYTES, 0]);
 }

@@ -343,7 +343,11 @@ async fn copy_collection(router: &Router, source: &super::shards::ReplicaSet, ta
     let (mut id, mut docs) = super::catalog::cursor_docs(&reply_result(first)?, "firstBatch")?;
     loop {
         if !docs.is_empty() {
-            let r = router.command(target, db, doc! {"insert": name, "documents": std::mem::take(&mut docs)}).await?;
+            // As a document sequence: a batch of up to 16 MiB of documents (or one of any
+            // legal size) need not fit, with the command around it, in one 16 MiB body.
+            let encoded = std::mem::take(&mut docs).iter().map(|d| d.to_vec().map_err(|e| Error::internal(format!("copying {db}.{name}: {e}")))).collect::<Result<Vec<Vec<u8>>>>()?;
+            let sequence = wire::RawSequence { identifier: "documents", documents: encoded.iter().map(Vec::as_slice).collect() };
+            let r = reply_result(router.pool.run(target, db, doc! {"insert": name}, Some(&sequence), COMMAND_TIMEOUT).await?.1)?;
             if let Ok(errors) = r.get_array("writeErrors") {
                 return Err(Error::new(Code::OperationFailed, format!("copying {db}.{name}: {errors:?}")));
             }

@@ -737,11 +737,35 @@ async fn find_and_modify(router: &Router, req: &Request) -> Result<Document> {
     reply_result(router.pool.run(&set, &req.db, versioned(&forwarded(req), Some(&sc), shard), None, timeout_of(req)).await?.1)
 }
 
-/// A write on an unsharded collection: the whole command to the database's primary shard.
+/// A write on an unsharded collection: the whole command to the database's primary shard,
+/// its statements as a document sequence (`statements_apart`).
 async fn forward_write(router: &Router, req: &Request, primary: &str) -> Result<Document> {
     let set = router.shard(primary).await?;
-    let (_, reply) = router.pool.run(&set, &req.db, router.with_db_version(&req.db, forwarded(req)), None, timeout_of(req)).await?;
+    let (body, statements) = statements_apart(&req.name, router.with_db_version(&req.db, forwarded(req)))?;
+    let sequence = statements.as_ref().map(|(identifier, docs)| wire::RawSequence { identifier, documents: docs.iter().map(Vec::as_slice).collect() });
+    let (_, reply) = router.pool.run(&set, &req.db, body, sequence.as_ref(), timeout_of(req)).await?;
     reply_result(reply)
+}
+
+/// A write's statements (insert's documents, update's and delete's statements) taken out of
+/// its body, encoded, to go as a document sequence as drivers send them: each may be near
+/// 16 MiB, and together up to the 48 MB of a message, more than one body may hold.
+fn statements_apart(name: &str, mut body: Document) -> Result<(Document, Option<(&'static str, Vec<Vec<u8>>)>)> {
+    let field = match name {
+        "insert" => "documents",
+        "update" => "updates",
+        "delete" => "deletes",
+        _ => return Ok((body, None)),
+    };
+    let Some(Bson::Array(statements)) = body.remove(field) else { return Ok((body, None)) };
+    let encoded = statements
+        .iter()
+        .map(|s| match s {
+            Bson::Document(d) => d.to_vec().map_err(|e| Error::new(Code::InvalidBSON, e.to_string())),
+            _ => Err(Error::type_mismatch(format!("BSON field '{name}.{field}' holds a {}, expected objects", crate::commands::type_name(s)))),
+        })
+        .collect::<Result<Vec<Vec<u8>>>>()?;
+    Ok((body, Some((field, encoded))))
 }
 
 /// The merged result of a write split over shards.
