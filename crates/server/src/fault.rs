@@ -55,6 +55,9 @@ pub static FINAL_TRANSFER_HANG: Hang = Hang::new();
 /// `initialSyncHangAfterDataCloning` (mongod's name): an initial sync holds after it cloned
 /// the data, before it seeds its oplog, so a test can crash a member mid-sync.
 pub static INITIAL_SYNC_CLONED_HANG: Hang = Hang::new();
+/// `rsSyncApplyStop` (mongod's name): a secondary writes fetched entries to its oplog but
+/// applies none, so its newest entry runs ahead of its data.
+pub static APPLY_STOP: Hang = Hang::new();
 
 impl Hang {
     const fn new() -> Hang {

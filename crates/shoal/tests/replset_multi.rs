@@ -1732,3 +1732,100 @@ async fn an_unfinished_initial_sync_starts_over_and_a_finished_one_never_does() 
         set.wait_for_count(3, "c", 3002 + round as u64).await;
     }
 }
+
+/// With an arbiter, a majority needs the primary's own journal. A majority read on the
+/// secondary after a w:0 write waits for the commit point to pass that write, which no one
+/// on the primary waits for: the journal flusher's interval must make it durable, as
+/// mongod's does, not some later write's request.
+#[tokio::test]
+async fn a_majority_read_on_a_secondary_after_an_unacknowledged_write_answers_at_once() {
+    let mut set = Set::start(3, doc! {}, &[doc! {}, doc! {"priority": 0}, doc! {"arbiterOnly": true}]).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    set.wait_for_secondary(1).await;
+    let (primary, secondary) = (set.members[0].port, set.members[1].port);
+    tokio::task::spawn_blocking(move || {
+        let mut p = wire::connect(primary);
+        let mut s = wire::connect(secondary);
+        for round in 0..5 {
+            let insert = doc! {"insert": "c", "documents": [{"_id": round}], "writeConcern": {"w": 0}, "$db": "app"};
+            p.write_all(&wire::op_msg(100 + round, 2, &insert)).unwrap();
+            // Applied on the secondary first (so its read waits for the write's commit).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let r = wire::command(&mut s, 200 + round, &doc! {"count": "c", "$db": "app", "$readPreference": {"mode": "secondaryPreferred"}}).doc;
+                if r.get_i32("n").ok() == Some(round + 1) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "round {round}: the secondary did not apply the write: {r:?}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let started = Instant::now();
+            let r = wire::command(&mut s, 300 + round, &doc! {"count": "c", "readConcern": {"level": "majority"}, "$db": "app", "$readPreference": {"mode": "secondaryPreferred"}}).doc;
+            assert_eq!(r.get_i32("n").ok(), Some(round + 1), "round {round}: {r:?}");
+            let took = started.elapsed();
+            assert!(took < Duration::from_secs(1), "round {round}: the majority read took {took:?}");
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// A secondary writes fetched entries to its oplog before it applies them. An empty member
+/// that syncs from it while its newest entry is ahead of its data must start its oplog at
+/// the source's applied entry: from the newest one it would never apply the entries in
+/// between, whose changes its clone did not see either.
+#[tokio::test]
+async fn an_initial_sync_from_a_secondary_whose_data_trails_its_oplog_loses_nothing() {
+    let mut set = Set::start_with_args(3, doc! {}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}], &[&[], &[], &["--logTransport", "pull"]]).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    let coll = set.seed("c", 10).await;
+    let source = direct(&set.members[2]).await;
+    admin(&source, doc! {"configureFailPoint": "rsSyncApplyStop", "mode": "alwaysOn"}).await.unwrap();
+    let docs: Vec<Document> = (10..510).map(|i| doc! {"_id": i}).collect();
+    coll.insert_many(docs).write_concern(w1()).await.unwrap();
+    // Member 2 has written entries it has not applied.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = admin(&source, doc! {"replSetGetStatus": 1}).await.unwrap();
+        let optimes = s.get_document("optimes").unwrap();
+        let ts = |k: &str| optimes.get_document(k).unwrap().get_timestamp("ts").unwrap();
+        if ts("writtenOpTime") > ts("appliedOpTime") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "member 2 wrote nothing past what it applied: {optimes:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The newcomer reaches only member 2.
+    let newcomer = Server::start_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"]);
+    let nc = direct(&newcomer).await;
+    for i in 0..2 {
+        admin(&nc, doc! {"configureFailPoint": "replLink", "mode": "alwaysOn", "data": {"host": host(&set.members[i]), "partition": true}}).await.unwrap();
+    }
+    let primary = direct(&set.members[0]).await;
+    let mut config = admin(&primary, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().clone();
+    let mut members = config.get_array("members").unwrap().clone();
+    members.push(Bson::Document(doc! {"_id": 3, "host": host(&newcomer), "votes": 0, "priority": 0}));
+    config.insert("members", members);
+    config.insert("version", config.get_i32("version").unwrap() + 1);
+    admin(&primary, doc! {"replSetReconfig": config}).await.unwrap();
+    set.members.push(newcomer);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = admin(&nc, doc! {"replSetGetStatus": 1, "initialSync": 1}).await;
+        if let Some(st) = s.as_ref().ok().and_then(|s| s.get_document("initialSyncStatus").ok()) {
+            if st.get_datetime("initialSyncEnd").is_ok() {
+                assert_eq!(st.get_str("syncSourceHost").unwrap(), host(&set.members[2]), "{st:?}");
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the newcomer did not finish its initial sync: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    admin(&source, doc! {"configureFailPoint": "rsSyncApplyStop", "mode": "off"}).await.unwrap();
+    for i in 0..2 {
+        admin(&nc, doc! {"configureFailPoint": "replLink", "mode": "off", "data": {"host": host(&set.members[i])}}).await.unwrap();
+    }
+    coll.insert_one(doc! {"_id": "last"}).write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(30)).build()).await.unwrap();
+    set.wait_for_count(3, "c", 511).await;
+    assert_eq!(all_on(&set.members[3], "app", "c").await, all_on(&set.members[0], "app", "c").await);
+}

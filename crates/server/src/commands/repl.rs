@@ -145,8 +145,9 @@ pub fn repl_set_freeze(ctx: &mut Ctx) -> Result<Document> {
 /// | "off", data: {host: "h:p" | "*", delayMs, lossPercent, partition}}`; and
 /// `journalFlushDelay` (`data: {delayMs}`), a wait before each sync of the journal
 /// flusher; `migrateHangInFinalTransfer`, a recipient holding a migration's last transfer,
-/// and `initialSyncHangAfterDataCloning`, an initial sync holding after its clone
-/// (crate::fault; the reply's `count`: operations held so far). Only with
+/// `initialSyncHangAfterDataCloning`, an initial sync holding after its clone, and
+/// `rsSyncApplyStop`, a secondary applying nothing it fetches (crate::fault; the reply's
+/// `count`: operations held so far). Only with
 /// `--setParameter enableTestCommands=1`; otherwise the command does not exist, as in mongod.
 pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     if !ctx.shared.config.enable_test_commands {
@@ -157,7 +158,7 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     }
     super::check_fields("configureFailPoint", ctx.cmd, &["configureFailPoint", "mode", "data"])?;
     let name = ctx.cmd.get_str("configureFailPoint").map_err(|_| Error::type_mismatch("configureFailPoint must name a fail point"))?;
-    if !matches!(name, "replLink" | "journalFlushDelay" | "migrateHangInFinalTransfer" | "initialSyncHangAfterDataCloning") {
+    if !matches!(name, "replLink" | "journalFlushDelay" | "migrateHangInFinalTransfer" | "initialSyncHangAfterDataCloning" | "rsSyncApplyStop") {
         return Err(Error::bad_value(format!("Cannot find failpoint: {name}")));
     }
     let on = match ctx.cmd.get("mode") {
@@ -169,6 +170,7 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     let hang = match name {
         "migrateHangInFinalTransfer" => Some(&crate::fault::FINAL_TRANSFER_HANG),
         "initialSyncHangAfterDataCloning" => Some(&crate::fault::INITIAL_SYNC_CLONED_HANG),
+        "rsSyncApplyStop" => Some(&crate::fault::APPLY_STOP),
         _ => None,
     };
     if let Some(hang) = hang {

@@ -585,7 +585,7 @@ fn catalog_namespaces(e: &Document, colls: &mut std::collections::BTreeSet<Strin
 }
 
 /// The source's newest applied optime (replSetGetStatus).
-async fn source_applied(conn: &mut PeerConn) -> Result<Option<OpTime>> {
+pub(super) async fn source_applied(conn: &mut PeerConn) -> Result<Option<OpTime>> {
     let status = conn.command("admin", doc! {"replSetGetStatus": 1}, CONNECT_TIMEOUT).await?;
     Ok(status.get_document("optimes").ok().and_then(|o| o.get_document("appliedOpTime").ok()).and_then(OpTime::from_doc))
 }
@@ -712,6 +712,7 @@ fn write_batch_unsynced(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u6
 fn apply_written(shared: &Shared, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let Some(&(through, _)) = logged.last() else { return Ok(()) };
+    crate::fault::APPLY_STOP.hold(|| Ok(()))?;
     let _apply = coord.apply_lock.lock();
     if shared.store.oplog_applied().unwrap_or_default() >= through {
         return Ok(());

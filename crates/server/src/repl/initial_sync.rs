@@ -2,10 +2,11 @@
 //! database but `local` from its sync source while the set keeps taking writes, then
 //! catches up through the oplog.
 //!
-//! 1. Note the source's newest oplog entry (`begin`).
+//! 1. Note the source's newest applied oplog entry (`begin`; a secondary's newest entry may
+//!    not be applied yet).
 //! 2. Drop what this member holds outside `local`, then clone each database, collection,
 //!    its documents and its indexes (built after the documents, as a bulk build).
-//! 3. Note the source's newest entry again (`minValid`): every change made while cloning is
+//! 3. Note the source's newest entry (`minValid`): every change the clone may have seen is
 //!    in the source's oplog between `begin` and `minValid`.
 //! 4. Start our oplog with the `begin` entry and stay RECOVERING. The ordinary fetcher then
 //!    tails from `begin` and applies every later entry; application is idempotent
@@ -99,7 +100,7 @@ pub(super) async fn run(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, r
 async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     coord.set_info_message(format!("initial sync from {host}"));
-    let begin = newest_entry(conn).await?;
+    let begin = applied_entry(conn).await?;
     let begin_at = OpTime::from_doc(&begin).ok_or_else(|| Error::new(Code::FailedToParse, format!("{host}'s newest oplog entry has no ts and t")))?;
     coord.inner.lock().initial_sync.oplog_start = Some(begin_at);
     let store = shared.store.clone();
@@ -165,7 +166,22 @@ fn malformed(host: &str, what: &str) -> Error {
     Error::new(Code::ProtocolError, format!("malformed {what} reply from {host}"))
 }
 
-/// The source's newest oplog entry.
+/// The source's newest applied entry: its data has reached at least this far when the
+/// clone reads it. Not its newest entry: a secondary writes fetched entries to its oplog
+/// before it applies them, so its newest entry can be ahead of its data, and a member whose
+/// oplog started there never applied the entries in between (the clone missed them too).
+async fn applied_entry(conn: &mut PeerConn) -> Result<Document> {
+    let host = conn.host.clone();
+    let applied = super::fetcher::source_applied(conn).await?.ok_or_else(|| malformed(&host, "replSetGetStatus"))?;
+    let r = conn.command("local", doc! {"find": "oplog.rs", "filter": {"ts": applied.timestamp()}, "limit": 1, "singleBatch": true}, COMMAND_TIMEOUT).await?;
+    let batch = r.get_document("cursor").and_then(|c| c.get_array("firstBatch")).map_err(|_| malformed(&host, "oplog find"))?;
+    match batch.first() {
+        Some(Bson::Document(d)) if OpTime::from_doc(d) == Some(applied) => Ok(d.clone()),
+        _ => Err(Error::new(Code::OplogStartMissing, format!("{host}'s oplog has no entry at its applied optime {applied:?}"))),
+    }
+}
+
+/// The source's newest oplog entry: its data cannot be past it (minValid).
 async fn newest_entry(conn: &mut PeerConn) -> Result<Document> {
     let host = conn.host.clone();
     let r = conn.command("local", doc! {"find": "oplog.rs", "sort": {"$natural": -1}, "limit": 1, "singleBatch": true}, COMMAND_TIMEOUT).await?;
