@@ -1829,3 +1829,50 @@ async fn an_initial_sync_from_a_secondary_whose_data_trails_its_oplog_loses_noth
     set.wait_for_count(3, "c", 511).await;
     assert_eq!(all_on(&set.members[3], "app", "c").await, all_on(&set.members[0], "app", "c").await);
 }
+
+/// A rollback copies each document its undone entries touched from the new primary. Two of
+/// 10 MB cannot come in one 16 MiB batch: the second comes in the next, and is not taken
+/// for a document the new primary lacks (which the rollback would delete).
+#[tokio::test]
+async fn a_rollback_copies_back_documents_that_take_several_batches() {
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("big");
+    for id in 0..2 {
+        coll.insert_one(doc! {"_id": id, "v": 0, "s": "x".repeat(10_000_000)}).await.unwrap();
+    }
+    for i in 0..3 {
+        set.wait_for_count(i, "big", 2).await;
+    }
+    let old = host(&set.members[p]);
+    set.fail_point(p, "alwaysOn", doc! {"host": "*", "partition": true}).await;
+    for i in (0..3).filter(|&i| i != p) {
+        set.fail_point(i, "alwaysOn", doc! {"host": old.clone(), "partition": true}).await;
+    }
+    // Changes only the cut-off primary gets, then rolls back.
+    let lone = direct(&set.members[p]).await.database("app");
+    lone.run_command(doc! {"update": "big", "updates": [{"q": {}, "u": {"$set": {"v": 1}}, "multi": true}], "writeConcern": {"w": 1}}).await.unwrap();
+    let next = set.wait_for_primary(Some(p)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while set.status(p).await.unwrap().get_i32("myState").unwrap() == 1 {
+        assert!(Instant::now() < deadline, "the partitioned primary did not step down");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    coll.insert_one(doc! {"_id": "new"}).await.unwrap();
+    for i in 0..3 {
+        set.fail_point(i, "off", doc! {"host": if i == p { "*".to_string() } else { old.clone() }}).await;
+    }
+    let versions = |docs: Vec<Document>| docs.iter().map(|d| (d.get("_id").cloned(), d.get_i32("v").ok(), d.get_str("s").map_or(0, |s| s.len()))).collect::<Vec<_>>();
+    let want = versions(all_on(&set.members[next], "app", "big").await);
+    assert_eq!(want.len(), 3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = try_all_on(&set.members[p], "app", "big").await.ok().map(versions);
+        if got.as_ref() == Some(&want) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the old primary has {got:?}, not {want:?}: {:?}", set.status(p).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -473,10 +473,10 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
     for (ns, ids) in &touched {
         let Some((db, coll)) = ns.split_once('.') else { continue };
         for chunk in ids.chunks(500) {
-            let reply = conn
-                .command(db, doc! {"find": coll, "filter": {"_id": {"$in": chunk.to_vec()}}, "batchSize": 100_000, "singleBatch": true, "$readPreference": {"mode": "secondaryPreferred"}}, CONNECT_TIMEOUT + REPLY_SLACK)
-                .await?;
-            let (_, docs) = cursor_batch(&reply, "firstBatch")?;
+            // Every batch: one stops at 16 MiB, and a document missing here would be
+            // deleted below as one the source does not have.
+            let find = doc! {"find": coll, "filter": {"_id": {"$in": chunk.to_vec()}}, "batchSize": 100_000, "$readPreference": {"mode": "secondaryPreferred"}};
+            let docs = super::initial_sync::all_docs(conn, host, db, "find", find).await?;
             for id in chunk {
                 let theirs = docs.iter().find(|d| d.get("_id") == Some(id)).cloned();
                 fetched.push((ns.clone(), id.clone(), theirs));

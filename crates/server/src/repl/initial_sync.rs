@@ -272,8 +272,8 @@ async fn insert_batch(shared: &Arc<Shared>, db: &str, name: &str, docs: Vec<Docu
     .await
 }
 
-/// Every document of a command's cursor (listCollections, listIndexes: small).
-async fn all_docs(conn: &mut PeerConn, host: &str, db: &str, what: &str, cmd: Document) -> Result<Vec<Document>> {
+/// Every document of a command's cursor, batch after batch.
+pub(super) async fn all_docs(conn: &mut PeerConn, host: &str, db: &str, what: &str, cmd: Document) -> Result<Vec<Document>> {
     let reply = conn.command(db, cmd, COMMAND_TIMEOUT).await?;
     let (mut id, mut out) = cursor_batch(&reply, "firstBatch").map_err(|_| malformed(host, what))?;
     while id != 0 {
