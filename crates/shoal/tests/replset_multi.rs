@@ -1668,7 +1668,9 @@ async fn waits_after_an_unacknowledged_write_answer_at_once() {
             let r = wire::command(&mut raw, 300 + round, &doc! {"count": "c", "readConcern": {"level": "majority"}, "$db": "app"}).doc;
             assert_eq!(r.get_i32("n").ok(), Some(2 + round), "round {round}: {r:?}");
             let took = started.elapsed();
-            assert!(took < Duration::from_secs(1), "round {round}: the drop and the majority read took {took:?}");
+            // Milliseconds here; the bound leaves room for a loaded machine (without the fix
+            // the drop waits until the read times out).
+            assert!(took < Duration::from_secs(5), "round {round}: the drop and the majority read took {took:?}");
         }
     })
     .await
@@ -1763,7 +1765,8 @@ async fn a_majority_read_on_a_secondary_after_an_unacknowledged_write_answers_at
             let r = wire::command(&mut s, 300 + round, &doc! {"count": "c", "readConcern": {"level": "majority"}, "$db": "app", "$readPreference": {"mode": "secondaryPreferred"}}).doc;
             assert_eq!(r.get_i32("n").ok(), Some(round + 1), "round {round}: {r:?}");
             let took = started.elapsed();
-            assert!(took < Duration::from_secs(1), "round {round}: the majority read took {took:?}");
+            // About the flusher's 100 ms interval; the bound leaves room for a loaded machine.
+            assert!(took < Duration::from_secs(5), "round {round}: the majority read took {took:?}");
         }
     })
     .await
