@@ -5,18 +5,42 @@
 //! messages through a simulated network, on a simulated clock, driven by one seeded random
 //! generator. A nemesis partitions, delays, drops and reorders messages, kills members
 //! (losing what they had not synced) and restarts them, pauses them, jumps their wall
-//! clocks and points their fetchers at other members. After every step the invariants are
-//! checked:
+//! clocks and points their fetchers at other members. Also modeled:
+//!
+//! - initial sync (`initial_sync.rs`): some runs start with an empty member, and reconfigs
+//!   add empty ones. The member notes its source's newest entry (begin), sets the durable
+//!   initial-sync flag, drops its data, copies the source's data in batches while writes
+//!   and faults go on, notes minValid, seeds its oplog with begin and stays RECOVERING until
+//!   minValid is applied. A kill mid-sync starts it over after the restart (flag set or
+//!   empty oplog). As mongod's does, and the server's does not yet, a sync starts over when
+//!   what it copied may have been rolled back (`member::INITIAL_SYNC_CHECKS_ROLLBACK`);
+//! - entry sizes: each write stands for a document of a drawn size, mostly small, some near
+//!   16 MiB (the sim carries the number, not the bytes). Fetched batches follow the
+//!   cursor's rule (stop before 16 MiB - 64 KiB, at least one entry); a member refuses a
+//!   reply larger than 16 MiB + 16 KiB; a link moves 10 Gbit/s;
+//! - replSetReconfig on the primary, adding the next slot's member (empty) or removing the
+//!   last, checked by the repl crate's rules (`validate`, `check_reconfig`: one voter change
+//!   at most); configs spread by heartbeat, the newer (config term, version) winning, and a
+//!   member left out becomes REMOVED. Like the server, the primary does not wait for the
+//!   previous config to reach a majority before the next.
+//!
+//! After every step the invariants are checked:
 //!
 //! - at most one primary per term;
 //! - no write acknowledged with w:"majority" is ever rolled back, and every later primary
-//!   holds it;
+//!   holds it (in its oplog, or in the data its initial sync copied);
 //! - the oplog up to each member's commit point is a prefix of one committed history (the
-//!   committed prefix is identical on every member);
+//!   committed prefix is identical on every member; a member that initial-synced holds it
+//!   from its begin entry on);
+//! - a member never loses what it had committed and made durable, across restarts, except
+//!   by starting an initial sync, which only a member that never finished one does (a member
+//!   that finished one never starts another);
 //! - majority reads return committed values only, and a member's never go back.
 //!
-//! At the end the faults heal and the set must settle: one primary, every member's oplog
-//! the same, every acknowledged majority write in it.
+//! At the end the faults heal and the set must settle: one primary, every member of its
+//! config caught up (a member that cannot make progress, say because a batch it needs can
+//! never be sent, fails the run), every member's oplog the same from the later start and its
+//! data the same, every acknowledged majority write in it.
 //!
 //! The same seed replays the same run exactly: nothing here reads a real clock, a thread or
 //! an unordered map.
@@ -95,8 +119,9 @@ pub enum WriteResult {
 
 #[derive(Clone, Debug)]
 pub enum Msg {
-    HeartbeatRequest { seq: u64, term: i64 },
-    HeartbeatReply { seq: u64, term: i64, state: MemberState, applied: OpTime, durable: OpTime, commit_point: Option<OpTime>, sync_source: Option<usize> },
+    HeartbeatRequest { seq: u64, term: i64, config_version: i32, config_term: i64 },
+    /// `config`: ours, when the sender's is older.
+    HeartbeatReply { seq: u64, term: i64, state: MemberState, applied: OpTime, durable: OpTime, commit_point: Option<OpTime>, sync_source: Option<usize>, config: Option<Arc<ReplSetConfig>> },
     VoteRequest { id: u64, req: VoteRequest },
     VoteReply { id: u64, term: i64, granted: bool },
     /// The fetcher's find: the source's entries from our newest one on.
@@ -109,7 +134,15 @@ pub enum Msg {
     RollbackAnswer { req: u64, optimes: Vec<OpTime>, newest: OpTime },
     /// The connection of fetch request `req` broke (its source was killed).
     Reset { req: u64 },
-    Write { op: u64, value: u64, majority: bool, j: bool },
+    Write { op: u64, value: u64, majority: bool, j: bool, size_bytes: u64 },
+    /// Initial sync: the source's newest oplog entry (`begin`, then `minValid`).
+    OplogNewest { req: u64 },
+    /// `rollback_id`: the source's rollback count (mongod's RBID).
+    NewestReply { req: u64, entry: Option<(OpTime, Vec<u8>)>, rollback_id: u64 },
+    /// Initial sync's clone: the source's data after a timestamp, one batch.
+    CloneRead { req: u64, after: Option<u64> },
+    /// None: the source serves no reads (not primary or secondary).
+    CloneBatch { req: u64, docs: Option<Vec<member::DataDoc>>, more: bool },
     WriteReply { op: u64, result: WriteResult },
     Read { op: u64 },
     /// The commit point when answered and the register's newest value, from the member's
@@ -121,15 +154,27 @@ impl Msg {
     /// The request id of a fetcher's request to its source.
     fn fetch_request(&self) -> Option<u64> {
         match self {
-            Msg::Find { req, .. } | Msg::GetMore { req, .. } | Msg::RollbackQuery { req, .. } => Some(*req),
+            Msg::Find { req, .. } | Msg::GetMore { req, .. } | Msg::RollbackQuery { req, .. } | Msg::OplogNewest { req } | Msg::CloneRead { req, .. } => Some(*req),
             _ => None,
+        }
+    }
+
+    /// The bytes the message stands for (entries and documents at their modeled sizes).
+    fn size_bytes(&self) -> u64 {
+        match self {
+            Msg::Batch { entries, .. } => entries.iter().map(|(_, b)| member::entry_size(b)).sum(),
+            Msg::CloneBatch { docs: Some(docs), .. } => docs.iter().map(|d| d.2).sum(),
+            Msg::NewestReply { entry: Some((_, b)), .. } => member::entry_size(b),
+            Msg::Write { size_bytes, .. } => *size_bytes,
+            _ => 0,
         }
     }
 }
 
 #[derive(Clone, Copy, Debug)]
 pub enum Timer {
-    Heartbeat(usize),
+    /// To member `.0`, in config epoch `.1`.
+    Heartbeat(usize, u64),
     HeartbeatTimeout(usize, u64),
     Tick,
     /// Primary catch-up's poll (member.rs `catch_up`).
@@ -148,6 +193,10 @@ pub enum Note {
     AckedMajority { member: usize, at: OpTime },
     RollingBack { member: usize, common: OpTime, removed: Vec<OpTime>, commit_point: OpTime },
     Stuck { member: usize, why: String },
+    InitialSyncStarted { member: usize, source: usize, reason: String, had_oplog: bool },
+    InitialSyncDone { member: usize, begin: OpTime, min_valid: OpTime },
+    /// A fetched reply past the largest a member accepts.
+    BatchRefused { member: usize, source: usize, bytes: u64, entries: usize },
     Trace(String),
 }
 
@@ -170,6 +219,8 @@ enum Event {
     Nemesis,
     Restart(usize),
     HealPartition(u64),
+    /// Kill the member if its initial sync is still under way.
+    KillSyncing(usize),
     EndLossy(u64),
 }
 
@@ -212,6 +263,15 @@ pub struct Options {
     pub quiet_ms: u64,
     pub clients: usize,
     pub trace: bool,
+    /// Members at the end of the first config whose store starts empty: they initial-sync.
+    pub empty_members: usize,
+    /// Slots beyond the first config, for members a reconfig adds.
+    pub spare_slots: usize,
+    /// Whether the nemesis runs replSetReconfig (adding an empty member, or removing the
+    /// last).
+    pub reconfig: bool,
+    /// The chance that a write is large (near the largest entry); the rest are small.
+    pub large_entry_chance: f64,
 }
 
 impl Options {
@@ -223,7 +283,28 @@ impl Options {
         let unelectable = usize::from(r.chance(1.0 / 3.0));
         let non_voting = usize::from(members == 5 && r.chance(1.0 / 3.0));
         let priorities = r.chance(1.0 / 3.0);
-        Options { members, unelectable, non_voting, priorities, chaining: r.chance(0.5), fault_ms: 20_000, quiet_ms: 30_000, clients: 3, trace: false }
+        let chaining = r.chance(0.5);
+        let empty_members = usize::from(r.chance(0.25));
+        let reconfig = r.chance(0.35);
+        let spare_slots = usize::from(reconfig);
+        // Up to 3% of the writes near 16 MiB: a run's data stays a few GB, which a clone or a
+        // catch-up moves well within the quiet period.
+        let large_entry_chance = if r.chance(0.5) { 0.0 } else { r.range(5, 31) as f64 / 1000.0 };
+        Options {
+            members,
+            unelectable,
+            non_voting,
+            priorities,
+            chaining,
+            fault_ms: 20_000,
+            quiet_ms: 30_000,
+            clients: 3,
+            trace: false,
+            empty_members,
+            spare_slots,
+            reconfig,
+            large_entry_chance,
+        }
     }
 }
 
@@ -250,6 +331,20 @@ pub struct Report {
     pub rollbacks: u64,
     pub rolled_back_entries: u64,
     pub committed_entries: u64,
+    pub initial_syncs_started: u64,
+    pub initial_syncs_done: u64,
+    /// Syncs started by a member that had started one before (it was killed mid-sync, or
+    /// its copy was found rolled back).
+    pub initial_syncs_restarted: u64,
+    pub reconfigs: u64,
+    /// Reconfigs the primary refused (the config rules, or no primary to run one).
+    pub reconfigs_refused: u64,
+    pub members_added: u64,
+    pub members_removed: u64,
+    /// Writes of at least `member::ENTRY_LARGE_BYTES`.
+    pub large_entries: u64,
+    /// Fetched replies refused as larger than the largest a member accepts.
+    pub batches_refused: u64,
 }
 
 impl Report {
@@ -291,6 +386,12 @@ struct Checker {
     last_cp: Vec<(u64, OpTime)>,
     /// Per (client, member): (incarnation, commit point) of the last majority read.
     last_read: BTreeMap<(usize, usize), (u64, OpTime)>,
+    /// Per member: the newest entry it had committed and durable, across its restarts; a
+    /// restart must find it still there.
+    kept: Vec<OpTime>,
+    /// Per member (machine): initial syncs started and finished, across its restarts.
+    syncs_started: Vec<u64>,
+    syncs_done: Vec<u64>,
 }
 
 struct Client {
@@ -301,7 +402,15 @@ struct Client {
 }
 
 const MSG_DELAY_MS_MAX: u64 = 3;
+/// Link speed (10 Gbit/s): a 16 MiB batch takes 13 ms on the wire.
+const LINK_BYTES_PER_MS: u64 = 1_250_000;
+/// Documents the clients write: mostly small, some near the largest (16 MiB).
+const ENTRY_SMALL_BYTES_MIN: u64 = 100;
+const ENTRY_SMALL_BYTES_MAX: u64 = 4 * 1024;
+const DOC_NEAR_MAX_BYTES_MIN: u64 = 15 * 1024 * 1024;
 const CLIENT_TIMEOUT_MS: u64 = 3_000;
+const KILL_SYNCING_CHANCE: f64 = 1.0 / 3.0;
+const KILL_SYNCING_WITHIN_MS: u64 = 400;
 /// Clients stop this long before the end, so the final checks see a settled set.
 const SETTLE_MS: u64 = 5_000;
 
@@ -312,7 +421,10 @@ pub struct Sim {
     seq: u64,
     rng: Rng,
     queue: BinaryHeap<Reverse<Queued>>,
+    /// Every slot: members of the first config, then spares a reconfig may add.
     members: Vec<Member>,
+    /// Whether the slot's machine runs (spares do once added).
+    provisioned: Vec<bool>,
     clients: Vec<Client>,
     /// Member pairs whose link is cut, by partition id.
     cut: BTreeSet<(usize, usize)>,
@@ -335,7 +447,7 @@ impl Sim {
         let mut rng = Rng::new(seed);
         let members_doc: Vec<bson::Document> = (0..n)
             .map(|i| {
-                let mut d = bson::doc! {"_id": i as i32, "host": format!("m{i}:27017")};
+                let mut d = bson::doc! {"_id": i as i32, "host": member::host(i)};
                 if i >= n - opts.non_voting {
                     d.insert("votes", 0);
                     d.insert("priority", 0);
@@ -354,17 +466,30 @@ impl Sim {
         let config = Arc::new(config);
         // replSetInitiate's "initiating set" entry, on every member (as after an initial sync).
         let genesis_at = OpTime { ts: 1 << 32, term: 0 };
-        let genesis = vec![(genesis_at, member::entry(genesis_at, 0, None))];
-        let members: Vec<Member> = (0..n).map(|i| Member::new(i, config.clone(), &genesis, rng.range(0, 4001) as i64 - 2000)).collect();
+        let genesis = vec![(genesis_at, member::entry(genesis_at, 0, None, 120))];
+        assert!(opts.empty_members < n);
+        let slots = n + opts.spare_slots;
+        let members: Vec<Member> = (0..slots)
+            .map(|i| {
+                let empty = i >= n - opts.empty_members;
+                let mut m = Member::new(i, config.clone(), if empty { &[] } else { &genesis[..] }, rng.range(0, 4001) as i64 - 2000);
+                m.up = i < n;
+                m
+            })
+            .collect();
+        let provisioned = (0..slots).map(|i| i < n).collect();
         let clients = (0..opts.clients).map(|c| Client { op: 0, busy: None, next_value: (c as u64 + 1) << 40 }).collect();
         let checker = Checker {
             committed: vec![genesis_at],
             committed_set: [genesis_at].into_iter().collect(),
-            verified: vec![(0, None); n],
+            verified: vec![(0, None); slots],
             primaries: BTreeMap::new(),
             acked_majority: BTreeSet::new(),
-            last_cp: vec![(0, OpTime::default()); n],
+            last_cp: vec![(0, OpTime::default()); slots],
             last_read: BTreeMap::new(),
+            kept: vec![OpTime::default(); slots],
+            syncs_started: vec![0; slots],
+            syncs_done: vec![0; slots],
         };
         let report = Report { seed, members: n, ..Report::default() };
         Sim {
@@ -375,6 +500,7 @@ impl Sim {
             rng,
             queue: BinaryHeap::new(),
             members,
+            provisioned,
             clients,
             cut: BTreeSet::new(),
             partition_id: 0,
@@ -411,9 +537,10 @@ impl Sim {
     /// Run to the end: faults for `fault_ms`, then healed for `quiet_ms`, then the final
     /// checks.
     pub fn run(mut self) -> Result<Report, Failure> {
-        let n = self.members.len();
-        for m in 0..n {
-            self.step_member(m, |mem, out| mem.start(out))?;
+        for m in 0..self.members.len() {
+            if self.provisioned[m] {
+                self.step_member(m, |mem, out| mem.start(out))?;
+            }
         }
         for c in 0..self.clients.len() {
             let d = self.rng.below(50);
@@ -512,6 +639,13 @@ impl Sim {
                 Ok(())
             }
             Event::Restart(m) => self.restart(m),
+            Event::KillSyncing(m) => {
+                let mem = &self.members[m];
+                if self.faults_on && (mem.state == MemberState::Startup2 || mem.sync_min_valid.is_some()) {
+                    self.kill(m);
+                }
+                Ok(())
+            }
             Event::HealPartition(id) => {
                 if id == self.partition_id {
                     self.cut.clear();
@@ -565,7 +699,7 @@ impl Sim {
             self.report.dropped += 1;
             return;
         }
-        let mut delay = 1 + self.rng.below(MSG_DELAY_MS_MAX);
+        let mut delay = 1 + self.rng.below(MSG_DELAY_MS_MAX) + msg.size_bytes() / LINK_BYTES_PER_MS;
         // A lost packet: TCP sends it again after its retransmission timeout (200 ms,
         // doubling), and the message arrives that much later.
         let mut rto = 200;
@@ -597,13 +731,8 @@ impl Sim {
                 // over late, after a long catch-up; it can commit nothing, as the majority
                 // that elected the later term has moved on.
                 let store = &self.members[member].store;
-                let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
-                let snap = oplog.snapshot();
-                for at in self.checker.acked_majority.iter().filter(|at| at.term < term) {
-                    let held = snap.get(at.ts).expect("get").and_then(|d| OpTime::from_doc(&d)) == Some(*at);
-                    if !held {
-                        return Err(self.fail(format!("m{member}, primary in term {term}, lacks the majority-acknowledged write {at:?}")));
-                    }
+                if let Some(at) = member::missing_write(store, self.checker.acked_majority.iter().filter(|at| at.term < term)) {
+                    return Err(self.fail(format!("m{member}, primary in term {term}, lacks the majority-acknowledged write {at:?}")));
                 }
             }
             Note::AckedMajority { member, at } => {
@@ -611,9 +740,7 @@ impl Sim {
                 let later = self.checker.primaries.range(at.term + 1..).next().map(|(t, m)| (*t, *m));
                 if let Some((t, p)) = later {
                     // Not yet a loss if that primary has it; BecamePrimary checked it then.
-                    let store = &self.members[p].store;
-                    let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
-                    if oplog.snapshot().get(at.ts).expect("get").and_then(|d| OpTime::from_doc(&d)) != Some(at) {
+                    if member::missing_write(&self.members[p].store, std::iter::once(&at)).is_some() {
                         self.note(format!("m{member} acknowledged {at:?} (w:majority) after m{p} became primary in term {t} without it"));
                     }
                 }
@@ -641,6 +768,38 @@ impl Sim {
                 self.note(format!("m{member} stuck: {why}"));
                 self.stuck.push(format!("m{member}: {why}"));
             }
+            Note::InitialSyncStarted { member, source, reason, had_oplog } => {
+                self.report.initial_syncs_started += 1;
+                self.checker.syncs_started[member] += 1;
+                let (started, done) = (self.checker.syncs_started[member], self.checker.syncs_done[member]);
+                if started > 1 {
+                    self.report.initial_syncs_restarted += 1;
+                }
+                self.note(format!("m{member} starts initial sync #{started} from m{source}: {reason}"));
+                // A member whose sync finished has an oplog and no flag: it never syncs again,
+                // and never drops what it committed.
+                if done > 0 {
+                    return Err(self.fail(format!("m{member} starts initial sync #{started} ({reason}) after {done} finished (oplog {})", if had_oplog { "not empty" } else { "empty" })));
+                }
+                // What it held is legitimately gone: nothing to keep, nothing checked.
+                self.checker.kept[member] = OpTime::default();
+                self.checker.verified[member] = (0, None);
+                // A sync is short: a kill aimed at it (a third of the time) cuts it at any
+                // step, so that syncs start over after a restart.
+                if self.faults_on && self.rng.chance(KILL_SYNCING_CHANCE) {
+                    let d = self.rng.range(1, KILL_SYNCING_WITHIN_MS);
+                    self.push(d, Event::KillSyncing(member));
+                }
+            }
+            Note::InitialSyncDone { member, begin, min_valid } => {
+                self.report.initial_syncs_done += 1;
+                self.checker.syncs_done[member] += 1;
+                self.note(format!("m{member} finished its initial sync: oplog from {}, minValid {}", ot(begin), ot(min_valid)));
+            }
+            Note::BatchRefused { member, source, bytes, entries } => {
+                self.report.batches_refused += 1;
+                self.note(format!("m{member} refuses m{source}'s reply of {entries} entries, {bytes} bytes"));
+            }
         }
         Ok(())
     }
@@ -656,12 +815,44 @@ impl Sim {
         if inc == mem.incarnation && cp < prev {
             return Err(self.fail(format!("m{m}'s commit point went back from {prev:?} to {cp:?}")));
         }
+        if mem.state == MemberState::Startup2 {
+            // Initial sync: what it holds is about to go, or a copy not yet seeded.
+            self.checker.last_cp[m] = (mem.incarnation, cp);
+            self.checker.kept[m] = OpTime::default();
+            self.checker.verified[m] = (0, None);
+            return Ok(());
+        }
+        // What it had committed and durable survives its restarts (rollbacks are checked
+        // as they happen, an initial sync only when it never finished one).
+        let kept = self.checker.kept[m];
+        if inc != mem.incarnation && kept > OpTime::default() && !member::holds_entry(&mem.store, kept) {
+            return Err(self.fail(format!("m{m} lost its committed, durable entry {kept:?} across a restart")));
+        }
+        self.checker.kept[m] = kept.max(cp.min(mem.durable()));
         self.checker.last_cp[m] = (mem.incarnation, cp);
         let (mut count, last_ts) = self.checker.verified[m];
         if last_ts.is_some_and(|t| cp.ts <= t) {
             return Ok(());
         }
         let entries = member::oplog_between(&mem.store, last_ts, cp);
+        if last_ts.is_none() {
+            // A member that initial-synced holds the history from its begin entry on.
+            if let Some(first) = entries.first() {
+                if self.checker.committed.first() != Some(first) {
+                    let first = *first;
+                    if first.ts > self.checker.committed.last().map_or(0, |c| c.ts) {
+                        self.fill_committed_through(first);
+                    }
+                    match self.checker.committed.binary_search_by_key(&first.ts, |c| c.ts) {
+                        Ok(i) => count = i,
+                        // Past the history checked so far, and no member holds the way there:
+                        // checked once the history gets there.
+                        Err(i) if i == self.checker.committed.len() => return Ok(()),
+                        Err(_) => return Err(self.fail(format!("m{m}'s oldest entry {first:?}, committed, is not in the committed history"))),
+                    }
+                }
+            }
+        }
         for at in entries {
             match self.checker.committed.get(count) {
                 Some(c) if *c == at => {}
@@ -680,6 +871,20 @@ impl Sim {
         Ok(())
     }
 
+    /// `through` is committed (a member that initial-synced has it at or below its commit
+    /// point, as the first entry of its oplog), and so is every entry before it: extend the
+    /// committed history to it from a member whose oplog holds both the history's newest
+    /// entry and `through` (log matching: it holds the same entries before them).
+    fn fill_committed_through(&mut self, through: OpTime) {
+        let Some(&newest) = self.checker.committed.last() else { return };
+        let holder = (0..self.members.len()).find(|&j| self.provisioned[j] && member::holds_entry(&self.members[j].store, newest) && member::holds_entry(&self.members[j].store, through));
+        let Some(j) = holder else { return };
+        for at in member::oplog_between(&self.members[j].store, Some(newest.ts), through) {
+            self.checker.committed.push(at);
+            self.checker.committed_set.insert(at);
+        }
+    }
+
     // ---- clients ----
 
     fn client_next(&mut self, c: usize) {
@@ -694,14 +899,20 @@ impl Sim {
         // Writes go where the client believes the primary is (any member that says so,
         // as a driver's topology view might); reads to any member.
         let primaries: Vec<usize> = (0..n).filter(|&i| self.members[i].up && self.members[i].state == MemberState::Primary).collect();
-        let to = if write && !primaries.is_empty() { primaries[self.rng.below(primaries.len() as u64) as usize] } else { self.rng.below(n as u64) as usize };
+        let running: Vec<usize> = (0..n).filter(|&i| self.provisioned[i]).collect();
+        let to = if write && !primaries.is_empty() { primaries[self.rng.below(primaries.len() as u64) as usize] } else { running[self.rng.below(running.len() as u64) as usize] };
+        let size_bytes = if self.rng.chance(self.opts.large_entry_chance) {
+            self.rng.range(DOC_NEAR_MAX_BYTES_MIN, common::limits::BSON_OBJECT_SIZE_MAX_BYTES as u64 + 1)
+        } else {
+            self.rng.range(ENTRY_SMALL_BYTES_MIN, ENTRY_SMALL_BYTES_MAX)
+        };
         let cl = &mut self.clients[c];
         cl.op += 1;
         let op = cl.op;
         cl.busy = Some((op, write, majority));
         let msg = if write {
             cl.next_value += 1;
-            Msg::Write { op, value: cl.next_value, majority, j }
+            Msg::Write { op, value: cl.next_value, majority, j, size_bytes }
         } else {
             Msg::Read { op }
         };
@@ -749,22 +960,20 @@ impl Sim {
 
     fn nemesis(&mut self) -> Result<(), Failure> {
         let n = self.members.len();
-        let m = self.rng.below(n as u64) as usize;
-        match self.rng.below(7) {
-            0 => {
-                if self.members[m].up {
-                    self.report.crashes += 1;
-                    self.note(format!("nemesis: kill -9 m{m}"));
-                    // Its connections break: the fetchers waiting on its cursors hear so.
-                    let parked: Vec<(usize, u64)> = self.members[m].parked.iter().map(|p| (p.from, p.req)).collect();
-                    for (from, req) in parked {
-                        self.send(m, from, Msg::Reset { req });
-                    }
-                    self.members[m].crash();
-                    let d = self.rng.range(100, 5000);
-                    self.push(d, Event::Restart(m));
-                }
-            }
+        let mut m = self.rng.below(n as u64) as usize;
+        let kinds = if self.opts.reconfig { 8 } else { 7 };
+        let kind = self.rng.below(kinds);
+        // Half the kills of a run with an initial sync under way hit the syncing member.
+        let syncing = (0..n).find(|&i| self.provisioned[i] && self.members[i].up && self.members[i].state == MemberState::Startup2);
+        if let Some(s) = syncing.filter(|_| kind == 0 && self.rng.chance(0.5)) {
+            m = s;
+        }
+        if !self.provisioned[m] && kind != 7 {
+            return Ok(());
+        }
+        match kind {
+            7 => self.reconfig()?,
+            0 => self.kill(m),
             1 => {
                 if self.members[m].up && self.members[m].paused_until <= self.now {
                     self.report.pauses += 1;
@@ -827,8 +1036,108 @@ impl Sim {
         Ok(())
     }
 
+    /// replSetReconfig on the primary: add the next slot's member, empty (it initial-syncs),
+    /// or remove the last member; one voter change at most, checked by the repl crate's
+    /// rules as the server checks them.
+    fn reconfig(&mut self) -> Result<(), Failure> {
+        let n = self.members.len();
+        let primaries: Vec<usize> = (0..n).filter(|&i| self.members[i].up && self.members[i].state == MemberState::Primary && self.members[i].paused_until <= self.now).collect();
+        let Some(&p) = primaries.first() else {
+            self.report.reconfigs_refused += 1;
+            return Ok(());
+        };
+        let current = self.members[p].config.clone();
+        let len = current.members.len();
+        let mut d = current.to_doc();
+        d.insert("version", current.version + 1);
+        d.remove("term");
+        let mut list: Vec<bson::Bson> = d.get_array("members").expect("members").clone();
+        let add = len < n && (len <= self.opts.members || self.rng.chance(0.5));
+        let slot = if add { len } else { len - 1 };
+        if add {
+            let mut m = bson::doc! {"_id": slot as i32, "host": member::host(slot)};
+            match self.rng.below(3) {
+                0 => {
+                    m.insert("votes", 0);
+                    m.insert("priority", 0);
+                }
+                1 => {
+                    m.insert("priority", 0);
+                }
+                _ => {}
+            }
+            list.push(m.into());
+        } else {
+            list.pop();
+        }
+        d.insert("members", list);
+        let new = ReplSetConfig::parse(&d).expect("a config the sim builds parses");
+        let mut result = Ok(());
+        self.step_member(p, |mem, out| result = mem.reconfig(new, out))?;
+        if let Err(why) = result {
+            self.report.reconfigs_refused += 1;
+            self.note(format!("nemesis: replSetReconfig on m{p} ({} m{slot}) refused: {why}", if add { "add" } else { "remove" }));
+            return Ok(());
+        }
+        self.report.reconfigs += 1;
+        let config = self.members[p].config.clone();
+        self.note(format!("nemesis: replSetReconfig on m{p}: version {} of term {}, {} m{slot}", config.version, config.term.unwrap_or(0), if add { "adds" } else { "removes" }));
+        if add {
+            self.report.members_added += 1;
+            self.provision(slot, config)?;
+        } else {
+            self.report.members_removed += 1;
+        }
+        Ok(())
+    }
+
+    /// A new, empty machine at `slot` (replacing any removed member that ran there), with
+    /// the config that adds it: the server's would learn it from the primary's first
+    /// heartbeat.
+    fn provision(&mut self, slot: usize, config: Arc<ReplSetConfig>) -> Result<(), Failure> {
+        if self.provisioned[slot] && self.members[slot].up {
+            let parked: Vec<(usize, u64)> = self.members[slot].parked.iter().map(|p| (p.from, p.req)).collect();
+            for (from, req) in parked {
+                self.send(slot, from, Msg::Reset { req });
+            }
+        }
+        let old = &self.members[slot];
+        let (incarnation, next_id) = (old.incarnation + 1, old.next_id);
+        let drift = self.rng.range(0, 4001) as i64 - 2000;
+        let mut fresh = Member::new(slot, config, &[], drift);
+        // Messages and timers of the old machine are told apart from the new one's.
+        fresh.incarnation = incarnation;
+        fresh.next_id = next_id;
+        self.members[slot] = fresh;
+        self.provisioned[slot] = true;
+        self.checker.verified[slot] = (0, None);
+        self.checker.last_cp[slot] = (incarnation, OpTime::default());
+        self.checker.kept[slot] = OpTime::default();
+        self.checker.syncs_started[slot] = 0;
+        self.checker.syncs_done[slot] = 0;
+        self.checker.last_read.retain(|(_, m), _| *m != slot);
+        self.note(format!("m{slot}: a new, empty machine starts"));
+        self.step_member(slot, |mem, out| mem.start(out))
+    }
+
+    fn kill(&mut self, m: usize) {
+        if !self.members[m].up {
+            return;
+        }
+        self.report.crashes += 1;
+        self.note(format!("nemesis: kill -9 m{m}"));
+        // Its connections break: the fetchers waiting on its cursors hear so.
+        let parked: Vec<(usize, u64)> = self.members[m].parked.iter().map(|p| (p.from, p.req)).collect();
+        for (from, req) in parked {
+            self.send(m, from, Msg::Reset { req });
+        }
+        self.members[m].crash();
+        let d = self.rng.range(100, 5000);
+        self.push(d, Event::Restart(m));
+    }
+
     fn restart(&mut self, m: usize) -> Result<(), Failure> {
-        if self.members[m].up {
+        if self.members[m].up || !self.provisioned[m] {
             return Ok(());
         }
         self.note(format!("restart m{m}"));
@@ -846,7 +1155,7 @@ impl Sim {
         self.note("all faults healed".into());
         for m in 0..self.members.len() {
             self.members[m].paused_until = 0;
-            if !self.members[m].up {
+            if !self.members[m].up && self.provisioned[m] {
                 self.restart(m)?;
             }
         }
@@ -858,28 +1167,78 @@ impl Sim {
         if !self.stuck.is_empty() {
             return Err(self.fail(format!("members needed a resync: {:?}", self.stuck)));
         }
-        let primaries: Vec<usize> = (0..self.members.len()).filter(|&i| self.members[i].state == MemberState::Primary).collect();
+        let primaries: Vec<usize> = (0..self.members.len()).filter(|&i| self.provisioned[i] && self.members[i].state == MemberState::Primary).collect();
         let [p] = primaries[..] else {
             let states: Vec<String> = self.members.iter().map(|m| format!("m{} {:?} term {}", m.index, m.state, m.term)).collect();
             return Err(self.fail(format!("{} primaries after {} ms without faults: {states:?}", primaries.len(), self.opts.quiet_ms)));
         };
-        let reference = member::oplog_between(&self.members[p].store, None, self.members[p].last());
-        for at in &self.checker.acked_majority {
-            if !reference.contains(at) {
-                return Err(self.fail(format!("the majority-acknowledged write {at:?} is not in the primary m{p}'s oplog")));
-            }
+        let store = &self.members[p].store;
+        let reference = member::oplog_between(store, None, self.members[p].last());
+        if let Some(at) = member::missing_write(store, self.checker.acked_majority.iter()) {
+            return Err(self.fail(format!("the majority-acknowledged write {at:?} is not on the primary m{p}")));
         }
-        if !reference.starts_with(&self.checker.committed) {
+        // A primary that initial-synced holds the history from its begin entry on.
+        let (ours, known) = align(&reference, &self.checker.committed);
+        if !ours.starts_with(known) {
             return Err(self.fail("the primary's oplog does not extend the committed history".into()));
         }
-        for m in &self.members {
+        self.report.large_entries = member::large_entries(store);
+        // Data: where one side holds copied data (identical oplogs from genesis hold the
+        // same writes).
+        let primary_copied = member::has_copied_data(store);
+        let data = if primary_copied { member::data_docs(store, None, usize::MAX) } else { Vec::new() };
+        let mut data_from_oplog: Option<Vec<member::DataDoc>> = None;
+        let config = self.members[p].config.clone();
+        for i in 0..config.members.len() {
+            let m = &self.members[i];
+            // Liveness: once healed, a member that was behind catches up (a batch it could
+            // never take would stall it here), within the quiet period's last SETTLE_MS
+            // without writes.
+            if m.last() != self.members[p].last() || !matches!(m.state, MemberState::Primary | MemberState::Secondary) {
+                return Err(self.fail(format!(
+                    "m{i} did not catch up in the {} ms after the faults healed: {:?} at {:?}, the primary m{p} at {:?}; fetch {:?}",
+                    self.opts.quiet_ms,
+                    m.state,
+                    m.last(),
+                    self.members[p].last(),
+                    m.fetch
+                )));
+            }
             let log = member::oplog_between(&m.store, None, m.last());
-            if log != reference {
-                let at = log.iter().zip(&reference).position(|(a, b)| a != b).unwrap_or(log.len().min(reference.len()));
-                return Err(self.fail(format!("m{}'s oplog ({} entries) differs from the primary m{p}'s ({}) at entry {at} after the quiet period", m.index, log.len(), reference.len())));
+            // A member that initial-synced holds the oplog from its begin entry on: the two
+            // agree from the later start.
+            let (a, b) = align(&log, &reference);
+            if a != b {
+                let at = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+                return Err(self.fail(format!("m{i}'s oplog ({} entries) differs from the primary m{p}'s ({}) at entry {at} of the part both hold, after the quiet period", log.len(), reference.len())));
+            }
+            if !primary_copied && !member::has_copied_data(&m.store) {
+                continue;
+            }
+            let data = if primary_copied { &data } else { data_from_oplog.get_or_insert_with(|| member::data_docs(&self.members[p].store, None, usize::MAX)) };
+            let theirs = member::data_docs(&m.store, None, usize::MAX);
+            if theirs != *data {
+                let at = theirs.iter().zip(data.iter()).position(|(a, b)| a != b).unwrap_or(theirs.len().min(data.len()));
+                return Err(self.fail(format!(
+                    "m{i}'s data ({} writes) differs from the primary m{p}'s ({}) at write {at}: {:?} where the primary has {:?}",
+                    theirs.len(),
+                    data.len(),
+                    theirs.get(at),
+                    data.get(at)
+                )));
             }
         }
         Ok(())
+    }
+}
+
+/// Two oplogs from the later one's first entry on (a member that initial-synced holds the
+/// oplog from its begin entry).
+fn align<'a>(a: &'a [OpTime], b: &'a [OpTime]) -> (&'a [OpTime], &'a [OpTime]) {
+    match (a.first(), b.first()) {
+        (Some(x), Some(y)) if x.ts < y.ts => (&a[a.iter().position(|o| o.ts >= y.ts).unwrap_or(a.len())..], b),
+        (Some(x), Some(y)) if y.ts < x.ts => (a, &b[b.iter().position(|o| o.ts >= x.ts).unwrap_or(b.len())..]),
+        _ => (a, b),
     }
 }
 

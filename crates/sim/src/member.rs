@@ -5,6 +5,12 @@
 //! and the oplog, the last vote and minValid live in a real `storage::Store` over a
 //! crashable in-memory engine. What is simulated is only what the server does with tokio:
 //! connections become messages, tasks become timers.
+//!
+//! Beyond those: initial sync (`initial_sync.rs`: an empty member copies its source's data
+//! in batches, then tails the oplog from where the copy began), entry sizes up to the
+//! largest an oplog entry can have (the cursor's batch rule, `cursor.rs`), and configs
+//! installed by replSetReconfig and spread by heartbeats (`member.rs` `adopt_config`,
+//! `mod.rs` `install_config`).
 
 use crate::{Cursor, Msg, Note, Out, Position, Timer, WriteResult};
 use bson::{doc, Document};
@@ -30,13 +36,51 @@ pub const CATCH_UP_POLL_MS: u64 = 10;
 /// The journal flusher's longest wait (the server's flusher wakes on request; w:1 writes
 /// without j ask for nothing, and are synced by the next request or this).
 pub const JOURNAL_FLUSH_MS: u64 = 100;
+/// Whether an initial sync starts over when what it copied may be rolled back: its source
+/// rolled back during the clone (the source's rollback id changed, as mongod checks), or the
+/// member reached minValid's timestamp without minValid's entry (the history it copied was
+/// rolled back after the copy). The sync finishes, and the flag goes, only once minValid is
+/// committed. The server's `initial_sync.rs` clears the flag once the oplog is seeded and
+/// checks none of this: with false here (the server's way), seed 433 of 1..=1000 fails, a
+/// member that copied from a stale secondary finishing on an uncommitted begin entry that
+/// the set then rolls back, after which it finds no common point with any member and needs
+/// a resync by hand.
+pub const INITIAL_SYNC_CHECKS_ROLLBACK: bool = true;
 /// Entries per fetched batch: small, so that batches interleave with faults.
 pub const FETCH_BATCH_ENTRIES: usize = 20;
+/// Documents per clone batch: small, so that a clone takes several messages and faults
+/// and writes interleave with it (the server asks for 5000).
+pub const CLONE_BATCH_DOCS: usize = 40;
+/// cursor.rs: a batch stops before passing this many bytes, and holds at least one document
+/// whatever its size.
+pub const BATCH_SIZE_BYTES_MAX: u64 = 16 * 1024 * 1024 - 64 * 1024;
+/// mongod's BSONObjMaxInternalSize: the largest reply a member accepts; a larger one is
+/// refused and the fetch fails.
+pub const REPLY_SIZE_MAX_BYTES: u64 = (common::limits::BSON_OBJECT_SIZE_MAX_BYTES + common::limits::BSON_USER_OBJECT_SLACK_BYTES) as u64;
+/// An oplog entry's fields around the document it carries (ts, t, wall, op, ns, ...).
+pub const ENTRY_ENVELOPE_BYTES: u64 = 1024;
+/// The largest entry: a largest document, with its envelope.
+pub const ENTRY_SIZE_MAX_BYTES: u64 = common::limits::BSON_OBJECT_SIZE_MAX_BYTES as u64 + ENTRY_ENVELOPE_BYTES;
+/// A cursor reply's fields around its batch (cursor id, ns, $replData, ok, ...).
+pub const REPLY_ENVELOPE_BYTES: u64 = 1024;
+/// Entries at least this large count as large in the report.
+pub const ENTRY_LARGE_BYTES: u64 = 1024 * 1024;
+const _: () = assert!(ENTRY_SIZE_MAX_BYTES + REPLY_ENVELOPE_BYTES <= REPLY_SIZE_MAX_BYTES, "a batch of one largest entry must fit in a reply");
+const _: () = assert!(2 * ENTRY_LARGE_BYTES <= BATCH_SIZE_BYTES_MAX);
 pub const ROLLBACK_CHUNK: usize = 1000;
 const OPLOG_CAP_BYTES: u64 = 64 << 20;
 const LOCAL: &str = "local";
+/// The size of a no-op entry ("new primary").
+const NOOP_ENTRY_BYTES: u64 = 120;
 const ELECTION: &str = "replset.election";
 const MIN_VALID: &str = "replset.minvalid";
+/// mongod's initialSyncFlag: set durably before an initial sync drops anything, cleared
+/// once the sync is done (`INITIAL_SYNC_CHECKS_ROLLBACK` says when).
+const INITIAL_SYNC_FLAG: &str = "replset.initialSyncFlag";
+/// The data an initial sync copied: one document per write, `{_id: ts, t, v, size}` (the
+/// rest of a member's data is its oplog's writes, the workload being inserts only).
+const DATA_DB: &str = "sim";
+const DATA_COLLECTION: &str = "data";
 /// Wall clocks start here (2026-12-01), so timestamps look like real ones.
 const EPOCH_WALL_MS: i64 = 1_796_083_200_000;
 
@@ -61,10 +105,24 @@ pub struct Election {
     pub last: OpTime,
 }
 
+/// Where an initial sync is (`initial_sync.rs` `attempt`).
+#[derive(Debug, Clone, Copy)]
+pub enum SyncPhase {
+    /// Asking the source for its newest entry: `begin`.
+    Begin,
+    /// Copying the source's data, `after` its document with this timestamp; the source's
+    /// rollback id when the sync began.
+    Cloning { begin: OpTime, after: Option<u64>, rollback_id: u64 },
+    /// Asking the source for its newest entry again: `minValid`.
+    MinValid { begin: OpTime, rollback_id: u64 },
+}
+
 #[derive(Debug, Clone, Copy)]
 pub enum Fetch {
     /// Choose a source at or after this monotonic time.
     Idle { at: u64 },
+    /// An initial sync from `src`, its request `req` in flight.
+    Syncing { src: usize, req: u64, phase: SyncPhase },
     /// A find (`from` our newest entry) or getMore (`after` the cursor's last entry) in flight.
     Find { src: usize, req: u64, forced: bool },
     Tail { src: usize, req: u64, forced: bool, cursor: Cursor },
@@ -137,6 +195,22 @@ pub struct Member {
     pub next_id: u64,
     /// Rollback truncations of the oplog in this process (`Collection::truncations`).
     pub truncations: u64,
+    /// Moves at every config installed: heartbeat timers of an older one stop (the
+    /// server's heartbeat loops of an older epoch).
+    pub config_epoch: u64,
+    /// The begin entry of the initial sync under way (it seeds the oplog).
+    pub sync_begin: Option<(OpTime, Vec<u8>)>,
+    /// While an initial sync applies the oplog up to its minValid: (begin, minValid).
+    pub sync_min_valid: Option<(OpTime, OpTime)>,
+    /// Rollbacks this member has done, across restarts (mongod's RBID, kept durably in
+    /// local.system.rollback.id).
+    pub rollback_id: u64,
+}
+
+/// A member's host in configs: its slot fixes its position (configs add members at the end
+/// and remove the last, so a member's index is its position in every config it is in).
+pub fn host(index: usize) -> String {
+    format!("m{index}:27017")
 }
 
 fn vote_doc(term: i64, candidate: usize) -> Document {
@@ -161,10 +235,12 @@ fn first_doc(store: &Store, coll: &str) -> Option<Document> {
     store.collection(LOCAL, coll).and_then(|c| c.snapshot().scan(None, 1).expect("scan").into_iter().next().map(|(_, d)| d))
 }
 
-/// An oplog entry of the simulated workload: a write of `value` to the one register, or a
-/// no-op (initiation, a new primary).
-pub fn entry(at: OpTime, wall_ms: i64, value: Option<u64>) -> Vec<u8> {
-    let mut d = doc! {"ts": at.timestamp(), "t": at.term, "wall": bson::DateTime::from_millis(wall_ms)};
+/// An oplog entry of the simulated workload: an insert of `value` (the register's newest
+/// value is the newest insert), or a no-op (initiation, a new primary). `size_bytes` is the
+/// size the entry stands for: the sim carries the number, not the bytes.
+pub fn entry(at: OpTime, wall_ms: i64, value: Option<u64>, size_bytes: u64) -> Vec<u8> {
+    assert!(size_bytes <= ENTRY_SIZE_MAX_BYTES, "entry of {size_bytes} bytes");
+    let mut d = doc! {"ts": at.timestamp(), "t": at.term, "wall": bson::DateTime::from_millis(wall_ms), "size": size_bytes as i64};
     match value {
         Some(v) => {
             d.insert("op", "i");
@@ -185,12 +261,40 @@ pub fn doc_value(d: &Document) -> Option<u64> {
     d.get_document("o").ok()?.get_i64("v").ok().map(|v| v as u64)
 }
 
+/// The size an entry stands for.
+pub fn entry_size(bytes: &[u8]) -> u64 {
+    bson::RawDocument::from_bytes(bytes).ok().and_then(|d| d.get_i64("size").ok()).map_or(0, |s| s as u64)
+}
+
+/// cursor.rs's batch rule over items of `size(item)` bytes: at least one item, and no more
+/// once the next would pass BATCH_SIZE_BYTES_MAX.
+pub fn cut_batch<T>(items: Vec<T>, size: impl Fn(&T) -> u64) -> Vec<T> {
+    let mut total = 0;
+    let mut out = Vec::new();
+    for item in items {
+        let s = size(&item);
+        if !out.is_empty() && total + s > BATCH_SIZE_BYTES_MAX {
+            break;
+        }
+        total += s;
+        out.push(item);
+    }
+    out
+}
+
+/// One write as a clone copies it: (optime, value, size in bytes).
+pub type DataDoc = (OpTime, u64, u64);
+
 impl Member {
+    /// A member with `genesis` in its oplog; an empty `genesis` makes an empty member, which
+    /// initial-syncs.
     pub fn new(index: usize, config: Arc<ReplSetConfig>, genesis: &[(OpTime, Vec<u8>)], drift_ppm: i64) -> Member {
         let engine = MemoryEngine::crashable();
         let store = Store::open_with_engine(Arc::new(engine.clone())).expect("open");
         store.enable_oplog(OPLOG_CAP_BYTES).expect("oplog");
-        store.append_oplog_replicated(genesis).expect("genesis");
+        if !genesis.is_empty() {
+            store.append_oplog_replicated(genesis).expect("genesis");
+        }
         store.commit_durable().expect("sync");
         let n = config.members.len();
         let m = Member {
@@ -226,6 +330,10 @@ impl Member {
             reported: vec![(OpTime::default(), OpTime::default()); n],
             next_id: 1,
             truncations: 0,
+            config_epoch: 0,
+            sync_begin: None,
+            rollback_id: 0,
+            sync_min_valid: None,
         };
         m.store.set_oplog_term(m.term);
         m
@@ -285,6 +393,13 @@ impl Member {
         if self.min_valid.is_some() {
             self.state = MemberState::Recovering;
         }
+        // mod.rs `install_config`: a member that must initial-sync has no data to serve.
+        if self.initial_sync_reason().is_some() {
+            self.state = MemberState::Startup2;
+            self.min_valid = None;
+        }
+        self.sync_begin = None;
+        self.sync_min_valid = None;
         self.commit_point = OpTime::default();
         self.peers = vec![Peer::default(); self.config.members.len()];
         self.primary_seen = now;
@@ -302,15 +417,38 @@ impl Member {
         self.flush_requested = false;
         self.truncations = 0;
         self.reported = vec![(OpTime::default(), OpTime::default()); self.config.members.len()];
-        for i in 0..self.config.members.len() {
-            if i != self.index {
-                let first = out.rng.below(self.config.settings.heartbeat_interval_ms as u64);
-                self.timer(out, first, Timer::Heartbeat(i));
-            }
-        }
+        self.start_heartbeats(out);
         let first_tick = out.rng.below(TICK_MS);
         self.timer(out, first_tick, Timer::Tick);
         self.timer(out, JOURNAL_FLUSH_MS, Timer::JournalFlush);
+    }
+
+    /// One heartbeat loop per other member of the config, of a new epoch.
+    fn start_heartbeats(&mut self, out: &mut Out) {
+        self.config_epoch += 1;
+        for i in 0..self.config.members.len() {
+            if i != self.index {
+                let first = out.rng.below(self.config.settings.heartbeat_interval_ms as u64);
+                self.timer(out, first, Timer::Heartbeat(i, self.config_epoch));
+            }
+        }
+    }
+
+    /// Whether this member is in its config (a removed one is REMOVED once it hears so).
+    fn in_config(&self) -> bool {
+        self.config.members.get(self.index).is_some_and(|m| m.host == host(self.index))
+    }
+
+    /// mod.rs `initial_sync_reason`: the flag of a sync that did not finish, or an empty
+    /// oplog.
+    pub fn initial_sync_reason(&self) -> Option<&'static str> {
+        if first_doc(&self.store, INITIAL_SYNC_FLAG).is_some() {
+            Some("an initial sync did not finish")
+        } else if self.last() == OpTime::default() {
+            Some("this member's oplog is empty")
+        } else {
+            None
+        }
     }
 
     /// kill -9: what was not synced is gone; the process state with it.
@@ -349,7 +487,9 @@ impl Member {
     fn become_primary(&mut self, term: i64, out: &mut Out) {
         self.store.set_oplog_term(term);
         let at = self.next_optime(out.now, term);
-        let bytes = entry(at, self.wall_ms(out.now), None);
+        let bytes = entry(at, self.wall_ms(out.now), None, NOOP_ENTRY_BYTES);
+        // mod.rs `become_primary`: the config is now of this term (heartbeats spread it).
+        Arc::make_mut(&mut self.config).term = Some(term);
         self.store.append_oplog_replicated(&[(at, bytes)]).expect("new primary entry");
         self.store.commit_durable().expect("sync");
         self.term = term;
@@ -424,9 +564,13 @@ impl Member {
 
     pub fn on_timer(&mut self, t: Timer, out: &mut Out) {
         match t {
-            Timer::Heartbeat(i) => self.send_heartbeat(i, out),
+            Timer::Heartbeat(i, epoch) => {
+                if epoch == self.config_epoch {
+                    self.send_heartbeat(i, out);
+                }
+            }
             Timer::HeartbeatTimeout(i, seq) => {
-                if self.peers[i].heartbeat.is_some_and(|(s, _)| s == seq) {
+                if self.peers.get(i).is_some_and(|p| p.heartbeat.is_some_and(|(s, _)| s == seq)) {
                     let sent = self.peers[i].heartbeat.take().map_or(0, |(_, at)| at);
                     let p = &mut self.peers[i];
                     p.view.up = false;
@@ -458,7 +602,7 @@ impl Member {
             }
             Timer::FetchTimeout(req) => {
                 let pending = match self.fetch {
-                    Fetch::Find { req: r, .. } | Fetch::Tail { req: r, .. } | Fetch::RollingBack { req: r, .. } => r == req,
+                    Fetch::Find { req: r, .. } | Fetch::Tail { req: r, .. } | Fetch::RollingBack { req: r, .. } | Fetch::Syncing { req: r, .. } => r == req,
                     Fetch::Idle { .. } => false,
                 };
                 if pending {
@@ -497,14 +641,14 @@ impl Member {
         let now = self.mono(out.now);
         let seq = self.id();
         self.peers[i].heartbeat = Some((seq, now));
-        out.sends.push((i, Msg::HeartbeatRequest { seq, term: self.term }));
+        out.sends.push((i, Msg::HeartbeatRequest { seq, term: self.term, config_version: self.config.version, config_term: self.config.term.unwrap_or(0) }));
         self.timer(out, self.heartbeat_timeout_ms(), Timer::HeartbeatTimeout(i, seq));
     }
 
     fn schedule_next_heartbeat(&mut self, i: usize, sent: u64, out: &mut Out) {
         let now = self.mono(out.now);
         let interval = self.config.settings.heartbeat_interval_ms.max(1) as u64;
-        self.timer(out, (sent + interval).saturating_sub(now), Timer::Heartbeat(i));
+        self.timer(out, (sent + interval).saturating_sub(now), Timer::Heartbeat(i, self.config_epoch));
     }
 
     /// The server's `tick_loop`: commit point, step-down, elections; plus the fetcher's
@@ -644,7 +788,7 @@ impl Member {
     fn catch_up_step(&mut self, out: &mut Out) {
         let Some((src, target, term)) = self.catch_up else { return };
         let same_term = self.term == term && self.state == MemberState::Secondary;
-        let up = self.peers[src].view.up;
+        let up = self.peers.get(src).is_some_and(|p| p.view.up);
         if self.last() >= target || !same_term || !up {
             self.catch_up = None;
             if self.sync_from == Some(src) {
@@ -677,11 +821,15 @@ impl Member {
 
     pub fn on_message(&mut self, from: usize, msg: Msg, out: &mut Out) {
         match msg {
-            Msg::HeartbeatRequest { seq, term } => {
+            Msg::HeartbeatRequest { seq, term, config_version, config_term } => {
                 if term > self.term {
                     self.observe_term(term, out);
                 }
+                // member.rs `heartbeat`: a sender with an older config gets ours.
+                let mine = (self.config.term.unwrap_or(0), self.config.version);
+                let config = ((config_term, config_version) < mine).then(|| self.config.clone());
                 let reply = Msg::HeartbeatReply {
+                    config,
                     seq,
                     term: self.term,
                     state: self.state,
@@ -692,10 +840,19 @@ impl Member {
                 };
                 out.sends.push((from, reply));
             }
-            Msg::HeartbeatReply { seq, term, state, applied, durable, commit_point, sync_source } => self.on_heartbeat_reply(from, seq, term, state, applied, durable, commit_point, sync_source, out),
+            Msg::HeartbeatReply { seq, term, state, applied, durable, commit_point, sync_source, config } => {
+                if let Some(config) = config {
+                    return self.on_heartbeat_config(from, seq, term, config, out);
+                }
+                self.on_heartbeat_reply(from, seq, term, state, applied, durable, commit_point, sync_source, out)
+            }
             Msg::VoteRequest { id, req } => {
                 if req.term > self.term && !req.dry_run {
                     self.observe_term(req.term, out);
+                }
+                if self.state == MemberState::Removed || !self.in_config() {
+                    out.sends.push((from, Msg::VoteReply { id, term: self.term, granted: false }));
+                    return;
                 }
                 let voter = repl::election::Voter { config: &self.config, self_index: self.index, term: self.term, last_vote_term: self.last_vote_term, last_applied: self.last() };
                 let decision = repl::election::decide(&voter, &req);
@@ -730,7 +887,19 @@ impl Member {
                 out.sends.push((from, Msg::RollbackAnswer { req, optimes, newest: self.last() }));
             }
             Msg::RollbackAnswer { req, optimes, newest } => self.on_rollback_answer(from, req, optimes, newest, out),
-            Msg::Write { op, value, majority, j } => self.on_write(from, op, value, majority, j, out),
+            Msg::Write { op, value, majority, j, size_bytes } => self.on_write(from, op, value, majority, j, size_bytes, out),
+            Msg::OplogNewest { req } => {
+                let entry = self.entries_before(None, 1).into_iter().next();
+                out.sends.push((from, Msg::NewestReply { req, entry, rollback_id: self.rollback_id }));
+            }
+            Msg::NewestReply { req, entry, rollback_id } => self.on_newest(from, req, entry, rollback_id, out),
+            Msg::CloneRead { req, after } => {
+                // Reads of a member that is not primary or secondary fail (NotPrimaryOrSecondary).
+                let serving = matches!(self.state, MemberState::Primary | MemberState::Secondary);
+                let (docs, more) = if serving { self.data_after(after) } else { (Vec::new(), false) };
+                out.sends.push((from, Msg::CloneBatch { req, docs: serving.then_some(docs), more }));
+            }
+            Msg::CloneBatch { req, docs, more } => self.on_clone_batch(from, req, docs, more, out),
             Msg::Read { op } => {
                 // readConcern "majority" (server dispatch::ReadWait): read the data as it is,
                 // then answer once the commit point reaches the newest entry read.
@@ -740,7 +909,7 @@ impl Member {
             }
             Msg::Reset { req } => {
                 let pending = match self.fetch {
-                    Fetch::Find { req: r, src, .. } | Fetch::Tail { req: r, src, .. } | Fetch::RollingBack { req: r, src, .. } => r == req && src == from,
+                    Fetch::Find { req: r, src, .. } | Fetch::Tail { req: r, src, .. } | Fetch::RollingBack { req: r, src, .. } | Fetch::Syncing { req: r, src, .. } => r == req && src == from,
                     Fetch::Idle { .. } => false,
                 };
                 if pending {
@@ -756,7 +925,7 @@ impl Member {
 
     #[allow(clippy::too_many_arguments)]
     fn on_heartbeat_reply(&mut self, i: usize, seq: u64, term: i64, state: MemberState, applied: OpTime, durable: OpTime, commit_point: Option<OpTime>, sync_source: Option<usize>, out: &mut Out) {
-        let Some((s, sent)) = self.peers[i].heartbeat else { return };
+        let Some((s, sent)) = self.peers.get(i).and_then(|p| p.heartbeat) else { return };
         if s != seq {
             return;
         }
@@ -790,6 +959,111 @@ impl Member {
         self.schedule_next_heartbeat(i, sent, out);
     }
 
+    /// A heartbeat reply carrying a newer config (member.rs `on_heartbeat_reply`, which takes
+    /// it and notes nothing else of that reply).
+    fn on_heartbeat_config(&mut self, i: usize, seq: u64, term: i64, config: Arc<ReplSetConfig>, out: &mut Out) {
+        let Some((s, sent)) = self.peers.get(i).and_then(|p| p.heartbeat) else { return };
+        if s != seq {
+            return;
+        }
+        self.peers[i].heartbeat = None;
+        if term > self.term {
+            self.observe_term(term, out);
+        }
+        let epoch = self.config_epoch;
+        self.adopt_config(config, out);
+        if self.config_epoch == epoch {
+            self.schedule_next_heartbeat(i, sent, out);
+        }
+    }
+
+    /// member.rs `adopt_config`: install a config received from a member if it is newer
+    /// (config term, then version); one that does not name this member makes it REMOVED.
+    fn adopt_config(&mut self, config: Arc<ReplSetConfig>, out: &mut Out) {
+        if config.validate().is_err() || config.set_name != self.config.set_name {
+            return;
+        }
+        if (config.term.unwrap_or(0), config.version) <= (self.config.term.unwrap_or(0), self.config.version) {
+            return;
+        }
+        let named = config.members.get(self.index).is_some_and(|m| m.host == host(self.index));
+        if !named {
+            if self.state != MemberState::Removed {
+                out.notes.push(Note::Trace(format!("m{}: not in config version {}: REMOVED", self.index, config.version)));
+                self.step_down(out, "removed from the config");
+                self.state = MemberState::Removed;
+                self.election = None;
+                self.election_running = false;
+                self.catch_up = None;
+                self.sync_source = None;
+                self.fetch = Fetch::Idle { at: 0 };
+            }
+            return;
+        }
+        out.notes.push(Note::Trace(format!("m{} installs config version {} of term {}", self.index, config.version, config.term.unwrap_or(0))));
+        self.install_config(config, out);
+    }
+
+    /// mod.rs `install_config`: take up `config` (it names this member at its index).
+    pub fn install_config(&mut self, config: Arc<ReplSetConfig>, out: &mut Out) {
+        assert!(config.members.get(self.index).is_some_and(|m| m.host == host(self.index)), "m{}: config without it at its index", self.index);
+        for (i, m) in config.members.iter().enumerate() {
+            assert_eq!(m.host, host(i), "configs keep members at their slots");
+        }
+        let n = config.members.len();
+        // Peers keep their views by host: slots are positions, so by index.
+        self.peers.resize(n, Peer::default());
+        self.reported.resize(n, (OpTime::default(), OpTime::default()));
+        let me = &config.members[self.index];
+        let alone = config.members.iter().enumerate().all(|(i, m)| i == self.index || !m.is_voter()) && me.is_electable();
+        assert!(!alone, "the sim's sets have several voters");
+        let stays_primary = self.state == MemberState::Primary && me.is_electable();
+        if self.state == MemberState::Primary && !stays_primary {
+            self.step_down(out, "not electable in the new config");
+        }
+        self.config = config;
+        self.sync_source = None;
+        self.sync_from = None;
+        self.election_timeout_ms = self.randomized_timeout(out);
+        self.primary_seen = self.mono(out.now);
+        // An election under way counted votes of the old config: it ends.
+        self.election = None;
+        self.election_running = false;
+        if !stays_primary {
+            self.state = match self.state {
+                s @ (MemberState::Rollback | MemberState::Recovering) => s,
+                _ if self.initial_sync_reason().is_some() => MemberState::Startup2,
+                _ => MemberState::Secondary,
+            };
+        }
+        // The fetch of the old epoch ends (an initial sync under way goes on, as the
+        // server's does).
+        if !matches!(self.fetch, Fetch::Syncing { .. } | Fetch::RollingBack { .. }) {
+            self.fetch = Fetch::Idle { at: 0 };
+        }
+        self.start_heartbeats(out);
+    }
+
+    /// replSetReconfig on this member (mod.rs `reconfig`, not forced): `Err` says why not.
+    pub fn reconfig(&mut self, new: ReplSetConfig, out: &mut Out) -> Result<(), String> {
+        if self.state != MemberState::Primary {
+            return Err("not primary".into());
+        }
+        new.validate().map_err(|e| e.to_string())?;
+        self.config.check_reconfig(&new, false).map_err(|e| e.to_string())?;
+        if new.members.get(self.index).is_none_or(|m| m.host != host(self.index)) {
+            return Err("the new config does not name this member".into());
+        }
+        if !new.members[self.index].is_electable() {
+            return Err("this member, the primary, would not be electable".into());
+        }
+        let mut new = new;
+        new.settings.replica_set_id = self.config.settings.replica_set_id;
+        new.term = Some(self.term);
+        self.install_config(Arc::new(new), out);
+        Ok(())
+    }
+
     /// Downstream members' progress (getMore's `$replProgress`, replSetUpdatePosition), with
     /// the reporter's term: a later one first makes a primary step down (member.rs
     /// `update_positions`).
@@ -799,7 +1073,8 @@ impl Member {
         }
         let mut moved = false;
         for p in positions {
-            if p.member == self.index {
+            // A member this config no longer has (or does not have yet) counts for nothing.
+            if p.member == self.index || p.member >= self.peers.len() {
                 continue;
             }
             let peer = &mut self.peers[p.member];
@@ -855,10 +1130,17 @@ impl Member {
         (first, last)
     }
 
-    /// Entries with ts > `after_ts`, at most `n`.
+    /// Entries with ts > `after_ts`: one batch of at most `n`, by the cursor's rule.
     fn entries_after(&self, after_ts: Option<u64>, n: usize) -> Vec<(OpTime, Vec<u8>)> {
         let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
-        c.snapshot().scan_raw(after_ts, n).expect("scan").into_iter().map(|(_, b)| (OpTime::from_raw(bson::RawDocument::from_bytes(&b).expect("entry")).expect("optime"), b)).collect()
+        let entries = c.snapshot().scan_raw(after_ts, n).expect("scan").into_iter().map(|(_, b)| (OpTime::from_raw(bson::RawDocument::from_bytes(&b).expect("entry")).expect("optime"), b)).collect();
+        cut_batch(entries, |(_, b)| entry_size(b))
+    }
+
+    /// The newest entries before `before_ts`, newest first, at most `n`.
+    fn entries_before(&self, before_ts: Option<u64>, n: usize) -> Vec<(OpTime, Vec<u8>)> {
+        let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+        c.snapshot().scan_reverse(before_ts, n).expect("scan").into_iter().map(|(_, d)| (OpTime::from_doc(&d).expect("optime"), d.to_vec().expect("entry"))).collect()
     }
 
     fn has_entry_at(&self, ts: u64) -> bool {
@@ -902,7 +1184,7 @@ impl Member {
     // ---- the fetching side (fetcher.rs) ----
 
     fn fetching_state(&self) -> bool {
-        matches!(self.state, MemberState::Secondary | MemberState::Recovering)
+        matches!(self.state, MemberState::Secondary | MemberState::Startup2 | MemberState::Recovering)
     }
 
     fn start_fetch(&mut self, out: &mut Out) {
@@ -912,7 +1194,7 @@ impl Member {
         let now = self.mono(out.now);
         let views = self.source_views(now);
         let last = self.last();
-        let forced = self.sync_from.take().filter(|&i| views[i].up);
+        let forced = self.sync_from.take().filter(|&i| views.get(i).is_some_and(|v| v.up));
         let src = forced.or_else(|| repl::sync_source::choose(&self.config, self.index, &views, last));
         self.sync_source = src;
         let Some(src) = src else {
@@ -920,6 +1202,17 @@ impl Member {
             return;
         };
         let req = self.id();
+        let reason = if self.sync_min_valid.is_some() { None } else { self.initial_sync_reason() };
+        if let Some(reason) = reason {
+            // An empty member copies the data first, then tails from where the copy began.
+            self.state = MemberState::Startup2;
+            let had_oplog = last != OpTime::default();
+            out.notes.push(Note::InitialSyncStarted { member: self.index, source: src, reason: reason.into(), had_oplog });
+            self.fetch = Fetch::Syncing { src, req, phase: SyncPhase::Begin };
+            out.sends.push((src, Msg::OplogNewest { req }));
+            self.timer(out, COMMAND_TIMEOUT_MS + REPLY_SLACK_MS, Timer::FetchTimeout(req));
+            return;
+        }
         self.fetch = Fetch::Find { src, req, forced: forced.is_some() };
         out.sends.push((src, Msg::Find { req, from: last }));
         self.timer(out, COMMAND_TIMEOUT_MS + REPLY_SLACK_MS, Timer::FetchTimeout(req));
@@ -960,6 +1253,12 @@ impl Member {
         if cursor_lost {
             return self.fetch_failed(out, format!("m{src}: CappedPositionLost"));
         }
+        // A reply past BSONObjMaxInternalSize is refused whole (the connection drops it).
+        let reply_bytes = entries.iter().map(|(_, b)| entry_size(b)).sum::<u64>() + REPLY_ENVELOPE_BYTES;
+        if reply_bytes > REPLY_SIZE_MAX_BYTES {
+            out.notes.push(Note::BatchRefused { member: self.index, source: src, bytes: reply_bytes, entries: entries.len() });
+            return self.fetch_failed(out, format!("m{src}'s reply of {reply_bytes} bytes is larger than {REPLY_SIZE_MAX_BYTES}"));
+        }
         let last = self.last();
         if was_find {
             if !first_matches {
@@ -985,6 +1284,8 @@ impl Member {
             self.after_apply(out);
         } else {
             self.learn_commit_point(commit_point, true);
+            // A sync's minValid may be committed now.
+            self.after_apply(out);
         }
         let now = self.mono(out.now);
         let views = self.source_views(now);
@@ -1006,8 +1307,157 @@ impl Member {
         self.timer(out, AWAIT_DATA_MS + REPLY_SLACK_MS, Timer::FetchTimeout(req));
     }
 
+    /// The source's newest entry: `begin`, or `minValid` once the data is copied.
+    fn on_newest(&mut self, from: usize, req: u64, entry: Option<(OpTime, Vec<u8>)>, rollback_id: u64, out: &mut Out) {
+        let Fetch::Syncing { src, req: r, phase } = self.fetch else { return };
+        if r != req || src != from {
+            return;
+        }
+        let Some((at, bytes)) = entry else {
+            return self.fetch_failed(out, format!("initial sync: m{src} has an empty oplog"));
+        };
+        match phase {
+            SyncPhase::Begin => {
+                // Before anything is dropped: a crash from here until the oplog is seeded
+                // starts the sync over.
+                put_single_doc(&self.store, INITIAL_SYNC_FLAG, &doc! {"_id": "initialSyncFlag"});
+                // What an earlier attempt seeded goes too (mongod truncates the oplog).
+                if self.last() != OpTime::default() {
+                    self.store.truncate_oplog_after(OpTime::default()).expect("truncate");
+                    self.store.commit_durable().expect("sync");
+                }
+                // The copy's own writes, not logged (the server's `applying_replicated_ops`).
+                let _replicated = storage::applying_replicated_ops();
+                let data = self.store.collection_or_create(DATA_DB, DATA_COLLECTION).expect("data");
+                {
+                    let mut w = data.writer();
+                    for (rid, old) in w.snapshot().scan(None, usize::MAX).expect("scan") {
+                        w.delete(rid, &old).expect("delete");
+                    }
+                }
+                self.sync_begin = Some((at, bytes));
+                let req = self.id();
+                self.fetch = Fetch::Syncing { src, req, phase: SyncPhase::Cloning { begin: at, after: None, rollback_id } };
+                out.sends.push((src, Msg::CloneRead { req, after: None }));
+                self.timer(out, COMMAND_TIMEOUT_MS + REPLY_SLACK_MS, Timer::FetchTimeout(req));
+            }
+            SyncPhase::MinValid { begin, rollback_id: at_begin } => {
+                // mongod's rollback id check: a source that rolled back since the sync began
+                // may have taken back writes the clone copied, which no entry would undo.
+                if INITIAL_SYNC_CHECKS_ROLLBACK && rollback_id != at_begin {
+                    return self.fetch_failed(out, format!("initial sync: m{src} rolled back during the clone"));
+                }
+                let min_valid = at.max(begin);
+                let Some((begin_at, begin_bytes)) = self.sync_begin.take() else { return self.fetch_failed(out, "initial sync: no begin entry".into()) };
+                assert_eq!(begin_at, begin);
+                assert!(self.last() == OpTime::default(), "m{}: seeding a non-empty oplog", self.index);
+                // minValid first, then the seeded oplog.
+                let mut mv = doc! {"_id": "minValid"};
+                mv.extend(min_valid.to_doc());
+                put_single_doc(&self.store, MIN_VALID, &mv);
+                self.store.set_oplog_term(self.term.max(begin_at.term));
+                self.store.append_oplog_replicated(&[(begin_at, begin_bytes)]).expect("seed the oplog");
+                self.store.commit_durable().expect("sync");
+                self.sync_min_valid = Some((begin, min_valid));
+                if !INITIAL_SYNC_CHECKS_ROLLBACK {
+                    self.finish_initial_sync(out);
+                }
+                // mod.rs `recover_until`.
+                self.min_valid = Some(min_valid);
+                self.state = MemberState::Recovering;
+                self.after_apply(out);
+                self.fetch = Fetch::Idle { at: 0 };
+            }
+            SyncPhase::Cloning { .. } => {}
+        }
+    }
+
+    fn on_clone_batch(&mut self, from: usize, req: u64, docs: Option<Vec<DataDoc>>, more: bool, out: &mut Out) {
+        let Fetch::Syncing { src, req: r, phase: SyncPhase::Cloning { begin, after, rollback_id } } = self.fetch else { return };
+        if r != req || src != from {
+            return;
+        }
+        let Some(docs) = docs else {
+            return self.fetch_failed(out, format!("initial sync: m{src} serves no reads"));
+        };
+        let size: u64 = docs.iter().map(|d| d.2).sum();
+        if size + REPLY_ENVELOPE_BYTES > REPLY_SIZE_MAX_BYTES && docs.len() > 1 {
+            return self.fetch_failed(out, format!("initial sync: a clone batch of {size} bytes from m{src} is larger than {REPLY_SIZE_MAX_BYTES}"));
+        }
+        let after = docs.last().map(|d| d.0.ts).or(after);
+        // The copy's own writes, not logged (the server's `applying_replicated_ops`).
+        let _replicated = storage::applying_replicated_ops();
+        let data = self.store.collection_or_create(DATA_DB, DATA_COLLECTION).expect("data");
+        {
+            let mut w = data.writer();
+            for (at, v, size) in docs {
+                let mut d = doc! {"_id": at.ts as i64, "v": v as i64, "size": size as i64};
+                d.extend(at.to_doc());
+                w.insert(&d).expect("insert a cloned document");
+            }
+        }
+        let req = self.id();
+        if more {
+            self.fetch = Fetch::Syncing { src, req, phase: SyncPhase::Cloning { begin, after, rollback_id } };
+            out.sends.push((src, Msg::CloneRead { req, after }));
+        } else {
+            self.fetch = Fetch::Syncing { src, req, phase: SyncPhase::MinValid { begin, rollback_id } };
+            out.sends.push((src, Msg::OplogNewest { req }));
+        }
+        self.timer(out, COMMAND_TIMEOUT_MS + REPLY_SLACK_MS, Timer::FetchTimeout(req));
+    }
+
+    /// The data a clone reads (as a find on the data's collections, in `_id` order): the
+    /// writes this member holds, cloned or in its oplog, after timestamp `after`, one batch
+    /// by the cursor's rule; and whether more follow.
+    fn data_after(&self, after: Option<u64>) -> (Vec<DataDoc>, bool) {
+        let mut all = data_docs(&self.store, after, CLONE_BATCH_DOCS + 1);
+        let more_than_docs = all.len() > CLONE_BATCH_DOCS;
+        all.truncate(CLONE_BATCH_DOCS);
+        let n = all.len();
+        let batch = cut_batch(all, |d| d.2);
+        let more = more_than_docs || batch.len() < n;
+        (batch, more)
+    }
+
+    /// The sync is done: the flag goes, and the oplog (and minValid) carry this member.
+    fn finish_initial_sync(&mut self, out: &mut Out) {
+        let Some((begin, min_valid)) = self.sync_min_valid.take() else { return };
+        let flag = self.store.collection_or_create(LOCAL, INITIAL_SYNC_FLAG).expect("flag");
+        {
+            let mut w = flag.writer();
+            for (rid, old) in w.snapshot().scan(None, usize::MAX).expect("scan") {
+                w.delete(rid, &old).expect("delete");
+            }
+        }
+        self.store.commit_durable().expect("sync");
+        out.notes.push(Note::InitialSyncDone { member: self.index, begin, min_valid });
+    }
+
+    /// What the sync copied may hold writes the set rolled back: copy again (the flag is
+    /// still set, so a restart would too).
+    fn restart_initial_sync(&mut self, out: &mut Out, why: String) {
+        out.notes.push(Note::Trace(format!("m{}: initial sync starts over: {why}", self.index)));
+        self.sync_min_valid = None;
+        self.min_valid = None;
+        self.state = MemberState::Startup2;
+        self.fetch_failed(out, why);
+    }
+
     fn after_apply(&mut self, out: &mut Out) {
         if self.state == MemberState::Recovering && self.min_valid.is_some_and(|m| self.last() >= m) {
+            if let Some((_, sync_min_valid)) = self.sync_min_valid {
+                if !holds_entry(&self.store, sync_min_valid) {
+                    return self.restart_initial_sync(out, format!("minValid {sync_min_valid:?} was rolled back"));
+                }
+                // Done once minValid is committed: the copy (and the begin entry before it)
+                // is then on the history no rollback undoes. Before, a rollback could need to
+                // go past begin, where this member has no entries to find a common point.
+                if self.commit_point < sync_min_valid {
+                    return;
+                }
+                self.finish_initial_sync(out);
+            }
             self.min_valid = None;
             self.state = MemberState::Secondary;
             out.notes.push(Note::Trace(format!("m{} recovered: secondary", self.index)));
@@ -1029,6 +1479,9 @@ impl Member {
     /// (fetcher.rs `source_entries_from`).
     fn rollback_query(&mut self, src: usize, upper: Option<u64>, out: &mut Out) {
         let Some(oldest) = self.rollback_chunk(upper).last().copied() else {
+            if self.sync_min_valid.is_some() {
+                return self.restart_initial_sync(out, format!("no common point with m{src} in the oplog since the copy began"));
+            }
             out.notes.push(Note::Stuck { member: self.index, why: format!("no common point with m{src}: needs a resync") });
             self.state = MemberState::Recovering;
             return self.fetch_failed(out, "no common point".into());
@@ -1056,9 +1509,20 @@ impl Member {
         mv.extend(min_valid.to_doc());
         put_single_doc(&self.store, MIN_VALID, &mv);
         self.truncations += 1;
+        self.rollback_id += 1;
         // Cursors parked here read on at once, and find their cursor gone.
         self.serve_parked(out);
         self.store.truncate_oplog_after(common).expect("truncate");
+        // The rollback undoes the writes after the common point, copied ones too.
+        if let Some(data) = self.store.collection(DATA_DB, DATA_COLLECTION) {
+            let _replicated = storage::applying_replicated_ops();
+            let mut w = data.writer();
+            for (rid, d) in w.snapshot().scan(None, usize::MAX).expect("scan") {
+                if OpTime::from_doc(&d).is_some_and(|at| at.ts > common.ts) {
+                    w.delete(rid, &d).expect("delete");
+                }
+            }
+        }
         self.store.commit_durable().expect("sync");
         self.min_valid = Some(min_valid);
         self.state = MemberState::Recovering;
@@ -1068,13 +1532,14 @@ impl Member {
 
     // ---- clients ----
 
-    fn on_write(&mut self, client: usize, op: u64, value: u64, majority: bool, j: bool, out: &mut Out) {
+    #[allow(clippy::too_many_arguments)]
+    fn on_write(&mut self, client: usize, op: u64, value: u64, majority: bool, j: bool, size_bytes: u64, out: &mut Out) {
         if self.state != MemberState::Primary {
             out.sends.push((client, Msg::WriteReply { op, result: WriteResult::NotPrimary }));
             return;
         }
         let at = self.next_optime(out.now, self.term);
-        let bytes = entry(at, self.wall_ms(out.now), Some(value));
+        let bytes = entry(at, self.wall_ms(out.now), Some(value), size_bytes + ENTRY_ENVELOPE_BYTES);
         self.store.append_oplog_replicated(&[(at, bytes)]).expect("log the write");
         if j {
             self.store.commit_durable().expect("sync");
@@ -1128,7 +1593,11 @@ impl Member {
             let chunk = c.snapshot().scan_reverse(before, n).expect("scan");
             n = (n * 4).min(1024);
             if chunk.is_empty() {
-                return None;
+                // Older writes are in the data an initial sync copied, if any.
+                return self.store.collection(DATA_DB, DATA_COLLECTION).and_then(|d| {
+                    let docs = d.snapshot().scan(None, usize::MAX).expect("scan");
+                    docs.into_iter().filter_map(|(_, d)| Some((OpTime::from_doc(&d)?, d.get_i64("v").ok()? as u64))).filter(|(at, _)| *at <= cp).max_by_key(|(at, _)| *at)
+                });
             }
             for (rid, d) in chunk {
                 before = Some(rid);
@@ -1138,6 +1607,88 @@ impl Member {
             }
         }
     }
+}
+
+/// A member's data: the writes it holds, cloned (an initial sync's copy) or in its oplog,
+/// with timestamps after `after`, oldest first, at most `limit`.
+pub fn data_docs(store: &Store, after: Option<u64>, limit: usize) -> Vec<DataDoc> {
+    let mut out: Vec<DataDoc> = Vec::new();
+    if let Some(c) = store.collection(DATA_DB, DATA_COLLECTION) {
+        for (_, d) in c.snapshot().scan(None, usize::MAX).expect("scan") {
+            let (Some(at), Ok(v), Ok(size)) = (OpTime::from_doc(&d), d.get_i64("v"), d.get_i64("size")) else { continue };
+            if after.is_none_or(|a| at.ts > a) {
+                out.push((at, v as u64, size as u64));
+            }
+        }
+    }
+    let c = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+    let mut from = after;
+    let mut writes = 0;
+    'scan: loop {
+        let chunk = c.snapshot().scan(from, 256).expect("scan");
+        if chunk.is_empty() {
+            break;
+        }
+        for (rid, d) in chunk {
+            from = Some(rid);
+            if let (Some(at), Some(v)) = (OpTime::from_doc(&d), doc_value(&d)) {
+                out.push((at, v, d.get_i64("size").unwrap_or(0) as u64));
+                writes += 1;
+                if writes >= limit {
+                    break 'scan;
+                }
+            }
+        }
+    }
+    out.sort_by_key(|d| d.0.ts);
+    out.dedup_by_key(|d| d.0.ts);
+    out.truncate(limit);
+    out
+}
+
+/// Whether `store` holds data an initial sync copied.
+pub fn has_copied_data(store: &Store) -> bool {
+    store.collection(DATA_DB, DATA_COLLECTION).is_some_and(|c| !c.snapshot().scan(None, 1).expect("scan").is_empty())
+}
+
+/// The first of `writes` that `store` does not hold, in its oplog or in the data its initial
+/// sync copied (older than its oplog).
+pub fn missing_write<'a>(store: &Store, writes: impl Iterator<Item = &'a OpTime>) -> Option<OpTime> {
+    let mut copied: Option<std::collections::BTreeSet<OpTime>> = None;
+    for at in writes {
+        if holds_entry(store, *at) {
+            continue;
+        }
+        // Read the copied data once, and only for a member whose oplog lacks one.
+        let copied = copied.get_or_insert_with(|| data_docs(store, None, usize::MAX).into_iter().map(|d| d.0).collect());
+        if !copied.contains(at) {
+            return Some(*at);
+        }
+    }
+    None
+}
+
+/// How many entries of `store`'s oplog are large (`ENTRY_LARGE_BYTES` or more).
+pub fn large_entries(store: &Store) -> u64 {
+    let c = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+    let mut n = 0;
+    let mut after = None;
+    loop {
+        let chunk = c.snapshot().scan_raw(after, 1000).expect("scan");
+        if chunk.is_empty() {
+            return n;
+        }
+        for (rid, b) in chunk {
+            after = Some(rid);
+            n += u64::from(entry_size(&b) >= ENTRY_LARGE_BYTES);
+        }
+    }
+}
+
+/// Whether `store`'s oplog holds the entry at `at`.
+pub fn holds_entry(store: &Store, at: OpTime) -> bool {
+    let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+    oplog.snapshot().get(at.ts).expect("get").and_then(|d| OpTime::from_doc(&d)) == Some(at)
 }
 
 /// The oplog of `store` up to `through`, oldest first, after `after_ts`.

@@ -8,6 +8,13 @@
 use shoal_sim::{run_seed, Report};
 use std::time::{Duration, Instant};
 
+/// Per half of the 300 CI seeds.
+const INITIAL_SYNCS_MIN: u64 = 10;
+const INITIAL_SYNC_RESTARTS_MIN: u64 = 2;
+const MEMBERS_ADDED_MIN: u64 = 10;
+const MEMBERS_REMOVED_MIN: u64 = 5;
+const LARGE_ENTRIES_MIN: u64 = 100;
+
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name} must be a number")))
 }
@@ -31,7 +38,7 @@ fn run(seeds: impl Iterator<Item = u64>, deadline: Option<Instant>) -> Vec<Repor
 fn summary(label: &str, reports: &[Report], took: Duration) {
     let sum = |f: fn(&Report) -> u64| reports.iter().map(f).sum::<u64>();
     println!(
-        "{label}: {} seeds in {:.1} s: {} events, {} messages ({} dropped), {} faults ({} kills, {} pauses, {} partitions, {} lossy periods, {} clock jumps, {} sync-source changes), {} primaries, {} majority writes acknowledged, {} w:1, {} unknown, {} majority reads, {} rollbacks ({} entries), {} committed entries; 0 invariant violations",
+        "{label}: {} seeds in {:.1} s: {} events, {} messages ({} dropped), {} faults ({} kills, {} pauses, {} partitions, {} lossy periods, {} clock jumps, {} sync-source changes), {} primaries, {} majority writes acknowledged, {} w:1, {} unknown, {} majority reads, {} rollbacks ({} entries), {} committed entries, {} initial syncs started ({} finished, {} starting over), {} reconfigs ({} refused; {} members added, {} removed), {} large entries, {} batches refused; 0 invariant violations",
         reports.len(),
         took.as_secs_f64(),
         sum(|r| r.events),
@@ -52,6 +59,15 @@ fn summary(label: &str, reports: &[Report], took: Duration) {
         sum(|r| r.rollbacks),
         sum(|r| r.rolled_back_entries),
         sum(|r| r.committed_entries),
+        sum(|r| r.initial_syncs_started),
+        sum(|r| r.initial_syncs_done),
+        sum(|r| r.initial_syncs_restarted),
+        sum(|r| r.reconfigs),
+        sum(|r| r.reconfigs_refused),
+        sum(|r| r.members_added),
+        sum(|r| r.members_removed),
+        sum(|r| r.large_entries),
+        sum(|r| r.batches_refused),
     );
 }
 
@@ -68,6 +84,22 @@ fn ci_half(half: u64) {
     // Each run must have exercised the protocol, or it checked nothing.
     for r in &reports {
         assert!(r.primaries >= 1 && r.writes_majority_acked > 0 && r.faults() > 0, "seed {} did too little: {r:?}", r.seed);
+    }
+    // Across the seeds, each modeled feature ran often enough to have been checked: initial
+    // syncs (some restarted by a kill), reconfigs adding and removing members, and large
+    // entries; the minimums are well below what each half of the default 300 seeds does.
+    if seeds >= 300 {
+        let sum = |f: fn(&Report) -> u64| reports.iter().map(f).sum::<u64>();
+        let seen = [
+            ("initial syncs finished", sum(|r| r.initial_syncs_done), INITIAL_SYNCS_MIN),
+            ("initial syncs started over", sum(|r| r.initial_syncs_restarted), INITIAL_SYNC_RESTARTS_MIN),
+            ("members added by reconfig", sum(|r| r.members_added), MEMBERS_ADDED_MIN),
+            ("members removed by reconfig", sum(|r| r.members_removed), MEMBERS_REMOVED_MIN),
+            ("large entries", sum(|r| r.large_entries), LARGE_ENTRIES_MIN),
+        ];
+        for (what, n, min) in seen {
+            assert!(n >= min, "only {n} {what} over the seeds (at least {min} expected)");
+        }
     }
 }
 
