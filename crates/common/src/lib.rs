@@ -139,6 +139,7 @@ impl Code {
     pub const ConfigurationInProgress: Code = Code(109, "ConfigurationInProgress");
     pub const InvalidSyncSource: Code = Code(119, "InvalidSyncSource");
     pub const OplogStartMissing: Code = Code(120, "OplogStartMissing");
+    pub const UnrecoverableRollbackError: Code = Code(127, "UnrecoverableRollbackError");
     pub const StaleTerm: Code = Code(145, "StaleTerm");
     pub const OplogOutOfOrder: Code = Code(152, "OplogOutOfOrder");
     pub const PrimarySteppedDown: Code = Code(189, "PrimarySteppedDown");

@@ -8,12 +8,13 @@
 //! clocks and points their fetchers at other members. Also modeled:
 //!
 //! - initial sync (`initial_sync.rs`): some runs start with an empty member, and reconfigs
-//!   add empty ones. The member notes its source's newest entry (begin), sets the durable
-//!   initial-sync flag, drops its data, copies the source's data in batches while writes
-//!   and faults go on, notes minValid, seeds its oplog with begin and stays RECOVERING until
-//!   minValid is applied. A kill mid-sync starts it over after the restart (flag set or
-//!   empty oplog). As mongod's does, and the server's does not yet, a sync starts over when
-//!   what it copied may have been rolled back (`member::INITIAL_SYNC_CHECKS_ROLLBACK`);
+//!   add empty ones. The member notes its source's rollback id and majority-committed entry
+//!   (begin; its newest while it knows none), sets the durable initial-sync flag, drops its
+//!   data, copies the source's data in batches while writes and faults go on, notes
+//!   minValid (the source's newest entry), copies again if the source's rollback id moved,
+//!   seeds its oplog with begin, clears the flag and stays RECOVERING until minValid is
+//!   applied; a divergence before that, or minValid's entry missing then, starts the sync
+//!   over. A kill mid-sync starts it over after the restart (flag set or empty oplog);
 //! - entry sizes: each write stands for a document of a drawn size, mostly small, some near
 //!   16 MiB (the sim carries the number, not the bytes). Fetched batches follow the
 //!   cursor's rule (stop before 16 MiB - 64 KiB, at least one entry); a member refuses a
@@ -135,8 +136,9 @@ pub enum Msg {
     /// The connection of fetch request `req` broke (its source was killed).
     Reset { req: u64 },
     Write { op: u64, value: u64, majority: bool, j: bool, size_bytes: u64 },
-    /// Initial sync: the source's newest oplog entry (`begin`, then `minValid`).
-    OplogNewest { req: u64 },
+    /// Initial sync: the source's majority-committed oplog entry (`committed`: `begin`; its
+    /// newest while it knows none), or its newest (`minValid`).
+    OplogNewest { req: u64, committed: bool },
     /// `rollback_id`: the source's rollback count (mongod's RBID).
     NewestReply { req: u64, entry: Option<(OpTime, Vec<u8>)>, rollback_id: u64 },
     /// Initial sync's clone: the source's data after a timestamp, one batch.
@@ -154,7 +156,7 @@ impl Msg {
     /// The request id of a fetcher's request to its source.
     fn fetch_request(&self) -> Option<u64> {
         match self {
-            Msg::Find { req, .. } | Msg::GetMore { req, .. } | Msg::RollbackQuery { req, .. } | Msg::OplogNewest { req } | Msg::CloneRead { req, .. } => Some(*req),
+            Msg::Find { req, .. } | Msg::GetMore { req, .. } | Msg::RollbackQuery { req, .. } | Msg::OplogNewest { req, .. } | Msg::CloneRead { req, .. } => Some(*req),
             _ => None,
         }
     }

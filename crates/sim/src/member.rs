@@ -36,15 +36,10 @@ pub const CATCH_UP_POLL_MS: u64 = 10;
 /// The journal flusher's longest wait (the server's flusher wakes on request; w:1 writes
 /// without j ask for nothing, and are synced by the next request or this).
 pub const JOURNAL_FLUSH_MS: u64 = 100;
-/// Whether an initial sync starts over when what it copied may be rolled back: its source
-/// rolled back during the clone (the source's rollback id changed, as mongod checks), or the
-/// member reached minValid's timestamp without minValid's entry (the history it copied was
-/// rolled back after the copy). The sync finishes, and the flag goes, only once minValid is
-/// committed. The server's `initial_sync.rs` clears the flag once the oplog is seeded and
-/// checks none of this: with false here (the server's way), seed 433 of 1..=1000 fails, a
-/// member that copied from a stale secondary finishing on an uncommitted begin entry that
-/// the set then rolls back, after which it finds no common point with any member and needs
-/// a resync by hand.
+/// initial_sync.rs's rollback id check: a sync whose source rolled back during the clone
+/// (its rollback id changed, as mongod checks) copies again, since the clone may hold
+/// writes the set took back that no entry from begin on would undo. False shows why it is
+/// there (the server before it).
 pub const INITIAL_SYNC_CHECKS_ROLLBACK: bool = true;
 /// Entries per fetched batch: small, so that batches interleave with faults.
 pub const FETCH_BATCH_ENTRIES: usize = 20;
@@ -75,7 +70,7 @@ const NOOP_ENTRY_BYTES: u64 = 120;
 const ELECTION: &str = "replset.election";
 const MIN_VALID: &str = "replset.minvalid";
 /// mongod's initialSyncFlag: set durably before an initial sync drops anything, cleared
-/// once the sync is done (`INITIAL_SYNC_CHECKS_ROLLBACK` says when).
+/// once its oplog is seeded (set again when the sync starts over).
 const INITIAL_SYNC_FLAG: &str = "replset.initialSyncFlag";
 /// The data an initial sync copied: one document per write, `{_id: ts, t, v, size}` (the
 /// rest of a member's data is its oplog's writes, the workload being inserts only).
@@ -442,7 +437,10 @@ impl Member {
     /// mod.rs `initial_sync_reason`: the flag of a sync that did not finish, or an empty
     /// oplog.
     pub fn initial_sync_reason(&self) -> Option<&'static str> {
-        if first_doc(&self.store, INITIAL_SYNC_FLAG).is_some() {
+        if self.sync_min_valid.is_some() {
+            // Seeded by this incarnation: it catches up from the copy's begin.
+            None
+        } else if first_doc(&self.store, INITIAL_SYNC_FLAG).is_some() {
             Some("an initial sync did not finish")
         } else if self.last() == OpTime::default() {
             Some("this member's oplog is empty")
@@ -888,8 +886,12 @@ impl Member {
             }
             Msg::RollbackAnswer { req, optimes, newest } => self.on_rollback_answer(from, req, optimes, newest, out),
             Msg::Write { op, value, majority, j, size_bytes } => self.on_write(from, op, value, majority, j, size_bytes, out),
-            Msg::OplogNewest { req } => {
-                let entry = self.entries_before(None, 1).into_iter().next();
+            Msg::OplogNewest { req, committed } => {
+                // initial_sync.rs `begin_entry`: the committed entry, so that no rollback
+                // goes back past the copy's first entry; `newest_entry` for minValid.
+                let cp = self.commit_point;
+                let at_commit = (committed && cp != OpTime::default() && cp <= self.last()).then(|| self.entries_before(Some(cp.ts + 1), 1).into_iter().next().filter(|(at, _)| *at == cp)).flatten();
+                let entry = at_commit.or_else(|| self.entries_before(None, 1).into_iter().next());
                 out.sends.push((from, Msg::NewestReply { req, entry, rollback_id: self.rollback_id }));
             }
             Msg::NewestReply { req, entry, rollback_id } => self.on_newest(from, req, entry, rollback_id, out),
@@ -1202,14 +1204,14 @@ impl Member {
             return;
         };
         let req = self.id();
-        let reason = if self.sync_min_valid.is_some() { None } else { self.initial_sync_reason() };
+        let reason = self.initial_sync_reason();
         if let Some(reason) = reason {
             // An empty member copies the data first, then tails from where the copy began.
             self.state = MemberState::Startup2;
             let had_oplog = last != OpTime::default();
             out.notes.push(Note::InitialSyncStarted { member: self.index, source: src, reason: reason.into(), had_oplog });
             self.fetch = Fetch::Syncing { src, req, phase: SyncPhase::Begin };
-            out.sends.push((src, Msg::OplogNewest { req }));
+            out.sends.push((src, Msg::OplogNewest { req, committed: true }));
             self.timer(out, COMMAND_TIMEOUT_MS + REPLY_SLACK_MS, Timer::FetchTimeout(req));
             return;
         }
@@ -1269,6 +1271,11 @@ impl Member {
                     }
                     Mismatch::Behind => return self.fetch_failed(out, format!("m{src} is behind us: {newest:?} < {last:?}")),
                     Mismatch::OlderTerm => return self.fetch_failed(out, format!("m{src}'s newest {newest:?} is of a term before ours ({})", self.term)),
+                    // fetcher.rs: before the sync is done, a divergence means the copy may
+                    // hold writes the set took back; copy again rather than roll back.
+                    Mismatch::Diverged if self.sync_min_valid.is_some() => {
+                        return self.restart_initial_sync(out, format!("m{src}'s oplog diverged from ours before the initial sync was done"));
+                    }
                     Mismatch::Diverged => return self.start_rollback(src, out),
                 }
             }
@@ -1286,6 +1293,11 @@ impl Member {
             self.learn_commit_point(commit_point, true);
             // A sync's minValid may be committed now.
             self.after_apply(out);
+        }
+        if self.state == MemberState::Startup2 {
+            // The initial sync starts over (`restart_initial_sync`): no more tailing
+            // (fetcher.rs `superseded`).
+            return;
         }
         let now = self.mono(out.now);
         let views = self.source_views(now);
@@ -1358,10 +1370,11 @@ impl Member {
                 self.store.set_oplog_term(self.term.max(begin_at.term));
                 self.store.append_oplog_replicated(&[(begin_at, begin_bytes)]).expect("seed the oplog");
                 self.store.commit_durable().expect("sync");
+                // initial_sync.rs: the flag goes once the oplog is seeded (a restart goes on
+                // from the oplog, RECOVERING until minValid); until minValid is applied a
+                // divergence starts the sync over.
+                clear_flag(&self.store);
                 self.sync_min_valid = Some((begin, min_valid));
-                if !INITIAL_SYNC_CHECKS_ROLLBACK {
-                    self.finish_initial_sync(out);
-                }
                 // mod.rs `recover_until`.
                 self.min_valid = Some(min_valid);
                 self.state = MemberState::Recovering;
@@ -1402,7 +1415,7 @@ impl Member {
             out.sends.push((src, Msg::CloneRead { req, after }));
         } else {
             self.fetch = Fetch::Syncing { src, req, phase: SyncPhase::MinValid { begin, rollback_id } };
-            out.sends.push((src, Msg::OplogNewest { req }));
+            out.sends.push((src, Msg::OplogNewest { req, committed: false }));
         }
         self.timer(out, COMMAND_TIMEOUT_MS + REPLY_SLACK_MS, Timer::FetchTimeout(req));
     }
@@ -1421,16 +1434,9 @@ impl Member {
     }
 
     /// The sync is done: the flag goes, and the oplog (and minValid) carry this member.
+    /// minValid applied: the sync is done.
     fn finish_initial_sync(&mut self, out: &mut Out) {
         let Some((begin, min_valid)) = self.sync_min_valid.take() else { return };
-        let flag = self.store.collection_or_create(LOCAL, INITIAL_SYNC_FLAG).expect("flag");
-        {
-            let mut w = flag.writer();
-            for (rid, old) in w.snapshot().scan(None, usize::MAX).expect("scan") {
-                w.delete(rid, &old).expect("delete");
-            }
-        }
-        self.store.commit_durable().expect("sync");
         out.notes.push(Note::InitialSyncDone { member: self.index, begin, min_valid });
     }
 
@@ -1438,6 +1444,7 @@ impl Member {
     /// still set, so a restart would too).
     fn restart_initial_sync(&mut self, out: &mut Out, why: String) {
         out.notes.push(Note::Trace(format!("m{}: initial sync starts over: {why}", self.index)));
+        put_single_doc(&self.store, INITIAL_SYNC_FLAG, &doc! {"_id": "initialSyncFlag"});
         self.sync_min_valid = None;
         self.min_valid = None;
         self.state = MemberState::Startup2;
@@ -1447,14 +1454,9 @@ impl Member {
     fn after_apply(&mut self, out: &mut Out) {
         if self.state == MemberState::Recovering && self.min_valid.is_some_and(|m| self.last() >= m) {
             if let Some((_, sync_min_valid)) = self.sync_min_valid {
+                // mod.rs `after_apply`: that very entry, or the set took it back after the copy.
                 if !holds_entry(&self.store, sync_min_valid) {
                     return self.restart_initial_sync(out, format!("minValid {sync_min_valid:?} was rolled back"));
-                }
-                // Done once minValid is committed: the copy (and the begin entry before it)
-                // is then on the history no rollback undoes. Before, a rollback could need to
-                // go past begin, where this member has no entries to find a common point.
-                if self.commit_point < sync_min_valid {
-                    return;
                 }
                 self.finish_initial_sync(out);
             }
@@ -1686,6 +1688,17 @@ pub fn large_entries(store: &Store) -> u64 {
 }
 
 /// Whether `store`'s oplog holds the entry at `at`.
+/// Clear the initial-sync flag, durably.
+fn clear_flag(store: &Store) {
+    if let Some(flag) = store.collection(LOCAL, INITIAL_SYNC_FLAG) {
+        let mut w = flag.writer();
+        for (rid, old) in w.snapshot().scan(None, usize::MAX).expect("scan") {
+            w.delete(rid, &old).expect("delete");
+        }
+    }
+    store.commit_durable().expect("sync");
+}
+
 pub fn holds_entry(store: &Store, at: OpTime) -> bool {
     let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
     oplog.snapshot().get(at.ts).expect("get").and_then(|d| OpTime::from_doc(&d)) == Some(at)

@@ -435,7 +435,7 @@ fn need(name: &str, db: &str, cmd: &Document) -> Need {
         "logRotate" => cluster("logRotate"),
         // Member-to-member commands: only the internal user runs them (internal
         // authentication, a keyFile, is not built yet, so no one does under --auth).
-        "replSetHeartbeat" | "replSetRequestVotes" | "replSetUpdatePosition" | "replSetGetAcknowledged" => cluster("internal"),
+        "replSetHeartbeat" | "replSetRequestVotes" | "replSetUpdatePosition" | "replSetGetAcknowledged" | "replSetGetRBID" => cluster("internal"),
         // Router-to-shard commands of sharding (commands::sharding).
         "_addShard" | "_shardsvrCleanupRange" | "_recvChunkApply" | "_shardsvrMigrateStart" | "_shardsvrMigrateClone" | "_shardsvrTransferMods"
         | "_shardsvrEnterCriticalSection" | "_shardsvrExitCriticalSection" => cluster("internal"),

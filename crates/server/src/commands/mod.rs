@@ -159,6 +159,7 @@ command_table! {
     "replSetRequestVotes" => repl::repl_set_request_votes,
     "replSetUpdatePosition" => repl::repl_set_update_position,
     "replSetGetAcknowledged" => repl::repl_set_get_acknowledged,
+    "replSetGetRBID" => repl::repl_set_get_rbid,
     "replSetStepDown" => repl::repl_set_step_down,
     "replSetFreeze" => repl::repl_set_freeze,
     "replSetReconfig" => repl::repl_set_reconfig,

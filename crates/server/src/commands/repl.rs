@@ -105,6 +105,13 @@ pub fn repl_set_get_acknowledged(ctx: &mut Ctx) -> Result<Document> {
     Ok(reply)
 }
 
+/// replSetGetRBID (member to member): this member's rollback id, which an initial sync
+/// compares before and after it copies.
+pub fn repl_set_get_rbid(ctx: &mut Ctx) -> Result<Document> {
+    member_cmd(ctx)?;
+    Ok(bson::doc! {"rbid": crate::repl::ReplCoord::rollback_id(&ctx.shared.store)?})
+}
+
 /// replSetUpdatePosition (a member to its sync source).
 pub fn repl_set_update_position(ctx: &mut Ctx) -> Result<Document> {
     member_cmd(ctx)?;

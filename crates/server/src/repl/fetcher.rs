@@ -79,7 +79,7 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
     // with the source below, take the oplog as applied.
     apply_unapplied(shared)?;
     let mut conn = PeerConn::connect(host, CONNECT_TIMEOUT).await?;
-    if let Some(reason) = super::ReplCoord::initial_sync_reason(&shared.store)? {
+    if let Some(reason) = coord.initial_sync_reason(&shared.store)? {
         // An empty member copies the data first (initial sync), then tails from where the
         // copy began.
         super::initial_sync::run(shared, &mut conn, host, reason).await?;
@@ -111,6 +111,12 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
                 return Err(Error::new(Code::InvalidSyncSource, format!("{host}'s newest entry {newest:?} is of a term before ours ({}): not rolling back to it", coord.term())));
             }
             Mismatch::Diverged => {}
+        }
+        if coord.inner.lock().sync_pending.is_some() {
+            // Our oplog starts at the copy's begin: a divergence this early means the copy
+            // may hold writes the set took back, which no rollback here could undo.
+            coord.restart_initial_sync(&shared.store, &format!("{host}'s oplog diverged from ours before the initial sync reached minValid"));
+            return Ok(());
         }
         return roll_back(shared, &mut conn, host, last).await;
     }
@@ -492,6 +498,9 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
         let coord = s.repl.as_ref().expect("replica set member");
         let _write = coord.oplog_write_lock.lock();
         let _apply = coord.apply_lock.lock();
+        // Counted before anything changes: a member copying from this one starts over.
+        // (This member's own write, outside `applying_replicated_ops`.)
+        super::ReplCoord::bump_rollback_id(&store)?;
         let _replicated = storage::applying_replicated_ops();
         // From the first replaced document on, the data is inconsistent until minValid.
         super::ReplCoord::persist_min_valid(&store, min_valid_early)?;
@@ -585,7 +594,7 @@ fn catalog_namespaces(e: &Document, colls: &mut std::collections::BTreeSet<Strin
 }
 
 /// The source's newest applied optime (replSetGetStatus).
-pub(super) async fn source_applied(conn: &mut PeerConn) -> Result<Option<OpTime>> {
+async fn source_applied(conn: &mut PeerConn) -> Result<Option<OpTime>> {
     let status = conn.command("admin", doc! {"replSetGetStatus": 1}, CONNECT_TIMEOUT).await?;
     Ok(status.get_document("optimes").ok().and_then(|o| o.get_document("appliedOpTime").ok()).and_then(OpTime::from_doc))
 }
@@ -672,7 +681,8 @@ fn on_repl_data(shared: &Shared, reply: &RawDocument) -> Option<OpTime> {
 /// Whether a fetch begun in config `epoch` must end: the config changed, or this member
 /// became primary (it takes no more fetched entries).
 fn superseded(coord: &super::ReplCoord, epoch: u64) -> bool {
-    coord.epoch() != epoch || coord.state() == MemberState::Primary
+    // STARTUP2 while tailing: an initial sync starts over (`ReplCoord::restart_initial_sync`).
+    coord.epoch() != epoch || matches!(coord.state(), MemberState::Primary | MemberState::Startup2)
 }
 
 /// Write fetched entries to our oplog with their own optimes and make them durable (what

@@ -2,22 +2,26 @@
 //! database but `local` from its sync source while the set keeps taking writes, then
 //! catches up through the oplog.
 //!
-//! 1. Note the source's newest applied oplog entry (`begin`; a secondary's newest entry may
-//!    not be applied yet).
+//! 1. Note the source's rollback id and its majority-committed oplog entry (`begin`; its
+//!    newest applied one while it knows none: a secondary's newest entry may not be
+//!    applied yet, and an entry not committed may be rolled back from under our oplog).
 //! 2. Drop what this member holds outside `local`, then clone each database, collection,
 //!    its documents and its indexes (built after the documents, as a bulk build).
 //! 3. Note the source's newest entry (`minValid`): every change the clone may have seen is
-//!    in the source's oplog between `begin` and `minValid`.
+//!    in the source's oplog between `begin` and `minValid`. A source whose rollback id
+//!    moved meanwhile may have taken back writes the clone copied: copy again.
 //! 4. Start our oplog with the `begin` entry and stay RECOVERING. The ordinary fetcher then
 //!    tails from `begin` and applies every later entry; application is idempotent
 //!    (`crate::apply`), so entries whose effect the clone already copied do no harm. Once
 //!    `minValid` is applied the data is consistent and the member becomes SECONDARY
 //!    (`ReplCoord::after_apply`).
 //!
-//! Until step 4 our oplog is empty and the initial-sync flag is set (durably, before step
-//! 2 drops anything), so a crash or an error anywhere before it starts the whole sync again,
-//! as mongod does after a failed attempt. The flag is cleared once the oplog is seeded; a
-//! member whose sync finished never starts another (`ReplCoord::initial_sync_reason`).
+//! The initial-sync flag is set (durably) before step 2 drops anything and cleared once
+//! the oplog is seeded, so a crash or an error anywhere before starts the whole sync again,
+//! as mongod does after a failed attempt (a crash after goes on from the oplog, RECOVERING
+//! until minValid). Until minValid is applied, a divergence from the source starts the sync
+//! over too (`ReplCoord::restart_initial_sync`): the copy may hold writes the set took back.
+//! A member whose sync finished never starts another (`ReplCoord::initial_sync_reason`).
 
 use super::peer::{cursor_batch, PeerConn};
 use crate::state::Shared;
@@ -100,7 +104,8 @@ pub(super) async fn run(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, r
 async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     coord.set_info_message(format!("initial sync from {host}"));
-    let begin = applied_entry(conn).await?;
+    let rbid = rollback_id(conn).await?;
+    let begin = begin_entry(conn).await?;
     let begin_at = OpTime::from_doc(&begin).ok_or_else(|| Error::new(Code::FailedToParse, format!("{host}'s newest oplog entry has no ts and t")))?;
     coord.inner.lock().initial_sync.oplog_start = Some(begin_at);
     let store = shared.store.clone();
@@ -108,6 +113,10 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
         // Before anything is dropped: a crash from here until the oplog is seeded starts
         // the sync over after the restart, whatever the oplog holds by then.
         super::ReplCoord::persist_initial_sync_flag(&store, true)?;
+        // What an attempt started over seeded goes too: the oplog restarts at `begin`.
+        if store.oplog_last().unwrap_or_default() != OpTime::default() {
+            store.truncate_oplog_after(OpTime::default())?;
+        }
         // Not logged: these drops are this member's own, and its oplog must stay empty until
         // it is seeded with the source's entry.
         let _replicated = storage::applying_replicated_ops();
@@ -133,6 +142,11 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
     }
     crate::fault::INITIAL_SYNC_CLONED_HANG.hold_async().await;
     let min_valid = OpTime::from_doc(&newest_entry(conn).await?).unwrap_or(begin_at);
+    // A source that rolled back meanwhile may have taken back writes the clone copied,
+    // which no entry from `begin` on would undo: copy again (mongod's rollback id check).
+    if rollback_id(conn).await? != rbid {
+        return Err(Error::new(Code::UnrecoverableRollbackError, format!("{host} rolled back while this member copied from it: copying again")));
+    }
     coord.inner.lock().initial_sync.oplog_end = Some(min_valid);
     // Seed the oplog with `begin`, applied (idempotently) like any fetched entry, so the
     // fetcher's check that the source's first entry is our newest holds.
@@ -147,13 +161,13 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
         }
         store.append_oplog_replicated(&[(begin_at, bytes)])?;
         store.commit_durable()?;
-        // The sync is done: from here on the oplog (and minValid) carry this member.
+        // From here a restart goes on from the oplog, RECOVERING until minValid.
         super::ReplCoord::persist_initial_sync_flag(&store, false)
     })
     .await?;
     let documents_copied = coord.inner.lock().initial_sync.documents_copied;
     tracing::info!(%host, documents_copied, ?begin_at, ?min_valid, "initial sync cloned the data; applying the oplog up to minValid");
-    coord.recover_until(min_valid, shared.store.oplog_applied().unwrap_or_default());
+    coord.recover_from_initial_sync(min_valid, shared.store.oplog_applied().unwrap_or_default());
     Ok(())
 }
 
@@ -166,19 +180,32 @@ fn malformed(host: &str, what: &str) -> Error {
     Error::new(Code::ProtocolError, format!("malformed {what} reply from {host}"))
 }
 
-/// The source's newest applied entry: its data has reached at least this far when the
-/// clone reads it. Not its newest entry: a secondary writes fetched entries to its oplog
-/// before it applies them, so its newest entry can be ahead of its data, and a member whose
-/// oplog started there never applied the entries in between (the clone missed them too).
-async fn applied_entry(conn: &mut PeerConn) -> Result<Document> {
+/// Where our oplog starts: the source's majority-committed entry (its newest applied one
+/// while it knows none). Its data has reached at least this far when the clone reads it;
+/// not its newest entry, which a secondary may have written but not applied yet (a member
+/// whose oplog started there never applied the entries in between, which the clone missed
+/// too). And committed, so that no rollback ever needs to go back past it, where this
+/// member has no entries to find a common point with another.
+async fn begin_entry(conn: &mut PeerConn) -> Result<Document> {
     let host = conn.host.clone();
-    let applied = super::fetcher::source_applied(conn).await?.ok_or_else(|| malformed(&host, "replSetGetStatus"))?;
-    let r = conn.command("local", doc! {"find": "oplog.rs", "filter": {"ts": applied.timestamp()}, "limit": 1, "singleBatch": true}, COMMAND_TIMEOUT).await?;
+    let status = conn.command("admin", doc! {"replSetGetStatus": 1}, COMMAND_TIMEOUT).await?;
+    let optimes = status.get_document("optimes").map_err(|_| malformed(&host, "replSetGetStatus"))?;
+    let optime = |k: &str| optimes.get_document(k).ok().and_then(OpTime::from_doc);
+    let applied = optime("appliedOpTime").ok_or_else(|| malformed(&host, "replSetGetStatus"))?;
+    let at = optime("lastCommittedOpTime").filter(|c| *c != OpTime::default() && *c <= applied).unwrap_or(applied);
+    let r = conn.command("local", doc! {"find": "oplog.rs", "filter": {"ts": at.timestamp()}, "limit": 1, "singleBatch": true}, COMMAND_TIMEOUT).await?;
     let batch = r.get_document("cursor").and_then(|c| c.get_array("firstBatch")).map_err(|_| malformed(&host, "oplog find"))?;
     match batch.first() {
-        Some(Bson::Document(d)) if OpTime::from_doc(d) == Some(applied) => Ok(d.clone()),
-        _ => Err(Error::new(Code::OplogStartMissing, format!("{host}'s oplog has no entry at its applied optime {applied:?}"))),
+        Some(Bson::Document(d)) if OpTime::from_doc(d) == Some(at) => Ok(d.clone()),
+        _ => Err(Error::new(Code::OplogStartMissing, format!("{host}'s oplog has no entry at {at:?}"))),
     }
+}
+
+/// The source's rollback id (replSetGetRBID).
+async fn rollback_id(conn: &mut PeerConn) -> Result<i32> {
+    let host = conn.host.clone();
+    let r = conn.command("admin", doc! {"replSetGetRBID": 1}, COMMAND_TIMEOUT).await?;
+    r.get_i32("rbid").map_err(|_| malformed(&host, "replSetGetRBID"))
 }
 
 /// The source's newest oplog entry: its data cannot be past it (minValid).

@@ -45,6 +45,9 @@ const MIN_VALID_COLLECTION: &str = "replset.minvalid";
 /// anything) until its oplog is seeded. A member starts an initial sync only when its oplog
 /// is empty or this says an earlier one did not finish; never again once it has finished.
 const INITIAL_SYNC_FLAG_COLLECTION: &str = "replset.initialSyncFlag";
+/// mongod's rollback id (replSetGetRBID): counts this member's rollbacks, durably. An
+/// initial sync whose source's id moved while it copied may hold writes the set took back.
+const ROLLBACK_ID_COLLECTION: &str = "replset.rollbackId";
 
 /// The journal flusher's requests: whether a sync is asked for, and the newest entry the
 /// sync taken or under way covers (`request_journal_flush_through`).
@@ -167,6 +170,10 @@ struct Inner {
     pub(crate) initial_sync: initial_sync::Stats,
     /// After a rollback: RECOVERING until the oplog is applied up to here.
     min_valid: Option<OpTime>,
+    /// The minValid of an initial sync this process seeded the oplog for, until it is
+    /// applied: meanwhile a divergence from the source starts the sync over
+    /// (`restart_initial_sync`), since the copy may hold writes the set took back.
+    pub(crate) sync_pending: Option<OpTime>,
     /// replSetSyncFrom: the member to fetch from next, whatever the usual choice.
     sync_from: Option<usize>,
 }
@@ -220,6 +227,7 @@ impl ReplCoord {
                 initial_sync: Default::default(),
                 takeover_since: None,
                 min_valid: None,
+                sync_pending: None,
                 sync_from: None,
             }),
             primary: AtomicBool::new(false),
@@ -275,7 +283,11 @@ impl ReplCoord {
     /// Why this member must copy the set's data before it can fetch (initial sync), if it
     /// must: its oplog is empty (it never synced), or an earlier sync did not finish. A
     /// member whose sync finished has oplog entries and no flag, and never syncs again.
-    pub(crate) fn initial_sync_reason(store: &Store) -> Result<Option<String>> {
+    pub(crate) fn initial_sync_reason(&self, store: &Store) -> Result<Option<String>> {
+        if self.inner.lock().sync_pending.is_some() {
+            // Seeded by this process: the fetcher catches up from the copy's begin.
+            return Ok(None);
+        }
         if let Some(flag) = first_doc(store, INITIAL_SYNC_FLAG_COLLECTION)? {
             let since = flag.get_datetime("startedAt").map(|d| d.try_to_rfc3339_string().unwrap_or_default()).unwrap_or_default();
             return Ok(Some(format!("an initial sync started at {since} did not finish")));
@@ -298,6 +310,42 @@ impl ReplCoord {
             }
         }
         store.commit_durable()
+    }
+
+    /// This member's rollback id (0 before its first rollback).
+    pub(crate) fn rollback_id(store: &Store) -> Result<i32> {
+        Ok(first_doc(store, ROLLBACK_ID_COLLECTION)?.and_then(|d| d.get_i32("rollbackId").ok()).unwrap_or(0))
+    }
+
+    /// Count a rollback, durably, before it changes anything.
+    pub(crate) fn bump_rollback_id(store: &Store) -> Result<i32> {
+        let next = Self::rollback_id(store)?.wrapping_add(1);
+        put_single_doc(store, ROLLBACK_ID_COLLECTION, &doc! {"_id": "rollbackId", "rollbackId": next})?;
+        Ok(next)
+    }
+
+    /// An initial sync's oplog is seeded: RECOVERING until `min_valid`; until then a
+    /// divergence from the source starts the sync over.
+    pub(crate) fn recover_from_initial_sync(&self, min_valid: OpTime, applied: OpTime) {
+        self.inner.lock().sync_pending = Some(min_valid);
+        self.recover_until(min_valid, applied);
+    }
+
+    /// Give up an initial sync whose copy may not be on the set's history (its source's
+    /// oplog diverged from ours before minValid was applied): the flag is set again, and the
+    /// fetcher copies again. The tail under way ends (`fetcher::superseded`: STARTUP2).
+    pub(crate) fn restart_initial_sync(&self, store: &Store, why: &str) {
+        tracing::info!("the initial sync starts over: {why}");
+        if let Err(e) = Self::persist_initial_sync_flag(store, true) {
+            tracing::error!("cannot set the initial-sync flag: {}", e.message);
+        }
+        {
+            let mut inner = self.inner.lock();
+            inner.sync_pending = None;
+            inner.min_valid = None;
+            inner.state = MemberState::Startup2;
+        }
+        self.changed();
     }
 
     /// Record `min_valid` durably, before the rollback or initial sync that needs it makes
@@ -341,7 +389,7 @@ impl ReplCoord {
         // A member with nothing in its oplog (or whose initial sync did not finish) has no
         // data to serve yet: it stays in STARTUP2 until an initial sync (repl::initial_sync)
         // has copied the set's data.
-        let empty = Self::initial_sync_reason(store)?.is_some();
+        let empty = self.initial_sync_reason(store)?.is_some();
         {
             let mut inner = self.inner.lock();
             let old_peers = std::mem::take(&mut inner.peers);
@@ -1075,17 +1123,34 @@ impl ReplCoord {
     /// `reported`: the fetcher's next getMore carries it), and leave RECOVERING once the
     /// oplog reaches minValid.
     pub(crate) fn after_apply(&self, applied: OpTime, reported: bool) {
+        let synced = {
+            let inner = self.inner.lock();
+            inner.sync_pending.filter(|mv| inner.state == MemberState::Recovering && applied >= *mv)
+        };
+        if let Some(min_valid) = synced {
+            // An initial sync's minValid: our oplog must hold that very entry, or the set
+            // took it back after the copy and the copy may hold writes no entry undoes.
+            let store = self.shared().map(|s| s.store.clone());
+            let held = store.as_ref().and_then(|st| st.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION)).and_then(|c| c.snapshot().get(min_valid.ts).ok().flatten()).and_then(|d| OpTime::from_doc(&d));
+            if held != Some(min_valid) {
+                if let Some(store) = &store {
+                    self.restart_initial_sync(store, &format!("minValid {min_valid:?} is not in the oplog: the set took it back"));
+                }
+                return;
+            }
+        }
         let recovered = {
             let mut inner = self.inner.lock();
             let done = inner.state == MemberState::Recovering && inner.min_valid.is_some_and(|m| applied >= m);
             if done {
                 inner.min_valid = None;
+                inner.sync_pending = None;
                 inner.state = MemberState::Secondary;
             }
             done
         };
         if recovered {
-            tracing::info!("caught up after rollback: secondary");
+            tracing::info!(initial_sync = synced.is_some(), "caught up to minValid: secondary");
             self.changed();
         } else {
             if !reported {
