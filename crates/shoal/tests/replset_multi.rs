@@ -165,6 +165,18 @@ impl Set {
         c
     }
 
+    /// replSetReconfig on member `primary`: `newcomer` joins as member 3, without a vote
+    /// (as rs.add with votes: 0).
+    async fn add_non_voter(&self, primary: usize, newcomer: &Server) {
+        let primary = direct(&self.members[primary]).await;
+        let mut config = admin(&primary, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().clone();
+        let mut members = config.get_array("members").unwrap().clone();
+        members.push(Bson::Document(doc! {"_id": 3, "host": host(newcomer), "votes": 0, "priority": 0}));
+        config.insert("members", members);
+        config.insert("version", config.get_i32("version").unwrap() + 1);
+        admin(&primary, doc! {"replSetReconfig": config}).await.unwrap();
+    }
+
     async fn fail_point(&self, i: usize, mode: &str, data: Document) {
         let c = direct(&self.members[i]).await;
         admin(&c, doc! {"configureFailPoint": "replLink", "mode": mode, "data": data}).await.unwrap();
@@ -1621,13 +1633,7 @@ async fn near_limit_documents_replicate(transport: &str) {
     // An empty member's initial sync clones them (each in a batch of its own) and then
     // fetches by the same transport.
     let newcomer = Server::start_with_args(&["--replSet", "rs0", "--logTransport", transport]);
-    let primary = direct(&set.members[0]).await;
-    let mut config = admin(&primary, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().clone();
-    let mut members = config.get_array("members").unwrap().clone();
-    members.push(Bson::Document(doc! {"_id": 3, "host": host(&newcomer), "votes": 0, "priority": 0}));
-    config.insert("members", members);
-    config.insert("version", config.get_i32("version").unwrap() + 1);
-    admin(&primary, doc! {"replSetReconfig": config}).await.unwrap();
+    set.add_non_voter(0, &newcomer).await;
     set.members.push(newcomer);
     set.wait_for_secondary(3).await;
     coll.insert_one(doc! {"_id": 6, "s": "z".repeat(15_000_000)}).write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(20)).build()).await.unwrap();
@@ -1694,13 +1700,7 @@ async fn an_unfinished_initial_sync_starts_over_and_a_finished_one_never_does() 
     let mut newcomer = Server::start_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"]);
     let c = direct(&newcomer).await;
     admin(&c, doc! {"configureFailPoint": "initialSyncHangAfterDataCloning", "mode": "alwaysOn"}).await.unwrap();
-    let primary = direct(&set.members[p]).await;
-    let mut config = admin(&primary, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().clone();
-    let mut members = config.get_array("members").unwrap().clone();
-    members.push(Bson::Document(doc! {"_id": 3, "host": host(&newcomer), "votes": 0, "priority": 0}));
-    config.insert("members", members);
-    config.insert("version", config.get_i32("version").unwrap() + 1);
-    admin(&primary, doc! {"replSetReconfig": config}).await.unwrap();
+    set.add_non_voter(p, &newcomer).await;
     // Held after its clone: the data is here, the oplog not yet seeded.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -1807,13 +1807,7 @@ async fn an_initial_sync_from_a_secondary_whose_data_trails_its_oplog_loses_noth
     for i in 0..2 {
         admin(&nc, doc! {"configureFailPoint": "replLink", "mode": "alwaysOn", "data": {"host": host(&set.members[i]), "partition": true}}).await.unwrap();
     }
-    let primary = direct(&set.members[0]).await;
-    let mut config = admin(&primary, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().clone();
-    let mut members = config.get_array("members").unwrap().clone();
-    members.push(Bson::Document(doc! {"_id": 3, "host": host(&newcomer), "votes": 0, "priority": 0}));
-    config.insert("members", members);
-    config.insert("version", config.get_i32("version").unwrap() + 1);
-    admin(&primary, doc! {"replSetReconfig": config}).await.unwrap();
+    set.add_non_voter(0, &newcomer).await;
     set.members.push(newcomer);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
