@@ -757,8 +757,17 @@ impl Sim {
                 if let Some(at) = removed.iter().find(|at| self.checker.acked_majority.contains(at)) {
                     return Err(self.fail(format!("m{member} rolls back the majority-acknowledged write {at:?}")));
                 }
-                if let Some(at) = removed.iter().find(|at| self.checker.committed_set.contains(at)) {
-                    return Err(self.fail(format!("m{member} rolls back the committed entry {at:?}")));
+                // A member that never counted an entry committed (its commit point is checked
+                // above) may still follow a primary of a stale term past it, as Raft's
+                // followers truncate what their term's leader lacks; it is back once the
+                // member learns the newer term. What may never happen: a committed entry left
+                // on fewer than a majority of the voters.
+                let config = self.members[member].config.clone();
+                let held_elsewhere = |at: &OpTime| {
+                    config.members.iter().enumerate().filter(|(j, m)| *j != member && m.is_voter() && self.provisioned.get(*j).copied().unwrap_or(false) && member::holds_entry(&self.members[*j].store, *at)).count()
+                };
+                if let Some(at) = removed.iter().find(|at| self.checker.committed_set.contains(at) && held_elsewhere(at) < config.write_majority_count()) {
+                    return Err(self.fail(format!("m{member} rolls back the committed entry {at:?}, which fewer than a majority of the voters hold")));
                 }
                 // What was checked beyond the common point is gone: check it again from the
                 // start (rare, so the rescan's cost does not matter).
