@@ -605,8 +605,7 @@ impl Member {
                 };
                 if pending {
                     if self.state == MemberState::Rollback {
-                        // fetcher.rs `roll_back`: a failed rollback leaves the member RECOVERING.
-                        self.state = MemberState::Recovering;
+                        self.rollback_failed();
                     }
                     self.fetch_failed(out, "the source did not answer in time".into());
                 }
@@ -916,7 +915,7 @@ impl Member {
                 };
                 if pending {
                     if self.state == MemberState::Rollback {
-                        self.state = MemberState::Recovering;
+                        self.rollback_failed();
                     }
                     self.fetch_failed(out, format!("m{from} closed the connection"));
                 }
@@ -1464,6 +1463,16 @@ impl Member {
             self.state = MemberState::Secondary;
             out.notes.push(Note::Trace(format!("m{} recovered: secondary", self.index)));
         }
+    }
+
+    /// fetcher.rs `roll_back`: a rollback that failed after it changed something (minValid,
+    /// written first, is ahead of the oplog) leaves the member RECOVERING until minValid; one
+    /// that failed before leaves the data as it was: SECONDARY. (RECOVERING without a
+    /// minValid was forever: nothing would end it.)
+    fn rollback_failed(&mut self) {
+        let last = self.last();
+        self.min_valid = first_doc(&self.store, MIN_VALID).as_ref().and_then(OpTime::from_doc).filter(|mv| last < *mv);
+        self.state = if self.min_valid.is_some() { MemberState::Recovering } else { MemberState::Secondary };
     }
 
     fn start_rollback(&mut self, src: usize, out: &mut Out) {

@@ -391,8 +391,14 @@ async fn roll_back(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, our_la
     let r = roll_back_inner(shared, conn, host, our_last).await;
     if let Err(e) = &r {
         tracing::error!("rollback failed: {}", e.message);
-        // Stay out of the set's reads; the next fetch attempt tries again.
-        coord.set_state(MemberState::Recovering);
+        // The next fetch attempt tries again. One that failed after it changed something
+        // (minValid, written first, is ahead of the oplog) stays out of the set's reads until
+        // minValid; one that failed before left the data as it was. (RECOVERING without a
+        // minValid was forever: nothing would end it.)
+        match super::ReplCoord::persisted_min_valid(&shared.store).filter(|mv| *mv > shared.store.oplog_last().unwrap_or_default()) {
+            Some(mv) => coord.recover_until(mv, shared.store.oplog_applied().unwrap_or_default()),
+            None => coord.set_state(MemberState::Secondary),
+        }
     }
     r
 }

@@ -348,6 +348,11 @@ impl ReplCoord {
         self.changed();
     }
 
+    /// The minValid last recorded (`persist_min_valid`), if any.
+    pub(crate) fn persisted_min_valid(store: &Store) -> Option<OpTime> {
+        first_doc(store, MIN_VALID_COLLECTION).ok().flatten().as_ref().and_then(OpTime::from_doc)
+    }
+
     /// Record `min_valid` durably, before the rollback or initial sync that needs it makes
     /// its changes to the oplog (a restart then finds it and stays RECOVERING).
     pub(crate) fn persist_min_valid(store: &Store, min_valid: OpTime) -> Result<()> {
