@@ -1708,6 +1708,12 @@ fn clear_flag(store: &Store) {
     store.commit_durable().expect("sync");
 }
 
+/// The oldest entry of the oplog of `store`.
+pub fn oldest_entry(store: &Store) -> Option<OpTime> {
+    let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION)?;
+    oplog.snapshot().scan(None, 1).expect("scan").into_iter().next().and_then(|(_, d)| OpTime::from_doc(&d))
+}
+
 pub fn holds_entry(store: &Store, at: OpTime) -> bool {
     let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
     oplog.snapshot().get(at.ts).expect("get").and_then(|d| OpTime::from_doc(&d)) == Some(at)
