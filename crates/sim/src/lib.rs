@@ -9,7 +9,7 @@
 //!
 //! - initial sync (`initial_sync.rs`): some runs start with an empty member, and reconfigs
 //!   add empty ones. The member notes its source's rollback id and majority-committed entry
-//!   (begin; its newest while it knows none), sets the durable initial-sync flag, drops its
+//!   (begin; its oldest while it knows none), sets the durable initial-sync flag, drops its
 //!   data, copies the source's data in batches while writes and faults go on, notes
 //!   minValid (the source's newest entry), copies again if the source's rollback id moved,
 //!   seeds its oplog with begin, clears the flag and stays RECOVERING until minValid is
@@ -137,7 +137,7 @@ pub enum Msg {
     Reset { req: u64 },
     Write { op: u64, value: u64, majority: bool, j: bool, size_bytes: u64 },
     /// Initial sync: the source's majority-committed oplog entry (`committed`: `begin`; its
-    /// newest while it knows none), or its newest (`minValid`).
+    /// oldest while it knows none), or its newest (`minValid`).
     OplogNewest { req: u64, committed: bool },
     /// `rollback_id`: the source's rollback count (mongod's RBID).
     NewestReply { req: u64, entry: Option<(OpTime, Vec<u8>)>, rollback_id: u64 },

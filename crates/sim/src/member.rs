@@ -886,11 +886,19 @@ impl Member {
             Msg::RollbackAnswer { req, optimes, newest } => self.on_rollback_answer(from, req, optimes, newest, out),
             Msg::Write { op, value, majority, j, size_bytes } => self.on_write(from, op, value, majority, j, size_bytes, out),
             Msg::OplogNewest { req, committed } => {
-                // initial_sync.rs `begin_entry`: the committed entry, so that no rollback
-                // goes back past the copy's first entry; `newest_entry` for minValid.
+                // initial_sync.rs `begin_entry`: the committed entry (the oldest while none
+                // is known), so that no rollback goes back past the copy's first entry;
+                // `newest_entry` for minValid.
                 let cp = self.commit_point;
-                let at_commit = (committed && cp != OpTime::default() && cp <= self.last()).then(|| self.entries_before(Some(cp.ts + 1), 1).into_iter().next().filter(|(at, _)| *at == cp)).flatten();
-                let entry = at_commit.or_else(|| self.entries_before(None, 1).into_iter().next());
+                let entry = if !committed {
+                    self.entries_before(None, 1).into_iter().next()
+                } else if cp != OpTime::default() && cp <= self.last() {
+                    self.entries_before(Some(cp.ts + 1), 1).into_iter().next().filter(|(at, _)| *at == cp)
+                } else {
+                    // No commit point known yet: the oldest entry, the set's first.
+                    let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
+                    c.snapshot().scan(None, 1).expect("scan").into_iter().next().map(|(_, d)| (OpTime::from_doc(&d).expect("optime"), d.to_vec().expect("entry")))
+                };
                 out.sends.push((from, Msg::NewestReply { req, entry, rollback_id: self.rollback_id }));
             }
             Msg::NewestReply { req, entry, rollback_id } => self.on_newest(from, req, entry, rollback_id, out),

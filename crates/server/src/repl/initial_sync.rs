@@ -3,8 +3,8 @@
 //! catches up through the oplog.
 //!
 //! 1. Note the source's rollback id and its majority-committed oplog entry (`begin`; its
-//!    newest applied one while it knows none: a secondary's newest entry may not be
-//!    applied yet, and an entry not committed may be rolled back from under our oplog).
+//!    oldest while it knows none: a secondary's newest entry may not be applied yet, and an
+//!    entry not committed may be rolled back from under our oplog).
 //! 2. Drop what this member holds outside `local`, then clone each database, collection,
 //!    its documents and its indexes (built after the documents, as a bulk build).
 //! 3. Note the source's newest entry (`minValid`): every change the clone may have seen is
@@ -180,8 +180,8 @@ fn malformed(host: &str, what: &str) -> Error {
     Error::new(Code::ProtocolError, format!("malformed {what} reply from {host}"))
 }
 
-/// Where our oplog starts: the source's majority-committed entry (its newest applied one
-/// while it knows none). Its data has reached at least this far when the clone reads it;
+/// Where our oplog starts: the source's majority-committed entry (its oldest, the set's
+/// first, while it knows none). Its data has reached at least this far when the clone reads it;
 /// not its newest entry, which a secondary may have written but not applied yet (a member
 /// whose oplog started there never applied the entries in between, which the clone missed
 /// too). And committed, so that no rollback ever needs to go back past it, where this
@@ -192,7 +192,12 @@ async fn begin_entry(conn: &mut PeerConn) -> Result<Document> {
     let optimes = status.get_document("optimes").map_err(|_| malformed(&host, "replSetGetStatus"))?;
     let optime = |k: &str| optimes.get_document(k).ok().and_then(OpTime::from_doc);
     let applied = optime("appliedOpTime").ok_or_else(|| malformed(&host, "replSetGetStatus"))?;
-    let at = optime("lastCommittedOpTime").filter(|c| *c != OpTime::default() && *c <= applied).unwrap_or(applied);
+    let at = match optime("lastCommittedOpTime").filter(|c| *c != OpTime::default() && *c <= applied) {
+        Some(committed) => committed,
+        // No commit point known yet (a new set): the source's oldest entry, the set's first,
+        // which every member's oplog starts with.
+        None => OpTime::from_doc(&oplog_edge(conn, 1).await?).ok_or_else(|| malformed(&host, "oplog find"))?,
+    };
     let r = conn.command("local", doc! {"find": "oplog.rs", "filter": {"ts": at.timestamp()}, "limit": 1, "singleBatch": true}, COMMAND_TIMEOUT).await?;
     let batch = r.get_document("cursor").and_then(|c| c.get_array("firstBatch")).map_err(|_| malformed(&host, "oplog find"))?;
     match batch.first() {
@@ -210,8 +215,13 @@ async fn rollback_id(conn: &mut PeerConn) -> Result<i32> {
 
 /// The source's newest oplog entry: its data cannot be past it (minValid).
 async fn newest_entry(conn: &mut PeerConn) -> Result<Document> {
+    oplog_edge(conn, -1).await
+}
+
+/// The source's oldest (`order` 1) or newest (-1) oplog entry.
+async fn oplog_edge(conn: &mut PeerConn, order: i32) -> Result<Document> {
     let host = conn.host.clone();
-    let r = conn.command("local", doc! {"find": "oplog.rs", "sort": {"$natural": -1}, "limit": 1, "singleBatch": true}, COMMAND_TIMEOUT).await?;
+    let r = conn.command("local", doc! {"find": "oplog.rs", "sort": {"$natural": order}, "limit": 1, "singleBatch": true}, COMMAND_TIMEOUT).await?;
     let batch = r.get_document("cursor").and_then(|c| c.get_array("firstBatch")).map_err(|_| malformed(&host, "oplog find"))?;
     match batch.first() {
         Some(Bson::Document(d)) => Ok(d.clone()),
