@@ -106,7 +106,7 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
     coord.set_info_message(format!("initial sync from {host}"));
     let rbid = rollback_id(conn).await?;
     let begin = begin_entry(conn).await?;
-    let begin_at = OpTime::from_doc(&begin).ok_or_else(|| Error::new(Code::FailedToParse, format!("{host}'s newest oplog entry has no ts and t")))?;
+    let begin_at = OpTime::from_doc(&begin).ok_or_else(|| Error::new(Code::FailedToParse, format!("{host}'s oplog entry {begin} has no ts and t")))?;
     coord.inner.lock().initial_sync.oplog_start = Some(begin_at);
     let store = shared.store.clone();
     super::blocking(move || -> Result<()> {
@@ -192,11 +192,10 @@ async fn begin_entry(conn: &mut PeerConn) -> Result<Document> {
     let optimes = status.get_document("optimes").map_err(|_| malformed(&host, "replSetGetStatus"))?;
     let optime = |k: &str| optimes.get_document(k).ok().and_then(OpTime::from_doc);
     let applied = optime("appliedOpTime").ok_or_else(|| malformed(&host, "replSetGetStatus"))?;
-    let at = match optime("lastCommittedOpTime").filter(|c| *c != OpTime::default() && *c <= applied) {
-        Some(committed) => committed,
+    let Some(at) = optime("lastCommittedOpTime").filter(|c| *c != OpTime::default() && *c <= applied) else {
         // No commit point known yet (a new set): the source's oldest entry, the set's first,
         // which every member's oplog starts with.
-        None => OpTime::from_doc(&oplog_edge(conn, 1).await?).ok_or_else(|| malformed(&host, "oplog find"))?,
+        return oplog_edge(conn, 1).await;
     };
     let r = conn.command("local", doc! {"find": "oplog.rs", "filter": {"ts": at.timestamp()}, "limit": 1, "singleBatch": true}, COMMAND_TIMEOUT).await?;
     let batch = r.get_document("cursor").and_then(|c| c.get_array("firstBatch")).map_err(|_| malformed(&host, "oplog find"))?;
