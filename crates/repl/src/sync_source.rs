@@ -7,6 +7,13 @@
 //! voters; among those, the lowest ping, except that the primary wins when its ping is within
 //! changeSyncSourceThresholdMillis of the lowest (mongod 5.0 on: same data center).
 //!
+//! A member whose oplog no longer holds our newest entry is denied for a while (mongod's
+//! denylist). Where only the primary may serve us and it is denied, we chain from a
+//! secondary that qualifies instead. A primary can begin its oplog after our newest entry
+//! without any oplog being capped: a member that joined by initial sync begins its oplog
+//! where its copy began, and may then be elected. mongod leaves such a member RECOVERING
+//! until an operator resyncs it; a secondary that still holds the entry serves it as well.
+//!
 //! "Strictly ahead" is what keeps the sync graph acyclic: along a cycle every member would
 //! have to be ahead of the next. Level secondaries were once accepted here, and an idle
 //! 7-member set formed the cycle 2←7←4←5←2 that no write could ever leave.
@@ -68,6 +75,8 @@ pub struct PeerView {
     pub ping_us: Option<u64>,
     /// The member index it fetches from, if any.
     pub sync_source: Option<usize>,
+    /// Denied as a source for a while: its oplog began after our newest entry.
+    pub denied: bool,
 }
 
 fn primary_applied(peers: &[PeerView]) -> Option<OpTime> {
@@ -87,6 +96,7 @@ fn candidates<'a>(config: &'a ReplSetConfig, self_index: usize, peers: &'a [Peer
         let lagging = lags(primary_applied, p);
         i != self_index
             && p.up
+            && !p.denied
             && matches!(p.state, Some(MemberState::Primary | MemberState::Secondary))
             && !m.arbiter_only
             && !m.hidden
@@ -102,8 +112,13 @@ fn candidates<'a>(config: &'a ReplSetConfig, self_index: usize, peers: &'a [Peer
 /// The member to fetch from, or None when no member qualifies.
 pub fn choose(config: &ReplSetConfig, self_index: usize, peers: &[PeerView], my_last: OpTime) -> Option<usize> {
     let primary = (0..peers.len()).find(|&i| i != self_index && peers[i].up && peers[i].state == Some(MemberState::Primary));
-    let from_primary = || primary.filter(|&p| peers[p].applied >= my_last);
     let ping = |i: usize| peers[i].ping_us.unwrap_or(u64::MAX);
+    // Only the primary, unless it is denied: then the nearest secondary that qualifies.
+    let from_primary = || match primary {
+        Some(p) if peers[p].denied => candidates(config, self_index, peers, my_last).min_by_key(|&i| (ping(i), i)),
+        Some(p) => Some(p).filter(|&p| peers[p].applied >= my_last),
+        None => None,
+    };
     match config.settings.chaining_allowed {
         Chaining::Off => from_primary(),
         Chaining::Auto if config.members[self_index].is_voter() => from_primary(),
@@ -153,7 +168,7 @@ fn leads_back(peers: &[PeerView], self_index: usize, from: usize) -> bool {
 /// maxSyncSourceLagSecs. What ends a replSetSyncFrom choice.
 pub fn is_unusable(peers: &[PeerView], self_index: usize, my_last: OpTime, current: usize) -> bool {
     let source = &peers[current];
-    !source.up || lags(primary_applied(peers), source) || (source.state == Some(MemberState::Secondary) && source.applied <= my_last && leads_back(peers, self_index, current))
+    !source.up || source.denied || lags(primary_applied(peers), source) || (source.state == Some(MemberState::Secondary) && source.applied <= my_last && leads_back(peers, self_index, current))
 }
 
 /// Whether a member fetching from `current` should choose again: the source is gone, no
@@ -174,11 +189,15 @@ pub fn should_change(config: &ReplSetConfig, self_index: usize, peers: &[PeerVie
         None => !peers[current].up,
         Some(best) if best == current => false,
         Some(best) => {
-            let chains = match config.settings.chaining_allowed {
-                Chaining::Off => false,
-                Chaining::On => true,
-                Chaining::Auto => !config.members[self_index].is_voter(),
-            };
+            // A denied primary makes every member chain (`choose`), and a chain is left
+            // only for a clearly nearer source.
+            let primary_denied = peers.iter().any(|p| p.up && p.denied && p.state == Some(MemberState::Primary));
+            let chains = primary_denied
+                || match config.settings.chaining_allowed {
+                    Chaining::Off => false,
+                    Chaining::On => true,
+                    Chaining::Auto => !config.members[self_index].is_voter(),
+                };
             let still_candidate = chains && candidates(config, self_index, peers, OpTime::default()).any(|i| i == current);
             let ping = |i: usize| peers[i].ping_us.unwrap_or(u64::MAX);
             let is_primary = |i: usize| peers[i].state == Some(MemberState::Primary);
@@ -214,7 +233,7 @@ mod tests {
     }
 
     fn peer(state: MemberState, ts: u64, ping_us: u64) -> PeerView {
-        PeerView { up: true, state: Some(state), applied: OpTime { ts: ts << 32, term: 1 }, ping_us: Some(ping_us), sync_source: None }
+        PeerView { up: true, state: Some(state), applied: OpTime { ts: ts << 32, term: 1 }, ping_us: Some(ping_us), sync_source: None, denied: false }
     }
 
     #[test]
@@ -302,6 +321,35 @@ mod tests {
         chain[2].sync_source = Some(0);
         chain[2].applied = OpTime { ts: 101 << 32, term: 1 };
         assert!(!should_change(&set(true), 1, &chain, me, 2));
+    }
+
+    #[test]
+    fn a_member_too_stale_for_the_primary_chains_from_a_secondary_that_holds_its_entry() {
+        use MemberState::*;
+        let me = OpTime { ts: 90 << 32, term: 1 };
+        let mut peers = vec![peer(Primary, 100, 10), peer(Secondary, 100, 200), peer(Secondary, 100, 100), peer(Secondary, 100, 50), peer(Secondary, 100, 60)];
+        for chaining in [Bson::Boolean(false), Bson::String("auto".into())] {
+            let config = set_with(chaining);
+            peers[0].denied = false;
+            assert_eq!(choose(&config, 1, &peers, me), Some(0));
+            // The primary's oplog began after our newest entry: the nearest voter instead.
+            peers[0].denied = true;
+            assert_eq!(choose(&config, 1, &peers, me), Some(2));
+            assert!(should_change(&config, 1, &peers, me, 0), "a denied source is left");
+            assert!(!should_change(&config, 1, &peers, me, 2), "the fallback is kept");
+            peers[1].ping_us = Some(99);
+            assert!(!should_change(&config, 1, &peers, me, 2), "and not left for a source 1 µs nearer");
+            peers[1].ping_us = Some(200);
+            // Denied no more: back to the primary.
+            peers[0].denied = false;
+            assert!(should_change(&config, 1, &peers, me, 2));
+        }
+        // Denied, with no secondary ahead of us: no source.
+        peers[0].denied = true;
+        for p in &mut peers[1..] {
+            p.applied = me;
+        }
+        assert_eq!(choose(&set(false), 1, &peers, me), None);
     }
 
     #[test]

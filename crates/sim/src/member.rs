@@ -1232,7 +1232,7 @@ impl Member {
             .iter()
             .map(|p| {
                 let mut v = p.view.clone();
-                v.up &= p.denied_until <= now;
+                v.denied = p.denied_until > now;
                 v
             })
             .collect()

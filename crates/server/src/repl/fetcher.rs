@@ -658,15 +658,15 @@ fn should_change(shared: &Shared, config: &ReplSetConfig, me: usize, current: us
     repl::sync_source::should_change(config, me, &views, last, current)
 }
 
-/// What heartbeats say of each member, for choosing a source: a member denied for a while
-/// (we are too stale for its oplog) counts as down.
+/// What heartbeats say of each member, for choosing a source, with the members denied for a
+/// while (their oplog began after our newest entry).
 fn source_views(peers: &[super::Peer]) -> Vec<repl::sync_source::PeerView> {
     let now = std::time::Instant::now();
     peers
         .iter()
         .map(|p| {
             let mut v = p.view.clone();
-            v.up &= p.denied_until.is_none_or(|t| t <= now);
+            v.denied = p.denied_until.is_some_and(|t| t > now);
             v
         })
         .collect()
