@@ -1155,6 +1155,53 @@ async fn a_member_too_stale_for_one_source_fetches_from_another() {
     assert!(!set.members[1].dbpath.join("rollback").exists(), "member 1 rolled back");
 }
 
+/// Without chaining a member fetches from the primary only. A member that joined by
+/// initial sync and was then elected begins its oplog after the newest entry of a member
+/// that was cut off meanwhile: that member catches up from a secondary that still holds its
+/// entry, instead of waiting for good on a primary too far ahead of it.
+#[tokio::test]
+async fn a_member_too_stale_for_the_primary_catches_up_from_a_secondary_without_chaining() {
+    let mut set = Set::start(4, doc! {"chainingAllowed": false}, &[doc! {}, doc! {"votes": 0, "priority": 0}, doc! {"priority": 0}, doc! {"priority": 0}]).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    let coll = set.seed("c", 10).await;
+    for j in [0, 2, 3] {
+        set.fail_point(1, "alwaysOn", doc! {"host": host(&set.members[j]), "partition": true}).await;
+    }
+    for i in 10..20 {
+        coll.insert_one(doc! {"_id": i}).await.unwrap();
+    }
+    set.members[3].kill9();
+    std::fs::remove_dir_all(&set.members[3].dbpath).unwrap();
+    std::fs::create_dir_all(&set.members[3].dbpath).unwrap();
+    set.members[3].restart_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"]);
+    set.wait_for_count(3, "c", 20).await;
+    let (ours, theirs) = (oplog_edge(&set.members[1], -1).await, oplog_edge(&set.members[3], 1).await);
+    assert!((ours.time, ours.increment) < (theirs.time, theirs.increment), "member 3's oplog starts at {theirs:?}, member 1's ends at {ours:?}");
+    // Member 3 takes over by priority.
+    let primary = direct(&set.members[0]).await;
+    let mut config = admin(&primary, doc! {"replSetGetConfig": 1}).await.unwrap().get_document("config").unwrap().clone();
+    let mut members = config.get_array("members").unwrap().clone();
+    members[3].as_document_mut().unwrap().insert("priority", 5);
+    config.insert("members", members);
+    config.insert("version", config.get_i32("version").unwrap() + 1);
+    admin(&primary, doc! {"replSetReconfig": config}).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while set.status(3).await.unwrap().get_i32("myState").unwrap() != 1 {
+        assert!(Instant::now() < deadline, "member 3 (priority 5) did not take over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for j in [0, 2, 3] {
+        set.fail_point(1, "off", doc! {"host": host(&set.members[j])}).await;
+    }
+    // The primary denies member 1 for a minute; every member acknowledges well before.
+    let all = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(30)).build();
+    coll.insert_one(doc! {"_id": "last"}).write_concern(all).await.unwrap();
+    assert_eq!(all_on(&set.members[1], "app", "c").await, all_on(&set.members[3], "app", "c").await);
+    let source = set.status(1).await.unwrap().get_str("syncSourceHost").unwrap().to_string();
+    assert!(source == host(&set.members[0]) || source == host(&set.members[2]), "member 1 fetches from {source:?}");
+    assert!(!set.members[1].dbpath.join("rollback").exists(), "member 1 rolled back");
+}
+
 /// A member pointed at a source that is behind it (replSetSyncFrom, or heartbeat news
 /// already stale) must not take the source's shorter oplog for a divergence: rolling back
 /// would undo majority-committed entries. It says why and waits for a usable source.
