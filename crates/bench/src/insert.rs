@@ -226,7 +226,7 @@ pub async fn run(o: &InsertOptions) -> Result<InsertResult> {
             let mut hist = new_histogram();
             let mut inserted = 0u64;
             let mut batches = 0u64;
-            while !stop.load(Ordering::Acquire) && deadline.map_or(true, |d| Instant::now() < d) {
+            while !stop.load(Ordering::Acquire) && deadline.is_none_or(|d| Instant::now() < d) {
                 let n = reserve(&budget, o.num_operations, o.batch_size as u64);
                 if n == 0 {
                     break;

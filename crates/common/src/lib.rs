@@ -163,7 +163,8 @@ pub struct Error {
     pub code_name: &'static str,
     pub message: String,
     /// Extra fields merged into the error reply or writeError (e.g. `keyPattern`, `keyValue`).
-    pub extra: Option<Document>,
+    /// Boxed: most errors have none, and every `Result` of the code base carries this type.
+    pub extra: Option<Box<Document>>,
 }
 
 impl Error {
@@ -171,7 +172,7 @@ impl Error {
         Error { code: code.0, code_name: code.1, message: message.into(), extra: None }
     }
     pub fn with_extra(mut self, extra: Document) -> Error {
-        self.extra = Some(extra);
+        self.extra = Some(Box::new(extra));
         self
     }
     pub fn bad_value(message: impl Into<String>) -> Error {

@@ -184,7 +184,7 @@ impl<I: Iterator<Item = Result<Document>>> Iterator for Interruptible<'_, I> {
             return None;
         }
         self.seen = self.seen.wrapping_add(1);
-        if self.seen % INTERRUPT_CHECK_DOCS == 0 {
+        if self.seen.is_multiple_of(INTERRUPT_CHECK_DOCS) {
             if let Err(e) = (self.interrupt)() {
                 self.failed = true;
                 return Some(Err(e));

@@ -24,6 +24,10 @@ fn pow10(n: u32) -> u128 {
     10u128.pow(n)
 }
 
+// Named methods rather than std's traits: `cmp` is MongoDB's numeric order (1.0 equals 1.00),
+// which the derived PartialEq, comparing representations, does not agree with, and the
+// arithmetic rounds as decimal128 does, which an operator would hide.
+#[allow(clippy::should_implement_trait)]
 impl Dec {
     pub fn decode(d: &Decimal128) -> Dec {
         let bytes = d.bytes();

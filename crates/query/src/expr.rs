@@ -419,7 +419,7 @@ fn validate_var_name(name: &str) -> Result<()> {
     let Some(first) = name.chars().next() else {
         return Err(err(16869, "empty variable names are not allowed"));
     };
-    if !(first.is_ascii_lowercase() || !first.is_ascii()) {
+    if !first.is_ascii_lowercase() && first.is_ascii() {
         return Err(err(16870, format!("'{name}' starts with an invalid character for a user variable name")));
     }
     for c in name.chars() {
@@ -882,7 +882,7 @@ fn parse_let(arg: &Bson, scope: &mut Scope) -> Result<Node> {
     let vars = vars.ok_or_else(|| err(16876, "Missing 'vars' parameter to $let"))?;
     let body = body.ok_or_else(|| err(16877, "Missing 'in' parameter to $let"))?;
     let Bson::Document(vd) = vars else {
-        return Err(err(10065, format!("invalid parameter: expected an object (vars)")));
+        return Err(err(10065, "invalid parameter: expected an object (vars)"));
     };
     // Variable definitions are evaluated in the outer scope.
     let mut defs = Vec::with_capacity(vd.len());
@@ -1053,7 +1053,7 @@ fn nullish(v: &Value) -> bool {
 }
 
 /// Aggregation field path lookup: arrays map the rest of the path over their documents.
-pub(crate) fn get_path<'a>(v: &Bson, path: &[String]) -> Value {
+pub(crate) fn get_path(v: &Bson, path: &[String]) -> Value {
     if path.is_empty() {
         return Some(v.clone());
     }
@@ -2126,7 +2126,7 @@ fn unary_math(op: Op, n: Num) -> Result<Value> {
 fn trig(t: Trig, n: Num) -> Result<Value> {
     let x = n.to_f64();
     let bounded = |lo: f64, hi: f64, name: &str| -> Result<()> {
-        if !(x >= lo && x <= hi) && !x.is_nan() {
+        if !x.is_nan() && !(lo..=hi).contains(&x) {
             return Err(err(50989, format!("cannot apply ${name} to {}, value must be in [{lo},{hi}]", n.to_bson())));
         }
         Ok(())

@@ -283,10 +283,7 @@ impl Filter {
     }
 
     pub fn matches_details(&self, doc: &Document) -> (bool, MatchDetails) {
-        match self.try_matches_details(doc) {
-            Ok(r) => r,
-            Err(_) => (false, MatchDetails::default()),
-        }
+        self.try_matches_details(doc).unwrap_or_default()
     }
 
     pub fn try_matches_details(&self, doc: &Document) -> Result<(bool, MatchDetails)> {
@@ -435,7 +432,8 @@ fn num_i64_for_mod(v: &Bson, what: &str) -> Result<i64> {
         crate::num::Num::I32(i) => i as i64,
         crate::num::Num::I64(i) => i,
         crate::num::Num::F64(d) => {
-            if d >= 9.223372036854775807e18 || d < -9.223372036854775808e18 {
+            // i64's bounds as doubles: -2^63 is exact, 2^63 is the first double past i64::MAX.
+            if !(i64::MIN as f64..i64::MAX as f64).contains(&d) {
                 return Err(bad(format!("malformed mod, {what} value is invalid :: caused by :: Out of bounds coercing to integral value")));
             }
             d.trunc() as i64

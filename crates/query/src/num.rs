@@ -92,7 +92,7 @@ impl Num {
             Num::I32(i) => Some(i as i64),
             Num::I64(i) => Some(i),
             Num::F64(d) => {
-                if d.fract() == 0.0 && d >= -9.223372036854775808e18 && d < 9.223372036854775808e18 {
+                if d.fract() == 0.0 && (i64::MIN as f64..i64::MAX as f64).contains(&d) {
                     Some(d as i64)
                 } else {
                     None

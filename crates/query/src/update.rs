@@ -232,8 +232,8 @@ fn parse_push(v: &Bson) -> Result<PushSpec> {
                         PushSort::Pattern(SortSpec::parse(sd).map_err(|_| invalid())?)
                     }
                     other => match Num::from_bson(other).map(|n| n.to_f64()) {
-                        Some(x) if x == 1.0 => PushSort::Whole { ascending: true },
-                        Some(x) if x == -1.0 => PushSort::Whole { ascending: false },
+                        Some(1.0) => PushSort::Whole { ascending: true },
+                        Some(-1.0) => PushSort::Whole { ascending: false },
                         _ => return Err(invalid()),
                     },
                 })

@@ -100,7 +100,7 @@ proptest! {
             let _ = u.apply(&target, &MatchDetails::default(), false);
         }
         let _ = upsert_seed(&spec);
-        if let Ok(p) = Pipeline::parse(&[spec.clone()]) {
+        if let Ok(p) = Pipeline::parse(std::slice::from_ref(&spec)) {
             let mut input = vec![Ok(target.clone()), Ok(spec.clone())].into_iter();
             let _ = p.run(&mut input, &RunOptions::default());
         }

@@ -141,7 +141,7 @@ enum Control {
     /// logRotate: rename the file aside and start a new one.
     Rotate,
     /// setAuditConfig's filter, as given and compiled.
-    Filter(Document, Option<query::filter::Filter>),
+    Filter(Document, Option<Box<query::filter::Filter>>),
 }
 
 /// Events on their way to the writer.
@@ -289,7 +289,7 @@ impl Audit {
             *self.generation.lock() = generation;
         }
         if let Some((f, compiled)) = filter {
-            self.control(Control::Filter(f, compiled)).map_err(Error::internal)?;
+            self.control(Control::Filter(f, compiled.map(Box::new))).map_err(Error::internal)?;
         }
         if let Some(s) = authorization_success {
             self.authorization_success.store(s, Ordering::Relaxed);
@@ -590,7 +590,7 @@ fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<std::p
                 });
             }
             Some((Control::Filter(doc, compiled), reply)) => {
-                *filter.write() = (doc, compiled);
+                *filter.write() = (doc, compiled.map(|c| *c));
                 let _ = reply.send(Ok(()));
             }
             None => {}

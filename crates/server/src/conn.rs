@@ -620,7 +620,7 @@ async fn wait_before_read(shared: &Shared, after: dispatch::ReadAfter) -> common
     let timed_out = || common::Error::new(common::Code::MaxTimeMSExpired, "operation exceeded time limit waiting to apply what the read must see");
     let mut ts = after.ts;
     if after.strict {
-        let position = match repl.primary_position.from_page(repl.term()) {
+        let position = match repl.primary_position.read_page(repl.term()) {
             Some(ts) => {
                 Counters::add(&shared.counters.repl_strict_page_reads, 1);
                 Some(Ok(storage::OpTime { ts, term: 0 }))

@@ -61,7 +61,7 @@ pub fn is_hello(name: &str) -> bool {
 /// `{ok: 0, errmsg, code, codeName, ...extra}`.
 pub fn error_reply(e: &Error) -> Document {
     let mut d = doc! { "ok": 0.0, "errmsg": e.message.clone(), "code": e.code, "codeName": e.code_name };
-    if let Some(extra) = &e.extra {
+    if let Some(extra) = e.extra.as_deref() {
         for (k, v) in extra {
             d.insert(k.clone(), v.clone());
         }
@@ -314,7 +314,7 @@ pub fn with_topology_version(shared: &Shared, e: Error) -> Error {
     if shared.repl.is_none() || !is_state_change_error(e.code) || e.extra.as_ref().is_some_and(|x| x.contains_key("topologyVersion")) {
         return e;
     }
-    let mut extra = e.extra.clone().unwrap_or_default();
+    let mut extra = e.extra.as_deref().cloned().unwrap_or_default();
     extra.insert("topologyVersion", shared.topology_version());
     e.with_extra(extra)
 }

@@ -31,6 +31,8 @@ pub struct Scan {
     owner: Option<std::sync::Arc<crate::sharding::CollMeta>>,
 }
 
+// One per scan, so a variant's size costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum ScanAccess {
     Collection { after: Option<RecordId>, reverse: bool },
     /// `Some(v)`: the filter pins `_id` to v, so one index lookup replaces the scan.
@@ -74,7 +76,7 @@ impl Scan {
             if let Some((rid, doc)) = self.chunk.next() {
                 self.examined += 1;
                 // Filters can be costly ($expr): honour maxTimeMS/killOp within a chunk too.
-                if self.examined % EXAMINED_CHECK_DOCS == 0 {
+                if self.examined.is_multiple_of(EXAMINED_CHECK_DOCS) {
                     op.check()?;
                 }
                 let (ok, details) = self.filter.try_matches_details(&doc)?;

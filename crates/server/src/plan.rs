@@ -17,6 +17,8 @@ use storage::{IndexBounds, IndexSpec, Snapshot};
 /// planner stops extending the equality prefix (a shorter prefix is still correct).
 const INTERVALS_MAX: usize = 256;
 
+// One per query plan, so a variant's size costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Access {
     /// `reverse`: descending record order (`$natural: -1`).
@@ -68,6 +70,7 @@ impl Interval {
 }
 
 /// What the filter says about one field: a union of point intervals, or one range.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 enum FieldPred {
     Points(Vec<Bson>),
@@ -376,7 +379,7 @@ fn index_plan(spec: &IndexSpec, multikey: bool, preds: &BTreeMap<String, Vec<Fie
     }
     // Byte order of the intervals follows value order only for ascending fields; sort them
     // so a forward scan visits them in key order.
-    intervals.sort_by(|a, b| bound_key(&a.lower).cmp(&bound_key(&b.lower)));
+    intervals.sort_by_key(|iv| bound_key(&iv.lower));
     let mut bounds_display = Document::new();
     for (i, field) in fields.iter().enumerate() {
         let shown: Vec<Bson> = match per_field.get(i) {

@@ -86,7 +86,7 @@ impl LatencyHistogram {
         // the next two bits' mantissa against 2^(1/4), 2^(2/4), 2^(3/4).
         let log2 = 63 - us.leading_zeros() as usize;
         let frac = us as f64 / (1u64 << log2) as f64;
-        let quarter = [1.189_207_115, 1.414_213_562, 1.681_792_830].iter().filter(|&&b| frac >= b).count();
+        let quarter = [1.189_207_115, std::f64::consts::SQRT_2, 1.681_792_830].iter().filter(|&&b| frac >= b).count();
         (log2 * 4 + quarter + 1).min(LATENCY_BUCKETS - 1)
     }
 
@@ -125,32 +125,6 @@ impl LatencyHistogram {
             "samples": samples, "totalMicros": self.total_us.load(Ordering::Relaxed) as i64, "maxMicros": self.max_us.load(Ordering::Relaxed) as i64,
             "p50Micros": pct(0.5), "p99Micros": pct(0.99), "counts": counts,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn latency_buckets_are_quarter_doublings() {
-        assert_eq!(LatencyHistogram::bucket(0), 0);
-        assert_eq!(LatencyHistogram::bucket(1), 1);
-        for us in [1u64, 2, 3, 7, 100, 999, 1000, 1001, 2000, 123_456, 10_000_000] {
-            let b = LatencyHistogram::bucket(us);
-            assert!((us as f64) < LatencyHistogram::upper_us(b) * 1.000_001 + 1e-9 || b == LATENCY_BUCKETS - 1, "{us} in bucket {b}");
-            assert!(us as f64 >= LatencyHistogram::upper_us(b - 1) * 0.999_999, "{us} in bucket {b}: below its lower bound");
-        }
-        let h = LatencyHistogram::default();
-        for us in 1..=100 {
-            h.record(us * 10);
-        }
-        let d = h.to_doc();
-        assert_eq!(d.get_i64("samples").unwrap(), 100);
-        assert_eq!(d.get_i64("maxMicros").unwrap(), 1000);
-        let p99 = d.get_f64("p99Micros").unwrap();
-        assert!((990.0..=1200.0).contains(&p99), "{p99}");
-        assert!(LatencyHistogram::bucket(u64::MAX) == LATENCY_BUCKETS - 1);
     }
 }
 
@@ -235,5 +209,31 @@ impl Shared {
 
     pub fn host_port(&self) -> String {
         format!("{}:{}", self.host_name, self.config.port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_buckets_are_quarter_doublings() {
+        assert_eq!(LatencyHistogram::bucket(0), 0);
+        assert_eq!(LatencyHistogram::bucket(1), 1);
+        for us in [1u64, 2, 3, 7, 100, 999, 1000, 1001, 2000, 123_456, 10_000_000] {
+            let b = LatencyHistogram::bucket(us);
+            assert!((us as f64) < LatencyHistogram::upper_us(b) * 1.000_001 + 1e-9 || b == LATENCY_BUCKETS - 1, "{us} in bucket {b}");
+            assert!(us as f64 >= LatencyHistogram::upper_us(b - 1) * 0.999_999, "{us} in bucket {b}: below its lower bound");
+        }
+        let h = LatencyHistogram::default();
+        for us in 1..=100 {
+            h.record(us * 10);
+        }
+        let d = h.to_doc();
+        assert_eq!(d.get_i64("samples").unwrap(), 100);
+        assert_eq!(d.get_i64("maxMicros").unwrap(), 1000);
+        let p99 = d.get_f64("p99Micros").unwrap();
+        assert!((990.0..=1200.0).contains(&p99), "{p99}");
+        assert!(LatencyHistogram::bucket(u64::MAX) == LATENCY_BUCKETS - 1);
     }
 }

@@ -132,7 +132,7 @@ pub fn initial_chunks(key: &ShardKeyPattern, shards: &[String], primary: &str, p
     // Split points over the int64 hash range, the rest of a compound key at MinKey.
     let point = |i: i128| {
         let mut k = vec![Bson::Int64((i64::MIN as i128 + (i * (1i128 << 64)) / n) as i64)];
-        k.extend(std::iter::repeat(Bson::MinKey).take(key.len() - 1));
+        k.extend(std::iter::repeat_n(Bson::MinKey, key.len() - 1));
         k
     };
     let mut chunks = Vec::with_capacity(n as usize);

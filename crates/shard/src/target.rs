@@ -54,7 +54,7 @@ pub fn shards_for_filter(table: &RoutingTable, filter: &Document) -> BTreeSet<St
     let first = &constraints[0];
     let with_rest = |v: Bson, fill: Bson| {
         let mut k = vec![v];
-        k.extend(std::iter::repeat(fill).take(names.len() - 1));
+        k.extend(std::iter::repeat_n(fill, names.len() - 1));
         k
     };
     if let Some(points) = first.points.as_ref().filter(|p| p.len() <= POINTS_MAX) {
@@ -127,16 +127,14 @@ fn constrain(c: &mut FieldConstraint, v: &Bson) {
                             }
                         }
                     }
-                    "$gt" | "$gte" => {
-                        if c.lo.as_ref().is_none_or(|lo| cmp_bson(arg, lo) == Ordering::Greater) {
+                    "$gt" | "$gte"
+                        if c.lo.as_ref().is_none_or(|lo| cmp_bson(arg, lo) == Ordering::Greater) => {
                             c.lo = Some(arg.clone());
                         }
-                    }
-                    "$lt" | "$lte" => {
-                        if c.hi.as_ref().is_none_or(|hi| cmp_bson(arg, hi) == Ordering::Less) {
+                    "$lt" | "$lte"
+                        if c.hi.as_ref().is_none_or(|hi| cmp_bson(arg, hi) == Ordering::Less) => {
                             c.hi = Some(arg.clone());
                         }
-                    }
                     _ => {}
                 }
             }

@@ -168,7 +168,7 @@ async fn up_sharded(a: &UpArgs, shards: usize) -> Result<String, String> {
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let child = cmd.spawn().map_err(|e| format!("cannot start the router: {e}"))?;
     append_pid(&a.dir, child.id(), &router, "router")?;
-    wait_listening(&[router.clone()], &a.dir).await?;
+    wait_listening(std::slice::from_ref(&router), &a.dir).await?;
     let client = client(&router).await?;
     for (name, hosts) in &sets[1..] {
         client.database("admin").run_command(doc! {"addShard": format!("{name}/{}", hosts.join(","))}).await.map_err(|e| format!("addShard {name}: {e}"))?;
@@ -318,7 +318,7 @@ async fn status(dir: &Path) -> Result<(), String> {
 
 fn print_status(s: &Document) {
     println!("set {}  term {}", s.get_str("set").unwrap_or("?"), s.get_i64("term").unwrap_or(0));
-    println!("{:<22} {:<26} {:<22} {}", "member", "state", "sync source", "optime");
+    println!("{:<22} {:<26} {:<22} optime", "member", "state", "sync source");
     for m in s.get_array("members").into_iter().flatten().filter_map(Bson::as_document) {
         let optime = m.get_document("optime").ok().and_then(|o| o.get_timestamp("ts").ok()).map(|t| format!("{}:{}", t.time, t.increment)).unwrap_or_default();
         println!(

@@ -17,6 +17,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run a database node (like mongod).

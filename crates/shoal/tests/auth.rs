@@ -222,7 +222,7 @@ async fn bad_auth_conversations_get_mongodb_errors() {
     }
     // A conversation with a made-up proof fails, and leaves nothing to continue.
     let r = admin.run_command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(b"n,,n=admin,r=abcdefgh"), "options": {"skipEmptyExchange": true}}).await.unwrap();
-    assert_eq!(r.get_bool("done").unwrap(), false);
+    assert!(!r.get_bool("done").unwrap());
     let server_first = String::from_utf8(r.get_binary_generic("payload").unwrap().clone()).unwrap();
     let nonce = server_first.split(',').next().unwrap().trim_start_matches("r=");
     let final_msg = format!("c=biws,r={nonce},p=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=");

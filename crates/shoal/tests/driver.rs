@@ -1412,16 +1412,14 @@ async fn sort_order_of_strings_and_numbers() {
     assert_eq!(coll.count_documents(doc! {"s": {"$gt": "a", "$lt": "b"}}).await.expect("count"), 1, "only \"ab\" lies between");
 
     // Numbers of every type interleave by value; NaN sorts below every other number.
-    let nums = vec![
-        Bson::Double(f64::NAN),
+    let nums = [Bson::Double(f64::NAN),
         Bson::Double(f64::NEG_INFINITY),
         Bson::Decimal128("0.5".parse().expect("decimal")),
         Bson::Int32(1),
         Bson::Double(1.5),
         Bson::Int64(2),
         Bson::Int64(i64::MAX),
-        Bson::Double(f64::INFINITY),
-    ];
+        Bson::Double(f64::INFINITY)];
     let scrambled = [5usize, 0, 7, 2, 6, 1, 4, 3];
     coll.insert_many(scrambled.iter().map(|&i| doc! {"_id": 100 + i as i32, "n": nums[i].clone()}).collect::<Vec<_>>()).await.expect("numbers");
     let got = collect(coll.find(doc! {"n": {"$exists": true}}).sort(doc! {"n": 1}).await.expect("find")).await;

@@ -51,8 +51,8 @@ async fn before_initiate_a_member_takes_no_writes_and_reports_no_config() {
     let server = Server::start_with_args(&["--replSet", "rs0"]);
     let client = direct(&server).await;
     let hello = admin(&client, doc! {"hello": 1}).await.unwrap();
-    assert_eq!(hello.get_bool("isWritablePrimary").unwrap(), false);
-    assert_eq!(hello.get_bool("isreplicaset").unwrap(), true);
+    assert!(!hello.get_bool("isWritablePrimary").unwrap());
+    assert!(hello.get_bool("isreplicaset").unwrap());
     assert_eq!(hello.get_str("info").unwrap(), "Does not have a valid replica set config");
     assert_code_name(admin(&client, doc! {"replSetGetStatus": 1}).await, 94, "NotYetInitialized");
     assert_code_name(admin(&client, doc! {"replSetGetConfig": 1}).await, 94, "NotYetInitialized");

@@ -208,7 +208,7 @@ impl BackgroundWriter {
     }
 }
 
-fn member<'a>(status: &'a Document, i: usize) -> &'a Document {
+fn member(status: &Document, i: usize) -> &Document {
     status.get_array("members").unwrap()[i].as_document().unwrap()
 }
 
@@ -959,7 +959,7 @@ async fn an_empty_member_joins_by_initial_sync_while_writes_continue() {
     assert!(specs.iter().any(|s| s.as_document().is_some_and(|s| s.get_str("name").ok() == Some("k_unique") && s.get_bool("unique").unwrap_or(false))), "{specs:?}");
     let colls = new.database("app").run_command(doc! {"listCollections": 1, "filter": {"name": "capped"}, "$readPreference": {"mode": "secondaryPreferred"}}).await.unwrap();
     let opts = colls.get_document("cursor").unwrap().get_array("firstBatch").unwrap()[0].as_document().unwrap().get_document("options").unwrap().clone();
-    assert_eq!(opts.get_bool("capped").unwrap(), true);
+    assert!(opts.get_bool("capped").unwrap());
     // replSetGetStatus reports the sync: it copied the documents rather than replaying them.
     let s = admin(&new, doc! {"replSetGetStatus": 1, "initialSync": 1}).await.unwrap();
     let st = s.get_document("initialSyncStatus").unwrap();
@@ -1498,9 +1498,9 @@ async fn members_with_a_key_file_authenticate_to_each_other_and_clients_must_log
     // authenticated connections.
     let majority = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Majority).build();
     root.database("app").collection::<Document>("c").insert_one(doc! {"_id": 1}).write_concern(majority).await.unwrap();
-    for i in 1..3 {
+    for (i, host) in hosts.iter().enumerate().skip(1) {
         // The user replicated too: a client logs in on a secondary with it.
-        let c = Client::with_uri_str(format!("mongodb://admin:adminpw@{}/?directConnection=true&readPreference=secondaryPreferred", hosts[i])).await.unwrap();
+        let c = Client::with_uri_str(format!("mongodb://admin:adminpw@{host}/?directConnection=true&readPreference=secondaryPreferred")).await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while c.database("app").collection::<Document>("c").count_documents(doc! {}).await.unwrap() != 1 {
             assert!(Instant::now() < deadline, "member {i} lacks the write");
@@ -1619,7 +1619,7 @@ async fn set_audit_config_on_the_primary_reaches_every_member_and_outlives_a_res
             let c = audit_config(&set, i).await;
             if c.get_object_id("generation").ok() == Some(generation) {
                 assert_eq!(c.get_document("filter").unwrap(), &filter);
-                assert_eq!(c.get_bool("auditAuthorizationSuccess").unwrap(), true);
+                assert!(c.get_bool("auditAuthorizationSuccess").unwrap());
                 break;
             }
             assert!(Instant::now() < deadline, "member {i} did not take the audit configuration: {c}");

@@ -74,12 +74,12 @@ impl Cluster {
     /// The pid of the process listening on `host`.
     fn pid_of(&self, host: &str) -> i32 {
         let pids = std::fs::read_to_string(self.dir.join("cluster.pids")).unwrap();
-        pids.lines().filter(|l| l.split_whitespace().nth(1) == Some(host)).filter_map(|l| l.split_whitespace().next()?.parse().ok()).last().unwrap()
+        pids.lines().filter(|l| l.split_whitespace().nth(1) == Some(host)).filter_map(|l| l.split_whitespace().next()?.parse().ok()).next_back().unwrap()
     }
 
     fn router_pid(&self) -> i32 {
         let pids = std::fs::read_to_string(self.dir.join("cluster.pids")).unwrap();
-        pids.lines().filter(|l| l.ends_with(" router")).filter_map(|l| l.split_whitespace().next()?.parse().ok()).last().unwrap()
+        pids.lines().filter(|l| l.ends_with(" router")).filter_map(|l| l.split_whitespace().next()?.parse().ok()).next_back().unwrap()
     }
 }
 
@@ -749,7 +749,7 @@ async fn a_retried_write_finds_its_first_attempt_after_the_chunk_moved() {
     let fam = doc! {"findAndModify": "r", "query": {"k": 2}, "update": {"$inc": {"n": 1}}, "new": true, "lsid": lsid(3), "txnNumber": 1i64, "$db": "app"};
     let delete = doc! {"delete": "r", "deletes": [{"q": {"k": 3}, "limit": 1}], "lsid": lsid(4), "txnNumber": 1i64, "$db": "app"};
     let upsert = doc! {"update": "r", "updates": [{"q": {"k": 4}, "u": {"$inc": {"n": 1}}, "upsert": true}], "lsid": lsid(5), "txnNumber": 1i64, "$db": "app"};
-    let first: Vec<Document> = [&insert, &update, &fam, &delete, &upsert].into_iter().map(|c| send(c)).collect();
+    let first: Vec<Document> = [&insert, &update, &fam, &delete, &upsert].into_iter().map(&mut send).collect();
     for r in &first {
         assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
         assert!(r.get("writeErrors").is_none(), "{r}");

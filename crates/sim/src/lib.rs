@@ -64,7 +64,7 @@ impl Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -76,7 +76,7 @@ impl Rng {
         if n == 0 {
             0
         } else {
-            self.next() % n
+            self.next_u64() % n
         }
     }
 
@@ -85,7 +85,7 @@ impl Rng {
     }
 
     pub fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     pub fn chance(&mut self, p: f64) -> bool {
@@ -468,7 +468,7 @@ impl Sim {
         let config = Arc::new(config);
         // replSetInitiate's "initiating set" entry, on every member (as after an initial sync).
         let genesis_at = OpTime { ts: 1 << 32, term: 0 };
-        let genesis = vec![(genesis_at, member::entry(genesis_at, 0, None, 120))];
+        let genesis = [(genesis_at, member::entry(genesis_at, 0, None, 120))];
         assert!(opts.empty_members < n);
         let slots = n + opts.spare_slots;
         let members: Vec<Member> = (0..slots)

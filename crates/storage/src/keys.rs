@@ -386,7 +386,7 @@ mod tests {
             Bson::Int64(9007199254740993),
             Bson::Double(9007199254740994.0),
             Bson::Int64(i64::MAX),
-            Bson::Double(9.223372036854775808e18),
+            Bson::Double(i64::MAX as f64),
             Bson::Double(f64::MAX),
             dec("1E+6000"),
             Bson::Double(f64::INFINITY),
@@ -460,7 +460,7 @@ mod tests {
             Just(5e-324),
             Just(-0.0),
             Just(f64::MAX),
-            Just(9.223372036854775808e18),
+            Just(i64::MAX as f64),
         ]
     }
 

@@ -1781,6 +1781,8 @@ impl Store {
         let shared = &self.inner.shared;
         let id = shared.alloc_id();
         let indexes = if id_index { vec![Arc::new(IndexRt::new(shared.alloc_id(), IndexSpec::id_index())?)] } else { Vec::new() };
+        // A new collection's UUID is random (Uuid::new): said by name, not as a "default".
+        #[allow(clippy::unwrap_or_default)]
         let meta = MetaRt { uuid: uuid.unwrap_or_else(bson::Uuid::new), options, indexes };
         let stats = Stats { next_rid: 1, ..Stats::default() };
         let mut batch = Batch::new();

@@ -115,7 +115,7 @@ fn unique_violations_in_batch_and_against_stored() {
         assert_eq!(*i, 1);
         assert_eq!(e.code, 11000);
         assert_eq!(e.message, "E11000 duplicate key error collection: db.c index: _id_ dup key: { _id: 1 }");
-        assert_eq!(e.extra, Some(doc! {"keyPattern": {"_id": 1}, "keyValue": {"_id": 1}}));
+        assert_eq!(e.extra.as_deref(), Some(&doc! {"keyPattern": {"_id": 1}, "keyValue": {"_id": 1}}));
         assert!(c.snapshot().find_by_id(&Bson::Int32(2)).unwrap().is_none());
         // Unordered: all valid documents go in; duplicates within the batch are caught.
         let out = c.insert_many(&[doc! {"_id": 5}, doc! {"_id": 5}, doc! {"_id": 1.0}, doc! {"_id": 6}], false);
@@ -132,7 +132,7 @@ fn unique_violations_in_batch_and_against_stored() {
         assert_eq!(out.inserted, 2);
         let e = &out.errors[0].1;
         assert_eq!(e.message, "E11000 duplicate key error collection: db.u index: email_1 dup key: { email: \"a\" }");
-        assert_eq!(e.extra, Some(doc! {"keyPattern": {"email": 1}, "keyValue": {"email": "a"}}));
+        assert_eq!(e.extra.as_deref(), Some(&doc! {"keyPattern": {"email": 1}, "keyValue": {"email": "a"}}));
         assert_eq!(out.errors[1].1.message, "E11000 duplicate key error collection: db.u index: email_1 dup key: { email: null }");
         assert!(u.validate().valid);
         assert!(c.validate().valid);

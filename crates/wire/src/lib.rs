@@ -4,9 +4,6 @@
 //! Error codes follow mongod 7.0 (`op_msg.cpp`, `message_compressor_manager.cpp`): generic
 //! framing problems are ProtocolError, OP_MSG specific ones keep MongoDB's own codes.
 
-// common::Error is deliberately rich (MongoDB error shape); boxing it everywhere buys nothing.
-#![allow(clippy::result_large_err)]
-
 mod bson_codec;
 mod compression;
 

@@ -819,7 +819,7 @@ proptest! {
 
 #[test]
 fn a_raw_cursor_batch_encodes_as_the_same_documents_would() {
-    let docs = vec![rich_document(), doc! {"ts": Timestamp { time: 5, increment: 1 }, "op": "i"}];
+    let docs = [rich_document(), doc! {"ts": Timestamp { time: 5, increment: 1 }, "op": "i"}];
     let raw: Vec<Vec<u8>> = docs.iter().map(|d| bson::RawDocumentBuf::try_from(d).unwrap().into_bytes()).collect();
     let reply = |batch: Vec<Bson>| doc! {"cursor": {"nextBatch": batch, "id": 7i64, "ns": "local.oplog.rs"}, "ok": 1.0};
     let expected = reply(docs.iter().cloned().map(Bson::Document).collect());

@@ -499,7 +499,7 @@ mod tests {
         }
         // --quick stays within a few minutes: 6 mixes x 2 nodes x one run.
         assert!(s.seconds_per_run() * 12 <= 240);
-        assert!(s.windows % 2 == 0 && s.windows >= 4, "as many windows on as off, and at least two pairs");
+        assert!(s.windows.is_multiple_of(2) && s.windows >= 4, "as many windows on as off, and at least two pairs");
     }
 
     fn window(on: bool, ops: u64, latency_us: u64) -> Window {

@@ -394,7 +394,7 @@ mod tests {
         let voters = members.iter().filter(|m| m.as_document().unwrap().get_i32("votes").unwrap_or(1) > 0).count();
         assert_eq!(voters, 7);
         assert_eq!(members.iter().filter(|m| m.as_document().unwrap().get_bool("hidden").unwrap_or(false)).count(), 1);
-        assert_eq!(c.get_document("settings").unwrap().get_bool("chainingAllowed").unwrap(), false);
+        assert!(!c.get_document("settings").unwrap().get_bool("chainingAllowed").unwrap());
         assert!(sizes(true).member_counts.contains(&15));
         let auto = set_config("rs0", &hosts, VOTERS_MAX, 0, ChainingMode::Auto);
         assert_eq!(auto.get_document("settings").unwrap().get_str("chainingAllowed").unwrap(), "auto");

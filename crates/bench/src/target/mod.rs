@@ -56,7 +56,8 @@ pub trait Target: Send + Sync {
     fn orders_insert<'a>(&'a self, collection: &'a str, orders: &'a [Order], ordered: bool) -> BoxFuture<'a, Result<()>>;
 }
 
-/// Creates per-worker `Target` sessions from one URL.
+/// Creates per-worker `Target` sessions from one URL. One per run.
+#[allow(clippy::large_enum_variant)]
 pub enum Connector {
     /// The official driver: replica sets, several hosts, auth, TLS.
     Mongo(mongo::MongoConnector),

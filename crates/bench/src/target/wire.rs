@@ -34,7 +34,7 @@ pub fn can_serve(options: &ClientOptions) -> bool {
     options.hosts.len() == 1
         && options.credential.is_none()
         && options.repl_set_name.is_none()
-        && options.tls.as_ref().map_or(true, |t| matches!(t, mongodb::options::Tls::Disabled))
+        && options.tls.as_ref().is_none_or(|t| matches!(t, mongodb::options::Tls::Disabled))
         && options.load_balanced != Some(true)
 }
 

@@ -520,10 +520,9 @@ fn role_dbs(cmd: &Document, db: &str) -> Vec<String> {
 /// An aggregation reads its source collection, and whatever its stages read or write.
 fn aggregate_privileges(db: &str, cmd: &Document) -> Vec<(&'static str, Resource)> {
     let mut p = Vec::new();
-    match cmd.get("aggregate") {
-        Some(Bson::String(c)) => p.push(("find", Resource::ns(db, c))),
-        // aggregate: 1 runs on the database ($documents, $currentOp...).
-        _ => {}
+    // aggregate: 1 runs on the database ($documents, $currentOp...) and reads no collection.
+    if let Some(Bson::String(c)) = cmd.get("aggregate") {
+        p.push(("find", Resource::ns(db, c)));
     }
     if let Ok(pipeline) = cmd.get_array("pipeline") {
         stage_privileges(db, pipeline, &mut p);

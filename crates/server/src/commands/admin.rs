@@ -224,7 +224,7 @@ pub fn coll_stats_doc(ns: &str, coll: &storage::Collection, scale: i64) -> Docum
         total_index += *size as i64;
     }
     let storage_size = s.storage_size_bytes.max(4096) as i64;
-    let avg = if s.count > 0 { (s.size_bytes / s.count) as i64 } else { 0 };
+    let avg = s.size_bytes.checked_div(s.count).unwrap_or(0) as i64;
     doc! {
         "ns": ns,
         "size": s.size_bytes as i64 / scale,
@@ -245,7 +245,7 @@ pub fn coll_stats_doc(ns: &str, coll: &storage::Collection, scale: i64) -> Docum
 pub fn db_stats(ctx: &mut Ctx) -> Result<Document> {
     let scale = scale(ctx)?;
     let s = ctx.shared.store.database_stats(ctx.db);
-    let avg = if s.objects > 0 { (s.data_size_bytes / s.objects) as f64 } else { 0.0 };
+    let avg = s.data_size_bytes.checked_div(s.objects).unwrap_or(0) as f64;
     let storage = if s.collections > 0 { s.storage_size_bytes.max(4096) } else { 0 } as i64;
     Ok(doc! {
         "db": ctx.db,

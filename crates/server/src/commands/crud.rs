@@ -24,7 +24,7 @@ pub const SORT_MEMORY_BYTES_MAX_DISK_USE: usize = 1024 * 1024 * 1024;
 fn write_error(index: usize, e: &Error) -> Bson {
     // Status::serializeErrorToBSON order: code, codeName, errmsg, then the extra info.
     let mut d = doc! { "index": index as i32, "code": e.code, "codeName": e.code_name, "errmsg": e.message.clone() };
-    if let Some(extra) = &e.extra {
+    if let Some(extra) = e.extra.as_deref() {
         for (k, v) in extra {
             d.insert(k.clone(), v.clone());
         }
@@ -358,7 +358,7 @@ fn oplog_start(filter: Option<&Document>) -> (Option<storage::RecordId>, bool) {
     let Ok(ts) = filter.get_document("ts") else { return (None, false) };
     let alone = filter.len() == 1 && ts.len() == 1;
     if let Ok(t) = ts.get_timestamp("$gte") {
-        return (Some(common::optime::ts_value(t).checked_sub(1).unwrap_or(0)), alone);
+        return (Some(common::optime::ts_value(t).saturating_sub(1)), alone);
     }
     match ts.get_timestamp("$gt") {
         Ok(t) => (Some(common::optime::ts_value(t)), alone),

@@ -556,7 +556,7 @@ pub fn hello_auth_fields(ctx: &mut Ctx, reply: &mut Document) -> Result<()> {
             Some("saslStart") => {
                 // Without a db it is ignored, as mongod does.
                 if let Ok(db) = spec.get_str("db") {
-                    if let Ok(r) = start_conversation(ctx, &db.to_string(), &spec) {
+                    if let Ok(r) = start_conversation(ctx, db, &spec) {
                         reply.insert("speculativeAuthenticate", r);
                     }
                 }

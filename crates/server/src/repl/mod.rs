@@ -1213,6 +1213,14 @@ fn store_config(store: &Store, config: &ReplSetConfig) -> Result<()> {
     put_single_doc(store, CONFIG_COLLECTION, &config.to_doc())
 }
 
+/// The newest optime writeMajorityCount voting members have durable, this member included.
+fn majority_durable(store: &Store, inner: &Inner) -> Option<OpTime> {
+    let config = inner.config.as_ref()?;
+    let me = inner.self_index;
+    let own = store.oplog_durable().unwrap_or_default();
+    repl::progress::majority_optime(config, |i| if i == me { own } else { inner.peers[i].durable })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1290,12 +1298,4 @@ mod tests {
         ReplCoord::persist_min_valid(&store, last).unwrap();
         assert_eq!(start(&store).state(), MemberState::Secondary);
     }
-}
-
-/// The newest optime writeMajorityCount voting members have durable, this member included.
-fn majority_durable(store: &Store, inner: &Inner) -> Option<OpTime> {
-    let config = inner.config.as_ref()?;
-    let me = inner.self_index;
-    let own = store.oplog_durable().unwrap_or_default();
-    repl::progress::majority_optime(config, |i| if i == me { own } else { inner.peers[i].durable })
 }

@@ -55,7 +55,7 @@ impl Default for PrimaryPosition {
 impl PrimaryPosition {
     /// Where the primary's acknowledged writes reach now, read from its position page, if
     /// this member maps one and its owner is primary in `term` (the newest this member knows).
-    pub fn from_page(&self, term: i64) -> Option<u64> {
+    pub fn read_page(&self, term: i64) -> Option<u64> {
         self.page.read().as_ref()?.acknowledged_in(term)
     }
 

@@ -310,7 +310,7 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
     // after a failure.
     let (holder, set) = if committed { (&from, &source) } else { (&to, &target) };
     for (name, _) in &moving {
-        if let Err(e) = router.command(&set, &db, doc! {"drop": name}).await {
+        if let Err(e) = router.command(set, &db, doc! {"drop": name}).await {
             if e.code != Code::NamespaceNotFound.0 {
                 tracing::warn!(%db, collection = %name, "{holder} kept its copy: {}", e.message);
             }

@@ -781,7 +781,7 @@ struct WriteResult {
 impl WriteResult {
     fn error(&mut self, index: usize, e: &Error) {
         let mut d = doc! {"index": index as i32, "code": e.code, "codeName": e.code_name, "errmsg": &e.message};
-        if let Some(extra) = &e.extra {
+        if let Some(extra) = e.extra.as_deref() {
             d.extend(extra.clone());
         }
         self.write_errors.push(d);

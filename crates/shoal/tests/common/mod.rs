@@ -342,7 +342,7 @@ pub fn raise_nofile_limit() -> u64 {
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
             libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
         }
-        lim.rlim_cur as u64
+        lim.rlim_cur
     }
 }
 

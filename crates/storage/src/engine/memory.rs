@@ -344,6 +344,6 @@ mod tests {
         let spaces = e.shared.spaces.read();
         // The newest version, plus the one before it (visible to a snapshot that registers
         // while a write is in progress) until the key is written again.
-        assert!(spaces[Space::Records as usize].get(&b"k".to_vec()).is_some_and(|v| v.len() <= 2));
+        assert!(spaces[Space::Records as usize].get(b"k".as_slice()).is_some_and(|v| v.len() <= 2));
     }
 }
