@@ -5,11 +5,11 @@
 //!
 //! cargo run --release -p shoal-bench --example roundtrip -- server &
 //! cargo run --release -p shoal-bench --example roundtrip -- client 8 10   # tasks, seconds
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 const REQ: usize = 120;
 const REPLY: usize = 1250;
@@ -28,8 +28,12 @@ fn main() {
                         let mut req = [0u8; REQ];
                         let reply = vec![7u8; REPLY];
                         loop {
-                            if s.read_exact(&mut req).await.is_err() { return; }
-                            if s.write_all(&reply).await.is_err() { return; }
+                            if s.read_exact(&mut req).await.is_err() {
+                                return;
+                            }
+                            if s.write_all(&reply).await.is_err() {
+                                return;
+                            }
                         }
                     });
                 }
@@ -57,7 +61,9 @@ fn main() {
                         }
                     }));
                 }
-                for h in hs { h.await.unwrap(); }
+                for h in hs {
+                    h.await.unwrap();
+                }
             });
             println!("{} tasks: {:.0} ops/s", tasks, n.load(Ordering::Relaxed) as f64 / secs as f64);
         }

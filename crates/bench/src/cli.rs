@@ -275,7 +275,13 @@ async fn run_scenario(a: ScenarioArgs) -> Result<()> {
     let Some(s) = registry.iter().find(|s| s.name() == name) else {
         bail!("unknown scenario {name:?}; known: {}", registry.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "));
     };
-    let sizes = scenario::SizeOverrides { records: a.records, seconds_per_phase: a.seconds_per_phase, members: a.members.clone(), chaining: a.chaining.clone(), server: a.server.clone() };
+    let sizes = scenario::SizeOverrides {
+        records: a.records,
+        seconds_per_phase: a.seconds_per_phase,
+        members: a.members.clone(),
+        chaining: a.chaining.clone(),
+        server: a.server.clone(),
+    };
     let report = scenario::run_scenario(s.as_ref(), a.quick, sizes, &a.out).await?;
     println!("{}", report.display());
     Ok(())
@@ -291,8 +297,8 @@ mod tests {
 
     #[test]
     fn ycsb_flags() {
-        let cl = parse_ycsb_args(&args("-P workloada -p recordcount=50 -threads 4 -target 100 -s --url postgresql://u@h/db --json out.json --drop"))
-            .expect("parse");
+        let cl =
+            parse_ycsb_args(&args("-P workloada -p recordcount=50 -threads 4 -target 100 -s --url postgresql://u@h/db --json out.json --drop")).expect("parse");
         assert_eq!(cl.props.get("readproportion"), Some("0.5"));
         assert_eq!(cl.props.get("recordcount"), Some("50"));
         assert_eq!(cl.props.get("threadcount"), Some("4"));

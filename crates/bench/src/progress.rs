@@ -102,10 +102,7 @@ async fn sampler(cfg: ProgressConfig, live: Arc<LiveStats>, stop: Arc<AtomicBool
     let mut ops_at_last_status = 0u64;
     let mut cpu_prev: Vec<Option<Duration>> = cfg.watch_pids.iter().map(|(_, pid)| sys::process_cpu_time(*pid)).collect();
     if !cfg.quiet && cfg.style == Style::Inserts && !interactive {
-        eprintln!(
-            "{:>10} {:>14} {:>14} {:>12} {:>12} {:>12}",
-            "elapsed_s", "interval_ins/s", "overall_ins/s", "lat_avg_ms", "lat_p95_ms", "lat_p99_ms"
-        );
+        eprintln!("{:>10} {:>14} {:>14} {:>12} {:>12} {:>12}", "elapsed_s", "interval_ins/s", "overall_ins/s", "lat_avg_ms", "lat_p95_ms", "lat_p99_ms");
     }
     loop {
         let stopping = stop.load(Ordering::Acquire);
@@ -178,11 +175,8 @@ async fn sampler(cfg: ProgressConfig, live: Arc<LiveStats>, stop: Arc<AtomicBool
 fn make_bar(cfg: &ProgressConfig) -> ProgressBar {
     let len = cfg.total_ops.filter(|n| *n > 0).or(cfg.max_time.map(|d| d.as_secs().max(1)));
     let bar = ProgressBar::with_draw_target(len, ProgressDrawTarget::stderr());
-    let template = if len.is_some() {
-        "{prefix} [{elapsed_precise}] {wide_bar:.cyan/blue} {percent:>3}% {msg}"
-    } else {
-        "{prefix} [{elapsed_precise}] {spinner} {msg}"
-    };
+    let template =
+        if len.is_some() { "{prefix} [{elapsed_precise}] {wide_bar:.cyan/blue} {percent:>3}% {msg}" } else { "{prefix} [{elapsed_precise}] {spinner} {msg}" };
     if let Ok(style) = ProgressStyle::with_template(template) {
         bar.set_style(style.progress_chars("=> "));
     }
@@ -219,16 +213,7 @@ pub fn local_timestamp() -> String {
     if !ok {
         return String::new();
     }
-    format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}:{:03}",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec,
-        now.subsec_millis()
-    )
+    format!("{:04}-{:02}-{:02} {:02}:{:02}:{:02}:{:03}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, now.subsec_millis())
 }
 
 /// YCSB's RemainingFormatter: "N days M hours", "N hours M minutes", "N minutes", "N seconds".
@@ -271,28 +256,13 @@ fn ycsb_status_line(
     line
 }
 
-fn inserts_status_line(
-    start: Instant,
-    now: Instant,
-    ops: u64,
-    ops_before: u64,
-    interval_s: f64,
-    window: &[hdrhistogram::Histogram<u64>; 5],
-) -> String {
+fn inserts_status_line(start: Instant, now: Instant, ops: u64, ops_before: u64, interval_s: f64, window: &[hdrhistogram::Histogram<u64>; 5]) -> String {
     let elapsed = now.duration_since(start).as_secs_f64().max(1e-6);
     let h = &window[OpKind::Insert as usize];
     let ms = |v: f64| v / 1000.0;
     let (avg, p95, p99) =
         if h.is_empty() { (0.0, 0.0, 0.0) } else { (ms(h.mean()), ms(h.value_at_percentile(95.0) as f64), ms(h.value_at_percentile(99.0) as f64)) };
-    format!(
-        "{:>10.1} {:>14.1} {:>14.1} {:>12.2} {:>12.2} {:>12.2}",
-        elapsed,
-        (ops - ops_before) as f64 / interval_s,
-        ops as f64 / elapsed,
-        avg,
-        p95,
-        p99
-    )
+    format!("{:>10.1} {:>14.1} {:>14.1} {:>12.2} {:>12.2} {:>12.2}", elapsed, (ops - ops_before) as f64 / interval_s, ops as f64 / elapsed, avg, p95, p99)
 }
 
 #[cfg(test)]

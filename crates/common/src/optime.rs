@@ -78,4 +78,3 @@ pub fn ts_value(t: Timestamp) -> u64 {
 pub fn ts_of(ts: u64) -> Timestamp {
     Timestamp { time: (ts >> 32) as u32, increment: ts as u32 }
 }
-

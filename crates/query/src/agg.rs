@@ -30,7 +30,10 @@ pub enum Stage {
     AddFields(AddFields),
     Unset(Projection),
     /// `limit` is set when a following `$limit` lets the sort keep only the top k.
-    Sort { spec: SortSpec, limit: Option<u64> },
+    Sort {
+        spec: SortSpec,
+        limit: Option<u64>,
+    },
     Limit(u64),
     Skip(u64),
     Group(Group),
@@ -111,13 +114,28 @@ fn tname(v: &Bson) -> &'static str {
 }
 
 const EXTERNAL_STAGES: &[&str] = &[
-    "$lookup", "$graphLookup", "$unionWith", "$out", "$merge", "$collStats", "$indexStats", "$currentOp",
-    "$listSessions", "$listLocalSessions", "$changeStream", "$planCacheStats", "$geoNear", "$search", "$searchMeta",
-    "$listSearchIndexes", "$listCatalog", "$shardedDataDistribution", "$vectorSearch",
+    "$lookup",
+    "$graphLookup",
+    "$unionWith",
+    "$out",
+    "$merge",
+    "$collStats",
+    "$indexStats",
+    "$currentOp",
+    "$listSessions",
+    "$listLocalSessions",
+    "$changeStream",
+    "$planCacheStats",
+    "$geoNear",
+    "$search",
+    "$searchMeta",
+    "$listSearchIndexes",
+    "$listCatalog",
+    "$shardedDataDistribution",
+    "$vectorSearch",
 ];
 
-const UNSUPPORTED_STAGES: &[&str] =
-    &["$redact", "$bucketAuto", "$setWindowFields", "$densify", "$fill", "$changeStreamSplitLargeEvent"];
+const UNSUPPORTED_STAGES: &[&str] = &["$redact", "$bucketAuto", "$setWindowFields", "$densify", "$fill", "$changeStreamSplitLargeEvent"];
 
 impl Pipeline {
     pub fn parse(stages: &[Document]) -> Result<Pipeline> {
@@ -141,7 +159,12 @@ impl Pipeline {
 
     /// `run`, calling `interrupt` every `INTERRUPT_CHECK_DOCS` documents that flow out of each
     /// stage, so maxTimeMS and killOp stop a pipeline that computes without reading input.
-    pub fn run_interruptible(&self, input: &mut dyn Iterator<Item = Result<Document>>, opts: &RunOptions, interrupt: &dyn Fn() -> Result<()>) -> Result<Vec<Document>> {
+    pub fn run_interruptible(
+        &self,
+        input: &mut dyn Iterator<Item = Result<Document>>,
+        opts: &RunOptions,
+        interrupt: &dyn Fn() -> Result<()>,
+    ) -> Result<Vec<Document>> {
         let mut stream: Box<dyn Iterator<Item = Result<Document>> + '_> = Box::new(input);
         for stage in &self.stages {
             let checked = Interruptible { inner: stream, interrupt, seen: 0, failed: false };
@@ -264,9 +287,9 @@ fn parse_stage(s: &Document, first: bool) -> Result<Stage> {
         }
         "$limit" => {
             let n = Num::from_bson(v).ok_or_else(|| loc(15957, "the limit must be specified as a number"))?;
-            let n = n.as_exact_i64().ok_or_else(|| {
-                Error::bad_value(format!("invalid argument to $limit stage: Cannot represent as a 64-bit integer: $limit: {v}"))
-            })?;
+            let n = n
+                .as_exact_i64()
+                .ok_or_else(|| Error::bad_value(format!("invalid argument to $limit stage: Cannot represent as a 64-bit integer: $limit: {v}")))?;
             if n <= 0 {
                 return Err(loc(15958, "the limit must be positive"));
             }
@@ -274,9 +297,9 @@ fn parse_stage(s: &Document, first: bool) -> Result<Stage> {
         }
         "$skip" => {
             let n = Num::from_bson(v).ok_or_else(|| loc(15972, "Argument to $skip must be a number"))?;
-            let n = n.as_exact_i64().ok_or_else(|| {
-                Error::bad_value(format!("invalid argument to $skip stage: Cannot represent as a 64-bit integer: $skip: {v}"))
-            })?;
+            let n = n
+                .as_exact_i64()
+                .ok_or_else(|| Error::bad_value(format!("invalid argument to $skip stage: Cannot represent as a 64-bit integer: $skip: {v}")))?;
             if n < 0 {
                 return Err(loc(15956, "Argument to $skip cannot be negative"));
             }
@@ -356,10 +379,16 @@ fn parse_stage(s: &Document, first: bool) -> Result<Stage> {
                 let mut docs = Vec::with_capacity(items.len());
                 for item in items {
                     let Bson::Document(sd) = item else {
-                        return Err(loc(40171, format!("subpipeline in $facet stage specification must contain only objects containing exactly one field, {k} is {}", tname(item))));
+                        return Err(loc(
+                            40171,
+                            format!("subpipeline in $facet stage specification must contain only objects containing exactly one field, {k} is {}", tname(item)),
+                        ));
                     };
                     if let Some(n) = sd.keys().next() {
-                        if matches!(n.as_str(), "$facet" | "$out" | "$merge" | "$collStats" | "$indexStats" | "$changeStream" | "$currentOp" | "$geoNear" | "$documents") {
+                        if matches!(
+                            n.as_str(),
+                            "$facet" | "$out" | "$merge" | "$collStats" | "$indexStats" | "$changeStream" | "$currentOp" | "$geoNear" | "$documents"
+                        ) {
                             return Err(loc(40600, format!("{n} is not allowed to be used within a $facet stage")));
                         }
                     }
@@ -423,8 +452,7 @@ fn parse_acc(field: &str, v: &Bson) -> Result<AccSpec> {
             }
             AccOp::Count
         }
-        "$top" | "$bottom" | "$topN" | "$bottomN" | "$firstN" | "$lastN" | "$maxN" | "$minN" | "$accumulator" | "$median"
-        | "$percentile" => {
+        "$top" | "$bottom" | "$topN" | "$bottomN" | "$firstN" | "$lastN" | "$maxN" | "$minN" | "$accumulator" | "$median" | "$percentile" => {
             return Err(Error::new(Code::NotImplemented, format!("accumulator {op} is not supported by shoal")))
         }
         _ => return Err(loc(15952, format!("unknown group operator '{op}'"))),
@@ -470,9 +498,7 @@ fn parse_unwind(v: &Bson) -> Result<Unwind> {
                 match k.as_str() {
                     "path" => match val {
                         Bson::String(p) => path = Some(p.clone()),
-                        other => {
-                            return Err(loc(28808, format!("expected a string as the path for $unwind stage, got {}", tname(other))))
-                        }
+                        other => return Err(loc(28808, format!("expected a string as the path for $unwind stage, got {}", tname(other)))),
                     },
                     "includeArrayIndex" => match val {
                         Bson::String(p) => {
@@ -485,13 +511,19 @@ fn parse_unwind(v: &Bson) -> Result<Unwind> {
                             idx = Some(p.clone());
                         }
                         other => {
-                            return Err(loc(28810, format!("expected a non-empty string for the includeArrayIndex  option to $unwind stage, got {}", tname(other))))
+                            return Err(loc(
+                                28810,
+                                format!("expected a non-empty string for the includeArrayIndex  option to $unwind stage, got {}", tname(other)),
+                            ))
                         }
                     },
                     "preserveNullAndEmptyArrays" => match val {
                         Bson::Boolean(b) => preserve = *b,
                         other => {
-                            return Err(loc(28809, format!("expected a boolean for the preserveNullAndEmptyArrays option to $unwind stage, got {}", tname(other))))
+                            return Err(loc(
+                                28809,
+                                format!("expected a boolean for the preserveNullAndEmptyArrays option to $unwind stage, got {}", tname(other)),
+                            ))
                         }
                     },
                     other => return Err(loc(28811, format!("unrecognized option to $unwind stage: {other}"))),
@@ -499,9 +531,7 @@ fn parse_unwind(v: &Bson) -> Result<Unwind> {
             }
             (path.ok_or_else(|| loc(28812, "no path specified to $unwind stage"))?, idx, preserve)
         }
-        other => {
-            return Err(loc(15981, format!("expected either a string or an object as specification for $unwind stage, got {}", tname(other))))
-        }
+        other => return Err(loc(15981, format!("expected either a string or an object as specification for $unwind stage, got {}", tname(other)))),
     };
     let Some(p) = path.strip_prefix('$') else {
         return Err(loc(28818, format!("path option to $unwind stage should be prefixed with a '$': {path}")));
@@ -529,9 +559,7 @@ fn parse_bucket(v: &Bson) -> Result<Bucket> {
             }
             "boundaries" => match val {
                 Bson::Array(items) => boundaries = Some(items.clone()),
-                other => {
-                    return Err(loc(40200, format!("The $bucket 'boundaries' field must be an array, but found type: {}", tname(other))))
-                }
+                other => return Err(loc(40200, format!("The $bucket 'boundaries' field must be an array, but found type: {}", tname(other)))),
             },
             "default" => default = Some(val.clone()),
             "output" => match val {
@@ -542,9 +570,7 @@ fn parse_bucket(v: &Bson) -> Result<Bucket> {
                     }
                     output = Some(fields);
                 }
-                other => {
-                    return Err(loc(40196, format!("The $bucket 'output' field must be an object, but found type: {}", tname(other))))
-                }
+                other => return Err(loc(40196, format!("The $bucket 'output' field must be an object, but found type: {}", tname(other)))),
             },
             other => return Err(loc(40197, format!("Unrecognized option to $bucket: {other}."))),
         }
@@ -557,7 +583,14 @@ fn parse_bucket(v: &Bson) -> Result<Bucket> {
     }
     for w in boundaries.windows(2) {
         if crate::compare::canonical_rank(&w[0]) != crate::compare::canonical_rank(&w[1]) {
-            return Err(loc(40193, format!("All values in the the 'boundaries' option to $bucket must have the same type. Found conflicting types {} and {}.", tname(&w[0]), tname(&w[1]))));
+            return Err(loc(
+                40193,
+                format!(
+                    "All values in the the 'boundaries' option to $bucket must have the same type. Found conflicting types {} and {}.",
+                    tname(&w[0]),
+                    tname(&w[1])
+                ),
+            ));
         }
         if cmp_bson(&w[0], &w[1]) != Ordering::Less {
             return Err(loc(40194, format!("The 'boundaries' option to $bucket must be sorted in ascending order, but elements {} and {} are not in ascending order ({} is not less than {}).", 0, 1, w[0], w[1])));
@@ -601,10 +634,7 @@ pub(crate) fn approx_doc_size(d: &Document) -> usize {
 }
 
 fn mem_error(stage: &str) -> Error {
-    Error::new(
-        Code::ExceededMemoryLimit,
-        format!("Exceeded memory limit for {stage}, but didn't allow external spilling; pass allowDiskUse:true to opt in."),
-    )
+    Error::new(Code::ExceededMemoryLimit, format!("Exceeded memory limit for {stage}, but didn't allow external spilling; pass allowDiskUse:true to opt in."))
 }
 
 /// A `$group`/`$bucket` output document: `_id` first, then the accumulated fields.
@@ -627,9 +657,7 @@ fn apply_stage<'a>(stage: &'a Stage, input: Stream<'a>, opts: &'a RunOptions) ->
             },
             Err(e) => Some(Err(e)),
         })),
-        Stage::Project(p) | Stage::Unset(p) => {
-            Box::new(input.map(move |r| r.and_then(|d| p.apply(&d, &MatchDetails::default()))))
-        }
+        Stage::Project(p) | Stage::Unset(p) => Box::new(input.map(move |r| r.and_then(|d| p.apply(&d, &MatchDetails::default())))),
         Stage::AddFields(a) => Box::new(input.map(move |r| r.and_then(|d| a.apply(&d)))),
         Stage::Limit(n) => Box::new(input.take((*n).min(usize::MAX as u64) as usize)),
         Stage::Skip(n) => Box::new(input.skip((*n).min(usize::MAX as u64) as usize)),
@@ -719,9 +747,7 @@ fn apply_stage<'a>(stage: &'a Stage, input: Stream<'a>, opts: &'a RunOptions) ->
             drop(input);
             Box::new(docs.clone().into_iter().map(Ok))
         }
-        Stage::External(name, _) => {
-            return Err(Error::new(Code::NotImplemented, format!("{name} must be executed by the server, not the query layer")))
-        }
+        Stage::External(name, _) => return Err(Error::new(Code::NotImplemented, format!("{name} must be executed by the server, not the query layer"))),
     })
 }
 
@@ -923,12 +949,7 @@ impl AccState {
                     n
                 }
                 None | Some(Bson::Null) | Some(Bson::Undefined) => 0,
-                Some(other) => {
-                    return Err(loc(
-                        40400,
-                        format!("$mergeObjects requires object inputs, but input {other} is of type {}", tname(&other)),
-                    ))
-                }
+                Some(other) => return Err(loc(40400, format!("$mergeObjects requires object inputs, but input {other} is of type {}", tname(&other)))),
             },
         })
     }
@@ -1003,11 +1024,7 @@ fn group_stage(g: &Group, input: Stream, opts: &RunOptions) -> Result<Vec<Docume
             return Err(mem_error("$group"));
         }
     }
-    Ok(groups
-        .finish()
-        .into_iter()
-        .map(|(key, fields)| group_doc(key, fields))
-        .collect())
+    Ok(groups.finish().into_iter().map(|(key, fields)| group_doc(key, fields)).collect())
 }
 
 fn bucket_stage(b: &Bucket, input: Stream, opts: &RunOptions) -> Result<Vec<Document>> {
@@ -1027,12 +1044,7 @@ fn bucket_stage(b: &Bucket, input: Stream, opts: &RunOptions) -> Result<Vec<Docu
         }
         let key = match key.or_else(|| b.default.clone()) {
             Some(k) => k,
-            None => {
-                return Err(loc(
-                    40066,
-                    "$switch could not find a matching branch for an input, and no default was specified.",
-                ))
-            }
+            None => return Err(loc(40066, "$switch could not find a matching branch for an input, and no default was specified.")),
         };
         groups.add(key, &d)?;
         if groups.bytes > opts.mem_limit_bytes && !opts.allow_disk_use {
@@ -1043,10 +1055,7 @@ fn bucket_stage(b: &Bucket, input: Stream, opts: &RunOptions) -> Result<Vec<Docu
     // Buckets in boundary order, the default bucket last.
     let rank = |k: &Bson| b.boundaries.iter().position(|x| cmp_bson(x, k) == Ordering::Equal).unwrap_or(n);
     out.sort_by_key(|(k, _)| rank(k));
-    Ok(out
-        .into_iter()
-        .map(|(key, fields)| group_doc(key, fields))
-        .collect())
+    Ok(out.into_iter().map(|(key, fields)| group_doc(key, fields)).collect())
 }
 
 /// Accumulator kinds shared by $group and the array forms of $sum/$avg/... expressions.
@@ -1122,9 +1131,7 @@ impl Accum {
                     Bson::Null
                 } else {
                     match self.sum {
-                        Num::Dec(d) => {
-                            Bson::Decimal128(d.div(crate::decimal::Dec::from_i64(self.count as i64)).encode())
-                        }
+                        Num::Dec(d) => Bson::Decimal128(d.div(crate::decimal::Dec::from_i64(self.count as i64)).encode()),
                         s => Bson::Double(s.to_f64() / self.count as f64),
                     }
                 }
@@ -1220,7 +1227,9 @@ mod tests {
         assert_eq!(e(doc! {"$unwind": "a"}).code, 28818);
         assert_eq!(e(doc! {"$count": "$x"}).code, 40158);
         assert!(matches!(Pipeline::parse(&[doc! {"$lookup": {"from": "x"}}]).unwrap().stages[0], Stage::External(ref n, _) if n == "$lookup"));
-        assert!(matches!(Pipeline::parse(&[doc! {"$out": "coll"}]).unwrap().stages[0], Stage::External(ref n, ref s) if n == "$out" && s.get_str("$out").ok() == Some("coll")));
+        assert!(
+            matches!(Pipeline::parse(&[doc! {"$out": "coll"}]).unwrap().stages[0], Stage::External(ref n, ref s) if n == "$out" && s.get_str("$out").ok() == Some("coll"))
+        );
     }
 
     #[test]
@@ -1275,10 +1284,7 @@ mod tests {
         ];
         let out = run(vec![doc! {"$unwind": "$sizes"}], docs.clone());
         assert_eq!(out, vec![doc! {"_id": 1, "sizes": "S"}, doc! {"_id": 1, "sizes": "M"}, doc! {"_id": 5, "sizes": "L"}]);
-        let out = run(
-            vec![doc! {"$unwind": {"path": "$sizes", "includeArrayIndex": "i", "preserveNullAndEmptyArrays": true}}],
-            docs,
-        );
+        let out = run(vec![doc! {"$unwind": {"path": "$sizes", "includeArrayIndex": "i", "preserveNullAndEmptyArrays": true}}], docs);
         assert_eq!(out.len(), 6);
         assert_eq!(out[1], doc! {"_id": 1, "sizes": "M", "i": 1i64});
         assert_eq!(out[2], doc! {"_id": 2, "i": null});
@@ -1298,15 +1304,9 @@ mod tests {
         let out = run(vec![doc! {"$addFields": {"t": {"$add": ["$price", 1]}}}, doc! {"$unset": ["item", "quantity"]}, doc! {"$limit": 1}], sales());
         assert_eq!(out, vec![doc! {"_id": 1, "price": 10, "t": 11}]);
         assert_eq!(run(vec![doc! {"$sample": {"size": 2}}], sales()).len(), 2);
-        let out = run(
-            vec![doc! {"$facet": {"cheap": [{"$match": {"price": 5}}, {"$count": "n"}], "all": [{"$count": "n"}]}}],
-            sales(),
-        );
+        let out = run(vec![doc! {"$facet": {"cheap": [{"$match": {"price": 5}}, {"$count": "n"}], "all": [{"$count": "n"}]}}], sales());
         assert_eq!(out, vec![doc! {"cheap": [{"n": 2}], "all": [{"n": 5}]}]);
-        let out = run(
-            vec![doc! {"$bucket": {"groupBy": "$price", "boundaries": [0, 10, 100], "default": "other"}}],
-            sales(),
-        );
+        let out = run(vec![doc! {"$bucket": {"groupBy": "$price", "boundaries": [0, 10, 100], "default": "other"}}], sales());
         assert_eq!(out, vec![doc! {"_id": 0, "count": 2}, doc! {"_id": 10, "count": 3}]);
         let out = run(vec![doc! {"$documents": [{"x": 1}, {"x": 2}]}, doc! {"$match": {"x": 2}}], vec![]);
         assert_eq!(out, vec![doc! {"x": 2}]);
@@ -1317,11 +1317,7 @@ mod tests {
 
     #[test]
     fn pipeline_update() {
-        let u = crate::update::Update::parse(
-            &bson!([{"$set": {"total": {"$add": ["$a", "$b"]}}}, {"$unset": "a"}]),
-            None,
-        )
-        .unwrap();
+        let u = crate::update::Update::parse(&bson!([{"$set": {"total": {"$add": ["$a", "$b"]}}}, {"$unset": "a"}]), None).unwrap();
         let out = u.apply(&doc! {"_id": 1, "a": 1, "b": 2}, &MatchDetails::default(), false).unwrap();
         assert_eq!(out, doc! {"_id": 1, "b": 2, "total": 3});
         let u = crate::update::Update::parse(&bson!([{"$replaceWith": {"x": 1}}]), None).unwrap();

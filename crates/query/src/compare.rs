@@ -106,28 +106,20 @@ pub fn cmp_bson(a: &Bson, b: &Bson) -> Ordering {
         _ if ra == 4 => str_of(a).as_bytes().cmp(str_of(b).as_bytes()),
         (Document(x), Document(y)) => cmp_docs(x, y),
         (Array(x), Array(y)) => cmp_arrays(x, y),
-        (Binary(x), Binary(y)) => x
-            .bytes
-            .len()
-            .cmp(&y.bytes.len())
-            .then_with(|| u8::from(x.subtype).cmp(&u8::from(y.subtype)))
-            .then_with(|| x.bytes.cmp(&y.bytes)),
+        (Binary(x), Binary(y)) => {
+            x.bytes.len().cmp(&y.bytes.len()).then_with(|| u8::from(x.subtype).cmp(&u8::from(y.subtype))).then_with(|| x.bytes.cmp(&y.bytes))
+        }
         (ObjectId(x), ObjectId(y)) => x.bytes().cmp(&y.bytes()),
         (Boolean(x), Boolean(y)) => x.cmp(y),
         (DateTime(x), DateTime(y)) => x.timestamp_millis().cmp(&y.timestamp_millis()),
         (Timestamp(x), Timestamp(y)) => (x.time, x.increment).cmp(&(y.time, y.increment)),
-        (RegularExpression(x), RegularExpression(y)) => x
-            .pattern
-            .as_str()
-            .as_bytes()
-            .cmp(y.pattern.as_str().as_bytes())
-            .then_with(|| x.options.as_str().as_bytes().cmp(y.options.as_str().as_bytes())),
+        (RegularExpression(x), RegularExpression(y)) => {
+            x.pattern.as_str().as_bytes().cmp(y.pattern.as_str().as_bytes()).then_with(|| x.options.as_str().as_bytes().cmp(y.options.as_str().as_bytes()))
+        }
         // bson keeps DbPointer's fields private; its Debug rendering orders namespace then id.
         (DbPointer(x), DbPointer(y)) => format!("{x:?}").cmp(&format!("{y:?}")),
         (JavaScriptCode(x), JavaScriptCode(y)) => x.as_bytes().cmp(y.as_bytes()),
-        (JavaScriptCodeWithScope(x), JavaScriptCodeWithScope(y)) => {
-            x.code.as_bytes().cmp(y.code.as_bytes()).then_with(|| cmp_docs(&x.scope, &y.scope))
-        }
+        (JavaScriptCodeWithScope(x), JavaScriptCodeWithScope(y)) => x.code.as_bytes().cmp(y.code.as_bytes()).then_with(|| cmp_docs(&x.scope, &y.scope)),
         _ => Ordering::Equal,
     }
 }
@@ -159,10 +151,7 @@ pub fn cmp_docs(a: &Document, b: &Document) -> Ordering {
             (None, Some(_)) => return Ordering::Less,
             (Some(_), None) => return Ordering::Greater,
             (Some((ka, va)), Some((kb, vb))) => {
-                let o = canonical_rank(va)
-                    .cmp(&canonical_rank(vb))
-                    .then_with(|| ka.as_bytes().cmp(kb.as_bytes()))
-                    .then_with(|| cmp_bson(va, vb));
+                let o = canonical_rank(va).cmp(&canonical_rank(vb)).then_with(|| ka.as_bytes().cmp(kb.as_bytes())).then_with(|| cmp_bson(va, vb));
                 if o != Ordering::Equal {
                     return o;
                 }

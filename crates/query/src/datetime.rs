@@ -115,9 +115,7 @@ impl Tz {
 
     pub fn parse(s: &str) -> Result<Tz> {
         match s {
-            "UTC" | "GMT" | "Z" | "Etc/UTC" | "Etc/GMT" | "Etc/Universal" | "Universal" | "Zulu" => {
-                return Ok(Tz::UTC)
-            }
+            "UTC" | "GMT" | "Z" | "Etc/UTC" | "Etc/GMT" | "Etc/Universal" | "Universal" | "Zulu" => return Ok(Tz::UTC),
             _ => {}
         }
         if let Some(off) = parse_offset(s) {
@@ -160,10 +158,7 @@ pub(crate) fn format_date(fmt: &str, ms: i64, tz: Tz) -> Result<String> {
     let mut chars = fmt.chars();
     let need_year_range = fmt.contains("%Y") || fmt.contains("%G");
     if need_year_range && !(0..=9999).contains(&c.year) {
-        return Err(Error::location(
-            18537,
-            format!("$dateToString is only defined on year 0-9999, tried to use year {}", c.year),
-        ));
+        return Err(Error::location(18537, format!("$dateToString is only defined on year 0-9999, tried to use year {}", c.year)));
     }
     while let Some(ch) = chars.next() {
         if ch != '%' {
@@ -199,32 +194,21 @@ pub(crate) fn format_date(fmt: &str, ms: i64, tz: Tz) -> Result<String> {
             'b' => out.push_str(MONTHS_ABBR[(c.month - 1) as usize]),
             'B' => out.push_str(MONTHS_FULL[(c.month - 1) as usize]),
             '%' => out.push('%'),
-            other => {
-                return Err(Error::location(18536, format!("Invalid format character '%{other}' in format string")))
-            }
+            other => return Err(Error::location(18536, format!("Invalid format character '%{other}' in format string"))),
         }
     }
     Ok(out)
 }
 
 const MONTHS_ABBR: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-const MONTHS_FULL: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
-    "December",
-];
+const MONTHS_FULL: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
 
 pub(crate) fn iso_string(ms: i64) -> String {
     let c = civil(ms);
     if (0..=9999).contains(&c.year) {
-        format!(
-            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-            c.year, c.month, c.day, c.hour, c.minute, c.second, c.millis
-        )
+        format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", c.year, c.month, c.day, c.hour, c.minute, c.second, c.millis)
     } else {
-        format!(
-            "{}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-            c.year, c.month, c.day, c.hour, c.minute, c.second, c.millis
-        )
+        format!("{}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", c.year, c.month, c.day, c.hour, c.minute, c.second, c.millis)
     }
 }
 

@@ -15,9 +15,15 @@ const EXPONENT_MAX: i32 = 6111;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Dec {
     NaN,
-    Inf { neg: bool },
+    Inf {
+        neg: bool,
+    },
     /// value = (-1)^neg * coef * 10^exp, coef < 10^34.
-    Finite { neg: bool, coef: u128, exp: i32 },
+    Finite {
+        neg: bool,
+        coef: u128,
+        exp: i32,
+    },
 }
 
 fn pow10(n: u32) -> u128 {
@@ -198,8 +204,20 @@ impl Dec {
                 }
             }
             (Dec::Finite { neg: na, coef: ca, exp: ea }, Dec::Finite { neg: nb, coef: cb, exp: eb }) => {
-                let sa = if ca == 0 { 0 } else if na { -1 } else { 1 };
-                let sb = if cb == 0 { 0 } else if nb { -1 } else { 1 };
+                let sa = if ca == 0 {
+                    0
+                } else if na {
+                    -1
+                } else {
+                    1
+                };
+                let sb = if cb == 0 {
+                    0
+                } else if nb {
+                    -1
+                } else {
+                    1
+                };
                 if sa != sb {
                     return sa.cmp(&sb);
                 }
@@ -268,9 +286,7 @@ impl Dec {
                 }
             }
             (Dec::Inf { neg }, _) | (_, Dec::Inf { neg }) => Dec::Inf { neg },
-            (Dec::Finite { neg: na, coef: ca, exp: ea }, Dec::Finite { neg: nb, coef: cb, exp: eb }) => {
-                add_finite(na, ca, ea, nb, cb, eb)
-            }
+            (Dec::Finite { neg: na, coef: ca, exp: ea }, Dec::Finite { neg: nb, coef: cb, exp: eb }) => add_finite(na, ca, ea, nb, cb, eb),
         }
     }
 

@@ -317,10 +317,30 @@ fn date_part(name: &str) -> Option<DatePart> {
 /// Names MongoDB knows as expressions but shoal does not evaluate: reported as unsupported
 /// rather than "unrecognized" so clients see why.
 const UNSUPPORTED_OPERATORS: &[&str] = &[
-    "$meta", "$function", "$accumulator", "$dateAdd", "$dateSubtract", "$dateDiff", "$dateTrunc",
-    "$dateFromParts", "$dateToParts", "$zip", "$sortArray", "$firstN", "$lastN", "$maxN", "$minN",
-    "$bsonSize", "$binarySize", "$tsSecond", "$tsIncrement", "$getField_", "$median", "$percentile",
-    "$toHashedIndexKey", "$sampleRate",
+    "$meta",
+    "$function",
+    "$accumulator",
+    "$dateAdd",
+    "$dateSubtract",
+    "$dateDiff",
+    "$dateTrunc",
+    "$dateFromParts",
+    "$dateToParts",
+    "$zip",
+    "$sortArray",
+    "$firstN",
+    "$lastN",
+    "$maxN",
+    "$minN",
+    "$bsonSize",
+    "$binarySize",
+    "$tsSecond",
+    "$tsIncrement",
+    "$getField_",
+    "$median",
+    "$percentile",
+    "$toHashedIndexKey",
+    "$sampleRate",
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -538,29 +558,17 @@ fn args_of(arg: &Bson) -> Vec<&Bson> {
 
 fn check_arity(name: &str, arity: &Arity, n: usize) -> Result<()> {
     match *arity {
-        Arity::Exactly(k) if n != k => Err(err(
-            16020,
-            format!("Expression {name} takes exactly {k} arguments. {n} were passed in."),
-        )),
-        Arity::AtLeast(k) if n < k => Err(err(
-            16020,
-            format!("Expression {name} takes at least {k} arguments, and {n} were passed in."),
-        )),
-        Arity::Between(lo, hi) if n < lo || n > hi => Err(err(
-            28667,
-            format!("Expression {name} takes at least {lo} arguments, and at most {hi}, but {n} were passed in."),
-        )),
+        Arity::Exactly(k) if n != k => Err(err(16020, format!("Expression {name} takes exactly {k} arguments. {n} were passed in."))),
+        Arity::AtLeast(k) if n < k => Err(err(16020, format!("Expression {name} takes at least {k} arguments, and {n} were passed in."))),
+        Arity::Between(lo, hi) if n < lo || n > hi => {
+            Err(err(28667, format!("Expression {name} takes at least {lo} arguments, and at most {hi}, but {n} were passed in.")))
+        }
         _ => Ok(()),
     }
 }
 
 /// Parse `{field: expr, ...}` named arguments, rejecting unknown fields with `unknown(name)`.
-fn named_args<'a>(
-    arg: &'a Bson,
-    allowed: &[&str],
-    not_object: impl FnOnce() -> Error,
-    unknown: impl Fn(&str) -> Error,
-) -> Result<Vec<Option<&'a Bson>>> {
+fn named_args<'a>(arg: &'a Bson, allowed: &[&str], not_object: impl FnOnce() -> Error, unknown: impl Fn(&str) -> Error) -> Result<Vec<Option<&'a Bson>>> {
     let Bson::Document(d) = arg else { return Err(not_object()) };
     let mut out = vec![None; allowed.len()];
     for (k, v) in d {
@@ -718,10 +726,7 @@ fn parse_operator(name: &str, arg: &Bson, scope: &mut Scope) -> Result<Node> {
                         |k| err(3041701, format!("$getField found an unknown argument: {k}")),
                     )?;
                     let field = a[0].ok_or_else(|| err(3041702, "$getField requires 'field' to be specified"))?;
-                    return Ok(Node::GetField {
-                        field: Box::new(parse_node(field, scope)?),
-                        input: opt_node(a[1], scope)?,
-                    });
+                    return Ok(Node::GetField { field: Box::new(parse_node(field, scope)?), input: opt_node(a[1], scope)? });
                 }
             }
             Ok(Node::GetField { field: Box::new(parse_node(arg, scope)?), input: None })
@@ -756,9 +761,7 @@ fn parse_operator(name: &str, arg: &Bson, scope: &mut Scope) -> Result<Node> {
             };
             Ok(Node::SetField { field, input: Box::new(parse_node(input, scope)?), value })
         }
-        _ if UNSUPPORTED_OPERATORS.contains(&name) => {
-            Err(Error::new(Code::NotImplemented, format!("Expression {name} is not supported by shoal")))
-        }
+        _ if UNSUPPORTED_OPERATORS.contains(&name) => Err(Error::new(Code::NotImplemented, format!("Expression {name} is not supported by shoal"))),
         _ => Err(Error::new(Code::InvalidPipelineOperator, format!("Unrecognized expression '{name}'"))),
     }
 }
@@ -817,11 +820,7 @@ fn parse_cond(arg: &Bson, scope: &mut Scope) -> Result<Node> {
         _ => {
             let args = args_of(arg);
             check_arity("$cond", &Arity::Exactly(3), args.len())?;
-            Ok(Node::Cond(Box::new((
-                parse_node(args[0], scope)?,
-                parse_node(args[1], scope)?,
-                parse_node(args[2], scope)?,
-            ))))
+            Ok(Node::Cond(Box::new((parse_node(args[0], scope)?, parse_node(args[1], scope)?, parse_node(args[2], scope)?))))
         }
     }
 }
@@ -962,13 +961,7 @@ fn parse_reduce(arg: &Bson, scope: &mut Scope) -> Result<Node> {
     let this_var = scope.bind("this");
     let body = parse_node(body, scope);
     scope.pop(2);
-    Ok(Node::Reduce {
-        input: Box::new(input),
-        initial: Box::new(initial),
-        value_var,
-        this_var,
-        body: Box::new(body?),
-    })
+    Ok(Node::Reduce { input: Box::new(input), initial: Box::new(initial), value_var, this_var, body: Box::new(body?) })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1059,13 +1052,7 @@ pub(crate) fn get_path(v: &Bson, path: &[String]) -> Value {
     }
     match v {
         Bson::Document(d) => get_path_doc(d, path),
-        Bson::Array(items) => Some(Bson::Array(
-            items
-                .iter()
-                .filter(|e| matches!(e, Bson::Document(_)))
-                .filter_map(|e| get_path(e, path))
-                .collect(),
-        )),
+        Bson::Array(items) => Some(Bson::Array(items.iter().filter(|e| matches!(e, Bson::Document(_))).filter_map(|e| get_path(e, path)).collect())),
         _ => None,
     }
 }
@@ -1095,10 +1082,7 @@ fn eval(node: &Node, ctx: &mut Ctx) -> Result<Value> {
                 Var::Now => Some(Bson::DateTime(*ctx.now.get_or_insert_with(DateTime::now))),
                 Var::ClusterTime => {
                     let now = ctx.now.get_or_insert_with(DateTime::now);
-                    Some(Bson::Timestamp(bson::Timestamp {
-                        time: (now.timestamp_millis() / 1000).clamp(0, u32::MAX as i64) as u32,
-                        increment: 1,
-                    }))
+                    Some(Bson::Timestamp(bson::Timestamp { time: (now.timestamp_millis() / 1000).clamp(0, u32::MAX as i64) as u32, increment: 1 }))
                 }
                 Var::User(slot) => ctx.vars.get(*slot).cloned().flatten(),
             };
@@ -1140,10 +1124,7 @@ fn eval(node: &Node, ctx: &mut Ctx) -> Result<Value> {
             }
             match default {
                 Some(d) => eval(d, ctx),
-                None => Err(err(
-                    40066,
-                    "$switch could not find a matching branch for an input, and no default was specified.",
-                )),
+                None => Err(err(40066, "$switch could not find a matching branch for an input, and no default was specified.")),
             }
         }
         Node::Let { vars, body } => {
@@ -1188,15 +1169,8 @@ fn eval(node: &Node, ctx: &mut Ctx) -> Result<Value> {
                     } else {
                         match lv.as_ref().and_then(Num::from_bson).and_then(|n| n.as_exact_i64()) {
                             Some(n) if n > 0 && n <= i32::MAX as i64 => Some(n as usize),
-                            Some(n) if n <= 0 => {
-                                return Err(err(327391, format!("$filter: limit must be greater than 0: {n}")))
-                            }
-                            _ => {
-                                return Err(err(
-                                    327392,
-                                    format!("$filter: limit must be represented as a 32-bit integral value: {}", show(&lv)),
-                                ))
-                            }
+                            Some(n) if n <= 0 => return Err(err(327391, format!("$filter: limit must be greater than 0: {n}"))),
+                            _ => return Err(err(327392, format!("$filter: limit must be represented as a 32-bit integral value: {}", show(&lv)))),
                         }
                     }
                 }
@@ -1230,9 +1204,7 @@ fn eval(node: &Node, ctx: &mut Ctx) -> Result<Value> {
             Ok(acc)
         }
         Node::Trim { kind, input, chars } => eval_trim(*kind, input, chars.as_deref(), ctx),
-        Node::Regex { kind, input, regex, options, compiled } => {
-            eval_regex(*kind, input, regex, options.as_deref(), compiled.as_ref(), ctx)
-        }
+        Node::Regex { kind, input, regex, options, compiled } => eval_regex(*kind, input, regex, options.as_deref(), compiled.as_ref(), ctx),
         Node::Replace { all, input, find, replacement } => {
             let name = if *all { "$replaceAll" } else { "$replaceOne" };
             let i = eval(input, ctx)?;
@@ -1301,12 +1273,7 @@ fn eval(node: &Node, ctx: &mut Ctx) -> Result<Value> {
                 Some(f) => match eval(f, ctx)? {
                     Some(Bson::String(s)) => Some(s),
                     v if nullish(&v) => return Ok(Some(Bson::Null)),
-                    v => {
-                        return Err(err(
-                            18533,
-                            format!("$dateToString requires that 'format' be a string, found: {} with value {}", tn(&v), show(&v)),
-                        ))
-                    }
+                    v => return Err(err(18533, format!("$dateToString requires that 'format' be a string, found: {} with value {}", tn(&v), show(&v)))),
                 },
                 None => None,
             };
@@ -1318,13 +1285,7 @@ fn eval(node: &Node, ctx: &mut Ctx) -> Result<Value> {
             }
             let Some(tz) = tz else { return Ok(Some(Bson::Null)) };
             let ms = date_millis(&d)?;
-            let fmt = fmt.unwrap_or_else(|| {
-                if tz == Tz::UTC {
-                    "%Y-%m-%dT%H:%M:%S.%LZ".to_string()
-                } else {
-                    "%Y-%m-%dT%H:%M:%S.%L".to_string()
-                }
-            });
+            let fmt = fmt.unwrap_or_else(|| if tz == Tz::UTC { "%Y-%m-%dT%H:%M:%S.%LZ".to_string() } else { "%Y-%m-%dT%H:%M:%S.%L".to_string() });
             Ok(Some(Bson::String(datetime::format_date(&fmt, ms, tz)?)))
         }
         Node::DateFromString { string, timezone, on_error, on_null } => {
@@ -1396,9 +1357,7 @@ fn eval(node: &Node, ctx: &mut Ctx) -> Result<Value> {
             let mut d = match input {
                 Some(Bson::Document(d)) => d,
                 v if nullish(&v) => return Ok(Some(Bson::Null)),
-                v => {
-                    return Err(err(4161105, format!("$setField requires 'input' to evaluate to type Object, but got {}", tn(&v))))
-                }
+                v => return Err(err(4161105, format!("$setField requires 'input' to evaluate to type Object, but got {}", tn(&v)))),
             };
             match value {
                 None => {
@@ -1556,14 +1515,8 @@ fn apply_op(op: Op, vals: Vec<Value>) -> Result<Value> {
                         date = Some(d.timestamp_millis());
                     }
                     _ => match num_of(v) {
-                        Some(n) => {
-                            acc = acc
-                                .arith(n, ArithOp::Add, DecPrecision::Digits15, true)
-                                .ok_or_else(|| Error::internal("add"))?
-                        }
-                        None => {
-                            return Err(err(16554, format!("$add only supports numeric or date types, not {}", tn(v))))
-                        }
+                        Some(n) => acc = acc.arith(n, ArithOp::Add, DecPrecision::Digits15, true).ok_or_else(|| Error::internal("add"))?,
+                        None => return Err(err(16554, format!("$add only supports numeric or date types, not {}", tn(v)))),
                     },
                 }
             }
@@ -1578,9 +1531,7 @@ fn apply_op(op: Op, vals: Vec<Value>) -> Result<Value> {
                 return Ok(Some(Bson::Null));
             }
             match (a, b) {
-                (Some(Bson::DateTime(x)), Some(Bson::DateTime(y))) => {
-                    Ok(Some(Bson::Int64(x.timestamp_millis().wrapping_sub(y.timestamp_millis()))))
-                }
+                (Some(Bson::DateTime(x)), Some(Bson::DateTime(y))) => Ok(Some(Bson::Int64(x.timestamp_millis().wrapping_sub(y.timestamp_millis())))),
                 (Some(Bson::DateTime(x)), _) if num_of(b).is_some() => {
                     let n = num_of(b).ok_or_else(|| Error::internal("num"))?;
                     Ok(Some(Bson::DateTime(DateTime::from_millis(x.timestamp_millis().saturating_sub(num_to_millis(n)?)))))
@@ -1597,8 +1548,7 @@ fn apply_op(op: Op, vals: Vec<Value>) -> Result<Value> {
                 if nullish(v) {
                     return Ok(Some(Bson::Null));
                 }
-                let n = num_of(v)
-                    .ok_or_else(|| err(16555, format!("$multiply only supports numeric types, not {}", tn(v))))?;
+                let n = num_of(v).ok_or_else(|| err(16555, format!("$multiply only supports numeric types, not {}", tn(v))))?;
                 acc = acc.arith(n, ArithOp::Mul, DecPrecision::Digits15, true).ok_or_else(|| Error::internal("mul"))?;
             }
             Ok(Some(acc.to_bson()))
@@ -1637,8 +1587,7 @@ fn apply_op(op: Op, vals: Vec<Value>) -> Result<Value> {
             if nullish(a0) {
                 return Ok(Some(Bson::Null));
             }
-            let n = num_of(a0)
-                .ok_or_else(|| err(28765, format!("{} only supports numeric types, not {}", op_name(op), tn(a0))))?;
+            let n = num_of(a0).ok_or_else(|| err(28765, format!("{} only supports numeric types, not {}", op_name(op), tn(a0))))?;
             unary_math(op, n)
         }
         Op::Trig(t) => {
@@ -1657,11 +1606,7 @@ fn apply_op(op: Op, vals: Vec<Value>) -> Result<Value> {
                 return Err(err(51044, format!("$atan2 only supports numeric types, not {} and {}", tn(a0), tn(b))));
             };
             let r = y.to_f64().atan2(x.to_f64());
-            Ok(Some(if y.rank() == 3 || x.rank() == 3 {
-                Bson::Decimal128(Dec::from_f64_digits(r, 34).encode())
-            } else {
-                Bson::Double(r)
-            }))
+            Ok(Some(if y.rank() == 3 || x.rank() == 3 { Bson::Decimal128(Dec::from_f64_digits(r, 34).encode()) } else { Bson::Double(r) }))
         }
         Op::Log => {
             let b = arg(&vals, 1);
@@ -1697,17 +1642,11 @@ fn apply_op(op: Op, vals: Vec<Value>) -> Result<Value> {
             if nullish(a0) || (vals.len() > 1 && nullish(p)) {
                 return Ok(Some(Bson::Null));
             }
-            let n = num_of(a0)
-                .ok_or_else(|| err(51081, format!("{} only supports numeric types, not {}", op_name(op), tn(a0))))?;
+            let n = num_of(a0).ok_or_else(|| err(51081, format!("{} only supports numeric types, not {}", op_name(op), tn(a0))))?;
             let place = if vals.len() > 1 {
                 match as_int(p) {
                     Some(pl) if (-20..=100).contains(&pl) => pl as i32,
-                    _ => {
-                        return Err(err(
-                            51083,
-                            format!("cannot apply {} with precision value {} value must be in [-20, 100]", op_name(op), show(p)),
-                        ))
-                    }
+                    _ => return Err(err(51083, format!("cannot apply {} with precision value {} value must be in [-20, 100]", op_name(op), show(p)))),
                 }
             } else {
                 0
@@ -1797,9 +1736,8 @@ fn apply_op(op: Op, vals: Vec<Value>) -> Result<Value> {
             if num_of(i).is_none() {
                 return Err(err(28690, format!("$arrayElemAt's second argument must be a numeric value, but is {}", tn(i))));
             }
-            let idx = as_i32(i).ok_or_else(|| {
-                err(28691, format!("$arrayElemAt's second argument must be representable as a 32-bit integer: {}", show(i)))
-            })? as i64;
+            let idx =
+                as_i32(i).ok_or_else(|| err(28691, format!("$arrayElemAt's second argument must be representable as a 32-bit integer: {}", show(i))))? as i64;
             let pos = if idx < 0 { items.len() as i64 + idx } else { idx };
             Ok(if pos < 0 { None } else { items.get(pos as usize).cloned() })
         }
@@ -1860,9 +1798,7 @@ fn apply_op(op: Op, vals: Vec<Value>) -> Result<Value> {
         }
         Op::ArrayToObject => array_to_object(a0),
         Op::ObjectToArray => match a0 {
-            Some(Bson::Document(d)) => Ok(Some(Bson::Array(
-                d.iter().map(|(k, v)| Bson::Document(bson::doc! {"k": k.clone(), "v": v.clone()})).collect(),
-            ))),
+            Some(Bson::Document(d)) => Ok(Some(Bson::Array(d.iter().map(|(k, v)| Bson::Document(bson::doc! {"k": k.clone(), "v": v.clone()})).collect()))),
             v if nullish(v) => Ok(Some(Bson::Null)),
             v => Err(err(40390, format!("$objectToArray requires a document input, found: {}", tn(v)))),
         },
@@ -1876,12 +1812,7 @@ fn apply_op(op: Op, vals: Vec<Value>) -> Result<Value> {
                         }
                     }
                     v if nullish(&v) => {}
-                    v => {
-                        return Err(err(
-                            40400,
-                            format!("$mergeObjects requires object inputs, but input {} is of type {}", show(&v), tn(&v)),
-                        ))
-                    }
+                    v => return Err(err(40400, format!("$mergeObjects requires object inputs, but input {} is of type {}", show(&v), tn(&v)))),
                 }
             }
             Ok(Some(Bson::Document(out)))
@@ -1936,9 +1867,7 @@ fn apply_op(op: Op, vals: Vec<Value>) -> Result<Value> {
                 match v {
                     Some(Bson::Array(items)) => arrays.push(items),
                     v if nullish(&v) => return Ok(Some(Bson::Null)),
-                    v => {
-                        return Err(err(code, format!("All operands of {name} must be arrays. One argument is of type: {}", tn(&v))))
-                    }
+                    v => return Err(err(code, format!("All operands of {name} must be arrays. One argument is of type: {}", tn(&v)))),
                 }
             }
             let mut out: Vec<Bson> = Vec::new();
@@ -1981,9 +1910,7 @@ fn apply_op(op: Op, vals: Vec<Value>) -> Result<Value> {
             for v in &vals {
                 match v {
                     Some(Bson::Array(items)) => sets.push(items),
-                    v => {
-                        return Err(err(17044, format!("All operands of $setEquals must be arrays. One argument is of type: {}", tn(v))))
-                    }
+                    v => return Err(err(17044, format!("All operands of $setEquals must be arrays. One argument is of type: {}", tn(v)))),
                 }
             }
             let subset = |a: &Vec<Bson>, b: &Vec<Bson>| a.iter().all(|i| b.iter().any(|x| crate::compare::bson_eq(x, i)));
@@ -2228,9 +2155,7 @@ fn coerce_to_string(v: &Value) -> Result<String> {
         Some(Bson::Decimal128(d)) => d.to_string(),
         Some(Bson::DateTime(d)) => datetime::iso_string(d.timestamp_millis()),
         Some(Bson::Timestamp(t)) => format!("Timestamp({}, {})", t.time, t.increment),
-        Some(other) => {
-            return Err(err(16007, format!("can't convert from BSON type {} to String", type_name(Some(other)))))
-        }
+        Some(other) => return Err(err(16007, format!("can't convert from BSON type {} to String", type_name(Some(other))))),
     })
 }
 
@@ -2285,13 +2210,11 @@ fn substr_cp(vals: &[Value]) -> Result<Value> {
     if num_of(lo).is_none() {
         return Err(err(34450, format!("$substrCP: starting index must be a numeric type (is BSON type {})", tn(lo))));
     }
-    let lo_i = as_i32(lo)
-        .ok_or_else(|| err(34451, format!("$substrCP: starting index cannot be represented as a 32-bit integral value: {}", show(lo))))?;
+    let lo_i = as_i32(lo).ok_or_else(|| err(34451, format!("$substrCP: starting index cannot be represented as a 32-bit integral value: {}", show(lo))))?;
     if num_of(len).is_none() {
         return Err(err(34452, format!("$substrCP: length must be a numeric type (is BSON type {})", tn(len))));
     }
-    let len_i = as_i32(len)
-        .ok_or_else(|| err(34453, format!("$substrCP: length cannot be represented as a 32-bit integral value: {}", show(len))))?;
+    let len_i = as_i32(len).ok_or_else(|| err(34453, format!("$substrCP: length cannot be represented as a 32-bit integral value: {}", show(len))))?;
     if lo_i < 0 {
         return Err(err(34454, "$substrCP: the starting index must be nonnegative integer."));
     }
@@ -2307,9 +2230,8 @@ fn index_bounds(name: &str, vals: &[Value], len: usize) -> Result<(usize, usize)
         match vals.get(i) {
             None => Ok(default),
             Some(v) => {
-                let n = as_int(v).ok_or_else(|| {
-                    err(40096, format!("{name} requires an integral {what}, found a value of type: {}, with value: {}", tn(v), show(v)))
-                })?;
+                let n = as_int(v)
+                    .ok_or_else(|| err(40096, format!("{name} requires an integral {what}, found a value of type: {}, with value: {}", tn(v), show(v))))?;
                 if n < 0 {
                     return Err(err(40097, format!("{name} requires a nonnegative {what}, found: {n}")));
                 }
@@ -2381,9 +2303,8 @@ fn slice(vals: &[Value]) -> Result<Value> {
     if num_of(second).is_none() {
         return Err(err(28725, format!("Second argument to $slice must be a numeric value, but is of type: {}", tn(second))));
     }
-    let second = as_i32(second)
-        .ok_or_else(|| err(28726, format!("Second argument to $slice can't be represented as a 32-bit integer: {}", show(second))))?
-        as i64;
+    let second =
+        as_i32(second).ok_or_else(|| err(28726, format!("Second argument to $slice can't be represented as a 32-bit integer: {}", show(second))))? as i64;
     let len = items.len() as i64;
     let (start, count) = if vals.len() == 2 {
         if second >= 0 {
@@ -2396,9 +2317,7 @@ fn slice(vals: &[Value]) -> Result<Value> {
         if num_of(third).is_none() {
             return Err(err(28727, format!("Third argument to $slice must be numeric, but is of type: {}", tn(third))));
         }
-        let n = as_i32(third)
-            .ok_or_else(|| err(28728, format!("Third argument to $slice can't be represented as a 32-bit integer: {}", show(third))))?
-            as i64;
+        let n = as_i32(third).ok_or_else(|| err(28728, format!("Third argument to $slice can't be represented as a 32-bit integer: {}", show(third))))? as i64;
         if n <= 0 {
             return Err(err(28729, format!("Third argument to $slice must be positive: {n}")));
         }
@@ -2430,24 +2349,17 @@ fn range(vals: &[Value]) -> Result<Value> {
             if num_of(st).is_none() {
                 return Err(err(34447, format!("$range requires a numeric step value, found value of type: {}", tn(st))));
             }
-            as_i32(st).ok_or_else(|| {
-                err(34448, format!("$range requires a step value that can be represented as a 32-bit integer, found value: {}", show(st)))
-            })? as i64
+            as_i32(st)
+                .ok_or_else(|| err(34448, format!("$range requires a step value that can be represented as a 32-bit integer, found value: {}", show(st))))?
+                as i64
         }
     };
     if step == 0 {
         return Err(err(34449, "$range requires a non-zero step value"));
     }
-    let count = if (step > 0 && end > start) || (step < 0 && end < start) {
-        ((end - start).abs() + step.abs() - 1) / step.abs()
-    } else {
-        0
-    };
+    let count = if (step > 0 && end > start) || (step < 0 && end < start) { ((end - start).abs() + step.abs() - 1) / step.abs() } else { 0 };
     if count as usize > RANGE_ELEMENTS_MAX {
-        return Err(Error::new(
-            Code::ExceededMemoryLimit,
-            format!("$range would use too much memory ({} elements) and cannot spill to disk", count),
-        ));
+        return Err(Error::new(Code::ExceededMemoryLimit, format!("$range would use too much memory ({} elements) and cannot spill to disk", count)));
     }
     let mut out = Vec::with_capacity(count as usize);
     let mut v = start;
@@ -2477,7 +2389,10 @@ fn array_to_object(v: &Value) -> Result<Value> {
                     other => {
                         return Err(err(
                             40395,
-                            format!("$arrayToObject requires an array of key-value pairs, where the key must be of type string. Found key type: {}", type_name(Some(other))),
+                            format!(
+                                "$arrayToObject requires an array of key-value pairs, where the key must be of type string. Found key type: {}",
+                                type_name(Some(other))
+                            ),
                         ))
                     }
                 }
@@ -2489,17 +2404,18 @@ fn array_to_object(v: &Value) -> Result<Value> {
                 match (d.get("k"), d.get("v")) {
                     (Some(Bson::String(k)), Some(v)) => (k.clone(), v.clone()),
                     (Some(other), Some(_)) => {
-                        return Err(err(40394, format!("$arrayToObject requires an object with keys 'k' and 'v', where the value of 'k' must be of type string. Found type: {}", type_name(Some(other)))))
+                        return Err(err(
+                            40394,
+                            format!(
+                                "$arrayToObject requires an object with keys 'k' and 'v', where the value of 'k' must be of type string. Found type: {}",
+                                type_name(Some(other))
+                            ),
+                        ))
                     }
                     _ => return Err(err(40393, "$arrayToObject requires an object with keys 'k' and 'v'. Missing either or both keys from: ")),
                 }
             }
-            (other, _) => {
-                return Err(err(
-                    40398,
-                    format!("Unrecognised input type format for $arrayToObject: {}", type_name(Some(other))),
-                ))
-            }
+            (other, _) => return Err(err(40398, format!("Unrecognised input type format for $arrayToObject: {}", type_name(Some(other))))),
         };
         if k.contains('\0') {
             return Err(err(4940400, "Key field cannot contain an embedded null byte"));
@@ -2524,16 +2440,13 @@ fn eval_trim(kind: TrimKind, input: &Node, chars: Option<&Node>, ctx: &mut Ctx) 
     };
     let set: Vec<char> = match chars {
         None => vec![
-            '\0', ' ', '\t', '\n', '\u{0B}', '\u{0C}', '\r', '\u{A0}', '\u{1680}', '\u{2000}', '\u{2001}', '\u{2002}',
-            '\u{2003}', '\u{2004}', '\u{2005}', '\u{2006}', '\u{2007}', '\u{2008}', '\u{2009}', '\u{200A}', '\u{2028}',
-            '\u{2029}', '\u{202F}', '\u{205F}', '\u{3000}',
+            '\0', ' ', '\t', '\n', '\u{0B}', '\u{0C}', '\r', '\u{A0}', '\u{1680}', '\u{2000}', '\u{2001}', '\u{2002}', '\u{2003}', '\u{2004}', '\u{2005}',
+            '\u{2006}', '\u{2007}', '\u{2008}', '\u{2009}', '\u{200A}', '\u{2028}', '\u{2029}', '\u{202F}', '\u{205F}', '\u{3000}',
         ],
         Some(c) => match eval(c, ctx)? {
             Some(Bson::String(cs)) => cs.chars().collect(),
             v if nullish(&v) => return Ok(Some(Bson::Null)),
-            v => {
-                return Err(err(50700, format!("{name} requires 'chars' to be a string, got {} (of type {}) instead.", show(&v), tn(&v))))
-            }
+            v => return Err(err(50700, format!("{name} requires 'chars' to be a string, got {} (of type {}) instead.", show(&v), tn(&v)))),
         },
     };
     let pred = |c: char| set.contains(&c);
@@ -2551,9 +2464,7 @@ fn compile_expr_regex(name: &str, regex: Option<&Bson>, options: Option<&Bson>) 
         Some(Bson::String(s)) => (s.clone(), String::new()),
         Some(Bson::RegularExpression(r)) => (r.pattern.to_string(), r.options.to_string()),
         None | Some(Bson::Null) | Some(Bson::Undefined) => return Ok(None),
-        Some(other) => {
-            return Err(err(51105, format!("{name} needs 'regex' to be of type string or regex, found {}", type_name(Some(other)))))
-        }
+        Some(other) => return Err(err(51105, format!("{name} needs 'regex' to be of type string or regex, found {}", type_name(Some(other))))),
     };
     match options {
         None | Some(Bson::Null) | Some(Bson::Undefined) => {}
@@ -2566,9 +2477,7 @@ fn compile_expr_regex(name: &str, regex: Option<&Bson>, options: Option<&Bson>) 
             }
             opts.push_str(o);
         }
-        Some(other) => {
-            return Err(err(51106, format!("{name} needs 'options' to be of type string, found {}", type_name(Some(other)))))
-        }
+        Some(other) => return Err(err(51106, format!("{name} needs 'options' to be of type string, found {}", type_name(Some(other))))),
     }
     if pattern.contains('\0') {
         return Err(err(51109, format!("{name}: regular expression cannot contain an embedded null byte")));
@@ -2582,14 +2491,7 @@ fn compile_expr_regex(name: &str, regex: Option<&Bson>, options: Option<&Bson>) 
     })
 }
 
-fn eval_regex(
-    kind: RegexKind,
-    input: &Node,
-    regex: &Node,
-    options: Option<&Node>,
-    compiled: Option<&regex::Regex>,
-    ctx: &mut Ctx,
-) -> Result<Value> {
+fn eval_regex(kind: RegexKind, input: &Node, regex: &Node, options: Option<&Node>, compiled: Option<&regex::Regex>, ctx: &mut Ctx) -> Result<Value> {
     let name = match kind {
         RegexKind::Match => "$regexMatch",
         RegexKind::Find => "$regexFind",
@@ -2623,9 +2525,7 @@ fn eval_regex(
     let capture_doc = |caps: regex::Captures| -> Bson {
         let m = caps.get(0);
         let idx = m.map(|m| s[..m.start()].chars().count()).unwrap_or(0);
-        let captures: Vec<Bson> = (1..caps.len())
-            .map(|g| caps.get(g).map(|c| Bson::String(c.as_str().to_string())).unwrap_or(Bson::Null))
-            .collect();
+        let captures: Vec<Bson> = (1..caps.len()).map(|g| caps.get(g).map(|c| Bson::String(c.as_str().to_string())).unwrap_or(Bson::Null)).collect();
         Bson::Document(bson::doc! {
             "match": m.map(|m| m.as_str()).unwrap_or(""),
             "idx": int_result(idx as i64),
@@ -2682,10 +2582,7 @@ fn convert_target(to: &Value) -> Result<Target> {
             "decimal" => Target::Decimal,
             other => {
                 return match crate::filter::type_code_for_alias(other) {
-                    Some(_) => Err(Error::new(
-                        Code::ConversionFailure,
-                        format!("Unsupported conversion to {other} in $convert with no onError value"),
-                    )),
+                    Some(_) => Err(Error::new(Code::ConversionFailure, format!("Unsupported conversion to {other} in $convert with no onError value"))),
                     None => Err(Error::bad_value(format!("Unknown type name: {other}"))),
                 };
             }
@@ -2701,12 +2598,7 @@ fn convert_target(to: &Value) -> Result<Target> {
             Some(19) => Target::Decimal,
             _ => return Err(Error::bad_value(format!("In $convert, numeric 'to' argument is not a valid type: {v}"))),
         },
-        v => {
-            return Err(err(
-                50784,
-                format!("$convert's 'to' argument must be a string or number, but is {}", tn(v)),
-            ))
-        }
+        v => return Err(err(50784, format!("$convert's 'to' argument must be a string or number, but is {}", tn(v)))),
     };
     Ok(t)
 }
@@ -2745,15 +2637,17 @@ fn convert(v: Option<&Bson>, to: Target) -> Result<Value> {
         Target::String => match v {
             Bson::String(s) => Bson::String(s.clone()),
             Bson::Double(d) => Bson::String(if d.is_infinite() {
-                if *d < 0.0 { "-Infinity".into() } else { "Infinity".into() }
+                if *d < 0.0 {
+                    "-Infinity".into()
+                } else {
+                    "Infinity".into()
+                }
             } else if d.is_nan() {
                 "NaN".into()
             } else {
                 fmt_g(*d)
             }),
-            Bson::Int32(_) | Bson::Int64(_) | Bson::Decimal128(_) | Bson::DateTime(_) => {
-                Bson::String(coerce_to_string(&Some(v.clone()))?)
-            }
+            Bson::Int32(_) | Bson::Int64(_) | Bson::Decimal128(_) | Bson::DateTime(_) => Bson::String(coerce_to_string(&Some(v.clone()))?),
             Bson::Boolean(b) => Bson::String(b.to_string()),
             Bson::ObjectId(o) => Bson::String(o.to_hex()),
             _ => return Err(unsupported(v, to)),
@@ -2942,15 +2836,9 @@ mod tests {
         assert_eq!(ev0(bson!({"$add": [1, 2.5]})), Bson::Double(3.5));
         assert_eq!(ev0(bson!({"$add": [1, null]})), Bson::Null);
         assert_eq!(ev0(bson!({"$add": [dec("1.1"), 1]})), dec("2.1"));
-        assert_eq!(
-            ev0(bson!({"$add": [Bson::DateTime(DateTime::from_millis(1000)), 500]})),
-            Bson::DateTime(DateTime::from_millis(1500))
-        );
+        assert_eq!(ev0(bson!({"$add": [Bson::DateTime(DateTime::from_millis(1000)), 500]})), Bson::DateTime(DateTime::from_millis(1500)));
         assert_eq!(ev0(bson!({"$subtract": [5, 7]})), Bson::Int32(-2));
-        assert_eq!(
-            ev0(bson!({"$subtract": [Bson::DateTime(DateTime::from_millis(3000)), Bson::DateTime(DateTime::from_millis(1000))]})),
-            Bson::Int64(2000)
-        );
+        assert_eq!(ev0(bson!({"$subtract": [Bson::DateTime(DateTime::from_millis(3000)), Bson::DateTime(DateTime::from_millis(1000))]})), Bson::Int64(2000));
         assert_eq!(ev0(bson!({"$multiply": [2, 3, 4]})), Bson::Int32(24));
         assert_eq!(ev0(bson!({"$divide": [9, 2]})), Bson::Double(4.5));
         assert_eq!(ev0(bson!({"$mod": [9, 4]})), Bson::Int32(1));
@@ -2993,7 +2881,8 @@ mod tests {
         assert_eq!(ev0(bson!({"$cond": {"if": false, "then": "y", "else": "n"}})), Bson::String("n".into()));
         assert_eq!(ev(bson!({"$ifNull": ["$a", "$b", 3]}), doc! {"b": 2}), Some(Bson::Int32(2)));
         assert_eq!(ev(bson!({"$ifNull": ["$a", 3]}), doc! {"a": null}), Some(Bson::Int32(3)));
-        let sw = bson!({"$switch": {"branches": [{"case": {"$gt": ["$n", 10]}, "then": "big"}, {"case": {"$gt": ["$n", 1]}, "then": "mid"}], "default": "small"}});
+        let sw =
+            bson!({"$switch": {"branches": [{"case": {"$gt": ["$n", 10]}, "then": "big"}, {"case": {"$gt": ["$n", 1]}, "then": "mid"}], "default": "small"}});
         assert_eq!(ev(sw.clone(), doc! {"n": 5}), Some(Bson::String("mid".into())));
         assert_eq!(ev(sw, doc! {"n": 0}), Some(Bson::String("small".into())));
         assert_eq!(code(bson!({"$switch": {"branches": [{"case": false, "then": 1}]}})), 40066);
@@ -3027,10 +2916,7 @@ mod tests {
         assert_eq!(ev0(bson!({"$strcasecmp": ["ABC", "abc"]})), Bson::Int32(0));
         assert_eq!(ev0(bson!({"$regexMatch": {"input": "Hello", "regex": "^h", "options": "i"}})), Bson::Boolean(true));
         assert_eq!(ev0(bson!({"$regexMatch": {"input": null, "regex": "^h"}})), Bson::Boolean(false));
-        assert_eq!(
-            ev0(bson!({"$regexFind": {"input": "xab12", "regex": "([a-z])(\\d)"}})),
-            bson!({"match": "b1", "idx": 2, "captures": ["b", "1"]})
-        );
+        assert_eq!(ev0(bson!({"$regexFind": {"input": "xab12", "regex": "([a-z])(\\d)"}})), bson!({"match": "b1", "idx": 2, "captures": ["b", "1"]}));
         assert_eq!(ev0(bson!({"$regexFindAll": {"input": "a1b2", "regex": "\\d"}})).as_array().map(|a| a.len()), Some(2));
         assert_eq!(code(bson!({"$regexMatch": {"input": 1, "regex": "x"}})), 51104);
         assert_eq!(ev0(bson!({"$replaceAll": {"input": "a.b.c", "find": ".", "replacement": "-"}})), Bson::String("a-b-c".into()));
@@ -3062,10 +2948,7 @@ mod tests {
         assert_eq!(ev0(bson!({"$filter": {"input": [1, 5, 9], "as": "x", "cond": {"$gt": ["$$x", 3]}}})), bson!([5, 9]));
         assert_eq!(ev0(bson!({"$filter": {"input": [1, 5, 9], "cond": {"$gt": ["$$this", 0]}, "limit": 1}})), bson!([1]));
         assert_eq!(ev0(bson!({"$map": {"input": [1, 2], "as": "v", "in": {"$multiply": ["$$v", 10]}}})), bson!([10, 20]));
-        assert_eq!(
-            ev0(bson!({"$reduce": {"input": ["a", "b"], "initialValue": "", "in": {"$concat": ["$$value", "$$this"]}}})),
-            Bson::String("ab".into())
-        );
+        assert_eq!(ev0(bson!({"$reduce": {"input": ["a", "b"], "initialValue": "", "in": {"$concat": ["$$value", "$$this"]}}})), Bson::String("ab".into()));
         assert_eq!(ev0(bson!({"$arrayToObject": [[["a", 1], ["b", 2]]]})), bson!({"a": 1, "b": 2}));
         assert_eq!(ev0(bson!({"$arrayToObject": [[{"k": "a", "v": 1}]]})), bson!({"a": 1}));
         assert_eq!(ev0(bson!({"$objectToArray": {"$literal": {"a": 1}}})), bson!([{"k": "a", "v": 1}]));
@@ -3101,10 +2984,7 @@ mod tests {
         assert_eq!(ev0(bson!({"$toBool": 0})), Bson::Boolean(false));
         assert_eq!(ev0(bson!({"$toBool": ""})), Bson::Boolean(true));
         assert_eq!(ev0(bson!({"$toInt": null})), Bson::Null);
-        assert_eq!(
-            ev0(bson!({"$toObjectId": "5ab9cbfa31c2ab715d42129e"})),
-            Bson::ObjectId(ObjectId::parse_str("5ab9cbfa31c2ab715d42129e").unwrap())
-        );
+        assert_eq!(ev0(bson!({"$toObjectId": "5ab9cbfa31c2ab715d42129e"})), Bson::ObjectId(ObjectId::parse_str("5ab9cbfa31c2ab715d42129e").unwrap()));
         assert_eq!(ev0(bson!({"$toDate": "2018-03-27T16:58:51.538Z"})), Bson::DateTime(DateTime::from_millis(1522169931538)));
         assert_eq!(code(bson!({"$toInt": "abc"})), 241);
         assert_eq!(code(bson!({"$toInt": 1e20})), 241);
@@ -3129,21 +3009,12 @@ mod tests {
         assert_eq!(part("$dayOfYear"), Some(Bson::Int32(1)));
         assert_eq!(part("$week"), Some(Bson::Int32(0)));
         assert_eq!(ev(bson!({"$hour": {"date": "$d", "timezone": "+02:00"}}), d.clone()), Some(Bson::Int32(10)));
-        assert_eq!(
-            ev(bson!({"$dateToString": {"format": "%Y-%m-%d", "date": "$d"}}), d.clone()),
-            Some(Bson::String("2014-01-01".into()))
-        );
-        assert_eq!(
-            ev(bson!({"$dateToString": {"date": "$d"}}), d.clone()),
-            Some(Bson::String("2014-01-01T08:15:39.736Z".into()))
-        );
+        assert_eq!(ev(bson!({"$dateToString": {"format": "%Y-%m-%d", "date": "$d"}}), d.clone()), Some(Bson::String("2014-01-01".into())));
+        assert_eq!(ev(bson!({"$dateToString": {"date": "$d"}}), d.clone()), Some(Bson::String("2014-01-01T08:15:39.736Z".into())));
         assert_eq!(ev(bson!({"$dateToString": {"date": "$x", "onNull": "none"}}), d.clone()), Some(Bson::String("none".into())));
         assert_eq!(ev(bson!({"$year": "$x"}), d.clone()), Some(Bson::Null));
         assert_eq!(code(bson!({"$year": "$s"})), 16006);
-        assert_eq!(
-            ev0(bson!({"$dateFromString": {"dateString": "2014-01-01T08:15:39.736Z"}})),
-            Bson::DateTime(DateTime::from_millis(1_388_564_139_736))
-        );
+        assert_eq!(ev0(bson!({"$dateFromString": {"dateString": "2014-01-01T08:15:39.736Z"}})), Bson::DateTime(DateTime::from_millis(1_388_564_139_736)));
     }
 
     #[test]

@@ -54,14 +54,7 @@ impl Path {
                 .split('.')
                 .map(|p| Part {
                     name: p.to_string(),
-                    index: if !p.is_empty()
-                        && p.bytes().all(|b| b.is_ascii_digit())
-                        && (p.len() == 1 || !p.starts_with('0'))
-                    {
-                        p.parse().ok()
-                    } else {
-                        None
-                    },
+                    index: if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && (p.len() == 1 || !p.starts_with('0')) { p.parse().ok() } else { None },
                 })
                 .collect(),
         }
@@ -232,8 +225,7 @@ impl TypeSet {
                 } else if s == "javaScriptWithScope" {
                     self.codes.push(15);
                 } else {
-                    let code = type_code_for_alias(s)
-                        .ok_or_else(|| Error::bad_value(format!("Unknown type name alias: {s}")))?;
+                    let code = type_code_for_alias(s).ok_or_else(|| Error::bad_value(format!("Unknown type name alias: {s}")))?;
                     self.codes.push(code);
                 }
             }
@@ -424,9 +416,7 @@ fn num_i64_for_mod(v: &Bson, what: &str) -> Result<i64> {
     let n = crate::num::Num::from_bson(v).ok_or_else(|| bad(format!("malformed mod, {what} not a number")))?;
     let f = n.to_f64();
     if !f.is_finite() {
-        return Err(bad(format!(
-            "malformed mod, {what} value is invalid :: caused by :: Unable to coerce NaN/Inf to integral type"
-        )));
+        return Err(bad(format!("malformed mod, {what} value is invalid :: caused by :: Unable to coerce NaN/Inf to integral type")));
     }
     Ok(match n {
         crate::num::Num::I32(i) => i as i64,
@@ -438,18 +428,16 @@ fn num_i64_for_mod(v: &Bson, what: &str) -> Result<i64> {
             }
             d.trunc() as i64
         }
-        crate::num::Num::Dec(d) => d
-            .to_i64_trunc()
-            .ok_or_else(|| bad(format!("malformed mod, {what} value is invalid :: caused by :: Out of bounds coercing to integral value")))?,
+        crate::num::Num::Dec(d) => {
+            d.to_i64_trunc().ok_or_else(|| bad(format!("malformed mod, {what} value is invalid :: caused by :: Out of bounds coercing to integral value")))?
+        }
     })
 }
 
 fn parse_bits_mask(op: &str, v: &Bson) -> Result<Vec<u8>> {
     match v {
         Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => {
-            let n = crate::num::Num::from_bson(v)
-                .and_then(|n| n.as_exact_i64())
-                .ok_or_else(|| bad(format!("{op} cannot take a non-integral value: {v}")))?;
+            let n = crate::num::Num::from_bson(v).and_then(|n| n.as_exact_i64()).ok_or_else(|| bad(format!("{op} cannot take a non-integral value: {v}")))?;
             if n < 0 {
                 return Err(bad(format!("{op} cannot take a negative number: {n}")));
             }
@@ -608,9 +596,7 @@ fn parse_operators(d: &Document, depth: usize) -> Result<Vec<Pred>> {
                             let mut sub = parse_operators(sd, depth + 1)?;
                             out.append(&mut sub);
                         }
-                        Bson::RegularExpression(r) => {
-                            out.push(Pred::Leaf(Leaf::Regex(Re::new(r.pattern.as_str(), r.options.as_str())?)))
-                        }
+                        Bson::RegularExpression(r) => out.push(Pred::Leaf(Leaf::Regex(Re::new(r.pattern.as_str(), r.options.as_str())?))),
                         Bson::Document(sd) if is_operator_doc(sd) => {
                             return Err(bad("no $ expressions in $all"));
                         }
@@ -627,7 +613,17 @@ fn parse_operators(d: &Document, depth: usize) -> Result<Vec<Pred>> {
                     f.starts_with('$')
                         && !matches!(
                             f.as_str(),
-                            "$and" | "$or" | "$nor" | "$expr" | "$where" | "$text" | "$comment" | "$alwaysTrue" | "$alwaysFalse" | "$jsonSchema" | "$sampleRate"
+                            "$and"
+                                | "$or"
+                                | "$nor"
+                                | "$expr"
+                                | "$where"
+                                | "$text"
+                                | "$comment"
+                                | "$alwaysTrue"
+                                | "$alwaysFalse"
+                                | "$jsonSchema"
+                                | "$sampleRate"
                         )
                 });
                 if value_form {
@@ -647,9 +643,7 @@ fn parse_operators(d: &Document, depth: usize) -> Result<Vec<Pred>> {
                         }
                         out.push(Pred::Not(parse_operators(sd, depth + 1)?));
                     }
-                    Bson::RegularExpression(r) => {
-                        out.push(Pred::Not(vec![Pred::Leaf(Leaf::Regex(Re::new(r.pattern.as_str(), r.options.as_str())?))]))
-                    }
+                    Bson::RegularExpression(r) => out.push(Pred::Not(vec![Pred::Leaf(Leaf::Regex(Re::new(r.pattern.as_str(), r.options.as_str())?))])),
                     _ => return Err(bad("$not needs a regex or a document")),
                 }
                 continue;
@@ -934,9 +928,7 @@ impl Leaf {
     fn matches_single(&self, v: Option<&Bson>, inner: &mut Option<usize>) -> Result<bool> {
         Ok(match self {
             Leaf::Cmp(op, rhs) => cmp_matches(*op, v, rhs),
-            Leaf::In { values, regexes } => {
-                values.iter().any(|x| cmp_matches(CmpOp::Eq, v, x)) || v.is_some_and(|v| regexes.iter().any(|r| r.matches(v)))
-            }
+            Leaf::In { values, regexes } => values.iter().any(|x| cmp_matches(CmpOp::Eq, v, x)) || v.is_some_and(|v| regexes.iter().any(|r| r.matches(v))),
             Leaf::Exists => v.is_some(),
             Leaf::Type(set) => v.is_some_and(|v| set.matches(v)),
             Leaf::Regex(re) => v.is_some_and(|v| re.matches(v)),

@@ -4,8 +4,8 @@
 
 pub mod agg;
 pub mod compare;
-pub mod decimal;
 mod datetime;
+pub mod decimal;
 pub mod expr;
 pub mod filter;
 mod num;

@@ -341,12 +341,10 @@ fn parse_find_slice(v: &Bson) -> Result<PChild> {
             if a.len() != 2 {
                 return Err(loc(31272, "$slice array argument should be of form [skip, limit]"));
             }
-            let skip = num_i64(&a[0]).ok_or_else(|| {
-                loc(31257, format!("$slice expects the skip argument to be a number, got {}", crate::expr::type_name(Some(&a[0]))))
-            })?;
-            let limit = num_i64(&a[1]).ok_or_else(|| {
-                loc(31258, format!("$slice expects the limit argument to be a number, got {}", crate::expr::type_name(Some(&a[1]))))
-            })?;
+            let skip = num_i64(&a[0])
+                .ok_or_else(|| loc(31257, format!("$slice expects the skip argument to be a number, got {}", crate::expr::type_name(Some(&a[0])))))?;
+            let limit = num_i64(&a[1])
+                .ok_or_else(|| loc(31258, format!("$slice expects the limit argument to be a number, got {}", crate::expr::type_name(Some(&a[1])))))?;
             if limit <= 0 {
                 return Err(loc(31259, format!("$slice limit must be positive, got {limit}")));
             }
@@ -385,10 +383,7 @@ fn parse_sub_object(ctx: &mut Ctx, name: &str, sub: &Document, parent: &mut PNod
                         return Err(Error::new(Code::InvalidPipelineOperator, "Cannot use $elemMatch in this context"));
                     }
                     let Bson::Document(_) = arg else {
-                        return Err(loc(
-                            31274,
-                            format!("elemMatch: Invalid argument, object required, but got {}", crate::expr::type_name(Some(arg))),
-                        ));
+                        return Err(loc(31274, format!("elemMatch: Invalid argument, object required, but got {}", crate::expr::type_name(Some(arg)))));
                     };
                     if ctx.has_positional {
                         return Err(loc(31255, "Cannot specify positional operator and $elemMatch."));
@@ -483,10 +478,7 @@ fn apply_slice(v: &Bson, skip: Option<i64>, limit: i64) -> Bson {
 }
 
 fn positional_error() -> Error {
-    loc(
-        51246,
-        "Executor error during find command :: caused by :: positional operator '.$' couldn't find a matching element in the array",
-    )
+    loc(51246, "Executor error during find command :: caused by :: positional operator '.$' couldn't find a matching element in the array")
 }
 
 fn apply_positional(v: &Bson, details: &MatchDetails) -> Result<Bson> {
@@ -626,9 +618,7 @@ fn exclude_pass(node: &PNode, doc: &Document, root: &Document, details: &MatchDe
 fn exclude_value(sub: &PNode, v: &Bson, root: &Document, details: &MatchDetails) -> Result<Bson> {
     Ok(match v {
         Bson::Document(d) => Bson::Document(exclude_pass(sub, d, root, details)?),
-        Bson::Array(items) => {
-            Bson::Array(items.iter().map(|i| exclude_value(sub, i, root, details)).collect::<Result<Vec<_>>>()?)
-        }
+        Bson::Array(items) => Bson::Array(items.iter().map(|i| exclude_value(sub, i, root, details)).collect::<Result<Vec<_>>>()?),
         other => other.clone(),
     })
 }
@@ -755,9 +745,9 @@ mod tests {
         assert_eq!(p(doc! {"a": {"$slice": [-2, 5]}, "_id": 0, "b": 0}, d.clone()), doc! {"a": [4, 5]});
 
         let school = doc! {"_id": 1, "zipcode": "63109", "students": [
-            {"name": "john", "school": 102, "age": 10},
-            {"name": "jess", "school": 102, "age": 11},
-            {"name": "jeff", "school": 108, "age": 15}]};
+        {"name": "john", "school": 102, "age": 10},
+        {"name": "jess", "school": 102, "age": 11},
+        {"name": "jeff", "school": 108, "age": 15}]};
         assert_eq!(
             p(doc! {"students": {"$elemMatch": {"school": 102}}}, school.clone()),
             doc! {"_id": 1, "students": [{"name": "john", "school": 102, "age": 10}]}
@@ -780,9 +770,6 @@ mod tests {
         let un = Projection::exclusion_of(&["b".to_string(), "a.x".to_string()]).unwrap();
         assert_eq!(un.apply(&d, &MatchDetails::default()).unwrap(), doc! {"_id": 1, "a": [{}, 2]});
         let nested = AddFields::parse(&doc! {"s": {"f": "u", "g": {"h": 1}}}).unwrap();
-        assert_eq!(
-            nested.apply(&doc! {"_id": 1, "s": {"x": 0, "g": 5}}).unwrap(),
-            doc! {"_id": 1, "s": {"x": 0, "g": {"h": 1}, "f": "u"}}
-        );
+        assert_eq!(nested.apply(&doc! {"_id": 1, "s": {"x": 0, "g": 5}}).unwrap(), doc! {"_id": 1, "s": {"x": 0, "g": {"h": 1}, "f": "u"}});
     }
 }

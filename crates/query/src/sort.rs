@@ -32,9 +32,9 @@ impl SortSpec {
             let ascending = match v {
                 Bson::Document(d) => {
                     return match d.get("$meta") {
-                        Some(Bson::String(m)) if m == "textScore" || m == "searchScore" || m == "randVal" => Err(
-                            Error::new(Code::NotImplemented, format!("$meta sort by \"{m}\" is not supported by shoal")),
-                        ),
+                        Some(Bson::String(m)) if m == "textScore" || m == "searchScore" || m == "randVal" => {
+                            Err(Error::new(Code::NotImplemented, format!("$meta sort by \"{m}\" is not supported by shoal")))
+                        }
                         Some(m) => Err(Error::location(31138, format!("Illegal $meta sort: $meta: {m}"))),
                         None => Err(Error::location(17312, "$meta is the only expression supported by $sort right now")),
                     };
@@ -46,18 +46,10 @@ impl SortSpec {
                     } else if n == -1.0 {
                         false
                     } else {
-                        return Err(Error::location(
-                            15975,
-                            "$sort key ordering must be 1 (for ascending) or -1 (for descending)",
-                        ));
+                        return Err(Error::location(15975, "$sort key ordering must be 1 (for ascending) or -1 (for descending)"));
                     }
                 }
-                other => {
-                    return Err(Error::location(
-                        15974,
-                        format!("Illegal key in $sort specification: {k}: {other}"),
-                    ))
-                }
+                other => return Err(Error::location(15974, format!("Illegal key in $sort specification: {k}: {other}"))),
             };
             if k.starts_with('$') {
                 return Err(Error::location(16410, "FieldPath field names may not start with '$'."));
@@ -201,13 +193,7 @@ mod tests {
 
     #[test]
     fn missing_null_and_types() {
-        let docs = vec![
-            doc! {"_id": 1, "a": "s"},
-            doc! {"_id": 2},
-            doc! {"_id": 3, "a": 1},
-            doc! {"_id": 4, "a": null},
-            doc! {"_id": 5, "a": []},
-        ];
+        let docs = vec![doc! {"_id": 1, "a": "s"}, doc! {"_id": 2}, doc! {"_id": 3, "a": 1}, doc! {"_id": 4, "a": null}, doc! {"_id": 5, "a": []}];
         let ids: Vec<_> = sorted(doc! {"a": 1, "_id": 1}, docs).iter().map(|d| d.get_i32("_id").unwrap()).collect();
         assert_eq!(ids, vec![5, 2, 4, 3, 1]);
     }

@@ -108,10 +108,7 @@ fn parse_path(dotted: &str) -> Result<Vec<Comp>> {
     let mut positional = 0;
     for part in dotted.split('.') {
         if part.is_empty() {
-            return Err(Error::new(
-                Code::EmptyFieldName,
-                format!("The update path '{dotted}' contains an empty field name, which is not allowed."),
-            ));
+            return Err(Error::new(Code::EmptyFieldName, format!("The update path '{dotted}' contains an empty field name, which is not allowed.")));
         }
         let c = if part == "$" {
             positional += 1;
@@ -129,9 +126,7 @@ fn parse_path(dotted: &str) -> Result<Vec<Comp>> {
         return Err(bad(format!("Too many positional (i.e. '$') elements found in path '{dotted}'")));
     }
     if matches!(comps.first(), Some(Comp::Positional | Comp::All | Comp::Filtered(_))) {
-        return Err(bad(format!(
-            "Cannot have array filter identifier (i.e. '$[<id>]') element in the first position in path '{dotted}'"
-        )));
+        return Err(bad(format!("Cannot have array filter identifier (i.e. '$[<id>]') element in the first position in path '{dotted}'")));
     }
     Ok(comps)
 }
@@ -194,27 +189,20 @@ fn parse_push(v: &Bson) -> Result<PushSpec> {
             "$each" => match val {
                 Bson::Array(items) => spec.each = items.clone(),
                 other => {
-                    return Err(bad(format!(
-                        "The argument to $each in $push must be an array but it was of type: {}",
-                        crate::expr::type_name(Some(other))
-                    )))
+                    return Err(bad(format!("The argument to $each in $push must be an array but it was of type: {}", crate::expr::type_name(Some(other)))))
                 }
             },
             "$slice" => {
-                spec.slice = Some(as_integer(val).ok_or_else(|| {
-                    bad(format!(
-                        "The value for $slice must be an integer value but was given type: {}",
-                        crate::expr::type_name(Some(val))
-                    ))
-                })?)
+                spec.slice =
+                    Some(as_integer(val).ok_or_else(|| {
+                        bad(format!("The value for $slice must be an integer value but was given type: {}", crate::expr::type_name(Some(val))))
+                    })?)
             }
             "$position" => {
-                spec.position = Some(as_integer(val).ok_or_else(|| {
-                    bad(format!(
-                        "The value for $position must be an integer value, not of type: {}",
-                        crate::expr::type_name(Some(val))
-                    ))
-                })?)
+                spec.position = Some(
+                    as_integer(val)
+                        .ok_or_else(|| bad(format!("The value for $position must be an integer value, not of type: {}", crate::expr::type_name(Some(val)))))?,
+                )
             }
             "$sort" => {
                 let invalid = || bad("The $sort is invalid: use 1/-1 to sort the whole element, or {field:1/-1} to sort embedded fields");
@@ -334,11 +322,7 @@ fn parse_operator(op: &str, field: &str, v: &Bson) -> Result<Op> {
             Bson::Document(d) => match (d.len(), d.get("$type")) {
                 (1, Some(Bson::String(t))) if t == "date" => Op::CurrentDate { timestamp: false },
                 (1, Some(Bson::String(t))) if t == "timestamp" => Op::CurrentDate { timestamp: true },
-                (1, Some(_)) => {
-                    return Err(bad(
-                        "The '$type' string field is required to be 'date' or 'timestamp': {$currentDate: {field : {$type: 'date'}}}",
-                    ))
-                }
+                (1, Some(_)) => return Err(bad("The '$type' string field is required to be 'date' or 'timestamp': {$currentDate: {field : {$type: 'date'}}}")),
                 _ => return Err(bad(format!("Unrecognized $currentDate option: {d}"))),
             },
             other => {
@@ -383,12 +367,7 @@ fn parse_operator(op: &str, field: &str, v: &Bson) -> Result<Op> {
         "$pull" => Op::Pull(parse_pull(v)?),
         "$pullAll" => match v {
             Bson::Array(items) => Op::PullAll(items.clone()),
-            other => {
-                return Err(bad(format!(
-                    "$pullAll requires an array argument but was given a {}",
-                    crate::expr::type_name(Some(other))
-                )))
-            }
+            other => return Err(bad(format!("$pullAll requires an array argument but was given a {}", crate::expr::type_name(Some(other))))),
         },
         "$bit" => Op::Bit(parse_bit(field, v)?),
         "$rename" => {
@@ -398,11 +377,7 @@ fn parse_operator(op: &str, field: &str, v: &Bson) -> Result<Op> {
             // Built in Update::parse: the rename lives at its target path.
             Op::Rename { from: Vec::new(), from_dotted: to.clone() }
         }
-        other => {
-            return Err(ftp(format!(
-                "Unknown modifier: {other}. Expected a valid update modifier or pipeline-style update specified as an array"
-            )))
-        }
+        other => return Err(ftp(format!("Unknown modifier: {other}. Expected a valid update modifier or pipeline-style update specified as an array"))),
     })
 }
 
@@ -428,16 +403,10 @@ impl Update {
                         return Err(Error::type_mismatch("Each element of the 'pipeline' array must be an object"));
                     };
                     let name = d.keys().next().cloned().unwrap_or_default();
-                    if !matches!(
-                        name.as_str(),
-                        "$addFields" | "$set" | "$project" | "$unset" | "$replaceRoot" | "$replaceWith"
-                    ) {
+                    if !matches!(name.as_str(), "$addFields" | "$set" | "$project" | "$unset" | "$replaceRoot" | "$replaceWith") {
                         // Unknown names get the pipeline's own error.
                         crate::agg::Pipeline::parse(std::slice::from_ref(d))?;
-                        return Err(Error::new(
-                            Code::InvalidOptions,
-                            format!("{name} is not allowed to be used within an update"),
-                        ));
+                        return Err(Error::new(Code::InvalidOptions, format!("{name} is not allowed to be used within an update")));
                     }
                     docs.push(d.clone());
                 }
@@ -464,13 +433,13 @@ impl Update {
                 let mut touched: Vec<(Vec<Comp>, String)> = Vec::new();
                 for (op, fields) in d {
                     if !op.starts_with('$') {
-                        return Err(ftp(format!(
-                            "Unknown modifier: {op}. Expected a valid update modifier or pipeline-style update specified as an array"
-                        )));
+                        return Err(ftp(format!("Unknown modifier: {op}. Expected a valid update modifier or pipeline-style update specified as an array")));
                     }
                     let Bson::Document(fields) = fields else {
                         if !is_known_modifier(op) {
-                            return Err(ftp(format!("Unknown modifier: {op}. Expected a valid update modifier or pipeline-style update specified as an array")));
+                            return Err(ftp(format!(
+                                "Unknown modifier: {op}. Expected a valid update modifier or pipeline-style update specified as an array"
+                            )));
                         }
                         return Err(ftp(format!(
                             "Modifiers operate on fields but we found type {} instead. For example: {{$mod: {{<field>: ...}}}} not {{{op}: {fields}}}",
@@ -478,9 +447,7 @@ impl Update {
                         )));
                     };
                     if !is_known_modifier(op) {
-                        return Err(ftp(format!(
-                            "Unknown modifier: {op}. Expected a valid update modifier or pipeline-style update specified as an array"
-                        )));
+                        return Err(ftp(format!("Unknown modifier: {op}. Expected a valid update modifier or pipeline-style update specified as an array")));
                     }
                     if fields.is_empty() {
                         return Err(ftp(format!("'{op}' is empty. You must specify a field like so: {{{op}: {{<field>: ...}}}}")));
@@ -504,9 +471,7 @@ impl Update {
                                 return Err(bad(format!("The source and target field for $rename must differ: {field}: \"{to}\"")));
                             }
                             if is_prefix(&path, &to_path) || is_prefix(&to_path, &path) {
-                                return Err(bad(format!(
-                                    "The source and target field for $rename must not be on the same path: {field}: \"{to}\""
-                                )));
+                                return Err(bad(format!("The source and target field for $rename must not be on the same path: {field}: \"{to}\"")));
                             }
                             parsed = Op::Rename { from: path.clone(), from_dotted: field.clone() };
                             touched.push((path.clone(), field.clone()));
@@ -626,10 +591,7 @@ impl Update {
                 let Bson::Document(out) = root else { return Err(Error::internal("update root is not a document")) };
                 match (doc.get("_id"), out.get("_id")) {
                     (Some(old), new) if new.is_none_or(|n| !same_value(old, n)) => {
-                        return Err(Error::new(
-                            Code::ImmutableField,
-                            "Performing an update on the path '_id' would modify the immutable field '_id'",
-                        ));
+                        return Err(Error::new(Code::ImmutableField, "Performing an update on the path '_id' would modify the immutable field '_id'"));
                     }
                     (_, Some(new)) => check_id_type(new)?,
                     _ => {}
@@ -643,8 +605,21 @@ impl Update {
 fn is_known_modifier(op: &str) -> bool {
     matches!(
         op,
-        "$set" | "$setOnInsert" | "$unset" | "$inc" | "$mul" | "$min" | "$max" | "$currentDate" | "$push" | "$addToSet"
-            | "$pop" | "$pull" | "$pullAll" | "$bit" | "$rename"
+        "$set"
+            | "$setOnInsert"
+            | "$unset"
+            | "$inc"
+            | "$mul"
+            | "$min"
+            | "$max"
+            | "$currentDate"
+            | "$push"
+            | "$addToSet"
+            | "$pop"
+            | "$pull"
+            | "$pullAll"
+            | "$bit"
+            | "$rename"
     )
 }
 
@@ -701,9 +676,8 @@ fn parse_array_filters(filters: &[Document]) -> Result<Vec<(String, Filter)>> {
         }
         let id = match id {
             Some(i) => i,
-            None => find_filter_identifier(f).ok_or_else(|| {
-                ftp("Error parsing array filter :: caused by :: Cannot use an expression without a top-level field name in arrayFilters")
-            })?,
+            None => find_filter_identifier(f)
+                .ok_or_else(|| ftp("Error parsing array filter :: caused by :: Cannot use an expression without a top-level field name in arrayFilters"))?,
         };
         let mut chars = id.chars();
         let valid = chars.next().is_some_and(|c| c.is_ascii_lowercase()) && chars.all(|c| c.is_ascii_alphanumeric());
@@ -789,9 +763,7 @@ fn take_for_rename(root: &mut Bson, from: &[Comp], dotted: &str) -> Result<Optio
                     None => return Ok(None),
                 }
             }
-            Bson::Array(_) => {
-                return Err(bad(format!("The source field cannot be an array element, '{dotted}' in doc with an array on the path")))
-            }
+            Bson::Array(_) => return Err(bad(format!("The source field cannot be an array element, '{dotted}' in doc with an array on the path"))),
             _ => return Ok(None),
         }
     }
@@ -807,9 +779,7 @@ fn check_rename_target(root: &Bson, path: &[Comp], dotted: &str) -> Result<()> {
                 Some(next) => cur = next,
                 None => return Ok(()),
             },
-            Bson::Array(_) => {
-                return Err(bad(format!("The destination field cannot be an array element, '{dotted}' in doc with an array on the path")))
-            }
+            Bson::Array(_) => return Err(bad(format!("The destination field cannot be an array element, '{dotted}' in doc with an array on the path"))),
             _ => return Ok(()),
         }
     }
@@ -897,10 +867,7 @@ fn compute(op: &Op, existing: Option<&Bson>, field: &str, ctx: &ApplyCtx, root_i
             }
         },
         Op::CurrentDate { timestamp } => Outcome::Set(if *timestamp {
-            Bson::Timestamp(bson::Timestamp {
-                time: (ctx.now.timestamp_millis() / 1000).clamp(0, u32::MAX as i64) as u32,
-                increment: 1,
-            })
+            Bson::Timestamp(bson::Timestamp { time: (ctx.now.timestamp_millis() / 1000).clamp(0, u32::MAX as i64) as u32, increment: 1 })
         } else {
             Bson::DateTime(ctx.now)
         }),
@@ -908,12 +875,7 @@ fn compute(op: &Op, existing: Option<&Bson>, field: &str, ctx: &ApplyCtx, root_i
             let mut items = match existing {
                 None => Vec::new(),
                 Some(Bson::Array(a)) => a.clone(),
-                Some(other) => {
-                    return Err(bad(format!(
-                        "The field '{field}' must be an array but is of type {} in document {root_id}",
-                        type_of(other)
-                    )))
-                }
+                Some(other) => return Err(bad(format!("The field '{field}' must be an array but is of type {} in document {root_id}", type_of(other)))),
             };
             let pos = match spec.position {
                 None => items.len(),
@@ -960,10 +922,7 @@ fn compute(op: &Op, existing: Option<&Bson>, field: &str, ctx: &ApplyCtx, root_i
                 None => Vec::new(),
                 Some(Bson::Array(a)) => a.clone(),
                 Some(other) => {
-                    return Err(bad(format!(
-                        "Cannot apply $addToSet to non-array field. Field named '{field}' has non-array type {}",
-                        type_of(other)
-                    )))
+                    return Err(bad(format!("Cannot apply $addToSet to non-array field. Field named '{field}' has non-array type {}", type_of(other))))
                 }
             };
             let before = items.len();
@@ -993,12 +952,7 @@ fn compute(op: &Op, existing: Option<&Bson>, field: &str, ctx: &ApplyCtx, root_i
                     Outcome::Set(Bson::Array(items))
                 }
             }
-            Some(other) => {
-                return Err(Error::type_mismatch(format!(
-                    "Path '{field}' contains an element of non-array type '{}'",
-                    type_of(other)
-                )))
-            }
+            Some(other) => return Err(Error::type_mismatch(format!("Path '{field}' contains an element of non-array type '{}'", type_of(other)))),
         },
         Op::Pull(cond) => match existing {
             None => Outcome::Keep,
@@ -1068,10 +1022,7 @@ fn bit_apply(acc: Num, op: BitOp, n: Num) -> Num {
 }
 
 fn not_viable(field: &str, parent_name: &str, parent: &Bson) -> Error {
-    Error::new(
-        Code::PathNotViable,
-        format!("Cannot create field '{field}' in element {{{parent_name}: {}}}", short(parent)),
-    )
+    Error::new(Code::PathNotViable, format!("Cannot create field '{field}' in element {{{parent_name}: {}}}", short(parent)))
 }
 
 /// Apply `op` at `path` below `cur` (a document or array). `cur_name` names `cur` in errors.
@@ -1225,10 +1176,7 @@ pub fn upsert_seed(filter: &Document) -> Result<Document> {
         let parts: Vec<String> = path.split('.').map(str::to_string).collect();
         for s in &seen {
             if *s == parts {
-                return Err(Error::new(
-                    Code::NotSingleValueField,
-                    format!("cannot infer query fields to set, path '{path}' is matched twice"),
-                ));
+                return Err(Error::new(Code::NotSingleValueField, format!("cannot infer query fields to set, path '{path}' is matched twice")));
             }
             let (a, b) = if s.len() < parts.len() { (s, &parts) } else { (&parts, s) };
             if a.len() < b.len() && b.starts_with(a) {
@@ -1240,13 +1188,7 @@ pub fn upsert_seed(filter: &Document) -> Result<Document> {
         }
         seen.push(parts.clone());
         let comps: Vec<Comp> = parts.into_iter().map(Comp::Field).collect();
-        let ctx = ApplyCtx {
-            details: &MatchDetails::default(),
-            root_id: String::new(),
-            is_insert: true,
-            array_filters: &[],
-            now: DateTime::now(),
-        };
+        let ctx = ApplyCtx { details: &MatchDetails::default(), root_id: String::new(), is_insert: true, array_filters: &[], now: DateTime::now() };
         apply_path(&mut root, &comps, "", &path, &Op::Set(v), &ctx)?;
     }
     match root {

@@ -214,25 +214,16 @@ impl ReplSetConfig {
             return Err(Error::bad_value("Replica set configuration must have at least one member"));
         }
         if self.members.len() > MEMBERS_MAX {
-            return Err(invalid(format!(
-                "Replica set configuration contains {} members, but must have at most {MEMBERS_MAX}",
-                self.members.len()
-            )));
+            return Err(invalid(format!("Replica set configuration contains {} members, but must have at most {MEMBERS_MAX}", self.members.len())));
         }
         for (i, a) in self.members.iter().enumerate() {
             a.validate()?;
             for (j, b) in self.members.iter().enumerate().skip(i + 1) {
                 if a.id == b.id {
-                    return Err(invalid(format!(
-                        "Found two member configurations with same _id field, members.{i}._id == members.{j}._id == {}",
-                        a.id
-                    )));
+                    return Err(invalid(format!("Found two member configurations with same _id field, members.{i}._id == members.{j}._id == {}", a.id)));
                 }
                 if a.host.eq_ignore_ascii_case(&b.host) {
-                    return Err(invalid(format!(
-                        "Found two member configurations with same host field, members.{i}.host == members.{j}.host == {}",
-                        a.host
-                    )));
+                    return Err(invalid(format!("Found two member configurations with same host field, members.{i}.host == members.{j}.host == {}", a.host)));
                 }
             }
         }
@@ -292,7 +283,10 @@ impl ReplSetConfig {
         if !force && new.version <= self.version {
             return Err(Error::new(
                 Code::NewReplicaSetConfigurationIncompatible,
-                format!("New replica set configuration version must be greater than old, but {} is not greater than {} for replica set {}", new.version, self.version, self.set_name),
+                format!(
+                    "New replica set configuration version must be greater than old, but {} is not greater than {} for replica set {}",
+                    new.version, self.version, self.set_name
+                ),
             ));
         }
         for m in &new.members {
@@ -505,7 +499,8 @@ mod reconfig_tests {
     use super::*;
 
     fn cfg(version: i32, members: &[(i32, &str, i32)]) -> ReplSetConfig {
-        let ms: Vec<Bson> = members.iter().map(|(id, h, v)| Bson::Document(doc! {"_id": id, "host": *h, "votes": v, "priority": if *v == 0 { 0 } else { 1 }})).collect();
+        let ms: Vec<Bson> =
+            members.iter().map(|(id, h, v)| Bson::Document(doc! {"_id": id, "host": *h, "votes": v, "priority": if *v == 0 { 0 } else { 1 }})).collect();
         ReplSetConfig::parse(&doc! {"_id": "rs", "version": version, "members": ms}).unwrap()
     }
 

@@ -49,7 +49,10 @@ pub fn decide(v: &Voter, req: &VoteRequest) -> Result<(), String> {
         ));
     }
     if req.last_applied < v.last_applied {
-        return Err(format!("candidate's data is staler than mine. candidate's last applied OpTime: {:?}, my last applied OpTime: {:?}", req.last_applied, v.last_applied));
+        return Err(format!(
+            "candidate's data is staler than mine. candidate's last applied OpTime: {:?}, my last applied OpTime: {:?}",
+            req.last_applied, v.last_applied
+        ));
     }
     if !req.dry_run && v.last_vote_term.is_some_and(|t| t >= req.term) {
         return Err(format!("already voted for another candidate ({}) this term ({})", req.candidate_index, req.term));
@@ -76,7 +79,14 @@ pub fn lost_majority(config: &ReplSetConfig, self_index: usize, responsive: impl
 /// Whether a secondary stands for election for want of a primary: it can be elected and vote,
 /// it is not frozen or already standing, no responsive member is primary, and it has heard
 /// from no primary (nor granted a vote) for its randomized election timeout.
-pub fn stands_for_want_of_primary(config: &ReplSetConfig, self_index: usize, may_stand: bool, sees_primary: bool, since_primary_seen_ms: u64, election_timeout_ms: u64) -> bool {
+pub fn stands_for_want_of_primary(
+    config: &ReplSetConfig,
+    self_index: usize,
+    may_stand: bool,
+    sees_primary: bool,
+    since_primary_seen_ms: u64,
+    election_timeout_ms: u64,
+) -> bool {
     let me = &config.members[self_index];
     me.is_electable() && me.is_voter() && may_stand && !sees_primary && since_primary_seen_ms >= election_timeout_ms
 }
@@ -90,7 +100,14 @@ pub const PRIORITY_TAKEOVER_FRESHNESS_SECS: u32 = 2;
 /// its priority is above the primary's and its newest entry is within the freshness window
 /// of the primary's; it then waits (rank + 1) election timeouts, rank being how many members
 /// outrank it, so the highest-priority one goes first.
-pub fn priority_takeover_wait_ms(config: &ReplSetConfig, self_index: usize, primary: usize, my_last: OpTime, primary_applied: OpTime, election_timeout_ms: u64) -> Option<u64> {
+pub fn priority_takeover_wait_ms(
+    config: &ReplSetConfig,
+    self_index: usize,
+    primary: usize,
+    my_last: OpTime,
+    primary_applied: OpTime,
+    election_timeout_ms: u64,
+) -> Option<u64> {
     let mine = config.members[self_index].priority;
     let caught_up = my_last.secs() + PRIORITY_TAKEOVER_FRESHNESS_SECS >= primary_applied.secs();
     if mine <= config.members[primary].priority || !caught_up {

@@ -96,7 +96,8 @@ pub fn write_concern_met(config: &ReplSetConfig, mode: &WMode, at: OpTime, optim
                     Bson::Double(d) => *d as i64,
                     _ => i64::MAX,
                 };
-                let mut values: Vec<&str> = (0..config.members.len()).filter(|&i| reached(i)).filter_map(|i| config.members[i].tags.get_str(tag).ok()).collect();
+                let mut values: Vec<&str> =
+                    (0..config.members.len()).filter(|&i| reached(i)).filter_map(|i| config.members[i].tags.get_str(tag).ok()).collect();
                 values.sort_unstable();
                 values.dedup();
                 values.len() as i64 >= want

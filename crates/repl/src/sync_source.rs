@@ -142,7 +142,12 @@ pub fn choose(config: &ReplSetConfig, self_index: usize, peers: &[PeerView], my_
             // center, and fetching from the primary saves a hop. Chains form across data
             // centers only.
             match primary {
-                Some(p) if candidates(config, self_index, peers, my_last).any(|i| i == p) && ping(p) <= ping(nearest).saturating_add(CHANGE_SYNC_SOURCE_THRESHOLD_MS * 1000) => Some(p),
+                Some(p)
+                    if candidates(config, self_index, peers, my_last).any(|i| i == p)
+                        && ping(p) <= ping(nearest).saturating_add(CHANGE_SYNC_SOURCE_THRESHOLD_MS * 1000) =>
+                {
+                    Some(p)
+                }
                 _ => Some(nearest),
             }
         }
@@ -168,7 +173,10 @@ fn leads_back(peers: &[PeerView], self_index: usize, from: usize) -> bool {
 /// maxSyncSourceLagSecs. What ends a replSetSyncFrom choice.
 pub fn is_unusable(peers: &[PeerView], self_index: usize, my_last: OpTime, current: usize) -> bool {
     let source = &peers[current];
-    !source.up || source.denied || lags(primary_applied(peers), source) || (source.state == Some(MemberState::Secondary) && source.applied <= my_last && leads_back(peers, self_index, current))
+    !source.up
+        || source.denied
+        || lags(primary_applied(peers), source)
+        || (source.state == Some(MemberState::Secondary) && source.applied <= my_last && leads_back(peers, self_index, current))
 }
 
 /// Whether a member fetching from `current` should choose again: the source is gone, no
@@ -204,11 +212,7 @@ pub fn should_change(config: &ReplSetConfig, self_index: usize, peers: &[PeerVie
             // Under "auto" a member without a vote leaves the primary once a secondary
             // qualifies, and otherwise moves, as under "on", only for a clearly nearer
             // source: spreading by fan-out happens when it chooses, not by moving.
-            let better = if config.settings.chaining_allowed == Chaining::Auto {
-                is_primary(current) && !is_primary(best)
-            } else {
-                is_primary(best)
-            };
+            let better = if config.settings.chaining_allowed == Chaining::Auto { is_primary(current) && !is_primary(best) } else { is_primary(best) };
             !still_candidate || better || ping(best).saturating_add(CHANGE_SYNC_SOURCE_THRESHOLD_MS * 1000) < ping(current)
         }
     }
@@ -283,7 +287,8 @@ mod tests {
     fn lagging_sources_and_small_ping_gains_are_handled() {
         use MemberState::*;
         let me = OpTime { ts: 10 << 32, term: 1 };
-        let mut peers = vec![peer(Primary, 100, 40_000), peer(Secondary, 100, 40_200), peer(Secondary, 100, 40_100), peer(Secondary, 100, 50), peer(Secondary, 100, 10)];
+        let mut peers =
+            vec![peer(Primary, 100, 40_000), peer(Secondary, 100, 40_200), peer(Secondary, 100, 40_100), peer(Secondary, 100, 50), peer(Secondary, 100, 10)];
         // Fetching from member 2 while the primary is as near: move to the primary.
         assert!(should_change(&set(true), 1, &peers, me, 2));
         // From the primary, a secondary 2 µs closer is no reason to move; 5 ms closer is not

@@ -61,8 +61,21 @@ fn frame(kind: &str, i: u64) -> Vec<u8> {
             }
             msg(doc! {"insert": "usertable", "ordered": true, "$db": "ycsb", "lsid": lsid}, "documents", d)
         }
-        "find" => wire::encode_msg(1, 0, &wire::OpMsg { flags: 0, body: doc! {"find": "usertable", "filter": {"_id": &key}, "limit": 1, "singleBatch": true, "$db": "ycsb", "lsid": lsid}, sequences: Vec::new() }, None),
-        _ => msg(doc! {"update": "usertable", "ordered": true, "$db": "ycsb", "lsid": lsid}, "updates", doc! {"q": {"_id": &key}, "u": {"$set": {"field3": field(i)}}}),
+        "find" => wire::encode_msg(
+            1,
+            0,
+            &wire::OpMsg {
+                flags: 0,
+                body: doc! {"find": "usertable", "filter": {"_id": &key}, "limit": 1, "singleBatch": true, "$db": "ycsb", "lsid": lsid},
+                sequences: Vec::new(),
+            },
+            None,
+        ),
+        _ => msg(
+            doc! {"update": "usertable", "ordered": true, "$db": "ycsb", "lsid": lsid},
+            "updates",
+            doc! {"q": {"_id": &key}, "u": {"$set": {"field3": field(i)}}},
+        ),
     }
 }
 
@@ -72,9 +85,18 @@ fn msg(body: Document, identifier: &str, d: Document) -> Vec<u8> {
 
 fn main() {
     let records: u64 = std::env::var("SHOAL_BENCH_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(50_000);
-    let dir = std::env::var("SHOAL_BENCH_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| std::env::temp_dir()).join(format!("shoal-audit-bench-{}", std::process::id()));
+    let dir = std::env::var("SHOAL_BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::env::temp_dir())
+        .join(format!("shoal-audit-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bench directory");
-    let actor = Arc::new(Actor::new(Some("127.0.0.1:27017".parse().unwrap()), Some("127.0.0.1:40000".parse().unwrap()), bson::Uuid::new(), vec![("u".into(), "admin".into())], vec![("root".into(), "admin".into())]));
+    let actor = Arc::new(Actor::new(
+        Some("127.0.0.1:27017".parse().unwrap()),
+        Some("127.0.0.1:40000".parse().unwrap()),
+        bson::Uuid::new(),
+        vec![("u".into(), "admin".into())],
+        vec![("root".into(), "admin".into())],
+    ));
     println!("records per case: {records}");
     println!("{:<8} {:<6} {:>16} {:>18} {:>18} {:>14}", "command", "format", "request µs/rec", "total CPU µs/rec", "machine CPU µs/rec", "bytes/record");
     // The pacing loop alone (its sleeps and wakeups), to subtract from the cases below.

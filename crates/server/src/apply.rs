@@ -179,7 +179,11 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
         let g = &mut groups[g];
         if g.coll.is_none() && matches!(change, ReplicatedChange::Put { .. }) {
             let ui = match entry.get_binary("ui") {
-                Ok(b) => Some(<[u8; 16]>::try_from(b.bytes).map(bson::Uuid::from_bytes).map_err(|_| Error::new(Code::FailedToParse, "oplog entry field 'ui' is not a UUID"))?),
+                Ok(b) => Some(
+                    <[u8; 16]>::try_from(b.bytes)
+                        .map(bson::Uuid::from_bytes)
+                        .map_err(|_| Error::new(Code::FailedToParse, "oplog entry field 'ui' is not a UUID"))?,
+                ),
                 Err(_) => None,
             };
             g.coll = collection(store, ns, Some(ui))?;
@@ -248,7 +252,11 @@ pub fn apply_entry(store: &Store, entry: &Document) -> Result<()> {
             upsert(&coll, o, true)
         }
         "u" => {
-            let id = entry.get_document("o2").ok().and_then(|o2| o2.get("_id")).ok_or_else(|| Error::new(Code::FailedToParse, "update oplog entry has no o2._id"))?;
+            let id = entry
+                .get_document("o2")
+                .ok()
+                .and_then(|o2| o2.get("_id"))
+                .ok_or_else(|| Error::new(Code::FailedToParse, "update oplog entry has no o2._id"))?;
             let coll = collection(store, ns, Some(ui))?.expect("created");
             update(&coll, id, o)
         }

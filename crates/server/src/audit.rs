@@ -184,8 +184,17 @@ impl Audit {
         let format = config.format;
         let (f, q) = (filter.clone(), queue.clone());
         let path = config.path.clone().filter(|_| config.destination == AuditDestination::File);
-        let writer = std::thread::Builder::new().name("audit-writer".into()).spawn(move || write_loop(&q, out, path, format, f)).map_err(|e| Error::internal(format!("cannot start the audit writer: {e}")))?;
-        Ok(Audit { queue, authorization_success: AtomicBool::new(authorization_success), filter, generation: Mutex::new(None), writer: Mutex::new(Some(writer)) })
+        let writer = std::thread::Builder::new()
+            .name("audit-writer".into())
+            .spawn(move || write_loop(&q, out, path, format, f))
+            .map_err(|e| Error::internal(format!("cannot start the audit writer: {e}")))?;
+        Ok(Audit {
+            queue,
+            authorization_success: AtomicBool::new(authorization_success),
+            filter,
+            generation: Mutex::new(None),
+            writer: Mutex::new(Some(writer)),
+        })
     }
 
     pub fn authorization_success(&self) -> bool {
@@ -226,7 +235,12 @@ impl Audit {
             match wire::encode_document_into(&mut encoded, command) {
                 Ok(()) => self.log_bytes(actor, &encoded, Param::Command, result),
                 // Not reachable for a command that was decoded from BSON; recorded anyway.
-                Err(e) => self.log("authCheck", actor, Param::Doc(doc! {"command": command.keys().next().map(String::as_str).unwrap_or(""), "error": e.message}), result),
+                Err(e) => self.log(
+                    "authCheck",
+                    actor,
+                    Param::Doc(doc! {"command": command.keys().next().map(String::as_str).unwrap_or(""), "error": e.message}),
+                    result,
+                ),
             }
             if encoded.capacity() > ENCODED_KEPT_BYTES_MAX {
                 *encoded = Vec::new();
@@ -460,10 +474,18 @@ pub fn command_done(shared: &crate::state::Shared, conn: &mut crate::conn::ConnS
         "dropDatabase" => vec![("dropDatabase", doc! {"ns": db})],
         "createIndexes" => cmd
             .get_array("indexes")
-            .map(|ix| ix.iter().filter_map(|i| i.as_document()).map(|i| ("createIndex", doc! {"ns": &ns, "indexName": i.get_str("name").unwrap_or(""), "indexSpec": i.clone()})).collect())
+            .map(|ix| {
+                ix.iter()
+                    .filter_map(|i| i.as_document())
+                    .map(|i| ("createIndex", doc! {"ns": &ns, "indexName": i.get_str("name").unwrap_or(""), "indexSpec": i.clone()}))
+                    .collect()
+            })
             .unwrap_or_default(),
         "dropIndexes" | "deleteIndexes" => vec![("dropIndex", doc! {"ns": &ns, "indexName": cmd.get("index").cloned().unwrap_or(Bson::Null)})],
-        "renameCollection" => vec![("renameCollection", doc! {"old": cmd.get("renameCollection").cloned().unwrap_or(Bson::Null), "new": cmd.get("to").cloned().unwrap_or(Bson::Null)})],
+        "renameCollection" => vec![(
+            "renameCollection",
+            doc! {"old": cmd.get("renameCollection").cloned().unwrap_or(Bson::Null), "new": cmd.get("to").cloned().unwrap_or(Bson::Null)},
+        )],
         "createUser" => vec![("createUser", user(doc! {"roles": roles()}))],
         "updateUser" => vec![("updateUser", user(doc! {"passwordChanged": cmd.contains_key("pwd"), "roles": roles()}))],
         "dropUser" => vec![("dropUser", user(Document::new()))],
@@ -501,7 +523,13 @@ pub fn compile(filter: &Document) -> Result<Option<query::filter::Filter>> {
 /// queue absorbs the delay; if it ever fills, commands wait, so nothing is lost.
 const WRITER_NICE: i32 = 10;
 
-fn write_loop(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<std::path::PathBuf>, format: AuditFormat, filter: Arc<RwLock<(Document, Option<query::filter::Filter>)>>) {
+fn write_loop(
+    queue: &Queue,
+    mut out: Box<dyn Write + Send>,
+    path: Option<std::path::PathBuf>,
+    format: AuditFormat,
+    filter: Arc<RwLock<(Document, Option<query::filter::Filter>)>>,
+) {
     // SAFETY: plain system calls on this thread's own id. Linux applies PRIO_PROCESS with a
     // thread id to that thread alone; lowering one's own priority needs no privilege.
     let lowered = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, WRITER_NICE) };
@@ -776,7 +804,12 @@ impl AuditFile {
         // SAFETY: system calls on our own open descriptor, with ranges inside the file.
         // Failures only leave pages cached, as without these calls.
         unsafe {
-            libc::sync_file_range(fd, old as libc::off64_t, chunk, libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER);
+            libc::sync_file_range(
+                fd,
+                old as libc::off64_t,
+                chunk,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            );
             libc::posix_fadvise(fd, old as libc::off_t, chunk, libc::POSIX_FADV_DONTNEED);
             libc::sync_file_range(fd, new as libc::off64_t, (self.len_bytes - new) as libc::off64_t, libc::SYNC_FILE_RANGE_WRITE);
         }
@@ -1273,7 +1306,22 @@ mod json {
 
         #[test]
         fn dates_are_written_as_the_bson_crate_writes_them() {
-            for ms in [0, 1, 999, 86_399_999, 951_782_400_000, 951_868_799_999, 1_700_000_000_123, 4_102_444_800_000, 253_402_300_799_999, 253_402_300_800_000, -1, -86_400_001, i64::MAX, i64::MIN] {
+            for ms in [
+                0,
+                1,
+                999,
+                86_399_999,
+                951_782_400_000,
+                951_868_799_999,
+                1_700_000_000_123,
+                4_102_444_800_000,
+                253_402_300_799_999,
+                253_402_300_800_000,
+                -1,
+                -86_400_001,
+                i64::MAX,
+                i64::MIN,
+            ] {
                 let mut ours = Vec::new();
                 date(&mut ours, ms);
                 let theirs = Bson::DateTime(bson::DateTime::from_millis(ms)).into_relaxed_extjson();
@@ -1306,7 +1354,13 @@ mod json {
         fn a_command_record_names_the_command_and_hides_secrets() {
             let cmd = doc! {"createUser": "ann", "pwd": "secret", "roles": [], "$db": "admin"};
             let bytes = cmd.to_vec().unwrap();
-            let actor = std::sync::Arc::new(crate::audit::Actor::new(None, None, bson::Uuid::from_bytes([7; 16]), vec![("u".into(), "admin".into())], vec![("root".into(), "admin".into())]));
+            let actor = std::sync::Arc::new(crate::audit::Actor::new(
+                None,
+                None,
+                bson::Uuid::from_bytes([7; 16]),
+                vec![("u".into(), "admin".into())],
+                vec![("root".into(), "admin".into())],
+            ));
             let e = Event { atype: "authCheck", ts_ms: 1_700_000_000_123, actor: 0, param: Param::Command(0..bytes.len()), result: 13 };
             let mut buf = Vec::new();
             record(&mut buf, &e, &actor, &Source::Command(&bytes), &mut TsCache::default());
@@ -1322,12 +1376,20 @@ mod json {
 
         #[test]
         fn a_bson_record_copies_the_command_and_reads_back_as_the_built_one() {
-            let actor = std::sync::Arc::new(crate::audit::Actor::new(None, Some("127.0.0.1:5".parse().unwrap()), bson::Uuid::from_bytes([7; 16]), vec![("u".into(), "admin".into())], vec![("root".into(), "admin".into())]));
+            let actor = std::sync::Arc::new(crate::audit::Actor::new(
+                None,
+                Some("127.0.0.1:5".parse().unwrap()),
+                bson::Uuid::from_bytes([7; 16]),
+                vec![("u".into(), "admin".into())],
+                vec![("root".into(), "admin".into())],
+            ));
             let event = |cmd: &bson::Document| {
                 let bytes = cmd.to_vec().unwrap();
                 (Event { atype: "authCheck", ts_ms: 1_700_000_000_123, actor: 0, param: Param::Command(0..bytes.len()), result: 0 }, bytes)
             };
-            let (e, bytes) = event(&doc! {"insert": "c", "documents": [{"_id": 1, "b": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![9; 100] }}], "$db": "app"});
+            let (e, bytes) = event(
+                &doc! {"insert": "c", "documents": [{"_id": 1, "b": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![9; 100] }}], "$db": "app"},
+            );
             let mut buf = Vec::new();
             super::super::bson_record(&mut buf, &e, &actor, &Source::Command(&bytes)).expect("written");
             assert_eq!(bson::Document::from_reader(&buf[..]).unwrap(), super::super::record(&e, &actor, &Source::Command(&bytes)));
@@ -1338,11 +1400,21 @@ mod json {
 
         #[test]
         fn a_record_from_a_frame_is_the_record_from_its_command() {
-            let actor = std::sync::Arc::new(crate::audit::Actor::new(None, Some("127.0.0.1:5".parse().unwrap()), bson::Uuid::from_bytes([7; 16]), vec![("u".into(), "admin".into())], vec![("root".into(), "admin".into())]));
+            let actor = std::sync::Arc::new(crate::audit::Actor::new(
+                None,
+                Some("127.0.0.1:5".parse().unwrap()),
+                bson::Uuid::from_bytes([7; 16]),
+                vec![("u".into(), "admin".into())],
+                vec![("root".into(), "admin".into())],
+            ));
             let body = doc! {"insert": "c", "ordered": true, "$db": "app", "lsid": {"id": bson::Uuid::from_bytes([1; 16])}};
             let documents = vec![doc! {"_id": "k1", "f": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![b'"'; 30] }}, doc! {"_id": 2}];
             for checksum in [0, wire::flags::CHECKSUM_PRESENT] {
-                let msg = wire::OpMsg { flags: checksum, body: body.clone(), sequences: vec![wire::DocumentSequence { identifier: "documents".into(), documents: documents.clone() }] };
+                let msg = wire::OpMsg {
+                    flags: checksum,
+                    body: body.clone(),
+                    sequences: vec![wire::DocumentSequence { identifier: "documents".into(), documents: documents.clone() }],
+                };
                 let frame = wire::encode_msg(1, 0, &msg, None);
                 let mut merged = Vec::new();
                 wire::msg_command_into(&mut merged, &frame).unwrap();
@@ -1362,8 +1434,8 @@ mod json {
         #[test]
         fn command_fields_read_well_formed_commands_and_refuse_the_rest() {
             let cmd = doc! {"find": "c", "filter": {"a": {"$regularExpression": {"pattern": "x", "options": ""}}}, "r": bson::Regex { pattern: "p".to_string().try_into().unwrap(), options: "i".to_string().try_into().unwrap() },
-                "ts": bson::Timestamp { time: 1, increment: 2 }, "d": "1.5".parse::<bson::Decimal128>().unwrap(), "code": bson::Bson::JavaScriptCode("f()".into()),
-                "min": bson::Bson::MinKey, "max": bson::Bson::MaxKey, "u": bson::Bson::Undefined, "$db": "app", "pwd": "s"};
+            "ts": bson::Timestamp { time: 1, increment: 2 }, "d": "1.5".parse::<bson::Decimal128>().unwrap(), "code": bson::Bson::JavaScriptCode("f()".into()),
+            "min": bson::Bson::MinKey, "max": bson::Bson::MaxKey, "u": bson::Bson::Undefined, "$db": "app", "pwd": "s"};
             let bytes = cmd.to_vec().unwrap();
             let f = command_fields(&bytes).expect("well-formed");
             assert_eq!((f.name, f.db, f.collection, f.secret, f.ns()), ("find", "app", Some("c"), true, "app.c".to_string()));

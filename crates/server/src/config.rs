@@ -294,8 +294,7 @@ impl ServerConfig {
     pub fn build(o: &Overrides, argv: Vec<String>) -> Result<ServerConfig> {
         let mut c = ServerConfig { argv, ..Default::default() };
         if let Some(path) = &o.config {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| bad_option(format!("error reading config file {}: {e}", path.display())))?;
+            let text = std::fs::read_to_string(path).map_err(|e| bad_option(format!("error reading config file {}: {e}", path.display())))?;
             c.apply_yaml(&text)?;
             c.config_file = Some(path.clone());
         }
@@ -381,10 +380,7 @@ impl ServerConfig {
 
     fn validate(&self) -> Result<()> {
         if self.storage_engine != "fjall" && self.storage_engine != "inMemory" {
-            return Err(bad_option(format!(
-                "Unsupported storage engine '{}'; shoal supports fjall (default) and inMemory",
-                self.storage_engine
-            )));
+            return Err(bad_option(format!("Unsupported storage engine '{}'; shoal supports fjall (default) and inMemory", self.storage_engine)));
         }
         if self.connections_max == 0 {
             return Err(bad_option("net.maxIncomingConnections must be at least 1"));
@@ -421,7 +417,9 @@ impl ServerConfig {
             match section {
                 "net" => self.apply_net(v)?,
                 "storage" => self.apply_storage(v)?,
-                "systemLog" | "processManagement" => check_known(section, v, &["destination", "path", "logAppend", "verbosity", "quiet", "fork", "pidFilePath", "timeZoneInfo"])?,
+                "systemLog" | "processManagement" => {
+                    check_known(section, v, &["destination", "path", "logAppend", "verbosity", "quiet", "fork", "pidFilePath", "timeZoneInfo"])?
+                }
                 "setParameter" => self.apply_set_parameter(v)?,
                 "auditLog" => {
                     for (k, v) in mapping("auditLog", v)? {
@@ -483,7 +481,9 @@ impl ServerConfig {
                             "mode" => self.tls.mode = TlsMode::parse(as_str(v, "net.tls.mode")?)?,
                             "certificateKeyFile" => self.tls.certificate_key_file = Some(PathBuf::from(as_str(v, "net.tls.certificateKeyFile")?)),
                             "CAFile" => self.tls.ca_file = Some(PathBuf::from(as_str(v, "net.tls.CAFile")?)),
-                            "allowConnectionsWithoutCertificates" => self.tls.allow_connections_without_certificates = as_bool(v, "net.tls.allowConnectionsWithoutCertificates")?,
+                            "allowConnectionsWithoutCertificates" => {
+                                self.tls.allow_connections_without_certificates = as_bool(v, "net.tls.allowConnectionsWithoutCertificates")?
+                            }
                             other => return Err(bad_option(format!("Unrecognized option: net.tls.{other}"))),
                         }
                     }
@@ -560,7 +560,10 @@ impl ServerConfig {
                     Value::String(s) => s.parse().ok(),
                     _ => v.as_u64(),
                 };
-                self.sort_memory_bytes_max = bytes.filter(|b| *b > 0).and_then(|b| usize::try_from(b).ok()).ok_or_else(|| bad_option(format!("Bad value for parameter \"{k}\": it must be a positive number of bytes")))?;
+                self.sort_memory_bytes_max = bytes
+                    .filter(|b| *b > 0)
+                    .and_then(|b| usize::try_from(b).ok())
+                    .ok_or_else(|| bad_option(format!("Bad value for parameter \"{k}\": it must be a positive number of bytes")))?;
             }
             "auditAuthorizationSuccess" => {
                 self.audit_authorization_success = match v {
@@ -575,7 +578,9 @@ impl ServerConfig {
                     Value::String(s) => s.parse().ok(),
                     _ => v.as_u64(),
                 };
-                self.auth_failed_delay_ms = ms.filter(|ms| *ms <= AUTH_FAILED_DELAY_MS_MAX).ok_or_else(|| bad_option(format!("Invalid value for authFailedDelayMs: it must be 0 to {AUTH_FAILED_DELAY_MS_MAX}")))?;
+                self.auth_failed_delay_ms = ms
+                    .filter(|ms| *ms <= AUTH_FAILED_DELAY_MS_MAX)
+                    .ok_or_else(|| bad_option(format!("Invalid value for authFailedDelayMs: it must be 0 to {AUTH_FAILED_DELAY_MS_MAX}")))?;
             }
             "enableTestCommands" => {
                 self.enable_test_commands = match v {

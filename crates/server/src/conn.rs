@@ -3,6 +3,7 @@
 
 use crate::dispatch::{self, Request};
 use crate::state::{Counters, Shared};
+use crate::tls::Stream;
 use bson::{doc, Bson, Document};
 use common::limits::MESSAGE_SIZE_MAX_BYTES;
 use std::net::SocketAddr;
@@ -10,7 +11,6 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use crate::tls::Stream;
 use tokio::net::TcpStream;
 use wire::{Compressor, Message, OpMsg, OpReply};
 
@@ -130,7 +130,24 @@ pub struct AwaitData {
 pub async fn serve(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut conn = ConnState { id, remote, compressors: Vec::new(), client_metadata: None, app_name: None, replication_wait: None, read_wait: None, await_data: None, await_deadline: None, raw_batch: None, auth: Default::default(), local: stream.local_addr().ok(), uuid: bson::Uuid::new(), audit_actor: None, audit_frame: Vec::new(), shard_filter: None };
+    let mut conn = ConnState {
+        id,
+        remote,
+        compressors: Vec::new(),
+        client_metadata: None,
+        app_name: None,
+        replication_wait: None,
+        read_wait: None,
+        await_data: None,
+        await_deadline: None,
+        raw_batch: None,
+        auth: Default::default(),
+        local: stream.local_addr().ok(),
+        uuid: bson::Uuid::new(),
+        audit_actor: None,
+        audit_frame: Vec::new(),
+        shard_filter: None,
+    };
     tracing::debug!(conn = id, %remote, "connection accepted");
     match shared.tls.accept(stream).await {
         Ok(mut stream) => {
@@ -229,7 +246,12 @@ async fn serve_loop(shared: &Arc<Shared>, stream: &mut Stream, conn: &mut ConnSt
                 tracing::warn!(conn = conn.id, "invalid message: {}", e);
                 let body = dispatch::error_reply(&e);
                 let out = if op_code == wire::OP_QUERY {
-                    wire::encode_reply(next_request_id(), request_id, &OpReply { response_flags: 2, cursor_id: 0, starting_from: 0, documents: vec![body] }, None)
+                    wire::encode_reply(
+                        next_request_id(),
+                        request_id,
+                        &OpReply { response_flags: 2, cursor_id: 0, starting_from: 0, documents: vec![body] },
+                        None,
+                    )
                 } else if op_code == wire::OP_MSG || op_code == wire::OP_COMPRESSED {
                     wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body, sequences: vec![] }, None)
                 } else {
@@ -273,7 +295,14 @@ fn reply_compressor(conn: &ConnState, request_compressor: Option<Compressor>, co
     }
 }
 
-async fn handle_msg(shared: &Arc<Shared>, stream: &mut Stream, conn: &mut ConnState, request_id: i32, compressor: Option<Compressor>, msg: OpMsg) -> Result<(), String> {
+async fn handle_msg(
+    shared: &Arc<Shared>,
+    stream: &mut Stream,
+    conn: &mut ConnState,
+    request_id: i32,
+    compressor: Option<Compressor>,
+    msg: OpMsg,
+) -> Result<(), String> {
     let more_to_come = msg.flags & wire::flags::MORE_TO_COME != 0;
     let exhaust = msg.flags & wire::flags::EXHAUST_ALLOWED != 0;
     let OpMsg { body, sequences, .. } = msg;
@@ -357,13 +386,22 @@ fn is_oplog_stream(msg: &OpMsg) -> bool {
 /// against a credit (`$replStream.credits` to start with, then one per batch acknowledged),
 /// so the member decides how far ahead of its writes the stream may run; while it has none,
 /// entries accumulate into the next, larger batch.
-async fn stream_oplog(shared: &Arc<Shared>, stream: &mut Stream, reader: &mut FrameReader, conn: &mut ConnState, request_id: i32, msg: OpMsg) -> Result<(), String> {
+async fn stream_oplog(
+    shared: &Arc<Shared>,
+    stream: &mut Stream,
+    reader: &mut FrameReader,
+    conn: &mut ConnState,
+    request_id: i32,
+    msg: OpMsg,
+) -> Result<(), String> {
     let credits_asked = msg.body.get_document("$replStream").ok().and_then(|s| s.get("credits")).and_then(integer);
     let OpMsg { body, sequences, .. } = msg;
     let request = match (Request::from_msg(body, sequences), credits_asked) {
         (Ok(r), Some(c)) if (1..=STREAM_CREDITS_MAX).contains(&c) => (r, c),
         (Err(e), _) => return refuse_stream(shared, stream, request_id, &e).await,
-        _ => return refuse_stream(shared, stream, request_id, &common::Error::bad_value(format!("$replStream.credits must be 1 to {STREAM_CREDITS_MAX}"))).await,
+        _ => {
+            return refuse_stream(shared, stream, request_id, &common::Error::bad_value(format!("$replStream.credits must be 1 to {STREAM_CREDITS_MAX}"))).await
+        }
     };
     let (mut request, mut credits) = request;
     let wants_ring = request.body.get_document("$replStream").ok().and_then(|s| s.get_bool("shm").ok()).unwrap_or(false);
@@ -738,7 +776,8 @@ async fn wait_for_replication(shared: &Shared, wait: dispatch::ReplicationWait, 
     let deadline = wait.timeout.map(|t| tokio::time::Instant::now() + t);
     let majority = (wait.durable && wait.mode == repl::progress::WMode::Majority).then_some((&shared.store, wait.at));
     let started = std::time::Instant::now();
-    let waited = wait_for_progress(repl, deadline, majority, || repl.write_concern_status(&shared.store, wait.at, &wait.mode, wait.durable, wait.own_durable)).await;
+    let waited =
+        wait_for_progress(repl, deadline, majority, || repl.write_concern_status(&shared.store, wait.at, &wait.mode, wait.durable, wait.own_durable)).await;
     let c = &shared.counters;
     if wait.mode.needs_others() {
         // mongod's metrics.getLastError.wtime counts waits for other members only.

@@ -315,10 +315,9 @@ impl CursorManager {
         let mut map = self.cursors.lock();
         match map.get(&id) {
             None => Err(Error::new(Code::CursorNotFound, format!("cursor id {id} not found"))),
-            Some(c) if c.ns != ns => Err(Error::new(
-                Code::Unauthorized,
-                format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", c.ns),
-            )),
+            Some(c) if c.ns != ns => {
+                Err(Error::new(Code::Unauthorized, format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", c.ns)))
+            }
             Some(c) if c.owner.as_ref() != owner => Err(Error::new(Code::Unauthorized, format!("cursor id {id} was not created by the authenticated user"))),
             Some(_) => Ok(map.remove(&id).expect("present: checked above under the same lock")),
         }

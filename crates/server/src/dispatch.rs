@@ -133,7 +133,10 @@ impl WriteConcern {
                     Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => {
                         let n = commands::as_i64(v).unwrap_or(-1);
                         if n < 0 {
-                            return Err(Error::new(Code::FailedToParse, "w has to be a non-negative number and not greater than 50; found: ".to_string() + &n.to_string()));
+                            return Err(Error::new(
+                                Code::FailedToParse,
+                                "w has to be a non-negative number and not greater than 50; found: ".to_string() + &n.to_string(),
+                            ));
                         }
                         if n > 1 && !replset {
                             return Err(Error::bad_value("cannot use 'w' > 1 on a standalone"));
@@ -144,7 +147,12 @@ impl WriteConcern {
                         out.w = Some(v.clone());
                     }
                     Bson::String(s) if s == "majority" || replset => out.w = Some(v.clone()),
-                    Bson::String(s) => return Err(Error::new(Code(79, "UnknownReplWriteConcern"), format!("No write concern mode named '{s}' found in replica set configuration"))),
+                    Bson::String(s) => {
+                        return Err(Error::new(
+                            Code(79, "UnknownReplWriteConcern"),
+                            format!("No write concern mode named '{s}' found in replica set configuration"),
+                        ))
+                    }
                     Bson::Document(_) => return Err(Error::new(Code(79, "UnknownReplWriteConcern"), "tagged write concern requires a replica set")),
                     _ => return Err(Error::new(Code::FailedToParse, "w has to be a number, string, or object")),
                 },
@@ -255,9 +263,13 @@ fn check_read_concern(cmd: &Document, repl: Option<&crate::repl::ReplCoord>) -> 
                 // the commit point (ReadWait).
                 Some("majority") => level = Some(ReadLevel::Majority),
                 Some("linearizable") if repl.is_some_and(|r| r.is_writable_primary()) => level = Some(ReadLevel::Linearizable),
-                Some("linearizable") if repl.is_some() => return Err(Error::new(Code::NotWritablePrimary, "cannot satisfy linearizable read concern on non-primary node")),
+                Some("linearizable") if repl.is_some() => {
+                    return Err(Error::new(Code::NotWritablePrimary, "cannot satisfy linearizable read concern on non-primary node"))
+                }
                 Some("linearizable") => return Err(Error::bad_value("Cannot use linearizable readConcern on a standalone; it requires a replica set")),
-                Some("snapshot") => return Err(Error::new(Code::NotImplemented, "readConcern level 'snapshot' requires a transaction, and transactions require a replica set")),
+                Some("snapshot") => {
+                    return Err(Error::new(Code::NotImplemented, "readConcern level 'snapshot' requires a transaction, and transactions require a replica set"))
+                }
                 Some(other) => return Err(Error::bad_value(format!("Invalid readConcern level '{other}'"))),
                 None => return Err(Error::type_mismatch("readConcern.level must be a string")),
             },
@@ -332,7 +344,9 @@ fn check_member_state(repl: &crate::repl::ReplCoord, req: &Request) -> Result<()
             let mode = req.body.get_document("$readPreference").ok().and_then(|p| p.get_str("mode").ok());
             match mode {
                 // A member in ROLLBACK or RECOVERING may hold documents newer than its oplog.
-                Some(m) if m != "primary" && !repl.serves_secondary_reads() => Error::new(Code::NotPrimaryOrSecondary, "node is not in primary or recovering state"),
+                Some(m) if m != "primary" && !repl.serves_secondary_reads() => {
+                    Error::new(Code::NotPrimaryOrSecondary, "node is not in primary or recovering state")
+                }
                 Some(m) if m != "primary" => return Ok(()),
                 _ => Error::new(Code::NotPrimaryNoSecondaryOk, "not primary and secondaryOk=false"),
             }

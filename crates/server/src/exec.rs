@@ -2,10 +2,10 @@
 //! a filter, pulled in bounded chunks so a cursor can resume it across getMore calls.
 
 use crate::ops::OpCtx;
+use crate::plan::{Access, IndexPlan, Plan};
 use bson::{Bson, Document};
 use common::Result;
 use query::filter::{Filter, MatchDetails};
-use crate::plan::{Access, IndexPlan, Plan};
 use query::sort::SortSpec;
 use std::collections::HashSet;
 use storage::{RecordId, Snapshot};
@@ -34,7 +34,10 @@ pub struct Scan {
 // One per scan, so a variant's size costs nothing worth a box.
 #[allow(clippy::large_enum_variant)]
 enum ScanAccess {
-    Collection { after: Option<RecordId>, reverse: bool },
+    Collection {
+        after: Option<RecordId>,
+        reverse: bool,
+    },
     /// `Some(v)`: the filter pins `_id` to v, so one index lookup replaces the scan.
     Point(Option<Bson>),
     Index {
@@ -215,7 +218,13 @@ fn key_document(key_pattern: &Document, values: Vec<Bson>) -> Document {
 /// Plan and open a scan of a collection snapshot for `filter_doc`, optionally wanting `sort`
 /// order. With `projected` (the paths a plain inclusion projection returns) the plan may be
 /// covered.
-pub fn planned_scan(snapshot: Snapshot, filter_doc: &Document, sort: Option<&SortSpec>, hint: Option<&Bson>, projected: Option<&[String]>) -> Result<(Scan, Plan)> {
+pub fn planned_scan(
+    snapshot: Snapshot,
+    filter_doc: &Document,
+    sort: Option<&SortSpec>,
+    hint: Option<&Bson>,
+    projected: Option<&[String]>,
+) -> Result<(Scan, Plan)> {
     let filter = Filter::parse(filter_doc)?;
     let mut plan = crate::plan::choose(filter_doc, sort, &snapshot, hint, filter.id_equality())?;
     if let Some(paths) = projected {

@@ -2,11 +2,11 @@
 //! It owns no data format: documents come from `wire`, are evaluated by `query`, and are
 //! stored by `storage`.
 
-pub mod config;
 mod apply;
 pub mod audit;
 pub mod auth;
 mod commands;
+pub mod config;
 mod conn;
 mod cursor;
 mod dispatch;
@@ -15,8 +15,8 @@ mod fault;
 mod ops;
 mod plan;
 mod repl;
-pub mod router;
 mod retry;
+pub mod router;
 mod sharding;
 mod state;
 mod sysinfo;

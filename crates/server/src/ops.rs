@@ -37,9 +37,29 @@ pub struct OpCtx<'a> {
 
 impl OpRegistry {
     #[allow(clippy::too_many_arguments)]
-    pub fn begin<'a>(&'a self, connection_id: u64, client: std::net::SocketAddr, app_name: Option<String>, op: &'static str, ns: String, command: Arc<bson::Document>, deadline: Option<Instant>) -> OpCtx<'a> {
+    pub fn begin<'a>(
+        &'a self,
+        connection_id: u64,
+        client: std::net::SocketAddr,
+        app_name: Option<String>,
+        op: &'static str,
+        ns: String,
+        command: Arc<bson::Document>,
+        deadline: Option<Instant>,
+    ) -> OpCtx<'a> {
         let opid = self.next.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        let info = Arc::new(OpInfo { opid, connection_id, client, app_name, op, ns, command, started: Instant::now(), started_wall: SystemTime::now(), killed: AtomicBool::new(false) });
+        let info = Arc::new(OpInfo {
+            opid,
+            connection_id,
+            client,
+            app_name,
+            op,
+            ns,
+            command,
+            started: Instant::now(),
+            started_wall: SystemTime::now(),
+            killed: AtomicBool::new(false),
+        });
         self.ops.lock().insert(opid, info.clone());
         OpCtx { registry: self, info, deadline }
     }

@@ -22,7 +22,9 @@ const INTERVALS_MAX: usize = 256;
 #[derive(Clone, Debug)]
 pub enum Access {
     /// `reverse`: descending record order (`$natural: -1`).
-    CollScan { reverse: bool },
+    CollScan {
+        reverse: bool,
+    },
     /// `_id` equality: one lookup in the `_id_` index (MongoDB's IDHACK).
     IdPoint(Bson),
     IndexScan(IndexPlan),
@@ -184,7 +186,13 @@ fn max_lower(a: Bound<Bson>, b: Bound<Bson>) -> Bound<Bson> {
         (Bound::Included(x) | Bound::Excluded(x), Bound::Included(y) | Bound::Excluded(y)) => match query::compare::cmp_bson(x, y) {
             Greater => a,
             Less => b,
-            Equal => if matches!(a, Bound::Excluded(_)) { a } else { b },
+            Equal => {
+                if matches!(a, Bound::Excluded(_)) {
+                    a
+                } else {
+                    b
+                }
+            }
         },
     }
 }
@@ -197,7 +205,13 @@ fn min_upper(a: Bound<Bson>, b: Bound<Bson>) -> Bound<Bson> {
         (Bound::Included(x) | Bound::Excluded(x), Bound::Included(y) | Bound::Excluded(y)) => match query::compare::cmp_bson(x, y) {
             Less => a,
             Greater => b,
-            Equal => if matches!(a, Bound::Excluded(_)) { a } else { b },
+            Equal => {
+                if matches!(a, Bound::Excluded(_)) {
+                    a
+                } else {
+                    b
+                }
+            }
         },
     }
 }
@@ -211,10 +225,7 @@ struct KeyField {
 }
 
 fn key_fields(spec: &IndexSpec) -> Vec<KeyField> {
-    spec.key
-        .iter()
-        .map(|(k, v)| KeyField { name: k.clone(), asc: !matches!(query_number(v), Some(n) if n < 0.0), hashed: storage::is_hashed(v) })
-        .collect()
+    spec.key.iter().map(|(k, v)| KeyField { name: k.clone(), asc: !matches!(query_number(v), Some(n) if n < 0.0), hashed: storage::is_hashed(v) }).collect()
 }
 
 fn query_number(v: &Bson) -> Option<f64> {
@@ -265,7 +276,11 @@ fn byte_bounds(prefix: &[u8], iv: Option<&Interval>, asc: bool) -> Option<(Bound
                 Bound::Excluded(v) => Bound::Excluded(encode(v, !asc)),
             };
             // A descending component is complemented: the value range flips in byte order.
-            if asc { (enc(&iv.lo), enc(&iv.hi)) } else { (enc(&iv.hi), enc(&iv.lo)) }
+            if asc {
+                (enc(&iv.lo), enc(&iv.hi))
+            } else {
+                (enc(&iv.hi), enc(&iv.lo))
+            }
         }
     };
     // Later fields follow these bytes, so "key > x" means "key >= successor(x)" and
@@ -301,7 +316,13 @@ fn show_bound(b: &Bound<Bson>, lower: bool) -> String {
         Bound::Unbounded => "MaxKey".into(),
         Bound::Included(v) | Bound::Excluded(v) => match v {
             Bson::String(s) => format!("\"{s}\""),
-            Bson::Double(d) if d.is_infinite() => if *d > 0.0 { "inf.0".into() } else { "-inf.0".into() },
+            Bson::Double(d) if d.is_infinite() => {
+                if *d > 0.0 {
+                    "inf.0".into()
+                } else {
+                    "-inf.0".into()
+                }
+            }
             Bson::Double(d) if d.is_nan() => "nan.0".into(),
             v => v.to_string(),
         },
@@ -466,7 +487,9 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, snapshot: &Snapshot, h
             _ => None,
         };
         if let Some(spec) = spec {
-            let spec = spec.ok_or_else(|| Error::bad_value("error processing query: planner returned error :: caused by :: hint provided does not correspond to an existing index"))?;
+            let spec = spec.ok_or_else(|| {
+                Error::bad_value("error processing query: planner returned error :: caused by :: hint provided does not correspond to an existing index")
+            })?;
             if !is_plannable_index(spec) {
                 return Err(Error::new(Code::BadValue, format!("hint: index {} cannot be scanned by shoal yet", spec.name)));
             }
@@ -505,7 +528,9 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, snapshot: &Snapshot, h
         // More bounded fields first; then one that also provides the sort; then unique.
         let better = match &best {
             None => true,
-            Some((s, bp, bs)) => (score, sorted, spec.unique, std::cmp::Reverse(spec.key.len())) > (*s, *bs, bp.index.unique, std::cmp::Reverse(bp.index.key.len())),
+            Some((s, bp, bs)) => {
+                (score, sorted, spec.unique, std::cmp::Reverse(spec.key.len())) > (*s, *bs, bp.index.unique, std::cmp::Reverse(bp.index.key.len()))
+            }
         };
         if better {
             best = Some((score, p, sorted));
@@ -553,7 +578,9 @@ fn filter_fields(filter: &Document, out: &mut Vec<String>) -> Option<()> {
 fn proves_value(pred: &FieldPred) -> bool {
     match pred {
         FieldPred::Points(_) => true,
-        FieldPred::Range(iv) => ![&iv.lo, &iv.hi].iter().any(|b| matches!(b, Bound::Included(Bson::MinKey | Bson::MaxKey) | Bound::Excluded(Bson::MinKey | Bson::MaxKey))),
+        FieldPred::Range(iv) => {
+            ![&iv.lo, &iv.hi].iter().any(|b| matches!(b, Bound::Included(Bson::MinKey | Bson::MaxKey) | Bound::Excluded(Bson::MinKey | Bson::MaxKey)))
+        }
     }
 }
 

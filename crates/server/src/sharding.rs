@@ -154,7 +154,9 @@ impl Gate {
         {
             let mut s = self.state.lock();
             match s.closed_by {
-                Some(other) if other != id => return Err(Error::new(Code::ConflictingOperationInProgress, format!("migration {other} holds the critical section"))),
+                Some(other) if other != id => {
+                    return Err(Error::new(Code::ConflictingOperationInProgress, format!("migration {other} holds the critical section")))
+                }
                 _ => s.closed_by = Some(id),
             }
         }
@@ -230,7 +232,10 @@ impl ShardingState {
         let mut id = self.identity.write();
         if let Some(have) = id.as_ref() {
             if have.shard_name != name || have.config.conn_string != config {
-                return Err(Error::new(Code::IllegalOperation, format!("this shard is {} of the cluster with config servers {}", have.shard_name, have.config.conn_string)));
+                return Err(Error::new(
+                    Code::IllegalOperation,
+                    format!("this shard is {} of the cluster with config servers {}", have.shard_name, have.config.conn_string),
+                ));
             }
             return Ok(());
         }
@@ -239,7 +244,9 @@ impl ShardingState {
     }
 
     pub fn identity(&self) -> Result<Arc<Identity>> {
-        self.identity.read().clone().ok_or_else(|| Error::new(Code::ShardingStateNotInitialized, "this shard has not been told its identity (_addShard) since it started or became primary"))
+        self.identity.read().clone().ok_or_else(|| {
+            Error::new(Code::ShardingStateNotInitialized, "this shard has not been told its identity (_addShard) since it started or became primary")
+        })
     }
 
     /// Called before each versioned operation with the current term: in a new term, forget

@@ -168,7 +168,13 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(config: ServerConfig, store: Store, repl: Option<crate::repl::ReplCoord>, tls: crate::tls::Acceptor, audit: Option<crate::audit::Audit>) -> Shared {
+    pub fn new(
+        config: ServerConfig,
+        store: Store,
+        repl: Option<crate::repl::ReplCoord>,
+        tls: crate::tls::Acceptor,
+        audit: Option<crate::audit::Audit>,
+    ) -> Shared {
         let host_name = crate::sysinfo::hostname();
         let writes = Arc::new(tokio::sync::Notify::new());
         let w = writes.clone();

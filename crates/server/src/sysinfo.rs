@@ -1,11 +1,7 @@
 //! Facts about the host and this process, read from /proc (Linux) for serverStatus and hostInfo.
 
 pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".to_string())
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "localhost".to_string())
 }
 
 /// (resident, virtual) memory of this process in bytes, from /proc/self/status.

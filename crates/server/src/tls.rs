@@ -38,7 +38,8 @@ impl Acceptor {
         let key_file = config.certificate_key_file.as_ref().ok_or_else(|| bad("net.tls.mode other than disabled needs net.tls.certificateKeyFile".into()))?;
         let (certs, key) = read_cert_and_key(key_file)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions().map_err(|e| bad(format!("TLS: {e}")))?;
+        let builder =
+            rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions().map_err(|e| bad(format!("TLS: {e}")))?;
         let builder = match &config.ca_file {
             None => builder.with_no_client_auth(),
             Some(ca) => {
@@ -92,7 +93,10 @@ pub fn init_member_client(config: &TlsConfig) -> Result<()> {
         return Ok(());
     }
     let bad = |what: String| Error::new(Code::BadValue, what);
-    let ca = config.ca_file.as_ref().ok_or_else(|| bad("members connect to each other with TLS under preferTLS and requireTLS, and need net.tls.CAFile to verify each other".into()))?;
+    let ca = config
+        .ca_file
+        .as_ref()
+        .ok_or_else(|| bad("members connect to each other with TLS under preferTLS and requireTLS, and need net.tls.CAFile to verify each other".into()))?;
     let roots = read_roots(ca)?;
     let (certs, key) = read_cert_and_key(config.certificate_key_file.as_ref().ok_or_else(|| bad("net.tls.certificateKeyFile is missing".into()))?)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -195,7 +195,11 @@ mod tests {
         let key = ShardKeyPattern::parse(&doc! {"a": 1}).unwrap();
         assert_eq!(initial_chunks(&key, &shards(3), "shard2", 2).len(), 1);
         let c = |lo: Bson, hi: Bson, s: &str| Chunk { min: vec![lo], max: vec![hi], shard: s.into(), lastmod: ChunkVersion { major: 1, minor: 0 } };
-        let table = RoutingTable::new(key, vec![c(Bson::Int32(10), Bson::Int32(20), "b"), c(Bson::MinKey, Bson::Int32(10), "a"), c(Bson::Int32(20), Bson::MaxKey, "c")]).unwrap();
+        let table = RoutingTable::new(
+            key,
+            vec![c(Bson::Int32(10), Bson::Int32(20), "b"), c(Bson::MinKey, Bson::Int32(10), "a"), c(Bson::Int32(20), Bson::MaxKey, "c")],
+        )
+        .unwrap();
         let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
         assert_eq!(table.shards_for_range(&[Bson::Int32(12)], &[Bson::Int32(15)]), set(&["b"]));
         assert_eq!(table.shards_for_range(&[Bson::Int32(5)], &[Bson::Int32(20)]), set(&["a", "b", "c"]));

@@ -26,9 +26,7 @@ pub type Key = Vec<Bson>;
 impl ShardKeyPattern {
     pub fn parse(pattern: &Document) -> Result<ShardKeyPattern> {
         let unsupported = || {
-            Error::bad_value(format!(
-                "Unsupported shard key pattern {pattern}. Pattern must either be a single hashed field, or a list of ascending fields"
-            ))
+            Error::bad_value(format!("Unsupported shard key pattern {pattern}. Pattern must either be a single hashed field, or a list of ascending fields"))
         };
         if pattern.is_empty() || pattern.len() > KEY_FIELDS_MAX {
             return Err(unsupported());

@@ -39,11 +39,15 @@ pub fn shards_for_filter(table: &RoutingTable, filter: &Document) -> BTreeSet<St
                 keys.clear();
                 break;
             }
-            keys = keys.iter().flat_map(|k| points.iter().map(move |p| (k, p))).map(|(k, p)| {
-                let mut k = k.clone();
-                k.push(key.key_value(i, p));
-                k
-            }).collect();
+            keys = keys
+                .iter()
+                .flat_map(|k| points.iter().map(move |p| (k, p)))
+                .map(|(k, p)| {
+                    let mut k = k.clone();
+                    k.push(key.key_value(i, p));
+                    k
+                })
+                .collect();
         }
         if !keys.is_empty() || constraints.iter().any(|c| c.points.as_ref().is_some_and(Vec::is_empty)) {
             return keys.iter().map(|k| table.chunk_for(k).shard.clone()).collect();
@@ -79,10 +83,14 @@ pub fn exact_key(key: &ShardKeyPattern, filter: &Document) -> Option<Key> {
     let names: Vec<&str> = key.field_names().collect();
     let mut constraints = vec![FieldConstraint::default(); names.len()];
     collect(filter, &names, &mut constraints, 0);
-    constraints.iter().enumerate().map(|(i, c)| match c.points.as_deref() {
-        Some([p]) => Some(key.key_value(i, p)),
-        _ => None,
-    }).collect()
+    constraints
+        .iter()
+        .enumerate()
+        .map(|(i, c)| match c.points.as_deref() {
+            Some([p]) => Some(key.key_value(i, p)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Depth of nested `$and`s looked into (deeper ones are ignored: still a superset).
@@ -127,14 +135,12 @@ fn constrain(c: &mut FieldConstraint, v: &Bson) {
                             }
                         }
                     }
-                    "$gt" | "$gte"
-                        if c.lo.as_ref().is_none_or(|lo| cmp_bson(arg, lo) == Ordering::Greater) => {
-                            c.lo = Some(arg.clone());
-                        }
-                    "$lt" | "$lte"
-                        if c.hi.as_ref().is_none_or(|hi| cmp_bson(arg, hi) == Ordering::Less) => {
-                            c.hi = Some(arg.clone());
-                        }
+                    "$gt" | "$gte" if c.lo.as_ref().is_none_or(|lo| cmp_bson(arg, lo) == Ordering::Greater) => {
+                        c.lo = Some(arg.clone());
+                    }
+                    "$lt" | "$lte" if c.hi.as_ref().is_none_or(|hi| cmp_bson(arg, hi) == Ordering::Less) => {
+                        c.hi = Some(arg.clone());
+                    }
                     _ => {}
                 }
             }

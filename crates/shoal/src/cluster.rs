@@ -164,7 +164,10 @@ async fn up_sharded(a: &UpArgs, shards: usize) -> Result<String, String> {
     let log = std::fs::File::create(a.dir.join("router.log")).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = std::process::Command::new(&exe);
-    cmd.args(["router", "--configdb", &configdb, "--port", &a.port.to_string(), "--bind_ip", "127.0.0.1"]).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(log);
+    cmd.args(["router", "--configdb", &configdb, "--port", &a.port.to_string(), "--bind_ip", "127.0.0.1"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let child = cmd.spawn().map_err(|e| format!("cannot start the router: {e}"))?;
     append_pid(&a.dir, child.id(), &router, "router")?;

@@ -104,7 +104,10 @@ async fn every_audited_event_is_recorded_once_with_its_fields() {
     assert_eq!(of(&records, "startup").len(), 1);
     // The CRUD commands' authorization checks, once each, by the root user.
     for (command, ns) in [("insert", "app.c"), ("find", "app.c"), ("update", "app.c"), ("delete", "app.c")] {
-        let checks: Vec<_> = of(&records, "authCheck").into_iter().filter(|r| r.get_document("param").unwrap().get_str("command").ok() == Some(command) && r.get_i32("result").ok() == Some(0)).collect();
+        let checks: Vec<_> = of(&records, "authCheck")
+            .into_iter()
+            .filter(|r| r.get_document("param").unwrap().get_str("command").ok() == Some(command) && r.get_i32("result").ok() == Some(0))
+            .collect();
         assert_eq!(checks.len(), 1, "{command}: {checks:#?}");
         let r = checks[0];
         assert_eq!(r.get_document("param").unwrap().get_str("ns").unwrap(), ns);
@@ -129,22 +132,45 @@ async fn every_audited_event_is_recorded_once_with_its_fields() {
     assert_eq!(refused[0].get_array("users").unwrap()[0].as_document().unwrap().get_str("user").unwrap(), "ann");
     // Logins: root's and ann's succeeded, ann's wrong password failed with 18.
     let logins = of(&records, "authenticate");
-    let ok: Vec<_> = logins.iter().filter(|r| r.get_i32("result").ok() == Some(0)).map(|r| r.get_document("param").unwrap().get_str("user").unwrap().to_string()).collect();
+    let ok: Vec<_> =
+        logins.iter().filter(|r| r.get_i32("result").ok() == Some(0)).map(|r| r.get_document("param").unwrap().get_str("user").unwrap().to_string()).collect();
     assert!(ok.contains(&"admin".to_string()) && ok.contains(&"ann".to_string()), "{logins:#?}");
     assert_eq!(logins.iter().filter(|r| r.get_i32("result").ok() == Some(18)).count(), 1, "{logins:#?}");
     // DDL and user management, once each.
     // Creations, explicit (create) and implicit (the first insert), each with the database
     // it started, once.
-    let ns_of = |atype: &str| -> Vec<String> { of(&records, atype).iter().map(|r| r.get_document("param").unwrap().get_str("ns").unwrap().to_string()).collect() };
+    let ns_of =
+        |atype: &str| -> Vec<String> { of(&records, atype).iter().map(|r| r.get_document("param").unwrap().get_str("ns").unwrap().to_string()).collect() };
     let created = ns_of("createCollection");
     for ns in ["app.c", "app.made"] {
         assert_eq!(created.iter().filter(|c| *c == ns).count(), 1, "{created:?}");
     }
     let dbs = ns_of("createDatabase");
     assert_eq!(dbs.iter().filter(|d| *d == "app").count(), 1, "{dbs:?}");
-    let first_create = records.iter().position(|r| r.get_str("atype").ok() == Some("createCollection") && r.get_document("param").unwrap().get_str("ns").ok() == Some("app.c")).unwrap();
+    let first_create = records
+        .iter()
+        .position(|r| r.get_str("atype").ok() == Some("createCollection") && r.get_document("param").unwrap().get_str("ns").ok() == Some("app.c"))
+        .unwrap();
     assert_eq!(records[first_create - 1].get_str("atype").unwrap(), "createDatabase", "the database's record comes first");
-    for (atype, n) in [("createIndex", 1), ("dropIndex", 1), ("renameCollection", 1), ("dropCollection", 1), ("dropDatabase", 1), ("grantRolesToUser", 1), ("revokeRolesFromUser", 1), ("updateUser", 1), ("dropUser", 1), ("createRole", 2), ("updateRole", 1), ("grantRolesToRole", 1), ("revokeRolesFromRole", 1), ("grantPrivilegesToRole", 1), ("revokePrivilegesFromRole", 1), ("dropRole", 1), ("dropAllRolesFromDatabase", 1)] {
+    for (atype, n) in [
+        ("createIndex", 1),
+        ("dropIndex", 1),
+        ("renameCollection", 1),
+        ("dropCollection", 1),
+        ("dropDatabase", 1),
+        ("grantRolesToUser", 1),
+        ("revokeRolesFromUser", 1),
+        ("updateUser", 1),
+        ("dropUser", 1),
+        ("createRole", 2),
+        ("updateRole", 1),
+        ("grantRolesToRole", 1),
+        ("revokeRolesFromRole", 1),
+        ("grantPrivilegesToRole", 1),
+        ("revokePrivilegesFromRole", 1),
+        ("dropRole", 1),
+        ("dropAllRolesFromDatabase", 1),
+    ] {
         assert_eq!(of(&records, atype).len(), n, "{atype}");
     }
     assert_eq!(of(&records, "createUser").len(), 2, "admin through the localhost exception, then ann");
@@ -214,7 +240,9 @@ async fn records_written_before_a_kill_9_survive_it_and_bson_reads_back() {
         assert_eq!(at, bytes.len(), "a torn record");
         out
     };
-    let inserts = |r: &[Document]| r.iter().filter(|r| r.get_str("atype").ok() == Some("authCheck") && r.get_document("param").unwrap().get_str("command").ok() == Some("insert")).count();
+    let inserts = |r: &[Document]| {
+        r.iter().filter(|r| r.get_str("atype").ok() == Some("authCheck") && r.get_document("param").unwrap().get_str("command").ok() == Some("insert")).count()
+    };
     // The writer takes each record as it comes; give it its (short) flush interval, then
     // kill the server outright.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -228,7 +256,14 @@ async fn records_written_before_a_kill_9_survive_it_and_bson_reads_back() {
     let ids: std::collections::BTreeSet<i64> = records
         .iter()
         .filter(|r| r.get_str("atype").ok() == Some("authCheck") && r.get_document("param").unwrap().get_str("command").ok() == Some("insert"))
-        .map(|r| r.get_document("param").unwrap().get_document("args").unwrap().get_array("documents").unwrap()[0].as_document().unwrap().get("_id").and_then(|v| v.as_i32().map(i64::from).or(v.as_i64())).unwrap())
+        .map(|r| {
+            r.get_document("param").unwrap().get_document("args").unwrap().get_array("documents").unwrap()[0]
+                .as_document()
+                .unwrap()
+                .get("_id")
+                .and_then(|v| v.as_i32().map(i64::from).or(v.as_i64()))
+                .unwrap()
+        })
         .collect();
     assert_eq!(ids.len(), 200);
     assert!(of(&records, "shutdown").is_empty(), "a kill -9 writes no shutdown record");
@@ -263,7 +298,15 @@ async fn log_rotate_starts_a_new_file_after_writing_the_old_one() {
     assert_eq!(aside.len(), 1, "{aside:?}");
     assert!(aside[0].file_name().unwrap().to_str().unwrap().starts_with("rotated.json.2"), "{aside:?}");
     let old = json_records(&aside[0]);
-    let inserted = |records: &[Document], id: &str| records.iter().any(|r| r.get_document("param").ok().and_then(|p| p.get_document("args").ok()).and_then(|a| a.get_array("documents").ok()).is_some_and(|d| d[0].as_document().unwrap().get_str("_id").ok() == Some(id)));
+    let inserted = |records: &[Document], id: &str| {
+        records.iter().any(|r| {
+            r.get_document("param")
+                .ok()
+                .and_then(|p| p.get_document("args").ok())
+                .and_then(|a| a.get_array("documents").ok())
+                .is_some_and(|d| d[0].as_document().unwrap().get_str("_id").ok() == Some(id))
+        })
+    };
     assert!(inserted(&old, "before") && !inserted(&old, "after"));
     let new = wait_for(&path, |r| inserted(r, "after"));
     assert!(!inserted(&new, "before"));
@@ -287,7 +330,10 @@ async fn set_audit_config_outlives_a_restart_and_a_bad_stored_one_is_set_aside()
     // A document nobody could set through setAuditConfig, written by hand: the server still
     // starts, with the configuration it was started with.
     let settings = s.client().await.database("config").collection::<Document>("settings");
-    settings.replace_one(doc! {"_id": "audit"}, doc! {"_id": "audit", "filter": {"$bogus": 1}, "generation": mongodb::bson::oid::ObjectId::new()}).await.unwrap();
+    settings
+        .replace_one(doc! {"_id": "audit"}, doc! {"_id": "audit", "filter": {"$bogus": 1}, "generation": mongodb::bson::oid::ObjectId::new()})
+        .await
+        .unwrap();
     s.restart();
     let config = s.client().await.database("admin").run_command(doc! {"getAuditConfig": 1}).await.unwrap();
     assert_eq!(config.get_document("filter").unwrap(), &doc! {"atype": "authenticate"}, "{config}");

@@ -48,7 +48,10 @@ async fn the_localhost_exception_creates_the_first_user_and_then_closes() {
     unauthorized(db.run_command(doc! {"createUser": "u", "pwd": "p", "roles": ["read"]}).await, "createUser outside admin");
     anon.database("admin").run_command(doc! {"createUser": "admin", "pwd": "adminpw", "roles": ["root"]}).await.unwrap();
     // The first user closes the exception.
-    unauthorized(anon.database("admin").run_command(doc! {"createUser": "second", "pwd": "p", "roles": ["root"]}).await, "a second user without authenticating");
+    unauthorized(
+        anon.database("admin").run_command(doc! {"createUser": "second", "pwd": "p", "roles": ["root"]}).await,
+        "a second user without authenticating",
+    );
     let status = anon.database("admin").run_command(doc! {"connectionStatus": 1}).await.unwrap();
     assert_eq!(status.get_document("authInfo").unwrap().get_array("authenticatedUsers").unwrap().len(), 0);
 }
@@ -189,7 +192,21 @@ async fn every_command_refuses_a_client_that_has_not_authenticated() {
     let names: Vec<String> = list.get_document("commands").unwrap().keys().cloned().collect();
     assert!(names.len() > 50, "{names:?}");
     // What mongod also runs before authentication.
-    let open = ["hello", "isMaster", "ismaster", "ping", "buildInfo", "buildinfo", "saslStart", "saslContinue", "authenticate", "connectionStatus", "listCommands", "logout", "configureFailPoint"];
+    let open = [
+        "hello",
+        "isMaster",
+        "ismaster",
+        "ping",
+        "buildInfo",
+        "buildinfo",
+        "saslStart",
+        "saslContinue",
+        "authenticate",
+        "connectionStatus",
+        "listCommands",
+        "logout",
+        "configureFailPoint",
+    ];
     let mut refused = 0;
     for name in &names {
         if open.contains(&name.as_str()) {
@@ -221,7 +238,10 @@ async fn bad_auth_conversations_get_mongodb_errors() {
         assert_eq!(code_of(&e), Some((18, "AuthenticationFailed".into())), "{e}");
     }
     // A conversation with a made-up proof fails, and leaves nothing to continue.
-    let r = admin.run_command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(b"n,,n=admin,r=abcdefgh"), "options": {"skipEmptyExchange": true}}).await.unwrap();
+    let r = admin
+        .run_command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(b"n,,n=admin,r=abcdefgh"), "options": {"skipEmptyExchange": true}})
+        .await
+        .unwrap();
     assert!(!r.get_bool("done").unwrap());
     let server_first = String::from_utf8(r.get_binary_generic("payload").unwrap().clone()).unwrap();
     let nonce = server_first.split(',').next().unwrap().trim_start_matches("r=");
@@ -237,7 +257,8 @@ async fn bad_auth_conversations_get_mongodb_errors() {
     // connection, no driver reconnecting behind our back).
     let mut raw = common::wire::connect(s.port);
     for i in 1..=10 {
-        let reply = common::wire::command(&mut raw, i, &doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(b"n,,n=nobody,r=abcdefgh"), "$db": "admin"});
+        let reply =
+            common::wire::command(&mut raw, i, &doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(b"n,,n=nobody,r=abcdefgh"), "$db": "admin"});
         assert_eq!(reply.doc.get_i32("code").unwrap(), 18, "attempt {i}: {:?}", reply.doc);
     }
     assert!(common::wire::closed_by_server(&mut raw), "the connection stays open after ten failures");
@@ -289,13 +310,19 @@ async fn scram_sha_256_over_tls_and_plaintext_refused_when_tls_is_required() {
     let strict = Server::start_with_args(&["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &pem, "--tlsCAFile", &ca]);
     let c = Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?{tls}&serverSelectionTimeoutMS=1000", strict.port)).await.unwrap();
     assert!(c.database("admin").run_command(doc! {"ping": 1}).await.is_err());
-    let lenient = Server::start_with_args(&["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &pem, "--tlsCAFile", &ca, "--tlsAllowConnectionsWithoutCertificates"]);
+    let lenient =
+        Server::start_with_args(&["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &pem, "--tlsCAFile", &ca, "--tlsAllowConnectionsWithoutCertificates"]);
     let c = Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?{tls}", lenient.port)).await.unwrap();
     c.database("admin").run_command(doc! {"ping": 1}).await.unwrap();
 
     // A server without a usable certificate does not start.
-    for args in [vec!["--tlsMode", "requireTLS"], vec!["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &ca], vec!["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", "/nonexistent.pem"]] {
-        let out = std::process::Command::new(common::binary_path()).arg("serve").args(["--port", "0", "--storageEngine", "inMemory"]).args(&args).output().unwrap();
+    for args in [
+        vec!["--tlsMode", "requireTLS"],
+        vec!["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &ca],
+        vec!["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", "/nonexistent.pem"],
+    ] {
+        let out =
+            std::process::Command::new(common::binary_path()).arg("serve").args(["--port", "0", "--storageEngine", "inMemory"]).args(&args).output().unwrap();
         assert!(!out.status.success(), "{args:?} started");
         assert!(String::from_utf8_lossy(&out.stderr).contains("certificate"), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -316,7 +343,10 @@ async fn auth_failed_delay_ms_slows_each_failed_attempt() {
     assert!(e.to_string().contains("Authentication failed"), "{e}");
     assert!(started.elapsed() >= std::time::Duration::from_millis(300), "{:?}", started.elapsed());
     for bad in ["authFailedDelayMs=5001", "authFailedDelayMs=-1", "authFailedDelayMs=soon"] {
-        let out = std::process::Command::new(common::binary_path()).args(["serve", "--port", "0", "--storageEngine", "inMemory", "--setParameter", bad]).output().unwrap();
+        let out = std::process::Command::new(common::binary_path())
+            .args(["serve", "--port", "0", "--storageEngine", "inMemory", "--setParameter", bad])
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad}");
     }
 }
@@ -326,7 +356,16 @@ async fn x509_clients_log_in_as_their_certificates_subject() {
     let dir = std::env::temp_dir().join(format!("shoal-x509-{}", std::process::id()));
     make_certs(&dir);
     let path = |f: &str| dir.join(f).display().to_string();
-    let s = Server::start_with_args(&["--auth", "--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &path("server.pem"), "--tlsCAFile", &path("ca.pem"), "--tlsAllowConnectionsWithoutCertificates"]);
+    let s = Server::start_with_args(&[
+        "--auth",
+        "--tlsMode",
+        "requireTLS",
+        "--tlsCertificateKeyFile",
+        &path("server.pem"),
+        "--tlsCAFile",
+        &path("ca.pem"),
+        "--tlsAllowConnectionsWithoutCertificates",
+    ]);
     let tls = format!("tls=true&tlsCAFile={}", path("ca.pem"));
     let anon = Client::with_uri_str(format!("mongodb://127.0.0.1:{}/?{tls}", s.port)).await.unwrap();
     anon.database("admin").run_command(doc! {"createUser": "admin", "pwd": "adminpw", "roles": ["root"]}).await.unwrap();
@@ -347,7 +386,10 @@ async fn x509_clients_log_in_as_their_certificates_subject() {
     assert_eq!(c.count_documents(doc! {}).await.unwrap(), 1);
     unauthorized(c.insert_one(doc! {"_id": 2}).await, "insert with read");
     let status = ann.database("admin").run_command(doc! {"connectionStatus": 1}).await.unwrap();
-    assert_eq!(status.get_document("authInfo").unwrap().get_array("authenticatedUsers").unwrap(), &vec![Bson::Document(doc! {"user": "CN=ann,OU=clients,O=shoal", "db": "$external"})]);
+    assert_eq!(
+        status.get_document("authInfo").unwrap().get_array("authenticatedUsers").unwrap(),
+        &vec![Bson::Document(doc! {"user": "CN=ann,OU=clients,O=shoal", "db": "$external"})]
+    );
 
     // The authenticate command itself: without a certificate, or naming another user, it
     // fails; with the certificate it logs in.
@@ -383,7 +425,13 @@ async fn user_defined_roles_grant_their_privileges_inherit_and_go_away() {
     assert_eq!(code(app.run_command(doc! {"createRole": "readerC", "privileges": [], "roles": []}).await, "a second readerC"), 51002);
     assert_eq!(code(app.run_command(doc! {"createRole": "read", "privileges": [], "roles": []}).await, "a built-in name"), 2);
     assert_eq!(code(app.run_command(doc! {"createRole": "x", "roles": []}).await, "no privileges"), 40414);
-    assert_eq!(code(app.run_command(doc! {"createRole": "x", "privileges": [{"resource": {"db": "other", "collection": ""}, "actions": ["find"]}], "roles": []}).await, "another database"), 49);
+    assert_eq!(
+        code(
+            app.run_command(doc! {"createRole": "x", "privileges": [{"resource": {"db": "other", "collection": ""}, "actions": ["find"]}], "roles": []}).await,
+            "another database"
+        ),
+        49
+    );
     assert_eq!(code(app.run_command(doc! {"createRole": "x", "privileges": [], "roles": ["nosuch"]}).await, "an unknown role"), 31);
     assert_eq!(code(app.run_command(doc! {"grantPrivilegesToRole": "read", "privileges": [find_c.clone()]}).await, "a built-in role"), 2);
     assert_eq!(code(app.run_command(doc! {"dropRole": "nosuch"}).await, "dropping an unknown role"), 31);
@@ -395,12 +443,18 @@ async fn user_defined_roles_grant_their_privileges_inherit_and_go_away() {
     unauthorized(uc.insert_one(doc! {"_id": 1}).await, "insert without the privilege");
     unauthorized(ud.find_one(doc! {}).await, "find on another collection");
     // A granted privilege takes effect on the user's open connection.
-    app.run_command(doc! {"grantPrivilegesToRole": "readerC", "privileges": [{"resource": {"db": "app", "collection": "c"}, "actions": ["insert"]}]}).await.unwrap();
+    app.run_command(doc! {"grantPrivilegesToRole": "readerC", "privileges": [{"resource": {"db": "app", "collection": "c"}, "actions": ["insert"]}]})
+        .await
+        .unwrap();
     uc.insert_one(doc! {"_id": 1}).await.unwrap();
-    app.run_command(doc! {"revokePrivilegesFromRole": "readerC", "privileges": [{"resource": {"db": "app", "collection": "c"}, "actions": ["insert"]}]}).await.unwrap();
+    app.run_command(doc! {"revokePrivilegesFromRole": "readerC", "privileges": [{"resource": {"db": "app", "collection": "c"}, "actions": ["insert"]}]})
+        .await
+        .unwrap();
     unauthorized(uc.insert_one(doc! {"_id": 2}).await, "insert once revoked");
     // Inherited roles: writer's privileges reach u through readerC; no cycles.
-    app.run_command(doc! {"createRole": "writer", "privileges": [{"resource": {"db": "app", "collection": ""}, "actions": ["insert"]}], "roles": ["read"]}).await.unwrap();
+    app.run_command(doc! {"createRole": "writer", "privileges": [{"resource": {"db": "app", "collection": ""}, "actions": ["insert"]}], "roles": ["read"]})
+        .await
+        .unwrap();
     app.run_command(doc! {"grantRolesToRole": "readerC", "roles": ["writer"]}).await.unwrap();
     ud.insert_one(doc! {"_id": 1}).await.unwrap();
     ud.find_one(doc! {}).await.unwrap();

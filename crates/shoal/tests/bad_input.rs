@@ -324,8 +324,7 @@ async fn legacy_op_query_handshake() {
     let mut server = Server::start();
     for name in ["isMaster", "ismaster", "hello"] {
         let mut s = connect(server.port);
-        s.write_all(&op_query(40, "admin.$cmd", &doc! {name: 1, "helloOk": true, "client": {"driver": {"name": "old", "version": "1"}}}))
-            .expect("write");
+        s.write_all(&op_query(40, "admin.$cmd", &doc! {name: 1, "helloOk": true, "client": {"driver": {"name": "old", "version": "1"}}})).expect("write");
         let r = read_reply(&mut s).unwrap_or_else(|e| panic!("no OP_REPLY to OP_QUERY {name}: {e}"));
         assert_eq!(r.op_code, OP_REPLY, "legacy queries get OP_REPLY");
         assert_eq!(r.response_to, 40);
@@ -354,7 +353,9 @@ async fn legacy_op_query_handshake() {
     // OP_QUERY on a plain collection (legacy find) is gone since 5.1.
     let mut s = connect(server.port);
     s.write_all(&op_query(43, "test.c", &doc! {})).expect("write");
-    if let Ok(r) = read_reply(&mut s) { assert!(r.flags & 2 != 0 || r.doc.get("$err").is_some() || r.doc.get("ok").and_then(num) == Some(0.0), "{:?}", r.doc) }
+    if let Ok(r) = read_reply(&mut s) {
+        assert!(r.flags & 2 != 0 || r.doc.get("$err").is_some() || r.doc.get("ok").and_then(num) == Some(0.0), "{:?}", r.doc)
+    }
     assert_alive(&mut server, "legacy OP_QUERY").await;
 }
 
@@ -405,7 +406,8 @@ async fn wire_compression_negotiation_and_op_compressed() {
         assert_eq!(r.doc.get("ok").and_then(num), Some(1.0), "{:?}", r.doc);
         // A large compressed insert and its read-back.
         let payload = "z".repeat(2_000_000);
-        let framed = frame(82, 0, OP_MSG, &op_msg_body(0, &doc! {"insert": name, "$db": "test"}, &[("documents", vec![doc! {"_id": 1, "p": payload.clone()}])]));
+        let framed =
+            frame(82, 0, OP_MSG, &op_msg_body(0, &doc! {"insert": name, "$db": "test"}, &[("documents", vec![doc! {"_id": 1, "p": payload.clone()}])]));
         s.write_all(&op_compressed(82, id, &framed)).expect("write");
         let r = read_reply(&mut s).expect("reply");
         assert_eq!(r.doc.get("n").and_then(num), Some(1.0), "{:?}", r.doc);
@@ -450,7 +452,8 @@ async fn push_streams_enforce_their_credits_and_take_only_acknowledgements() {
         let r = command(s, id, &doc! {"find": "log", "tailable": true, "awaitData": true, "batchSize": 1, "$db": "test"});
         r.doc.get_document("cursor").unwrap().get_i64("id").unwrap()
     };
-    let stream = |cursor: i64, credits: Bson| doc! {"getMore": cursor, "collection": "log", "maxTimeMS": 100, "$replStream": {"credits": credits}, "$db": "test"};
+    let stream =
+        |cursor: i64, credits: Bson| doc! {"getMore": cursor, "collection": "log", "maxTimeMS": 100, "$replStream": {"credits": credits}, "$db": "test"};
     // Credits out of range (1 to 64): refused with a reply, the connection kept.
     for (i, credits) in [Bson::Int32(0), Bson::Int32(65), Bson::String("many".into())].into_iter().enumerate() {
         let cursor = open(&mut s, 10 + i as i32);

@@ -99,8 +99,7 @@ async fn ycsb_load_and_run_against_shoal() {
     assert!(arr.iter().any(|e| e["metric"] == "READ" && e["measurement"] == "Operations" && e["value"].as_f64() == Some(reads)));
 
     // Workload E: scans from zipfian keys plus inserts of new keys (300, 301, ...).
-    let text =
-        shoal_bench(&["ycsb", "run", "-P", "workloade", "-p", "recordcount=300", "-p", "operationcount=60", "-p", "maxscanlength=20", "--url", &url]);
+    let text = shoal_bench(&["ycsb", "run", "-P", "workloade", "-p", "recordcount=300", "-p", "operationcount=60", "-p", "maxscanlength=20", "--url", &url]);
     let rows = parse_text(&text);
     let scans = value(&rows, "SCAN", "Operations");
     let inserts = row_value(&rows, "INSERT", "Operations").unwrap_or(0.0);
@@ -131,7 +130,24 @@ async fn lean_client_and_official_driver_agree() {
         assert_eq!(coll.count_documents(doc! {}).await.expect("count"), 200, "{driver}");
 
         // Scan lengths up to 180 exceed the default first batch of 101 documents.
-        let text = run(&["ycsb", "run", "-P", "workloade", "-p", "recordcount=200", "-p", "operationcount=80", "-p", "maxscanlength=180", "-p", "scanproportion=1", "-p", "insertproportion=0", "--url", &url]);
+        let text = run(&[
+            "ycsb",
+            "run",
+            "-P",
+            "workloade",
+            "-p",
+            "recordcount=200",
+            "-p",
+            "operationcount=80",
+            "-p",
+            "maxscanlength=180",
+            "-p",
+            "scanproportion=1",
+            "-p",
+            "insertproportion=0",
+            "--url",
+            &url,
+        ]);
         let rows = parse_text(&text);
         assert_eq!(value(&rows, "SCAN", "Operations"), 80.0, "{driver}: {text}");
         assert!(row_value(&rows, "SCAN-FAILED", "Operations").is_none(), "{driver}: {text}");

@@ -13,7 +13,10 @@ async fn cluster_up_starts_a_set_that_drivers_use_and_down_stops_it() {
     let _ = std::fs::remove_dir_all(&dir);
     let port = free_port().to_string();
     let d = dir.to_str().unwrap();
-    let up = Command::new(binary_path()).args(["cluster", "up", "--members", "3", "--hidden", "1", "--voters", "2", "--chaining", "off", "--port", &port, "--dir", d]).output().unwrap();
+    let up = Command::new(binary_path())
+        .args(["cluster", "up", "--members", "3", "--hidden", "1", "--voters", "2", "--chaining", "off", "--port", &port, "--dir", d])
+        .output()
+        .unwrap();
     assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
     let uri = String::from_utf8(up.stdout).unwrap().trim().to_string();
     assert_eq!(uri, format!("mongodb://127.0.0.1:{port},127.0.0.2:{port},127.0.0.3:{port}/?replicaSet=rs0"));

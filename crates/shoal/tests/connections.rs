@@ -47,7 +47,7 @@ async fn thousand_concurrent_connections() {
                 let mut s = TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| format!("connect {i}: {e}"))?;
                 s.set_nodelay(true).map_err(|e| e.to_string())?;
                 let hello = request(&mut s, 1, &doc! {"hello": 1, "client": {"application": {"name": format!("conn-{i}")}}, "$db": "admin"}).await?;
-                if hello.get_bool("isWritablePrimary") .ok() != Some(true) {
+                if hello.get_bool("isWritablePrimary").ok() != Some(true) {
                     return Err(format!("hello {i}: {hello:?}"));
                 }
                 let pong = request(&mut s, 2, &doc! {"ping": 1, "$db": "admin"}).await?;

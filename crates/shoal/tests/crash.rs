@@ -197,11 +197,14 @@ async fn verify(server: &Server, known: &HashMap<i64, Known>) -> HashMap<i64, i6
     // missing, left over or pointing at the wrong document fails here.
     let want_k: std::collections::BTreeSet<(String, i64)> = present.keys().map(|id| (key(*id), *id)).collect();
     let want_v: std::collections::BTreeSet<(i64, i64)> = present.iter().map(|(id, d)| (d.get_i64("v").unwrap_or_default(), *id)).collect();
-    let by_k = collect(coll.find(doc! {"k": {"$gte": ""}}).hint(mongodb::options::Hint::Name("k_1".into())).projection(doc! {"k": 1}).await.expect("scan k_1")).await;
+    let by_k =
+        collect(coll.find(doc! {"k": {"$gte": ""}}).hint(mongodb::options::Hint::Name("k_1".into())).projection(doc! {"k": 1}).await.expect("scan k_1")).await;
     let got_k: Vec<(String, i64)> = by_k.iter().map(|d| (d.get_str("k").unwrap_or_default().to_string(), d.get_i64("_id").unwrap_or_default())).collect();
     assert_eq!(got_k.len(), want_k.len(), "k_1 scan returned {} entries for {} records", got_k.len(), want_k.len());
     assert!(got_k.iter().cloned().collect::<std::collections::BTreeSet<_>>() == want_k, "k_1 entries differ from the records");
-    let by_v = collect(coll.find(doc! {"v": {"$gte": i64::MIN}}).hint(mongodb::options::Hint::Name("v_1".into())).projection(doc! {"v": 1}).await.expect("scan v_1")).await;
+    let by_v =
+        collect(coll.find(doc! {"v": {"$gte": i64::MIN}}).hint(mongodb::options::Hint::Name("v_1".into())).projection(doc! {"v": 1}).await.expect("scan v_1"))
+            .await;
     let got_v: Vec<(i64, i64)> = by_v.iter().map(|d| (d.get_i64("v").unwrap_or(-1), d.get_i64("_id").unwrap_or_default())).collect();
     assert_eq!(got_v.len(), want_v.len(), "v_1 scan returned {} entries for {} records", got_v.len(), want_v.len());
     assert!(got_v.iter().copied().collect::<std::collections::BTreeSet<_>>() == want_v, "v_1 entries differ from the records");
@@ -244,9 +247,8 @@ async fn acknowledged_writes_survive_kill_9() {
         let acked_total = Arc::new(AtomicU64::new(0));
         let killed = Arc::new(AtomicBool::new(false));
         let errors = Arc::new(Mutex::new(Vec::new()));
-        let handles: Vec<_> = (0..TASKS_COUNT)
-            .map(|t| tokio::spawn(writer(coll.clone(), t, round, seed, acked_total.clone(), killed.clone(), errors.clone())))
-            .collect();
+        let handles: Vec<_> =
+            (0..TASKS_COUNT).map(|t| tokio::spawn(writer(coll.clone(), t, round, seed, acked_total.clone(), killed.clone(), errors.clone()))).collect();
         let deadline = Instant::now() + LOAD_PHASE_TIMEOUT;
         while acked_total.load(Ordering::Relaxed) < kill_after {
             assert!(Instant::now() < deadline, "only {} writes acknowledged in {:?}", acked_total.load(Ordering::Relaxed), LOAD_PHASE_TIMEOUT);
@@ -284,5 +286,8 @@ async fn acknowledged_writes_survive_kill_9() {
         let client = server.client().await;
         client.database("crash").collection::<Document>("c").delete_one(doc! {"_id": -1_i64}).await.expect("cleanup");
     }
-    eprintln!("{rounds} kills: {acked_all} writes acknowledged, {in_flight_all} in flight at a kill, {} documents at the end, none lost", known.values().filter(|k| k.acked.is_some()).count());
+    eprintln!(
+        "{rounds} kills: {acked_all} writes acknowledged, {in_flight_all} in flight at a kill, {} documents at the end, none lost",
+        known.values().filter(|k| k.acked.is_some()).count()
+    );
 }

@@ -433,11 +433,7 @@ async fn upserts() {
     let server = Server::start();
     let client = server.client().await;
     let coll = client.database("test").collection::<Document>("c");
-    let r = coll
-        .update_one(doc! {"k": "x"}, doc! {"$set": {"v": 1}, "$setOnInsert": {"created": true}})
-        .upsert(true)
-        .await
-        .expect("upsert insert");
+    let r = coll.update_one(doc! {"k": "x"}, doc! {"$set": {"v": 1}, "$setOnInsert": {"created": true}}).upsert(true).await.expect("upsert insert");
     assert_eq!((r.matched_count, r.modified_count), (0, 0));
     let id = r.upserted_id.expect("upserted id");
     assert!(id.as_object_id().is_some(), "generated _id is an ObjectId: {id:?}");
@@ -445,11 +441,7 @@ async fn upserts() {
     assert_eq!(d, doc! {"_id": id.clone(), "k": "x", "v": 1, "created": true});
 
     // Second upsert matches; $setOnInsert is not applied again.
-    let r = coll
-        .update_one(doc! {"k": "x"}, doc! {"$set": {"v": 1}, "$setOnInsert": {"created": false}})
-        .upsert(true)
-        .await
-        .expect("upsert match");
+    let r = coll.update_one(doc! {"k": "x"}, doc! {"$set": {"v": 1}, "$setOnInsert": {"created": false}}).upsert(true).await.expect("upsert match");
     assert_eq!((r.matched_count, r.modified_count), (1, 0));
     assert!(r.upserted_id.is_none());
     assert_eq!(coll.find_one(doc! {"k": "x"}).await.expect("find").expect("doc").get_bool("created").ok(), Some(true));
@@ -480,7 +472,10 @@ async fn array_filters_and_positional_operators() {
 
     coll.update_one(doc! {"_id": 1}, doc! {"$set": {"grades.$[el]": 100}}).array_filters(vec![doc! {"el": {"$gte": 100}}]).await.expect("arrayFilters");
     assert_eq!(get().await.get_array("grades").ok(), Some(&vec![Bson::Int32(95), Bson::Int32(100), Bson::Int32(90), Bson::Int32(100)]));
-    coll.update_one(doc! {"_id": 1}, doc! {"$inc": {"students.$[s].score": 1}}).array_filters(vec![doc! {"s.score": {"$gt": 6}}]).await.expect("nested arrayFilters");
+    coll.update_one(doc! {"_id": 1}, doc! {"$inc": {"students.$[s].score": 1}})
+        .array_filters(vec![doc! {"s.score": {"$gt": 6}}])
+        .await
+        .expect("nested arrayFilters");
     let d = get().await;
     assert_eq!(d.get_array("students").ok(), Some(&vec![Bson::Document(doc! {"name": "a", "score": 5}), Bson::Document(doc! {"name": "b", "score": 10})]));
     coll.update_one(doc! {"_id": 1}, doc! {"$inc": {"grades.$[]": 1}}).await.expect("all positional");
@@ -501,10 +496,7 @@ async fn pipeline_updates() {
     let client = server.client().await;
     let coll = client.database("test").collection::<Document>("c");
     coll.insert_many(vec![doc! {"_id": 1, "a": 2, "b": 3}, doc! {"_id": 2, "a": 10, "b": 1}]).await.expect("seed");
-    let r = coll
-        .update_one(doc! {"_id": 1}, vec![doc! {"$set": {"total": {"$add": ["$a", "$b"]}}}, doc! {"$unset": ["a"]}])
-        .await
-        .expect("pipeline update");
+    let r = coll.update_one(doc! {"_id": 1}, vec![doc! {"$set": {"total": {"$add": ["$a", "$b"]}}}, doc! {"$unset": ["a"]}]).await.expect("pipeline update");
     assert_eq!((r.matched_count, r.modified_count), (1, 1));
     assert_same(&coll.find_one(doc! {"_id": 1}).await.expect("find").expect("doc"), &doc! {"_id": 1, "b": 3, "total": 5});
     coll.update_many(doc! {}, vec![doc! {"$set": {"big": {"$cond": [{"$gt": ["$b", 2]}, true, false]}}}]).await.expect("pipeline update_many");
@@ -617,7 +609,8 @@ async fn find_one_and_modify_variants() {
     assert_eq!(num_field(leo, "n"), 1.0);
     assert_eq!(leo.get_bool("updatedExisting").ok(), Some(true));
     assert_eq!(reply.get_document("value").ok(), Some(&doc! {"_id": 3, "n": 3}));
-    let reply = db.run_command(doc! {"findAndModify": "c", "query": {"_id": 50}, "update": {"$set": {"n": 1}}, "upsert": true, "new": true}).await.expect("fam upsert");
+    let reply =
+        db.run_command(doc! {"findAndModify": "c", "query": {"_id": 50}, "update": {"$set": {"n": 1}}, "upsert": true, "new": true}).await.expect("fam upsert");
     let leo = reply.get_document("lastErrorObject").expect("lastErrorObject");
     assert_eq!(leo.get_bool("updatedExisting").ok(), Some(false));
     assert_eq!(leo.get("upserted"), Some(&Bson::Int32(50)));
@@ -681,7 +674,7 @@ async fn aggregate_stages() {
             doc! {"_id": "a", "total": 70, "count": 2, "avgPrice": 7.5, "maxQty": 10, "minQty": 2, "ids": [1, 3], "first": 1, "last": 3, "items": ["a"]},
             doc! {"_id": "c", "total": 21, "count": 1, "avgPrice": 7.0, "maxQty": 3, "minQty": 3, "ids": [4], "first": 4, "last": 4, "items": ["c"]},
             doc! {"_id": "b", "total": 20, "count": 1, "avgPrice": 20.0, "maxQty": 1, "minQty": 1, "ids": [2], "first": 2, "last": 2, "items": ["b"]},
-        ]
+        ],
     );
 
     let got = agg(&coll, vec![doc! {"$group": {"_id": null, "n": {"$sum": "$qty"}}}]).await;
@@ -761,7 +754,7 @@ async fn aggregate_cursor_batches() {
 
     let got = collect(coll.aggregate(vec![doc! {"$group": {"_id": "$g", "n": {"$sum": 1}}}, doc! {"$sort": {"_id": 1}}]).await.expect("group")).await;
     assert_eq!(got.len(), 10);
-    assert!(got.iter().all(|d| d.get_i32("n") .ok() == Some(100)), "{got:?}");
+    assert!(got.iter().all(|d| d.get_i32("n").ok() == Some(100)), "{got:?}");
 }
 
 // ---------------------------------------------------------------- catalog
@@ -835,7 +828,10 @@ async fn list_create_drop_collections() {
     // Capped collections keep their options.
     db.create_collection("capped").capped(true).size(4096).await.expect("capped");
     let raw = db.run_command(doc! {"listCollections": 1, "filter": {"name": "capped"}}).await.expect("list");
-    let opts = raw.get_document("cursor").and_then(|c| c.get_array("firstBatch")).expect("batch")[0].as_document().and_then(|d| d.get_document("options").ok()).cloned();
+    let opts = raw.get_document("cursor").and_then(|c| c.get_array("firstBatch")).expect("batch")[0]
+        .as_document()
+        .and_then(|d| d.get_document("options").ok())
+        .cloned();
     let opts = opts.expect("options");
     assert_eq!(opts.get_bool("capped").ok(), Some(true), "{opts:?}");
     assert_eq!(opts.get("size").and_then(num), Some(4096.0), "{opts:?}");
@@ -1268,9 +1264,8 @@ async fn id_moves_first_and_indexes_agree_with_collection_scans() {
     assert_same(&coll.find_one(doc! {"_id": 5}).await.expect("find").expect("doc"), &doc! {"_id": 5, "a": 1, "b": 2});
     coll.delete_many(doc! {}).await.expect("clear");
 
-    let docs: Vec<Document> = (0..300)
-        .map(|i| doc! {"_id": i, "a": i % 7, "b": format!("s{:03}", i % 50), "tags": [i % 3, i % 5], "n": {"x": i % 11}})
-        .collect();
+    let docs: Vec<Document> =
+        (0..300).map(|i| doc! {"_id": i, "a": i % 7, "b": format!("s{:03}", i % 50), "tags": [i % 3, i % 5], "n": {"x": i % 11}}).collect();
     coll.insert_many(docs).await.expect("seed");
     for keys in [doc! {"a": 1, "b": -1}, doc! {"tags": 1}, doc! {"n.x": 1}, doc! {"b": 1}] {
         coll.create_index(IndexModel::builder().keys(keys).build()).await.expect("index");
@@ -1300,7 +1295,9 @@ async fn id_moves_first_and_indexes_agree_with_collection_scans() {
     // A hint naming no index is BadValue (2).
     assert_code(coll.find(doc! {}).hint(mongodb::options::Hint::Name("nope".into())).await.map(|_| ()), 2);
     // A unique violation caused by an update leaves the document unchanged.
-    coll.create_index(IndexModel::builder().keys(doc! {"u": 1}).options(IndexOptions::builder().unique(true).build()).build()).await.expect_err("300 docs share a null u");
+    coll.create_index(IndexModel::builder().keys(doc! {"u": 1}).options(IndexOptions::builder().unique(true).build()).build())
+        .await
+        .expect_err("300 docs share a null u");
     let uniq = client.database("test").collection::<Document>("uniq");
     uniq.create_index(IndexModel::builder().keys(doc! {"u": 1}).options(IndexOptions::builder().unique(true).build()).build()).await.expect("unique");
     uniq.insert_many(vec![doc! {"_id": 1, "u": 1}, doc! {"_id": 2, "u": 2}]).await.expect("seed uniq");
@@ -1375,11 +1372,8 @@ async fn concurrent_increments_and_queue_claims_are_atomic() {
         let jobs = jobs.clone();
         handles.push(tokio::spawn(async move {
             let mut claimed = Vec::new();
-            while let Some(job) = jobs
-                .find_one_and_update(doc! {"state": "new"}, doc! {"$set": {"state": "taken", "by": worker}})
-                .sort(doc! {"_id": 1})
-                .await
-                .expect("claim")
+            while let Some(job) =
+                jobs.find_one_and_update(doc! {"state": "new"}, doc! {"$set": {"state": "taken", "by": worker}}).sort(doc! {"_id": 1}).await.expect("claim")
             {
                 claimed.push(job.get_i32("_id").expect("_id"));
             }
@@ -1412,14 +1406,16 @@ async fn sort_order_of_strings_and_numbers() {
     assert_eq!(coll.count_documents(doc! {"s": {"$gt": "a", "$lt": "b"}}).await.expect("count"), 1, "only \"ab\" lies between");
 
     // Numbers of every type interleave by value; NaN sorts below every other number.
-    let nums = [Bson::Double(f64::NAN),
+    let nums = [
+        Bson::Double(f64::NAN),
         Bson::Double(f64::NEG_INFINITY),
         Bson::Decimal128("0.5".parse().expect("decimal")),
         Bson::Int32(1),
         Bson::Double(1.5),
         Bson::Int64(2),
         Bson::Int64(i64::MAX),
-        Bson::Double(f64::INFINITY)];
+        Bson::Double(f64::INFINITY),
+    ];
     let scrambled = [5usize, 0, 7, 2, 6, 1, 4, 3];
     coll.insert_many(scrambled.iter().map(|&i| doc! {"_id": 100 + i as i32, "n": nums[i].clone()}).collect::<Vec<_>>()).await.expect("numbers");
     let got = collect(coll.find(doc! {"n": {"$exists": true}}).sort(doc! {"n": 1}).await.expect("find")).await;

@@ -95,7 +95,9 @@ async fn cut_link(members: &[Server], a: usize, b: usize, on: bool) {
     for (from, to) in [(a, b), (b, a)] {
         let data = doc! {"host": host(&members[to]), "partition": true};
         let mode = if on { "alwaysOn" } else { "off" };
-        admin(&members[from], doc! {"configureFailPoint": "replLink", "mode": mode, "data": data}).await.unwrap_or_else(|e| panic!("fail point on member {from}: {e}"));
+        admin(&members[from], doc! {"configureFailPoint": "replLink", "mode": mode, "data": data})
+            .await
+            .unwrap_or_else(|e| panic!("fail point on member {from}: {e}"));
     }
 }
 
@@ -190,7 +192,8 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
     // error would also sit, as the old primary's entry, in that member's rollback file, and
     // the check below could not tell it from a lost write. A write that fails has an
     // unknown outcome instead.
-    let uri = format!("mongodb://{}/?replicaSet=rs0&serverSelectionTimeoutMS=3000&connectTimeoutMS=1000&heartbeatFrequencyMS=500&retryWrites=false", hosts.join(","));
+    let uri =
+        format!("mongodb://{}/?replicaSet=rs0&serverSelectionTimeoutMS=3000&connectTimeoutMS=1000&heartbeatFrequencyMS=500&retryWrites=false", hosts.join(","));
     let majority = mongodb::options::CollectionOptions::builder().write_concern(WriteConcern::majority()).build();
     let history = Arc::new(Recorder { start: Instant::now(), entries: Mutex::new(Vec::new()) });
     let until = Instant::now() + Duration::from_secs(seconds);
@@ -312,7 +315,10 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
                 // prefix that could be linearized.
                 let mut rest: Vec<&Entry> = h.iter().enumerate().filter(|(i, _)| linearized_max.binary_search(i).is_err()).map(|(_, e)| e).collect();
                 rest.sort_by_key(|e| e.invoked);
-                (format!("NOT linearizable ({} of {} operations linearized at most)", linearized_max.len(), h.len()), rest.into_iter().take(10).copied().collect())
+                (
+                    format!("NOT linearizable ({} of {} operations linearized at most)", linearized_max.len(), h.len()),
+                    rest.into_iter().take(10).copied().collect(),
+                )
             }
         };
         eprintln!("register {key}: {} operations, {what}, checked in {:?}", h.len(), t.elapsed());

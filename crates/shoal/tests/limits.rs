@@ -198,7 +198,15 @@ fn a_blocking_sort_beyond_its_memory_limit_is_refused_and_a_top_k_sort_is_not() 
     assert_eq!(batch.len(), DOCS);
     // The parameter is checked at startup.
     let mut bad = std::process::Command::new(binary_path())
-        .args(["serve", "--port", &free_port().to_string(), "--dbpath", server.root.join("bad").to_str().unwrap(), "--setParameter", "internalQueryMaxBlockingSortMemoryUsageBytes=0"])
+        .args([
+            "serve",
+            "--port",
+            &free_port().to_string(),
+            "--dbpath",
+            server.root.join("bad").to_str().unwrap(),
+            "--setParameter",
+            "internalQueryMaxBlockingSortMemoryUsageBytes=0",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

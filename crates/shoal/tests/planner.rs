@@ -40,7 +40,12 @@ async fn find_ids(db: &mongodb::Database, filter: Document, sort: Option<Documen
         cmd.insert("hint", h);
     }
     let r = db.run_command(cmd).await.expect("find");
-    r.get_document("cursor").and_then(|c| c.get_array("firstBatch")).expect("batch").iter().map(|d| d.as_document().and_then(|d| d.get("_id")).cloned().unwrap_or(Bson::Null)).collect()
+    r.get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .expect("batch")
+        .iter()
+        .map(|d| d.as_document().and_then(|d| d.get("_id")).cloned().unwrap_or(Bson::Null))
+        .collect()
 }
 
 #[tokio::test]
@@ -229,13 +234,15 @@ async fn covered_queries_read_no_documents() {
     let client = server.client().await;
     let db = client.database("test");
     let coll = db.collection::<Document>("cv");
-    let docs: Vec<Document> = (0..500).map(|i| {
-        let mut d = doc! {"_id": i, "a": i, "b": {"c": i % 10}, "x": "payload"};
-        if i % 50 == 0 {
-            d.remove("b");
-        }
-        d
-    }).collect();
+    let docs: Vec<Document> = (0..500)
+        .map(|i| {
+            let mut d = doc! {"_id": i, "a": i, "b": {"c": i % 10}, "x": "payload"};
+            if i % 50 == 0 {
+                d.remove("b");
+            }
+            d
+        })
+        .collect();
     coll.insert_many(docs).await.expect("seed");
     coll.create_index(IndexModel::builder().keys(doc! {"a": 1, "b.c": 1}).build()).await.expect("index");
 
@@ -295,7 +302,8 @@ async fn natural_order_scans_forward_and_backward() {
     // A filter and a limit apply on the way; a real sort beside a $natural hint still sorts.
     let odd_back: Vec<Bson> = backward.iter().filter(|b| b.as_i32().unwrap() % 2 == 1).take(2).cloned().collect();
     let r = db.run_command(doc! {"find": "c", "filter": {"even": false}, "sort": {"$natural": -1}, "limit": 2}).await.unwrap();
-    let got: Vec<Bson> = r.get_document("cursor").unwrap().get_array("firstBatch").unwrap().iter().map(|d| d.as_document().unwrap().get("_id").unwrap().clone()).collect();
+    let got: Vec<Bson> =
+        r.get_document("cursor").unwrap().get_array("firstBatch").unwrap().iter().map(|d| d.as_document().unwrap().get("_id").unwrap().clone()).collect();
     assert_eq!(got, odd_back);
     let mut sorted = forward.clone();
     sorted.sort_by_key(|b| b.as_i32().unwrap());

@@ -130,7 +130,9 @@ impl Set {
     /// Fails while the member serves no reads (STARTUP, ROLLBACK, RECOVERING).
     async fn try_count_on(&self, i: usize, coll: &str) -> mongodb::error::Result<u64> {
         let c = direct(&self.members[i]).await;
-        let opts = mongodb::options::CountOptions::builder().selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::SecondaryPreferred { options: None })).build();
+        let opts = mongodb::options::CountOptions::builder()
+            .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::SecondaryPreferred { options: None }))
+            .build();
         c.database("app").collection::<Document>(coll).count_documents(doc! {}).with_options(opts).await
     }
 
@@ -261,7 +263,8 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
     // An acknowledged write is in the primary's journal (j defaults to true): a sync that
     // began after the write was logged ended before its reply. (It may be shared with a
     // sync something else asked for, so syncs are counted per write, not in total.)
-    let syncs = || async { path(&admin(&direct(&set.members[0]).await, doc! {"serverStatus": 1}).await.unwrap(), "journal.syncs").and_then(|v| v.as_i64()).unwrap() };
+    let syncs =
+        || async { path(&admin(&direct(&set.members[0]).await, doc! {"serverStatus": 1}).await.unwrap(), "journal.syncs").and_then(|v| v.as_i64()).unwrap() };
     const WRITES: i64 = 20;
     // Sent to member 0 itself: the syncs counted are those of the member that acknowledged.
     // With a 1 s election timeout a loaded machine may elect another primary meanwhile (a
@@ -357,7 +360,10 @@ async fn three_members_elect_a_primary_replicate_and_honour_write_concern() {
     // position far ahead for member 1, which the primary then reports.
     let p = direct(&set.members[0]).await;
     let local = p.database("local");
-    let r = local.run_command(doc! {"find": "oplog.rs", "filter": {"ts": {"$gte": Timestamp { time: 0, increment: 0 }}}, "tailable": true, "batchSize": 1}).await.unwrap();
+    let r = local
+        .run_command(doc! {"find": "oplog.rs", "filter": {"ts": {"$gte": Timestamp { time: 0, increment: 0 }}}, "tailable": true, "batchSize": 1})
+        .await
+        .unwrap();
     let id = path(&r, "cursor.id").and_then(|v| v.as_i64()).unwrap();
     let term = path(&set.status(0).await.unwrap(), "term").and_then(|v| v.as_i64()).unwrap();
     let ahead = doc! {"ts": Timestamp { time: 4_000_000_000, increment: 1 }, "t": term};
@@ -570,7 +576,8 @@ async fn auto_chaining_keeps_voters_on_the_primary_and_chains_the_others() {
     // One host: every member within 5 ms of every other, where chaining "on" would send
     // all of them to the primary. Under "auto" the voters do go to the primary and the
     // member without a vote fetches from a secondary.
-    let mut set = Set::start(4, doc! {"chainingAllowed": "auto"}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}, doc! {"priority": 0, "votes": 0}]).await;
+    let mut set =
+        Set::start(4, doc! {"chainingAllowed": "auto"}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}, doc! {"priority": 0, "votes": 0}]).await;
     let p = set.wait_for_primary(None).await;
     assert_eq!(p, 0);
     let config = admin(&direct(&set.members[0]).await, doc! {"replSetGetConfig": 1}).await.unwrap();
@@ -640,7 +647,18 @@ async fn strict_reads_on_a_secondary_see_every_acknowledged_write() {
             stale_strict += 1;
         }
         coll.update_one(doc! {"_id": i}, doc! {"$set": {"seen": true}}).write_concern(w1()).await.unwrap();
-        if db.run_command(find_default(i)).await.unwrap().get_document("cursor").unwrap().get_array("firstBatch").unwrap().first().and_then(|d| d.as_document()).is_none_or(|d| !d.contains_key("seen")) {
+        if db
+            .run_command(find_default(i))
+            .await
+            .unwrap()
+            .get_document("cursor")
+            .unwrap()
+            .get_array("firstBatch")
+            .unwrap()
+            .first()
+            .and_then(|d| d.as_document())
+            .is_none_or(|d| !d.contains_key("seen"))
+        {
             stale_default += 1;
         }
     }
@@ -657,7 +675,16 @@ async fn strict_reads_on_a_secondary_see_every_acknowledged_write() {
     let network = status.get_document("metrics").unwrap().get_document("repl").unwrap().get_document("network").unwrap();
     assert!(network.get_i64("ops").unwrap() >= 20 && network.get_i64("bytes").unwrap() > 20 * 20, "{network}");
     let primary = direct(&set.members[0]).await;
-    let lag = admin(&primary, doc! {"serverStatus": 1}).await.unwrap().get_document("metrics").unwrap().get_document("repl").unwrap().get_document("lag").unwrap().clone();
+    let lag = admin(&primary, doc! {"serverStatus": 1})
+        .await
+        .unwrap()
+        .get_document("metrics")
+        .unwrap()
+        .get_document("repl")
+        .unwrap()
+        .get_document("lag")
+        .unwrap()
+        .clone();
     assert!(lag.get_i64("samples").unwrap() >= 1, "{lag}");
     // Each write took at least the slow link's 25 ms one way to arrive there.
     assert!(lag.get_i64("maxMicros").unwrap() >= 25_000, "{lag}");
@@ -776,7 +803,14 @@ async fn pull_push_and_shm_deliver_the_same_oplog_under_faults() {
         let s = &set.members[i];
         async move {
             let c = direct(s).await;
-            let mut cursor = c.database("app").collection::<Document>("c").find(doc! {}).sort(doc! {"_id": 1}).selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::SecondaryPreferred { options: None })).await.unwrap();
+            let mut cursor = c
+                .database("app")
+                .collection::<Document>("c")
+                .find(doc! {})
+                .sort(doc! {"_id": 1})
+                .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::SecondaryPreferred { options: None }))
+                .await
+                .unwrap();
             let mut out = Vec::new();
             while cursor.advance().await.unwrap() {
                 out.push(cursor.deserialize_current().unwrap());
@@ -896,7 +930,9 @@ async fn an_empty_member_joins_by_initial_sync_while_writes_continue() {
     app.run_command(doc! {"create": "capped", "capped": true, "size": 1 << 20}).await.unwrap();
     app.collection::<Document>("capped").insert_one(doc! {"_id": 0, "note": "capped"}).await.unwrap();
     let coll = app.collection::<Document>("c");
-    coll.create_index(IndexModel::builder().keys(doc! {"k": 1}).options(IndexOptions::builder().unique(true).name("k_unique".to_string()).build()).build()).await.unwrap();
+    coll.create_index(IndexModel::builder().keys(doc! {"k": 1}).options(IndexOptions::builder().unique(true).name("k_unique".to_string()).build()).build())
+        .await
+        .unwrap();
     for chunk in 0..12 {
         let docs: Vec<Document> = (chunk * 1000..(chunk + 1) * 1000).map(|i| doc! {"_id": i, "k": i, "pad": "x".repeat(100)}).collect();
         coll.insert_many(docs).await.unwrap();
@@ -936,7 +972,16 @@ async fn an_empty_member_joins_by_initial_sync_while_writes_continue() {
     set.members.push(newcomer);
     writer.await.unwrap();
     // w:4 counts the newcomer: once this is acknowledged it has applied everything before.
-    coll.insert_one(doc! {"_id": "last", "k": -1}).with_options(mongodb::options::InsertOneOptions::builder().write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(60)).build()).build()).await.unwrap();
+    coll.insert_one(doc! {"_id": "last", "k": -1})
+        .with_options(
+            mongodb::options::InsertOneOptions::builder()
+                .write_concern(
+                    mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(60)).build(),
+                )
+                .build(),
+        )
+        .await
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while set.status(3).await.unwrap().get_i32("myState").unwrap() != 2 {
         assert!(Instant::now() < deadline, "the newcomer did not become SECONDARY");
@@ -952,12 +997,25 @@ async fn an_empty_member_joins_by_initial_sync_while_writes_continue() {
     assert!(!new.list_database_names().await.unwrap().contains(&"gone".to_string()));
     // Its oplog is the source's from where the copy began: no entry of its own.
     let first = new.database("local").collection::<Document>("oplog.rs").find_one(doc! {}).await.unwrap().unwrap();
-    let on_primary = direct(&set.members[p]).await.database("local").collection::<Document>("oplog.rs").find_one(doc! {"ts": first.get_timestamp("ts").unwrap()}).await.unwrap();
+    let on_primary = direct(&set.members[p])
+        .await
+        .database("local")
+        .collection::<Document>("oplog.rs")
+        .find_one(doc! {"ts": first.get_timestamp("ts").unwrap()})
+        .await
+        .unwrap();
     assert_eq!(on_primary.as_ref(), Some(&first));
     let idx = new.database("app").run_command(doc! {"listIndexes": "c", "$readPreference": {"mode": "secondaryPreferred"}}).await.unwrap();
     let specs = idx.get_document("cursor").unwrap().get_array("firstBatch").unwrap();
-    assert!(specs.iter().any(|s| s.as_document().is_some_and(|s| s.get_str("name").ok() == Some("k_unique") && s.get_bool("unique").unwrap_or(false))), "{specs:?}");
-    let colls = new.database("app").run_command(doc! {"listCollections": 1, "filter": {"name": "capped"}, "$readPreference": {"mode": "secondaryPreferred"}}).await.unwrap();
+    assert!(
+        specs.iter().any(|s| s.as_document().is_some_and(|s| s.get_str("name").ok() == Some("k_unique") && s.get_bool("unique").unwrap_or(false))),
+        "{specs:?}"
+    );
+    let colls = new
+        .database("app")
+        .run_command(doc! {"listCollections": 1, "filter": {"name": "capped"}, "$readPreference": {"mode": "secondaryPreferred"}})
+        .await
+        .unwrap();
     let opts = colls.get_document("cursor").unwrap().get_array("firstBatch").unwrap()[0].as_document().unwrap().get_document("options").unwrap().clone();
     assert!(opts.get_bool("capped").unwrap());
     // replSetGetStatus reports the sync: it copied the documents rather than replaying them.
@@ -1114,7 +1172,8 @@ async fn an_arbiter_votes_but_holds_no_data() {
 async fn a_member_too_stale_for_one_source_fetches_from_another() {
     // Members 1 and 3 are non-voters, so member 1 may take member 3 as its source; member 1
     // is hidden, so member 3 never takes it as its own.
-    let mut set = Set::start(4, doc! {}, &[doc! {}, doc! {"votes": 0, "priority": 0, "hidden": true}, doc! {"priority": 0}, doc! {"votes": 0, "priority": 0}]).await;
+    let mut set =
+        Set::start(4, doc! {}, &[doc! {}, doc! {"votes": 0, "priority": 0, "hidden": true}, doc! {"priority": 0}, doc! {"votes": 0, "priority": 0}]).await;
     assert_eq!(set.wait_for_primary(None).await, 0);
     let coll = set.seed("c", 10).await;
     // Cut member 1 off (faults act on the links it opens), then write on.
@@ -1161,7 +1220,8 @@ async fn a_member_too_stale_for_one_source_fetches_from_another() {
 /// entry, instead of waiting for good on a primary too far ahead of it.
 #[tokio::test]
 async fn a_member_too_stale_for_the_primary_catches_up_from_a_secondary_without_chaining() {
-    let mut set = Set::start(4, doc! {"chainingAllowed": false}, &[doc! {}, doc! {"votes": 0, "priority": 0}, doc! {"priority": 0}, doc! {"priority": 0}]).await;
+    let mut set =
+        Set::start(4, doc! {"chainingAllowed": false}, &[doc! {}, doc! {"votes": 0, "priority": 0}, doc! {"priority": 0}, doc! {"priority": 0}]).await;
     assert_eq!(set.wait_for_primary(None).await, 0);
     let coll = set.seed("c", 10).await;
     for j in [0, 2, 3] {
@@ -1247,7 +1307,12 @@ async fn oplog_edge(s: &Server, order: i32) -> mongodb::bson::Timestamp {
 
 /// `info.uuid` of `db.coll` in listCollections on a member.
 async fn collection_uuid(s: &Server, db: &str, coll: &str) -> Bson {
-    let r = direct(s).await.database(db).run_command(doc! {"listCollections": 1, "filter": {"name": coll}, "$readPreference": {"mode": "secondaryPreferred"}}).await.unwrap();
+    let r = direct(s)
+        .await
+        .database(db)
+        .run_command(doc! {"listCollections": 1, "filter": {"name": coll}, "$readPreference": {"mode": "secondaryPreferred"}})
+        .await
+        .unwrap();
     let first = r.get_document("cursor").unwrap().get_array("firstBatch").unwrap()[0].as_document().unwrap().clone();
     first.get_document("info").unwrap().get("uuid").unwrap().clone()
 }
@@ -1279,7 +1344,10 @@ async fn a_new_primary_catches_up_from_a_member_ahead_of_it() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let s = set.status(1).await.unwrap();
-        let (mine, theirs) = (member(&s, 1).get_document("optime").unwrap().get_timestamp("ts").unwrap(), member(&s, 3).get_document("optime").unwrap().get_timestamp("ts").unwrap());
+        let (mine, theirs) = (
+            member(&s, 1).get_document("optime").unwrap().get_timestamp("ts").unwrap(),
+            member(&s, 3).get_document("optime").unwrap().get_timestamp("ts").unwrap(),
+        );
         if member(&s, 3).get_f64("health").unwrap() == 1.0 && (theirs.time, theirs.increment) > (mine.time, mine.increment) {
             break;
         }
@@ -1360,7 +1428,14 @@ async fn rollback_undoes_catalog_changes_by_copying_the_collections_again() {
         let c = direct(&set.members[s]);
         async move {
             let r = c.await.database("app").run_command(doc! {"listIndexes": "keep", "$readPreference": {"mode": "secondaryPreferred"}}).await.unwrap();
-            let mut names: Vec<String> = r.get_document("cursor").unwrap().get_array("firstBatch").unwrap().iter().map(|d| d.as_document().unwrap().get_str("name").unwrap().to_string()).collect();
+            let mut names: Vec<String> = r
+                .get_document("cursor")
+                .unwrap()
+                .get_array("firstBatch")
+                .unwrap()
+                .iter()
+                .map(|d| d.as_document().unwrap().get_str("name").unwrap().to_string())
+                .collect();
             names.sort();
             names
         }
@@ -1513,7 +1588,9 @@ async fn members_with_a_key_file_authenticate_to_each_other_and_clients_must_log
     // A role revoked on the primary is gone on a secondary too, for a client already
     // logged in there.
     root.database("app").run_command(doc! {"createUser": "reader", "pwd": "pw", "roles": ["read"], "writeConcern": {"w": 3}}).await.unwrap();
-    let reader = Client::with_uri_str(format!("mongodb://reader:pw@{}/?directConnection=true&authSource=app&readPreference=secondaryPreferred", hosts[1])).await.unwrap();
+    let reader = Client::with_uri_str(format!("mongodb://reader:pw@{}/?directConnection=true&authSource=app&readPreference=secondaryPreferred", hosts[1]))
+        .await
+        .unwrap();
     let on_secondary = reader.database("app").collection::<Document>("c");
     // w:3 waits for the user to be durable on the secondary, not applied: until it is, the
     // login fails.
@@ -1524,7 +1601,10 @@ async fn members_with_a_key_file_authenticate_to_each_other_and_clients_must_log
                 assert_eq!(n, 1);
                 break;
             }
-            Err(e) => assert!(Instant::now() < deadline && matches!(*e.kind, mongodb::error::ErrorKind::Authentication { .. }), "the new user cannot log in on the secondary: {e}"),
+            Err(e) => assert!(
+                Instant::now() < deadline && matches!(*e.kind, mongodb::error::ErrorKind::Authentication { .. }),
+                "the new user cannot log in on the secondary: {e}"
+            ),
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -1569,7 +1649,14 @@ async fn members_that_require_tls_replicate_over_tls_with_each_others_certificat
     // certificate the CA signed; a plaintext link could not replicate at all.
     let args: &[&str] = &["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", &pem, "--tlsCAFile", &ca];
     let client_options = format!("tls=true&tlsCAFile={ca}&tlsCertificateKeyFile={}", dir.join("client.pem").display());
-    let mut set = Set::start_with_client_options(3, doc! {"chainingAllowed": false}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}], &[args, args, args], &client_options).await;
+    let mut set = Set::start_with_client_options(
+        3,
+        doc! {"chainingAllowed": false},
+        &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}],
+        &[args, args, args],
+        &client_options,
+    )
+    .await;
     assert_eq!(set.wait_for_primary(None).await, 0);
     for i in 1..3 {
         set.wait_for_secondary(i).await;
@@ -1652,7 +1739,13 @@ async fn set_audit_config_on_the_primary_reaches_every_member_and_outlives_a_res
 /// batch. Each transport must still carry them, one entry per batch when it has to, and the
 /// set must go on acknowledging w:3 writes.
 async fn near_limit_documents_replicate(transport: &str) {
-    let mut set = Set::start_with_args(3, doc! {}, &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}], &[&[], &["--logTransport", transport], &["--logTransport", transport]]).await;
+    let mut set = Set::start_with_args(
+        3,
+        doc! {},
+        &[doc! {}, doc! {"priority": 0}, doc! {"priority": 0}],
+        &[&[], &["--logTransport", transport], &["--logTransport", transport]],
+    )
+    .await;
     assert_eq!(set.wait_for_primary(None).await, 0);
     for i in 1..3 {
         set.wait_for_secondary(i).await;
@@ -1672,7 +1765,11 @@ async fn near_limit_documents_replicate(transport: &str) {
     for i in 1..3 {
         set.wait_for_count(i, "big", 5).await;
         let c = direct(&set.members[i]).await;
-        let opts = mongodb::options::FindOptions::builder().selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::SecondaryPreferred { options: None })).projection(doc! {"len": {"$strLenBytes": {"$ifNull": ["$s", ""]}}}).sort(doc! {"_id": 1}).build();
+        let opts = mongodb::options::FindOptions::builder()
+            .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::SecondaryPreferred { options: None }))
+            .projection(doc! {"len": {"$strLenBytes": {"$ifNull": ["$s", ""]}}})
+            .sort(doc! {"_id": 1})
+            .build();
         let got = collect(c.database("app").collection::<Document>("big").find(doc! {}).with_options(opts).await.unwrap()).await;
         let lens: Vec<i32> = got.iter().map(|d| d.get_i32("len").unwrap()).collect();
         assert_eq!(lens, vec![15_000_000, 15_000_000, 0, 16 * 1024 * 1024 - 22, 0], "member {i}");
@@ -1683,7 +1780,10 @@ async fn near_limit_documents_replicate(transport: &str) {
     set.add_non_voter(0, &newcomer).await;
     set.members.push(newcomer);
     set.wait_for_secondary(3).await;
-    coll.insert_one(doc! {"_id": 6, "s": "z".repeat(15_000_000)}).write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(20)).build()).await.unwrap();
+    coll.insert_one(doc! {"_id": 6, "s": "z".repeat(15_000_000)})
+        .write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(20)).build())
+        .await
+        .unwrap();
     set.wait_for_count(3, "big", 6).await;
 }
 
@@ -1762,7 +1862,10 @@ async fn an_unfinished_initial_sync_starts_over_and_a_finished_one_never_does() 
     newcomer.kill9();
     newcomer.restart_with_args(&["--replSet", "rs0"]);
     set.members.push(newcomer);
-    coll.insert_one(doc! {"_id": "after"}).write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(60)).build()).await.unwrap();
+    coll.insert_one(doc! {"_id": "after"})
+        .write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(60)).build())
+        .await
+        .unwrap();
     set.wait_for_secondary(3).await;
     let s = admin(&direct(&set.members[3]).await, doc! {"replSetGetStatus": 1, "initialSync": 1}).await.unwrap();
     let st = s.get_document("initialSyncStatus").unwrap();
@@ -1775,7 +1878,10 @@ async fn an_unfinished_initial_sync_starts_over_and_a_finished_one_never_does() 
     for round in 0..2 {
         set.members[3].kill9();
         set.members[3].restart_with_args(&["--replSet", "rs0"]);
-        coll.insert_one(doc! {"_id": format!("round{round}")}).write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(60)).build()).await.unwrap();
+        coll.insert_one(doc! {"_id": format!("round{round}")})
+            .write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(60)).build())
+            .await
+            .unwrap();
         set.wait_for_secondary(3).await;
         let s = admin(&direct(&set.members[3]).await, doc! {"replSetGetStatus": 1, "initialSync": 1}).await.unwrap();
         assert!(s.get("initialSyncStatus").is_none(), "round {round}: {s:?}");
@@ -1812,7 +1918,12 @@ async fn a_majority_read_on_a_secondary_after_an_unacknowledged_write_answers_at
                 std::thread::sleep(Duration::from_millis(10));
             }
             let started = Instant::now();
-            let r = wire::command(&mut s, 300 + round, &doc! {"count": "c", "readConcern": {"level": "majority"}, "$db": "app", "$readPreference": {"mode": "secondaryPreferred"}}).doc;
+            let r = wire::command(
+                &mut s,
+                300 + round,
+                &doc! {"count": "c", "readConcern": {"level": "majority"}, "$db": "app", "$readPreference": {"mode": "secondaryPreferred"}},
+            )
+            .doc;
             assert_eq!(r.get_i32("n").ok(), Some(round + 1), "round {round}: {r:?}");
             let took = started.elapsed();
             // About the flusher's 100 ms interval; the bound leaves room for a loaded machine.
@@ -1872,7 +1983,10 @@ async fn an_initial_sync_from_a_secondary_whose_data_trails_its_oplog_loses_noth
     for i in 0..2 {
         admin(&nc, doc! {"configureFailPoint": "replLink", "mode": "off", "data": {"host": host(&set.members[i])}}).await.unwrap();
     }
-    coll.insert_one(doc! {"_id": "last"}).write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(30)).build()).await.unwrap();
+    coll.insert_one(doc! {"_id": "last"})
+        .write_concern(mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(30)).build())
+        .await
+        .unwrap();
     set.wait_for_count(3, "c", 511).await;
     assert_eq!(all_on(&set.members[3], "app", "c").await, all_on(&set.members[0], "app", "c").await);
 }
@@ -1910,7 +2024,8 @@ async fn a_rollback_copies_back_documents_that_take_several_batches() {
     for i in 0..3 {
         set.fail_point(i, "off", doc! {"host": if i == p { "*".to_string() } else { old.clone() }}).await;
     }
-    let versions = |docs: Vec<Document>| docs.iter().map(|d| (d.get("_id").cloned(), d.get_i32("v").ok(), d.get_str("s").map_or(0, |s| s.len()))).collect::<Vec<_>>();
+    let versions =
+        |docs: Vec<Document>| docs.iter().map(|d| (d.get("_id").cloned(), d.get_i32("v").ok(), d.get_str("s").map_or(0, |s| s.len()))).collect::<Vec<_>>();
     let want = versions(all_on(&set.members[next], "app", "big").await);
     assert_eq!(want.len(), 3);
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -56,7 +56,21 @@ impl Cluster {
         let (port, port_claim) = claim_port_block(shards as u16 + 2);
         let dir = std::env::temp_dir().join(format!("shoal-sharding-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let up = Command::new(binary_path()).args(["cluster", "up", "--shards", &shards.to_string(), "--replicas", &replicas.to_string(), "--port", &port.to_string(), "--dir", dir.to_str().unwrap()]).output().unwrap();
+        let up = Command::new(binary_path())
+            .args([
+                "cluster",
+                "up",
+                "--shards",
+                &shards.to_string(),
+                "--replicas",
+                &replicas.to_string(),
+                "--port",
+                &port.to_string(),
+                "--dir",
+                dir.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
         assert!(up.status.success(), "cluster up failed: {}", String::from_utf8_lossy(&up.stderr));
         assert_eq!(String::from_utf8_lossy(&up.stdout).trim(), format!("mongodb://127.0.0.1:{port}/"));
         Cluster { dir, port, shards, _port_claim: port_claim }
@@ -161,7 +175,14 @@ async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
     // $shardedDataDistribution (sh.status() reads it) says the same; a document written
     // directly into a shard outside its chunks is its orphan.
     let stray = cluster.shard(0).await.database("app").collection::<Document>("orders").find_one(doc! {}).await.unwrap().unwrap();
-    cluster.shard(3).await.database("app").collection::<Document>("orders").insert_one(doc! {"_id": -1, "customerId": stray.get("customerId").unwrap().clone()}).await.unwrap();
+    cluster
+        .shard(3)
+        .await
+        .database("app")
+        .collection::<Document>("orders")
+        .insert_one(doc! {"_id": -1, "customerId": stray.get("customerId").unwrap().clone()})
+        .await
+        .unwrap();
     let dist = collect(admin.aggregate(vec![doc! {"$shardedDataDistribution": {}}, doc! {"$match": {"ns": "app.orders"}}]).await.unwrap()).await;
     assert_eq!(dist.len(), 1, "{dist:?}");
     let per_shard = dist[0].get_array("shards").unwrap();
@@ -176,7 +197,10 @@ async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
     }
     assert_code(client.database("app").run_command(doc! {"aggregate": 1, "pipeline": [{"$shardedDataDistribution": {}}], "cursor": {}}).await, 6789102);
     assert_code(admin.run_command(doc! {"aggregate": 1, "pipeline": [{"$shardedDataDistribution": {"x": 1}}], "cursor": {}}).await, 6789100);
-    assert_code(cluster.shard(0).await.database("admin").run_command(doc! {"aggregate": 1, "pipeline": [{"$shardedDataDistribution": {}}], "cursor": {}}).await, 6789101);
+    assert_code(
+        cluster.shard(0).await.database("admin").run_command(doc! {"aggregate": 1, "pipeline": [{"$shardedDataDistribution": {}}], "cursor": {}}).await,
+        6789101,
+    );
     cluster.shard(3).await.database("app").collection::<Document>("orders").delete_one(doc! {"_id": -1}).await.unwrap();
 
     // The router's own state and the spread of the data, in mongos's shapes.
@@ -191,7 +215,10 @@ async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
     assert_eq!((coll_stats.get_bool("sharded").unwrap(), num_field(&coll_stats, "count") as u64, num_field(&coll_stats, "nchunks") as u64), (true, 3000, 16));
     assert_eq!(coll_stats.get_document("shards").unwrap().len(), 8);
     let per_shard = collect(orders.aggregate(vec![doc! {"$collStats": {"count": {}}}, doc! {"$sort": {"shard": 1}}]).await.unwrap()).await;
-    assert_eq!(per_shard.iter().map(|d| (d.get_str("shard").unwrap().to_string(), num_field(d, "count") as u64)).collect::<Vec<_>>(), (0..8).map(|i| (format!("shard{i}"), held[i])).collect::<Vec<_>>());
+    assert_eq!(
+        per_shard.iter().map(|d| (d.get_str("shard").unwrap().to_string(), num_field(d, "count") as u64)).collect::<Vec<_>>(),
+        (0..8).map(|i| (format!("shard{i}"), held[i])).collect::<Vec<_>>()
+    );
     let point = app.run_command(doc! {"explain": {"find": "orders", "filter": {"customerId": 7}}, "verbosity": "queryPlanner"}).await.unwrap();
     assert_eq!(path(&point, "queryPlanner.winningPlan.stage").cloned(), Some(Bson::String("SINGLE_SHARD".into())), "{point}");
     let scatter = app.run_command(doc! {"explain": {"find": "orders", "filter": {"v": 1}}, "verbosity": "executionStats"}).await.unwrap();
@@ -217,7 +244,13 @@ async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
     assert_eq!(num_field(&n, "n"), 100.0);
     let distinct = orders.distinct("v", doc! {}).await.unwrap();
     assert_eq!(distinct, (0..7).map(Bson::Int64).collect::<Vec<_>>());
-    let grouped = collect(orders.aggregate(vec![doc! {"$match": {"customerId": {"$lt": 70}}}, doc! {"$group": {"_id": "$v", "n": {"$sum": 1}}}, doc! {"$sort": {"_id": 1}}]).await.unwrap()).await;
+    let grouped = collect(
+        orders
+            .aggregate(vec![doc! {"$match": {"customerId": {"$lt": 70}}}, doc! {"$group": {"_id": "$v", "n": {"$sum": 1}}}, doc! {"$sort": {"_id": 1}}])
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(grouped, (0..7).map(|v| doc! {"_id": v as i64, "n": 10}).collect::<Vec<_>>());
     // Partial groups on the shards, merged by the router: sums, counts, extremes, averages
     // (of numbers only), in the client's field order.
@@ -257,7 +290,12 @@ async fn a_hashed_collection_spreads_over_shards_and_reads_merge_back() {
 
     // Errors come back at the client's positions: duplicate _ids land on the shard that
     // already holds them, whatever shard the rest of the batch goes to.
-    let batch: Vec<Document> = vec![doc! {"_id": 10_001, "customerId": 10_001}, doc! {"_id": 1, "customerId": 1}, doc! {"_id": 10_002, "customerId": 10_002}, doc! {"_id": 3, "customerId": 3}];
+    let batch: Vec<Document> = vec![
+        doc! {"_id": 10_001, "customerId": 10_001},
+        doc! {"_id": 1, "customerId": 1},
+        doc! {"_id": 10_002, "customerId": 10_002},
+        doc! {"_id": 3, "customerId": 3},
+    ];
     let e = orders.insert_many(batch).ordered(false).await.unwrap_err();
     let mongodb::error::ErrorKind::InsertMany(failure) = *e.kind else { panic!("{e:?}") };
     let mut failed: Vec<usize> = failure.write_errors.unwrap().iter().map(|w| w.index).collect();
@@ -385,7 +423,14 @@ fn second_router(cluster: &Cluster) -> (Proc, u16) {
     let port = free_port();
     let configdb = format!("cfg/127.0.0.1:{}", cluster.port + 1);
     let log = std::fs::File::create(cluster.dir.join(format!("router-{port}.log"))).unwrap();
-    let child = Proc(Command::new(binary_path()).args(["router", "--configdb", &configdb, "--port", &port.to_string()]).stdout(std::process::Stdio::null()).stderr(log).spawn().unwrap());
+    let child = Proc(
+        Command::new(binary_path())
+            .args(["router", "--configdb", &configdb, "--port", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(std::time::Instant::now() < deadline, "the second router did not listen");
@@ -436,7 +481,8 @@ async fn chunks_migrate_under_concurrent_writes_without_losing_or_doubling_docum
                     assert_eq!(r.deleted_count, 1, "writer {w}: {k} was there to delete");
                     deleted.push(k);
                 } else if !deleted.contains(&k) {
-                    let r = coll.update_one(doc! {"k": k}, doc! {"$inc": {"n": 1i64}}).await.unwrap_or_else(|e| panic!("writer {w}: update of {k} failed: {e}"));
+                    let r =
+                        coll.update_one(doc! {"k": k}, doc! {"$inc": {"n": 1i64}}).await.unwrap_or_else(|e| panic!("writer {w}: update of {k} failed: {e}"));
                     assert_eq!(r.modified_count, 1, "writer {w}: the update of {k} found its document");
                     *incs.entry(k).or_default() += 1;
                 }
@@ -451,7 +497,8 @@ async fn chunks_migrate_under_concurrent_writes_without_losing_or_doubling_docum
 
     // Migrations through router 0: every chunk moves to the other shard, then half move back.
     let chunks_of = || async {
-        let chunks: Vec<Document> = collect(client.database("config").collection::<Document>("chunks").find(doc! {}).sort(doc! {"min": 1}).await.unwrap()).await;
+        let chunks: Vec<Document> =
+            collect(client.database("config").collection::<Document>("chunks").find(doc! {}).sort(doc! {"min": 1}).await.unwrap()).await;
         chunks
     };
     let initial = chunks_of().await;
@@ -463,7 +510,9 @@ async fn chunks_migrate_under_concurrent_writes_without_losing_or_doubling_docum
                 continue;
             }
             let to = if c.get_str("shard").unwrap() == "shard0" { "shard1" } else { "shard0" };
-            let r = admin.run_command(doc! {"moveChunk": "app.m", "bounds": [c.get_document("min").unwrap().clone(), c.get_document("max").unwrap().clone()], "to": to}).await;
+            let r = admin
+                .run_command(doc! {"moveChunk": "app.m", "bounds": [c.get_document("min").unwrap().clone(), c.get_document("max").unwrap().clone()], "to": to})
+                .await;
             r.unwrap_or_else(|e| panic!("moveChunk {j} in round {round} failed: {e}"));
             moves += 1;
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -491,14 +540,21 @@ async fn chunks_migrate_under_concurrent_writes_without_losing_or_doubling_docum
     // Each shard's chunks changed: 4 chunks, with new major versions on the movers.
     let after = chunks_of().await;
     assert_eq!(after.len(), 4);
-    assert_ne!(after.iter().map(|c| c.get_str("shard").unwrap().to_string()).collect::<Vec<_>>(), initial.iter().map(|c| c.get_str("shard").unwrap().to_string()).collect::<Vec<_>>());
+    assert_ne!(
+        after.iter().map(|c| c.get_str("shard").unwrap().to_string()).collect::<Vec<_>>(),
+        initial.iter().map(|c| c.get_str("shard").unwrap().to_string()).collect::<Vec<_>>()
+    );
     assert!(client.database("config").collection::<Document>("migrations").count_documents(doc! {}).await.unwrap() == 0, "no migration record is left");
 
     // Through both routers: the exact documents and counters.
     for c in [&client, &other_client] {
         let coll = c.database("app").collection::<Document>("m");
         assert_eq!(coll.count_documents(doc! {}).await.unwrap(), expected.len() as u64);
-        let found: std::collections::BTreeMap<i64, i64> = collect(coll.find(doc! {}).projection(doc! {"k": 1, "n": 1}).await.unwrap()).await.iter().map(|d| (num_field(d, "k") as i64, num_field(d, "n") as i64)).collect();
+        let found: std::collections::BTreeMap<i64, i64> = collect(coll.find(doc! {}).projection(doc! {"k": 1, "n": 1}).await.unwrap())
+            .await
+            .iter()
+            .map(|d| (num_field(d, "k") as i64, num_field(d, "n") as i64))
+            .collect();
         assert_eq!(found.len(), expected.len(), "no document is returned twice");
         for (k, n) in &expected {
             assert_eq!(found.get(k), Some(n), "document {k}: its counter after every acknowledged $inc");
@@ -545,7 +601,10 @@ async fn chunks_migrate_under_concurrent_writes_without_losing_or_doubling_docum
         })
     };
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let primary = collect(client.database("config").collection::<Document>("databases").find(doc! {"_id": "app"}).await.unwrap()).await[0].get_str("primary").unwrap().to_string();
+    let primary = collect(client.database("config").collection::<Document>("databases").find(doc! {"_id": "app"}).await.unwrap()).await[0]
+        .get_str("primary")
+        .unwrap()
+        .to_string();
     let (from, to) = if primary == "shard0" { (0, 1) } else { (1, 0) };
     let moved = admin.run_command(doc! {"movePrimary": "app", "to": format!("shard{to}")}).await.unwrap();
     assert!(moved.get_str("primary").unwrap().starts_with(&format!("shard{to}:")), "{moved}");
@@ -577,7 +636,15 @@ async fn start_shard_set_with(cluster: &Cluster, name: &str, extra: &[&str]) -> 
     let data = cluster.dir.join(name);
     std::fs::create_dir_all(&data).unwrap();
     let log = std::fs::File::create(cluster.dir.join(format!("{name}.log"))).unwrap();
-    let child = Proc(Command::new(binary_path()).args(["serve", "--port", &port.to_string(), "--replSet", name, "--dbpath", data.to_str().unwrap()]).args(extra).stdout(std::process::Stdio::null()).stderr(log).spawn().unwrap());
+    let child = Proc(
+        Command::new(binary_path())
+            .args(["serve", "--port", &port.to_string(), "--replSet", name, "--dbpath", data.to_str().unwrap()])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::net::TcpStream::connect(&host).is_err() {
         assert!(std::time::Instant::now() < deadline, "{name} did not listen");
@@ -820,7 +887,12 @@ async fn a_retried_write_finds_its_first_attempt_after_the_chunk_moved() {
     // The recipient logged the donor's entries in the sessions, as mongod does.
     let recipient_i = recipient.trim_start_matches("shard").parse::<usize>().unwrap();
     let direct = cluster.shard(recipient_i).await;
-    let migrated = direct.database("local").collection::<Document>("oplog.rs").count_documents(doc! {"op": "n", "ns": "app.r", "o.$sessionMigrateInfo": 1, "fromMigrate": true}).await.unwrap();
+    let migrated = direct
+        .database("local")
+        .collection::<Document>("oplog.rs")
+        .count_documents(doc! {"op": "n", "ns": "app.r", "o.$sessionMigrateInfo": 1, "fromMigrate": true})
+        .await
+        .unwrap();
     assert!(migrated >= 6 + acked.len() as u64 / 2, "{migrated} migrated session entries");
     let records = direct.database("config").collection::<Document>("transactions").count_documents(doc! {}).await.unwrap();
     assert!(records >= 5, "{records} session records on the recipient");
@@ -830,7 +902,8 @@ async fn a_retried_write_finds_its_first_attempt_after_the_chunk_moved() {
     let next = doc! {"update": "r", "updates": [{"q": {"k": 1}, "u": {"$inc": {"n": 1}}}], "lsid": lsid(2), "txnNumber": 2i64, "$db": "app"};
     assert_eq!(send(&next).get_i32("nModified").ok(), Some(1));
     let old = send(&update);
-    let code = old.get_array("writeErrors").ok().and_then(|e| e.first()).and_then(Bson::as_document).map_or(old.get_i32("code").ok(), |e| e.get_i32("code").ok());
+    let code =
+        old.get_array("writeErrors").ok().and_then(|e| e.first()).and_then(Bson::as_document).map_or(old.get_i32("code").ok(), |e| e.get_i32("code").ok());
     assert_eq!(code, Some(225), "TransactionTooOld: {old}");
 
     // Back to the first shard: the history moves again (the recipient's migrated entries
@@ -910,7 +983,12 @@ async fn a_donor_killed_in_the_critical_section_holds_writes_until_the_migration
     // kill -9 the donor and start it again, as it was.
     let donor_host = format!("127.0.0.1:{}", cluster.port + 2);
     let pid = cluster.pid_of(&donor_host);
-    let cmdline: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap().split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let cmdline: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap()
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
     unsafe { libc::kill(pid, libc::SIGKILL) };
     while std::net::TcpStream::connect(&donor_host).is_ok() {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -975,7 +1053,8 @@ async fn a_migration_whose_router_died_in_its_critical_section_is_recovered_afte
     let admin = client.database("admin");
     let (_other, other_port) = second_router(&cluster);
     let other = mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{other_port}/")).await.unwrap();
-    let chunk = |c: mongodb::Client| async move { c.database("config").collection::<Document>("chunks").find_one(doc! {"min": {"k": 0}}).await.unwrap().unwrap() };
+    let chunk =
+        |c: mongodb::Client| async move { c.database("config").collection::<Document>("chunks").find_one(doc! {"min": {"k": 0}}).await.unwrap().unwrap() };
     let before = chunk(other.clone()).await;
 
     let mover = move_until_final_transfer(&admin, &recipient, "dr").await;
@@ -1032,7 +1111,11 @@ fn fail_point(on: bool) -> Document {
 
 /// Start moving `app.<coll>`'s chunk of k >= 0 to "rcpt" (in a task: its result) and
 /// return once the recipient holds the last transfer: the donor is in its critical section.
-async fn move_until_final_transfer(admin: &mongodb::Database, recipient: &mongodb::Client, coll: &str) -> tokio::task::JoinHandle<mongodb::error::Result<Document>> {
+async fn move_until_final_transfer(
+    admin: &mongodb::Database,
+    recipient: &mongodb::Client,
+    coll: &str,
+) -> tokio::task::JoinHandle<mongodb::error::Result<Document>> {
     recipient.database("admin").run_command(fail_point(true)).await.unwrap();
     let mover = {
         let (admin, ns) = (admin.clone(), format!("app.{coll}"));
@@ -1062,7 +1145,10 @@ async fn near_limit_documents_replicate_and_migrate_through_the_router() {
     admin.run_command(doc! {"shardCollection": "app.big", "key": {"k": 1}}).await.unwrap();
     let big = client.database("app").collection::<Document>("big");
     let w1 = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(1)).build();
-    big.insert_many(vec![doc! {"_id": 1, "k": 1, "s": "x".repeat(15_000_000)}, doc! {"_id": 2, "k": 2, "s": "y".repeat(15_000_000)}]).write_concern(w1.clone()).await.unwrap();
+    big.insert_many(vec![doc! {"_id": 1, "k": 1, "s": "x".repeat(15_000_000)}, doc! {"_id": 2, "k": 2, "s": "y".repeat(15_000_000)}])
+        .write_concern(w1.clone())
+        .await
+        .unwrap();
     big.insert_one(doc! {"_id": 3, "k": 3, "s": "z".repeat(LARGEST_S_BYTES)}).write_concern(w1).await.unwrap();
     let w3 = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(3)).w_timeout(Duration::from_secs(20)).build();
     let started = std::time::Instant::now();
@@ -1076,7 +1162,8 @@ async fn near_limit_documents_replicate_and_migrate_through_the_router() {
     let through_router = collect(big.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await;
     assert_eq!(lens(through_router), vec![15_000_000, 15_000_000, LARGEST_S_BYTES, 0]);
     // The collection's one chunk (all of it) is the recipient's now.
-    let chunks = collect(client.database("config").collection::<Document>("chunks").find(doc! {"uuid": entry.get("uuid").unwrap().clone()}).await.unwrap()).await;
+    let chunks =
+        collect(client.database("config").collection::<Document>("chunks").find(doc! {"uuid": entry.get("uuid").unwrap().clone()}).await.unwrap()).await;
     assert!(!chunks.is_empty() && chunks.iter().all(|c| c.get_str("shard").unwrap() == to), "{chunks:?}");
     // An unsharded collection of the same documents moves with its database's primary.
     let plain = client.database("app").collection::<Document>("plain");

@@ -120,43 +120,127 @@ pub enum WriteResult {
 
 #[derive(Clone, Debug)]
 pub enum Msg {
-    HeartbeatRequest { seq: u64, term: i64, config_version: i32, config_term: i64 },
+    HeartbeatRequest {
+        seq: u64,
+        term: i64,
+        config_version: i32,
+        config_term: i64,
+    },
     /// `config`: ours, when the sender's is older.
-    HeartbeatReply { seq: u64, term: i64, state: MemberState, applied: OpTime, durable: OpTime, commit_point: Option<OpTime>, sync_source: Option<usize>, config: Option<Arc<ReplSetConfig>> },
-    VoteRequest { id: u64, req: VoteRequest },
-    VoteReply { id: u64, term: i64, granted: bool },
+    HeartbeatReply {
+        seq: u64,
+        term: i64,
+        state: MemberState,
+        applied: OpTime,
+        durable: OpTime,
+        commit_point: Option<OpTime>,
+        sync_source: Option<usize>,
+        config: Option<Arc<ReplSetConfig>>,
+    },
+    VoteRequest {
+        id: u64,
+        req: VoteRequest,
+    },
+    VoteReply {
+        id: u64,
+        term: i64,
+        granted: bool,
+    },
     /// The fetcher's find: the source's entries from our newest one on.
-    Find { req: u64, from: OpTime },
+    Find {
+        req: u64,
+        from: OpTime,
+    },
     /// The fetcher's getMore on its tailable cursor, carrying progress (`$replProgress`).
-    GetMore { req: u64, cursor: Cursor, after: OpTime, positions: Vec<Position>, term: i64 },
-    Batch { req: u64, cursor: Cursor, entries: Vec<(OpTime, Vec<u8>)>, cursor_lost: bool, first_matches: bool, oldest: Option<OpTime>, newest: Option<OpTime>, term: i64, commit_point: OpTime },
-    UpdatePosition { positions: Vec<Position>, term: i64 },
-    RollbackQuery { req: u64, from_ts: u64, to_ts: u64 },
-    RollbackAnswer { req: u64, optimes: Vec<OpTime>, newest: OpTime },
+    GetMore {
+        req: u64,
+        cursor: Cursor,
+        after: OpTime,
+        positions: Vec<Position>,
+        term: i64,
+    },
+    Batch {
+        req: u64,
+        cursor: Cursor,
+        entries: Vec<(OpTime, Vec<u8>)>,
+        cursor_lost: bool,
+        first_matches: bool,
+        oldest: Option<OpTime>,
+        newest: Option<OpTime>,
+        term: i64,
+        commit_point: OpTime,
+    },
+    UpdatePosition {
+        positions: Vec<Position>,
+        term: i64,
+    },
+    RollbackQuery {
+        req: u64,
+        from_ts: u64,
+        to_ts: u64,
+    },
+    RollbackAnswer {
+        req: u64,
+        optimes: Vec<OpTime>,
+        newest: OpTime,
+    },
     /// The connection of fetch request `req` broke (its source was killed).
-    Reset { req: u64 },
-    Write { op: u64, value: u64, majority: bool, j: bool, size_bytes: u64 },
+    Reset {
+        req: u64,
+    },
+    Write {
+        op: u64,
+        value: u64,
+        majority: bool,
+        j: bool,
+        size_bytes: u64,
+    },
     /// Initial sync: the source's majority-committed oplog entry (`committed`: `begin`; its
     /// oldest while it knows none), or its newest (`minValid`).
-    OplogNewest { req: u64, committed: bool },
+    OplogNewest {
+        req: u64,
+        committed: bool,
+    },
     /// `rollback_id`: the source's rollback count (mongod's RBID).
-    NewestReply { req: u64, entry: Option<(OpTime, Vec<u8>)>, rollback_id: u64 },
+    NewestReply {
+        req: u64,
+        entry: Option<(OpTime, Vec<u8>)>,
+        rollback_id: u64,
+    },
     /// Initial sync's clone: the source's data after a timestamp, one batch.
-    CloneRead { req: u64, after: Option<u64> },
+    CloneRead {
+        req: u64,
+        after: Option<u64>,
+    },
     /// None: the source serves no reads (not primary or secondary).
-    CloneBatch { req: u64, docs: Option<Vec<member::DataDoc>>, more: bool },
-    WriteReply { op: u64, result: WriteResult },
-    Read { op: u64 },
+    CloneBatch {
+        req: u64,
+        docs: Option<Vec<member::DataDoc>>,
+        more: bool,
+    },
+    WriteReply {
+        op: u64,
+        result: WriteResult,
+    },
+    Read {
+        op: u64,
+    },
     /// The commit point when answered and the register's newest value, from the member's
     /// `incarnation`; None when the member serves no reads.
-    ReadReply { op: u64, incarnation: u64, result: Option<(OpTime, Option<(OpTime, u64)>)> },
+    ReadReply {
+        op: u64,
+        incarnation: u64,
+        result: Option<(OpTime, Option<(OpTime, u64)>)>,
+    },
 }
 
 impl Msg {
     /// The request id of a fetcher's request to its source.
     fn fetch_request(&self) -> Option<u64> {
         match self {
-            Msg::Find { req, .. } | Msg::GetMore { req, .. } | Msg::RollbackQuery { req, .. } | Msg::OplogNewest { req, .. } | Msg::CloneRead { req, .. } => Some(*req),
+            Msg::Find { req, .. } | Msg::GetMore { req, .. } | Msg::RollbackQuery { req, .. } | Msg::OplogNewest { req, .. } | Msg::CloneRead { req, .. } => {
+                Some(*req)
+            }
             _ => None,
         }
     }
@@ -191,14 +275,42 @@ pub enum Timer {
 /// What a member's step did that the checker must see.
 #[derive(Debug)]
 pub enum Note {
-    BecamePrimary { member: usize, term: i64 },
-    AckedMajority { member: usize, at: OpTime },
-    RollingBack { member: usize, common: OpTime, removed: Vec<OpTime>, commit_point: OpTime },
-    Stuck { member: usize, why: String },
-    InitialSyncStarted { member: usize, source: usize, reason: String, had_oplog: bool },
-    InitialSyncDone { member: usize, begin: OpTime, min_valid: OpTime },
+    BecamePrimary {
+        member: usize,
+        term: i64,
+    },
+    AckedMajority {
+        member: usize,
+        at: OpTime,
+    },
+    RollingBack {
+        member: usize,
+        common: OpTime,
+        removed: Vec<OpTime>,
+        commit_point: OpTime,
+    },
+    Stuck {
+        member: usize,
+        why: String,
+    },
+    InitialSyncStarted {
+        member: usize,
+        source: usize,
+        reason: String,
+        had_oplog: bool,
+    },
+    InitialSyncDone {
+        member: usize,
+        begin: OpTime,
+        min_valid: OpTime,
+    },
     /// A fetched reply past the largest a member accepts.
-    BatchRefused { member: usize, source: usize, bytes: u64, entries: usize },
+    BatchRefused {
+        member: usize,
+        source: usize,
+        bytes: u64,
+        entries: usize,
+    },
     Trace(String),
 }
 
@@ -214,10 +326,21 @@ pub struct Out<'a> {
 
 #[derive(Debug)]
 enum Event {
-    Deliver { from: usize, to: usize, msg: Msg },
-    Timer { member: usize, incarnation: u64, timer: Timer },
+    Deliver {
+        from: usize,
+        to: usize,
+        msg: Msg,
+    },
+    Timer {
+        member: usize,
+        incarnation: u64,
+        timer: Timer,
+    },
     ClientNext(usize),
-    ClientTimeout { client: usize, op: u64 },
+    ClientTimeout {
+        client: usize,
+        op: u64,
+    },
     Nemesis,
     Restart(usize),
     HealPartition(u64),
@@ -752,7 +875,8 @@ impl Sim {
                 self.report.rolled_back_entries += removed.len() as u64;
                 self.note(format!("m{member} rolls back {} entries to {common:?}", removed.len()));
                 if commit_point > common {
-                    return Err(self.fail(format!("m{member} rolls back to {common:?}, behind its commit point {commit_point:?}: a majority read saw writes now undone")));
+                    return Err(self
+                        .fail(format!("m{member} rolls back to {common:?}, behind its commit point {commit_point:?}: a majority read saw writes now undone")));
                 }
                 if let Some(at) = removed.iter().find(|at| self.checker.acked_majority.contains(at)) {
                     return Err(self.fail(format!("m{member} rolls back the majority-acknowledged write {at:?}")));
@@ -764,7 +888,17 @@ impl Sim {
                 // on fewer than a majority of the voters.
                 let config = self.members[member].config.clone();
                 let held_elsewhere = |at: &OpTime| {
-                    config.members.iter().enumerate().filter(|(j, m)| *j != member && m.is_voter() && self.provisioned.get(*j).copied().unwrap_or(false) && member::holds_entry(&self.members[*j].store, *at)).count()
+                    config
+                        .members
+                        .iter()
+                        .enumerate()
+                        .filter(|(j, m)| {
+                            *j != member
+                                && m.is_voter()
+                                && self.provisioned.get(*j).copied().unwrap_or(false)
+                                && member::holds_entry(&self.members[*j].store, *at)
+                        })
+                        .count()
                 };
                 if let Some(at) = removed.iter().find(|at| self.checker.committed_set.contains(at) && held_elsewhere(at) < config.write_majority_count()) {
                     return Err(self.fail(format!("m{member} rolls back the committed entry {at:?}, which fewer than a majority of the voters hold")));
@@ -790,7 +924,10 @@ impl Sim {
                 // A member whose sync finished has an oplog and no flag: it never syncs again,
                 // and never drops what it committed.
                 if done > 0 {
-                    return Err(self.fail(format!("m{member} starts initial sync #{started} ({reason}) after {done} finished (oplog {})", if had_oplog { "not empty" } else { "empty" })));
+                    return Err(self.fail(format!(
+                        "m{member} starts initial sync #{started} ({reason}) after {done} finished (oplog {})",
+                        if had_oplog { "not empty" } else { "empty" }
+                    )));
                 }
                 // What it held is legitimately gone: nothing to keep, nothing checked.
                 self.checker.kept[member] = OpTime::default();
@@ -872,7 +1009,9 @@ impl Sim {
                 Some(c) if *c == at => {}
                 Some(c) => {
                     let c = *c;
-                    return Err(self.fail(format!("m{m}'s committed prefix differs at entry {count}: {at:?} where the committed history has {c:?} (commit point {cp:?})")));
+                    return Err(self.fail(format!(
+                        "m{m}'s committed prefix differs at entry {count}: {at:?} where the committed history has {c:?} (commit point {cp:?})"
+                    )));
                 }
                 None => {
                     self.checker.committed.push(at);
@@ -891,7 +1030,8 @@ impl Sim {
     /// entry and `through` (log matching: it holds the same entries before them).
     fn fill_committed_through(&mut self, through: OpTime) {
         let Some(&newest) = self.checker.committed.last() else { return };
-        let holder = (0..self.members.len()).find(|&j| self.provisioned[j] && member::holds_entry(&self.members[j].store, newest) && member::holds_entry(&self.members[j].store, through));
+        let holder = (0..self.members.len())
+            .find(|&j| self.provisioned[j] && member::holds_entry(&self.members[j].store, newest) && member::holds_entry(&self.members[j].store, through));
         let Some(j) = holder else { return };
         for at in member::oplog_between(&self.members[j].store, Some(newest.ts), through) {
             self.checker.committed.push(at);
@@ -914,7 +1054,11 @@ impl Sim {
         // as a driver's topology view might); reads to any member.
         let primaries: Vec<usize> = (0..n).filter(|&i| self.members[i].up && self.members[i].state == MemberState::Primary).collect();
         let running: Vec<usize> = (0..n).filter(|&i| self.provisioned[i]).collect();
-        let to = if write && !primaries.is_empty() { primaries[self.rng.below(primaries.len() as u64) as usize] } else { running[self.rng.below(running.len() as u64) as usize] };
+        let to = if write && !primaries.is_empty() {
+            primaries[self.rng.below(primaries.len() as u64) as usize]
+        } else {
+            running[self.rng.below(running.len() as u64) as usize]
+        };
         let size_bytes = if self.rng.chance(self.opts.large_entry_chance) {
             self.rng.range(DOC_NEAR_MAX_BYTES_MIN, common::limits::BSON_OBJECT_SIZE_MAX_BYTES as u64 + 1)
         } else {
@@ -1055,7 +1199,8 @@ impl Sim {
     /// rules as the server checks them.
     fn reconfig(&mut self) -> Result<(), Failure> {
         let n = self.members.len();
-        let primaries: Vec<usize> = (0..n).filter(|&i| self.members[i].up && self.members[i].state == MemberState::Primary && self.members[i].paused_until <= self.now).collect();
+        let primaries: Vec<usize> =
+            (0..n).filter(|&i| self.members[i].up && self.members[i].state == MemberState::Primary && self.members[i].paused_until <= self.now).collect();
         let Some(&p) = primaries.first() else {
             self.report.reconfigs_refused += 1;
             return Ok(());
@@ -1095,7 +1240,12 @@ impl Sim {
         }
         self.report.reconfigs += 1;
         let config = self.members[p].config.clone();
-        self.note(format!("nemesis: replSetReconfig on m{p}: version {} of term {}, {} m{slot}", config.version, config.term.unwrap_or(0), if add { "adds" } else { "removes" }));
+        self.note(format!(
+            "nemesis: replSetReconfig on m{p}: version {} of term {}, {} m{slot}",
+            config.version,
+            config.term.unwrap_or(0),
+            if add { "adds" } else { "removes" }
+        ));
         if add {
             self.report.members_added += 1;
             self.provision(slot, config)?;
@@ -1224,7 +1374,11 @@ impl Sim {
             let (a, b) = align(&log, &reference);
             if a != b {
                 let at = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
-                return Err(self.fail(format!("m{i}'s oplog ({} entries) differs from the primary m{p}'s ({}) at entry {at} of the part both hold, after the quiet period", log.len(), reference.len())));
+                return Err(self.fail(format!(
+                    "m{i}'s oplog ({} entries) differs from the primary m{p}'s ({}) at entry {at} of the part both hold, after the quiet period",
+                    log.len(),
+                    reference.len()
+                )));
             }
             if !primary_copied && !member::has_copied_data(&m.store) {
                 continue;
@@ -1271,9 +1425,15 @@ fn brief(msg: &Msg) -> String {
             newest.map_or("-".into(), ot),
             ot(*commit_point)
         ),
-        Msg::GetMore { req, after, positions, .. } => format!("GetMore #{req} after {} positions {}", ot(*after), positions.iter().map(|p| format!("m{}={}/{}", p.member, ot(p.applied), ot(p.durable))).collect::<Vec<_>>().join(" ")),
+        Msg::GetMore { req, after, positions, .. } => format!(
+            "GetMore #{req} after {} positions {}",
+            ot(*after),
+            positions.iter().map(|p| format!("m{}={}/{}", p.member, ot(p.applied), ot(p.durable))).collect::<Vec<_>>().join(" ")
+        ),
         Msg::Find { req, from } => format!("Find #{req} from {}", ot(*from)),
-        Msg::UpdatePosition { positions, .. } => format!("UpdatePosition {}", positions.iter().map(|p| format!("m{}={}/{}", p.member, ot(p.applied), ot(p.durable))).collect::<Vec<_>>().join(" ")),
+        Msg::UpdatePosition { positions, .. } => {
+            format!("UpdatePosition {}", positions.iter().map(|p| format!("m{}={}/{}", p.member, ot(p.applied), ot(p.durable))).collect::<Vec<_>>().join(" "))
+        }
         other => format!("{other:?}"),
     }
 }

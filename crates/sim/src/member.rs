@@ -115,14 +115,33 @@ pub enum SyncPhase {
 #[derive(Debug, Clone, Copy)]
 pub enum Fetch {
     /// Choose a source at or after this monotonic time.
-    Idle { at: u64 },
+    Idle {
+        at: u64,
+    },
     /// An initial sync from `src`, its request `req` in flight.
-    Syncing { src: usize, req: u64, phase: SyncPhase },
+    Syncing {
+        src: usize,
+        req: u64,
+        phase: SyncPhase,
+    },
     /// A find (`from` our newest entry) or getMore (`after` the cursor's last entry) in flight.
-    Find { src: usize, req: u64, forced: bool },
-    Tail { src: usize, req: u64, forced: bool, cursor: Cursor },
+    Find {
+        src: usize,
+        req: u64,
+        forced: bool,
+    },
+    Tail {
+        src: usize,
+        req: u64,
+        forced: bool,
+        cursor: Cursor,
+    },
     /// Looking for the common point with `src`, among our entries older than `upper`.
-    RollingBack { src: usize, req: u64, upper: Option<u64> },
+    RollingBack {
+        src: usize,
+        req: u64,
+        upper: Option<u64>,
+    },
 }
 
 pub struct PendingWrite {
@@ -669,12 +688,21 @@ impl Member {
                 let electable = self.config.members[me].is_electable() && self.config.members[me].is_voter();
                 let may_stand = electable && !self.election_running;
                 let last = self.last();
-                let takeover = primary.filter(|_| may_stand).and_then(|pi| repl::election::priority_takeover_wait_ms(&self.config, me, pi, last, self.peers[pi].view.applied, et));
+                let takeover = primary
+                    .filter(|_| may_stand)
+                    .and_then(|pi| repl::election::priority_takeover_wait_ms(&self.config, me, pi, last, self.peers[pi].view.applied, et));
                 let stand = match takeover {
                     Some(wait_ms) => now.saturating_sub(*self.takeover_since.get_or_insert(now)) >= wait_ms,
                     None => {
                         self.takeover_since = None;
-                        repl::election::stands_for_want_of_primary(&self.config, me, may_stand, primary.is_some(), now.saturating_sub(self.primary_seen), self.election_timeout_ms)
+                        repl::election::stands_for_want_of_primary(
+                            &self.config,
+                            me,
+                            may_stand,
+                            primary.is_some(),
+                            now.saturating_sub(self.primary_seen),
+                            self.election_timeout_ms,
+                        )
                     }
                 };
                 if stand {
@@ -770,7 +798,9 @@ impl Member {
         }
         // Won: catch up first from the member furthest ahead (member.rs `catch_up`).
         let me = self.index;
-        let ahead = (0..self.peers.len()).filter(|&i| i != me && self.peers[i].view.up && !self.config.members[i].arbiter_only).max_by_key(|&i| self.peers[i].view.applied);
+        let ahead = (0..self.peers.len())
+            .filter(|&i| i != me && self.peers[i].view.up && !self.config.members[i].arbiter_only)
+            .max_by_key(|&i| self.peers[i].view.applied);
         match ahead.map(|i| (i, self.peers[i].view.applied)) {
             Some((src, target)) if self.last() < target => {
                 out.notes.push(Note::Trace(format!("m{me} won term {}; catching up to {target:?} from m{src}", e.term)));
@@ -851,7 +881,13 @@ impl Member {
                     out.sends.push((from, Msg::VoteReply { id, term: self.term, granted: false }));
                     return;
                 }
-                let voter = repl::election::Voter { config: &self.config, self_index: self.index, term: self.term, last_vote_term: self.last_vote_term, last_applied: self.last() };
+                let voter = repl::election::Voter {
+                    config: &self.config,
+                    self_index: self.index,
+                    term: self.term,
+                    last_vote_term: self.last_vote_term,
+                    last_applied: self.last(),
+                };
                 let decision = repl::election::decide(&voter, &req);
                 if decision.is_ok() && !req.dry_run {
                     self.last_vote_term = Some(req.term);
@@ -878,7 +914,9 @@ impl Member {
                 }
             }
             Msg::UpdatePosition { positions, term } => self.update_positions(&positions, term, out),
-            Msg::Batch { req, cursor, entries, cursor_lost, first_matches, oldest, newest, term, commit_point } => self.on_batch(from, req, cursor, entries, cursor_lost, first_matches, oldest, newest, term, commit_point, out),
+            Msg::Batch { req, cursor, entries, cursor_lost, first_matches, oldest, newest, term, commit_point } => {
+                self.on_batch(from, req, cursor, entries, cursor_lost, first_matches, oldest, newest, term, commit_point, out)
+            }
             Msg::RollbackQuery { req, from_ts, to_ts } => {
                 let optimes = self.optimes_between(from_ts, to_ts);
                 out.sends.push((from, Msg::RollbackAnswer { req, optimes, newest: self.last() }));
@@ -897,7 +935,12 @@ impl Member {
                 } else {
                     // No commit point known yet: the oldest entry, the set's first.
                     let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
-                    c.snapshot().scan(None, 1).expect("scan").into_iter().next().map(|(_, d)| (OpTime::from_doc(&d).expect("optime"), d.to_vec().expect("entry")))
+                    c.snapshot()
+                        .scan(None, 1)
+                        .expect("scan")
+                        .into_iter()
+                        .next()
+                        .map(|(_, d)| (OpTime::from_doc(&d).expect("optime"), d.to_vec().expect("entry")))
                 };
                 out.sends.push((from, Msg::NewestReply { req, entry, rollback_id: self.rollback_id }));
             }
@@ -918,7 +961,10 @@ impl Member {
             }
             Msg::Reset { req } => {
                 let pending = match self.fetch {
-                    Fetch::Find { req: r, src, .. } | Fetch::Tail { req: r, src, .. } | Fetch::RollingBack { req: r, src, .. } | Fetch::Syncing { req: r, src, .. } => r == req && src == from,
+                    Fetch::Find { req: r, src, .. }
+                    | Fetch::Tail { req: r, src, .. }
+                    | Fetch::RollingBack { req: r, src, .. }
+                    | Fetch::Syncing { req: r, src, .. } => r == req && src == from,
                     Fetch::Idle { .. } => false,
                 };
                 if pending {
@@ -933,7 +979,18 @@ impl Member {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn on_heartbeat_reply(&mut self, i: usize, seq: u64, term: i64, state: MemberState, applied: OpTime, durable: OpTime, commit_point: Option<OpTime>, sync_source: Option<usize>, out: &mut Out) {
+    fn on_heartbeat_reply(
+        &mut self,
+        i: usize,
+        seq: u64,
+        term: i64,
+        state: MemberState,
+        applied: OpTime,
+        durable: OpTime,
+        commit_point: Option<OpTime>,
+        sync_source: Option<usize>,
+        out: &mut Out,
+    ) {
         let Some((s, sent)) = self.peers.get(i).and_then(|p| p.heartbeat) else { return };
         if s != seq {
             return;
@@ -1142,14 +1199,25 @@ impl Member {
     /// Entries with ts > `after_ts`: one batch of at most `n`, by the cursor's rule.
     fn entries_after(&self, after_ts: Option<u64>, n: usize) -> Vec<(OpTime, Vec<u8>)> {
         let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
-        let entries = c.snapshot().scan_raw(after_ts, n).expect("scan").into_iter().map(|(_, b)| (OpTime::from_raw(bson::RawDocument::from_bytes(&b).expect("entry")).expect("optime"), b)).collect();
+        let entries = c
+            .snapshot()
+            .scan_raw(after_ts, n)
+            .expect("scan")
+            .into_iter()
+            .map(|(_, b)| (OpTime::from_raw(bson::RawDocument::from_bytes(&b).expect("entry")).expect("optime"), b))
+            .collect();
         cut_batch(entries, |(_, b)| entry_size(b))
     }
 
     /// The newest entries before `before_ts`, newest first, at most `n`.
     fn entries_before(&self, before_ts: Option<u64>, n: usize) -> Vec<(OpTime, Vec<u8>)> {
         let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
-        c.snapshot().scan_reverse(before_ts, n).expect("scan").into_iter().map(|(_, d)| (OpTime::from_doc(&d).expect("optime"), d.to_vec().expect("entry"))).collect()
+        c.snapshot()
+            .scan_reverse(before_ts, n)
+            .expect("scan")
+            .into_iter()
+            .map(|(_, d)| (OpTime::from_doc(&d).expect("optime"), d.to_vec().expect("entry")))
+            .collect()
     }
 
     fn has_entry_at(&self, ts: u64) -> bool {
@@ -1166,7 +1234,17 @@ impl Member {
         let entries = self.entries_after(at.ts.checked_sub(1), FETCH_BATCH_ENTRIES + 1);
         let first_matches = entries.first().map(|(o, _)| *o) == Some(at);
         let (oldest, newest) = if first_matches { (None, None) } else { self.oplog_edges() };
-        Msg::Batch { req, cursor: self.cursor(), entries, cursor_lost: false, first_matches, oldest, newest, term: self.term, commit_point: self.reported_commit_point() }
+        Msg::Batch {
+            req,
+            cursor: self.cursor(),
+            entries,
+            cursor_lost: false,
+            first_matches,
+            oldest,
+            newest,
+            term: self.term,
+            commit_point: self.reported_commit_point(),
+        }
     }
 
     /// A getMore on a tailable oplog cursor positioned at `after` (server cursor.rs `Tail`):
@@ -1176,7 +1254,17 @@ impl Member {
     fn batch_after(&self, cursor: Cursor, after: OpTime, req: u64) -> Msg {
         let lost = cursor != self.cursor() || !self.has_entry_at(after.ts);
         let entries = if lost { Vec::new() } else { self.entries_after(Some(after.ts), FETCH_BATCH_ENTRIES) };
-        Msg::Batch { req, cursor, entries, cursor_lost: lost, first_matches: true, oldest: None, newest: None, term: self.term, commit_point: self.reported_commit_point() }
+        Msg::Batch {
+            req,
+            cursor,
+            entries,
+            cursor_lost: lost,
+            first_matches: true,
+            oldest: None,
+            newest: None,
+            term: self.term,
+            commit_point: self.reported_commit_point(),
+        }
     }
 
     fn serve_parked(&mut self, out: &mut Out) {
@@ -1244,7 +1332,20 @@ impl Member {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn on_batch(&mut self, from: usize, req: u64, cursor: Cursor, mut entries: Vec<(OpTime, Vec<u8>)>, cursor_lost: bool, first_matches: bool, oldest: Option<OpTime>, newest: Option<OpTime>, term: i64, commit_point: OpTime, out: &mut Out) {
+    fn on_batch(
+        &mut self,
+        from: usize,
+        req: u64,
+        cursor: Cursor,
+        mut entries: Vec<(OpTime, Vec<u8>)>,
+        cursor_lost: bool,
+        first_matches: bool,
+        oldest: Option<OpTime>,
+        newest: Option<OpTime>,
+        term: i64,
+        commit_point: OpTime,
+        out: &mut Out,
+    ) {
         let (src, forced, was_find) = match self.fetch {
             Fetch::Find { src, req: r, forced } if r == req && src == from => (src, forced, true),
             Fetch::Tail { src, req: r, forced, .. } if r == req && src == from => (src, forced, false),
@@ -1310,7 +1411,11 @@ impl Member {
         let views = self.source_views(now);
         let last = self.last();
         let change = self.sync_from.is_some()
-            || if forced { repl::sync_source::is_unusable(&views, self.index, last, src) } else { repl::sync_source::should_change(&self.config, self.index, &views, last, src) };
+            || if forced {
+                repl::sync_source::is_unusable(&views, self.index, last, src)
+            } else {
+                repl::sync_source::should_change(&self.config, self.index, &views, last, src)
+            };
         if change {
             self.fetch = Fetch::Idle { at: 0 };
             self.report_upstream(out);
@@ -1615,7 +1720,10 @@ impl Member {
                 // Older writes are in the data an initial sync copied, if any.
                 return self.store.collection(DATA_DB, DATA_COLLECTION).and_then(|d| {
                     let docs = d.snapshot().scan(None, usize::MAX).expect("scan");
-                    docs.into_iter().filter_map(|(_, d)| Some((OpTime::from_doc(&d)?, d.get_i64("v").ok()? as u64))).filter(|(at, _)| *at <= cp).max_by_key(|(at, _)| *at)
+                    docs.into_iter()
+                        .filter_map(|(_, d)| Some((OpTime::from_doc(&d)?, d.get_i64("v").ok()? as u64)))
+                        .filter(|(at, _)| *at <= cp)
+                        .max_by_key(|(at, _)| *at)
                 });
             }
             for (rid, d) in chunk {

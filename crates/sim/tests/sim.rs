@@ -121,7 +121,8 @@ fn replay_or_soak() {
         summary(&format!("seed {seed}"), &reports, started.elapsed());
         println!("{:?}", reports[0]);
     } else if let Some(secs) = env_u64("SHOAL_SIM_SECONDS") {
-        let first = env_u64("SHOAL_SIM_FIRST_SEED").unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000_000 * 1000);
+        let first = env_u64("SHOAL_SIM_FIRST_SEED")
+            .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000_000 * 1000);
         println!("soak: seeds from {first} for {secs} s");
         let reports = run(first.., Some(started + Duration::from_secs(secs)));
         summary(&format!("soak from seed {first}"), &reports, started.elapsed());

@@ -249,11 +249,7 @@ fn encode_decimal(d: &bson::Decimal128, out: &mut Vec<u8>) {
         _ => {}
     }
     // Coefficients with the "11" combination prefix exceed 2^113 > 10^34: non-canonical, zero.
-    let (exp, coef) = if (high >> 61) & 0x3 == 0x3 {
-        (0, 0u128)
-    } else {
-        (((high >> 49) & 0x3fff) as i32 - DECIMAL_EXPONENT_BIAS, v & ((1u128 << 113) - 1))
-    };
+    let (exp, coef) = if (high >> 61) & 0x3 == 0x3 { (0, 0u128) } else { (((high >> 49) & 0x3fff) as i32 - DECIMAL_EXPONENT_BIAS, v & ((1u128 << 113) - 1)) };
     if coef == 0 || coef >= 10u128.pow(34) {
         out.push(NUM_ZERO);
         return;

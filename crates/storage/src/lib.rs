@@ -45,8 +45,8 @@ mod bsonenc;
 pub mod engine;
 mod hash;
 mod keygen;
-mod oplog;
 pub mod keys;
+mod oplog;
 
 pub use engine::{Batch, BatchOp, Engine, EngineSnapshot, Space};
 pub use oplog::{applying_replicated_ops, ts_of, OpTime, ReplicatedApplyGuard, OPLOG_COLLECTION, OPLOG_DB, SESSION_MIGRATE_INFO};
@@ -485,7 +485,16 @@ struct OplogState {
 
 impl OplogState {
     fn new(last: OpTime) -> OplogState {
-        OplogState { last, durable: last, term: last.term.max(0), recent: Default::default(), recent_floor: last.ts, recent_bytes: 0, logged_at: Default::default(), applied_through: None }
+        OplogState {
+            last,
+            durable: last,
+            term: last.term.max(0),
+            recent: Default::default(),
+            recent_floor: last.ts,
+            recent_bytes: 0,
+            logged_at: Default::default(),
+            applied_through: None,
+        }
     }
 
     /// Keep a new entry (the newest) in `recent`, dropping the oldest past the bound.
@@ -1011,7 +1020,15 @@ impl CollState {
     /// the document itself, or only its `_id` when the `_id` index is the only one.
     /// `id_absent`: the caller found no `_id` entry for `doc` in `snap`; the `_id` index's
     /// own check then only looks at `pending`.
-    fn prepare_insert_encoded(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, doc: &Document, bytes: Vec<u8>, id_absent: bool, pending: &mut Pending) -> Result<RecordId> {
+    fn prepare_insert_encoded(
+        &self,
+        meta: &MetaRt,
+        snap: &dyn EngineSnapshot,
+        doc: &Document,
+        bytes: Vec<u8>,
+        id_absent: bool,
+        pending: &mut Pending,
+    ) -> Result<RecordId> {
         if bytes.len() > BSON_OBJECT_SIZE_MAX_BYTES {
             return Err(Error::new(
                 Code::BSONObjectTooLarge,
@@ -1180,7 +1197,16 @@ impl CollState {
     /// Add the replacement of record `id` (stored as `old`, `old_len` bytes) by `new` to
     /// `pending`, maintaining indexes: only index entries that change are written.
     #[allow(clippy::too_many_arguments)]
-    fn prepare_update(&self, meta: &MetaRt, snap: &dyn EngineSnapshot, id: RecordId, old_len: usize, old: &Document, new: &Document, pending: &mut Pending) -> Result<()> {
+    fn prepare_update(
+        &self,
+        meta: &MetaRt,
+        snap: &dyn EngineSnapshot,
+        id: RecordId,
+        old_len: usize,
+        old: &Document,
+        new: &Document,
+        pending: &mut Pending,
+    ) -> Result<()> {
         let new_bytes = encode_record(new, old_len + old_len / 8)?;
         self.prepare_update_encoded(meta, snap, id, old_len, old, new, new_bytes, pending)
     }
@@ -1203,10 +1229,7 @@ impl CollState {
         let st = self;
         let old_doc = old;
         if new_bytes.len() > BSON_OBJECT_SIZE_MAX_BYTES {
-            return Err(Error::new(
-                Code::BSONObjectTooLarge,
-                format!("Resulting document after update is larger than {BSON_OBJECT_SIZE_MAX_BYTES}"),
-            ));
+            return Err(Error::new(Code::BSONObjectTooLarge, format!("Resulting document after update is larger than {BSON_OBJECT_SIZE_MAX_BYTES}")));
         }
         if matches!(new.get("_id"), Some(Bson::Array(_))) {
             return Err(Error::new(Code::InvalidIdField, "The '_id' value cannot be of type array"));
@@ -1482,7 +1505,10 @@ fn validate_ns(db: &str, name: &str) -> Result<()> {
         return Err(Error::new(Code::InvalidNamespace, format!("Invalid system namespace: {db}.{name}")));
     }
     if db.len() + 1 + name.len() > NAMESPACE_LENGTH_MAX_BYTES {
-        return Err(Error::new(Code::InvalidNamespace, format!("Fully qualified namespace is too long. Namespace: {db}.{name} Max: {NAMESPACE_LENGTH_MAX_BYTES}")));
+        return Err(Error::new(
+            Code::InvalidNamespace,
+            format!("Fully qualified namespace is too long. Namespace: {db}.{name} Max: {NAMESPACE_LENGTH_MAX_BYTES}"),
+        ));
     }
     Ok(())
 }
@@ -1635,7 +1661,9 @@ impl Store {
             oplog: RwLock::new(None),
         });
         let ttl = Arc::new(TtlMonitor { enabled: AtomicBool::new(true), stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
-        Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl, create_hook: std::sync::OnceLock::new() }) }
+        Store {
+            inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl, create_hook: std::sync::OnceLock::new() }),
+        }
     }
 
     /// Open a store over any engine, loading its catalog and finishing interrupted drops.
@@ -2269,7 +2297,15 @@ impl Store {
             return Err(Error::internal("a retryable write began inside another"));
         }
         let records = self.collection_or_create(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION)?;
-        oplog::set_session(Some(oplog::SessionWrite { lsid: lsid.to_vec(), txn, records: records.state, prev, stmt: 0, stmt_per_document: None, pre_image: false }));
+        oplog::set_session(Some(oplog::SessionWrite {
+            lsid: lsid.to_vec(),
+            txn,
+            records: records.state,
+            prev,
+            stmt: 0,
+            stmt_per_document: None,
+            pre_image: false,
+        }));
         Ok(RetryableWriteGuard { _not_send: std::marker::PhantomData })
     }
 
@@ -2428,7 +2464,9 @@ impl Collection {
     /// logged batch holds until it is applied: a batch's entries are read all or none.
     /// Entries from memory are not copied: they are shared (`RawRecord::Shared`).
     pub fn tail_chunk(&self, after: Option<RecordId>, max_docs: usize) -> Result<Vec<(RecordId, RawRecord)>> {
-        let scan = |snap: Snapshot| -> Result<Vec<(RecordId, RawRecord)>> { Ok(snap.scan_raw(after, max_docs)?.into_iter().map(|(rid, b)| (rid, RawRecord::Owned(b))).collect()) };
+        let scan = |snap: Snapshot| -> Result<Vec<(RecordId, RawRecord)>> {
+            Ok(snap.scan_raw(after, max_docs)?.into_iter().map(|(rid, b)| (rid, RawRecord::Owned(b))).collect())
+        };
         let log = self.state.shared.oplog.read().clone();
         let Some(log) = log.filter(|l| l.coll.id == self.state.id) else {
             return scan(self.state.snapshot());
@@ -2794,7 +2832,10 @@ fn check_new_index(meta: &MetaRt, spec: &IndexSpec, st: &CollState) -> Result<Ne
                 }
                 return Err(Error::new(
                     Code::IndexOptionsConflict,
-                    format!("An equivalent index already exists with the same name but different options. Requested index: {}, existing index: {}", spec.spec, e.spec),
+                    format!(
+                        "An equivalent index already exists with the same name but different options. Requested index: {}, existing index: {}",
+                        spec.spec, e.spec
+                    ),
                 ));
             }
             return Err(Error::new(
@@ -2813,10 +2854,7 @@ fn check_new_index(meta: &MetaRt, spec: &IndexSpec, st: &CollState) -> Result<Ne
         }
     }
     if meta.indexes.len() >= INDEXES_PER_COLLECTION_MAX {
-        return Err(Error::new(
-            Code::CannotCreateIndex,
-            format!("add index fails, too many indexes for {} key:{}", st.ns_string(), spec.key),
-        ));
+        return Err(Error::new(Code::CannotCreateIndex, format!("add index fails, too many indexes for {} key:{}", st.ns_string(), spec.key)));
     }
     Ok(NewIndex::Absent)
 }
@@ -2841,7 +2879,10 @@ fn validate_index_spec(spec: &IndexSpec) -> Result<()> {
                 return Err(Error::new(Code::CannotCreateIndex, format!("Index type '{kind}' on field '{field}' is not supported")));
             }
         } else if !numeric_nonzero {
-            return Err(Error::new(Code::CannotCreateIndex, format!("Values in the index key pattern can only be numbers or strings; bad key: {field}: {dir}")));
+            return Err(Error::new(
+                Code::CannotCreateIndex,
+                format!("Values in the index key pattern can only be numbers or strings; bad key: {field}: {dir}"),
+            ));
         }
         if field.is_empty() || field.split('.').any(str::is_empty) {
             return Err(Error::new(Code::CannotCreateIndex, format!("Index keys cannot be an empty field: {}", spec.key)));
@@ -2919,7 +2960,14 @@ impl Snapshot {
         self.scan_with(lower, upper, reverse, max_docs, |v| decode_doc(&v))
     }
 
-    fn scan_with<T>(&self, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>, reverse: bool, max_docs: usize, decode: impl Fn(Vec<u8>) -> Result<T>) -> Result<Vec<(RecordId, T)>> {
+    fn scan_with<T>(
+        &self,
+        lower: Bound<Vec<u8>>,
+        upper: Bound<Vec<u8>>,
+        reverse: bool,
+        max_docs: usize,
+        decode: impl Fn(Vec<u8>) -> Result<T>,
+    ) -> Result<Vec<(RecordId, T)>> {
         let mut out = Vec::new();
         if max_docs == 0 {
             return Ok(out);
@@ -3027,12 +3075,7 @@ impl Snapshot {
                 continue;
             }
             let rid = read_u64(&value).ok_or_else(|| corrupt("index entry"))?;
-            out.push(IndexEntry {
-                key: key.to_vec(),
-                position: stored.get(8..).unwrap_or(&[]).to_vec(),
-                record_id: rid,
-                values: entry_values(&value)?,
-            });
+            out.push(IndexEntry { key: key.to_vec(), position: stored.get(8..).unwrap_or(&[]).to_vec(), record_id: rid, values: entry_values(&value)? });
             if out.len() >= max {
                 break;
             }

@@ -156,7 +156,17 @@ fn unique_index_build_fails_on_duplicates_and_leaves_nothing() {
         // No stray entries of the failed build remain.
         let v = c.validate();
         assert!(v.valid, "{:?}", v.errors);
-        assert_eq!(store.inner.shared.engine.snapshot().iter(Space::Catalog, Bound::Unbounded, Bound::Unbounded, false).filter(|kv| kv.as_ref().unwrap().0[0] == b'g').count(), 0);
+        assert_eq!(
+            store
+                .inner
+                .shared
+                .engine
+                .snapshot()
+                .iter(Space::Catalog, Bound::Unbounded, Bound::Unbounded, false)
+                .filter(|kv| kv.as_ref().unwrap().0[0] == b'g')
+                .count(),
+            0
+        );
         assert!(c.create_index(idx(doc! {"a": 1}, "a_1")).unwrap());
         assert_eq!(c.validate().keys_per_index, vec![("_id_".to_string(), 2500), ("a_1".to_string(), 2500)]);
     }
@@ -232,7 +242,12 @@ fn secondary_indexes_scan_in_key_order() {
         let lo = encode_index_key(&pat, &[Bson::Int32(2), Bson::MaxKey]);
         let hi = encode_index_key(&pat, &[Bson::Double(3.0), Bson::MinKey]);
         let b = IndexBounds { lower: Bound::Included(lo.clone()), upper: Bound::Included(hi.clone()), reverse: false };
-        let got: Vec<i32> = snap.index_scan("a_1_b_-1", b.clone(), None, 100).unwrap().iter().map(|e| snap.get(e.record_id).unwrap().unwrap().get_i32("_id").unwrap()).collect();
+        let got: Vec<i32> = snap
+            .index_scan("a_1_b_-1", b.clone(), None, 100)
+            .unwrap()
+            .iter()
+            .map(|e| snap.get(e.record_id).unwrap().unwrap().get_i32("_id").unwrap())
+            .collect();
         assert_eq!(got, vec![3, 7, 1, 6]);
         // Reverse, paged with resume positions.
         let mut rb = b.clone();
@@ -250,7 +265,10 @@ fn secondary_indexes_scan_in_key_order() {
         let k2z = encode_index_key(&pat, &[Bson::Int32(2), "z".into()]);
         let ex = IndexBounds { lower: Bound::Excluded(k2z.clone()), upper: Bound::Excluded(hi), reverse: false };
         // Under the descending second field, (3, MinKey) is the last key with a = 3.
-        assert_eq!(scan_values(&snap, "a_1_b_-1", ex), vec![vec![Bson::Int32(2), "q".into()], vec![Bson::Int32(3), "x".into()], vec![Bson::Int64(3), "a".into()]]);
+        assert_eq!(
+            scan_values(&snap, "a_1_b_-1", ex),
+            vec![vec![Bson::Int32(2), "q".into()], vec![Bson::Int32(3), "x".into()], vec![Bson::Int64(3), "a".into()]]
+        );
         assert_eq!(scan_values(&snap, "a_1_b_-1", IndexBounds::point(k2z)).len(), 1);
         // Index maintenance on update and delete.
         let (rid3, d3) = snap.find_by_id(&Bson::Int32(3)).unwrap().unwrap();
@@ -1081,9 +1099,7 @@ fn tailing_readers_get_the_same_entries_from_memory_as_from_the_engine() {
     let c = store.collection_or_create("db", "c").unwrap();
     let log = store.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
     let pad = "x".repeat(2000);
-    let engine_ids = |after: RecordId| -> Vec<RecordId> {
-        log.snapshot().scan_raw(Some(after), usize::MAX).unwrap().into_iter().map(|(rid, _)| rid).collect()
-    };
+    let engine_ids = |after: RecordId| -> Vec<RecordId> { log.snapshot().scan_raw(Some(after), usize::MAX).unwrap().into_iter().map(|(rid, _)| rid).collect() };
     let check = |label: &str| {
         let all = engine_ids(0);
         for (i, &after) in all.iter().enumerate().step_by(997) {
@@ -1219,7 +1235,9 @@ fn entries_written_and_not_applied_are_kept_until_applied() {
     // Now capping may take the old entries, with the next write.
     secondary.write_oplog_replicated(&[]).unwrap();
     let next = OpTime { ts: b.last().unwrap().0.ts + 1, term: b.last().unwrap().0.term };
-    let noop = doc! {"ts": bson::Timestamp { time: (next.ts >> 32) as u32, increment: next.ts as u32 }, "t": next.term, "op": "n", "ns": "", "o": {"msg": "x"}}.to_vec().unwrap();
+    let noop = doc! {"ts": bson::Timestamp { time: (next.ts >> 32) as u32, increment: next.ts as u32 }, "t": next.term, "op": "n", "ns": "", "o": {"msg": "x"}}
+        .to_vec()
+        .unwrap();
     secondary.append_oplog_replicated(&[(next, noop)]).unwrap();
     let stats = secondary.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap().stats();
     assert!(stats.size_bytes <= cap_bytes, "{} > {cap_bytes}", stats.size_bytes);
@@ -1247,7 +1265,8 @@ fn a_retryable_writes_entries_chain_back_and_its_record_names_the_newest() {
     // Outside the write: no session fields, no record change.
     assert!(c.insert_many(&[doc! {"_id": 3}], true).errors.is_empty());
     // (The first retryable write created config.transactions: a logged catalog command.)
-    let entries: Vec<Document> = log.snapshot().scan(Some(start.ts), usize::MAX).unwrap().into_iter().map(|(_, d)| d).filter(|e| e.get_str("op").ok() != Some("c")).collect();
+    let entries: Vec<Document> =
+        log.snapshot().scan(Some(start.ts), usize::MAX).unwrap().into_iter().map(|(_, d)| d).filter(|e| e.get_str("op").ok() != Some("c")).collect();
     let shape: Vec<(&str, Option<i32>)> = entries.iter().map(|e| (e.get_str("op").unwrap(), e.get_i32("stmtId").ok())).collect();
     assert_eq!(shape, [("i", Some(0)), ("i", Some(2)), ("n", Some(3)), ("u", Some(3)), ("i", None)]);
     assert_eq!(entries[2].get_document("o").unwrap(), &doc! {"_id": 1}, "the pre-image");

@@ -10,8 +10,7 @@ use bson::{Bson, Document};
 use common::{limits, Code, Error, Result};
 
 /// Largest document accepted from the wire: user max plus MongoDB's internal slack.
-pub const DOCUMENT_SIZE_MAX_BYTES: usize =
-    limits::BSON_OBJECT_SIZE_MAX_BYTES + limits::BSON_USER_OBJECT_SLACK_BYTES;
+pub const DOCUMENT_SIZE_MAX_BYTES: usize = limits::BSON_OBJECT_SIZE_MAX_BYTES + limits::BSON_USER_OBJECT_SLACK_BYTES;
 /// Smallest BSON document: length prefix plus terminating NUL.
 const DOCUMENT_SIZE_MIN_BYTES: usize = 5;
 /// Encoding recursion bound: far above anything decodable, low enough to never overflow a stack.
@@ -41,22 +40,16 @@ fn read_i32(bytes: &[u8], pos: usize) -> Option<i32> {
 /// Length of the document starting at `bytes[0]`, checked against the size bounds and the
 /// bytes available; does not look inside.
 pub(crate) fn document_length(bytes: &[u8]) -> Result<usize> {
-    let size = read_i32(bytes, 0)
-        .ok_or_else(|| invalid("Invalid BSON: not enough bytes for a document length"))?;
+    let size = read_i32(bytes, 0).ok_or_else(|| invalid("Invalid BSON: not enough bytes for a document length"))?;
     if size < 0 || size as usize > DOCUMENT_SIZE_MAX_BYTES {
         return Err(too_large(size as i64));
     }
     let size = size as usize;
     if size < DOCUMENT_SIZE_MIN_BYTES {
-        return Err(invalid(format!(
-            "Invalid BSON: document length {size} is too small"
-        )));
+        return Err(invalid(format!("Invalid BSON: document length {size} is too small")));
     }
     if size > bytes.len() {
-        return Err(invalid(format!(
-            "Invalid BSON: document length {size} exceeds the {} bytes remaining in the message",
-            bytes.len()
-        )));
+        return Err(invalid(format!("Invalid BSON: document length {size} exceeds the {} bytes remaining in the message", bytes.len())));
     }
     Ok(size)
 }
@@ -70,10 +63,7 @@ pub(crate) fn validate_structure(doc: &[u8]) -> Result<()> {
     let mut pos = 4usize;
     let eoo = |m: &str| invalid(format!("Invalid BSON: {m}"));
     while let Some(&end) = ends.last() {
-        let element_type = *doc
-            .get(pos)
-            .filter(|_| pos < end)
-            .ok_or_else(|| eoo("missing EOO"))?;
+        let element_type = *doc.get(pos).filter(|_| pos < end).ok_or_else(|| eoo("missing EOO"))?;
         pos += 1;
         if element_type == 0 {
             if pos != end {
@@ -86,9 +76,7 @@ pub(crate) fn validate_structure(doc: &[u8]) -> Result<()> {
         let limit = end - 1;
         pos = cstring_end(doc, pos, limit).ok_or_else(|| eoo("field name is not terminated"))?;
         let fixed = |pos: usize, n: usize| -> Result<usize> {
-            pos.checked_add(n)
-                .filter(|&e| e <= limit)
-                .ok_or_else(|| invalid("Invalid BSON: value extends past end of object"))
+            pos.checked_add(n).filter(|&e| e <= limit).ok_or_else(|| invalid("Invalid BSON: value extends past end of object"))
         };
         pos = match element_type {
             0x01 | 0x09 | 0x11 | 0x12 => fixed(pos, 8)?,
@@ -97,10 +85,7 @@ pub(crate) fn validate_structure(doc: &[u8]) -> Result<()> {
             0x13 => fixed(pos, 16)?,
             0x06 | 0x0A | 0x7F | 0xFF => pos,
             0x08 => {
-                let b = *doc
-                    .get(pos)
-                    .filter(|_| pos < limit)
-                    .ok_or_else(|| eoo("truncated boolean"))?;
+                let b = *doc.get(pos).filter(|_| pos < limit).ok_or_else(|| eoo("truncated boolean"))?;
                 if b > 1 {
                     return Err(eoo("boolean must be 0 or 1"));
                 }
@@ -112,8 +97,7 @@ pub(crate) fn validate_structure(doc: &[u8]) -> Result<()> {
                 fixed(p, 12)?
             }
             0x0B => {
-                let p = cstring_end(doc, pos, limit)
-                    .ok_or_else(|| eoo("regex pattern is not terminated"))?;
+                let p = cstring_end(doc, pos, limit).ok_or_else(|| eoo("regex pattern is not terminated"))?;
                 cstring_end(doc, p, limit).ok_or_else(|| eoo("regex options are not terminated"))?
             }
             0x05 => {
@@ -160,30 +144,18 @@ pub(crate) fn validate_structure(doc: &[u8]) -> Result<()> {
 }
 
 fn depth_exceeded() -> Error {
-    Error::new(
-        Code::Overflow,
-        format!(
-            "BSONObj exceeds maximum nested object depth: {}",
-            limits::BSON_DEPTH_MAX
-        ),
-    )
+    Error::new(Code::Overflow, format!("BSONObj exceeds maximum nested object depth: {}", limits::BSON_DEPTH_MAX))
 }
 
 /// Length of an embedded document at `pos` that must end by `limit`, with its trailing NUL.
 fn nested_length(doc: &[u8], pos: usize, limit: usize) -> Result<usize> {
-    let len =
-        read_i32(doc, pos).ok_or_else(|| invalid("Invalid BSON: truncated embedded document"))?;
+    let len = read_i32(doc, pos).ok_or_else(|| invalid("Invalid BSON: truncated embedded document"))?;
     if len < DOCUMENT_SIZE_MIN_BYTES as i32 {
         return Err(invalid("Invalid BSON: embedded document is too small"));
     }
-    let end = pos
-        .checked_add(len as usize)
-        .filter(|&e| e <= limit)
-        .ok_or_else(|| invalid("Invalid BSON: embedded document extends past end of object"))?;
+    let end = pos.checked_add(len as usize).filter(|&e| e <= limit).ok_or_else(|| invalid("Invalid BSON: embedded document extends past end of object"))?;
     if doc.get(end - 1) != Some(&0) {
-        return Err(invalid(
-            "Invalid BSON: embedded document does not end with EOO",
-        ));
+        return Err(invalid("Invalid BSON: embedded document does not end with EOO"));
     }
     Ok(len as usize)
 }
@@ -200,10 +172,7 @@ fn string_end(doc: &[u8], pos: usize, limit: usize) -> Result<usize> {
     if len < 1 {
         return Err(invalid("Invalid BSON: string length must be at least 1"));
     }
-    let end = (pos + 4)
-        .checked_add(len as usize)
-        .filter(|&e| e <= limit)
-        .ok_or_else(|| invalid("Invalid BSON: string extends past end of object"))?;
+    let end = (pos + 4).checked_add(len as usize).filter(|&e| e <= limit).ok_or_else(|| invalid("Invalid BSON: string extends past end of object"))?;
     if doc.get(end - 1) != Some(&0) {
         return Err(invalid("Invalid BSON: string is not NUL terminated"));
     }
@@ -215,8 +184,7 @@ pub(crate) fn read_document(bytes: &[u8]) -> Result<(Document, usize)> {
     let len = document_length(bytes)?;
     let raw = &bytes[..len];
     validate_structure(raw)?;
-    let raw_doc =
-        bson::RawDocument::from_bytes(raw).map_err(|e| invalid(format!("Invalid BSON: {e}")))?;
+    let raw_doc = bson::RawDocument::from_bytes(raw).map_err(|e| invalid(format!("Invalid BSON: {e}")))?;
     let doc = Document::try_from(raw_doc).map_err(|e| invalid(format!("Invalid BSON: {e}")))?;
     Ok((doc, len))
 }
@@ -261,9 +229,7 @@ fn value_size(value: &Bson, depth: usize) -> usize {
         Bson::Boolean(_) => 1,
         Bson::Null | Bson::Undefined | Bson::MinKey | Bson::MaxKey => 0,
         Bson::RegularExpression(r) => r.pattern.as_str().len() + 1 + r.options.as_str().len() + 1,
-        Bson::JavaScriptCodeWithScope(c) => {
-            4 + 4 + c.code.len() + 1 + doc_size(&c.scope, depth + 1)
-        }
+        Bson::JavaScriptCodeWithScope(c) => 4 + 4 + c.code.len() + 1 + doc_size(&c.scope, depth + 1),
         Bson::Binary(b) => {
             let old = matches!(b.subtype, bson::spec::BinarySubtype::BinaryOld);
             4 + 1 + if old { 4 } else { 0 } + b.bytes.len()
@@ -307,12 +273,7 @@ fn write_doc(buf: &mut Vec<u8>, doc: &Document, depth: usize) -> Result<()> {
 /// Append `body` as BSON, with the empty array `cursor.<batch_key>` written from `batch`, a
 /// cursor batch whose documents are already BSON (an oplog tail's records as stored): they
 /// are copied into the frame instead of being decoded and encoded again.
-pub(crate) fn write_cursor_reply(
-    buf: &mut Vec<u8>,
-    body: &Document,
-    batch_key: &str,
-    batch: &[impl AsRef<[u8]>],
-) -> Result<()> {
+pub(crate) fn write_cursor_reply(buf: &mut Vec<u8>, body: &Document, batch_key: &str, batch: &[impl AsRef<[u8]>]) -> Result<()> {
     let start = buf.len();
     buf.extend_from_slice(&[0; 4]);
     let mut spliced = false;
@@ -342,18 +303,14 @@ pub(crate) fn write_cursor_reply(
     buf.push(0);
     patch_length(buf, start)?;
     if !spliced {
-        return Err(Error::internal(format!(
-            "reply has no empty cursor.{batch_key} to hold its batch"
-        )));
+        return Err(Error::internal(format!("reply has no empty cursor.{batch_key} to hold its batch")));
     }
     Ok(())
 }
 
 fn write_key(buf: &mut Vec<u8>, key: &str) -> Result<()> {
     if key.as_bytes().contains(&0) {
-        return Err(invalid(format!(
-            "Invalid BSON: field name contains a NUL byte: {key:?}"
-        )));
+        return Err(invalid(format!("Invalid BSON: field name contains a NUL byte: {key:?}")));
     }
     buf.extend_from_slice(key.as_bytes());
     buf.push(0);
@@ -368,13 +325,9 @@ fn write_raw_array(buf: &mut Vec<u8>, docs: &[impl AsRef<[u8]>]) -> Result<()> {
     let mut digits = [0u8; 20];
     for (i, d) in docs.iter().enumerate() {
         let d = d.as_ref();
-        let framed = d.len() >= 5
-            && d.last() == Some(&0)
-            && d[..4] == i32::try_from(d.len()).unwrap_or(-1).to_le_bytes();
+        let framed = d.len() >= 5 && d.last() == Some(&0) && d[..4] == i32::try_from(d.len()).unwrap_or(-1).to_le_bytes();
         if !framed {
-            return Err(invalid(format!(
-                "Invalid BSON: batch document {i} is not framed as a document"
-            )));
+            return Err(invalid(format!("Invalid BSON: batch document {i} is not framed as a document")));
         }
         buf.push(bson::spec::ElementType::EmbeddedDocument as u8);
         buf.extend_from_slice(format_index(i, &mut digits));
@@ -387,24 +340,18 @@ fn write_raw_array(buf: &mut Vec<u8>, docs: &[impl AsRef<[u8]>]) -> Result<()> {
 
 /// Encoded size of `cursor.<key>` array holding `batch` (for pre-sizing a frame).
 pub(crate) fn raw_array_size_bytes(batch: &[impl AsRef<[u8]>]) -> usize {
-    5 + batch
-        .iter()
-        .enumerate()
-        .map(|(i, d)| 2 + decimal_digits(i) + d.as_ref().len())
-        .sum::<usize>()
+    5 + batch.iter().enumerate().map(|(i, d)| 2 + decimal_digits(i) + d.as_ref().len()).sum::<usize>()
 }
 
 /// Write the int32 length of the object that starts at `start` and runs to the end of `buf`.
 pub(crate) fn patch_length(buf: &mut [u8], start: usize) -> Result<()> {
-    let len = i32::try_from(buf.len() - start)
-        .map_err(|_| Error::new(Code::BSONObjectTooLarge, "object larger than 2GiB"))?;
+    let len = i32::try_from(buf.len() - start).map_err(|_| Error::new(Code::BSONObjectTooLarge, "object larger than 2GiB"))?;
     buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
     Ok(())
 }
 
 fn write_string(buf: &mut Vec<u8>, s: &str) -> Result<()> {
-    let len = i32::try_from(s.len() + 1)
-        .map_err(|_| Error::new(Code::BSONObjectTooLarge, "string larger than 2GiB"))?;
+    let len = i32::try_from(s.len() + 1).map_err(|_| Error::new(Code::BSONObjectTooLarge, "string larger than 2GiB"))?;
     buf.extend_from_slice(&len.to_le_bytes());
     buf.extend_from_slice(s.as_bytes());
     buf.push(0);
@@ -456,14 +403,8 @@ fn write_value(buf: &mut Vec<u8>, value: &Bson, depth: usize) -> Result<()> {
         }
         Bson::Binary(b) => {
             let old = matches!(b.subtype, bson::spec::BinarySubtype::BinaryOld);
-            let inner = i32::try_from(b.bytes.len())
-                .map_err(|_| Error::new(Code::BSONObjectTooLarge, "binary larger than 2GiB"))?;
-            let outer = if old {
-                inner.checked_add(4)
-            } else {
-                Some(inner)
-            }
-            .ok_or_else(|| Error::new(Code::BSONObjectTooLarge, "binary larger than 2GiB"))?;
+            let inner = i32::try_from(b.bytes.len()).map_err(|_| Error::new(Code::BSONObjectTooLarge, "binary larger than 2GiB"))?;
+            let outer = if old { inner.checked_add(4) } else { Some(inner) }.ok_or_else(|| Error::new(Code::BSONObjectTooLarge, "binary larger than 2GiB"))?;
             buf.extend_from_slice(&outer.to_le_bytes());
             buf.push(u8::from(b.subtype));
             if old {
@@ -477,12 +418,8 @@ fn write_value(buf: &mut Vec<u8>, value: &Bson, depth: usize) -> Result<()> {
         Bson::DbPointer(_) => {
             // Fields are private in bson 3: let bson encode `{"": ptr}` and take the value bytes
             // (after length, type byte and the empty key's NUL; before the final EOO).
-            let wrapped = bson::doc! { "": value.clone() }
-                .to_vec()
-                .map_err(|e| invalid(format!("Invalid BSON: {e}")))?;
-            let bytes = wrapped
-                .get(6..wrapped.len().saturating_sub(1))
-                .ok_or_else(|| Error::internal("DBPointer encoding is malformed"))?;
+            let wrapped = bson::doc! { "": value.clone() }.to_vec().map_err(|e| invalid(format!("Invalid BSON: {e}")))?;
+            let bytes = wrapped.get(6..wrapped.len().saturating_sub(1)).ok_or_else(|| Error::internal("DBPointer encoding is malformed"))?;
             buf.extend_from_slice(bytes);
         }
     }

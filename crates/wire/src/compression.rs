@@ -18,12 +18,7 @@ pub const ZLIB_LEVEL: u32 = 6;
 pub const ZSTD_LEVEL: i32 = 1;
 
 impl Compressor {
-    pub const ALL: [Compressor; 4] = [
-        Compressor::Noop,
-        Compressor::Snappy,
-        Compressor::Zlib,
-        Compressor::Zstd,
-    ];
+    pub const ALL: [Compressor; 4] = [Compressor::Noop, Compressor::Snappy, Compressor::Zlib, Compressor::Zstd];
 
     /// Names as negotiated in `hello.compression`.
     pub fn from_name(name: &str) -> Option<Compressor> {
@@ -68,26 +63,18 @@ impl Compressor {
                 n => Some(n),
             },
             // zlib worst case: stored blocks of 5 bytes overhead per 16 KiB plus header/trailer.
-            Compressor::Zlib => {
-                Some(input_size_bytes + (input_size_bytes >> 12) + (input_size_bytes >> 14) + 64)
-            }
+            Compressor::Zlib => Some(input_size_bytes + (input_size_bytes >> 12) + (input_size_bytes >> 14) + 64),
             Compressor::Zstd => Some(zstd::zstd_safe::compress_bound(input_size_bytes)),
         }
     }
 }
 
 fn corrupt() -> Error {
-    Error::new(
-        Code::BadValue,
-        "Compressed message was invalid or corrupted",
-    )
+    Error::new(Code::BadValue, "Compressed message was invalid or corrupted")
 }
 
 fn size_mismatch() -> Error {
-    Error::new(
-        Code::BadValue,
-        "Decompressing message returned less data than expected",
-    )
+    Error::new(Code::BadValue, "Decompressing message returned less data than expected")
 }
 
 /// Compress `data` into a new buffer.
@@ -100,32 +87,24 @@ pub fn compress(c: Compressor, data: &[u8]) -> Result<Vec<u8>> {
 /// Compress `data`, appending to `out` (so a frame header can precede it without a copy).
 pub(crate) fn compress_append(c: Compressor, data: &[u8], out: &mut Vec<u8>) -> Result<()> {
     let start = out.len();
-    let bound = c
-        .compressed_size_bytes_max(data.len())
-        .ok_or_else(|| Error::new(Code::BadValue, "input too large to compress"))?;
+    let bound = c.compressed_size_bytes_max(data.len()).ok_or_else(|| Error::new(Code::BadValue, "input too large to compress"))?;
     match c {
         Compressor::Noop => out.extend_from_slice(data),
         Compressor::Snappy => {
             out.resize(start + bound, 0);
-            let n = snap::raw::Encoder::new()
-                .compress(data, &mut out[start..])
-                .map_err(|e| Error::internal(format!("snappy compression failed: {e}")))?;
+            let n = snap::raw::Encoder::new().compress(data, &mut out[start..]).map_err(|e| Error::internal(format!("snappy compression failed: {e}")))?;
             out.truncate(start + n);
         }
         Compressor::Zlib => {
             use std::io::Write;
             out.reserve(bound);
-            let mut encoder =
-                flate2::write::ZlibEncoder::new(&mut *out, flate2::Compression::new(ZLIB_LEVEL));
-            encoder
-                .write_all(data)
-                .and_then(|_| encoder.finish().map(|_| ()))
-                .map_err(|e| Error::internal(format!("zlib compression failed: {e}")))?;
+            let mut encoder = flate2::write::ZlibEncoder::new(&mut *out, flate2::Compression::new(ZLIB_LEVEL));
+            encoder.write_all(data).and_then(|_| encoder.finish().map(|_| ())).map_err(|e| Error::internal(format!("zlib compression failed: {e}")))?;
         }
         Compressor::Zstd => {
             out.resize(start + bound, 0);
-            let n = zstd::bulk::compress_to_buffer(data, &mut out[start..], ZSTD_LEVEL)
-                .map_err(|e| Error::internal(format!("zstd compression failed: {e}")))?;
+            let n =
+                zstd::bulk::compress_to_buffer(data, &mut out[start..], ZSTD_LEVEL).map_err(|e| Error::internal(format!("zstd compression failed: {e}")))?;
             out.truncate(start + n);
         }
     }
@@ -156,9 +135,7 @@ pub(crate) fn decompress_into(c: Compressor, data: &[u8], out: &mut [u8]) -> Res
             if claimed != out.len() {
                 return Err(size_mismatch());
             }
-            let n = snap::raw::Decoder::new()
-                .decompress(data, out)
-                .map_err(|_| corrupt())?;
+            let n = snap::raw::Decoder::new().decompress(data, out).map_err(|_| corrupt())?;
             if n != out.len() {
                 return Err(size_mismatch());
             }
@@ -171,19 +148,13 @@ pub(crate) fn decompress_into(c: Compressor, data: &[u8], out: &mut [u8]) -> Res
                 let out_pos = usize::try_from(d.total_out()).map_err(|_| corrupt())?;
                 let input = data.get(in_pos..).ok_or_else(corrupt)?;
                 let output = out.get_mut(out_pos..).ok_or_else(corrupt)?;
-                let status = d
-                    .decompress(input, output, FlushDecompress::None)
-                    .map_err(|_| corrupt())?;
+                let status = d.decompress(input, output, FlushDecompress::None).map_err(|_| corrupt())?;
                 if status == Status::StreamEnd {
                     break;
                 }
                 if d.total_in() as usize == in_pos && d.total_out() as usize == out_pos {
                     // No progress: input ran out early or output is full with more to come.
-                    return Err(if out_pos == out.len() {
-                        corrupt()
-                    } else {
-                        size_mismatch()
-                    });
+                    return Err(if out_pos == out.len() { corrupt() } else { size_mismatch() });
                 }
             }
             if d.total_out() as usize != out.len() || d.total_in() as usize != data.len() {

@@ -13,9 +13,7 @@ pub use bson_codec::{document_size_bytes, DOCUMENT_SIZE_MAX_BYTES};
 pub fn encode_document_into(buf: &mut Vec<u8>, doc: &bson::Document) -> common::Result<()> {
     bson_codec::write_document(buf, doc)
 }
-pub use compression::{
-    compress, decompress, is_compressible_command, Compressor, ZLIB_LEVEL, ZSTD_LEVEL,
-};
+pub use compression::{compress, decompress, is_compressible_command, Compressor, ZLIB_LEVEL, ZSTD_LEVEL};
 
 use bson::Document;
 use common::{limits, Code, Error, Result};
@@ -48,19 +46,9 @@ impl Header {
                 .get(i * 4..i * 4 + 4)
                 .and_then(|b| b.try_into().ok())
                 .map(i32::from_le_bytes)
-                .ok_or_else(|| {
-                    protocol(format!(
-                        "message of {} bytes is shorter than its header",
-                        bytes.len()
-                    ))
-                })
+                .ok_or_else(|| protocol(format!("message of {} bytes is shorter than its header", bytes.len())))
         };
-        Ok(Header {
-            message_length: field(0)?,
-            request_id: field(1)?,
-            response_to: field(2)?,
-            op_code: field(3)?,
-        })
+        Ok(Header { message_length: field(0)?, request_id: field(1)?, response_to: field(2)?, op_code: field(3)? })
     }
 
     pub fn to_bytes(&self) -> [u8; HEADER_SIZE_BYTES] {
@@ -138,9 +126,7 @@ fn protocol(message: impl Into<String>) -> Error {
 pub fn frame_length(prefix: [u8; 4], max_message_size_bytes: usize) -> Result<usize> {
     let length = i32::from_le_bytes(prefix);
     if length < HEADER_SIZE_BYTES as i32 || length as usize > max_message_size_bytes {
-        return Err(protocol(format!(
-            "recv(): message msgLen {length} is invalid. Min {HEADER_SIZE_BYTES} Max: {max_message_size_bytes}"
-        )));
+        return Err(protocol(format!("recv(): message msgLen {length} is invalid. Min {HEADER_SIZE_BYTES} Max: {max_message_size_bytes}")));
     }
     Ok(length as usize)
 }
@@ -149,11 +135,7 @@ pub fn frame_length(prefix: [u8; 4], max_message_size_bytes: usize) -> Result<us
 pub fn decode(frame: &[u8], max_message_size_bytes: usize) -> Result<Decoded> {
     let (header, bytes, compressor) = uncompressed(frame, max_message_size_bytes)?;
     let message = decode_uncompressed(&header, &bytes)?;
-    Ok(Decoded {
-        header,
-        message,
-        compressor,
-    })
+    Ok(Decoded { header, message, compressor })
 }
 
 /// Decode an OP_MSG frame's body without building a `Document`: its structure is checked as
@@ -161,27 +143,17 @@ pub fn decode(frame: &[u8], max_message_size_bytes: usize) -> Result<Decoded> {
 /// oplog reads its batches this way, since it writes the entries into its own oplog as they
 /// came. Returns the header, the OP_MSG flags (a streamed reply has `flags::MORE_TO_COME`)
 /// and the body. Document sequences (which replies do not use) are refused.
-pub fn decode_raw_msg(
-    frame: &[u8],
-    max_message_size_bytes: usize,
-) -> Result<(Header, u32, bson::RawDocumentBuf)> {
+pub fn decode_raw_msg(frame: &[u8], max_message_size_bytes: usize) -> Result<(Header, u32, bson::RawDocumentBuf)> {
     with_raw_msg(frame, max_message_size_bytes, |header, flags, body| Ok((header, flags, body.to_owned())))
 }
 
 /// Run `f` on an OP_MSG's header, flags and body, the body borrowed from `frame` unless
 /// the message was compressed: a reader that keeps only parts of a large reply copies
 /// only those.
-pub fn with_raw_msg<T>(
-    frame: &[u8],
-    max_message_size_bytes: usize,
-    f: impl FnOnce(Header, u32, &bson::RawDocument) -> Result<T>,
-) -> Result<T> {
+pub fn with_raw_msg<T>(frame: &[u8], max_message_size_bytes: usize, f: impl FnOnce(Header, u32, &bson::RawDocument) -> Result<T>) -> Result<T> {
     let (header, bytes, _) = uncompressed(frame, max_message_size_bytes)?;
     if header.op_code != OP_MSG {
-        return Err(protocol(format!(
-            "expected an OP_MSG, got op code {}",
-            header.op_code
-        )));
+        return Err(protocol(format!("expected an OP_MSG, got op code {}", header.op_code)));
     }
     let (flags, sections) = msg_sections(&bytes)?;
     let mut reader = Reader::new(sections);
@@ -193,8 +165,7 @@ pub fn with_raw_msg<T>(
     if !reader.is_empty() {
         return Err(protocol("expected an OP_MSG with only a body section"));
     }
-    let body = bson::RawDocument::from_bytes(body)
-        .map_err(|e| Error::new(Code::InvalidBSON, format!("Invalid BSON: {e}")))?;
+    let body = bson::RawDocument::from_bytes(body).map_err(|e| Error::new(Code::InvalidBSON, format!("Invalid BSON: {e}")))?;
     f(header, flags, body)
 }
 
@@ -287,18 +258,12 @@ pub fn try_encode_msg_raw_sequence(request_id: i32, body: &Document, sequence: &
 
 /// The frame with OP_COMPRESSED undone (the inner message behind a reconstructed header),
 /// and the compressor that was used.
-fn uncompressed(
-    frame: &[u8],
-    max_message_size_bytes: usize,
-) -> Result<(Header, std::borrow::Cow<'_, [u8]>, Option<Compressor>)> {
+fn uncompressed(frame: &[u8], max_message_size_bytes: usize) -> Result<(Header, std::borrow::Cow<'_, [u8]>, Option<Compressor>)> {
     let header = Header::parse(frame)?;
     let prefix = [frame[0], frame[1], frame[2], frame[3]];
     let length = frame_length(prefix, max_message_size_bytes)?;
     if length != frame.len() {
-        return Err(protocol(format!(
-            "message length {length} in header does not match the {} bytes of the frame",
-            frame.len()
-        )));
+        return Err(protocol(format!("message length {length} in header does not match the {} bytes of the frame", frame.len())));
     }
     if header.op_code != OP_COMPRESSED {
         return Ok((header, std::borrow::Cow::Borrowed(frame), None));
@@ -306,46 +271,25 @@ fn uncompressed(
 
     let body = &frame[HEADER_SIZE_BYTES..];
     if body.len() < COMPRESSION_HEADER_SIZE_BYTES {
-        return Err(Error::new(
-            Code::BadValue,
-            "Invalid compressed message header",
-        ));
+        return Err(Error::new(Code::BadValue, "Invalid compressed message header"));
     }
     let original_op_code = i32::from_le_bytes([body[0], body[1], body[2], body[3]]);
     let uncompressed_size = i32::from_le_bytes([body[4], body[5], body[6], body[7]]);
-    let compressor = Compressor::from_id(body[8]).ok_or_else(|| {
-        Error::new(
-            Code::InternalError,
-            "Compression algorithm specified in message is not available",
-        )
-    })?;
+    let compressor =
+        Compressor::from_id(body[8]).ok_or_else(|| Error::new(Code::InternalError, "Compression algorithm specified in message is not available"))?;
     // Bound the output before decompressing anything (decompression bombs).
     let total = usize::try_from(uncompressed_size)
         .ok()
         .and_then(|n| n.checked_add(HEADER_SIZE_BYTES))
         .filter(|&n| n <= max_message_size_bytes)
-        .ok_or_else(|| {
-            Error::new(
-                Code::BadValue,
-                "Decompressed message would be larger than maximum message size",
-            )
-        })?;
+        .ok_or_else(|| Error::new(Code::BadValue, "Decompressed message would be larger than maximum message size"))?;
     if !matches!(original_op_code, OP_MSG | OP_QUERY | OP_REPLY) {
         return Err(unsupported_op_code(original_op_code));
     }
-    let inner = Header {
-        message_length: total as i32,
-        request_id: header.request_id,
-        response_to: header.response_to,
-        op_code: original_op_code,
-    };
+    let inner = Header { message_length: total as i32, request_id: header.request_id, response_to: header.response_to, op_code: original_op_code };
     let mut buffer = vec![0u8; total];
     buffer[..HEADER_SIZE_BYTES].copy_from_slice(&inner.to_bytes());
-    compression::decompress_into(
-        compressor,
-        &body[COMPRESSION_HEADER_SIZE_BYTES..],
-        &mut buffer[HEADER_SIZE_BYTES..],
-    )?;
+    compression::decompress_into(compressor, &body[COMPRESSION_HEADER_SIZE_BYTES..], &mut buffer[HEADER_SIZE_BYTES..])?;
     Ok((inner, std::borrow::Cow::Owned(buffer), Some(compressor)))
 }
 
@@ -397,9 +341,7 @@ impl<'a> Reader<'a> {
             .pos
             .checked_add(n)
             .and_then(|end| self.bytes.get(self.pos..end))
-            .ok_or_else(|| {
-                protocol(format!("message is truncated: not enough bytes for {what}"))
-            })?;
+            .ok_or_else(|| protocol(format!("message is truncated: not enough bytes for {what}")))?;
         self.pos += n;
         Ok(out)
     }
@@ -421,12 +363,8 @@ impl<'a> Reader<'a> {
     }
     fn cstr(&mut self, what: &str) -> Result<&'a str> {
         let rest = self.rest();
-        let nul = rest
-            .iter()
-            .position(|&b| b == 0)
-            .ok_or_else(|| protocol(format!("{what} is not NUL terminated")))?;
-        let s = std::str::from_utf8(&rest[..nul])
-            .map_err(|_| Error::new(Code::InvalidBSON, format!("{what} is not valid UTF-8")))?;
+        let nul = rest.iter().position(|&b| b == 0).ok_or_else(|| protocol(format!("{what} is not NUL terminated")))?;
+        let s = std::str::from_utf8(&rest[..nul]).map_err(|_| Error::new(Code::InvalidBSON, format!("{what} is not valid UTF-8")))?;
         self.pos += nul + 1;
         Ok(s)
     }
@@ -443,32 +381,18 @@ fn msg_sections(frame: &[u8]) -> Result<(u32, &[u8])> {
     let mut reader = Reader::new(&frame[HEADER_SIZE_BYTES..]);
     let flag_bits = reader.u32("OP_MSG flags")?;
     if flag_bits & flags::REQUIRED_MASK & !flags::KNOWN_REQUIRED != 0 {
-        return Err(Error::new(
-            Code::IllegalOpMsgFlag,
-            format!("Message contains illegal flags value: Ob{flag_bits:032b}"),
-        ));
+        return Err(Error::new(Code::IllegalOpMsgFlag, format!("Message contains illegal flags value: Ob{flag_bits:032b}")));
     }
     let mut sections_end = frame.len();
     if flag_bits & flags::CHECKSUM_PRESENT != 0 {
         if frame.len() <= HEADER_SIZE_BYTES + 4 + CHECKSUM_SIZE_BYTES {
-            return Err(Error::location(
-                51251,
-                "Invalid message size for an OpMsg containing a checksum",
-            ));
+            return Err(Error::location(51251, "Invalid message size for an OpMsg containing a checksum"));
         }
         sections_end -= CHECKSUM_SIZE_BYTES;
-        let stored = u32::from_le_bytes([
-            frame[sections_end],
-            frame[sections_end + 1],
-            frame[sections_end + 2],
-            frame[sections_end + 3],
-        ]);
+        let stored = u32::from_le_bytes([frame[sections_end], frame[sections_end + 1], frame[sections_end + 2], frame[sections_end + 3]]);
         // Verified before parsing: a corrupt message should not be interpreted at all.
         if stored != crc32c::crc32c(&frame[..sections_end]) {
-            return Err(Error::new(
-                Code::ChecksumMismatch,
-                "OP_MSG checksum does not match contents",
-            ));
+            return Err(Error::new(Code::ChecksumMismatch, "OP_MSG checksum does not match contents"));
         }
     }
     Ok((flag_bits, &frame[HEADER_SIZE_BYTES + 4..sections_end]))
@@ -489,64 +413,32 @@ fn decode_msg(frame: &[u8]) -> Result<OpMsg> {
             }
             1 => {
                 if sequences.len() >= DOCUMENT_SEQUENCES_MAX {
-                    return Err(Error::new(
-                        Code::TooManyDocumentSequences,
-                        "Too many document sequences in OP_MSG",
-                    ));
+                    return Err(Error::new(Code::TooManyDocumentSequences, "Too many document sequences in OP_MSG"));
                 }
                 let size = reader.i32("document sequence size")?;
-                let size = usize::try_from(size)
-                    .ok()
-                    .filter(|&s| s > 4)
-                    .ok_or_else(|| protocol(format!("invalid document sequence size {size}")))?;
+                let size = usize::try_from(size).ok().filter(|&s| s > 4).ok_or_else(|| protocol(format!("invalid document sequence size {size}")))?;
                 let mut sequence = Reader::new(reader.take(size - 4, "document sequence")?);
                 let identifier = sequence.cstr("document sequence identifier")?;
                 if sequences.iter().any(|s| s.identifier == identifier) {
-                    return Err(Error::location(
-                        40431,
-                        format!("Duplicate document sequence: {identifier}"),
-                    ));
+                    return Err(Error::location(40431, format!("Duplicate document sequence: {identifier}")));
                 }
                 let mut documents = Vec::new();
                 while !sequence.is_empty() {
                     documents.push(sequence.document()?);
                 }
-                sequences.push(DocumentSequence {
-                    identifier: identifier.to_string(),
-                    documents,
-                });
+                sequences.push(DocumentSequence { identifier: identifier.to_string(), documents });
             }
-            2 => {
-                return Err(Error::new(
-                    Code::Unauthorized,
-                    "Unsupported Security Token provided",
-                ))
-            }
-            kind => {
-                return Err(Error::location(
-                    40432,
-                    format!("Unknown section kind {kind}"),
-                ))
-            }
+            2 => return Err(Error::new(Code::Unauthorized, "Unsupported Security Token provided")),
+            kind => return Err(Error::location(40432, format!("Unknown section kind {kind}"))),
         }
     }
     let body = body.ok_or_else(|| Error::location(40587, "OP_MSG messages must have a body"))?;
     for sequence in &sequences {
         if has_path(&body, &sequence.identifier) {
-            return Err(Error::location(
-                40433,
-                format!(
-                    "Duplicate field between body and document sequence {}",
-                    sequence.identifier
-                ),
-            ));
+            return Err(Error::location(40433, format!("Duplicate field between body and document sequence {}", sequence.identifier)));
         }
     }
-    Ok(OpMsg {
-        flags: flag_bits,
-        body,
-        sequences,
-    })
+    Ok(OpMsg { flags: flag_bits, body, sequences })
 }
 
 /// Append the command an OP_MSG frame carries to `buf`, as one BSON document: the body's
@@ -565,9 +457,7 @@ pub fn msg_command_into(buf: &mut Vec<u8>, frame: &[u8]) -> Result<()> {
     let flag_bits = reader.u32("OP_MSG flags")?;
     let checksum = if flag_bits & flags::CHECKSUM_PRESENT != 0 { CHECKSUM_SIZE_BYTES } else { 0 };
     let sections = reader.rest();
-    let sections = sections
-        .get(..sections.len().checked_sub(checksum).ok_or_else(|| protocol("message is truncated"))?)
-        .unwrap_or_default();
+    let sections = sections.get(..sections.len().checked_sub(checksum).ok_or_else(|| protocol("message is truncated"))?).unwrap_or_default();
     let mut reader = Reader::new(sections);
     let mut body: Option<&[u8]> = None;
     // (identifier, the documents one after another), in the frame's order.
@@ -580,10 +470,8 @@ pub fn msg_command_into(buf: &mut Vec<u8>, frame: &[u8]) -> Result<()> {
                 body = Some(reader.take(len, "body")?);
             }
             1 if sequence_count < DOCUMENT_SEQUENCES_MAX => {
-                let size = usize::try_from(reader.i32("document sequence size")?)
-                    .ok()
-                    .filter(|&s| s > 4)
-                    .ok_or_else(|| protocol("invalid document sequence size"))?;
+                let size =
+                    usize::try_from(reader.i32("document sequence size")?).ok().filter(|&s| s > 4).ok_or_else(|| protocol("invalid document sequence size"))?;
                 let mut sequence = Reader::new(reader.take(size - 4, "document sequence")?);
                 let identifier = sequence.cstr("document sequence identifier")?;
                 sequences[sequence_count] = Some((identifier.as_bytes(), sequence.rest()));
@@ -645,24 +533,11 @@ fn decode_query(body: &[u8]) -> Result<OpQuery> {
     let number_to_skip = reader.i32("numberToSkip")?;
     let number_to_return = reader.i32("numberToReturn")?;
     let query = reader.document()?;
-    let return_fields_selector = if reader.is_empty() {
-        None
-    } else {
-        Some(reader.document()?)
-    };
+    let return_fields_selector = if reader.is_empty() { None } else { Some(reader.document()?) };
     if !reader.is_empty() {
-        return Err(protocol(
-            "OP_QUERY has trailing bytes after returnFieldsSelector",
-        ));
+        return Err(protocol("OP_QUERY has trailing bytes after returnFieldsSelector"));
     }
-    Ok(OpQuery {
-        flags,
-        full_collection_name,
-        number_to_skip,
-        number_to_return,
-        query,
-        return_fields_selector,
-    })
+    Ok(OpQuery { flags, full_collection_name, number_to_skip, number_to_return, query, return_fields_selector })
 }
 
 fn decode_reply(body: &[u8]) -> Result<OpReply> {
@@ -676,17 +551,9 @@ fn decode_reply(body: &[u8]) -> Result<OpReply> {
         documents.push(reader.document()?);
     }
     if usize::try_from(number_returned).ok() != Some(documents.len()) {
-        return Err(protocol(format!(
-            "OP_REPLY numberReturned is {number_returned} but it holds {} documents",
-            documents.len()
-        )));
+        return Err(protocol(format!("OP_REPLY numberReturned is {number_returned} but it holds {} documents", documents.len())));
     }
-    Ok(OpReply {
-        response_flags,
-        cursor_id,
-        starting_from,
-        documents,
-    })
+    Ok(OpReply { response_flags, cursor_id, starting_from, documents })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -695,15 +562,7 @@ fn decode_reply(body: &[u8]) -> Result<OpReply> {
 /// Start a frame: header with placeholder length, capacity for `body_size_bytes` more.
 fn frame_start(request_id: i32, response_to: i32, op_code: i32, body_size_bytes: usize) -> Vec<u8> {
     let mut buf = Vec::with_capacity(HEADER_SIZE_BYTES + body_size_bytes);
-    buf.extend_from_slice(
-        &Header {
-            message_length: 0,
-            request_id,
-            response_to,
-            op_code,
-        }
-        .to_bytes(),
-    );
+    buf.extend_from_slice(&Header { message_length: 0, request_id, response_to, op_code }.to_bytes());
     buf
 }
 
@@ -715,12 +574,7 @@ fn frame_finish(buf: &mut [u8]) -> Result<()> {
 
 /// Encode an OP_MSG; adds the CRC-32C when `msg.flags` has CHECKSUM_PRESENT. Fails only on
 /// documents that cannot be BSON (a NUL in a field name, absurd nesting).
-pub fn try_encode_msg(
-    request_id: i32,
-    response_to: i32,
-    msg: &OpMsg,
-    compressor: Option<Compressor>,
-) -> Result<Vec<u8>> {
+pub fn try_encode_msg(request_id: i32, response_to: i32, msg: &OpMsg, compressor: Option<Compressor>) -> Result<Vec<u8>> {
     try_encode_msg_with_batch(request_id, response_to, msg, None::<RawBatch<Vec<u8>>>, compressor)
 }
 
@@ -742,17 +596,9 @@ pub fn try_encode_msg_with_batch(
 ) -> Result<Vec<u8>> {
     let checksum = msg.flags & flags::CHECKSUM_PRESENT != 0;
     let batch_size = batch.as_ref().map_or(0, |b| bson_codec::raw_array_size_bytes(b.docs));
-    let mut size = 4
-        + 1
-        + document_size_bytes(&msg.body)
-        + batch_size
-        + if checksum { CHECKSUM_SIZE_BYTES } else { 0 };
+    let mut size = 4 + 1 + document_size_bytes(&msg.body) + batch_size + if checksum { CHECKSUM_SIZE_BYTES } else { 0 };
     for s in &msg.sequences {
-        size += 1
-            + 4
-            + s.identifier.len()
-            + 1
-            + s.documents.iter().map(document_size_bytes).sum::<usize>();
+        size += 1 + 4 + s.identifier.len() + 1 + s.documents.iter().map(document_size_bytes).sum::<usize>();
     }
     let mut buf = frame_start(request_id, response_to, OP_MSG, size);
     buf.extend_from_slice(&msg.flags.to_le_bytes());
@@ -763,10 +609,7 @@ pub fn try_encode_msg_with_batch(
     }
     for s in &msg.sequences {
         if s.identifier.as_bytes().contains(&0) {
-            return Err(Error::new(
-                Code::InvalidBSON,
-                "document sequence identifier contains a NUL byte",
-            ));
+            return Err(Error::new(Code::InvalidBSON, "document sequence identifier contains a NUL byte"));
         }
         buf.push(1);
         let start = buf.len();
@@ -790,24 +633,13 @@ pub fn try_encode_msg_with_batch(
 }
 
 /// Encode an OP_REPLY (numberReturned is `reply.documents.len()`).
-pub fn try_encode_reply(
-    request_id: i32,
-    response_to: i32,
-    reply: &OpReply,
-    compressor: Option<Compressor>,
-) -> Result<Vec<u8>> {
-    let size = 20
-        + reply
-            .documents
-            .iter()
-            .map(document_size_bytes)
-            .sum::<usize>();
+pub fn try_encode_reply(request_id: i32, response_to: i32, reply: &OpReply, compressor: Option<Compressor>) -> Result<Vec<u8>> {
+    let size = 20 + reply.documents.iter().map(document_size_bytes).sum::<usize>();
     let mut buf = frame_start(request_id, response_to, OP_REPLY, size);
     buf.extend_from_slice(&reply.response_flags.to_le_bytes());
     buf.extend_from_slice(&reply.cursor_id.to_le_bytes());
     buf.extend_from_slice(&reply.starting_from.to_le_bytes());
-    let returned =
-        i32::try_from(reply.documents.len()).map_err(|_| protocol("too many documents"))?;
+    let returned = i32::try_from(reply.documents.len()).map_err(|_| protocol("too many documents"))?;
     buf.extend_from_slice(&returned.to_le_bytes());
     for d in &reply.documents {
         bson_codec::write_document(&mut buf, d)?;
@@ -819,19 +651,9 @@ pub fn try_encode_reply(
 /// Encode an OP_QUERY (client side).
 pub fn try_encode_query(request_id: i32, q: &OpQuery) -> Result<Vec<u8>> {
     if q.full_collection_name.as_bytes().contains(&0) {
-        return Err(Error::new(
-            Code::InvalidBSON,
-            "fullCollectionName contains a NUL byte",
-        ));
+        return Err(Error::new(Code::InvalidBSON, "fullCollectionName contains a NUL byte"));
     }
-    let size = 4
-        + q.full_collection_name.len()
-        + 1
-        + 8
-        + document_size_bytes(&q.query)
-        + q.return_fields_selector
-            .as_ref()
-            .map_or(0, document_size_bytes);
+    let size = 4 + q.full_collection_name.len() + 1 + 8 + document_size_bytes(&q.query) + q.return_fields_selector.as_ref().map_or(0, document_size_bytes);
     let mut buf = frame_start(request_id, 0, OP_QUERY, size);
     buf.extend_from_slice(&q.flags.to_le_bytes());
     buf.extend_from_slice(q.full_collection_name.as_bytes());
@@ -853,12 +675,7 @@ fn error_document(e: &Error) -> Document {
 
 /// Encode an OP_MSG. A body that cannot be encoded as BSON is replaced by an error reply
 /// document, so the peer always gets a well-formed answer.
-pub fn encode_msg(
-    request_id: i32,
-    response_to: i32,
-    msg: &OpMsg,
-    compressor: Option<Compressor>,
-) -> Vec<u8> {
+pub fn encode_msg(request_id: i32, response_to: i32, msg: &OpMsg, compressor: Option<Compressor>) -> Vec<u8> {
     encode_msg_with_batch(request_id, response_to, msg, None::<RawBatch<Vec<u8>>>, compressor)
 }
 
@@ -871,22 +688,13 @@ pub fn encode_msg_with_batch(
     compressor: Option<Compressor>,
 ) -> Vec<u8> {
     try_encode_msg_with_batch(request_id, response_to, msg, batch, compressor).unwrap_or_else(|e| {
-        let fallback = OpMsg {
-            flags: msg.flags & flags::CHECKSUM_PRESENT,
-            body: error_document(&e),
-            sequences: Vec::new(),
-        };
+        let fallback = OpMsg { flags: msg.flags & flags::CHECKSUM_PRESENT, body: error_document(&e), sequences: Vec::new() };
         try_encode_msg(request_id, response_to, &fallback, compressor).unwrap_or_default()
     })
 }
 
 /// Encode an OP_REPLY; unencodable documents are replaced by a single error document.
-pub fn encode_reply(
-    request_id: i32,
-    response_to: i32,
-    reply: &OpReply,
-    compressor: Option<Compressor>,
-) -> Vec<u8> {
+pub fn encode_reply(request_id: i32, response_to: i32, reply: &OpReply, compressor: Option<Compressor>) -> Vec<u8> {
     try_encode_reply(request_id, response_to, reply, compressor).unwrap_or_else(|e| {
         let fallback = OpReply {
             // QueryFailure: tells legacy clients the single document is an error.
@@ -932,12 +740,7 @@ fn maybe_compress(frame: Vec<u8>, compressor: Option<Compressor>) -> Vec<u8> {
     let Ok(uncompressed_size) = i32::try_from(body.len()) else {
         return frame;
     };
-    let mut out = frame_start(
-        header.request_id,
-        header.response_to,
-        OP_COMPRESSED,
-        COMPRESSION_HEADER_SIZE_BYTES + bound,
-    );
+    let mut out = frame_start(header.request_id, header.response_to, OP_COMPRESSED, COMPRESSION_HEADER_SIZE_BYTES + bound);
     out.extend_from_slice(&header.op_code.to_le_bytes());
     out.extend_from_slice(&uncompressed_size.to_le_bytes());
     out.push(c.id());

@@ -43,14 +43,8 @@ fn sample_msg(flags: u32) -> OpMsg {
         flags,
         body: doc! { "insert": "coll", "$db": "test", "ordered": true },
         sequences: vec![
-            DocumentSequence {
-                identifier: "documents".into(),
-                documents: vec![rich_document(), doc! { "_id": 2 }],
-            },
-            DocumentSequence {
-                identifier: "empty".into(),
-                documents: vec![],
-            },
+            DocumentSequence { identifier: "documents".into(), documents: vec![rich_document(), doc! { "_id": 2 }] },
+            DocumentSequence { identifier: "empty".into(), documents: vec![] },
         ],
     }
 }
@@ -67,18 +61,11 @@ fn sample_query() -> OpQuery {
 }
 
 fn sample_reply() -> OpReply {
-    OpReply {
-        response_flags: 8,
-        cursor_id: 1234567890123,
-        starting_from: 3,
-        documents: vec![rich_document(), doc! {}],
-    }
+    OpReply { response_flags: 8, cursor_id: 1234567890123, starting_from: 3, documents: vec![rich_document(), doc! {}] }
 }
 
 fn compressors() -> Vec<Option<Compressor>> {
-    std::iter::once(None)
-        .chain(Compressor::ALL.into_iter().map(Some))
-        .collect()
+    std::iter::once(None).chain(Compressor::ALL.into_iter().map(Some)).collect()
 }
 
 /// Every valid frame the tests use: all message types, all compressors, with and without CRC.
@@ -86,22 +73,11 @@ fn valid_frames() -> Vec<Vec<u8>> {
     let mut frames = Vec::new();
     for c in compressors() {
         frames.push(encode_msg(1, 2, &sample_msg(0), c));
-        frames.push(encode_msg(
-            1,
-            2,
-            &sample_msg(flags::CHECKSUM_PRESENT | flags::EXHAUST_ALLOWED),
-            c,
-        ));
+        frames.push(encode_msg(1, 2, &sample_msg(flags::CHECKSUM_PRESENT | flags::EXHAUST_ALLOWED), c));
         frames.push(encode_reply(3, 4, &sample_reply(), c));
     }
     frames.push(encode_query(5, &sample_query()));
-    frames.push(encode_query(
-        5,
-        &OpQuery {
-            return_fields_selector: None,
-            ..sample_query()
-        },
-    ));
+    frames.push(encode_query(5, &OpQuery { return_fields_selector: None, ..sample_query() }));
     frames
 }
 
@@ -112,19 +88,11 @@ fn code_of<T: std::fmt::Debug>(r: Result<T>) -> i32 {
 #[test]
 fn round_trip_every_message_type_with_every_compressor() {
     for c in compressors() {
-        for msg_flags in [
-            0,
-            flags::CHECKSUM_PRESENT,
-            flags::MORE_TO_COME | flags::EXHAUST_ALLOWED,
-        ] {
+        for msg_flags in [0, flags::CHECKSUM_PRESENT, flags::MORE_TO_COME | flags::EXHAUST_ALLOWED] {
             let msg = sample_msg(msg_flags);
             let frame = encode_msg(11, 22, &msg, c);
             let decoded = decode(&frame, MAX).unwrap();
-            assert_eq!(
-                decoded.message,
-                Message::Msg(msg.clone()),
-                "compressor {c:?}"
-            );
+            assert_eq!(decoded.message, Message::Msg(msg.clone()), "compressor {c:?}");
             assert_eq!(decoded.compressor, c);
             assert_eq!(decoded.header.request_id, 11);
             assert_eq!(decoded.header.response_to, 22);
@@ -138,25 +106,11 @@ fn round_trip_every_message_type_with_every_compressor() {
         assert_eq!(decoded.compressor, c);
         assert_eq!(decoded.header.op_code, OP_REPLY);
     }
-    for q in [
-        sample_query(),
-        OpQuery {
-            return_fields_selector: None,
-            ..sample_query()
-        },
-    ] {
+    for q in [sample_query(), OpQuery { return_fields_selector: None, ..sample_query() }] {
         let frame = encode_query(9, &q);
         let decoded = decode(&frame, MAX).unwrap();
         assert_eq!(decoded.message, Message::Query(q));
-        assert_eq!(
-            decoded.header,
-            Header {
-                message_length: frame.len() as i32,
-                request_id: 9,
-                response_to: 0,
-                op_code: OP_QUERY
-            }
-        );
+        assert_eq!(decoded.header, Header { message_length: frame.len() as i32, request_id: 9, response_to: 0, op_code: OP_QUERY });
     }
 }
 
@@ -184,26 +138,14 @@ fn encoder_matches_bson_crate_bytes_and_size() {
         + 4
         + 1
         + document_size_bytes(&msg.body)
-        + msg
-            .sequences
-            .iter()
-            .map(|s| {
-                5 + s.identifier.len()
-                    + 1
-                    + s.documents.iter().map(document_size_bytes).sum::<usize>()
-            })
-            .sum::<usize>()
+        + msg.sequences.iter().map(|s| 5 + s.identifier.len() + 1 + s.documents.iter().map(document_size_bytes).sum::<usize>()).sum::<usize>()
         + 4;
     assert_eq!(frame.len(), expected);
 }
 
 #[test]
 fn op_msg_layout_is_exactly_the_spec() {
-    let msg = OpMsg {
-        flags: 0,
-        body: doc! { "ping": 1 },
-        sequences: vec![],
-    };
+    let msg = OpMsg { flags: 0, body: doc! { "ping": 1 }, sequences: vec![] };
     let frame = encode_msg(7, 0, &msg, None);
     let body = doc! { "ping": 1 }.to_vec().unwrap();
     let mut expected = Vec::new();
@@ -234,11 +176,7 @@ fn checksum_mismatch_is_rejected() {
             for at in [40, frame.len() - 1] {
                 let mut bad = frame.clone();
                 bad[at] ^= 0x01;
-                assert_eq!(
-                    code_of(decode(&bad, MAX)),
-                    Code::ChecksumMismatch.0,
-                    "byte {at}"
-                );
+                assert_eq!(code_of(decode(&bad, MAX)), Code::ChecksumMismatch.0, "byte {at}");
             }
         }
     }
@@ -256,11 +194,7 @@ fn every_truncation_is_an_error() {
         assert!(decode(&frame, MAX).is_ok());
         for len in 0..frame.len() {
             let cut = &frame[..len];
-            assert!(
-                decode(cut, MAX).is_err(),
-                "truncated to {len} of {}",
-                frame.len()
-            );
+            assert!(decode(cut, MAX).is_err(), "truncated to {len} of {}", frame.len());
             // Also with the header length patched to match, so the inner parsers see the cut.
             if len >= 4 {
                 let mut patched = cut.to_vec();
@@ -273,16 +207,7 @@ fn every_truncation_is_an_error() {
 
 #[test]
 fn truncated_single_body_op_msg_with_patched_length_is_an_error() {
-    let frame = encode_msg(
-        1,
-        0,
-        &OpMsg {
-            flags: 0,
-            body: rich_document(),
-            sequences: vec![],
-        },
-        None,
-    );
+    let frame = encode_msg(1, 0, &OpMsg { flags: 0, body: rich_document(), sequences: vec![] }, None);
     for len in 16..frame.len() {
         let mut patched = frame[..len].to_vec();
         patched[0..4].copy_from_slice(&(len as i32).to_le_bytes());
@@ -295,11 +220,7 @@ fn length_prefix_bounds() {
     assert_eq!(frame_length(16i32.to_le_bytes(), MAX).unwrap(), 16);
     assert_eq!(frame_length((MAX as i32).to_le_bytes(), MAX).unwrap(), MAX);
     for bad in [15i32, 0, -1, i32::MIN, MAX as i32 + 1, i32::MAX] {
-        assert_eq!(
-            code_of(frame_length(bad.to_le_bytes(), MAX)),
-            Code::ProtocolError.0,
-            "{bad}"
-        );
+        assert_eq!(code_of(frame_length(bad.to_le_bytes(), MAX)), Code::ProtocolError.0, "{bad}");
     }
     let msg = encode_msg(1, 0, &sample_msg(0), None);
     assert!(decode(&msg, msg.len()).is_ok());
@@ -311,14 +232,7 @@ fn length_prefix_bounds() {
 }
 
 fn compressed_frame(original_op: i32, uncompressed_size: i32, id: u8, payload: &[u8]) -> Vec<u8> {
-    let mut f = Header {
-        message_length: 0,
-        request_id: 1,
-        response_to: 0,
-        op_code: OP_COMPRESSED,
-    }
-    .to_bytes()
-    .to_vec();
+    let mut f = Header { message_length: 0, request_id: 1, response_to: 0, op_code: OP_COMPRESSED }.to_bytes().to_vec();
     f.extend_from_slice(&original_op.to_le_bytes());
     f.extend_from_slice(&uncompressed_size.to_le_bytes());
     f.push(id);
@@ -335,11 +249,7 @@ fn decompression_bombs_are_rejected() {
         let f = compressed_frame(OP_MSG, claimed, Compressor::Zstd.id(), &[0; 8]);
         let e = decode(&f, MAX).unwrap_err();
         assert_eq!(e.code, Code::BadValue.0);
-        assert!(
-            e.message.contains("larger than maximum message size"),
-            "{}",
-            e.message
-        );
+        assert!(e.message.contains("larger than maximum message size"), "{}", e.message);
     }
     // A real bomb: 40 MB of zeros compress to almost nothing; the claimed size is small.
     let zeros = vec![0u8; 40_000_000];
@@ -353,14 +263,8 @@ fn decompression_bombs_are_rejected() {
     }
     // Claimed size within limits but payload shorter than claimed.
     let small = compress(Compressor::Zlib, b"abc").unwrap();
-    assert_eq!(
-        code_of(decode(&compressed_frame(OP_MSG, 4, 2, &small), MAX)),
-        Code::BadValue.0
-    );
-    assert_eq!(
-        code_of(decode(&compressed_frame(OP_MSG, 4, 0, b"abc"), MAX)),
-        Code::BadValue.0
-    );
+    assert_eq!(code_of(decode(&compressed_frame(OP_MSG, 4, 2, &small), MAX)), Code::BadValue.0);
+    assert_eq!(code_of(decode(&compressed_frame(OP_MSG, 4, 0, b"abc"), MAX)), Code::BadValue.0);
 }
 
 #[test]
@@ -370,43 +274,26 @@ fn compression_header_errors() {
     short.pop();
     short[0..4].copy_from_slice(&24i32.to_le_bytes());
     assert_eq!(code_of(decode(&short, MAX)), Code::BadValue.0);
-    assert_eq!(
-        code_of(decode(&compressed_frame(OP_MSG, 3, 9, b"abc"), MAX)),
-        Code::InternalError.0
-    );
+    assert_eq!(code_of(decode(&compressed_frame(OP_MSG, 3, 9, b"abc"), MAX)), Code::InternalError.0);
     let nested = compressed_frame(OP_COMPRESSED, 3, 0, b"abc");
     assert_eq!(code_of(decode(&nested, MAX)), Code::ProtocolError.0);
-    assert_eq!(
-        code_of(decode(&compressed_frame(2002, 3, 0, b"abc"), MAX)),
-        Code::ProtocolError.0
-    );
+    assert_eq!(code_of(decode(&compressed_frame(2002, 3, 0, b"abc"), MAX)), Code::ProtocolError.0);
 }
 
 #[test]
 fn compress_decompress_helpers_round_trip() {
-    let data: Vec<u8> = (0..100_000u32)
-        .flat_map(|i| (i % 251).to_le_bytes())
-        .collect();
+    let data: Vec<u8> = (0..100_000u32).flat_map(|i| (i % 251).to_le_bytes()).collect();
     for c in Compressor::ALL {
         let packed = compress(c, &data).unwrap();
         assert_eq!(decompress(c, &packed, data.len()).unwrap(), data, "{c:?}");
-        assert!(
-            decompress(c, &packed, data.len() + 1).is_err(),
-            "{c:?} longer"
-        );
-        assert!(
-            decompress(c, &packed, data.len() - 1).is_err(),
-            "{c:?} shorter"
-        );
+        assert!(decompress(c, &packed, data.len() + 1).is_err(), "{c:?} longer");
+        assert!(decompress(c, &packed, data.len() - 1).is_err(), "{c:?} shorter");
         if c != Compressor::Noop {
             assert!(packed.len() < data.len(), "{c:?} should compress");
         }
     }
     for c in Compressor::ALL {
-        assert_eq!(
-            decompress(c, &compress(c, &[]).unwrap(), 0).unwrap(),
-            Vec::<u8>::new()
-        );
+        assert_eq!(decompress(c, &compress(c, &[]).unwrap(), 0).unwrap(), Vec::<u8>::new());
     }
 }
 
@@ -446,14 +333,7 @@ fn uncompressible_commands() {
 
 /// Raw OP_MSG from flag bits and pre-encoded section bytes.
 fn raw_msg(flag_bits: u32, sections: &[u8]) -> Vec<u8> {
-    let mut f = Header {
-        message_length: 0,
-        request_id: 1,
-        response_to: 0,
-        op_code: OP_MSG,
-    }
-    .to_bytes()
-    .to_vec();
+    let mut f = Header { message_length: 0, request_id: 1, response_to: 0, op_code: OP_MSG }.to_bytes().to_vec();
     f.extend_from_slice(&flag_bits.to_le_bytes());
     f.extend_from_slice(sections);
     let len = f.len() as i32;
@@ -486,58 +366,20 @@ fn op_msg_section_rules() {
     let ok = raw_msg(0, &[seq.clone(), body.clone()].concat());
     assert!(decode(&ok, MAX).is_ok(), "sequence may precede body");
 
-    assert_eq!(
-        code_of(decode(
-            &raw_msg(0, &[body.clone(), body.clone()].concat()),
-            MAX
-        )),
-        40430
-    );
+    assert_eq!(code_of(decode(&raw_msg(0, &[body.clone(), body.clone()].concat()), MAX)), 40430);
     assert_eq!(code_of(decode(&raw_msg(0, &seq), MAX)), 40587);
     assert_eq!(code_of(decode(&raw_msg(0, &[]), MAX)), 40587);
-    assert_eq!(
-        code_of(decode(
-            &raw_msg(0, &[body.clone(), seq.clone(), seq.clone()].concat()),
-            MAX
-        )),
-        40431
-    );
-    let three = [
-        body.clone(),
-        sequence_section("a", &[]),
-        sequence_section("b", &[]),
-        sequence_section("c", &[]),
-    ]
-    .concat();
-    assert_eq!(
-        code_of(decode(&raw_msg(0, &three), MAX)),
-        Code::TooManyDocumentSequences.0
-    );
-    assert_eq!(
-        code_of(decode(
-            &raw_msg(0, &[body.clone(), vec![2, b'x', 0]].concat()),
-            MAX
-        )),
-        Code::Unauthorized.0
-    );
-    assert_eq!(
-        code_of(decode(&raw_msg(0, &[body.clone(), vec![7]].concat()), MAX)),
-        40432
-    );
+    assert_eq!(code_of(decode(&raw_msg(0, &[body.clone(), seq.clone(), seq.clone()].concat()), MAX)), 40431);
+    let three = [body.clone(), sequence_section("a", &[]), sequence_section("b", &[]), sequence_section("c", &[])].concat();
+    assert_eq!(code_of(decode(&raw_msg(0, &three), MAX)), Code::TooManyDocumentSequences.0);
+    assert_eq!(code_of(decode(&raw_msg(0, &[body.clone(), vec![2, b'x', 0]].concat()), MAX)), Code::Unauthorized.0);
+    assert_eq!(code_of(decode(&raw_msg(0, &[body.clone(), vec![7]].concat()), MAX)), 40432);
     let e = decode(&raw_msg(0, &[body.clone(), vec![7]].concat()), MAX).unwrap_err();
     assert_eq!(e.code_name, "Location40432");
     // Field present both in body and as a sequence.
-    let clash = [
-        body_section(&doc! { "documents": [], "$db": "d" }),
-        seq.clone(),
-    ]
-    .concat();
+    let clash = [body_section(&doc! { "documents": [], "$db": "d" }), seq.clone()].concat();
     assert_eq!(code_of(decode(&raw_msg(0, &clash), MAX)), 40433);
-    let dotted = [
-        body_section(&doc! { "a": { "b": 1 } }),
-        sequence_section("a.b", &[]),
-    ]
-    .concat();
+    let dotted = [body_section(&doc! { "a": { "b": 1 } }), sequence_section("a.b", &[])].concat();
     assert_eq!(code_of(decode(&raw_msg(0, &dotted), MAX)), 40433);
     // Sequence size that runs past the message, or too small to hold an identifier.
     let mut long = seq.clone();
@@ -556,9 +398,7 @@ fn op_msg_flag_rules() {
     for bit in [2u32, 3, 8, 15] {
         let e = decode(&raw_msg(1 << bit, &body), MAX).unwrap_err();
         assert_eq!(e.code, Code::IllegalOpMsgFlag.0, "bit {bit}");
-        assert!(e
-            .message
-            .starts_with("Message contains illegal flags value: Ob"));
+        assert!(e.message.starts_with("Message contains illegal flags value: Ob"));
     }
     // Optional (high) bits are ignored.
     for bit in [16u32, 17, 31] {
@@ -566,13 +406,7 @@ fn op_msg_flag_rules() {
         assert!(matches!(d.message, Message::Msg(m) if m.flags == 1 << bit));
     }
     // Checksum flag with no room for a checksum.
-    assert_eq!(
-        code_of(decode(
-            &raw_msg(flags::CHECKSUM_PRESENT, &[0, 0, 0, 0]),
-            MAX
-        )),
-        51251
-    );
+    assert_eq!(code_of(decode(&raw_msg(flags::CHECKSUM_PRESENT, &[0, 0, 0, 0]), MAX)), 51251);
 }
 
 #[test]
@@ -594,42 +428,24 @@ fn document_validation() {
     let mut bad_utf8 = doc! { "s": "ab" }.to_vec().unwrap();
     let at = bad_utf8.len() - 3;
     bad_utf8[at] = 0xff;
-    assert_eq!(
-        code_of(decode(&raw_msg(0, &[vec![0], bad_utf8].concat()), MAX)),
-        Code::InvalidBSON.0
-    );
+    assert_eq!(code_of(decode(&raw_msg(0, &[vec![0], bad_utf8].concat()), MAX)), Code::InvalidBSON.0);
     // Unknown element type.
     let mut bad_type = doc! { "a": 1 }.to_vec().unwrap();
     bad_type[4] = 0x42;
-    assert_eq!(
-        code_of(decode(&raw_msg(0, &[vec![0], bad_type].concat()), MAX)),
-        Code::InvalidBSON.0
-    );
+    assert_eq!(code_of(decode(&raw_msg(0, &[vec![0], bad_type].concat()), MAX)), Code::InvalidBSON.0);
     // Boolean other than 0/1; missing EOO; string length past the end.
     let mut bad_bool = doc! { "a": true }.to_vec().unwrap();
     bad_bool[7] = 2;
-    assert_eq!(
-        code_of(decode(&raw_msg(0, &[vec![0], bad_bool].concat()), MAX)),
-        Code::InvalidBSON.0
-    );
+    assert_eq!(code_of(decode(&raw_msg(0, &[vec![0], bad_bool].concat()), MAX)), Code::InvalidBSON.0);
     let mut no_eoo = doc! { "a": 1 }.to_vec().unwrap();
     let last = no_eoo.len() - 1;
     no_eoo[last] = 1;
-    assert_eq!(
-        code_of(decode(&raw_msg(0, &[vec![0], no_eoo].concat()), MAX)),
-        Code::InvalidBSON.0
-    );
+    assert_eq!(code_of(decode(&raw_msg(0, &[vec![0], no_eoo].concat()), MAX)), Code::InvalidBSON.0);
     let mut long_str = doc! { "s": "ab" }.to_vec().unwrap();
     long_str[7..11].copy_from_slice(&100i32.to_le_bytes());
-    assert_eq!(
-        code_of(decode(&raw_msg(0, &[vec![0], long_str].concat()), MAX)),
-        Code::InvalidBSON.0
-    );
+    assert_eq!(code_of(decode(&raw_msg(0, &[vec![0], long_str].concat()), MAX)), Code::InvalidBSON.0);
     // Too-small declared length.
-    assert_eq!(
-        code_of(decode(&raw_msg(0, &[0, 4, 0, 0, 0]), MAX)),
-        Code::InvalidBSON.0
-    );
+    assert_eq!(code_of(decode(&raw_msg(0, &[0, 4, 0, 0, 0]), MAX)), Code::InvalidBSON.0);
 }
 
 /// `{a: {a: ... {}}}` with `depth` levels below the top-level document.
@@ -652,10 +468,7 @@ fn nested_bytes(depth: usize) -> Vec<u8> {
 fn depth_is_bounded() {
     let ok = raw_msg(0, &[vec![0], nested_bytes(limits::BSON_DEPTH_MAX)].concat());
     assert!(decode(&ok, MAX).is_ok());
-    let too_deep = raw_msg(
-        0,
-        &[vec![0], nested_bytes(limits::BSON_DEPTH_MAX + 1)].concat(),
-    );
+    let too_deep = raw_msg(0, &[vec![0], nested_bytes(limits::BSON_DEPTH_MAX + 1)].concat());
     let e = decode(&too_deep, MAX).unwrap_err();
     assert_eq!(e.code, Code::Overflow.0);
     assert!(e.message.contains("maximum nested object depth"));
@@ -680,14 +493,7 @@ fn op_query_and_op_reply_rules() {
 #[test]
 fn unknown_op_codes_are_rejected() {
     for op in [0, 2001, 2002, 2005, 2010, -1] {
-        let mut f = Header {
-            message_length: 20,
-            request_id: 1,
-            response_to: 0,
-            op_code: op,
-        }
-        .to_bytes()
-        .to_vec();
+        let mut f = Header { message_length: 20, request_id: 1, response_to: 0, op_code: op }.to_bytes().to_vec();
         f.extend_from_slice(&[0; 4]);
         assert_eq!(code_of(decode(&f, MAX)), Code::ProtocolError.0, "{op}");
     }
@@ -695,38 +501,16 @@ fn unknown_op_codes_are_rejected() {
 
 #[test]
 fn unencodable_documents_become_error_replies() {
-    let msg = OpMsg {
-        flags: 0,
-        body: doc! { "bad\0key": 1 },
-        sequences: vec![],
-    };
-    assert_eq!(
-        code_of(try_encode_msg(1, 0, &msg, None)),
-        Code::InvalidBSON.0
-    );
+    let msg = OpMsg { flags: 0, body: doc! { "bad\0key": 1 }, sequences: vec![] };
+    assert_eq!(code_of(try_encode_msg(1, 0, &msg, None)), Code::InvalidBSON.0);
     let frame = encode_msg(1, 0, &msg, None);
-    let Message::Msg(reply) = decode(&frame, MAX).unwrap().message else {
-        panic!()
-    };
+    let Message::Msg(reply) = decode(&frame, MAX).unwrap().message else { panic!() };
     assert_eq!(reply.body.get_f64("ok").unwrap(), 0.0);
     assert_eq!(reply.body.get_i32("code").unwrap(), Code::InvalidBSON.0);
-    let r = OpReply {
-        response_flags: 0,
-        cursor_id: 0,
-        starting_from: 0,
-        documents: vec![doc! { "x\0": 1 }],
-    };
-    let Message::Reply(reply) = decode(&encode_reply(1, 0, &r, Some(Compressor::Zstd)), MAX)
-        .unwrap()
-        .message
-    else {
-        panic!()
-    };
+    let r = OpReply { response_flags: 0, cursor_id: 0, starting_from: 0, documents: vec![doc! { "x\0": 1 }] };
+    let Message::Reply(reply) = decode(&encode_reply(1, 0, &r, Some(Compressor::Zstd)), MAX).unwrap().message else { panic!() };
     assert_eq!(reply.documents.len(), 1);
-    assert_eq!(
-        reply.documents[0].get_str("codeName").unwrap(),
-        "InvalidBSON"
-    );
+    assert_eq!(reply.documents[0].get_str("codeName").unwrap(), "InvalidBSON");
 }
 
 #[test]
@@ -743,12 +527,7 @@ fn db_pointer_round_trips() {
     raw.push(0);
     let len = raw.len() as i32;
     raw[0..4].copy_from_slice(&len.to_le_bytes());
-    let Message::Msg(m) = decode(&raw_msg(0, &[vec![0], raw.clone()].concat()), MAX)
-        .unwrap()
-        .message
-    else {
-        panic!()
-    };
+    let Message::Msg(m) = decode(&raw_msg(0, &[vec![0], raw.clone()].concat()), MAX).unwrap().message else { panic!() };
     let mut out = Vec::new();
     bson_codec::write_document(&mut out, &m.body).unwrap();
     assert_eq!(out, raw);
@@ -756,30 +535,13 @@ fn db_pointer_round_trips() {
 
 #[test]
 fn large_message_compresses_and_round_trips() {
-    let docs: Vec<Document> = (0..2000)
-        .map(|i| doc! { "_id": i, "payload": "abcdefgh".repeat(50) })
-        .collect();
-    let msg = OpMsg {
-        flags: 0,
-        body: doc! { "insert": "c" },
-        sequences: vec![DocumentSequence {
-            identifier: "documents".into(),
-            documents: docs,
-        }],
-    };
+    let docs: Vec<Document> = (0..2000).map(|i| doc! { "_id": i, "payload": "abcdefgh".repeat(50) }).collect();
+    let msg = OpMsg { flags: 0, body: doc! { "insert": "c" }, sequences: vec![DocumentSequence { identifier: "documents".into(), documents: docs }] };
     let plain = encode_msg(1, 0, &msg, None);
     for c in [Compressor::Snappy, Compressor::Zlib, Compressor::Zstd] {
         let packed = encode_msg(1, 0, &msg, Some(c));
-        assert!(
-            packed.len() < plain.len() / 4,
-            "{c:?}: {} vs {}",
-            packed.len(),
-            plain.len()
-        );
-        assert_eq!(
-            decode(&packed, MAX).unwrap().message,
-            Message::Msg(msg.clone())
-        );
+        assert!(packed.len() < plain.len() / 4, "{c:?}: {} vs {}", packed.len(), plain.len());
+        assert_eq!(decode(&packed, MAX).unwrap().message, Message::Msg(msg.clone()));
     }
 }
 
@@ -953,7 +715,11 @@ fn msg_command_of_a_cut_or_foreign_frame_is_an_error() {
 #[test]
 fn raw_msg_keeps_a_sequences_documents_as_bytes_and_they_encode_back() {
     let docs = vec![doc! {"_id": 1, "a": "x"}, doc! {"_id": 2, "b": [1, 2]}];
-    let msg = OpMsg { flags: 0, body: doc! {"insert": "c", "$db": "d"}, sequences: vec![DocumentSequence { identifier: "documents".into(), documents: docs.clone() }] };
+    let msg = OpMsg {
+        flags: 0,
+        body: doc! {"insert": "c", "$db": "d"},
+        sequences: vec![DocumentSequence { identifier: "documents".into(), documents: docs.clone() }],
+    };
     let frame = encode_msg(7, 0, &msg, None);
     let raw = super::raw_msg(&frame, 1 << 20).unwrap().expect("an uncompressed OP_MSG");
     assert_eq!(raw.body.get_str("insert").unwrap(), "c");

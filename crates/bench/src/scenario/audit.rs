@@ -371,7 +371,8 @@ impl Scenario for Audit {
                     let props = mix_properties(sizes, mix, sizes.record_count, next_key);
                     let live = Arc::new(LiveStats::new());
                     let pid = ctx.nodes[node].pid();
-                    let (result, windows) = tokio::join!(ctx.ycsb_watched(&label, Phase::Run, &url, &props, Some(live.clone())), alternate(&client, &live, pid, sizes));
+                    let (result, windows) =
+                        tokio::join!(ctx.ycsb_watched(&label, Phase::Run, &url, &props, Some(live.clone())), alternate(&client, &live, pid, sizes));
                     let (result, windows) = (result?, windows?);
                     next_key += result.operations_of("INSERT");
                     phases.push(PhaseTimeline { label: label.clone(), timeline: result.timeline.clone(), node_names: node_names.clone() });
@@ -407,7 +408,11 @@ impl Scenario for Audit {
                 "Records per audited operation (JSON, BSON)",
                 "Within ≤ 3% and ≤ 20 µs (JSON, BSON)",
             ];
-            let mut table = Table { title: "Audit off and on, per insert:read:update mix".into(), headers: headers.iter().map(|s| s.to_string()).collect(), rows: Vec::new() };
+            let mut table = Table {
+                title: "Audit off and on, per insert:read:update mix".into(),
+                headers: headers.iter().map(|s| s.to_string()).collect(),
+                rows: Vec::new(),
+            };
             // Worst on/off ratio and latency added, per format.
             let mut worst = [(f64::MAX, f64::MIN); 2];
             let mut all_within = true;
@@ -509,11 +514,13 @@ mod tests {
     #[test]
     fn paired_windows_take_out_a_drift() {
         // On costs 5% of throughput and adds 40 µs, while throughput drifts up by 100 ops/s per window.
-        let ws: Vec<Window> = (0..10).map(|i| {
-            let on = i % 2 == 0;
-            let base = 10_000.0 + 100.0 * i as f64;
-            window(on, (if on { base * 0.95 } else { base }) as u64 * 2, if on { 840 } else { 800 })
-        }).collect();
+        let ws: Vec<Window> = (0..10)
+            .map(|i| {
+                let on = i % 2 == 0;
+                let base = 10_000.0 + 100.0 * i as f64;
+                window(on, (if on { base * 0.95 } else { base }) as u64 * 2, if on { 840 } else { 800 })
+            })
+            .collect();
         let (ratio, added) = paired(&ws).unwrap();
         assert!((ratio.mean - 0.95).abs() < 0.002 && (ratio.median - 0.95).abs() < 0.002, "{ratio:?}");
         assert!(ratio.low <= ratio.median && ratio.median <= ratio.high, "{ratio:?}");

@@ -145,7 +145,8 @@ async fn initiate(ports: &[u16], chaining: ChainingMode) -> Result<()> {
     let deadline = Instant::now() + SET_READY_TIMEOUT;
     loop {
         if let Ok(s) = first.database("admin").run_command(doc! {"replSetGetStatus": 1}).await {
-            let states: Vec<&str> = s.get_array("members").map(|m| m.iter().filter_map(|d| d.as_document()?.get_str("stateStr").ok()).collect()).unwrap_or_default();
+            let states: Vec<&str> =
+                s.get_array("members").map(|m| m.iter().filter_map(|d| d.as_document()?.get_str("stateStr").ok()).collect()).unwrap_or_default();
             if states.len() == ports.len() && states[0] == "PRIMARY" && states[1..].iter().all(|s| *s == "SECONDARY") {
                 return Ok(());
             }
@@ -224,7 +225,9 @@ impl Scenario for Chaining {
                 sizes.member_counts = m.clone();
             }
             let modes: Vec<ChainingMode> = match &ctx.sizes.chaining {
-                Some(m) => m.iter().map(|s| ChainingMode::parse(s).with_context(|| format!("--chaining: {s} is not on, off or auto"))).collect::<Result<_>>()?,
+                Some(m) => {
+                    m.iter().map(|s| ChainingMode::parse(s).with_context(|| format!("--chaining: {s} is not on, off or auto"))).collect::<Result<_>>()?
+                }
                 None => ChainingMode::ALL.to_vec(),
             };
             let mut runs = Vec::new();
@@ -272,10 +275,19 @@ impl Scenario for Chaining {
             let fmt = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or_else(|| "-".into());
             let by_config = Table {
                 title: "By configuration".into(),
-                headers: ["Members", "Chaining", "w", "Inserts/s", "Avg insert latency (ms)", "Primary CPU (% of a core)", "All members' CPU (% of a core)", "CPU per insert, all members (µs)"]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
+                headers: [
+                    "Members",
+                    "Chaining",
+                    "w",
+                    "Inserts/s",
+                    "Avg insert latency (ms)",
+                    "Primary CPU (% of a core)",
+                    "All members' CPU (% of a core)",
+                    "CPU per insert, all members (µs)",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
                 rows: runs
                     .iter()
                     .map(|r| {
@@ -293,7 +305,8 @@ impl Scenario for Chaining {
                     })
                     .collect(),
             };
-            let find = |n: usize, chaining: ChainingMode, w: &str| runs.iter().find(|r| r.members == n && r.chaining == chaining && r.w == w).map(|r| r.ops_per_s);
+            let find =
+                |n: usize, chaining: ChainingMode, w: &str| runs.iter().find(|r| r.members == n && r.chaining == chaining && r.w == w).map(|r| r.ops_per_s);
             let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
                 (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
                 _ => "-".into(),

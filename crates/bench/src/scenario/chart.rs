@@ -126,9 +126,7 @@ where
         .map_err(|e| anyhow!("mesh: {e:?}"))?;
     let mut last_label_x = f64::NEG_INFINITY;
     for (x, label) in &l.boundaries {
-        chart
-            .draw_series(std::iter::once(PathElement::new(vec![(*x, 0.0), (*x, y_top)], BLACK.mix(0.25))))
-            .map_err(|e| anyhow!("boundary: {e:?}"))?;
+        chart.draw_series(std::iter::once(PathElement::new(vec![(*x, 0.0), (*x, y_top)], BLACK.mix(0.25)))).map_err(|e| anyhow!("boundary: {e:?}"))?;
         // A phase too short for its label (a quick load) stays unlabelled rather than overprint.
         if *x - last_label_x >= l.x_max * LABEL_GAP_FRACTION_MIN {
             chart

@@ -154,14 +154,20 @@ impl Scenario for Elastic {
                 let router_port = ctx.nodes[router].port;
                 let client = mongodb::Client::with_uri_str(format!("mongodb://127.0.0.1:{router_port}/")).await?;
                 for (i, p) in shard_ports.iter().enumerate() {
-                    client.database("admin").run_command(doc! {"addShard": format!("shard{i}/127.0.0.1:{p}")}).await.with_context(|| format!("addShard shard{i}"))?;
+                    client
+                        .database("admin")
+                        .run_command(doc! {"addShard": format!("shard{i}/127.0.0.1:{p}")})
+                        .await
+                        .with_context(|| format!("addShard shard{i}"))?;
                 }
                 // Watch the router first, then the shards (not the idle config servers).
                 let all = ctx.watch_all();
                 let mut watch = vec![all[router].clone()];
                 watch.extend(all.iter().filter(|(name, _)| name.contains("-shard")).cloned());
                 eprintln!("scenario: {n} shard(s) behind the router ...");
-                let r = insert::run(&insert_options(format!("mongodb://127.0.0.1:{router_port}/"), sizes.seconds, true, watch)).await.with_context(|| format!("{n} shards"))?;
+                let r = insert::run(&insert_options(format!("mongodb://127.0.0.1:{router_port}/"), sizes.seconds, true, watch))
+                    .await
+                    .with_context(|| format!("{n} shards"))?;
                 let router_cpu = cpu(&r, 0);
                 let shards_cpu = (1..=n).map(|i| cpu(&r, i)).sum();
                 eprintln!("scenario: {n} shard(s): {:.0} docs/s", r.inserts_per_s);
@@ -174,10 +180,19 @@ impl Scenario for Elastic {
             let direct_rate = runs[0].result.inserts_per_s;
             let mut table = Table {
                 title: "bench02 inserts per second and CPU per insert".into(),
-                headers: ["Run", "Inserts/s", "vs 1 shard via router", "Router CPU (% of a core)", "Shards CPU (% of a core, sum)", "Router CPU per insert (us)", "Shard CPU per insert (us)", "Client CPU (% of machine)"]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
+                headers: [
+                    "Run",
+                    "Inserts/s",
+                    "vs 1 shard via router",
+                    "Router CPU (% of a core)",
+                    "Shards CPU (% of a core, sum)",
+                    "Router CPU per insert (us)",
+                    "Shard CPU per insert (us)",
+                    "Client CPU (% of machine)",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
                 rows: Vec::new(),
             };
             let mut phases = Vec::new();
@@ -219,13 +234,23 @@ impl Scenario for Elastic {
                 }
             }
             if let Some(o) = one {
-                notes.push(format!("Router overhead: one shard through the router does {:.2}x the inserts of the same shard written directly (vendor: 0.82x).", o / direct_rate.max(1.0)));
+                notes.push(format!(
+                    "Router overhead: one shard through the router does {:.2}x the inserts of the same shard written directly (vendor: 0.82x).",
+                    o / direct_rate.max(1.0)
+                ));
             }
             notes.push("Every process shares this machine's cores with the client: throughput with more shards than cores measures contention, not scaling; the CPU per insert is what projects.".into());
             Ok(ScenarioReport {
                 title: "Elastic cluster: hash-sharded bench02 inserts behind a router".into(),
-                summary: format!("bench02 (1 KB documents, 3 compound indexes, unordered batches of {BATCH_SIZE}, {WORKERS} workers), {} s per run, shards {:?}.", sizes.seconds, sizes.shard_counts),
-                parameters: vec![("seconds per run".into(), sizes.seconds.to_string()), ("workers".into(), WORKERS.to_string()), ("batch size".into(), BATCH_SIZE.to_string())],
+                summary: format!(
+                    "bench02 (1 KB documents, 3 compound indexes, unordered batches of {BATCH_SIZE}, {WORKERS} workers), {} s per run, shards {:?}.",
+                    sizes.seconds, sizes.shard_counts
+                ),
+                parameters: vec![
+                    ("seconds per run".into(), sizes.seconds.to_string()),
+                    ("workers".into(), WORKERS.to_string()),
+                    ("batch size".into(), BATCH_SIZE.to_string()),
+                ],
                 machine: sys::machine_info(),
                 tables: vec![table],
                 phases,

@@ -58,7 +58,6 @@ fn p99_ms(r: &YcsbResult, op: &str) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-
 impl Scenario for Instance {
     fn name(&self) -> &'static str {
         "instance"

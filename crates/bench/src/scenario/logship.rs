@@ -67,7 +67,10 @@ async fn start_pair(ctx: &mut ScenarioContext, tag: &str, transport: &str) -> Re
     let deadline = Instant::now() + SET_READY_TIMEOUT;
     loop {
         if let Ok(st) = first.database("admin").run_command(doc! {"replSetGetStatus": 1}).await {
-            let states: Vec<String> = st.get_array("members").map(|m| m.iter().filter_map(|d| Some(d.as_document()?.get_str("stateStr").ok()?.to_string())).collect()).unwrap_or_default();
+            let states: Vec<String> = st
+                .get_array("members")
+                .map(|m| m.iter().filter_map(|d| Some(d.as_document()?.get_str("stateStr").ok()?.to_string())).collect())
+                .unwrap_or_default();
             if states == ["PRIMARY", "SECONDARY"] {
                 return Ok((p, s));
             }
@@ -151,7 +154,10 @@ async fn catch_up(ctx: &mut ScenarioContext, transport: &'static str, entries: u
             let cpu_after = cpu();
             let cpu_s = ((cpu_after.0 - cpu_before.0).as_secs_f64(), (cpu_after.1 - cpu_before.1).as_secs_f64());
             let c = CatchUp { transport, entries, cpu_s, written_s: written_s.unwrap_or(applied_s), applied_s };
-            eprintln!("scenario: catch-up ({transport}): written in {:.2} s, applied in {:.2} s; CPU: primary {:.2} s, secondary {:.2} s", c.written_s, c.applied_s, cpu_s.0, cpu_s.1);
+            eprintln!(
+                "scenario: catch-up ({transport}): written in {:.2} s, applied in {:.2} s; CPU: primary {:.2} s, secondary {:.2} s",
+                c.written_s, c.applied_s, cpu_s.0, cpu_s.1
+            );
             return Ok(c);
         }
         if healed.elapsed() > CATCH_UP_TIMEOUT {
@@ -319,7 +325,10 @@ impl Scenario for Logship {
             let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
             let throughput = Table {
                 title: "Log throughput: a secondary catching up".into(),
-                headers: ["Transport", "Entries", "Written (entries/s)", "Written (MB/s)", "Applied (entries/s)", "Primary CPU (s)", "Secondary CPU (s)"].iter().map(|s| s.to_string()).collect(),
+                headers: ["Transport", "Entries", "Written (entries/s)", "Written (MB/s)", "Applied (entries/s)", "Primary CPU (s)", "Secondary CPU (s)"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
                 rows: catch_ups
                     .iter()
                     .map(|c| {
@@ -338,7 +347,10 @@ impl Scenario for Logship {
             let fmt = |v: Option<f64>| v.map(|x| format!("{x:.0}")).unwrap_or_else(|| "-".into());
             let by_threads = Table {
                 title: "Secondary reads: local and strict".into(),
-                headers: ["Transport", "Threads", "local (reads/s)", "strict (reads/s)", "strict / local", "local latency (µs)", "strict latency (µs)"].iter().map(|s| s.to_string()).collect(),
+                headers: ["Transport", "Threads", "local (reads/s)", "strict (reads/s)", "strict / local", "local latency (µs)", "strict latency (µs)"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
                 rows: TRANSPORTS
                     .iter()
                     .flat_map(|&tr| sz.read_threads.iter().map(move |&t| (tr, t)))
@@ -349,19 +361,38 @@ impl Scenario for Logship {
                             (Some(l), Some(s)) if l.ops_per_s > 0.0 => format!("{:.2}", s.ops_per_s / l.ops_per_s),
                             _ => "-".into(),
                         };
-                        vec![tr.to_string(), t.to_string(), fmt(local.map(|r| r.ops_per_s)), fmt(strict.map(|r| r.ops_per_s)), ratio, fmt(local.and_then(|r| r.latency_us)), fmt(strict.and_then(|r| r.latency_us))]
+                        vec![
+                            tr.to_string(),
+                            t.to_string(),
+                            fmt(local.map(|r| r.ops_per_s)),
+                            fmt(strict.map(|r| r.ops_per_s)),
+                            ratio,
+                            fmt(local.and_then(|r| r.latency_us)),
+                            fmt(strict.and_then(|r| r.latency_us)),
+                        ]
                     })
                     .collect(),
             };
             let ms = |v: Option<f64>| v.map(|x| format!("{:.2}", x / 1000.0)).unwrap_or_else(|| "-".into());
             let lag_table = Table {
                 title: "Replication lag against write rate".into(),
-                headers: ["Transport", "Peak inserts/s", "% of peak", "Inserts/s", "Lag p50 (ms)", "Lag p99 (ms)", "Samples"].iter().map(|s| s.to_string()).collect(),
+                headers: ["Transport", "Peak inserts/s", "% of peak", "Inserts/s", "Lag p50 (ms)", "Lag p99 (ms)", "Samples"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
                 rows: lags
                     .iter()
                     .map(|l| {
                         let peak = peaks.iter().find(|(t, _)| *t == l.transport).map_or(0.0, |(_, p)| *p);
-                        vec![l.transport.into(), format!("{peak:.0}"), l.percent_of_peak.to_string(), format!("{:.0}", l.writes_per_s), ms(l.p50_us), ms(l.p99_us), l.samples.to_string()]
+                        vec![
+                            l.transport.into(),
+                            format!("{peak:.0}"),
+                            l.percent_of_peak.to_string(),
+                            format!("{:.0}", l.writes_per_s),
+                            ms(l.p50_us),
+                            ms(l.p99_us),
+                            l.samples.to_string(),
+                        ]
                     })
                     .collect(),
             };

@@ -5,10 +5,10 @@
 
 pub mod audit;
 pub mod chaining;
-pub mod elastic;
-pub mod logship;
 pub mod chart;
+pub mod elastic;
 pub mod instance;
+pub mod logship;
 
 use crate::progress::TimelineSample;
 use crate::sys::{self, MachineInfo};
@@ -165,7 +165,14 @@ impl ScenarioContext {
     }
 
     /// `ycsb`, updating `live` as it goes (for a caller that reads the counters mid-run).
-    pub async fn ycsb_watched(&self, label: &str, phase: Phase, url: &str, props: &Properties, live: Option<std::sync::Arc<crate::ycsb::measure::LiveStats>>) -> Result<YcsbResult> {
+    pub async fn ycsb_watched(
+        &self,
+        label: &str,
+        phase: Phase,
+        url: &str,
+        props: &Properties,
+        live: Option<std::sync::Arc<crate::ycsb::measure::LiveStats>>,
+    ) -> Result<YcsbResult> {
         let mut p = props.clone();
         p.set("mongodb.url", url);
         let mut opts = YcsbOptions::new(phase, p);
@@ -370,16 +377,8 @@ mod tests {
             summary: "S".into(),
             parameters: vec![("threads".into(), "8".into())],
             machine: sys::machine_info(),
-            tables: vec![Table {
-                title: "Mixes".into(),
-                headers: vec!["Mix".into(), "Throughput".into()],
-                rows: vec![vec!["100:0".into(), "123".into()]],
-            }],
-            phases: vec![PhaseTimeline {
-                label: "100:0".into(),
-                timeline: vec![sample(1.0, 10.0), sample(2.0, 30.0)],
-                node_names: vec!["shoal".into()],
-            }],
+            tables: vec![Table { title: "Mixes".into(), headers: vec!["Mix".into(), "Throughput".into()], rows: vec![vec!["100:0".into(), "123".into()]] }],
+            phases: vec![PhaseTimeline { label: "100:0".into(), timeline: vec![sample(1.0, 10.0), sample(2.0, 30.0)], node_names: vec!["shoal".into()] }],
             notes: vec!["n".into()],
         };
         let md = report.markdown(Some("chart.png"));

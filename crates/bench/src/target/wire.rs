@@ -87,7 +87,13 @@ impl WireConnector {
     /// One connection per worker, as YCSB threads each hold one pooled connection at a time.
     pub async fn session(&self) -> Result<WireTarget> {
         let conn = self.connect().await?;
-        Ok(WireTarget { conn: Mutex::new(conn), db: self.db.clone(), write_concern: self.write_concern.clone(), read_preference: self.read_preference.clone(), read_concern: self.read_concern.clone() })
+        Ok(WireTarget {
+            conn: Mutex::new(conn),
+            db: self.db.clone(),
+            write_concern: self.write_concern.clone(),
+            read_preference: self.read_preference.clone(),
+            read_concern: self.read_concern.clone(),
+        })
     }
 }
 
@@ -158,10 +164,7 @@ fn check_reply(reply: &RawDocument) -> Result<()> {
         Some(v) => v.as_f64().or_else(|| v.as_i32().map(f64::from)).or_else(|| v.as_i64().map(|x| x as f64)).unwrap_or(0.0),
         None => 0.0,
     };
-    let error = |d: &RawDocument| CommandError {
-        code: d.get_i32("code").unwrap_or(0),
-        message: d.get_str("errmsg").unwrap_or("(no errmsg)").to_string(),
-    };
+    let error = |d: &RawDocument| CommandError { code: d.get_i32("code").unwrap_or(0), message: d.get_str("errmsg").unwrap_or("(no errmsg)").to_string() };
     if ok != 1.0 {
         return Err(error(reply).into());
     }
@@ -345,11 +348,8 @@ impl Target for WireTarget {
                 Err(e) if e.downcast_ref::<CommandError>().is_some_and(|c| c.code == 48) => {}
                 Err(e) => return Err(e.context(format!("create {collection}"))),
             }
-            let indexes: Vec<Bson> = ORDER_INDEXES
-                .iter()
-                .take(indexes_count)
-                .map(|[a, b]| Bson::Document(doc! {"key": {*a: 1, *b: 1}, "name": format!("{a}_1_{b}_1")}))
-                .collect();
+            let indexes: Vec<Bson> =
+                ORDER_INDEXES.iter().take(indexes_count).map(|[a, b]| Bson::Document(doc! {"key": {*a: 1, *b: 1}, "name": format!("{a}_1_{b}_1")})).collect();
             if !indexes.is_empty() {
                 self.run(self.write_command(doc! {"createIndexes": collection, "indexes": indexes})).await.context("createIndexes")?;
             }

@@ -147,11 +147,7 @@ pub async fn run(opts: &YcsbOptions) -> Result<YcsbResult> {
     let stop = Arc::new(AtomicBool::new(false));
     let progress = Progress::start(
         ProgressConfig {
-            label: if opts.label.is_empty() {
-                format!("ycsb {}", if opts.phase == Phase::Load { "load" } else { "run" })
-            } else {
-                opts.label.clone()
-            },
+            label: if opts.label.is_empty() { format!("ycsb {}", if opts.phase == Phase::Load { "load" } else { "run" }) } else { opts.label.clone() },
             style: Style::Ycsb,
             total_ops: Some(op_count).filter(|n| *n > 0),
             max_time: Some(Duration::from_secs(max_execution_time_s)).filter(|d| !d.is_zero()),

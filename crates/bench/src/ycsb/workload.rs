@@ -2,8 +2,7 @@
 //! per-operation logic (doInsert / doTransaction), measured like YCSB's DBWrapper.
 
 use super::generator::{
-    build_key_name, AcknowledgedCounter, Counter, Discrete, Exponential, Hotspot, KeyChooser, LengthChooser, ScrambledZipfian, Zipfian,
-    ZIPFIAN_CONSTANT,
+    build_key_name, AcknowledgedCounter, Counter, Discrete, Exponential, Hotspot, KeyChooser, LengthChooser, ScrambledZipfian, Zipfian, ZIPFIAN_CONSTANT,
 };
 use super::measure::{LiveStats, Measurements, OpKind, Status};
 use super::props::Properties;
@@ -120,9 +119,7 @@ impl CoreWorkload {
                 KeyChooser::Zipfian(ScrambledZipfian::new(insert_start, insert_start + insert_count + expected_new_keys))
             }
             "latest" => KeyChooser::latest(transaction_insert_key_sequence.clone()),
-            "hotspot" => {
-                KeyChooser::Hotspot(Hotspot::new(insert_start, last, p.get_f64("hotspotdatafraction", 0.2)?, p.get_f64("hotspotopnfraction", 0.8)?))
-            }
+            "hotspot" => KeyChooser::Hotspot(Hotspot::new(insert_start, last, p.get_f64("hotspotdatafraction", 0.2)?, p.get_f64("hotspotopnfraction", 0.8)?)),
             "exponential" => {
                 let percentile = p.get_f64("exponential.percentile", 95.0)?;
                 let frac = p.get_f64("exponential.frac", 0.8571428571)?;
@@ -255,10 +252,7 @@ impl CoreWorkload {
                 let jitter = 0.8 + 0.4 * st.rng.gen::<f64>();
                 tokio::time::sleep(Duration::from_secs_f64(self.insertion_retry_interval_s as f64 * jitter)).await;
             } else {
-                eprintln!(
-                    "Error inserting, not retrying any more. number of attempts: {retries}. Insertion Retry Limit: {}",
-                    self.insertion_retry_limit
-                );
+                eprintln!("Error inserting, not retrying any more. number of attempts: {retries}. Insertion Retry Limit: {}", self.insertion_retry_limit);
                 break;
             }
         }

@@ -93,7 +93,8 @@ pub fn credentials_of(shared: &Shared, db: &str, user: &str, mechanism: scram::M
     if is_internal(user, db) {
         return Ok(internal_key().and_then(|k| k.credentials(mechanism)));
     }
-    Ok(find_user(shared, db, user)?.and_then(|d| d.get_document("credentials").ok().and_then(|c| c.get_document(mechanism.name()).ok()).and_then(scram::Credentials::from_document)))
+    Ok(find_user(shared, db, user)?
+        .and_then(|d| d.get_document("credentials").ok().and_then(|c| c.get_document(mechanism.name()).ok()).and_then(scram::Credentials::from_document)))
 }
 
 /// The mechanisms `user`@`db` has credentials for (hello's saslSupportedMechs).
@@ -216,7 +217,9 @@ pub fn any_users(shared: &Shared) -> bool {
 pub fn roles_of(user_doc: &Document) -> Vec<(String, String)> {
     user_doc
         .get_array("roles")
-        .map(|a| a.iter().filter_map(|r| r.as_document()).filter_map(|r| Some((r.get_str("role").ok()?.to_string(), r.get_str("db").ok()?.to_string()))).collect())
+        .map(|a| {
+            a.iter().filter_map(|r| r.as_document()).filter_map(|r| Some((r.get_str("role").ok()?.to_string(), r.get_str("db").ok()?.to_string()))).collect()
+        })
         .unwrap_or_default()
 }
 
@@ -225,7 +228,10 @@ pub fn roles_of(user_doc: &Document) -> Vec<(String, String)> {
 pub fn log_in(shared: &Shared, conn: &mut ConnState, user: &str, db: &str) -> Result<()> {
     if let Some(u) = &conn.auth.user {
         if u.user != user || u.db != db {
-            return Err(Error::location(5626701, format!("Each client connection may only be authenticated once. Previously authenticated as: {}@{}", u.user, u.db)));
+            return Err(Error::location(
+                5626701,
+                format!("Each client connection may only be authenticated once. Previously authenticated as: {}@{}", u.user, u.db),
+            ));
         }
     }
     let generation = shared.auth.generation.load(Ordering::SeqCst);
@@ -315,7 +321,8 @@ pub const SECRET_FIELDS: [&str; 3] = ["pwd", "payload", "speculativeAuthenticate
 /// Whether command `name` carries a secret (currentOp shows it redacted). Only these
 /// commands can; the name test keeps the check off other commands' path.
 pub fn has_secrets(name: &str, cmd: &Document) -> bool {
-    matches!(name, "createUser" | "updateUser" | "saslStart" | "saslContinue" | "hello" | "isMaster" | "ismaster") && SECRET_FIELDS.iter().any(|k| cmd.contains_key(k))
+    matches!(name, "createUser" | "updateUser" | "saslStart" | "saslContinue" | "hello" | "isMaster" | "ismaster")
+        && SECRET_FIELDS.iter().any(|k| cmd.contains_key(k))
 }
 
 /// The command with its secrets replaced by "xxx", as mongod shows it.
@@ -348,7 +355,8 @@ fn need(name: &str, db: &str, cmd: &Document) -> Need {
     let on_db = |action: &'static str| Privileges(vec![(action, Resource::db(db))]);
     let cluster = |action: &'static str| Privileges(vec![(action, Resource::Cluster)]);
     match name {
-        "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "saslStart" | "saslContinue" | "authenticate" | "connectionStatus" | "listCommands" | "logout" | "configureFailPoint" => Nothing,
+        "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "saslStart" | "saslContinue" | "authenticate" | "connectionStatus"
+        | "listCommands" | "logout" | "configureFailPoint" => Nothing,
         "whatsmyuri" | "endSessions" | "killSessions" | "refreshSessions" | "startSession" | "listDatabases" => AnyUser,
         "find" | "count" | "distinct" => ns("find"),
         "listIndexes" => ns("listIndexes"),
@@ -437,8 +445,14 @@ fn need(name: &str, db: &str, cmd: &Document) -> Need {
         // authentication, a keyFile, is not built yet, so no one does under --auth).
         "replSetHeartbeat" | "replSetRequestVotes" | "replSetUpdatePosition" | "replSetGetAcknowledged" | "replSetGetRBID" => cluster("internal"),
         // Router-to-shard commands of sharding (commands::sharding).
-        "_addShard" | "_shardsvrCleanupRange" | "_recvChunkApply" | "_shardsvrMigrateStart" | "_shardsvrMigrateClone" | "_shardsvrTransferMods"
-        | "_shardsvrEnterCriticalSection" | "_shardsvrExitCriticalSection" => cluster("internal"),
+        "_addShard"
+        | "_shardsvrCleanupRange"
+        | "_recvChunkApply"
+        | "_shardsvrMigrateStart"
+        | "_shardsvrMigrateClone"
+        | "_shardsvrTransferMods"
+        | "_shardsvrEnterCriticalSection"
+        | "_shardsvrExitCriticalSection" => cluster("internal"),
         "createUser" => {
             let mut p = vec![("createUser", Resource::db(db))];
             p.extend(role_dbs(cmd, db).into_iter().map(|d| ("grantRole", Resource::Db(d))));

@@ -76,7 +76,8 @@ pub fn exists(role: &str, db: &str) -> bool {
 }
 
 const READ: &[&str] = &["find", "listCollections", "listIndexes", "collStats", "dbStats", "killCursors", "changeStream", "dbHash", "planCacheRead"];
-const WRITE: &[&str] = &["insert", "update", "remove", "createCollection", "createIndex", "dropCollection", "dropIndex", "renameCollectionSameDB", "convertToCapped"];
+const WRITE: &[&str] =
+    &["insert", "update", "remove", "createCollection", "createIndex", "dropCollection", "dropIndex", "renameCollectionSameDB", "convertToCapped"];
 const DB_ADMIN: &[&str] = &[
     "bypassDocumentValidation",
     "collMod",
@@ -96,7 +97,19 @@ const DB_ADMIN: &[&str] = &[
     "renameCollectionSameDB",
     "validate",
 ];
-const USER_ADMIN: &[&str] = &["changeCustomData", "changePassword", "createRole", "createUser", "dropRole", "dropUser", "grantRole", "revokeRole", "setAuthenticationRestriction", "viewRole", "viewUser"];
+const USER_ADMIN: &[&str] = &[
+    "changeCustomData",
+    "changePassword",
+    "createRole",
+    "createUser",
+    "dropRole",
+    "dropUser",
+    "grantRole",
+    "revokeRole",
+    "setAuthenticationRestriction",
+    "viewRole",
+    "viewUser",
+];
 const CLUSTER_MONITOR: &[&str] = &[
     "connPoolStats",
     "getCmdLineOpts",
@@ -114,8 +127,10 @@ const CLUSTER_MONITOR: &[&str] = &[
 ];
 /// What clusterMonitor may do on any database.
 const MONITOR_ANY_DB: &[&str] = &["collStats", "dbStats", "indexStats"];
-const HOST_MANAGER: &[&str] = &["auditConfigure", "dropConnections", "fsync", "killAnyCursor", "killAnySession", "killop", "logRotate", "setParameter", "shutdown", "unlock"];
-const CLUSTER_MANAGER: &[&str] = &["listShards", "addShard", "removeShard", "replSetConfigure", "replSetGetConfig", "replSetGetStatus", "replSetStateChange", "resync"];
+const HOST_MANAGER: &[&str] =
+    &["auditConfigure", "dropConnections", "fsync", "killAnyCursor", "killAnySession", "killop", "logRotate", "setParameter", "shutdown", "unlock"];
+const CLUSTER_MANAGER: &[&str] =
+    &["listShards", "addShard", "removeShard", "replSetConfigure", "replSetGetConfig", "replSetGetStatus", "replSetStateChange", "resync"];
 
 /// Whether holding `role`@`role_db` grants `action` on `resource`.
 pub fn grants(role: &str, role_db: &str, action: &str, resource: &Resource) -> bool {
@@ -144,7 +159,8 @@ pub fn grants(role: &str, role_db: &str, action: &str, resource: &Resource) -> b
         "hostManager" if admin => (on_cluster && HOST_MANAGER.contains(&action)) || (resource.database().is_some() && action == "killCursors"),
         "clusterManager" if admin => on_cluster && CLUSTER_MANAGER.contains(&action),
         "clusterAdmin" if admin => {
-            ["clusterMonitor", "hostManager", "clusterManager"].iter().any(|r| grants(r, "admin", action, resource)) || (on_any_db() && action == "dropDatabase")
+            ["clusterMonitor", "hostManager", "clusterManager"].iter().any(|r| grants(r, "admin", action, resource))
+                || (on_any_db() && action == "dropDatabase")
         }
         "root" if admin => {
             ["clusterAdmin", "userAdminAnyDatabase", "dbAdminAnyDatabase", "readWriteAnyDatabase"].iter().any(|r| grants(r, "admin", action, resource))
@@ -201,7 +217,9 @@ impl Pattern {
         match (self, resource) {
             (Pattern::AnyResource, _) | (Pattern::Cluster, Resource::Cluster) => true,
             (Pattern::Ns { db, collection }, Resource::Db(d)) => (db.is_empty() || db == d) && collection.is_empty(),
-            (Pattern::Ns { db, collection }, Resource::Ns(d, c)) => (db.is_empty() || db == d) && if collection.is_empty() { resource.is_normal() } else { collection == c },
+            (Pattern::Ns { db, collection }, Resource::Ns(d, c)) => {
+                (db.is_empty() || db == d) && if collection.is_empty() { resource.is_normal() } else { collection == c }
+            }
             _ => false,
         }
     }
@@ -251,7 +269,10 @@ impl Privilege {
             }
         }
         if role_db != "admin" && resource.database() != Some(role_db) {
-            return Err(Error::new(Code::InvalidRoleModification, format!("Roles on the '{role_db}' database cannot be granted privileges that target other databases or the cluster")));
+            return Err(Error::new(
+                Code::InvalidRoleModification,
+                format!("Roles on the '{role_db}' database cannot be granted privileges that target other databases or the cluster"),
+            ));
         }
         Ok(Privilege { resource, actions: names })
     }
@@ -298,7 +319,11 @@ mod tests {
         let p = |v: Bson, db: &str| Privilege::parse(&v, db);
         let find_c = p(Bson::Document(doc! {"resource": {"db": "app", "collection": "c"}, "actions": ["find", "find"]}), "app").unwrap();
         assert_eq!(find_c.actions, vec!["find".to_string()]);
-        assert!(find_c.grants("find", &Resource::ns("app", "c")) && !find_c.grants("insert", &Resource::ns("app", "c")) && !find_c.grants("find", &Resource::ns("app", "d")));
+        assert!(
+            find_c.grants("find", &Resource::ns("app", "c"))
+                && !find_c.grants("insert", &Resource::ns("app", "c"))
+                && !find_c.grants("find", &Resource::ns("app", "d"))
+        );
         let app = p(Bson::Document(doc! {"resource": {"db": "app", "collection": ""}, "actions": ["insert"]}), "app").unwrap();
         assert!(app.grants("insert", &Resource::ns("app", "any")) && app.grants("insert", &Resource::db("app")));
         assert!(!app.grants("insert", &Resource::ns("app", "system.users")) && !app.grants("insert", &Resource::ns("other", "c")));
@@ -312,7 +337,14 @@ mod tests {
         // A role outside admin names only its own database.
         assert_eq!(p(Bson::Document(doc! {"resource": {"db": "other", "collection": ""}, "actions": ["find"]}), "app").unwrap_err().code, 49);
         assert_eq!(p(Bson::Document(doc! {"resource": {"cluster": true}, "actions": ["find"]}), "app").unwrap_err().code, 49);
-        for bad in [doc! {"resource": {"db": "app"}, "actions": ["find"]}, doc! {"resource": {"db": "app", "collection": "c"}, "actions": []}, doc! {"resource": {"db": "app", "collection": "c"}, "actions": [1]}, doc! {"resource": {"cluster": false}, "actions": ["x"]}, doc! {"actions": ["find"]}, doc! {"resource": {"db": "app", "collection": "c"}, "actions": ["find"], "x": 1}] {
+        for bad in [
+            doc! {"resource": {"db": "app"}, "actions": ["find"]},
+            doc! {"resource": {"db": "app", "collection": "c"}, "actions": []},
+            doc! {"resource": {"db": "app", "collection": "c"}, "actions": [1]},
+            doc! {"resource": {"cluster": false}, "actions": ["x"]},
+            doc! {"actions": ["find"]},
+            doc! {"resource": {"db": "app", "collection": "c"}, "actions": ["find"], "x": 1},
+        ] {
             assert_eq!(p(Bson::Document(bad.clone()), "app").unwrap_err().code, 2, "{bad}");
         }
     }

@@ -101,9 +101,9 @@ impl Mechanism {
                 let digest = md5::Md5::digest(format!("{user}:mongo:{password}").as_bytes());
                 Ok(digest.iter().map(|b| format!("{b:02x}")).collect())
             }
-            Mechanism::Sha256 => stringprep::saslprep(password)
-                .map(|p| p.into_owned())
-                .map_err(|_| Error::new(Code::BadValue, "the password cannot be prepared with SASLprep")),
+            Mechanism::Sha256 => {
+                stringprep::saslprep(password).map(|p| p.into_owned()).map_err(|_| Error::new(Code::BadValue, "the password cannot be prepared with SASLprep"))
+            }
         }
     }
 }
@@ -250,7 +250,12 @@ fn unescape_user(s: &str) -> std::result::Result<String, StepError> {
 impl Conversation {
     /// Answer a client-first message (`payload`) for a user with `credentials`; returns the
     /// conversation and the server-first message.
-    pub fn start(mechanism: Mechanism, payload: &[u8], credentials: Credentials, skip_empty_exchange: bool) -> std::result::Result<(Conversation, Vec<u8>), StepError> {
+    pub fn start(
+        mechanism: Mechanism,
+        payload: &[u8],
+        credentials: Credentials,
+        skip_empty_exchange: bool,
+    ) -> std::result::Result<(Conversation, Vec<u8>), StepError> {
         let (user, client_nonce, bare) = parse_client_first(payload)?;
         let server_nonce: Vec<u8> = (0..SERVER_NONCE_BYTES).map(|_| rand::random::<u8>()).collect();
         let nonce = format!("{client_nonce}{}", B64.encode(server_nonce));
@@ -344,7 +349,17 @@ impl ClientConversation {
         let client_nonce = B64.encode(nonce);
         let escaped = user.replace('=', "=3D").replace(',', "=2C");
         let first = format!("n,,n={escaped},r={client_nonce}");
-        (ClientConversation { mechanism, user: user.to_string(), escaped_user: escaped, password: password.to_string(), client_nonce, expected_signature: None }, first.into_bytes())
+        (
+            ClientConversation {
+                mechanism,
+                user: user.to_string(),
+                escaped_user: escaped,
+                password: password.to_string(),
+                client_nonce,
+                expected_signature: None,
+            },
+            first.into_bytes(),
+        )
     }
 
     /// The client-final message (with the proof) for the server-first message.
@@ -454,7 +469,9 @@ mod tests {
             let (mut conv, sf) = Conversation::start(m, first, creds, true).unwrap();
             let sf = String::from_utf8(sf).unwrap();
             let (good, _) = client_final(m, "ann", "s3cret", "n=ann,r=abcdefgh", &sf);
-            for tampered in [good.replace("c=biws", "c=eSws"), good.replace("r=abcdefgh", "r=abcdefgX"), good.replace(",p=", ",p=AAAA"), good.replace("c=biws,", "")] {
+            for tampered in
+                [good.replace("c=biws", "c=eSws"), good.replace("r=abcdefgh", "r=abcdefgX"), good.replace(",p=", ",p=AAAA"), good.replace("c=biws,", "")]
+            {
                 assert!(conv.step(tampered.as_bytes()).is_err(), "{tampered}");
             }
         }
@@ -483,7 +500,19 @@ mod tests {
     fn client_first_messages_are_parsed_strictly() {
         assert_eq!(client_first_user(b"n,,n=a=2Cb=3Dc,r=abcd").unwrap(), "a,b=c");
         assert_eq!(client_first_user(b"n,a=ann,n=ann,r=abcd").unwrap(), "ann");
-        for bad in [&b"p=tls-unique,,n=ann,r=abcd"[..], b"n,,n=ann", b"n,,r=abcd", b"x,,n=ann,r=abcd", b"n,,n=a=2Xb,r=abcd", b"n,,n=ann,r=abc", b"n,a=bob,n=ann,r=abcd", b"n,,n=ann,r=abcd,m=ext", b"", b"\xff,,", &[b'n'; 5000][..]] {
+        for bad in [
+            &b"p=tls-unique,,n=ann,r=abcd"[..],
+            b"n,,n=ann",
+            b"n,,r=abcd",
+            b"x,,n=ann,r=abcd",
+            b"n,,n=a=2Xb,r=abcd",
+            b"n,,n=ann,r=abc",
+            b"n,a=bob,n=ann,r=abcd",
+            b"n,,n=ann,r=abcd,m=ext",
+            b"",
+            b"\xff,,",
+            &[b'n'; 5000][..],
+        ] {
             assert!(client_first_user(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
     }
@@ -525,7 +554,8 @@ mod tests {
             skip_empty_exchange: true,
             step: Step::SentChallenge,
         };
-        let signature = conv.verify_proof(b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=").unwrap();
+        let signature =
+            conv.verify_proof(b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=").unwrap();
         assert_eq!(B64.encode(signature), "6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=");
     }
 }

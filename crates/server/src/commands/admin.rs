@@ -29,14 +29,29 @@ pub fn list_databases(ctx: &mut Ctx) -> Result<Document> {
     // Under authorization, a user without the cluster-wide listDatabases action sees the
     // databases their roles name (mongod's authorizedDatabases default), or is refused when
     // asking for all.
-    let visible: Option<Vec<String>> = if ctx.shared.auth.enabled && !crate::auth::is_authorized(ctx.conn, "listDatabases", &crate::auth::roles::Resource::Cluster) {
-        if ctx.bool_arg("authorizedDatabases")? == Some(false) {
-            return Err(Error::new(Code::Unauthorized, "Insufficient permissions to list all databases"));
-        }
-        Some(ctx.conn.auth.user.as_ref().map(|u| u.grants.builtin.iter().filter_map(|(r, d)| crate::auth::roles::database_of(r, d)).chain(u.grants.privileges.iter().filter_map(|p| p.resource.database().map(String::from))).collect()).unwrap_or_default())
-    } else {
-        None
-    };
+    let visible: Option<Vec<String>> =
+        if ctx.shared.auth.enabled && !crate::auth::is_authorized(ctx.conn, "listDatabases", &crate::auth::roles::Resource::Cluster) {
+            if ctx.bool_arg("authorizedDatabases")? == Some(false) {
+                return Err(Error::new(Code::Unauthorized, "Insufficient permissions to list all databases"));
+            }
+            Some(
+                ctx.conn
+                    .auth
+                    .user
+                    .as_ref()
+                    .map(|u| {
+                        u.grants
+                            .builtin
+                            .iter()
+                            .filter_map(|(r, d)| crate::auth::roles::database_of(r, d))
+                            .chain(u.grants.privileges.iter().filter_map(|p| p.resource.database().map(String::from)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            )
+        } else {
+            None
+        };
     let mut dbs = Vec::new();
     let mut total: i64 = 0;
     for name in ctx.shared.store.database_names() {
@@ -65,7 +80,8 @@ fn collection_info(meta: &storage::CollectionMeta, name_only: bool) -> Document 
     if name_only {
         return doc! { "name": meta.name.clone(), "type": "collection" };
     }
-    let id_index = meta.indexes.iter().find(|i| i.name == "_id_").map(|i| i.spec.clone()).unwrap_or_else(|| doc! { "v": 2, "key": { "_id": 1 }, "name": "_id_" });
+    let id_index =
+        meta.indexes.iter().find(|i| i.name == "_id_").map(|i| i.spec.clone()).unwrap_or_else(|| doc! { "v": 2, "key": { "_id": 1 }, "name": "_id_" });
     doc! {
         "name": meta.name.clone(),
         "type": "collection",
@@ -116,7 +132,8 @@ pub fn create(ctx: &mut Ctx) -> Result<Document> {
                 }
             }
             "size" | "max" => {
-                let n = as_i64(v).ok_or_else(|| Error::type_mismatch(format!("BSON field 'create.{k}' is the wrong type '{}', expected a number", super::type_name(v))))?;
+                let n = as_i64(v)
+                    .ok_or_else(|| Error::type_mismatch(format!("BSON field 'create.{k}' is the wrong type '{}', expected a number", super::type_name(v))))?;
                 if n < 0 {
                     return Err(Error::bad_value(format!("the '{k}' field of a capped collection must not be negative")));
                 }
@@ -271,7 +288,11 @@ pub fn validate(ctx: &mut Ctx) -> Result<Document> {
     if ctx.bool_arg("repair")?.unwrap_or(false) {
         return Err(Error::new(Code::CommandNotSupported, "validate with repair is not supported"));
     }
-    let coll = ctx.shared.store.collection(ctx.db, &name).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("Collection '{ns}' does not exist to validate.")))?;
+    let coll = ctx
+        .shared
+        .store
+        .collection(ctx.db, &name)
+        .ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("Collection '{ns}' does not exist to validate.")))?;
     let r = coll.validate();
     let mut keys = Document::new();
     let mut details = Document::new();
@@ -316,7 +337,10 @@ fn parse_index_spec(v: &Bson) -> Result<IndexSpec> {
             _ => false,
         };
         if !ok || field.is_empty() {
-            return Err(Error::new(Code::CannotCreateIndex, format!("Values in the index key pattern can only be numbers or strings; bad key: {field}: {dir}")));
+            return Err(Error::new(
+                Code::CannotCreateIndex,
+                format!("Values in the index key pattern can only be numbers or strings; bad key: {field}: {dir}"),
+            ));
         }
     }
     let name = match spec.get("name") {
@@ -360,7 +384,12 @@ fn parse_index_spec(v: &Bson) -> Result<IndexSpec> {
             "background" | "hidden" => {
                 full.insert(k.clone(), v.clone());
             }
-            other => return Err(Error::new(Code::InvalidIndexSpecificationOption, format!("The field '{other}' is not valid for an index specification. Specification: {spec}"))),
+            other => {
+                return Err(Error::new(
+                    Code::InvalidIndexSpecificationOption,
+                    format!("The field '{other}' is not valid for an index specification. Specification: {spec}"),
+                ))
+            }
         }
     }
     Ok(IndexSpec { name, key, unique, sparse, partial_filter: partial, expire_after_seconds: ttl, spec: full })
@@ -400,7 +429,10 @@ pub fn drop_indexes(ctx: &mut Ctx) -> Result<Document> {
     let targets: Vec<String> = match ctx.cmd.get("index") {
         Some(Bson::String(s)) if s == "*" => meta.indexes.iter().filter(|i| i.name != "_id_").map(|i| i.name.clone()).collect(),
         Some(Bson::String(s)) => vec![s.clone()],
-        Some(Bson::Array(a)) => a.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(|| Error::type_mismatch("dropIndexes index names must be strings"))).collect::<Result<_>>()?,
+        Some(Bson::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| Error::type_mismatch("dropIndexes index names must be strings")))
+            .collect::<Result<_>>()?,
         Some(Bson::Document(key)) => match meta.indexes.iter().find(|i| &i.key == key) {
             Some(i) => vec![i.name.clone()],
             None => return Err(Error::new(Code::IndexNotFound, format!("can't find index with key: {key}"))),

@@ -11,14 +11,33 @@ use query::agg::{Pipeline, RunOptions, Stage};
 pub const AGG_MEMORY_BYTES_MAX: usize = 100 * 1024 * 1024;
 
 pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
-    check_fields("aggregate", ctx.cmd, &["pipeline", "cursor", "explain", "allowDiskUse", "bypassDocumentValidation", "hint", "collation", "let", "fromMongos", "needsMerge", "isMapReduceCommand"])?;
+    check_fields(
+        "aggregate",
+        ctx.cmd,
+        &[
+            "pipeline",
+            "cursor",
+            "explain",
+            "allowDiskUse",
+            "bypassDocumentValidation",
+            "hint",
+            "collation",
+            "let",
+            "fromMongos",
+            "needsMerge",
+            "isMapReduceCommand",
+        ],
+    )?;
     let coll_name = match ctx.cmd.get("aggregate") {
         Some(Bson::String(s)) if !s.is_empty() => Some(s.clone()),
         Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) if super::as_i64(v) == Some(1) => None,
         _ => return Err(Error::new(Code::InvalidNamespace, "Invalid input namespace: aggregate's first field must be a collection name or 1")),
     };
     let stages = ctx.array_arg("pipeline")?.ok_or_else(|| Error::location(40414, "BSON field 'aggregate.pipeline' is missing but a required field"))?;
-    let stages: Vec<Document> = stages.iter().map(|s| s.as_document().cloned().ok_or_else(|| Error::type_mismatch("Each element of the 'pipeline' array must be an object"))).collect::<Result<_>>()?;
+    let stages: Vec<Document> = stages
+        .iter()
+        .map(|s| s.as_document().cloned().ok_or_else(|| Error::type_mismatch("Each element of the 'pipeline' array must be an object")))
+        .collect::<Result<_>>()?;
     if ctx.bool_arg("explain")?.unwrap_or(false) {
         return Err(Error::new(Code::CommandNotSupported, "aggregate explain is not supported by shoal yet"));
     }
@@ -92,7 +111,10 @@ fn coll_stats_stage(ctx: &Ctx, coll: &str, spec: &Document) -> Result<Document> 
         match k.as_str() {
             "storageStats" => {
                 let Some(c) = &c else {
-                    return Err(Error::new(Code::NamespaceNotFound, format!("Unable to retrieve storageStats in $collStats stage :: caused by :: Collection [{ns}] not found.")));
+                    return Err(Error::new(
+                        Code::NamespaceNotFound,
+                        format!("Unable to retrieve storageStats in $collStats stage :: caused by :: Collection [{ns}] not found."),
+                    ));
                 };
                 let scale = v.as_document().and_then(|d| d.get("scale")).and_then(super::as_i64).unwrap_or(1).max(1);
                 out.insert("storageStats", super::admin::coll_stats_doc(&ns, c, scale));

@@ -52,7 +52,9 @@ fn prepare_for_insert(doc: Document) -> Result<Document> {
         Some(Bson::Array(_)) => Err(Error::new(Code::InvalidIdField, "The '_id' value cannot be of type array")),
         Some(Bson::RegularExpression(_)) => Err(Error::new(Code::InvalidIdField, "The '_id' value cannot be of type regex")),
         Some(Bson::Undefined) => Err(Error::new(Code::InvalidIdField, "can't use a undefined for _id")),
-        Some(Bson::Document(d)) if d.keys().any(|k| k.starts_with('$')) => Err(Error::new(Code::DollarPrefixedFieldName, "_id fields may not contain '$'-prefixed fields")),
+        Some(Bson::Document(d)) if d.keys().any(|k| k.starts_with('$')) => {
+            Err(Error::new(Code::DollarPrefixedFieldName, "_id fields may not contain '$'-prefixed fields"))
+        }
         // MongoDB stores `_id` as the first field.
         Some(_) if doc.keys().next().map(String::as_str) != Some("_id") => {
             let mut doc = doc;
@@ -182,7 +184,11 @@ fn entry_op(e: &Document) -> &str {
 
 /// The `_id` of the document an insert entry inserted.
 fn entry_id(e: &Document) -> Result<Bson> {
-    e.get_document("o").ok().and_then(|o| o.get("_id")).cloned().ok_or_else(|| Error::new(Code::IncompleteTransactionHistory, "a retryable write's insert entry has no o._id"))
+    e.get_document("o")
+        .ok()
+        .and_then(|o| o.get("_id"))
+        .cloned()
+        .ok_or_else(|| Error::new(Code::IncompleteTransactionHistory, "a retryable write's insert entry has no o._id"))
 }
 
 fn non_negative(ctx: &Ctx, field: &str) -> Result<Option<i64>> {
@@ -230,7 +236,13 @@ pub(crate) fn natural_sort(sort: &Document) -> Result<Option<Bson>> {
 
 /// The matches of the scan in `sort` order (stable), the first `keep` when given, bounded
 /// by the blocking sort's memory limit.
-fn sorted_matches(ctx: &Ctx, mut scan: Scan, sort: &SortSpec, allow_disk_use: bool, keep: Option<usize>) -> Result<Vec<(storage::RecordId, Document, MatchDetails)>> {
+fn sorted_matches(
+    ctx: &Ctx,
+    mut scan: Scan,
+    sort: &SortSpec,
+    allow_disk_use: bool,
+    keep: Option<usize>,
+) -> Result<Vec<(storage::RecordId, Document, MatchDetails)>> {
     let bytes_max = ctx.shared.config.sort_memory_bytes_max;
     let bytes_max = if allow_disk_use { bytes_max.max(SORT_MEMORY_BYTES_MAX_DISK_USE) } else { bytes_max };
     scan.collect_sorted(ctx.op, sort, keep, bytes_max)
@@ -245,9 +257,30 @@ fn first_match(ctx: &Ctx, mut scan: Scan, plan: &Plan, sort: Option<&SortSpec>) 
 }
 
 const FIND_FIELDS: &[&str] = &[
-    "filter", "sort", "projection", "hint", "skip", "limit", "batchSize", "singleBatch", "comment", "max", "min",
-    "returnKey", "showRecordId", "tailable", "oplogReplay", "noCursorTimeout", "awaitData", "allowPartialResults",
-    "collation", "allowDiskUse", "let", "readOnce", "ntoreturn", "term",
+    "filter",
+    "sort",
+    "projection",
+    "hint",
+    "skip",
+    "limit",
+    "batchSize",
+    "singleBatch",
+    "comment",
+    "max",
+    "min",
+    "returnKey",
+    "showRecordId",
+    "tailable",
+    "oplogReplay",
+    "noCursorTimeout",
+    "awaitData",
+    "allowPartialResults",
+    "collation",
+    "allowDiskUse",
+    "let",
+    "readOnce",
+    "ntoreturn",
+    "term",
 ];
 
 pub fn find(ctx: &mut Ctx) -> Result<Document> {
@@ -302,7 +335,8 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
         let raw = implied && projection.is_none();
         let removals_seen = coll.removals();
         let truncations_seen = coll.truncations();
-        let tail = crate::cursor::Tail { coll, filter, projection, last: None, start_after, await_data, raw, limit, returned: 0, removals_seen, truncations_seen };
+        let tail =
+            crate::cursor::Tail { coll, filter, projection, last: None, start_after, await_data, raw, limit, returned: 0, removals_seen, truncations_seen };
         let mut cursor = Cursor::new(ns.clone(), Source::Tail(Box::new(tail)));
         cursor.lsid = ctx.lsid();
         cursor.no_timeout = no_timeout;
@@ -483,10 +517,14 @@ fn parse_update_stmt(v: &Bson) -> Result<UpdateStmt> {
             "multi" => multi = v.as_bool().unwrap_or(as_i64(v).unwrap_or(0) != 0),
             "arrayFilters" => match v {
                 Bson::Array(a) => {
-                    array_filters = Some(a.iter().map(|f| match f {
-                        Bson::Document(d) => Ok(d.clone()),
-                        _ => Err(Error::type_mismatch("arrayFilters elements must be objects")),
-                    }).collect::<Result<_>>()?)
+                    array_filters = Some(
+                        a.iter()
+                            .map(|f| match f {
+                                Bson::Document(d) => Ok(d.clone()),
+                                _ => Err(Error::type_mismatch("arrayFilters elements must be objects")),
+                            })
+                            .collect::<Result<_>>()?,
+                    )
                 }
                 _ => return Err(Error::type_mismatch("BSON field 'update.updates.arrayFilters' is the wrong type, expected type 'array'")),
             },
@@ -686,7 +724,9 @@ pub fn delete(ctx: &mut Ctx) -> Result<Document> {
                         Bson::Document(d) => q = Some(d),
                         _ => return Err(Error::type_mismatch("BSON field 'delete.deletes.q' is the wrong type, expected type 'object'")),
                     },
-                    "limit" => limit = Some(as_i64(v).ok_or_else(|| Error::type_mismatch("BSON field 'delete.deletes.limit' is the wrong type, expected a number"))?),
+                    "limit" => {
+                        limit = Some(as_i64(v).ok_or_else(|| Error::type_mismatch("BSON field 'delete.deletes.limit' is the wrong type, expected a number"))?)
+                    }
                     "hint" => hint = Some(v.clone()),
                     "collation" | "sampleId" => {}
                     other => return Err(Error::location(40415, format!("BSON field 'delete.deletes.{other}' is an unknown field."))),
@@ -719,7 +759,11 @@ pub fn delete(ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn find_and_modify(ctx: &mut Ctx) -> Result<Document> {
-    check_fields(ctx.name, ctx.cmd, &["query", "sort", "remove", "update", "new", "fields", "upsert", "bypassDocumentValidation", "collation", "arrayFilters", "hint", "let", "stmtId"])?;
+    check_fields(
+        ctx.name,
+        ctx.cmd,
+        &["query", "sort", "remove", "update", "new", "fields", "upsert", "bypassDocumentValidation", "collation", "arrayFilters", "hint", "let", "stmtId"],
+    )?;
     let name = ctx.collection_name()?.to_string();
     let query_doc = ctx.doc_arg("query")?.cloned().unwrap_or_default();
     let sort = SortSpec::parse(ctx.doc_arg("sort")?.unwrap_or(&Document::new()))?;
@@ -729,7 +773,9 @@ pub fn find_and_modify(ctx: &mut Ctx) -> Result<Document> {
     let fields = ctx.doc_arg("fields")?.filter(|f| !f.is_empty()).map(Projection::parse).transpose()?;
     let update = ctx.cmd.get("update").cloned();
     let array_filters: Option<Vec<Document>> = match ctx.array_arg("arrayFilters")? {
-        Some(a) => Some(a.iter().map(|f| f.as_document().cloned().ok_or_else(|| Error::type_mismatch("arrayFilters elements must be objects"))).collect::<Result<_>>()?),
+        Some(a) => Some(
+            a.iter().map(|f| f.as_document().cloned().ok_or_else(|| Error::type_mismatch("arrayFilters elements must be objects"))).collect::<Result<_>>()?,
+        ),
         None => None,
     };
     let project = |d: Option<Document>| -> Result<Bson> {
@@ -775,7 +821,8 @@ pub fn find_and_modify(ctx: &mut Ctx) -> Result<Document> {
     }
     Counters::add(&ctx.shared.counters.update, 1);
     Filter::parse(&query_doc)?;
-    let stmt = UpdateStmt { hint: ctx.cmd.get("hint").cloned(), update: Update::parse(&update, array_filters.as_deref())?, query: query_doc, upsert, multi: false };
+    let stmt =
+        UpdateStmt { hint: ctx.cmd.get("hint").cloned(), update: Update::parse(&update, array_filters.as_deref())?, query: query_doc, upsert, multi: false };
     let r = apply_update(ctx, &name, &stmt, Some(&sort))?;
     ctx.commit_write()?;
     let mut leo = doc! { "n": (r.n + r.upserted.is_some() as u64) as i32, "updatedExisting": r.n > 0 };
@@ -891,7 +938,9 @@ pub fn distinct(ctx: &mut Ctx) -> Result<Document> {
 /// the reply shows that.
 fn find_and_modify_retried(entries: &[Document], return_new: bool) -> Result<(Document, Option<Document>)> {
     let incomplete = |what: &str| Error::new(Code::IncompleteTransactionHistory, format!("a retried findAndModify's oplog entries lack {what}"));
-    let pre_image = || entries.iter().find(|e| entry_op(e) == "n").and_then(|e| e.get_document("o").ok()).cloned().ok_or_else(|| incomplete("the document before the change"));
+    let pre_image = || {
+        entries.iter().find(|e| entry_op(e) == "n").and_then(|e| e.get_document("o").ok()).cloned().ok_or_else(|| incomplete("the document before the change"))
+    };
     let change = entries.iter().rev().find(|e| entry_op(e) != "n").ok_or_else(|| incomplete("the change"))?;
     let post_image = || change.get_document("o").cloned().map_err(|_| incomplete("the changed document"));
     Ok(match entry_op(change) {

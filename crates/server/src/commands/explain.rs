@@ -92,7 +92,13 @@ pub fn explain(ctx: &mut Ctx) -> Result<Document> {
             inner.get("limit").and_then(super::as_i64).unwrap_or(0).abs(),
             inner.get_document("projection").ok().cloned(),
         ),
-        "count" => (inner.get_document("query").unwrap_or(&empty).clone(), empty.clone(), inner.get("skip").and_then(super::as_i64).unwrap_or(0), inner.get("limit").and_then(super::as_i64).unwrap_or(0).abs(), None),
+        "count" => (
+            inner.get_document("query").unwrap_or(&empty).clone(),
+            empty.clone(),
+            inner.get("skip").and_then(super::as_i64).unwrap_or(0),
+            inner.get("limit").and_then(super::as_i64).unwrap_or(0).abs(),
+            None,
+        ),
         "distinct" => (inner.get_document("query").unwrap_or(&empty).clone(), empty.clone(), 0, 0, None),
         "aggregate" => {
             let stages = inner.get_array("pipeline").map_err(|_| Error::type_mismatch("aggregate.pipeline must be an array"))?;

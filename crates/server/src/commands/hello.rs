@@ -250,7 +250,9 @@ pub fn connection_status(ctx: &mut Ctx) -> Result<Document> {
         return Err(Error::new(Code::CommandNotSupported, "connectionStatus showPrivileges is not supported by shoal yet"));
     }
     let (users, roles): (Vec<Bson>, Vec<Bson>) = match &ctx.conn.auth.user {
-        Some(u) => (vec![Bson::Document(doc! {"user": &u.user, "db": &u.db})], u.roles.iter().map(|(r, d)| Bson::Document(doc! {"role": r, "db": d})).collect()),
+        Some(u) => {
+            (vec![Bson::Document(doc! {"user": &u.user, "db": &u.db})], u.roles.iter().map(|(r, d)| Bson::Document(doc! {"role": r, "db": d})).collect())
+        }
         None => (Vec::new(), Vec::new()),
     };
     Ok(doc! { "authInfo": { "authenticatedUsers": users, "authenticatedUserRoles": roles } })

@@ -2,9 +2,9 @@
 //! returns the reply body without `ok` (dispatch adds `ok: 1`) or a MongoDB-style error.
 
 mod admin;
+pub(crate) mod aggregate;
 mod crud;
 mod explain;
-pub(crate) mod aggregate;
 pub(crate) mod hello;
 mod repl;
 mod roles;
@@ -63,7 +63,14 @@ impl Ctx<'_> {
 
     /// `exec::planned_scan`, keeping to this shard's chunks for a router's versioned
     /// operation (`sharding::admit`); then no plan is covered, as the shard key is read.
-    pub fn planned_scan(&self, snapshot: storage::Snapshot, filter: &Document, sort: Option<&query::sort::SortSpec>, hint: Option<&Bson>, projected: Option<&[String]>) -> Result<(crate::exec::Scan, crate::plan::Plan)> {
+    pub fn planned_scan(
+        &self,
+        snapshot: storage::Snapshot,
+        filter: &Document,
+        sort: Option<&query::sort::SortSpec>,
+        hint: Option<&Bson>,
+        projected: Option<&[String]>,
+    ) -> Result<(crate::exec::Scan, crate::plan::Plan)> {
         let owner = self.conn.shard_filter.clone();
         let projected = if owner.is_some() { None } else { projected };
         let (scan, plan) = crate::exec::planned_scan(snapshot, filter, sort, hint, projected)?;
@@ -196,7 +203,26 @@ command_table! {
 /// (collection write lock, group commit) and leaves the worker first. The hop off the worker
 /// costs a thread handoff per command, a sixth of the server's CPU on a point-read workload.
 pub fn never_blocks(name: &str) -> bool {
-    matches!(name, "find" | "getMore" | "count" | "distinct" | "aggregate" | "killCursors" | "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "listIndexes" | "listCollections" | "endSessions" | "replSetUpdatePosition" | "replSetGetAcknowledged")
+    matches!(
+        name,
+        "find"
+            | "getMore"
+            | "count"
+            | "distinct"
+            | "aggregate"
+            | "killCursors"
+            | "hello"
+            | "isMaster"
+            | "ismaster"
+            | "ping"
+            | "buildInfo"
+            | "buildinfo"
+            | "listIndexes"
+            | "listCollections"
+            | "endSessions"
+            | "replSetUpdatePosition"
+            | "replSetGetAcknowledged"
+    )
 }
 
 /// Where a command may run on a replica-set member that is not primary (mongod's
@@ -212,18 +238,36 @@ pub enum OnSecondary {
 
 pub fn on_secondary(name: &str) -> OnSecondary {
     match name {
-        "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "create" | "drop" | "dropDatabase" | "renameCollection"
-        | "createIndexes" | "dropIndexes" | "deleteIndexes" | "applyOps" => OnSecondary::Never,
+        "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "create" | "drop" | "dropDatabase" | "renameCollection" | "createIndexes"
+        | "dropIndexes" | "deleteIndexes" | "applyOps" => OnSecondary::Never,
         // A migration's commands: its source and critical section belong to the primary.
-        "_addShard" | "_shardsvrCleanupRange" | "_recvChunkApply" | "_shardsvrMigrateStart" | "_shardsvrMigrateClone" | "_shardsvrTransferMods"
-        | "_shardsvrEnterCriticalSection" | "_shardsvrExitCriticalSection" => OnSecondary::Never,
+        "_addShard"
+        | "_shardsvrCleanupRange"
+        | "_recvChunkApply"
+        | "_shardsvrMigrateStart"
+        | "_shardsvrMigrateClone"
+        | "_shardsvrTransferMods"
+        | "_shardsvrEnterCriticalSection"
+        | "_shardsvrExitCriticalSection" => OnSecondary::Never,
         // Users and roles are data in admin.system.users and admin.system.roles: changed on
         // the primary only, like any write.
-        "createUser" | "updateUser" | "dropUser" | "dropAllUsersFromDatabase" | "grantRolesToUser" | "revokeRolesFromUser" | "setAuditConfig" | "createRole" | "updateRole" | "dropRole"
-        | "dropAllRolesFromDatabase" | "grantRolesToRole" | "revokeRolesFromRole" | "grantPrivilegesToRole" | "revokePrivilegesFromRole" => OnSecondary::Never,
-        "find" | "count" | "distinct" | "aggregate" | "listCollections" | "listIndexes" | "collStats" | "dbStats" | "validate" | "explain" | "usersInfo" | "rolesInfo" => {
-            OnSecondary::OptIn
-        }
+        "createUser"
+        | "updateUser"
+        | "dropUser"
+        | "dropAllUsersFromDatabase"
+        | "grantRolesToUser"
+        | "revokeRolesFromUser"
+        | "setAuditConfig"
+        | "createRole"
+        | "updateRole"
+        | "dropRole"
+        | "dropAllRolesFromDatabase"
+        | "grantRolesToRole"
+        | "revokeRolesFromRole"
+        | "grantPrivilegesToRole"
+        | "revokePrivilegesFromRole" => OnSecondary::Never,
+        "find" | "count" | "distinct" | "aggregate" | "listCollections" | "listIndexes" | "collStats" | "dbStats" | "validate" | "explain" | "usersInfo"
+        | "rolesInfo" => OnSecondary::OptIn,
         _ => OnSecondary::Always,
     }
 }
@@ -242,11 +286,39 @@ pub fn op_kind(name: &str) -> &'static str {
 
 /// Generic arguments every command accepts (MongoDB's generic_argument.idl).
 pub const GENERIC_ARGS: &[&str] = &[
-    "$db", "maxTimeMS", "readConcern", "writeConcern", "lsid", "txnNumber", "autocommit", "startTransaction",
-    "$clusterTime", "$audit", "$client", "$configServerState", "allowImplicitCollectionCreation", "$oplogQueryData",
-    "$queryOptions", "$readPreference", "$replData", "comment", "clientOperationKey", "databaseVersion", "shardVersion",
-    "tracking_info", "coordinator", "maxTimeMSOpOnly", "usesDefaultMaxTimeMS", "apiVersion", "apiStrict",
-    "apiDeprecationErrors", "mayBypassWriteBlocking", "$topologyTime", "readOnly", "help", "$gleStats",
+    "$db",
+    "maxTimeMS",
+    "readConcern",
+    "writeConcern",
+    "lsid",
+    "txnNumber",
+    "autocommit",
+    "startTransaction",
+    "$clusterTime",
+    "$audit",
+    "$client",
+    "$configServerState",
+    "allowImplicitCollectionCreation",
+    "$oplogQueryData",
+    "$queryOptions",
+    "$readPreference",
+    "$replData",
+    "comment",
+    "clientOperationKey",
+    "databaseVersion",
+    "shardVersion",
+    "tracking_info",
+    "coordinator",
+    "maxTimeMSOpOnly",
+    "usesDefaultMaxTimeMS",
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+    "mayBypassWriteBlocking",
+    "$topologyTime",
+    "readOnly",
+    "help",
+    "$gleStats",
 ];
 
 /// Reject fields that are neither the command's own nor generic, as MongoDB's IDL parser does

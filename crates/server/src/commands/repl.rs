@@ -203,7 +203,8 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
 /// replSetSyncFrom: {replSetSyncFrom: "host:port"}.
 pub fn repl_set_sync_from(ctx: &mut Ctx) -> Result<Document> {
     member_cmd(ctx)?;
-    let host = ctx.cmd.get_str("replSetSyncFrom").map_err(|_| Error::type_mismatch("BSON field 'replSetSyncFrom' is the wrong type, expected type 'string'"))?;
+    let host =
+        ctx.cmd.get_str("replSetSyncFrom").map_err(|_| Error::type_mismatch("BSON field 'replSetSyncFrom' is the wrong type, expected type 'string'"))?;
     crate::repl::member_commands::sync_from(ctx.shared, host)
 }
 

@@ -102,7 +102,10 @@ fn check_no_cycle(ctx: &Ctx, role: &str, granted: &[(String, String)]) -> Result
     let me = (role.to_string(), ctx.db.to_string());
     for g in granted {
         if inherits(ctx, g, &me)? {
-            return Err(Error::new(Code::InvalidRoleModification, format!("Granting {}@{} to {role}@{} would introduce a cycle in the role graph", g.0, g.1, ctx.db)));
+            return Err(Error::new(
+                Code::InvalidRoleModification,
+                format!("Granting {}@{} to {role}@{} would introduce a cycle in the role graph", g.0, g.1, ctx.db),
+            ));
         }
     }
     Ok(())
@@ -316,7 +319,10 @@ fn describe(ctx: &Ctx, role: &(String, String), stored: Option<&Document>, show_
     if show_privileges {
         // Built-in roles' privileges are rules here, not lists: they cannot be shown.
         if builtin || !grants.builtin.is_empty() {
-            return Err(Error::new(Code::CommandNotSupported, "rolesInfo showPrivileges for built-in roles, or roles that inherit one, is not supported by shoal yet"));
+            return Err(Error::new(
+                Code::CommandNotSupported,
+                "rolesInfo showPrivileges for built-in roles, or roles that inherit one, is not supported by shoal yet",
+            ));
         }
         let own_privileges = stored.map(|s| auth::privileges_of(s, &role.1)).unwrap_or_default();
         let mut all = own_privileges.clone();
@@ -332,7 +338,9 @@ pub fn roles_info(ctx: &mut Ctx) -> Result<Document> {
     let show_privileges = match ctx.cmd.get("showPrivileges") {
         None => false,
         Some(Bson::Boolean(b)) => *b,
-        Some(Bson::String(s)) if s == "asUserFragment" => return Err(Error::new(Code::CommandNotSupported, "rolesInfo showPrivileges: \"asUserFragment\" is not supported by shoal yet")),
+        Some(Bson::String(s)) if s == "asUserFragment" => {
+            return Err(Error::new(Code::CommandNotSupported, "rolesInfo showPrivileges: \"asUserFragment\" is not supported by shoal yet"))
+        }
         Some(_) => return Err(Error::bad_value("showPrivileges must be a boolean")),
     };
     if ctx.bool_arg("showAuthenticationRestrictions")? == Some(true) {
@@ -355,7 +363,11 @@ pub fn roles_info(ctx: &mut Ctx) -> Result<Document> {
     };
     match ctx.cmd.get("rolesInfo") {
         _ if every => {
-            let mut names: Vec<(String, String)> = stored.iter().filter(|d| d.get_str("db").ok() == Some(ctx.db)).map(|d| (d.get_str("role").unwrap_or("").to_string(), ctx.db.to_string())).collect();
+            let mut names: Vec<(String, String)> = stored
+                .iter()
+                .filter(|d| d.get_str("db").ok() == Some(ctx.db))
+                .map(|d| (d.get_str("role").unwrap_or("").to_string(), ctx.db.to_string()))
+                .collect();
             if show_builtin {
                 names.extend(roles::builtin_on(ctx.db).into_iter().map(|r| (r.to_string(), ctx.db.to_string())));
             }

@@ -237,7 +237,8 @@ fn doc_size(d: &Document) -> usize {
 
 /// `_addShard: 1, shardIdentity: {shardName, configsvrConnectionString}`.
 pub fn add_shard(ctx: &mut Ctx) -> Result<Document> {
-    let id = ctx.cmd.get_document("shardIdentity").map_err(|_| Error::location(40414, "BSON field '_addShard.shardIdentity' is missing but a required field"))?;
+    let id =
+        ctx.cmd.get_document("shardIdentity").map_err(|_| Error::location(40414, "BSON field '_addShard.shardIdentity' is missing but a required field"))?;
     let name = id.get_str("shardName").map_err(|_| Error::bad_value("shardIdentity.shardName must be a string"))?;
     let config = id.get_str("configsvrConnectionString").map_err(|_| Error::bad_value("shardIdentity.configsvrConnectionString must be a string"))?;
     if ctx.shared.repl.is_none() {
@@ -297,7 +298,8 @@ pub fn migrate_start(ctx: &mut Ctx) -> Result<Document> {
         Some(s) => return Err(Error::new(Code::ConflictingOperationInProgress, format!("migration {} of {ns} is running on this shard", s.id))),
         None => {}
     }
-    let state = Mutex::new(SourceState { clone_after: None, clone_done: false, oplog_after, sessions: VecDeque::new(), sessions_after: None, sessions_done: false });
+    let state =
+        Mutex::new(SourceState { clone_after: None, clone_done: false, oplog_after, sessions: VecDeque::new(), sessions_after: None, sessions_done: false });
     sources.insert(ns, Arc::new(MigrationSource { id, db, coll, key: meta.key.clone(), min, max, state }));
     Ok(Document::new())
 }
@@ -344,7 +346,11 @@ pub fn transfer_mods(ctx: &mut Ctx) -> Result<Document> {
     let (db, coll) = begin(ctx)?;
     let ns = format!("{db}.{coll}");
     let src = source(ctx, &ns)?;
-    let oplog = ctx.shared.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).ok_or_else(|| Error::new(Code::IllegalOperation, "a donor shard needs its oplog"))?;
+    let oplog = ctx
+        .shared
+        .store
+        .collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION)
+        .ok_or_else(|| Error::new(Code::IllegalOperation, "a donor shard needs its oplog"))?;
     let c = ctx.shared.store.collection(&src.db, &src.coll);
     let mut st = src.state.lock();
     // Entries past our position must all still be there.
@@ -470,7 +476,11 @@ pub fn recv_chunk_apply(ctx: &mut Ctx) -> Result<Document> {
     let key = ShardKeyPattern::parse(key_doc)?;
     let (min, max) = bounds(ctx, &key)?;
     let holds = |d: &Document| key.key_of_doc(d).is_ok_and(|k| in_range(&k, &min, &max));
-    let c = ctx.shared.store.collection(&db, &coll).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{ns} does not exist on the recipient (its indexes are created first)")))?;
+    let c = ctx
+        .shared
+        .store
+        .collection(&db, &coll)
+        .ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{ns} does not exist on the recipient (its indexes are created first)")))?;
     let array = |f: &str| ctx.cmd.get_array(f).map(|a| a.as_slice()).unwrap_or_default();
     if ctx.cmd.get_document("writeConcern").is_ok_and(|w| w.get_str("w").ok() == Some("majority")) {
         // The last transfer, in the donor's critical section (a test may hold it there).

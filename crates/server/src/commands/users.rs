@@ -137,7 +137,12 @@ pub fn logout(ctx: &mut Ctx) -> Result<Document> {
         let before = ctx.conn.actor();
         ctx.conn.auth.user = None;
         let initial: Vec<Bson> = before.users.iter().map(|(u, d)| Bson::Document(doc! {"user": u, "db": d})).collect();
-        ctx.shared.audit_event("logout", &before, crate::audit::Param::Doc(doc! {"reason": format!("Explicit logout from db '{}'", ctx.db), "initialUsers": initial, "updatedUsers": []}), 0);
+        ctx.shared.audit_event(
+            "logout",
+            &before,
+            crate::audit::Param::Doc(doc! {"reason": format!("Explicit logout from db '{}'", ctx.db), "initialUsers": initial, "updatedUsers": []}),
+            0,
+        );
     }
     Ok(Document::new())
 }
@@ -158,7 +163,11 @@ pub fn log_rotate(ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn get_audit_config(ctx: &mut Ctx) -> Result<Document> {
-    let audit = ctx.shared.audit.as_ref().ok_or_else(|| Error::new(Code::CommandNotSupported, "auditing is not enabled: start the server with auditLog.destination"))?;
+    let audit = ctx
+        .shared
+        .audit
+        .as_ref()
+        .ok_or_else(|| Error::new(Code::CommandNotSupported, "auditing is not enabled: start the server with auditLog.destination"))?;
     Ok(audit.config())
 }
 
@@ -167,7 +176,11 @@ pub fn get_audit_config(ctx: &mut Ctx) -> Result<Document> {
 /// when they apply it) and outlives a restart; then taken here.
 pub fn set_audit_config(ctx: &mut Ctx) -> Result<Document> {
     super::check_fields("setAuditConfig", ctx.cmd, &["filter", "auditAuthorizationSuccess"])?;
-    let audit = ctx.shared.audit.as_ref().ok_or_else(|| Error::new(Code::CommandNotSupported, "auditing is not enabled: start the server with auditLog.destination"))?;
+    let audit = ctx
+        .shared
+        .audit
+        .as_ref()
+        .ok_or_else(|| Error::new(Code::CommandNotSupported, "auditing is not enabled: start the server with auditLog.destination"))?;
     let filter = ctx.doc_arg("filter")?.cloned();
     let success = ctx.bool_arg("auditAuthorizationSuccess")?;
     if filter.is_none() && success.is_none() {
@@ -296,9 +309,13 @@ pub fn create_user(ctx: &mut Ctx) -> Result<Document> {
     let pwd = check_pwd(ctx)?;
     let credentials = match (external, pwd) {
         (true, Some(_)) => return Err(Error::bad_value("Cannot set the password for users defined on the '$external' database")),
-        (true, None) if ctx.cmd.contains_key("mechanisms") => return Err(Error::bad_value("mechanisms field must not be given for users defined on the '$external' database")),
+        (true, None) if ctx.cmd.contains_key("mechanisms") => {
+            return Err(Error::bad_value("mechanisms field must not be given for users defined on the '$external' database"))
+        }
         (true, None) => doc! {"external": true},
-        (false, None) => return Err(Error::bad_value("Must provide a 'pwd' field for all user documents, except those with '$external' as the user's source db")),
+        (false, None) => {
+            return Err(Error::bad_value("Must provide a 'pwd' field for all user documents, except those with '$external' as the user's source db"))
+        }
         (false, Some(pwd)) => credentials(&user, &pwd, &parse_mechanisms(ctx)?)?,
     };
     let roles = parse_roles(ctx, "roles")?;
@@ -332,7 +349,13 @@ pub(super) fn insert_new(ctx: &Ctx, coll: &storage::Collection, d: &Document, ex
 
 /// Change the user or role document `id` of `coll` with `change`; `missing` if there is
 /// none.
-pub(super) fn modify_stored(ctx: &Ctx, coll: &storage::Collection, id: &Bson, missing: impl FnOnce() -> Error, change: impl FnOnce(&mut Document) -> Result<()>) -> Result<()> {
+pub(super) fn modify_stored(
+    ctx: &Ctx,
+    coll: &storage::Collection,
+    id: &Bson,
+    missing: impl FnOnce() -> Error,
+    change: impl FnOnce(&mut Document) -> Result<()>,
+) -> Result<()> {
     let mut w = coll.writer();
     let Some((rid, old)) = w.snapshot().find_by_id(id)? else { return Err(missing()) };
     let mut new = old.clone();
@@ -369,7 +392,8 @@ pub fn update_user(ctx: &mut Ctx) -> Result<Document> {
         return Err(Error::bad_value("Must specify at least one field to update in updateUser"));
     }
     modify_user(ctx, &user, |d| {
-        let held: Vec<scram::Mechanism> = d.get_document("credentials").map(|c| c.keys().filter_map(|k| scram::Mechanism::parse(k)).collect()).unwrap_or_default();
+        let held: Vec<scram::Mechanism> =
+            d.get_document("credentials").map(|c| c.keys().filter_map(|k| scram::Mechanism::parse(k)).collect()).unwrap_or_default();
         match (&pwd, &mechanisms) {
             (Some(pwd), m) => {
                 d.insert("credentials", credentials(&user, pwd, m.as_deref().unwrap_or(&scram::Mechanism::ALL))?);
@@ -379,7 +403,10 @@ pub fn update_user(ctx: &mut Ctx) -> Result<Document> {
                 if m.iter().any(|x| !held.contains(x)) {
                     return Err(Error::bad_value("mechanisms field must be a subset of previously set mechanisms"));
                 }
-                let creds: Document = d.get_document("credentials").map(|c| c.iter().filter(|(k, _)| m.iter().any(|x| x.name() == k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
+                let creds: Document = d
+                    .get_document("credentials")
+                    .map(|c| c.iter().filter(|(k, _)| m.iter().any(|x| x.name() == k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect())
+                    .unwrap_or_default();
                 d.insert("credentials", creds);
             }
             (None, None) => {}

@@ -108,7 +108,10 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
                 return Err(Error::new(Code::InvalidSyncSource, format!("{host} is behind us: its newest entry {newest:?} is older than ours {last:?}")));
             }
             Mismatch::OlderTerm => {
-                return Err(Error::new(Code::InvalidSyncSource, format!("{host}'s newest entry {newest:?} is of a term before ours ({}): not rolling back to it", coord.term())));
+                return Err(Error::new(
+                    Code::InvalidSyncSource,
+                    format!("{host}'s newest entry {newest:?} is of a term before ours ({}): not rolling back to it", coord.term()),
+                ));
             }
             Mismatch::Diverged => {}
         }
@@ -151,7 +154,8 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
             return Ok(());
         }
         let (progress, term) = progress_optimes(shared, config, me, src);
-        let mut get_more = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": term, "$replData": 1};
+        let mut get_more =
+            doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": term, "$replData": 1};
         get_more.insert("$replProgress", progress);
         let started = std::time::Instant::now();
         let wait = Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK;
@@ -204,7 +208,17 @@ const APPLY_QUEUE_BATCHES: usize = 16;
 /// thread, which applies batches in order while the next is written. `first` is the find's
 /// batch, past the entry both oplogs share.
 #[allow(clippy::too_many_arguments)]
-async fn push_loop(shared: &Arc<Shared>, conn: &mut PeerConn, epoch: u64, config: &ReplSetConfig, me: usize, src: usize, forced: bool, id: i64, first: Vec<RawDocumentBuf>) -> Result<()> {
+async fn push_loop(
+    shared: &Arc<Shared>,
+    conn: &mut PeerConn,
+    epoch: u64,
+    config: &ReplSetConfig,
+    me: usize,
+    src: usize,
+    forced: bool,
+    id: i64,
+    first: Vec<RawDocumentBuf>,
+) -> Result<()> {
     let coord = shared.repl.as_ref().expect("replica set member");
     let host = config.members[src].host.clone();
     let mut applier = Applier::start(shared.clone())?;
@@ -365,7 +379,13 @@ impl Drop for Applier {
 
 /// The optime of the source's oldest (`order` 1) or newest (`order` -1) oplog entry.
 async fn oplog_edge(conn: &mut PeerConn, order: i32) -> Result<Option<OpTime>> {
-    let reply = conn.command("local", doc! {"find": "oplog.rs", "sort": {"$natural": order}, "limit": 1, "singleBatch": true, "projection": {"ts": 1, "t": 1}}, CONNECT_TIMEOUT).await?;
+    let reply = conn
+        .command(
+            "local",
+            doc! {"find": "oplog.rs", "sort": {"$natural": order}, "limit": 1, "singleBatch": true, "projection": {"ts": 1, "t": 1}},
+            CONNECT_TIMEOUT,
+        )
+        .await?;
     let (_, batch) = cursor_batch(&reply, "firstBatch")?;
     Ok(batch.first().and_then(OpTime::from_doc))
 }

@@ -234,7 +234,10 @@ pub(super) async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) 
     let mut out = Vec::new();
     for c in docs {
         if c.get_str("type").unwrap_or("collection") != "collection" {
-            return Err(Error::new(Code::CommandNotSupported, format!("{host} has a {} in {db}, which initial sync cannot copy", c.get_str("type").unwrap_or("?"))));
+            return Err(Error::new(
+                Code::CommandNotSupported,
+                format!("{host} has a {} in {db}, which initial sync cannot copy", c.get_str("type").unwrap_or("?")),
+            ));
         }
         let name = c.get_str("name").map_err(|_| malformed(host, "listCollections"))?.to_string();
         let uuid = match c.get_document("info").ok().and_then(|i| i.get("uuid")) {
@@ -249,7 +252,15 @@ pub(super) async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) 
 /// Copy one collection: create it with its options, insert its documents batch by batch,
 /// then build its indexes (the collection keeps the source's UUID). Returns how many
 /// documents were copied.
-pub(super) async fn clone_collection(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, db: &str, name: &str, options: Document, uuid: Option<bson::Uuid>) -> Result<u64> {
+pub(super) async fn clone_collection(
+    shared: &Arc<Shared>,
+    conn: &mut PeerConn,
+    host: &str,
+    db: &str,
+    name: &str,
+    options: Document,
+    uuid: Option<bson::Uuid>,
+) -> Result<u64> {
     let store = shared.store.clone();
     let (d, n) = (db.to_string(), name.to_string());
     super::blocking(move || {
@@ -313,7 +324,13 @@ pub(super) async fn all_docs(conn: &mut PeerConn, host: &str, db: &str, what: &s
     let reply = conn.command(db, cmd, COMMAND_TIMEOUT).await?;
     let (mut id, mut out) = cursor_batch(&reply, "firstBatch").map_err(|_| malformed(host, what))?;
     while id != 0 {
-        let coll = reply.get_document("cursor").ok().and_then(|c| c.get_str("ns").ok()).and_then(|ns| ns.split_once('.')).map(|(_, c)| c.to_string()).unwrap_or_default();
+        let coll = reply
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_str("ns").ok())
+            .and_then(|ns| ns.split_once('.'))
+            .map(|(_, c)| c.to_string())
+            .unwrap_or_default();
         let r = conn.command(db, doc! {"getMore": id, "collection": coll, "$readPreference": secondary_ok()}, COMMAND_TIMEOUT).await?;
         let (next, more) = cursor_batch(&r, "nextBatch").map_err(|_| malformed(host, what))?;
         id = next;

@@ -38,7 +38,10 @@ pub fn spawn_tasks(shared: Arc<Shared>) -> Result<()> {
     // The fetcher applies each batch on its own thread, in line: no hop to a blocking pool
     // and back per batch, and the server's workers stay free for clients.
     let fetcher = shared.clone();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::internal(format!("cannot start the oplog fetcher's runtime: {e}")))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::internal(format!("cannot start the oplog fetcher's runtime: {e}")))?;
     std::thread::Builder::new()
         .name("shoal-oplog-fetcher".into())
         .spawn(move || rt.block_on(super::fetcher::fetch_loop(fetcher)))
@@ -81,7 +84,9 @@ fn heartbeat_request(coord: &ReplCoord) -> Document {
             "replSetHeartbeat": c.set_name.clone(), "configVersion": c.version, "configTerm": c.term.unwrap_or(0), "hbv": 1,
             "from": c.members[inner.self_index].host.clone(), "fromId": c.members[inner.self_index].id, "term": inner.term,
         },
-        None => doc! {"replSetHeartbeat": coord.set_name.clone(), "configVersion": -2, "configTerm": -1, "hbv": 1, "from": coord.default_host.clone(), "term": inner.term},
+        None => {
+            doc! {"replSetHeartbeat": coord.set_name.clone(), "configVersion": -2, "configTerm": -1, "hbv": 1, "from": coord.default_host.clone(), "term": inner.term}
+        }
     }
 }
 
@@ -238,7 +243,10 @@ pub fn heartbeat(shared: &Shared, cmd: &Document) -> Result<Document> {
     let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     let set = cmd.get_str("replSetHeartbeat").map_err(|_| Error::type_mismatch("replSetHeartbeat must name the set"))?;
     if set != coord.set_name {
-        return Err(Error::new(Code(185, "InconsistentReplicaSetNames"), format!("Our set name of {} does not match name {set} reported by remote node", coord.set_name)));
+        return Err(Error::new(
+            Code(185, "InconsistentReplicaSetNames"),
+            format!("Our set name of {} does not match name {set} reported by remote node", coord.set_name),
+        ));
     }
     let their_version = cmd.get_i32("configVersion").unwrap_or(-2);
     let their_config_term = cmd.get_i64("configTerm").unwrap_or(-1);
@@ -260,7 +268,9 @@ pub fn heartbeat(shared: &Shared, cmd: &Document) -> Result<Document> {
                 }
             }
         }
-        return Ok(doc! {"set": coord.set_name.clone(), "state": MemberState::Startup.code(), "term": 0i64, "configVersion": -2, "configTerm": -1i64, "opTime": OpTime::default().to_doc(), "durableOpTime": OpTime::default().to_doc()});
+        return Ok(
+            doc! {"set": coord.set_name.clone(), "state": MemberState::Startup.code(), "term": 0i64, "configVersion": -2, "configTerm": -1i64, "opTime": OpTime::default().to_doc(), "durableOpTime": OpTime::default().to_doc()},
+        );
     };
     if let Some(i) = cmd.get_i32("fromId").ok().and_then(|id| config.members.iter().position(|m| m.id == id)) {
         inner.peers[i].last_heartbeat_recv = Some(DateTime::now());
@@ -374,17 +384,19 @@ async fn tick_loop(shared: Arc<Shared>) {
             match inner.state {
                 MemberState::Primary => {
                     let primary_for_ms = u64::try_from(DateTime::now().timestamp_millis() - inner.election_date.timestamp_millis()).unwrap_or(0);
-                    lost_majority = repl::election::lost_majority(&config, me, |i| responsive(&inner.peers[i]), primary_for_ms, election_timeout.as_millis() as u64);
+                    lost_majority =
+                        repl::election::lost_majority(&config, me, |i| responsive(&inner.peers[i]), primary_for_ms, election_timeout.as_millis() as u64);
                 }
                 MemberState::Secondary => {
                     let electable = config.members[me].is_electable() && config.members[me].is_voter();
-                    let primary = (0..inner.peers.len()).find(|&i| i != me && responsive(&inner.peers[i]) && inner.peers[i].view.state == Some(MemberState::Primary));
+                    let primary =
+                        (0..inner.peers.len()).find(|&i| i != me && responsive(&inner.peers[i]) && inner.peers[i].view.state == Some(MemberState::Primary));
                     let may_stand = electable && !inner.election_running && now >= inner.frozen_until;
                     // Priority takeover (repl::election::priority_takeover_wait_ms).
                     let last = shared.store.oplog_last().unwrap_or_default();
-                    let takeover = primary
-                        .filter(|_| may_stand)
-                        .and_then(|pi| repl::election::priority_takeover_wait_ms(&config, me, pi, last, inner.peers[pi].view.applied, election_timeout.as_millis() as u64));
+                    let takeover = primary.filter(|_| may_stand).and_then(|pi| {
+                        repl::election::priority_takeover_wait_ms(&config, me, pi, last, inner.peers[pi].view.applied, election_timeout.as_millis() as u64)
+                    });
                     match takeover {
                         Some(wait_ms) => {
                             let since = *inner.takeover_since.get_or_insert(now);
@@ -393,7 +405,14 @@ async fn tick_loop(shared: Arc<Shared>) {
                         None => {
                             inner.takeover_since = None;
                             let since_ms = now.duration_since(inner.primary_seen).as_millis() as u64;
-                            stand = repl::election::stands_for_want_of_primary(&config, me, may_stand, primary.is_some(), since_ms, inner.election_timeout.as_millis() as u64);
+                            stand = repl::election::stands_for_want_of_primary(
+                                &config,
+                                me,
+                                may_stand,
+                                primary.is_some(),
+                                since_ms,
+                                inner.election_timeout.as_millis() as u64,
+                            );
                         }
                     }
                     if stand {
@@ -424,7 +443,6 @@ async fn tick_loop(shared: Arc<Shared>) {
         }
     }
 }
-
 
 /// Ask every other voter for its vote in `term`; count the grants (this member's own
 /// included). Stops early at a majority.
@@ -528,7 +546,9 @@ async fn catch_up(shared: &Arc<Shared>, config: &ReplSetConfig, me: usize, term:
     let coord = shared.repl.as_ref().expect("replica set member");
     let ahead = {
         let inner = coord.inner.lock();
-        let src = (0..inner.peers.len()).filter(|&i| i != me && inner.peers[i].view.up && !config.members[i].arbiter_only).max_by_key(|&i| inner.peers[i].view.applied);
+        let src = (0..inner.peers.len())
+            .filter(|&i| i != me && inner.peers[i].view.up && !config.members[i].arbiter_only)
+            .max_by_key(|&i| inner.peers[i].view.applied);
         src.map(|i| (i, inner.peers[i].view.applied))
     };
     let Some((src, target)) = ahead else { return };
@@ -703,7 +723,11 @@ pub fn freeze(shared: &Shared, secs: u64) -> Result<Document> {
         return Err(Error::new(Code::NotSecondary, "cannot freeze node when primary or running for election. state: Primary"));
     }
     coord.inner.lock().frozen_until = Instant::now() + Duration::from_secs(secs);
-    Ok(if secs == 0 { doc! {"info": "unfreezing"} } else { Document::new() })
+    Ok(if secs == 0 {
+        doc! {"info": "unfreezing"}
+    } else {
+        Document::new()
+    })
 }
 
 /// replSetSyncFrom: fetch from `host` next (mongod's temporary override of the sync

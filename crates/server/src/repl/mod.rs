@@ -386,9 +386,9 @@ impl ReplCoord {
     /// is this member elects it at once (a new term, logged as mongod logs it); otherwise
     /// the member starts as a secondary and elections decide.
     fn install_config(&self, store: &Store, config: ReplSetConfig) -> Result<()> {
-        let self_index = self.self_index(&config).ok_or_else(|| {
-            Error::new(Code::NodeNotFound, format!("the replica set config has no member that is this node (port {})", self.port))
-        })?;
+        let self_index = self
+            .self_index(&config)
+            .ok_or_else(|| Error::new(Code::NodeNotFound, format!("the replica set config has no member that is this node (port {})", self.port)))?;
         let me = config.members[self_index].clone();
         let alone = config.members.iter().enumerate().all(|(i, m)| i == self_index || !m.is_voter()) && me.is_electable();
         // A member with nothing in its oplog (or whose initial sync did not finish) has no
@@ -528,17 +528,17 @@ impl ReplCoord {
         if config.set_name != self.set_name {
             return Err(Error::new(
                 Code::InvalidReplicaSetConfig,
-                format!(
-                    "Attempting to initiate a replica set with name {}, but command line reports {}; rejecting",
-                    config.set_name, self.set_name
-                ),
+                format!("Attempting to initiate a replica set with name {}, but command line reports {}; rejecting", config.set_name, self.set_name),
             ));
         }
         config.validate()?;
         let Some(self_index) = self.self_index(&config) else {
             return Err(Error::new(
                 Code::InvalidReplicaSetConfig,
-                format!("No host described in new configuration with {{version: {}, term: 0}} for replica set {} maps to this node", config.version, self.set_name),
+                format!(
+                    "No host described in new configuration with {{version: {}, term: 0}} for replica set {} maps to this node",
+                    config.version, self.set_name
+                ),
             ));
         };
         if config.members.len() > 1 {
@@ -581,7 +581,10 @@ impl ReplCoord {
         let Some(self_index) = self.self_index(&new) else {
             return Err(Error::new(
                 Code::InvalidReplicaSetConfig,
-                format!("No host described in new configuration with {{version: {}, term: {term}}} for replica set {} maps to this node", new.version, self.set_name),
+                format!(
+                    "No host described in new configuration with {{version: {}, term: {term}}} for replica set {} maps to this node",
+                    new.version, self.set_name
+                ),
             ));
         };
         if primary && !new.members[self_index].is_electable() {
@@ -923,7 +926,9 @@ impl ReplCoord {
     /// as soon as it is durable, with no report to advance `commit_point`.
     fn reported_commit_point(inner: &Inner, store: &Store) -> OpTime {
         match &inner.config {
-            Some(c) if inner.state == MemberState::Primary && c.write_majority_count() <= 1 => inner.commit_point.max(store.oplog_durable().unwrap_or_default()),
+            Some(c) if inner.state == MemberState::Primary && c.write_majority_count() <= 1 => {
+                inner.commit_point.max(store.oplog_durable().unwrap_or_default())
+            }
             _ => inner.commit_point,
         }
     }
@@ -1136,7 +1141,11 @@ impl ReplCoord {
             // An initial sync's minValid: our oplog must hold that very entry, or the set
             // took it back after the copy and the copy may hold writes no entry undoes.
             let store = self.shared().map(|s| s.store.clone());
-            let held = store.as_ref().and_then(|st| st.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION)).and_then(|c| c.snapshot().get(min_valid.ts).ok().flatten()).and_then(|d| OpTime::from_doc(&d));
+            let held = store
+                .as_ref()
+                .and_then(|st| st.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION))
+                .and_then(|c| c.snapshot().get(min_valid.ts).ok().flatten())
+                .and_then(|d| OpTime::from_doc(&d));
             if held != Some(min_valid) {
                 if let Some(store) = &store {
                     self.restart_initial_sync(store, &format!("minValid {min_valid:?} is not in the oplog: the set took it back"));
@@ -1248,8 +1257,11 @@ mod tests {
         let logged: Vec<(OpTime, Vec<u8>)> =
             oplog.snapshot().scan(None, usize::MAX).unwrap().into_iter().map(|(_, d)| (OpTime::from_doc(&d).unwrap(), d.to_vec().unwrap())).collect();
         assert!(logged.len() >= 4);
-        let contents = |s: &Store| s.collection("db", "c").map(|c| c.snapshot().scan(None, usize::MAX).unwrap().into_iter().map(|(_, d)| d).collect::<Vec<_>>()).unwrap_or_default();
-        let config = doc! {"_id": "rs0", "version": 1, "term": 1_i64, "members": [{"_id": 0, "host": "127.0.0.1:27017"}, {"_id": 1, "host": "127.0.0.1:27018"}]};
+        let contents = |s: &Store| {
+            s.collection("db", "c").map(|c| c.snapshot().scan(None, usize::MAX).unwrap().into_iter().map(|(_, d)| d).collect::<Vec<_>>()).unwrap_or_default()
+        };
+        let config =
+            doc! {"_id": "rs0", "version": 1, "term": 1_i64, "members": [{"_id": 0, "host": "127.0.0.1:27017"}, {"_id": 1, "host": "127.0.0.1:27018"}]};
         {
             let secondary = Store::open(&dir, opts.clone()).unwrap();
             put_single_doc(&secondary, CONFIG_COLLECTION, &config).unwrap();
@@ -1277,7 +1289,8 @@ mod tests {
     #[test]
     fn a_restart_before_min_valid_stays_recovering() {
         let store = Store::open_in_memory();
-        let config = doc! {"_id": "rs0", "version": 1, "term": 1_i64, "members": [{"_id": 0, "host": "127.0.0.1:27017"}, {"_id": 1, "host": "127.0.0.1:27018"}]};
+        let config =
+            doc! {"_id": "rs0", "version": 1, "term": 1_i64, "members": [{"_id": 0, "host": "127.0.0.1:27017"}, {"_id": 1, "host": "127.0.0.1:27018"}]};
         put_single_doc(&store, CONFIG_COLLECTION, &config).unwrap();
         store.enable_oplog(1 << 20).unwrap();
         store.append_oplog_noop(&doc! {"msg": "initiating set"}).unwrap();

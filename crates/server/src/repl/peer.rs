@@ -49,7 +49,8 @@ impl PeerConn {
             Some(tls) => {
                 // The host as the member's certificate names it: its address or DNS name.
                 let name = host.rsplit_once(':').map_or(host, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
-                let name = rustls::pki_types::ServerName::try_from(name.to_string()).map_err(|e| Error::new(Code::HostUnreachable, format!("bad host name {host}: {e}")))?;
+                let name = rustls::pki_types::ServerName::try_from(name.to_string())
+                    .map_err(|e| Error::new(Code::HostUnreachable, format!("bad host name {host}: {e}")))?;
                 match tokio::time::timeout(timeout, tls.connect(name, stream)).await {
                     Ok(Ok(s)) => PeerStream::Tls(Box::new(s)),
                     Ok(Err(e)) => return Err(Error::new(Code::HostUnreachable, format!("TLS handshake with {host} failed: {e}"))),
@@ -74,7 +75,11 @@ impl PeerConn {
         let bin = |bytes: Vec<u8>| Binary { subtype: BinarySubtype::Generic, bytes };
         let (mut client, first) = ClientConversation::start(Mechanism::Sha256, crate::auth::INTERNAL_USER, key);
         let reply = self
-            .command(crate::auth::INTERNAL_USER_DB, doc! {"saslStart": 1, "mechanism": Mechanism::Sha256.name(), "payload": bin(first), "options": {"skipEmptyExchange": true}}, timeout)
+            .command(
+                crate::auth::INTERNAL_USER_DB,
+                doc! {"saslStart": 1, "mechanism": Mechanism::Sha256.name(), "payload": bin(first), "options": {"skipEmptyExchange": true}},
+                timeout,
+            )
             .await?;
         let server_first = reply.get_binary_generic("payload").map_err(|_| failed("no payload in the saslStart reply".into()))?;
         let proof = client.respond(server_first).map_err(failed)?;

@@ -91,7 +91,8 @@ async fn recover_abandoned(router: &Router) -> Result<()> {
 
 async fn balance_all(router: &Router) -> Result<usize> {
     let shards = router.reload_shards().await?;
-    let draining: Vec<String> = shards.iter().filter(|s| s.get_bool("draining").unwrap_or(false)).filter_map(|s| s.get_str("_id").ok().map(str::to_string)).collect();
+    let draining: Vec<String> =
+        shards.iter().filter(|s| s.get_bool("draining").unwrap_or(false)).filter_map(|s| s.get_str("_id").ok().map(str::to_string)).collect();
     let active: Vec<String> = shards.iter().filter_map(|s| s.get_str("_id").ok().map(str::to_string)).filter(|s| !draining.contains(s)).collect();
     if active.is_empty() {
         return Ok(0);
@@ -137,7 +138,9 @@ async fn balance_all(router: &Router) -> Result<usize> {
 /// round under way (in this router) is over, as mongod's waits for its balancer.
 pub async fn set_balancer(router: &Router, on: bool) -> Result<Document> {
     let mode = if on { "full" } else { "off" };
-    router.config_write(doc! {"update": "settings", "updates": [{"q": {"_id": "balancer"}, "u": {"$set": {"mode": mode, "stopped": !on}}, "upsert": true}]}).await?;
+    router
+        .config_write(doc! {"update": "settings", "updates": [{"q": {"_id": "balancer"}, "u": {"$set": {"mode": mode, "stopped": !on}}, "upsert": true}]})
+        .await?;
     if on {
         router.balancer.wake.notify_one();
     } else {
@@ -197,14 +200,18 @@ pub async fn split(router: &Router, req: &crate::dispatch::Request) -> Result<Do
     // The right half first, then the left one shrinks: in between, a reader sees the right
     // half inside the old chunk, and `RoutingTable::new` takes the inner chunk's bound (a
     // split cut short stays readable that way).
-    router.config_write(doc! {"insert": "chunks", "documents": [{
-        "_id": bson::oid::ObjectId::new(), "uuid": sc.uuid.clone(), "min": key.key_doc(&middle), "max": key.key_doc(&chunk.max), "shard": &chunk.shard,
-        "lastmod": right.to_timestamp(), "onCurrentShardSince": now, "history": [{"validAfter": now, "shard": &chunk.shard}],
-    }]}).await?;
-    router.config_write(doc! {"update": "chunks", "updates": [{
-        "q": {"uuid": sc.uuid.clone(), "min": key.key_doc(&chunk.min), "shard": &chunk.shard},
-        "u": {"$set": {"max": key.key_doc(&middle), "lastmod": left.to_timestamp()}},
-    }]}).await?;
+    router
+        .config_write(doc! {"insert": "chunks", "documents": [{
+            "_id": bson::oid::ObjectId::new(), "uuid": sc.uuid.clone(), "min": key.key_doc(&middle), "max": key.key_doc(&chunk.max), "shard": &chunk.shard,
+            "lastmod": right.to_timestamp(), "onCurrentShardSince": now, "history": [{"validAfter": now, "shard": &chunk.shard}],
+        }]})
+        .await?;
+    router
+        .config_write(doc! {"update": "chunks", "updates": [{
+            "q": {"uuid": sc.uuid.clone(), "min": key.key_doc(&chunk.min), "shard": &chunk.shard},
+            "u": {"$set": {"max": key.key_doc(&middle), "lastmod": left.to_timestamp()}},
+        }]})
+        .await?;
     router.forget_collection(ns);
     Ok(Document::new())
 }
@@ -221,7 +228,12 @@ pub async fn remove_shard(router: &Router, req: &crate::dispatch::Request) -> Re
     if shards.len() == 1 {
         return Err(Error::new(Code::IllegalOperation, "Operation not allowed because it would remove the last shard"));
     }
-    let dbs: Vec<String> = router.config_find("databases", doc! {"primary": &id}, doc! {"_id": 1}).await?.iter().filter_map(|d| d.get_str("_id").ok().map(str::to_string)).collect();
+    let dbs: Vec<String> = router
+        .config_find("databases", doc! {"primary": &id}, doc! {"_id": 1})
+        .await?
+        .iter()
+        .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
+        .collect();
     let note = "you need to call movePrimary for these databases (or drop them)";
     if !entry.get_bool("draining").unwrap_or(false) {
         router.config_write(doc! {"update": "shards", "updates": [{"q": {"_id": &id}, "u": {"$set": {"draining": true}}}]}).await?;
@@ -274,7 +286,10 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
             continue;
         }
         if c.get_str("type").unwrap_or("collection") != "collection" {
-            return Err(Error::new(Code::CommandNotSupported, format!("{db}.{name} is a {}: movePrimary moves collections only", c.get_str("type").unwrap_or("?"))));
+            return Err(Error::new(
+                Code::CommandNotSupported,
+                format!("{db}.{name} is a {}: movePrimary moves collections only", c.get_str("type").unwrap_or("?")),
+            ));
         }
         moving.push((name.to_string(), c.get_document("options").cloned().unwrap_or_default()));
     }
@@ -285,7 +300,11 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
     }
     let id = bson::oid::ObjectId::new();
     let record = doc! {"$set": {"movePrimaryInProgress": id, "movePrimaryStarted": bson::DateTime::now()}};
-    let r = router.config_write(doc! {"update": "databases", "updates": [{"q": {"_id": &db, "primary": &from, "movePrimaryInProgress": {"$exists": false}}, "u": record}]}).await?;
+    let r = router
+        .config_write(
+            doc! {"update": "databases", "updates": [{"q": {"_id": &db, "primary": &from, "movePrimaryInProgress": {"$exists": false}}, "u": record}]},
+        )
+        .await?;
     if r.get("n").and_then(crate::commands::as_i64) != Some(1) {
         return Err(Error::new(Code::ConflictingOperationInProgress, format!("database {db} is being moved already, or its primary changed")));
     }
@@ -295,7 +314,9 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
             copy_collection(router, &source, &target, &db, name, options).await?;
         }
         let commit = doc! {"$set": {"primary": &to}, "$inc": {"version.lastMod": 1}, "$unset": {"movePrimaryInProgress": "", "movePrimaryStarted": ""}};
-        let r = router.config_write(doc! {"update": "databases", "updates": [{"q": {"_id": &db, "primary": &from, "movePrimaryInProgress": id}, "u": commit}]}).await?;
+        let r = router
+            .config_write(doc! {"update": "databases", "updates": [{"q": {"_id": &db, "primary": &from, "movePrimaryInProgress": id}, "u": commit}]})
+            .await?;
         if r.get("n").and_then(crate::commands::as_i64) != Some(1) {
             return Err(Error::new(Code::ConflictingOperationInProgress, format!("the move of database {db} was fenced by a recovery")));
         }
@@ -325,17 +346,28 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
 
 /// Copy collection `name` of `db` from `source` to `target`: created with its options, its
 /// indexes, then its documents in batches (the source takes no writes meanwhile).
-async fn copy_collection(router: &Router, source: &super::shards::ReplicaSet, target: &super::shards::ReplicaSet, db: &str, name: &str, options: &Document) -> Result<()> {
+async fn copy_collection(
+    router: &Router,
+    source: &super::shards::ReplicaSet,
+    target: &super::shards::ReplicaSet,
+    db: &str,
+    name: &str,
+    options: &Document,
+) -> Result<()> {
     const COPY_BATCH_DOCS: i32 = 10_000;
     let mut create = doc! {"create": name};
     create.extend(options.clone());
     router.command(target, db, create).await?;
     let listed = router.command(source, db, doc! {"listIndexes": name}).await?;
     let (_, specs) = super::catalog::cursor_docs(&listed, "firstBatch")?;
-    let specs: Vec<Document> = specs.into_iter().filter(|s| s.get_str("name").ok() != Some("_id_")).map(|mut s| {
-        s.remove("v");
-        s
-    }).collect();
+    let specs: Vec<Document> = specs
+        .into_iter()
+        .filter(|s| s.get_str("name").ok() != Some("_id_"))
+        .map(|mut s| {
+            s.remove("v");
+            s
+        })
+        .collect();
     if !specs.is_empty() {
         router.command(target, db, doc! {"createIndexes": name, "indexes": specs}).await?;
     }
@@ -345,7 +377,10 @@ async fn copy_collection(router: &Router, source: &super::shards::ReplicaSet, ta
         if !docs.is_empty() {
             // As a document sequence: a batch of up to 16 MiB of documents (or one of any
             // legal size) need not fit, with the command around it, in one 16 MiB body.
-            let encoded = std::mem::take(&mut docs).iter().map(|d| d.to_vec().map_err(|e| Error::internal(format!("copying {db}.{name}: {e}")))).collect::<Result<Vec<Vec<u8>>>>()?;
+            let encoded = std::mem::take(&mut docs)
+                .iter()
+                .map(|d| d.to_vec().map_err(|e| Error::internal(format!("copying {db}.{name}: {e}"))))
+                .collect::<Result<Vec<Vec<u8>>>>()?;
             let sequence = wire::RawSequence { identifier: "documents", documents: encoded.iter().map(Vec::as_slice).collect() };
             let r = reply_result(router.pool.run(target, db, doc! {"insert": name}, Some(&sequence), COMMAND_TIMEOUT).await?.1)?;
             if let Ok(errors) = r.get_array("writeErrors") {
@@ -355,7 +390,9 @@ async fn copy_collection(router: &Router, source: &super::shards::ReplicaSet, ta
         if id == 0 {
             return Ok(());
         }
-        let more = reply_result(router.pool.run_on_host(&host, db, doc! {"getMore": id, "collection": name, "batchSize": COPY_BATCH_DOCS}, None, COMMAND_TIMEOUT).await?)?;
+        let more = reply_result(
+            router.pool.run_on_host(&host, db, doc! {"getMore": id, "collection": name, "batchSize": COPY_BATCH_DOCS}, None, COMMAND_TIMEOUT).await?,
+        )?;
         (id, docs) = super::catalog::cursor_docs(&more, "nextBatch")?;
     }
 }
@@ -374,5 +411,10 @@ async fn recover_move_primary(router: &Router, entry: &Document) -> Result<()> {
 
 /// Shards new databases and chunks may go to: not draining, not the config servers.
 pub fn placeable(shards: &[Document]) -> Vec<String> {
-    shards.iter().filter(|s| !s.get_bool("draining").unwrap_or(false)).filter_map(|s| s.get_str("_id").ok().map(str::to_string)).filter(|s| s != CONFIG_SHARD).collect()
+    shards
+        .iter()
+        .filter(|s| !s.get_bool("draining").unwrap_or(false))
+        .filter_map(|s| s.get_str("_id").ok().map(str::to_string))
+        .filter(|s| s != CONFIG_SHARD)
+        .collect()
 }

@@ -101,10 +101,13 @@ impl Router {
         for d in &docs {
             let (Ok(id), Ok(host)) = (d.get_str("_id"), d.get_str("host")) else { continue };
             let existing = self.catalog.shards.read().get(id).filter(|s| s.conn_string == host).cloned();
-            map.insert(id.to_string(), match existing {
-                Some(s) => s,
-                None => Arc::new(ReplicaSet::parse(host)?),
-            });
+            map.insert(
+                id.to_string(),
+                match existing {
+                    Some(s) => s,
+                    None => Arc::new(ReplicaSet::parse(host)?),
+                },
+            );
         }
         *self.catalog.shards.write() = map;
         Ok(docs)
@@ -191,7 +194,8 @@ impl Router {
 
     /// Record the database with `primary`; if another router recorded it first, theirs wins.
     pub async fn create_database(&self, db: &str, primary: &str) -> Result<Option<String>> {
-        let entry = doc! {"_id": db, "primary": primary, "partitioned": false, "version": {"uuid": bson::Uuid::new(), "timestamp": now_timestamp(), "lastMod": 1}};
+        let entry =
+            doc! {"_id": db, "primary": primary, "partitioned": false, "version": {"uuid": bson::Uuid::new(), "timestamp": now_timestamp(), "lastMod": 1}};
         match self.config_write(doc! {"insert": "databases", "documents": [entry]}).await {
             Ok(_) => {}
             Err(e) if e.code == Code::DuplicateKey.0 => {}
@@ -269,7 +273,8 @@ pub async fn config_find(pool: &Pool, config: &ReplicaSet, coll: &str, filter: D
             let _ = pool.run_on_host(&host, "config", doc! {"killCursors": coll, "cursors": [id]}, None, COMMAND_TIMEOUT).await;
             return Err(Error::internal(format!("config.{coll} holds more than {CONFIG_READ_DOCS_MAX} matching documents")));
         }
-        let reply = reply_result(pool.run_on_host(&host, "config", doc! {"getMore": id, "collection": coll, "batchSize": 10_000}, None, COMMAND_TIMEOUT).await?)?;
+        let reply =
+            reply_result(pool.run_on_host(&host, "config", doc! {"getMore": id, "collection": coll, "batchSize": 10_000}, None, COMMAND_TIMEOUT).await?)?;
         let (next, more) = cursor_docs(&reply, "nextBatch")?;
         id = next;
         docs.extend(more);
@@ -296,7 +301,11 @@ pub fn write_result(reply: Document) -> Result<Document> {
         }
     }
     if let Ok(e) = reply.get_document("writeConcernError") {
-        return Err(Error::remote(e.get_i32("code").unwrap_or(64), e.get_str("codeName").unwrap_or("WriteConcernFailed"), e.get_str("errmsg").unwrap_or("").to_string()));
+        return Err(Error::remote(
+            e.get_i32("code").unwrap_or(64),
+            e.get_str("codeName").unwrap_or("WriteConcernFailed"),
+            e.get_str("errmsg").unwrap_or("").to_string(),
+        ));
     }
     Ok(reply)
 }

@@ -241,7 +241,8 @@ async fn add_shard(router: &Router, req: &Request) -> Result<Document> {
         return Err(Error::new(Code::OperationFailed, format!("can't add the config server replica set {} as a shard", set.set_name)));
     }
     // Reaching its primary proves the set is up and named as given.
-    let primary = router.pool.primary(&set).await.map_err(|e| Error::new(Code::OperationFailed, format!("failed to add shard {conn_string}: {}", e.message)))?;
+    let primary =
+        router.pool.primary(&set).await.map_err(|e| Error::new(Code::OperationFailed, format!("failed to add shard {conn_string}: {}", e.message)))?;
     let name = match req.body.get("name") {
         None => set.set_name.clone(),
         Some(Bson::String(n)) if !n.is_empty() => n.clone(),
@@ -264,7 +265,8 @@ async fn add_shard(router: &Router, req: &Request) -> Result<Document> {
     // The shard's databases join the cluster with it as their primary, unless the cluster
     // has one of that name already.
     let listed = reply_result(router.pool.run_on_host(&primary, "admin", doc! {"listDatabases": 1, "nameOnly": true}, None, CONNECT_TIMEOUT).await?)?;
-    let dbs: Vec<String> = listed.get_array("databases").map(|a| a.iter().filter_map(|d| d.as_document()?.get_str("name").ok().map(str::to_string)).collect()).unwrap_or_default();
+    let dbs: Vec<String> =
+        listed.get_array("databases").map(|a| a.iter().filter_map(|d| d.as_document()?.get_str("name").ok().map(str::to_string)).collect()).unwrap_or_default();
     let dbs: Vec<String> = dbs.into_iter().filter(|d| !matches!(d.as_str(), "admin" | "local" | "config")).collect();
     for db in &dbs {
         if router.db_primary(db, false).await?.is_some() {
@@ -313,10 +315,16 @@ async fn enable_sharding(router: &Router, req: &Request) -> Result<Document> {
 async fn move_chunk(router: &Router, req: &Request) -> Result<Document> {
     let cmd = &req.body;
     let move_range = req.name == "moveRange";
-    let known: &[&str] = if move_range { &["toShard", "min", "max", "waitForDelete", "_waitForDelete", "forceJumbo", "secondaryThrottle", "writeConcern"] } else { &["to", "find", "bounds", "_waitForDelete", "waitForDelete", "forceJumbo", "secondaryThrottle", "writeConcern", "maxTimeMS"] };
+    let known: &[&str] = if move_range {
+        &["toShard", "min", "max", "waitForDelete", "_waitForDelete", "forceJumbo", "secondaryThrottle", "writeConcern"]
+    } else {
+        &["to", "find", "bounds", "_waitForDelete", "waitForDelete", "forceJumbo", "secondaryThrottle", "writeConcern", "maxTimeMS"]
+    };
     crate::commands::check_fields(&req.name, cmd, known)?;
     let ns = cmd.get_str(&req.name).map_err(|_| Error::type_mismatch(format!("{} takes a namespace string", req.name)))?;
-    let to = cmd.get_str(if move_range { "toShard" } else { "to" }).map_err(|_| Error::location(40414, format!("BSON field '{}.{}' is missing but a required field", req.name, if move_range { "toShard" } else { "to" })))?;
+    let to = cmd.get_str(if move_range { "toShard" } else { "to" }).map_err(|_| {
+        Error::location(40414, format!("BSON field '{}.{}' is missing but a required field", req.name, if move_range { "toShard" } else { "to" }))
+    })?;
     let sc = router.sharded(ns).await?.ok_or_else(|| Error::new(Code(118, "NamespaceNotSharded"), format!("{ns} is not sharded")))?;
     let key = &sc.table.key;
     let (min, max) = match (cmd.get_document("find"), cmd.get_array("bounds"), cmd.get_document("min")) {
@@ -333,25 +341,39 @@ async fn move_chunk(router: &Router, req: &Request) -> Result<Document> {
     };
     if let Some(max) = max {
         if sc.table.chunk_for(&min).max != max || sc.table.chunk_for(&min).min != min {
-            return Err(Error::new(Code::InvalidOptions, format!("[{}, {}) is not a chunk of {ns}; shoal's router moves whole chunks", key.key_doc(&min), key.key_doc(&max))));
+            return Err(Error::new(
+                Code::InvalidOptions,
+                format!("[{}, {}) is not a chunk of {ns}; shoal's router moves whole chunks", key.key_doc(&min), key.key_doc(&max)),
+            ));
         }
     }
     let started = std::time::Instant::now();
     super::migrate::move_chunk(router, ns, &min, to).await?;
-    Ok(if move_range { Document::new() } else { doc! {"millis": started.elapsed().as_millis() as i64} })
+    Ok(if move_range {
+        Document::new()
+    } else {
+        doc! {"millis": started.elapsed().as_millis() as i64}
+    })
 }
 
 /// The index name mongod gives a key pattern: `customerId_hashed`, `a_1_b_1`.
 fn index_name(key: &Document) -> String {
-    key.iter().map(|(k, v)| match v {
-        Bson::String(s) => format!("{k}_{s}"),
-        v => format!("{k}_{}", crate::commands::as_i64(v).unwrap_or(1)),
-    }).collect::<Vec<_>>().join("_")
+    key.iter()
+        .map(|(k, v)| match v {
+            Bson::String(s) => format!("{k}_{s}"),
+            v => format!("{k}_{}", crate::commands::as_i64(v).unwrap_or(1)),
+        })
+        .collect::<Vec<_>>()
+        .join("_")
 }
 
 async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
     let cmd = &req.body;
-    crate::commands::check_fields(&req.name, cmd, &["key", "unique", "numInitialChunks", "presplitHashedZones", "collation", "implicitlyCreateIndex", "enforceUniquenessCheck"])?;
+    crate::commands::check_fields(
+        &req.name,
+        cmd,
+        &["key", "unique", "numInitialChunks", "presplitHashedZones", "collation", "implicitlyCreateIndex", "enforceUniquenessCheck"],
+    )?;
     let ns = cmd.get_str(&req.name).map_err(|_| Error::type_mismatch("shardCollection takes a namespace string"))?.to_string();
     let Some((db, coll)) = ns.split_once('.').filter(|(d, c)| !d.is_empty() && !c.is_empty()) else {
         return Err(Error::new(Code::InvalidNamespace, format!("Invalid namespace {ns}")));
@@ -397,10 +419,14 @@ async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
         reply_result(router.pool.run(&primary_set, db, doc! {"createIndexes": coll, "indexes": [index.clone()]}, None, COMMAND_TIMEOUT).await?.1)?;
         let listed = on_primary(doc! {"listIndexes": coll}).await?;
         let (_, specs) = cursor_docs(&listed, "firstBatch")?;
-        let specs: Vec<Document> = specs.into_iter().filter(|s| s.get_str("name").ok() != Some("_id_")).map(|mut s| {
-            s.remove("v");
-            s
-        }).collect();
+        let specs: Vec<Document> = specs
+            .into_iter()
+            .filter(|s| s.get_str("name").ok() != Some("_id_"))
+            .map(|mut s| {
+                s.remove("v");
+                s
+            })
+            .collect();
         let owners: BTreeSet<&str> = chunks.iter().map(|c| c.shard.as_str()).filter(|s| *s != primary).collect();
         for owner in owners {
             let set = router.shard(owner).await?;
@@ -632,18 +658,26 @@ fn update_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
     let multi = stmt.get_bool("multi").unwrap_or(false);
     let upsert = stmt.get_bool("upsert").unwrap_or(false);
     let targets: Vec<String> = shards_for_filter(&sc.table, &filter).into_iter().collect();
-    let moved = || Error::new(Code::ImmutableField, "this update would change a document's shard key; shoal's router does not move documents between shards yet");
+    let moved =
+        || Error::new(Code::ImmutableField, "this update would change a document's shard key; shoal's router does not move documents between shards yet");
     match stmt.get("u") {
         Some(Bson::Document(u)) if u.keys().next().is_some_and(|k| k.starts_with('$')) => {
             if let Some(path) = modifies_key(u, &sc.table.key) {
-                return Err(Error::new(Code::ImmutableField, format!("Performing an update on the path '{path}' would modify the shard key; shoal's router does not move documents between shards yet")));
+                return Err(Error::new(
+                    Code::ImmutableField,
+                    format!("Performing an update on the path '{path}' would modify the shard key; shoal's router does not move documents between shards yet"),
+                ));
             }
         }
         Some(Bson::Document(replacement)) => {
             // A replacement keeps the document where it is only if its key is the filter's.
             let key = sc.table.key.key_of_doc(replacement)?;
             if targets.len() != 1 || sc.table.chunk_for(&key).shard != targets[0] {
-                return Err(if targets.len() == 1 { moved() } else { Error::new(Code::ShardKeyNotFound, "A replacement update on a sharded collection must fix the full shard key in its filter") });
+                return Err(if targets.len() == 1 {
+                    moved()
+                } else {
+                    Error::new(Code::ShardKeyNotFound, "A replacement update on a sharded collection must fix the full shard key in its filter")
+                });
             }
         }
         Some(Bson::Array(_)) if targets.len() != 1 => {
@@ -908,17 +942,22 @@ async fn split_write(router: &Router, req: &Request, kind: WriteKind, mut sc: Ar
                     let encoded: Result<Vec<Vec<u8>>> = list
                         .iter()
                         .filter_map(|&p| match &stmts[p].body {
-                            StmtBody::Doc(d) => Some(bson::RawDocumentBuf::try_from(d).map(|r| r.into_bytes()).map_err(|e| Error::new(Code::InvalidBSON, e.to_string()))),
+                            StmtBody::Doc(d) => {
+                                Some(bson::RawDocumentBuf::try_from(d).map(|r| r.into_bytes()).map_err(|e| Error::new(Code::InvalidBSON, e.to_string())))
+                            }
                             StmtBody::Raw(_) => None,
                         })
                         .collect();
                     let reply = match (router.shard(&shard).await, encoded) {
                         (Ok(set), Ok(encoded)) => {
                             let mut owned = encoded.iter();
-                            let documents: Vec<&[u8]> = list.iter().filter_map(|&p| match &stmts[p].body {
-                                StmtBody::Raw(b) => Some(*b),
-                                StmtBody::Doc(_) => owned.next().map(Vec::as_slice),
-                            }).collect();
+                            let documents: Vec<&[u8]> = list
+                                .iter()
+                                .filter_map(|&p| match &stmts[p].body {
+                                    StmtBody::Raw(b) => Some(*b),
+                                    StmtBody::Doc(_) => owned.next().map(Vec::as_slice),
+                                })
+                                .collect();
                             let sequence = wire::RawSequence { identifier: field, documents };
                             router.pool.run(&set, &req.db, body, Some(&sequence), timeout_of(req)).await.map(|(_, r)| r)
                         }
@@ -1263,7 +1302,10 @@ fn split_group(group: &Document) -> Option<(Document, Vec<Document>)> {
 
 /// Stages each shard can run on its own documents: they look at one document at a time.
 fn runs_on_shards(stage: &Document) -> bool {
-    matches!(stage.keys().next().map(String::as_str), Some("$match" | "$project" | "$addFields" | "$set" | "$unset" | "$replaceRoot" | "$replaceWith" | "$unwind"))
+    matches!(
+        stage.keys().next().map(String::as_str),
+        Some("$match" | "$project" | "$addFields" | "$set" | "$unset" | "$replaceRoot" | "$replaceWith" | "$unwind")
+    )
 }
 
 async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
@@ -1271,7 +1313,12 @@ async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
     if cmd.get_bool("explain").unwrap_or(false) {
         return Err(Error::new(Code::CommandNotSupported, "aggregate explain is not supported by shoal yet"));
     }
-    let stages: Vec<Document> = cmd.get_array("pipeline").map_err(|_| Error::location(40414, "BSON field 'aggregate.pipeline' is missing but a required field"))?.iter().filter_map(|s| s.as_document().cloned()).collect();
+    let stages: Vec<Document> = cmd
+        .get_array("pipeline")
+        .map_err(|_| Error::location(40414, "BSON field 'aggregate.pipeline' is missing but a required field"))?
+        .iter()
+        .filter_map(|s| s.as_document().cloned())
+        .collect();
     let batch = batch_size_of(cmd.get_document("cursor").ok().and_then(|c| c.get("batchSize")))?.unwrap_or(FIRST_BATCH_DOCS_DEFAULT);
     if stages.first().is_some_and(|s| s.contains_key("$shardedDataDistribution")) {
         return super::introspect::sharded_data_distribution(router, req, &stages, batch).await;
@@ -1349,10 +1396,13 @@ pub(super) fn run_router_stages(p: &query::agg::Pipeline, input: Vec<Document>, 
 
 /// Documents the router computed, returned as a cursor of batches of `batch`.
 pub(super) async fn buffered_cursor(router: &Router, req: &Request, ns: String, coll: String, docs: Vec<Document>, batch: usize) -> Result<Document> {
-    let buffered: Vec<(Document, usize)> = docs.into_iter().map(|d| {
-        let size = doc_size(&d);
-        (d, size)
-    }).collect();
+    let buffered: Vec<(Document, usize)> = docs
+        .into_iter()
+        .map(|d| {
+            let size = doc_size(&d);
+            (d, size)
+        })
+        .collect();
     let stream = Stream { host: String::new(), db: req.db.clone(), coll, id: 0, buf: buffered.into() };
     first_batch(router, RouterCursor::new(ns, vec![stream], None, 0, None, None), batch, false).await
 }
@@ -1378,7 +1428,16 @@ async fn list_databases(router: &Router, req: &Request) -> Result<Document> {
         }
     }
     let total: i64 = sizes.values().sum();
-    let dbs: Vec<Document> = sizes.into_iter().map(|(name, size)| if name_only { doc! {"name": name} } else { doc! {"name": name, "sizeOnDisk": size, "empty": size == 0} }).collect();
+    let dbs: Vec<Document> = sizes
+        .into_iter()
+        .map(|(name, size)| {
+            if name_only {
+                doc! {"name": name}
+            } else {
+                doc! {"name": name, "sizeOnDisk": size, "empty": size == 0}
+            }
+        })
+        .collect();
     let dbs = match req.body.get_document("filter") {
         Ok(f) => {
             let f = query::filter::Filter::parse(f)?;

@@ -107,7 +107,8 @@ impl RouterCursor {
             // A sorted merge needs the head of every stream that has more; an unsorted one
             // any document, and fetches only when none is buffered.
             let starved: Vec<bool> = self.streams.iter().map(|s| s.buf.is_empty() && s.id != 0).collect();
-            let must_fetch = if self.sort.is_some() { starved.iter().any(|s| *s) } else { self.streams.iter().all(|s| s.buf.is_empty()) && starved.iter().any(|s| *s) };
+            let must_fetch =
+                if self.sort.is_some() { starved.iter().any(|s| *s) } else { self.streams.iter().all(|s| s.buf.is_empty()) && starved.iter().any(|s| *s) };
             if must_fetch {
                 if !out.is_empty() && self.sort.is_none() {
                     break;

@@ -195,7 +195,11 @@ async fn data_distribution(router: &Router) -> Result<Vec<Document>> {
                 Err(e) => return Err(e),
             };
             let (held, avg) = (num(&stats, "count"), num(&stats, "avgObjSize"));
-            let owned = if owners.contains(shard) { num(&router.command(&set, db, doc! {"count": coll, "shardVersion": sc.version_doc(shard)}).await?, "n") } else { 0 };
+            let owned = if owners.contains(shard) {
+                num(&router.command(&set, db, doc! {"count": coll, "shardVersion": sc.version_doc(shard)}).await?, "n")
+            } else {
+                0
+            };
             if held == 0 && !owners.contains(shard) {
                 continue;
             }
@@ -225,7 +229,12 @@ pub async fn explain(router: &Router, req: &Request) -> Result<Document> {
         "find" => inner.get_document("filter").unwrap_or(&empty).clone(),
         "count" | "distinct" => inner.get_document("query").unwrap_or(&empty).clone(),
         "aggregate" => {
-            let stages: Vec<Document> = inner.get_array("pipeline").map_err(|_| Error::type_mismatch("aggregate.pipeline must be an array"))?.iter().filter_map(|s| s.as_document().cloned()).collect();
+            let stages: Vec<Document> = inner
+                .get_array("pipeline")
+                .map_err(|_| Error::type_mismatch("aggregate.pipeline must be an array"))?
+                .iter()
+                .filter_map(|s| s.as_document().cloned())
+                .collect();
             query::agg::Pipeline::parse(&stages)?.leading_match().unwrap_or_default()
         }
         other => return Err(Error::new(Code::CommandNotSupported, format!("explain of '{other}' is not supported by shoal's router yet"))),

@@ -92,7 +92,8 @@ pub async fn move_chunk(router: &Router, ns: &str, min: &Key, to: &str) -> Resul
     let renew = async {
         loop {
             tokio::time::sleep(MIGRATION_LEASE_RENEW_INTERVAL).await;
-            let renewal = doc! {"update": "migrations", "updates": [{"q": {"_id": &m.ns, "migrationId": m.id}, "u": {"$set": {"renewed": bson::DateTime::now()}}}]};
+            let renewal =
+                doc! {"update": "migrations", "updates": [{"q": {"_id": &m.ns, "migrationId": m.id}, "u": {"$set": {"renewed": bson::DateTime::now()}}}]};
             if let Err(e) = router.config_write(renewal).await {
                 tracing::warn!(ns = %m.ns, "cannot renew the migration's lease: {}", e.message);
             }
@@ -134,7 +135,10 @@ impl Migration<'_> {
                     let existing = self.router.config_find("migrations", doc! {"_id": &self.ns}, doc! {}).await?;
                     let Some(old) = existing.into_iter().next() else { continue };
                     if !is_abandoned(&old) {
-                        return Err(Error::new(Code::ConflictingOperationInProgress, format!("a migration of {} is in progress ({})", self.ns, old.get_object_id("migrationId").map(|i| i.to_hex()).unwrap_or_default())));
+                        return Err(Error::new(
+                            Code::ConflictingOperationInProgress,
+                            format!("a migration of {} is in progress ({})", self.ns, old.get_object_id("migrationId").map(|i| i.to_hex()).unwrap_or_default()),
+                        ));
                     }
                     recover(self.router, &old).await?;
                 }
@@ -151,7 +155,14 @@ impl Migration<'_> {
         body.insert("upserts", upserts);
         body.insert("deletes", deletes);
         body.insert("sessions", sessions);
-        body.insert("writeConcern", if majority { doc! {"w": "majority"} } else { doc! {"w": 1} });
+        body.insert(
+            "writeConcern",
+            if majority {
+                doc! {"w": "majority"}
+            } else {
+                doc! {"w": 1}
+            },
+        );
         let reply = self.router.pool.run(&self.recipient, &self.db, body, None, COMMAND_TIMEOUT).await?.1;
         super::catalog::write_result(reply).map(|_| ())
     }
@@ -175,12 +186,22 @@ impl Migration<'_> {
         // 2: the recipient's indexes (and collection), and no leftovers in the range.
         let listed = self.on(&self.donor, doc! {"listIndexes": &self.coll}).await?;
         let (_, specs) = super::catalog::cursor_docs(&listed, "firstBatch")?;
-        let specs: Vec<Document> = specs.into_iter().filter(|s| s.get_str("name").ok() != Some("_id_")).map(|mut s| {
-            s.remove("v");
-            s
-        }).collect();
+        let specs: Vec<Document> = specs
+            .into_iter()
+            .filter(|s| s.get_str("name").ok() != Some("_id_"))
+            .map(|mut s| {
+                s.remove("v");
+                s
+            })
+            .collect();
         if specs.is_empty() {
-            self.on(&self.recipient, doc! {"create": &self.coll}).await.or_else(|e| if e.code == Code::NamespaceExists.0 { Ok(Document::new()) } else { Err(e) })?;
+            self.on(&self.recipient, doc! {"create": &self.coll}).await.or_else(|e| {
+                if e.code == Code::NamespaceExists.0 {
+                    Ok(Document::new())
+                } else {
+                    Err(e)
+                }
+            })?;
         } else {
             self.on(&self.recipient, doc! {"createIndexes": &self.coll, "indexes": specs}).await?;
         }
@@ -211,7 +232,11 @@ impl Migration<'_> {
             return Err(Error::new(Code::ExceededTimeLimit, format!("the migration of {} took too long to catch up", self.ns)));
         }
         // 6.
-        self.router.config_write(doc! {"update": "migrations", "updates": [{"q": {"_id": &self.ns, "migrationId": self.id}, "u": {"$set": {"inCriticalSection": true}}}]}).await?;
+        self.router
+            .config_write(
+                doc! {"update": "migrations", "updates": [{"q": {"_id": &self.ns, "migrationId": self.id}, "u": {"$set": {"inCriticalSection": true}}}]},
+            )
+            .await?;
         self.on(&self.donor, doc! {"_shardsvrEnterCriticalSection": &self.ns, "migrationId": self.id}).await?;
         loop {
             let (_, more) = self.transfer(false).await?;
@@ -228,7 +253,8 @@ impl Migration<'_> {
             let bump = ChunkVersion { major, minor: 1 }.to_timestamp();
             self.router.config_write(doc! {"update": "chunks", "updates": [{"q": {"uuid": self.sc.uuid.clone(), "min": self.key_doc(&kept.min), "shard": &kept.shard}, "u": {"$set": {"lastmod": bump}}}]}).await?;
         }
-        let filter = doc! {"uuid": self.sc.uuid.clone(), "min": self.key_doc(&self.chunk.min), "shard": &self.chunk.shard, "lastmod": self.chunk.lastmod.to_timestamp()};
+        let filter =
+            doc! {"uuid": self.sc.uuid.clone(), "min": self.key_doc(&self.chunk.min), "shard": &self.chunk.shard, "lastmod": self.chunk.lastmod.to_timestamp()};
         let update = doc! {
             "$set": {"shard": &self.to, "lastmod": ChunkVersion { major, minor: 0 }.to_timestamp(), "onCurrentShardSince": now},
             "$push": {"history": {"$each": [{"validAfter": now, "shard": &self.to}], "$position": 0}},
@@ -239,7 +265,9 @@ impl Migration<'_> {
                 *committed = true;
                 Ok(())
             }
-            Ok(_) => Err(Error::new(Code::ConflictingOperationInProgress, format!("the chunk of {} changed during its migration (a recovery fenced it)", self.ns))),
+            Ok(_) => {
+                Err(Error::new(Code::ConflictingOperationInProgress, format!("the chunk of {} changed during its migration (a recovery fenced it)", self.ns)))
+            }
             Err(e) => {
                 // The commit may have happened: decide by what the config servers hold.
                 let now = self.router.config_find("chunks", doc! {"uuid": self.sc.uuid.clone(), "min": self.key_doc(&self.chunk.min)}, doc! {}).await?;
@@ -265,10 +293,13 @@ impl Migration<'_> {
         cleanup.remove("migrationId");
         let (side, set) = if committed { ("donor", &self.donor) } else { ("recipient", &self.recipient) };
         match self.on(set, cleanup).await {
-            Ok(r) => tracing::info!(ns = %self.ns, committed, deleted = r.get("deleted").and_then(crate::commands::as_i64).unwrap_or(0), "{side} deleted its copies of the range"),
+            Ok(r) => {
+                tracing::info!(ns = %self.ns, committed, deleted = r.get("deleted").and_then(crate::commands::as_i64).unwrap_or(0), "{side} deleted its copies of the range")
+            }
             Err(e) => tracing::warn!(ns = %self.ns, "the {side} kept its copies of the range: {}", e.message),
         }
-        if let Err(e) = self.router.config_write(doc! {"delete": "migrations", "deletes": [{"q": {"_id": &self.ns, "migrationId": self.id}, "limit": 1}]}).await {
+        if let Err(e) = self.router.config_write(doc! {"delete": "migrations", "deletes": [{"q": {"_id": &self.ns, "migrationId": self.id}, "limit": 1}]}).await
+        {
             tracing::warn!(ns = %self.ns, "the migration record stays: {}", e.message);
         }
     }

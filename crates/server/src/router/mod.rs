@@ -174,7 +174,12 @@ async fn serve_conn(router: &Arc<Router>, mut stream: TcpStream, conn: &mut Rout
             }
         }
         let out = match wire::decode(buf, MESSAGE_SIZE_MAX_BYTES) {
-            Err(e) if op_code == wire::OP_QUERY => wire::encode_reply(next_request_id(), request_id, &OpReply { response_flags: 2, cursor_id: 0, starting_from: 0, documents: vec![dispatch::error_reply(&e)] }, None),
+            Err(e) if op_code == wire::OP_QUERY => wire::encode_reply(
+                next_request_id(),
+                request_id,
+                &OpReply { response_flags: 2, cursor_id: 0, starting_from: 0, documents: vec![dispatch::error_reply(&e)] },
+                None,
+            ),
             Err(e) if op_code == wire::OP_MSG || op_code == wire::OP_COMPRESSED => msg_reply(request_id, dispatch::error_reply(&e)),
             Err(_) => return Err(format!("unsupported opcode {op_code}")),
             Ok(d) => match d.message {
@@ -191,7 +196,12 @@ async fn serve_conn(router: &Arc<Router>, mut stream: TcpStream, conn: &mut Rout
                 }
                 Message::Query(q) => {
                     let reply = legacy_hello(router, conn, q).await;
-                    wire::encode_reply(next_request_id(), request_id, &OpReply { response_flags: 0, cursor_id: 0, starting_from: 0, documents: vec![reply] }, None)
+                    wire::encode_reply(
+                        next_request_id(),
+                        request_id,
+                        &OpReply { response_flags: 0, cursor_id: 0, starting_from: 0, documents: vec![reply] },
+                        None,
+                    )
                 }
                 Message::Reply(_) => return Err("client sent OP_REPLY".into()),
             },
@@ -212,7 +222,10 @@ async fn legacy_hello(router: &Arc<Router>, conn: &mut RouterConn, q: wire::OpQu
     let mut cmd = q.query.get_document("$query").cloned().unwrap_or(q.query);
     let name = cmd.keys().next().cloned().unwrap_or_default();
     if !dispatch::is_hello(&name) {
-        return dispatch::error_reply(&Error::new(Code(352, "UnsupportedOpQueryCommand"), format!("Unsupported OP_QUERY command: {name}. The client driver may require an upgrade.")));
+        return dispatch::error_reply(&Error::new(
+            Code(352, "UnsupportedOpQueryCommand"),
+            format!("Unsupported OP_QUERY command: {name}. The client driver may require an upgrade."),
+        ));
     }
     cmd.insert("$db", db);
     match Request::from_msg(cmd, Vec::new()) {

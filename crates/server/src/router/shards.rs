@@ -37,7 +37,8 @@ pub struct ReplicaSet {
 impl ReplicaSet {
     pub fn parse(conn_string: &str) -> Result<ReplicaSet> {
         let bad = |why: &str| Error::new(Code::FailedToParse, format!("invalid replica set connection string '{conn_string}': {why}"));
-        let (set_name, hosts) = conn_string.split_once('/').ok_or_else(|| bad("expected <setName>/<host:port>[,<host:port>...] (shards and config servers are replica sets)"))?;
+        let (set_name, hosts) =
+            conn_string.split_once('/').ok_or_else(|| bad("expected <setName>/<host:port>[,<host:port>...] (shards and config servers are replica sets)"))?;
         if set_name.is_empty() {
             return Err(bad("empty set name"));
         }
@@ -45,7 +46,13 @@ impl ReplicaSet {
         if hosts.is_empty() || hosts.len() > HOSTS_MAX || hosts.iter().any(|h| h.is_empty() || !h.contains(':')) {
             return Err(bad("every host needs a port"));
         }
-        Ok(ReplicaSet { conn_string: conn_string.to_string(), set_name: set_name.to_string(), hosts, primary: Mutex::new(None), identity_sent: Default::default() })
+        Ok(ReplicaSet {
+            conn_string: conn_string.to_string(),
+            set_name: set_name.to_string(),
+            hosts,
+            primary: Mutex::new(None),
+            identity_sent: Default::default(),
+        })
     }
 
     fn forget_primary(&self, host: &str) {
@@ -72,7 +79,8 @@ fn is_network(e: &Error) -> bool {
 }
 
 fn reply_code(reply: &Document) -> Option<i32> {
-    let ok = matches!(reply.get("ok"), Some(Bson::Double(v)) if *v == 1.0) || matches!(reply.get("ok"), Some(Bson::Int32(1) | Bson::Int64(1) | Bson::Boolean(true)));
+    let ok =
+        matches!(reply.get("ok"), Some(Bson::Double(v)) if *v == 1.0) || matches!(reply.get("ok"), Some(Bson::Int32(1) | Bson::Int64(1) | Bson::Boolean(true)));
     if ok {
         None
     } else {
@@ -106,7 +114,14 @@ impl Pool {
     }
 
     /// `run_on_host` with the reply as BSON.
-    pub async fn run_on_host_raw(&self, host: &str, db: &str, body: Document, sequence: Option<&wire::RawSequence<'_>>, timeout: Duration) -> Result<RawDocumentBuf> {
+    pub async fn run_on_host_raw(
+        &self,
+        host: &str,
+        db: &str,
+        body: Document,
+        sequence: Option<&wire::RawSequence<'_>>,
+        timeout: Duration,
+    ) -> Result<RawDocumentBuf> {
         let mut conn = self.checkout(host).await?;
         let r = conn.command_reply_raw(db, body, sequence, timeout).await;
         self.checkin(conn);
@@ -139,7 +154,11 @@ impl Pool {
                         last_error = Some(format!("{host} is not a member of replica set {}", set.set_name));
                         continue;
                     }
-                    let primary = if reply.get_bool("isWritablePrimary").unwrap_or(false) { Some(host.clone()) } else { reply.get_str("primary").ok().map(str::to_string) };
+                    let primary = if reply.get_bool("isWritablePrimary").unwrap_or(false) {
+                        Some(host.clone())
+                    } else {
+                        reply.get_str("primary").ok().map(str::to_string)
+                    };
                     if let Some(p) = primary {
                         *set.primary.lock() = Some(p.clone());
                         return Ok(p);
@@ -158,13 +177,27 @@ impl Pool {
     /// Run a command on the set's primary and return the host and its reply (`ok: 0`
     /// included). A primary that is no longer one, or cannot be reached before the command
     /// is sent, is looked up again and the command sent once more: it did not run.
-    pub async fn run(&self, set: &ReplicaSet, db: &str, body: Document, sequence: Option<&wire::RawSequence<'_>>, timeout: Duration) -> Result<(String, Document)> {
+    pub async fn run(
+        &self,
+        set: &ReplicaSet,
+        db: &str,
+        body: Document,
+        sequence: Option<&wire::RawSequence<'_>>,
+        timeout: Duration,
+    ) -> Result<(String, Document)> {
         let (host, raw) = self.run_raw(set, db, body, sequence, timeout).await?;
         Ok((host, decode(raw)?))
     }
 
     /// `run` with the reply as BSON.
-    pub async fn run_raw(&self, set: &ReplicaSet, db: &str, body: Document, sequence: Option<&wire::RawSequence<'_>>, timeout: Duration) -> Result<(String, RawDocumentBuf)> {
+    pub async fn run_raw(
+        &self,
+        set: &ReplicaSet,
+        db: &str,
+        body: Document,
+        sequence: Option<&wire::RawSequence<'_>>,
+        timeout: Duration,
+    ) -> Result<(String, RawDocumentBuf)> {
         let mut attempts = 0;
         loop {
             attempts += 1;

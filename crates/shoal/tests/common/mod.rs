@@ -222,11 +222,7 @@ impl Server {
             }
             if Instant::now() >= deadline {
                 self.kill9();
-                panic!(
-                    "shoal not accepting connections on port {port} within {:?}; stderr:\n{}",
-                    READY_TIMEOUT,
-                    tail(&stderr_path)
-                );
+                panic!("shoal not accepting connections on port {port} within {:?}; stderr:\n{}", READY_TIMEOUT, tail(&stderr_path));
             }
             std::thread::sleep(READY_POLL_INTERVAL);
         }
@@ -381,7 +377,8 @@ impl Rng {
 /// A run's seed: from the environment variable `var` when set (to replay a run), else
 /// from the clock. Printed, so that a failing run can be replayed.
 pub fn seed_from_env(var: &str) -> u64 {
-    let seed = std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64));
+    let seed =
+        std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64));
     eprintln!("{var}={seed}");
     seed
 }

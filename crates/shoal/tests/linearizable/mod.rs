@@ -42,7 +42,9 @@ pub enum Verdict {
     Linearizable,
     /// No order explains the replies; the longest prefix of operations that could be
     /// linearized, as indexes into the history, shows where it breaks.
-    NotLinearizable { linearized_max: Vec<usize> },
+    NotLinearizable {
+        linearized_max: Vec<usize>,
+    },
     /// The search gave up after `STEPS_MAX` steps.
     Undecided,
 }
@@ -234,7 +236,14 @@ mod tests {
 
     #[test]
     fn sequential_histories_are_linearizable_when_each_read_sees_the_last_write() {
-        let h = [e(Op::Read(None), 0, Some(1)), e(Op::Write(1), 2, Some(3)), e(Op::Read(Some(1)), 4, Some(5)), e(Op::Cas { from: 1, to: 2, swapped: Some(true) }, 6, Some(7)), e(Op::Read(Some(2)), 8, Some(9)), e(Op::Cas { from: 1, to: 3, swapped: Some(false) }, 10, Some(11))];
+        let h = [
+            e(Op::Read(None), 0, Some(1)),
+            e(Op::Write(1), 2, Some(3)),
+            e(Op::Read(Some(1)), 4, Some(5)),
+            e(Op::Cas { from: 1, to: 2, swapped: Some(true) }, 6, Some(7)),
+            e(Op::Read(Some(2)), 8, Some(9)),
+            e(Op::Cas { from: 1, to: 3, swapped: Some(false) }, 10, Some(11)),
+        ];
         assert_eq!(check(&h), Verdict::Linearizable);
     }
 

@@ -160,7 +160,10 @@ impl FjallEngine {
     /// [`memtables_bytes_max`] of it and the block cache the rest, whatever the data size.
     pub fn open(path: &Path, memory_bytes: u64, fsync: bool) -> Result<FjallEngine> {
         if memory_bytes < MEMORY_BYTES_MIN {
-            return Err(Error::new(common::Code::BadValue, format!("the storage cache must be at least {} MiB, not {} MiB", MEMORY_BYTES_MIN >> 20, memory_bytes >> 20)));
+            return Err(Error::new(
+                common::Code::BadValue,
+                format!("the storage cache must be at least {} MiB, not {} MiB", MEMORY_BYTES_MIN >> 20, memory_bytes >> 20),
+            ));
         }
         std::fs::create_dir_all(path).map_err(|e| Error::internal(format!("cannot create data directory {}: {e}", path.display())))?;
         let memtable = data_memtable_bytes(path, memory_bytes)?;
@@ -182,9 +185,7 @@ impl FjallEngine {
         // once: while another worker compacts, worker 0 spins, a whole core on this 2-core
         // machine (seen as fjall::worker_pool::worker_tick and flume sends in profiles).
         let db = Database::builder(path).cache_size(memory_bytes - memtables).worker_threads(FJALL_WORKER_THREADS).open().map_err(engine_error)?;
-        let open = |s: Space| {
-            db.keyspace(s.name(), || KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes(s, memtable))).map_err(engine_error)
-        };
+        let open = |s: Space| db.keyspace(s.name(), || KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes(s, memtable))).map_err(engine_error);
         let spaces = [open(Space::Catalog)?, open(Space::Records)?, open(Space::Index)?];
         let journal = JournalSync { dir: path.to_path_buf(), active: parking_lot::Mutex::new(None), failed: Default::default() };
         Ok(FjallEngine { db, spaces, fsync, journal })

@@ -184,7 +184,10 @@ pub(crate) mod tests {
         e.write(b).unwrap();
         let (lo, hi) = prefix_bounds(b"ab");
         let got: Vec<Vec<u8>> = collect(&*e.snapshot(), Space::Index, lo, hi, false).into_iter().map(|(k, _)| k).collect();
-        assert_eq!(got, vec![b"ab".to_vec(), b"ab\xff".to_vec(), b"abc".to_vec()].into_iter().collect::<std::collections::BTreeSet<_>>().into_iter().collect::<Vec<_>>());
+        assert_eq!(
+            got,
+            vec![b"ab".to_vec(), b"ab\xff".to_vec(), b"abc".to_vec()].into_iter().collect::<std::collections::BTreeSet<_>>().into_iter().collect::<Vec<_>>()
+        );
         e.sync().unwrap();
         assert!(e.size_bytes() > 0);
     }
