@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one command that runs every test: Rust (unit + integration against the real binary),
-# pytest with pymongo, node:test with the Node driver, and mongosh scripts.
+# The one command that runs every test: rustfmt and clippy, Rust (unit + integration against
+# the real binary), pytest with pymongo, node:test with the Node driver, and mongosh scripts.
 # Then each fuzz target briefly (scripts/fuzz.sh).
 # Installs what is missing (idempotent, fast when already installed), prints each runner's
 # summary, then one final line "N passed, N failed" over all runners. Exit non-zero on any failure.
@@ -104,6 +104,29 @@ cargo build -p shoal 2>&1 | tail -n 40 || BUILD_OK=0
 if [[ $BUILD_OK -eq 0 ]]; then
   echo "build failed: $SHOAL_BIN missing"
 fi
+
+# ---------------------------------------------------------------- tidy
+
+# rustfmt and clippy (with the workspace's lint table, warnings denied): one test each.
+log "cargo fmt --check, cargo clippy"
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add rustfmt clippy >/dev/null 2>&1 || echo "rustup could not add rustfmt and clippy"
+fi
+TIDY_PASSED=0
+TIDY_FAILED=0
+if cargo fmt --all --check >"$LOG_DIR/fmt.log" 2>&1; then
+  TIDY_PASSED=$((TIDY_PASSED + 1))
+else
+  head -n 40 "$LOG_DIR/fmt.log"
+  TIDY_FAILED=$((TIDY_FAILED + 1))
+fi
+if cargo clippy --workspace --all-targets -- -D warnings >"$LOG_DIR/clippy.log" 2>&1; then
+  TIDY_PASSED=$((TIDY_PASSED + 1))
+else
+  grep -E -A8 '^(warning|error)' "$LOG_DIR/clippy.log" | head -n 80
+  TIDY_FAILED=$((TIDY_FAILED + 1))
+fi
+record tidy "$TIDY_PASSED" "$TIDY_FAILED"
 
 # ---------------------------------------------------------------- rust
 
