@@ -1,8 +1,11 @@
 //! Shared vocabulary of every shoal layer: the MongoDB-style error (numeric `code` plus
-//! `codeName`) and the limits that the wire, storage and server layers all enforce.
+//! `codeName`), the limits that the wire, storage and server layers all enforce, the version
+//! a process reports, and how arguments' values are read and named.
 //! Kept tiny on purpose: nothing here does I/O or knows about commands.
 
 pub mod optime;
+pub mod server;
+pub mod value;
 
 use bson::Document;
 use std::fmt;

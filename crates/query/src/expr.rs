@@ -373,34 +373,9 @@ fn err(code: i32, msg: impl Into<String>) -> Error {
     Error::location(code, msg)
 }
 
-/// MongoDB's type names ($type, error messages).
+/// MongoDB's type names ($type, error messages), "missing" for an absent value.
 pub fn type_name(v: Option<&Bson>) -> &'static str {
-    match v {
-        None => "missing",
-        Some(v) => match v {
-            Bson::Double(_) => "double",
-            Bson::String(_) => "string",
-            Bson::Document(_) => "object",
-            Bson::Array(_) => "array",
-            Bson::Binary(_) => "binData",
-            Bson::Undefined => "undefined",
-            Bson::ObjectId(_) => "objectId",
-            Bson::Boolean(_) => "bool",
-            Bson::DateTime(_) => "date",
-            Bson::Null => "null",
-            Bson::RegularExpression(_) => "regex",
-            Bson::DbPointer(_) => "dbPointer",
-            Bson::JavaScriptCode(_) => "javascript",
-            Bson::Symbol(_) => "symbol",
-            Bson::JavaScriptCodeWithScope(_) => "javascriptWithScope",
-            Bson::Int32(_) => "int",
-            Bson::Timestamp(_) => "timestamp",
-            Bson::Int64(_) => "long",
-            Bson::Decimal128(_) => "decimal",
-            Bson::MinKey => "minKey",
-            Bson::MaxKey => "maxKey",
-        },
-    }
+    v.map_or("missing", common::value::type_name)
 }
 
 fn tn(v: &Value) -> &'static str {

@@ -131,7 +131,7 @@ impl WriteConcern {
             match k.as_str() {
                 "w" => match v {
                     Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => {
-                        let n = commands::as_i64(v).unwrap_or(-1);
+                        let n = common::value::as_i64(v).unwrap_or(-1);
                         if n < 0 {
                             return Err(Error::new(
                                 Code::FailedToParse,
@@ -158,10 +158,10 @@ impl WriteConcern {
                 },
                 "j" | "fsync" => match v {
                     Bson::Boolean(b) => out.j = Some(*b || out.j.unwrap_or(false)),
-                    Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => out.j = Some(commands::as_i64(v) != Some(0)),
+                    Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => out.j = Some(common::value::as_i64(v) != Some(0)),
                     _ => return Err(Error::new(Code::FailedToParse, format!("{k} must be a boolean"))),
                 },
-                "wtimeout" | "wtimeoutMS" => out.wtimeout_ms = commands::as_i64(v),
+                "wtimeout" | "wtimeoutMS" => out.wtimeout_ms = common::value::as_i64(v),
                 "provenance" | "getLastError" => {}
                 other => return Err(Error::new(Code::FailedToParse, format!("unrecognized write concern field: {other}"))),
             }
@@ -360,7 +360,7 @@ fn parse_max_time(cmd: &Document) -> Result<Option<Duration>> {
         None | Some(Bson::Null) => Ok(None),
         Some(v) => {
             let ms = match v {
-                Bson::Int32(_) | Bson::Int64(_) => commands::as_i64(v),
+                Bson::Int32(_) | Bson::Int64(_) => common::value::as_i64(v),
                 Bson::Double(d) if d.fract() == 0.0 => Some(*d as i64),
                 _ => None,
             };

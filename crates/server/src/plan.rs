@@ -478,7 +478,7 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, snapshot: &Snapshot, h
         let spec = match h {
             Bson::Document(d) if d.is_empty() => None,
             Bson::Document(d) if d.contains_key("$natural") => {
-                let reverse = d.get("$natural").and_then(crate::commands::as_i64).is_some_and(|n| n < 0);
+                let reverse = d.get("$natural").and_then(common::value::as_i64).is_some_and(|n| n < 0);
                 // Asked as a sort ({$natural: ±1} with no other key), record order is the order.
                 return Ok(Plan { access: Access::CollScan { reverse }, provides_sort: sort.is_none() });
             }

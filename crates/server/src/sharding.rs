@@ -333,7 +333,7 @@ impl ShardingState {
         let blocked = entry.get_object_id("movePrimaryInProgress").is_ok_and(|m| Some(m) != self.gate(&db_gate_key(db)).closed_by());
         let meta = Arc::new(DbMeta {
             uuid: version.get("uuid").cloned().unwrap_or(Bson::Null),
-            last_mod: version.get("lastMod").and_then(crate::commands::as_i64).unwrap_or(0),
+            last_mod: version.get("lastMod").and_then(common::value::as_i64).unwrap_or(0),
             primary_here: entry.get_str("primary").ok() == Some(id.shard_name.as_str()),
             version,
             blocked,
@@ -350,7 +350,7 @@ impl ShardingState {
     /// database's gate, which movePrimary's critical section closes.
     async fn admit_db(&self, req: &Request, dv: &Document) -> Result<Admission> {
         let uuid = dv.get("uuid").cloned().unwrap_or(Bson::Null);
-        let last_mod = dv.get("lastMod").and_then(crate::commands::as_i64).unwrap_or(0);
+        let last_mod = dv.get("lastMod").and_then(common::value::as_i64).unwrap_or(0);
         let db = req.db.as_str();
         let write = !matches!(req.name.as_str(), "find" | "count" | "distinct" | "aggregate" | "listCollections" | "listIndexes");
         let deadline = tokio::time::Instant::now() + CRITICAL_SECTION_WAIT;

@@ -1,8 +1,9 @@
 //! Catalog and statistics commands: listDatabases, listCollections, listIndexes, create, drop,
 //! dropDatabase, renameCollection, collStats, dbStats, validate, createIndexes, dropIndexes.
 
-use super::{as_i64, check_fields, cursor_reply, Ctx};
+use super::{check_fields, cursor_reply, Ctx};
 use bson::{doc, Bson, Document};
+use common::value::as_i64;
 use common::{Code, Error, Result};
 use storage::IndexSpec;
 
@@ -132,8 +133,9 @@ pub fn create(ctx: &mut Ctx) -> Result<Document> {
                 }
             }
             "size" | "max" => {
-                let n = as_i64(v)
-                    .ok_or_else(|| Error::type_mismatch(format!("BSON field 'create.{k}' is the wrong type '{}', expected a number", super::type_name(v))))?;
+                let n = as_i64(v).ok_or_else(|| {
+                    Error::type_mismatch(format!("BSON field 'create.{k}' is the wrong type '{}', expected a number", common::value::type_name(v)))
+                })?;
                 if n < 0 {
                     return Err(Error::bad_value(format!("the '{k}' field of a capped collection must not be negative")));
                 }

@@ -30,7 +30,7 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
     )?;
     let coll_name = match ctx.cmd.get("aggregate") {
         Some(Bson::String(s)) if !s.is_empty() => Some(s.clone()),
-        Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) if super::as_i64(v) == Some(1) => None,
+        Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) if common::value::as_i64(v) == Some(1) => None,
         _ => return Err(Error::new(Code::InvalidNamespace, "Invalid input namespace: aggregate's first field must be a collection name or 1")),
     };
     let stages = ctx.array_arg("pipeline")?.ok_or_else(|| Error::location(40414, "BSON field 'aggregate.pipeline' is missing but a required field"))?;
@@ -43,7 +43,7 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
     }
     let batch_size = match ctx.doc_arg("cursor")? {
         Some(c) => match c.get("batchSize") {
-            Some(v) => match super::as_i64(v) {
+            Some(v) => match common::value::as_i64(v) {
                 Some(b) if b >= 0 => b as usize,
                 _ => return Err(Error::location(51024, "BSON field 'batchSize' value must be >= 0")),
             },
@@ -116,7 +116,7 @@ fn coll_stats_stage(ctx: &Ctx, coll: &str, spec: &Document) -> Result<Document> 
                         format!("Unable to retrieve storageStats in $collStats stage :: caused by :: Collection [{ns}] not found."),
                     ));
                 };
-                let scale = v.as_document().and_then(|d| d.get("scale")).and_then(super::as_i64).unwrap_or(1).max(1);
+                let scale = v.as_document().and_then(|d| d.get("scale")).and_then(common::value::as_i64).unwrap_or(1).max(1);
                 out.insert("storageStats", super::admin::coll_stats_doc(&ns, c, scale));
             }
             "count" => {

@@ -1,13 +1,14 @@
 //! CRUD commands: insert, find, getMore, killCursors, update, delete, findAndModify, count,
 //! distinct.
 
-use super::{as_i64, check_fields, cursor_reply, Ctx};
+use super::{check_fields, cursor_reply, Ctx};
 use crate::cursor::{Cursor, Source, FIRST_BATCH_DOCS_DEFAULT};
 use crate::exec::Scan;
 use crate::plan::Plan;
 use crate::state::Counters;
 use bson::{doc, oid::ObjectId, Bson, Document};
 use common::limits::{BSON_OBJECT_SIZE_MAX_BYTES, WRITE_BATCH_SIZE_MAX};
+use common::value::as_i64;
 use common::{Code, Error, Result};
 use query::filter::{Filter, MatchDetails};
 use query::projection::Projection;
@@ -125,7 +126,7 @@ pub fn insert(ctx: &mut Ctx) -> Result<Document> {
         }
         let r = match d {
             Bson::Document(d) => prepare_for_insert(d.clone()),
-            other => Err(Error::type_mismatch(format!("BSON field 'insert.documents' elements must be objects, got {}", super::type_name(other)))),
+            other => Err(Error::type_mismatch(format!("BSON field 'insert.documents' elements must be objects, got {}", common::value::type_name(other)))),
         };
         match r {
             Ok(d) => {
@@ -215,7 +216,7 @@ fn check_hint(ctx: &Ctx, hint: Option<&Bson>, coll: Option<&storage::Collection>
             Some(_) => Err(bad()),
             None => Ok(()),
         },
-        other => Err(Error::new(Code::FailedToParse, format!("hint must be a string or an object, not {}", super::type_name(other)))).map(|_: ()| {
+        other => Err(Error::new(Code::FailedToParse, format!("hint must be a string or an object, not {}", common::value::type_name(other)))).map(|_: ()| {
             let _ = ctx;
         }),
     }
@@ -310,7 +311,9 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     if await_data && !tailable {
         return Err(Error::new(Code::FailedToParse, "Cannot set 'awaitData' without also setting 'tailable'"));
     }
-    if tailable && !(sort.is_empty() && natural.as_ref().is_none_or(|n| n.as_document().and_then(|d| d.get("$natural")).and_then(super::as_i64) == Some(1))) {
+    if tailable
+        && !(sort.is_empty() && natural.as_ref().is_none_or(|n| n.as_document().and_then(|d| d.get("$natural")).and_then(common::value::as_i64) == Some(1)))
+    {
         return Err(Error::bad_value("error processing query: cannot use tailable option with a sort other than {$natural: 1}"));
     }
     if let Some(c) = ctx.doc_arg("collation")? {
@@ -423,7 +426,9 @@ pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
     }
     let id = match ctx.cmd.get("getMore") {
         Some(Bson::Int64(id)) => *id,
-        Some(v) => return Err(Error::type_mismatch(format!("BSON field 'getMore.getMore' is the wrong type '{}', expected type 'long'", super::type_name(v)))),
+        Some(v) => {
+            return Err(Error::type_mismatch(format!("BSON field 'getMore.getMore' is the wrong type '{}', expected type 'long'", common::value::type_name(v))))
+        }
         None => return Err(Error::location(40414, "BSON field 'getMore.getMore' is missing but a required field")),
     };
     let coll = ctx.str_arg("collection")?.ok_or_else(|| Error::location(40414, "BSON field 'getMore.collection' is missing but a required field"))?;
@@ -437,7 +442,7 @@ pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
     // default 1 s); dispatch does not make it a deadline for getMore.
     let await_ms = match ctx.cmd.get("maxTimeMS") {
         None | Some(Bson::Null) => None,
-        Some(v) => Some(super::as_i64(v).filter(|n| *n >= 0).ok_or_else(|| Error::bad_value("maxTimeMS must be a non-negative integer"))?),
+        Some(v) => Some(common::value::as_i64(v).filter(|n| *n >= 0).ok_or_else(|| Error::bad_value("maxTimeMS must be a non-negative integer"))?),
     };
     let mut cursor = ctx.shared.cursors.checkout(id, &ns, ctx.user_name().as_ref())?;
     let await_data = matches!(&cursor.source, Source::Tail(t) if t.await_data);
@@ -476,7 +481,7 @@ pub fn kill_cursors(ctx: &mut Ctx) -> Result<Document> {
     let owner = ctx.user_name();
     for v in ids {
         let Bson::Int64(id) = v else {
-            return Err(Error::type_mismatch(format!("BSON field 'killCursors.cursors' elements must be 'long', got '{}'", super::type_name(v))));
+            return Err(Error::type_mismatch(format!("BSON field 'killCursors.cursors' elements must be 'long', got '{}'", common::value::type_name(v))));
         };
         if ctx.shared.cursors.kill(*id, owner.as_ref()) {
             killed.push(*id);

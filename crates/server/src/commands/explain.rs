@@ -88,15 +88,15 @@ pub fn explain(ctx: &mut Ctx) -> Result<Document> {
         "find" => (
             inner.get_document("filter").unwrap_or(&empty).clone(),
             inner.get_document("sort").unwrap_or(&empty).clone(),
-            inner.get("skip").and_then(super::as_i64).unwrap_or(0),
-            inner.get("limit").and_then(super::as_i64).unwrap_or(0).abs(),
+            inner.get("skip").and_then(common::value::as_i64).unwrap_or(0),
+            inner.get("limit").and_then(common::value::as_i64).unwrap_or(0).abs(),
             inner.get_document("projection").ok().cloned(),
         ),
         "count" => (
             inner.get_document("query").unwrap_or(&empty).clone(),
             empty.clone(),
-            inner.get("skip").and_then(super::as_i64).unwrap_or(0),
-            inner.get("limit").and_then(super::as_i64).unwrap_or(0).abs(),
+            inner.get("skip").and_then(common::value::as_i64).unwrap_or(0),
+            inner.get("limit").and_then(common::value::as_i64).unwrap_or(0).abs(),
             None,
         ),
         "distinct" => (inner.get_document("query").unwrap_or(&empty).clone(), empty.clone(), 0, 0, None),
@@ -165,6 +165,6 @@ pub fn explain(ctx: &mut Ctx) -> Result<Document> {
         out.insert("executionStats", es);
     }
     out.insert("command", inner);
-    out.insert("serverInfo", doc! { "host": ctx.shared.host_name.clone(), "port": ctx.shared.config.port as i32, "version": super::hello::VERSION, "gitVersion": concat!("shoal-", env!("CARGO_PKG_VERSION")) });
+    out.insert("serverInfo", doc! { "host": ctx.shared.host_name.clone(), "port": ctx.shared.config.port as i32, "version": common::server::VERSION, "gitVersion": concat!("shoal-", env!("CARGO_PKG_VERSION")) });
     Ok(out)
 }

@@ -1,16 +1,15 @@
 //! Handshake and diagnostic commands: hello, buildInfo, serverStatus, getParameter, sessions,
 //! currentOp/killOp.
 
-use super::{as_i64, Ctx};
+use super::Ctx;
 use crate::state::Counters;
 use bson::{doc, Bson, DateTime, Document};
 use common::limits;
+use common::value::as_i64;
 use common::{Code, Error, Result};
 use wire::Compressor;
 
-pub const VERSION: &str = "7.0.0";
-pub const MAX_WIRE_VERSION: i32 = 21;
-pub const LOGICAL_SESSION_TIMEOUT_MINUTES: i32 = 30;
+use common::server::{LOGICAL_SESSION_TIMEOUT_MINUTES, MAX_WIRE_VERSION, VERSION};
 
 pub fn hello(ctx: &mut Ctx) -> Result<Document> {
     let cmd = ctx.cmd;

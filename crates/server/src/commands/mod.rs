@@ -335,42 +335,7 @@ pub fn check_fields(cmd_name: &str, cmd: &Document, known: &[&str]) -> Result<()
     Ok(())
 }
 
-pub fn as_i64(v: &Bson) -> Option<i64> {
-    match v {
-        Bson::Int32(i) => Some(*i as i64),
-        Bson::Int64(i) => Some(*i),
-        Bson::Double(d) if d.is_finite() => Some(*d as i64),
-        Bson::Decimal128(d) => d.to_string().parse::<f64>().ok().map(|f| f as i64),
-        _ => None,
-    }
-}
-
-pub fn type_name(v: &Bson) -> &'static str {
-    use bson::spec::ElementType as T;
-    match v.element_type() {
-        T::Double => "double",
-        T::String => "string",
-        T::EmbeddedDocument => "object",
-        T::Array => "array",
-        T::Binary => "binData",
-        T::Undefined => "undefined",
-        T::ObjectId => "objectId",
-        T::Boolean => "bool",
-        T::DateTime => "date",
-        T::Null => "null",
-        T::RegularExpression => "regex",
-        T::DbPointer => "dbPointer",
-        T::JavaScriptCode => "javascript",
-        T::Symbol => "symbol",
-        T::JavaScriptCodeWithScope => "javascriptWithScope",
-        T::Int32 => "int",
-        T::Timestamp => "timestamp",
-        T::Int64 => "long",
-        T::Decimal128 => "decimal",
-        T::MaxKey => "maxKey",
-        T::MinKey => "minKey",
-    }
-}
+use common::value::{as_i64, type_name};
 
 fn wrong_type(cmd_name: &str, field: &str, v: &Bson, expected: &str) -> Error {
     Error::type_mismatch(format!("BSON field '{cmd_name}.{field}' is the wrong type '{}', expected type '{expected}'", type_name(v)))

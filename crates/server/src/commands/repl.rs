@@ -121,7 +121,7 @@ pub fn repl_set_update_position(ctx: &mut Ctx) -> Result<Document> {
 fn secs_arg(ctx: &Ctx, field: &str, default: i64) -> Result<i64> {
     match ctx.cmd.get(field) {
         None | Some(Bson::Null) => Ok(default),
-        Some(v) => super::as_i64(v).filter(|n| *n >= 0).ok_or_else(|| Error::bad_value(format!("{field} must be a non-negative number"))),
+        Some(v) => common::value::as_i64(v).filter(|n| *n >= 0).ok_or_else(|| Error::bad_value(format!("{field} must be a non-negative number"))),
     }
 }
 
@@ -185,12 +185,12 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     }
     if name == "journalFlushDelay" {
         // {data: {delayMs}}: the journal flusher waits this long before each sync.
-        let ms = data.get("delayMs").and_then(super::as_i64).unwrap_or(0).max(0) as u64;
+        let ms = data.get("delayMs").and_then(common::value::as_i64).unwrap_or(0).max(0) as u64;
         crate::fault::set_journal_flush_delay(if on { ms } else { 0 });
         return Ok(bson::doc! {"count": 0});
     }
     let host = data.get_str("host").unwrap_or("*").to_string();
-    let num = |k: &str| data.get(k).and_then(super::as_i64).unwrap_or(0).max(0) as u64;
+    let num = |k: &str| data.get(k).and_then(common::value::as_i64).unwrap_or(0).max(0) as u64;
     let fault = crate::fault::LinkFault {
         delay_ms: num("delayMs"),
         loss_percent: num("lossPercent").min(100) as u32,

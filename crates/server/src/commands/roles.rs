@@ -15,7 +15,9 @@ use common::{Code, Error, Result};
 fn role_name(ctx: &Ctx) -> Result<String> {
     let role = match ctx.cmd.get(ctx.name) {
         Some(Bson::String(s)) => s.clone(),
-        Some(v) => return Err(Error::type_mismatch(format!("BSON field '{}' is the wrong type '{}', expected type 'string'", ctx.name, super::type_name(v)))),
+        Some(v) => {
+            return Err(Error::type_mismatch(format!("BSON field '{}' is the wrong type '{}', expected type 'string'", ctx.name, common::value::type_name(v))))
+        }
         None => return Err(Error::bad_value(format!("{} needs a role name", ctx.name))),
     };
     if role.is_empty() {

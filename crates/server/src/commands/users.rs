@@ -264,7 +264,9 @@ fn credentials(user: &str, pwd: &str, mechanisms: &[scram::Mechanism]) -> Result
 fn check_name(ctx: &Ctx) -> Result<String> {
     let user = match ctx.cmd.get(ctx.name) {
         Some(Bson::String(s)) => s.clone(),
-        Some(v) => return Err(Error::type_mismatch(format!("BSON field '{}' is the wrong type '{}', expected type 'string'", ctx.name, super::type_name(v)))),
+        Some(v) => {
+            return Err(Error::type_mismatch(format!("BSON field '{}' is the wrong type '{}', expected type 'string'", ctx.name, common::value::type_name(v))))
+        }
         None => return Err(Error::bad_value(format!("{} needs a user name", ctx.name))),
     };
     if user.is_empty() || user.len() > NAME_BYTES_MAX {

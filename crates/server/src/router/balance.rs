@@ -305,7 +305,7 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
             doc! {"update": "databases", "updates": [{"q": {"_id": &db, "primary": &from, "movePrimaryInProgress": {"$exists": false}}, "u": record}]},
         )
         .await?;
-    if r.get("n").and_then(crate::commands::as_i64) != Some(1) {
+    if r.get("n").and_then(common::value::as_i64) != Some(1) {
         return Err(Error::new(Code::ConflictingOperationInProgress, format!("database {db} is being moved already, or its primary changed")));
     }
     let moved = async {
@@ -317,7 +317,7 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
         let r = router
             .config_write(doc! {"update": "databases", "updates": [{"q": {"_id": &db, "primary": &from, "movePrimaryInProgress": id}, "u": commit}]})
             .await?;
-        if r.get("n").and_then(crate::commands::as_i64) != Some(1) {
+        if r.get("n").and_then(common::value::as_i64) != Some(1) {
             return Err(Error::new(Code::ConflictingOperationInProgress, format!("the move of database {db} was fenced by a recovery")));
         }
         Ok(())

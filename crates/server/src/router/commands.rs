@@ -8,9 +8,10 @@ use super::catalog::{cursor_docs, now_timestamp, ShardedColl};
 use super::cursor::{RouterCursor, Stream};
 use super::shards::{reply_result, ReplicaSet, COMMAND_TIMEOUT, CONNECT_TIMEOUT};
 use super::{Router, RouterConn};
-use crate::commands::hello::{build_info_doc, LOGICAL_SESSION_TIMEOUT_MINUTES, MAX_WIRE_VERSION};
+use crate::commands::hello::build_info_doc;
 use crate::dispatch::{self, Request};
 use bson::{doc, Bson, DateTime, Document};
+use common::server::{LOGICAL_SESSION_TIMEOUT_MINUTES, MAX_WIRE_VERSION};
 use common::{limits, Code, Error, Result};
 use shard::chunks::{initial_chunks, INITIAL_CHUNKS_PER_SHARD, INITIAL_CHUNKS_PER_SHARD_MAX};
 use shard::{shards_for_filter, ShardKeyPattern};
@@ -167,7 +168,7 @@ pub(super) fn forwarded(req: &Request) -> Document {
 }
 
 pub(super) fn timeout_of(req: &Request) -> Duration {
-    match req.body.get("maxTimeMS").and_then(crate::commands::as_i64) {
+    match req.body.get("maxTimeMS").and_then(common::value::as_i64) {
         // The shard enforces maxTimeMS; the router waits a little longer for its answer.
         Some(ms) if ms > 0 => Duration::from_millis(ms as u64) + Duration::from_secs(5),
         _ => COMMAND_TIMEOUT,
@@ -187,7 +188,7 @@ async fn hello(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<
     }
     // An awaitable hello (a driver's streaming monitor) waits: a router's topology does not
     // change, so the whole maxAwaitTimeMS, unless the client saw another process.
-    let max_await = cmd.get("maxAwaitTimeMS").and_then(crate::commands::as_i64);
+    let max_await = cmd.get("maxAwaitTimeMS").and_then(common::value::as_i64);
     let seen_us = cmd.get_document("topologyVersion").ok().and_then(|t| t.get_object_id("processId").ok()) == Some(router.process_id);
     if let (Some(ms), true) = (max_await, seen_us) {
         tokio::time::sleep(Duration::from_millis(ms.clamp(0, AWAIT_TIME_MS_MAX) as u64)).await;
@@ -361,7 +362,7 @@ fn index_name(key: &Document) -> String {
     key.iter()
         .map(|(k, v)| match v {
             Bson::String(s) => format!("{k}_{s}"),
-            v => format!("{k}_{}", crate::commands::as_i64(v).unwrap_or(1)),
+            v => format!("{k}_{}", common::value::as_i64(v).unwrap_or(1)),
         })
         .collect::<Vec<_>>()
         .join("_")
@@ -396,7 +397,7 @@ async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
         return Err(Error::new(Code::InvalidOptions, "presplitHashedZones needs zones, which shoal's router does not have yet"));
     }
     let shard_ids = router.placeable_shard_ids().await?;
-    let per_shard = match cmd.get("numInitialChunks").and_then(crate::commands::as_i64) {
+    let per_shard = match cmd.get("numInitialChunks").and_then(common::value::as_i64) {
         None | Some(0) => INITIAL_CHUNKS_PER_SHARD,
         Some(n) if n > 0 && (n as u64) <= INITIAL_CHUNKS_PER_SHARD_MAX * shard_ids.len().max(1) as u64 => (n as u64).div_ceil(shard_ids.len().max(1) as u64),
         Some(_) => return Err(Error::new(Code::InvalidOptions, format!("numInitialChunks must be 1 to {} per shard", INITIAL_CHUNKS_PER_SHARD_MAX))),
@@ -410,7 +411,7 @@ async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
     }
     let primary_set = router.shard(&primary).await?;
     let on_primary = |body: Document| async { router.pool.run(&primary_set, db, body, None, COMMAND_TIMEOUT).await.and_then(|(_, r)| reply_result(r)) };
-    let count = on_primary(doc! {"count": coll}).await?.get("n").and_then(crate::commands::as_i64).unwrap_or(0);
+    let count = on_primary(doc! {"count": coll}).await?.get("n").and_then(common::value::as_i64).unwrap_or(0);
     let index = doc! {"key": key.to_doc().clone(), "name": index_name(key.to_doc()), "unique": unique};
     let chunks = if count == 0 {
         let chunks = initial_chunks(&key, &shard_ids, &primary, per_shard);
@@ -731,7 +732,7 @@ async fn delete(router: &Router, req: &Request) -> Result<Document> {
 
 fn delete_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
     let filter = stmt.get_document("q").cloned().unwrap_or_default();
-    let single = stmt.get("limit").and_then(crate::commands::as_i64) == Some(1);
+    let single = stmt.get("limit").and_then(common::value::as_i64) == Some(1);
     let shards: Vec<String> = shards_for_filter(&sc.table, &filter).into_iter().collect();
     if single && shards.len() > 1 && !fixes_id(&filter) {
         return Err(Error::new(
@@ -796,7 +797,7 @@ fn statements_apart(name: &str, mut body: Document) -> Result<(Document, Option<
         .iter()
         .map(|s| match s {
             Bson::Document(d) => d.to_vec().map_err(|e| Error::new(Code::InvalidBSON, e.to_string())),
-            _ => Err(Error::type_mismatch(format!("BSON field '{name}.{field}' holds a {}, expected objects", crate::commands::type_name(s)))),
+            _ => Err(Error::type_mismatch(format!("BSON field '{name}.{field}' holds a {}, expected objects", common::value::type_name(s)))),
         })
         .collect::<Result<Vec<Vec<u8>>>>()?;
     Ok((body, Some((field, encoded))))
@@ -833,11 +834,11 @@ impl WriteResult {
                 return;
             }
         };
-        self.n += reply.get("n").and_then(crate::commands::as_i64).unwrap_or(0);
-        if let Some(m) = reply.get("nModified").and_then(crate::commands::as_i64) {
+        self.n += reply.get("n").and_then(common::value::as_i64).unwrap_or(0);
+        if let Some(m) = reply.get("nModified").and_then(common::value::as_i64) {
             *self.n_modified.get_or_insert(0) += m;
         }
-        let original = |d: &Document| d.get("index").and_then(crate::commands::as_i64).and_then(|i| indexes.get(i as usize)).copied();
+        let original = |d: &Document| d.get("index").and_then(common::value::as_i64).and_then(|i| indexes.get(i as usize)).copied();
         for u in reply.get_array("upserted").map(|a| a.as_slice()).unwrap_or_default() {
             if let Some(mut u) = u.as_document().cloned() {
                 if let Some(i) = original(&u) {
@@ -1025,7 +1026,7 @@ fn stale_backoff(n: u32) -> Duration {
 fn batch_size_of(v: Option<&Bson>) -> Result<Option<usize>> {
     match v {
         None => Ok(None),
-        Some(v) => match crate::commands::as_i64(v) {
+        Some(v) => match common::value::as_i64(v) {
             Some(n) if n >= 0 => Ok(Some(n as usize)),
             _ => Err(Error::bad_value("batchSize must be a non-negative number")),
         },
@@ -1122,8 +1123,8 @@ async fn find(router: &Router, req: &Request) -> Result<Document> {
         let only = targets.into_iter().next().unwrap_or_default();
         return single_shard_cursor(router, req, &only, versioned(&forwarded(req), Some(&sc), &only)).await;
     }
-    let skip = cmd.get("skip").and_then(crate::commands::as_i64).unwrap_or(0).max(0) as u64;
-    let limit = cmd.get("limit").and_then(crate::commands::as_i64).filter(|l| *l > 0).map(|l| l as u64);
+    let skip = cmd.get("skip").and_then(common::value::as_i64).unwrap_or(0).max(0) as u64;
+    let limit = cmd.get("limit").and_then(common::value::as_i64).filter(|l| *l > 0).map(|l| l as u64);
     let batch = batch_size_of(cmd.get("batchSize"))?;
     let sort = match cmd.get_document("sort") {
         Ok(s) if !s.is_empty() => Some(query::sort::SortSpec::parse(s)?),
@@ -1220,8 +1221,8 @@ async fn count(router: &Router, req: &Request) -> Result<Document> {
     let ns = format!("{}.{coll}", req.db);
     let filter = req.body.get_document("query").cloned().unwrap_or_default();
     let (targets, sc) = read_targets(router, &req.db, &ns, &filter).await?;
-    let skip = req.body.get("skip").and_then(crate::commands::as_i64).unwrap_or(0).max(0);
-    let limit = req.body.get("limit").and_then(crate::commands::as_i64).unwrap_or(0).abs();
+    let skip = req.body.get("skip").and_then(common::value::as_i64).unwrap_or(0).max(0);
+    let limit = req.body.get("limit").and_then(common::value::as_i64).unwrap_or(0).abs();
     let mut body = forwarded(req);
     body.remove("skip");
     if limit > 0 {
@@ -1232,7 +1233,7 @@ async fn count(router: &Router, req: &Request) -> Result<Document> {
     }
     let mut n = 0;
     for r in on_each(router, req, sc.as_deref(), &targets, &body).await? {
-        n += r.get("n").and_then(crate::commands::as_i64).unwrap_or(0);
+        n += r.get("n").and_then(common::value::as_i64).unwrap_or(0);
     }
     n = (n - skip).max(0);
     if limit > 0 {
@@ -1424,7 +1425,7 @@ async fn list_databases(router: &Router, req: &Request) -> Result<Document> {
             if matches!(name, "local" | "admin" | "config") {
                 continue;
             }
-            *sizes.entry(name.to_string()).or_default() += d.get("sizeOnDisk").and_then(crate::commands::as_i64).unwrap_or(0);
+            *sizes.entry(name.to_string()).or_default() += d.get("sizeOnDisk").and_then(common::value::as_i64).unwrap_or(0);
         }
     }
     let total: i64 = sizes.values().sum();

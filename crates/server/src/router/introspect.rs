@@ -13,7 +13,7 @@ use common::{Code, Error, Result};
 use std::sync::atomic::Ordering;
 
 fn num(d: &Document, f: &str) -> i64 {
-    d.get(f).and_then(crate::commands::as_i64).unwrap_or(0)
+    d.get(f).and_then(common::value::as_i64).unwrap_or(0)
 }
 
 /// serverStatus: the router process's identity, uptime and connections.
@@ -22,7 +22,7 @@ pub fn server_status(router: &Router) -> Document {
     let current = router.connections_current.load(Ordering::Relaxed);
     doc! {
         "host": format!("{}:{}", crate::sysinfo::hostname(), router.config.port),
-        "version": crate::commands::hello::VERSION,
+        "version": common::server::VERSION,
         "process": "mongos",
         "pid": std::process::id() as i64,
         "uptime": uptime.as_secs_f64().floor(),
@@ -63,7 +63,7 @@ pub async fn db_stats(router: &Router, req: &Request) -> Result<Document> {
         index_size += num(&r, "indexSize");
         raw.insert(set.conn_string.clone(), r);
     }
-    let scale = req.body.get("scale").and_then(crate::commands::as_i64).filter(|s| *s > 0).unwrap_or(1);
+    let scale = req.body.get("scale").and_then(common::value::as_i64).filter(|s| *s > 0).unwrap_or(1);
     Ok(doc! {
         "raw": raw,
         "db": &req.db,
@@ -108,8 +108,8 @@ pub async fn coll_stats(router: &Router, req: &Request) -> Result<Document> {
         nindexes = nindexes.max(num(&r, "nindexes"));
         if let Ok(sizes) = r.get_document("indexSizes") {
             for (name, v) in sizes {
-                let before = index_sizes.get(name).and_then(crate::commands::as_i64).unwrap_or(0);
-                index_sizes.insert(name.clone(), before + crate::commands::as_i64(v).unwrap_or(0));
+                let before = index_sizes.get(name).and_then(common::value::as_i64).unwrap_or(0);
+                index_sizes.insert(name.clone(), before + common::value::as_i64(v).unwrap_or(0));
             }
         }
         per_shard.insert(id.clone(), r);
@@ -287,7 +287,7 @@ pub async fn explain(router: &Router, req: &Request) -> Result<Document> {
             },
         );
     }
-    out.insert("serverInfo", doc! {"host": crate::sysinfo::hostname(), "port": router.config.port as i32, "version": crate::commands::hello::VERSION});
+    out.insert("serverInfo", doc! {"host": crate::sysinfo::hostname(), "port": router.config.port as i32, "version": common::server::VERSION});
     out.insert("command", inner);
     Ok(out)
 }

@@ -261,7 +261,7 @@ impl Migration<'_> {
         };
         let reply = self.router.config_write(doc! {"update": "chunks", "updates": [{"q": filter, "u": update}]}).await;
         match reply {
-            Ok(r) if r.get("n").and_then(crate::commands::as_i64) == Some(1) => {
+            Ok(r) if r.get("n").and_then(common::value::as_i64) == Some(1) => {
                 *committed = true;
                 Ok(())
             }
@@ -294,7 +294,7 @@ impl Migration<'_> {
         let (side, set) = if committed { ("donor", &self.donor) } else { ("recipient", &self.recipient) };
         match self.on(set, cleanup).await {
             Ok(r) => {
-                tracing::info!(ns = %self.ns, committed, deleted = r.get("deleted").and_then(crate::commands::as_i64).unwrap_or(0), "{side} deleted its copies of the range")
+                tracing::info!(ns = %self.ns, committed, deleted = r.get("deleted").and_then(common::value::as_i64).unwrap_or(0), "{side} deleted its copies of the range")
             }
             Err(e) => tracing::warn!(ns = %self.ns, "the {side} kept its copies of the range: {}", e.message),
         }
@@ -333,7 +333,7 @@ pub async fn recover(router: &Router, old: &Document) -> Result<()> {
     let uuid = old.get("uuid").cloned().unwrap_or(Bson::Null);
     let fence = Bson::Timestamp(bson::Timestamp { time: lastmod.time, increment: lastmod.increment + 1 });
     let r = router.config_write(doc! {"update": "chunks", "updates": [{"q": {"uuid": uuid.clone(), "min": min.clone(), "shard": &donor, "lastmod": lastmod}, "u": {"$set": {"lastmod": fence}}}]}).await?;
-    let aborted = r.get("n").and_then(crate::commands::as_i64) == Some(1);
+    let aborted = r.get("n").and_then(common::value::as_i64) == Some(1);
     tracing::warn!(%ns, %id, aborted, "recovering a migration its router left");
     let donor_set = router.shard(&donor).await?;
     router.command(&donor_set, db, doc! {"_shardsvrExitCriticalSection": &ns, "migrationId": id, "committed": !aborted}).await?;
