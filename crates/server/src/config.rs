@@ -2,6 +2,7 @@
 //! Command-line flags win over the file, as with mongod.
 
 use common::{Code, Error, Result};
+pub use net::tls::{TlsConfig, TlsMode};
 use serde_yaml::Value;
 use std::path::PathBuf;
 
@@ -46,41 +47,6 @@ impl LogTransport {
             LogTransport::Pull => "pull",
             LogTransport::Push => "push",
             LogTransport::Shm => "shm",
-        }
-    }
-}
-
-/// `net.tls.mode`: whether client connections use TLS.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum TlsMode {
-    #[default]
-    Disabled,
-    /// TLS or plaintext, as each client chooses; connections to other members are
-    /// plaintext.
-    Allow,
-    /// TLS or plaintext, as each client chooses; connections to other members use TLS.
-    Prefer,
-    /// TLS only: a plaintext connection is closed.
-    Require,
-}
-
-impl TlsMode {
-    pub fn parse(s: &str) -> Result<TlsMode> {
-        match s {
-            "disabled" => Ok(TlsMode::Disabled),
-            "allowTLS" => Ok(TlsMode::Allow),
-            "preferTLS" => Ok(TlsMode::Prefer),
-            "requireTLS" => Ok(TlsMode::Require),
-            other => Err(bad_option(format!("net.tls.mode must be disabled, allowTLS, preferTLS or requireTLS, not '{other}'"))),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            TlsMode::Disabled => "disabled",
-            TlsMode::Allow => "allowTLS",
-            TlsMode::Prefer => "preferTLS",
-            TlsMode::Require => "requireTLS",
         }
     }
 }
@@ -158,19 +124,6 @@ impl AuditOptions {
         };
         Ok(Some(AuditConfig { destination, format, path: self.path.clone(), filter }))
     }
-}
-
-/// `net.tls`.
-#[derive(Clone, Debug, Default)]
-pub struct TlsConfig {
-    pub mode: TlsMode,
-    /// PEM holding the server's certificate chain and its private key.
-    pub certificate_key_file: Option<PathBuf>,
-    /// PEM of the CAs that client certificates are checked against; without it, clients
-    /// are not asked for one.
-    pub ca_file: Option<PathBuf>,
-    /// With a CA file: clients without a certificate are let in too.
-    pub allow_connections_without_certificates: bool,
 }
 
 #[derive(Clone, Debug)]

@@ -3,9 +3,9 @@
 
 use crate::dispatch::{self, Request};
 use crate::state::{Counters, Shared};
-use crate::tls::Stream;
 use bson::{doc, Bson, Document};
 use common::limits::MESSAGE_SIZE_MAX_BYTES;
+use net::tls::Stream;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;

@@ -20,7 +20,6 @@ pub mod router;
 mod sharding;
 mod state;
 mod sysinfo;
-mod tls;
 
 use crate::state::{Counters, Shared};
 use config::ServerConfig;
@@ -33,12 +32,12 @@ const TTL_MONITOR_INTERVAL_SECS: u64 = 60;
 /// Open the store and serve until SIGINT/SIGTERM; returns after a clean shutdown.
 pub async fn serve(config: ServerConfig) -> common::Result<()> {
     // A bad certificate or key stops the start before anything is opened.
-    let tls = tls::Acceptor::new(&config.tls)?;
+    let tls = net::tls::Acceptor::new(&config.tls)?;
     if config.repl_set_name.is_some() {
-        tls::init_member_client(&config.tls)?;
+        net::tls::init_member_client(&config.tls)?;
     }
     if let Some(path) = &config.key_file {
-        auth::load_key_file(path)?;
+        net::key_file::load_key_file(path)?;
     }
     let fds = sysinfo::raise_fd_limit();
     let store = if config.storage_engine == "inMemory" {

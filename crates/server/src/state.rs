@@ -160,7 +160,7 @@ pub struct Shared {
     /// Users and whether commands need them (`security.authorization`).
     pub auth: crate::auth::AuthState,
     /// How client connections are accepted: plain, TLS, or either (`net.tls.mode`).
-    pub tls: crate::tls::Acceptor,
+    pub tls: net::tls::Acceptor,
     /// The audit log, when `auditLog.destination` is set.
     pub audit: Option<crate::audit::Audit>,
     /// This member's part in a sharded cluster, if a router told it one.
@@ -172,7 +172,7 @@ impl Shared {
         config: ServerConfig,
         store: Store,
         repl: Option<crate::repl::ReplCoord>,
-        tls: crate::tls::Acceptor,
+        tls: net::tls::Acceptor,
         audit: Option<crate::audit::Audit>,
     ) -> Shared {
         let host_name = crate::sysinfo::hostname();

@@ -191,12 +191,12 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     }
     let host = data.get_str("host").unwrap_or("*").to_string();
     let num = |k: &str| data.get(k).and_then(common::value::as_i64).unwrap_or(0).max(0) as u64;
-    let fault = crate::fault::LinkFault {
+    let fault = net::fault::LinkFault {
         delay_ms: num("delayMs"),
         loss_percent: num("lossPercent").min(100) as u32,
         partitioned: data.get_bool("partition").unwrap_or(false),
     };
-    crate::fault::set(&host, on.then_some(fault));
+    net::fault::set(&host, on.then_some(fault));
     Ok(bson::doc! {"count": 0})
 }
 

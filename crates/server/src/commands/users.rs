@@ -3,9 +3,10 @@
 //! revokeRolesFromUser. Users are documents in admin.system.users (`crate::auth`).
 
 use super::Ctx;
-use crate::auth::{self, scram, USERS_COLLECTION, USERS_DB};
+use crate::auth::{self, USERS_COLLECTION, USERS_DB};
 use bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
 use common::{Code, Error, Result};
+use net::scram;
 
 /// A user name or password longer than this is refused (mongod has no smaller limit than
 /// the document's; this keeps SCRAM's work bounded).

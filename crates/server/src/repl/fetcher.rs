@@ -11,10 +11,10 @@
 //! writes. The fetcher runs on a thread of its own: the batch after an apply is everything
 //! the source logged meanwhile.
 
-use super::peer::{cursor_batch, cursor_batch_raw, PeerConn};
 use crate::state::{Counters, Shared};
 use bson::{doc, Bson, Document, RawDocument, RawDocumentBuf};
 use common::{Code, Error, Result};
+use net::peer::{cursor_batch, cursor_batch_raw, PeerConn};
 use repl::sync_source::Mismatch;
 use repl::{MemberState, ReplSetConfig};
 use std::sync::Arc;
@@ -249,8 +249,8 @@ async fn push_loop(
                 Some(r) => {
                     // Waits in this thread: the fetcher's runtime has nothing else to run.
                     let live = || !conn.peer_closed() && !superseded(coord, epoch);
-                    let frame = r.recv(wait, live, |f| super::peer::parse_streamed(f, &host, response_to, parse)).map_err(|e| Error::new(Code::HostUnreachable, format!("{host}'s ring: {e}")))??;
-                    crate::fault::after_receive(&host).await?;
+                    let frame = r.recv(wait, live, |f| net::peer::parse_streamed(f, &host, response_to, parse)).map_err(|e| Error::new(Code::HostUnreachable, format!("{host}'s ring: {e}")))??;
+                    net::fault::after_receive(&host).await?;
                     frame
                 }
             };

@@ -23,10 +23,10 @@
 //! over too (`ReplCoord::restart_initial_sync`): the copy may hold writes the set took back.
 //! A member whose sync finished never starts another (`ReplCoord::initial_sync_reason`).
 
-use super::peer::{cursor_batch, PeerConn};
 use crate::state::Shared;
 use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
+use net::peer::{cursor_batch, PeerConn};
 use repl::MemberState;
 use std::sync::Arc;
 use std::time::Duration;

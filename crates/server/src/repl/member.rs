@@ -3,11 +3,11 @@
 //! commands that other members send (replSetHeartbeat, replSetRequestVotes,
 //! replSetUpdatePosition).
 
-use super::peer::PeerConn;
 use super::{put_single_doc, store_config, ReplCoord, ELECTION_COLLECTION};
 use crate::state::Shared;
 use bson::{doc, Bson, DateTime, Document};
 use common::{Code, Error, Result};
+use net::peer::PeerConn;
 use repl::election::VoteRequest;
 use repl::{MemberState, ReplSetConfig};
 use std::sync::Arc;

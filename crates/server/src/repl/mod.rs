@@ -13,7 +13,6 @@
 mod fetcher;
 mod initial_sync;
 mod member;
-pub(crate) mod peer;
 pub(crate) mod shm;
 pub(crate) mod strict;
 

@@ -9,10 +9,10 @@
 //! primary sees at most one ask in flight from each secondary. A secondary on the
 //! primary's host reads the primary's position page instead (`shm`): no ask at all.
 
-use super::peer::PeerConn;
 use crate::state::{Counters, Shared};
 use bson::doc;
 use common::{Code, Error, Result};
+use net::peer::PeerConn;
 use parking_lot::Mutex;
 use repl::MemberState;
 use std::sync::Arc;

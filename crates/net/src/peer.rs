@@ -59,7 +59,7 @@ impl PeerConn {
             }
         };
         let mut conn = PeerConn { stream, host: host.to_string(), next_id: 1, broken: false, frame: Vec::new() };
-        if let Some(key) = crate::auth::internal_key() {
+        if let Some(key) = crate::key_file::internal_key() {
             conn.authenticate(key.key(), timeout).await?;
         }
         Ok(conn)
@@ -68,22 +68,22 @@ impl PeerConn {
     /// Log in as the internal user with the keyFile's key (SCRAM-SHA-256), checking that
     /// the other member knows the key too.
     async fn authenticate(&mut self, key: &str, timeout: Duration) -> Result<()> {
-        use crate::auth::scram::{ClientConversation, Mechanism};
+        use crate::scram::{ClientConversation, Mechanism};
         use bson::{doc, spec::BinarySubtype, Binary};
         let host = self.host.clone();
         let failed = |why: String| Error::new(Code::AuthenticationFailed, format!("internal authentication to {host} failed: {why}"));
         let bin = |bytes: Vec<u8>| Binary { subtype: BinarySubtype::Generic, bytes };
-        let (mut client, first) = ClientConversation::start(Mechanism::Sha256, crate::auth::INTERNAL_USER, key);
+        let (mut client, first) = ClientConversation::start(Mechanism::Sha256, crate::key_file::INTERNAL_USER, key);
         let reply = self
             .command(
-                crate::auth::INTERNAL_USER_DB,
+                crate::key_file::INTERNAL_USER_DB,
                 doc! {"saslStart": 1, "mechanism": Mechanism::Sha256.name(), "payload": bin(first), "options": {"skipEmptyExchange": true}},
                 timeout,
             )
             .await?;
         let server_first = reply.get_binary_generic("payload").map_err(|_| failed("no payload in the saslStart reply".into()))?;
         let proof = client.respond(server_first).map_err(failed)?;
-        let reply = self.command(crate::auth::INTERNAL_USER_DB, doc! {"saslContinue": 1, "conversationId": 1, "payload": bin(proof)}, timeout).await?;
+        let reply = self.command(crate::key_file::INTERNAL_USER_DB, doc! {"saslContinue": 1, "conversationId": 1, "payload": bin(proof)}, timeout).await?;
         let server_final = reply.get_binary_generic("payload").map_err(|_| failed("no payload in the saslContinue reply".into()))?;
         client.verify(server_final).map_err(failed)?;
         if !reply.get_bool("done").unwrap_or(false) {
@@ -242,7 +242,7 @@ impl PeerConn {
 
 /// A push stream's frame (from the socket or a shared-memory ring): it must answer
 /// `response_to` and be ok; `f` reads the body. Returns the frame's id and whether more follow.
-pub(super) fn parse_streamed<T>(frame: &[u8], host: &str, response_to: i32, f: impl FnOnce(&RawDocument) -> Result<T>) -> Result<(i32, bool, T)> {
+pub fn parse_streamed<T>(frame: &[u8], host: &str, response_to: i32, f: impl FnOnce(&RawDocument) -> Result<T>) -> Result<(i32, bool, T)> {
     wire::with_raw_msg(frame, REPLY_BYTES_MAX, |header, flags, reply| {
         if header.response_to != response_to {
             return Err(Error::new(Code::ProtocolError, format!("out-of-order reply in the stream from {host}")));
@@ -262,7 +262,7 @@ fn remote_error(host: &str, reply: &RawDocument) -> Error {
 }
 
 /// A cursor reply's id and its `key` batch ("firstBatch" or "nextBatch").
-pub(super) fn cursor_batch(reply: &Document, key: &str) -> Result<(i64, Vec<Document>)> {
+pub fn cursor_batch(reply: &Document, key: &str) -> Result<(i64, Vec<Document>)> {
     let bad = || Error::new(Code::ProtocolError, "malformed cursor reply");
     let c = reply.get_document("cursor").map_err(|_| bad())?;
     let id = c.get_i64("id").map_err(|_| bad())?;
@@ -271,7 +271,7 @@ pub(super) fn cursor_batch(reply: &Document, key: &str) -> Result<(i64, Vec<Docu
 }
 
 /// `cursor_batch` of a raw reply: the batch's documents as BSON.
-pub(super) fn cursor_batch_raw(reply: &RawDocument, key: &str) -> Result<(i64, Vec<RawDocumentBuf>)> {
+pub fn cursor_batch_raw(reply: &RawDocument, key: &str) -> Result<(i64, Vec<RawDocumentBuf>)> {
     let bad = || Error::new(Code::ProtocolError, "malformed cursor reply");
     let c = reply.get_document("cursor").ok().ok_or_else(bad)?;
     let id = c.get_i64("id").ok().ok_or_else(bad)?;
@@ -284,7 +284,7 @@ pub(super) fn cursor_batch_raw(reply: &RawDocument, key: &str) -> Result<(i64, V
     Ok((id, docs))
 }
 
-pub(crate) fn is_ok(reply: &RawDocument) -> bool {
+pub fn is_ok(reply: &RawDocument) -> bool {
     use bson::RawBsonRef;
     matches!(reply.get("ok"), Ok(Some(RawBsonRef::Double(v))) if v == 1.0)
         || matches!(reply.get("ok"), Ok(Some(RawBsonRef::Int32(1) | RawBsonRef::Int64(1) | RawBsonRef::Boolean(true))))

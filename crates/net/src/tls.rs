@@ -7,16 +7,64 @@
 //! first byte is the low byte of a length of at least 16, and a 22-byte message is too short
 //! to hold an OP_MSG with a command), so the first byte decides, as mongod does.
 
-use crate::config::{TlsConfig, TlsMode};
 use common::{Code, Error, Result};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+
+/// `net.tls.mode`: whether client connections use TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    #[default]
+    Disabled,
+    /// TLS or plaintext, as each client chooses; connections to other members are
+    /// plaintext.
+    Allow,
+    /// TLS or plaintext, as each client chooses; connections to other members use TLS.
+    Prefer,
+    /// TLS only: a plaintext connection is closed.
+    Require,
+}
+
+impl TlsMode {
+    pub fn parse(s: &str) -> Result<TlsMode> {
+        match s {
+            "disabled" => Ok(TlsMode::Disabled),
+            "allowTLS" => Ok(TlsMode::Allow),
+            "preferTLS" => Ok(TlsMode::Prefer),
+            "requireTLS" => Ok(TlsMode::Require),
+            other => Err(Error::new(Code::BadValue, format!("net.tls.mode must be disabled, allowTLS, preferTLS or requireTLS, not '{other}'"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsMode::Disabled => "disabled",
+            TlsMode::Allow => "allowTLS",
+            TlsMode::Prefer => "preferTLS",
+            TlsMode::Require => "requireTLS",
+        }
+    }
+}
+
+/// `net.tls`.
+#[derive(Clone, Debug, Default)]
+pub struct TlsConfig {
+    pub mode: TlsMode,
+    /// PEM holding the server's certificate chain and its private key.
+    pub certificate_key_file: Option<PathBuf>,
+    /// PEM of the CAs that client certificates are checked against; without it, clients
+    /// are not asked for one.
+    pub ca_file: Option<PathBuf>,
+    /// With a CA file: clients without a certificate are let in too.
+    pub allow_connections_without_certificates: bool,
+}
 
 /// A client has this long to finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -155,7 +203,7 @@ impl Stream {
     pub fn peer_subject(&self) -> Option<String> {
         let Stream::Tls(s) = self else { return None };
         let cert = s.get_ref().1.peer_certificates()?.first()?;
-        crate::auth::x509::subject_name(cert.as_ref())
+        crate::x509::subject_name(cert.as_ref())
     }
 }
 

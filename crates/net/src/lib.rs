@@ -1,0 +1,12 @@
+//! The one way in and out of a shoal process, for mongod's role and the router's alike: TLS
+//! (`tls`), the certificate subjects X.509 login reads (`x509`), SCRAM on both sides
+//! (`scram`), the keyFile members and routers authenticate to each other with (`key_file`),
+//! connections to other members and shards (`peer`), and the faults tests put on those links
+//! (`fault`). It knows no command: what a message means is the caller's.
+
+pub mod fault;
+pub mod key_file;
+pub mod peer;
+pub mod scram;
+pub mod tls;
+pub mod x509;
