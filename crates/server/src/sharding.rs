@@ -21,9 +21,9 @@
 
 use crate::dispatch::Request;
 use crate::router::catalog::config_find;
-use crate::router::shards::{Pool, ReplicaSet};
 use bson::{doc, oid::ObjectId, Bson, Document};
 use common::{Code, Error, Result};
+use net::pool::{Pool, ReplicaSet};
 use parking_lot::{Mutex, RwLock};
 use shard::{chunks::chunk_from_doc, key::cmp_keys, ChunkVersion, Key, ShardKeyPattern};
 use std::cmp::Ordering;

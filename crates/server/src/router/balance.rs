@@ -10,10 +10,10 @@
 //! `{_id: "balancer", mode}` (on when absent, as in mongod).
 
 use super::catalog::{now_timestamp, CONFIG_SHARD};
-use super::shards::{reply_result, COMMAND_TIMEOUT};
 use super::Router;
 use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
+use net::pool::{reply_result, COMMAND_TIMEOUT};
 use shard::{ChunkVersion, Key};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -348,8 +348,8 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
 /// indexes, then its documents in batches (the source takes no writes meanwhile).
 async fn copy_collection(
     router: &Router,
-    source: &super::shards::ReplicaSet,
-    target: &super::shards::ReplicaSet,
+    source: &net::pool::ReplicaSet,
+    target: &net::pool::ReplicaSet,
     db: &str,
     name: &str,
     options: &Document,

@@ -3,10 +3,10 @@
 //! each sharded collection's routing table (config.collections, config.chunks). Changes the
 //! router makes are written there with w:"majority" before they are used.
 
-use super::shards::{reply_result, Pool, ReplicaSet, COMMAND_TIMEOUT};
 use super::Router;
 use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
+use net::pool::{reply_result, Pool, ReplicaSet, COMMAND_TIMEOUT};
 use parking_lot::RwLock;
 use shard::{chunks::chunk_from_doc, ChunkVersion, RoutingTable, ShardKeyPattern};
 use std::collections::{BTreeMap, HashMap};

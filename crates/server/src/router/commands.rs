@@ -6,13 +6,13 @@
 
 use super::catalog::{cursor_docs, now_timestamp, ShardedColl};
 use super::cursor::{RouterCursor, Stream};
-use super::shards::{reply_result, ReplicaSet, COMMAND_TIMEOUT, CONNECT_TIMEOUT};
 use super::{Router, RouterConn};
 use crate::commands::hello::build_info_doc;
 use crate::dispatch::{self, Request};
 use bson::{doc, Bson, DateTime, Document};
 use common::server::{LOGICAL_SESSION_TIMEOUT_MINUTES, MAX_WIRE_VERSION};
 use common::{limits, Code, Error, Result};
+use net::pool::{reply_result, ReplicaSet, COMMAND_TIMEOUT, CONNECT_TIMEOUT};
 use shard::chunks::{initial_chunks, INITIAL_CHUNKS_PER_SHARD, INITIAL_CHUNKS_PER_SHARD_MAX};
 use shard::{shards_for_filter, ShardKeyPattern};
 use std::collections::{BTreeMap, BTreeSet};
@@ -1064,7 +1064,7 @@ async fn open_streams(router: &Router, req: &Request, sc: &ShardedColl, shards: 
     let opens = shards.iter().map(|s| async move {
         let set = router.shard(s).await?;
         let (host, raw) = router.pool.run_raw(&set, &req.db, versioned(body, Some(sc), s), None, timeout_of(req)).await?;
-        if let Some(e) = super::shards::raw_error(&raw) {
+        if let Some(e) = net::pool::raw_error(&raw) {
             return Err(e);
         }
         Stream::from_reply(host, &req.db, &raw)
@@ -1098,7 +1098,7 @@ async fn single_shard_cursor(router: &Router, req: &Request, shard: &str, body: 
     let ns_default = format!("{}.{}", req.db, req.body.get_str(&req.name).unwrap_or("$cmd"));
     let set = router.shard(shard).await?;
     let (host, raw) = router.pool.run_raw(&set, &req.db, body, None, timeout_of(req)).await?;
-    if let Some(e) = super::shards::raw_error(&raw) {
+    if let Some(e) = net::pool::raw_error(&raw) {
         return Err(e);
     }
     let ns = raw.get_document("cursor").ok().and_then(|c| c.get_str("ns").ok()).unwrap_or(&ns_default).to_string();

@@ -4,9 +4,9 @@
 //! merge (each shard was asked for skip + limit and no skip) and a projection it kept back
 //! from the shards (a sort on a field the projection drops needs the field to merge).
 
-use super::shards::{raw_error, Pool, COMMAND_TIMEOUT};
 use bson::{doc, Document, RawDocumentBuf};
 use common::{Code, Error, Result};
+use net::pool::{raw_error, Pool, COMMAND_TIMEOUT};
 use parking_lot::Mutex;
 use query::projection::Projection;
 use query::sort::SortSpec;

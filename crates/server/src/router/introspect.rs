@@ -251,7 +251,7 @@ pub async fn explain(router: &Router, req: &Request) -> Result<Document> {
     let sends = targets.iter().map(|id| async move {
         let set = router.shard(id).await?;
         let r = router.pool.run(&set, &req.db, forwarded(req), None, timeout_of(req)).await?;
-        super::shards::reply_result(r.1).map(|r| (id.clone(), set.conn_string.clone(), r))
+        net::pool::reply_result(r.1).map(|r| (id.clone(), set.conn_string.clone(), r))
     });
     let replies = futures_util::future::join_all(sends).await.into_iter().collect::<Result<Vec<_>>>()?;
     let stage = if replies.len() == 1 { "SINGLE_SHARD" } else { "SHARD_MERGE" };

@@ -25,10 +25,10 @@
 //! none after the last transfer), and the donor's copies are filtered out until deleted.
 
 use super::catalog::{now_timestamp, ShardedColl};
-use super::shards::{ReplicaSet, COMMAND_TIMEOUT};
 use super::Router;
 use bson::{doc, oid::ObjectId, Bson, Document};
 use common::{Code, Error, Result};
+use net::pool::{ReplicaSet, COMMAND_TIMEOUT};
 use shard::{Chunk, ChunkVersion, Key};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

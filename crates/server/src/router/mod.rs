@@ -10,7 +10,6 @@ mod commands;
 mod cursor;
 mod introspect;
 mod migrate;
-pub(crate) mod shards;
 
 use crate::dispatch::{self, Request};
 use bson::oid::ObjectId;
@@ -34,7 +33,7 @@ pub struct RouterConfig {
 
 pub struct Router {
     pub config: RouterConfig,
-    pool: shards::Pool,
+    pool: net::pool::Pool,
     catalog: catalog::Catalog,
     cursors: cursor::Cursors,
     process_id: ObjectId,
@@ -60,7 +59,7 @@ fn next_request_id() -> i32 {
 
 /// Listen and route until SIGINT/SIGTERM.
 pub async fn serve(config: RouterConfig) -> Result<()> {
-    let config_set = shards::ReplicaSet::parse(&config.config_db)?;
+    let config_set = net::pool::ReplicaSet::parse(&config.config_db)?;
     let mut listeners = Vec::new();
     for ip in &config.bind_ip {
         let addr = format!("{ip}:{}", config.port);
@@ -69,7 +68,7 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
     crate::sysinfo::raise_fd_limit();
     let router = Arc::new(Router {
         config,
-        pool: shards::Pool::default(),
+        pool: net::pool::Pool::default(),
         catalog: catalog::Catalog::new(config_set),
         cursors: cursor::Cursors::default(),
         process_id: ObjectId::new(),

@@ -1,9 +1,9 @@
-//! The router's connections to replica sets (shards and the config servers): each set's
+//! Connections to replica sets (a router's to its shards and config servers): each set's
 //! primary, found by asking its members, and a pool of idle connections per host.
 
+use crate::peer::PeerConn;
 use bson::{doc, Bson, Document, RawDocumentBuf};
 use common::{Code, Error, Result};
-use net::peer::PeerConn;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -251,7 +251,7 @@ pub fn raw_error(reply: &RawDocumentBuf) -> Option<Error> {
 }
 
 fn raw_reply_code(reply: &bson::RawDocument) -> Option<i32> {
-    if net::peer::is_ok(reply) {
+    if crate::peer::is_ok(reply) {
         None
     } else {
         Some(reply.get_i32("code").unwrap_or(Code::UnknownError.0))
