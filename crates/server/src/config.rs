@@ -3,6 +3,7 @@
 
 use common::{Code, Error, Result};
 pub use net::tls::{TlsConfig, TlsMode};
+pub use replication::LogTransport;
 use serde_yaml::Value;
 use std::path::PathBuf;
 
@@ -17,39 +18,6 @@ pub const SORT_MEMORY_BYTES_MAX_DEFAULT: usize = 100 * 1024 * 1024;
 pub const AUTH_FAILED_DELAY_MS_MAX: u64 = 5_000;
 /// mongod's smallest default oplog (it takes 5% of free disk, at least 990 MB).
 pub const OPLOG_SIZE_MB_DEFAULT: u64 = 990;
-
-/// How a secondary gets the oplog from its sync source.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogTransport {
-    /// mongod's oplog fetcher: a getMore per batch, each asking for the next.
-    Pull,
-    /// The source streams batches as they are logged, against credits the member returns
-    /// with its acknowledgements on the same connection, and the member applies them on a
-    /// thread of its own while it writes the next.
-    Push,
-    /// Push, with the batches in a ring of shared memory when the source is on this host
-    /// (`repl::shm::LogRing`); push over TCP otherwise.
-    Shm,
-}
-
-impl LogTransport {
-    pub fn parse(s: &str) -> Result<LogTransport> {
-        match s {
-            "pull" => Ok(LogTransport::Pull),
-            "push" => Ok(LogTransport::Push),
-            "shm" => Ok(LogTransport::Shm),
-            other => Err(bad_option(format!("replication.logTransport must be pull, push or shm, not '{other}'"))),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            LogTransport::Pull => "pull",
-            LogTransport::Push => "push",
-            LogTransport::Shm => "shm",
-        }
-    }
-}
 
 /// `auditLog.destination`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

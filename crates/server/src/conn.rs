@@ -405,7 +405,7 @@ async fn stream_oplog(
     };
     let (mut request, mut credits) = request;
     let wants_ring = request.body.get_document("$replStream").ok().and_then(|s| s.get_bool("shm").ok()).unwrap_or(false);
-    let ring = if wants_ring { crate::repl::shm::LogRing::create(shared.config.port, conn.id, credits as u64) } else { None };
+    let ring = if wants_ring { replication::shm::LogRing::create(shared.config.port, conn.id, credits as u64) } else { None };
     // (tokio's split: a TLS stream has no split of its own; a push stream makes few calls.)
     let (mut rd, mut wr) = tokio::io::split(&mut *stream);
     let mut response_to = request_id;
@@ -734,12 +734,12 @@ enum Waited {
 /// A wait for a majority to have `majority_durable`'s optime durable is woken only when
 /// that may have happened (`ReplCoord::majority_durable_waiter`), not on every report.
 async fn wait_for_progress(
-    repl: &crate::repl::ReplCoord,
+    repl: &replication::ReplCoord,
     deadline: Option<tokio::time::Instant>,
     majority_durable: Option<(&storage::Store, storage::OpTime)>,
-    mut status: impl FnMut() -> crate::repl::WcStatus,
+    mut status: impl FnMut() -> replication::WcStatus,
 ) -> Waited {
-    use crate::repl::WcStatus;
+    use replication::WcStatus;
     let mut changes = repl.progress_changes();
     loop {
         // Subscribe before looking, so that a change in between wakes the wait.

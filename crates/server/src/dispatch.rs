@@ -246,7 +246,7 @@ pub fn read_after(shared: &Shared, req: &Request) -> Result<Option<ReadAfter>> {
 }
 
 /// `repl`: set with --replSet; asked only about linearizable reads.
-fn check_read_concern(cmd: &Document, repl: Option<&crate::repl::ReplCoord>) -> Result<Option<ReadLevel>> {
+fn check_read_concern(cmd: &Document, repl: Option<&replication::ReplCoord>) -> Result<Option<ReadLevel>> {
     let mut level = None;
     let rc = match cmd.get("readConcern") {
         None | Some(Bson::Null) => return Ok(None),
@@ -333,7 +333,7 @@ pub fn with_topology_version(shared: &Shared, e: Error) -> Error {
 
 /// A member that is not primary takes no writes, and reads only from clients that allow
 /// secondaries. The `local` database is every member's own and always open.
-fn check_member_state(repl: &crate::repl::ReplCoord, req: &Request) -> Result<()> {
+fn check_member_state(repl: &replication::ReplCoord, req: &Request) -> Result<()> {
     if req.db == "local" || repl.is_writable_primary() {
         return Ok(());
     }

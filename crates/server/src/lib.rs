@@ -2,7 +2,6 @@
 //! It owns no data format: documents come from `wire`, are evaluated by `query`, and are
 //! stored by `storage`.
 
-mod apply;
 pub mod audit;
 pub mod auth;
 mod commands;
@@ -14,7 +13,6 @@ mod exec;
 mod fault;
 mod ops;
 mod plan;
-mod repl;
 mod retry;
 pub mod router;
 mod sharding;
@@ -62,7 +60,7 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
                 Some("0.0.0.0") | Some("::") | None => sysinfo::hostname(),
                 Some(ip) => ip.to_string(),
             };
-            Some(repl::ReplCoord::start(&store, name.clone(), format!("{host}:{}", config.port), config.port, config.oplog_size_bytes)?)
+            Some(replication::ReplCoord::start(&store, name.clone(), format!("{host}:{}", config.port), config.port, config.oplog_size_bytes)?)
         }
         None => None,
     };
@@ -82,7 +80,7 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
             tracing::error!("the stored audit configuration in config.settings cannot be used; keeping the startup one: {}", e.message);
         }
     }
-    repl::spawn_tasks(shared.clone())?;
+    replication::spawn_tasks(shared.clone())?;
     tracing::info!(port = shared.config.port, dbpath = %shared.config.dbpath.display(), fd_limit = fds, "waiting for connections");
 
     // Idle cursor reaper (MongoDB's clientCursorMonitor runs every 4 s).

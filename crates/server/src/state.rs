@@ -29,103 +29,15 @@ pub struct Counters {
     pub wc_waits: AtomicU64,
     pub wc_wait_us: AtomicU64,
     pub wc_timeouts: AtomicU64,
-    /// A secondary's oplog application (metrics.repl.apply): batches, their total time
-    /// (applying and logging, not the journal sync), and entries.
-    pub repl_apply_batches: AtomicU64,
-    pub repl_apply_us: AtomicU64,
-    pub repl_apply_ops: AtomicU64,
-    /// The fetcher's getMores to its sync source and their total time, waits included
-    /// (metrics.repl.network.getmores).
-    pub repl_getmores: AtomicU64,
-    pub repl_getmore_us: AtomicU64,
     /// Reads that had to find this member applied up to a point first (readConcern
-    /// afterClusterTime, or level "strict"), their total wait (those that waited), and the
-    /// asks of the primary's position that strict reads shared (metrics.repl.readWaits).
+    /// afterClusterTime, or level "strict") and their total wait (those that waited)
+    /// (metrics.repl.readWaits).
     pub repl_read_waits: AtomicU64,
     pub repl_read_wait_us: AtomicU64,
-    pub repl_strict_asks: AtomicU64,
     /// Strict reads that read the primary's position page instead of asking.
     pub repl_strict_page_reads: AtomicU64,
-    /// Oplog bytes and entries a secondary fetched (metrics.repl.network.bytes, ops).
-    pub repl_fetched_bytes: AtomicU64,
-    pub repl_fetched_ops: AtomicU64,
-    /// Batches a push stream brought (metrics.repl.network.streamBatches), and those of them
-    /// that came through a shared-memory ring (ringBatches).
-    pub repl_stream_batches: AtomicU64,
-    pub repl_ring_batches: AtomicU64,
-    /// Replication lag as the source sees it (metrics.repl.lag): each time a member reports
-    /// new entries durable, how long ago the oldest of them was logged here.
-    pub repl_lag: LatencyHistogram,
-}
-
-/// Counts of durations in logarithmic buckets, four per doubling: bucket 0 holds 0 µs,
-/// bucket `i` > 0 durations below 2^(i/4) µs (and at least the previous bound); the last
-/// bucket holds everything longer. Monotonic, so a reader computes the percentiles of an
-/// interval from the difference of two snapshots.
-pub struct LatencyHistogram {
-    counts: [AtomicU64; LATENCY_BUCKETS],
-    total_us: AtomicU64,
-    max_us: AtomicU64,
-}
-
-pub const LATENCY_BUCKETS: usize = 128;
-
-impl Default for LatencyHistogram {
-    fn default() -> Self {
-        LatencyHistogram { counts: std::array::from_fn(|_| AtomicU64::new(0)), total_us: AtomicU64::new(0), max_us: AtomicU64::new(0) }
-    }
-}
-
-impl LatencyHistogram {
-    /// The bucket of `us`: the first whose upper bound 2^(i/4) exceeds it.
-    pub fn bucket(us: u64) -> usize {
-        if us == 0 {
-            return 0;
-        }
-        // log2(us) in quarters: the integer part from the leading bit, the quarter from
-        // the next two bits' mantissa against 2^(1/4), 2^(2/4), 2^(3/4).
-        let log2 = 63 - us.leading_zeros() as usize;
-        let frac = us as f64 / (1u64 << log2) as f64;
-        let quarter = [1.189_207_115, std::f64::consts::SQRT_2, 1.681_792_830].iter().filter(|&&b| frac >= b).count();
-        (log2 * 4 + quarter + 1).min(LATENCY_BUCKETS - 1)
-    }
-
-    /// Upper bound of bucket `i` in µs (the last one's is the largest sample).
-    pub fn upper_us(i: usize) -> f64 {
-        if i == 0 {
-            0.0
-        } else {
-            2f64.powf(i as f64 / 4.0)
-        }
-    }
-
-    pub fn record(&self, us: u64) {
-        self.counts[Self::bucket(us)].fetch_add(1, Ordering::Relaxed);
-        self.total_us.fetch_add(us, Ordering::Relaxed);
-        self.max_us.fetch_max(us, Ordering::Relaxed);
-    }
-
-    /// `{samples, totalMicros, maxMicros, p50Micros, p99Micros, counts}` (percentiles as
-    /// bucket upper bounds).
-    pub fn to_doc(&self) -> bson::Document {
-        let counts: Vec<i64> = self.counts.iter().map(|c| c.load(Ordering::Relaxed) as i64).collect();
-        let samples: i64 = counts.iter().sum();
-        let pct = |p: f64| -> f64 {
-            let want = (samples as f64 * p).ceil() as i64;
-            let mut seen = 0;
-            for (i, c) in counts.iter().enumerate() {
-                seen += c;
-                if seen >= want.max(1) {
-                    return Self::upper_us(i);
-                }
-            }
-            0.0
-        };
-        bson::doc! {
-            "samples": samples, "totalMicros": self.total_us.load(Ordering::Relaxed) as i64, "maxMicros": self.max_us.load(Ordering::Relaxed) as i64,
-            "p50Micros": pct(0.5), "p99Micros": pct(0.99), "counts": counts,
-        }
-    }
+    /// What a member's replication counts (metrics.repl).
+    pub repl: replication::Counters,
 }
 
 impl Counters {
@@ -151,7 +63,7 @@ pub struct Shared {
     /// Signalled by the `shutdown` command; `serve` then flushes and returns.
     pub shutdown: tokio::sync::Notify,
     /// Set when running with `--replSet`.
-    pub repl: Option<crate::repl::ReplCoord>,
+    pub repl: Option<replication::ReplCoord>,
     /// Replies of retryable writes, by session.
     pub retry: crate::retry::RetryTable,
     /// Notified after every write the store applies (`Store::set_write_listener`): awaitData
@@ -171,7 +83,7 @@ impl Shared {
     pub fn new(
         config: ServerConfig,
         store: Store,
-        repl: Option<crate::repl::ReplCoord>,
+        repl: Option<replication::ReplCoord>,
         tls: net::tls::Acceptor,
         audit: Option<crate::audit::Audit>,
     ) -> Shared {
@@ -218,28 +130,43 @@ impl Shared {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A replica-set member reaches this process through `replication::Host` only.
+impl replication::Host for Shared {
+    fn store(&self) -> &Store {
+        &self.store
+    }
 
-    #[test]
-    fn latency_buckets_are_quarter_doublings() {
-        assert_eq!(LatencyHistogram::bucket(0), 0);
-        assert_eq!(LatencyHistogram::bucket(1), 1);
-        for us in [1u64, 2, 3, 7, 100, 999, 1000, 1001, 2000, 123_456, 10_000_000] {
-            let b = LatencyHistogram::bucket(us);
-            assert!((us as f64) < LatencyHistogram::upper_us(b) * 1.000_001 + 1e-9 || b == LATENCY_BUCKETS - 1, "{us} in bucket {b}");
-            assert!(us as f64 >= LatencyHistogram::upper_us(b - 1) * 0.999_999, "{us} in bucket {b}: below its lower bound");
+    fn coord(&self) -> Option<&replication::ReplCoord> {
+        self.repl.as_ref()
+    }
+
+    fn counters(&self) -> &replication::Counters {
+        &self.counters.repl
+    }
+
+    fn log_transport(&self) -> replication::LogTransport {
+        self.config.log_transport
+    }
+
+    fn dbpath(&self) -> &std::path::Path {
+        &self.config.dbpath
+    }
+
+    fn watches_replicated_writes(&self) -> bool {
+        self.auth.enabled || self.audit.is_some()
+    }
+
+    fn on_replicated_writes(&self, admin: bool, settings: bool) {
+        // A replicated change to users (admin.system.users, or the admin database itself)
+        // reaches connections already logged in here too (`auth::AuthState::generation`),
+        // and setAuditConfig's runtime configuration (config.settings) is taken here too.
+        if self.auth.enabled && admin {
+            self.auth.users_changed();
         }
-        let h = LatencyHistogram::default();
-        for us in 1..=100 {
-            h.record(us * 10);
+        if self.audit.is_some() && settings {
+            if let Err(e) = crate::audit::load_stored(self) {
+                tracing::warn!("cannot take the replicated audit configuration: {}", e.message);
+            }
         }
-        let d = h.to_doc();
-        assert_eq!(d.get_i64("samples").unwrap(), 100);
-        assert_eq!(d.get_i64("maxMicros").unwrap(), 1000);
-        let p99 = d.get_f64("p99Micros").unwrap();
-        assert!((990.0..=1200.0).contains(&p99), "{p99}");
-        assert!(LatencyHistogram::bucket(u64::MAX) == LATENCY_BUCKETS - 1);
     }
 }

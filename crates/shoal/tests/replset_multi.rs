@@ -1256,6 +1256,8 @@ async fn a_member_too_stale_for_the_primary_catches_up_from_a_secondary_without_
     // The primary denies member 1 for a minute; every member acknowledges well before.
     let all = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(30)).build();
     coll.insert_one(doc! {"_id": "last"}).write_concern(all).await.unwrap();
+    // Acknowledged once written to its oplog; applied a moment later.
+    set.wait_for_count(1, "c", 21).await;
     assert_eq!(all_on(&set.members[1], "app", "c").await, all_on(&set.members[3], "app", "c").await);
     let source = set.status(1).await.unwrap().get_str("syncSourceHost").unwrap().to_string();
     assert!(source == host(&set.members[0]) || source == host(&set.members[2]), "member 1 fetches from {source:?}");

@@ -416,11 +416,11 @@ pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
         // next getMore: one round trip per batch both reports and fetches.
         // Its term, too: a later one than ours makes a primary step down (mongod's getMore
         // takes `term` so), before the progress counts.
-        let term = crate::repl::member_commands::reporter_term(ctx.cmd.get("term"))?;
+        let term = replication::member_commands::reporter_term(ctx.cmd.get("term"))?;
         match ctx.cmd.get("$replProgress") {
-            Some(Bson::Array(optimes)) => crate::repl::member_commands::update_positions(ctx.shared, optimes, term)?,
+            Some(Bson::Array(optimes)) => replication::member_commands::update_positions(ctx.shared, optimes, term)?,
             Some(_) => return Err(Error::type_mismatch("BSON field 'getMore.$replProgress' must be an array")),
-            None if term.is_some() && ctx.shared.repl.is_some() => crate::repl::member_commands::update_positions(ctx.shared, &[], term)?,
+            None if term.is_some() && ctx.shared.repl.is_some() => replication::member_commands::update_positions(ctx.shared, &[], term)?,
             None => {}
         }
     }

@@ -188,26 +188,26 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
             // A secondary's fetching and application (the journal sync is in `journal`).
             "repl": {
                 "apply": {
-                    "batches": { "num": Counters::get(&c.repl_apply_batches) as i64, "totalMillis": (Counters::get(&c.repl_apply_us) / 1000) as i64 },
-                    "ops": Counters::get(&c.repl_apply_ops) as i64,
+                    "batches": { "num": Counters::get(&c.repl.apply_batches) as i64, "totalMillis": (Counters::get(&c.repl.apply_us) / 1000) as i64 },
+                    "ops": Counters::get(&c.repl.apply_ops) as i64,
                 },
                 "network": {
-                    "getmores": { "num": Counters::get(&c.repl_getmores) as i64, "totalMillis": (Counters::get(&c.repl_getmore_us) / 1000) as i64 },
-                    "bytes": Counters::get(&c.repl_fetched_bytes) as i64,
-                    "ops": Counters::get(&c.repl_fetched_ops) as i64,
-                    "streamBatches": Counters::get(&c.repl_stream_batches) as i64,
-                    "ringBatches": Counters::get(&c.repl_ring_batches) as i64,
+                    "getmores": { "num": Counters::get(&c.repl.getmores) as i64, "totalMillis": (Counters::get(&c.repl.getmore_us) / 1000) as i64 },
+                    "bytes": Counters::get(&c.repl.fetched_bytes) as i64,
+                    "ops": Counters::get(&c.repl.fetched_ops) as i64,
+                    "streamBatches": Counters::get(&c.repl.stream_batches) as i64,
+                    "ringBatches": Counters::get(&c.repl.ring_batches) as i64,
                 },
                 // On a sync source: how long entries took to become durable on the members
                 // that report to it (buckets of quarter doublings in µs, see
-                // state::LatencyHistogram).
-                "lag": c.repl_lag.to_doc(),
+                // common::metrics::LatencyHistogram).
+                "lag": c.repl.lag.to_doc(),
                 // Reads that had to find this member applied up to a point (afterClusterTime,
                 // level "strict"), and how strict reads learned the primary's position.
                 "readWaits": {
                     "num": Counters::get(&c.repl_read_waits) as i64,
                     "totalMillis": (Counters::get(&c.repl_read_wait_us) / 1000) as i64,
-                    "primaryAsks": Counters::get(&c.repl_strict_asks) as i64,
+                    "primaryAsks": Counters::get(&c.repl.strict_asks) as i64,
                     "positionPageReads": Counters::get(&c.repl_strict_page_reads) as i64,
                 },
             },

@@ -2,9 +2,9 @@
 //! `--replSet` (NoReplicationEnabled otherwise) and the admin database, as with mongod.
 
 use super::Ctx;
-use crate::repl::ReplCoord;
 use bson::{Bson, Document};
 use common::{Code, Error, Result};
+use replication::ReplCoord;
 
 fn coord<'a>(ctx: &'a Ctx, not_enabled: &str) -> Result<&'a ReplCoord> {
     if ctx.db != "admin" {
@@ -65,7 +65,7 @@ pub fn apply_ops(ctx: &mut Ctx) -> Result<Document> {
             return Err(Error::type_mismatch("applyOps entries must be objects"));
         };
         ctx.op.check()?;
-        if let Err(e) = crate::apply::apply_entry(&ctx.shared.store, entry) {
+        if let Err(e) = replication::apply::apply_entry(&ctx.shared.store, entry) {
             ctx.commit_write()?;
             let mut results: Vec<Bson> = (0..applied).map(|_| Bson::Boolean(true)).collect();
             results.push(Bson::Boolean(false));
@@ -84,13 +84,13 @@ fn member_cmd<'a>(ctx: &'a Ctx) -> Result<&'a ReplCoord> {
 /// replSetHeartbeat (member to member).
 pub fn repl_set_heartbeat(ctx: &mut Ctx) -> Result<Document> {
     member_cmd(ctx)?;
-    crate::repl::member_commands::heartbeat(ctx.shared, ctx.cmd)
+    replication::member_commands::heartbeat(ctx.shared, ctx.cmd)
 }
 
 /// replSetRequestVotes (a candidate to the voters).
 pub fn repl_set_request_votes(ctx: &mut Ctx) -> Result<Document> {
     member_cmd(ctx)?;
-    crate::repl::member_commands::request_votes(ctx.shared, ctx.cmd)
+    replication::member_commands::request_votes(ctx.shared, ctx.cmd)
 }
 
 /// replSetGetAcknowledged (shoal's, member to member): where the primary's acknowledged
@@ -109,13 +109,13 @@ pub fn repl_set_get_acknowledged(ctx: &mut Ctx) -> Result<Document> {
 /// compares before and after it copies.
 pub fn repl_set_get_rbid(ctx: &mut Ctx) -> Result<Document> {
     member_cmd(ctx)?;
-    Ok(bson::doc! {"rbid": crate::repl::ReplCoord::rollback_id(&ctx.shared.store)?})
+    Ok(bson::doc! {"rbid": replication::ReplCoord::rollback_id(&ctx.shared.store)?})
 }
 
 /// replSetUpdatePosition (a member to its sync source).
 pub fn repl_set_update_position(ctx: &mut Ctx) -> Result<Document> {
     member_cmd(ctx)?;
-    crate::repl::member_commands::update_position(ctx.shared, ctx.cmd)
+    replication::member_commands::update_position(ctx.shared, ctx.cmd)
 }
 
 fn secs_arg(ctx: &Ctx, field: &str, default: i64) -> Result<i64> {
@@ -136,7 +136,7 @@ pub fn repl_set_step_down(ctx: &mut Ctx) -> Result<Document> {
         return Err(Error::bad_value("stepdown period must be longer than secondaryCatchUpPeriodSecs"));
     }
     let handle = tokio::runtime::Handle::current();
-    handle.block_on(crate::repl::member_commands::step_down_command(ctx.shared, step_down as u64, catch_up as u64, force))?;
+    handle.block_on(replication::member_commands::step_down_command(ctx.shared, step_down as u64, catch_up as u64, force))?;
     Ok(Document::new())
 }
 
@@ -144,7 +144,7 @@ pub fn repl_set_step_down(ctx: &mut Ctx) -> Result<Document> {
 pub fn repl_set_freeze(ctx: &mut Ctx) -> Result<Document> {
     member_cmd(ctx)?;
     let secs = secs_arg(ctx, "replSetFreeze", 0)?;
-    crate::repl::member_commands::freeze(ctx.shared, secs as u64)
+    replication::member_commands::freeze(ctx.shared, secs as u64)
 }
 
 /// configureFailPoint, for shoal's fail points: `replLink`, faults on this member's
@@ -176,8 +176,8 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     let data = ctx.cmd.get_document("data").cloned().unwrap_or_default();
     let hang = match name {
         "migrateHangInFinalTransfer" => Some(&crate::fault::FINAL_TRANSFER_HANG),
-        "initialSyncHangAfterDataCloning" => Some(&crate::fault::INITIAL_SYNC_CLONED_HANG),
-        "rsSyncApplyStop" => Some(&crate::fault::APPLY_STOP),
+        "initialSyncHangAfterDataCloning" => Some(&replication::fail_points::INITIAL_SYNC_CLONED_HANG),
+        "rsSyncApplyStop" => Some(&replication::fail_points::APPLY_STOP),
         _ => None,
     };
     if let Some(hang) = hang {
@@ -186,7 +186,7 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     if name == "journalFlushDelay" {
         // {data: {delayMs}}: the journal flusher waits this long before each sync.
         let ms = data.get("delayMs").and_then(common::value::as_i64).unwrap_or(0).max(0) as u64;
-        crate::fault::set_journal_flush_delay(if on { ms } else { 0 });
+        replication::fail_points::set_journal_flush_delay(if on { ms } else { 0 });
         return Ok(bson::doc! {"count": 0});
     }
     let host = data.get_str("host").unwrap_or("*").to_string();
@@ -205,13 +205,13 @@ pub fn repl_set_sync_from(ctx: &mut Ctx) -> Result<Document> {
     member_cmd(ctx)?;
     let host =
         ctx.cmd.get_str("replSetSyncFrom").map_err(|_| Error::type_mismatch("BSON field 'replSetSyncFrom' is the wrong type, expected type 'string'"))?;
-    crate::repl::member_commands::sync_from(ctx.shared, host)
+    replication::member_commands::sync_from(ctx.shared, host)
 }
 
 /// replSetStepUp: {replSetStepUp: 1}.
 pub fn repl_set_step_up(ctx: &mut Ctx) -> Result<Document> {
     member_cmd(ctx)?;
     let handle = tokio::runtime::Handle::current();
-    handle.block_on(crate::repl::member_commands::step_up(ctx.shared))?;
+    handle.block_on(replication::member_commands::step_up(ctx.shared))?;
     Ok(Document::new())
 }

@@ -196,7 +196,7 @@ pub fn set_audit_config(ctx: &mut Ctx) -> Result<Document> {
     let generation = bson::oid::ObjectId::new();
     let stored = doc! {"_id": crate::audit::SETTINGS_ID, "filter": filter.clone(), "auditAuthorizationSuccess": success, "generation": generation};
     let coll = ctx.shared.store.collection_or_create(crate::audit::SETTINGS_DB, crate::audit::SETTINGS_COLLECTION)?;
-    crate::apply::upsert(&coll, &stored, false)?;
+    replication::apply::upsert(&coll, &stored, false)?;
     ctx.commit_write()?;
     audit.set_config(Some(filter), Some(success), Some(generation))?;
     Ok(Document::new())

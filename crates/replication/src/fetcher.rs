@@ -11,7 +11,7 @@
 //! writes. The fetcher runs on a thread of its own: the batch after an apply is everything
 //! the source logged meanwhile.
 
-use crate::state::{Counters, Shared};
+use crate::{Counters, Host};
 use bson::{doc, Bson, Document, RawDocument, RawDocumentBuf};
 use common::{Code, Error, Result};
 use net::peer::{cursor_batch, cursor_batch_raw, PeerConn};
@@ -32,8 +32,8 @@ const REPLY_SLACK: Duration = Duration::from_secs(10);
 /// too-stale denylist period).
 const TOO_STALE_DENY: Duration = Duration::from_secs(60);
 
-pub async fn fetch_loop(shared: Arc<Shared>) {
-    let coord = shared.repl.as_ref().expect("replica set member");
+pub async fn fetch_loop(shared: Arc<dyn Host>) {
+    let coord = shared.coord().expect("replica set member");
     loop {
         // Read before the config: a config installed after it moves the epoch and ends the
         // fetch, which uses this config throughout.
@@ -43,7 +43,7 @@ pub async fn fetch_loop(shared: Arc<Shared>) {
             let _ = tokio::time::timeout(Duration::from_millis(200), coord.wake.notified()).await;
             continue;
         };
-        let last = shared.store.oplog_last().unwrap_or_default();
+        let last = shared.store().oplog_last().unwrap_or_default();
         let source = {
             let mut inner = coord.inner.lock();
             let views = source_views(&inner.peers);
@@ -72,24 +72,24 @@ pub async fn fetch_loop(shared: Arc<Shared>) {
 /// changed, a better source appeared) or an error. A source `forced` by replSetSyncFrom is
 /// kept, as mongod keeps it, until the link breaks or it falls behind. `config` (with our
 /// index `me`) is the one of `epoch`: the fetch ends when the epoch moves.
-async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me: usize, src: usize, forced: bool) -> Result<()> {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn fetch_from(shared: &Arc<dyn Host>, epoch: u64, config: &ReplSetConfig, me: usize, src: usize, forced: bool) -> Result<()> {
+    let coord = shared.coord().expect("replica set member");
     let host = config.members[src].host.as_str();
     // A batch whose apply failed last time is applied first: rollback, and the comparison
     // with the source below, take the oplog as applied.
-    apply_unapplied(shared)?;
+    apply_unapplied(shared.as_ref())?;
     let mut conn = PeerConn::connect(host, CONNECT_TIMEOUT).await?;
-    if let Some(reason) = coord.initial_sync_reason(&shared.store)? {
+    if let Some(reason) = coord.initial_sync_reason(shared.store())? {
         // An empty member copies the data first (initial sync), then tails from where the
         // copy began.
         super::initial_sync::run(shared, &mut conn, host, reason).await?;
         return Ok(());
     }
-    let last = shared.store.oplog_last().unwrap_or_default();
+    let last = shared.store().oplog_last().unwrap_or_default();
     let find = doc! {"find": "oplog.rs", "filter": {"ts": {"$gte": last.timestamp()}}, "tailable": true, "awaitData": true, "batchSize": FETCH_BATCH_DOCS, "$replData": 1};
     let reply = conn.command_raw("local", find, CONNECT_TIMEOUT + REPLY_SLACK).await?;
     let (mut id, mut batch) = cursor_batch_raw(&reply, "firstBatch")?;
-    on_repl_data(shared, &reply);
+    on_repl_data(shared.as_ref(), &reply);
     // The first entry must be our newest one: then the two oplogs agree up to here.
     let first = batch.first().and_then(|e| OpTime::from_raw(e));
     if first != Some(last) {
@@ -118,14 +118,14 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
         if coord.inner.lock().sync_pending.is_some() {
             // Our oplog starts at the copy's begin: a divergence this early means the copy
             // may hold writes the set took back, which no rollback here could undo.
-            coord.restart_initial_sync(&shared.store, &format!("{host}'s oplog diverged from ours before the initial sync reached minValid"));
+            coord.restart_initial_sync(shared.store(), &format!("{host}'s oplog diverged from ours before the initial sync reached minValid"));
             return Ok(());
         }
         return roll_back(shared, &mut conn, host, last).await;
     }
     batch.remove(0);
     coord.set_info_message("");
-    if shared.config.log_transport != crate::config::LogTransport::Pull {
+    if shared.log_transport() != crate::LogTransport::Pull {
         return push_loop(shared, &mut conn, epoch, config, me, src, forced, id, batch).await;
     }
     // Write a batch to the oplog and make it durable, send the getMore that reports it
@@ -137,23 +137,23 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
     // batches, an fsync and a report each, and a longer wait for w:"majority".
     let mut commit_seen = OpTime::default();
     loop {
-        let written = if batch.is_empty() { None } else { Some(write_batch(shared, std::mem::take(&mut batch), epoch)?) };
+        let written = if batch.is_empty() { None } else { Some(write_batch(shared.as_ref(), std::mem::take(&mut batch), epoch)?) };
         if written.is_some() {
-            coord.learn_commit_point(&shared.store, commit_seen, true);
+            coord.learn_commit_point(shared.store(), commit_seen, true);
         }
-        let stop = id == 0 || superseded(coord, epoch) || should_change(shared, config, me, src, forced);
+        let stop = id == 0 || superseded(coord, epoch) || should_change(shared.as_ref(), config, me, src, forced);
         if stop {
             if let Some(logged) = &written {
-                apply_written(shared, logged)?;
+                apply_written(shared.as_ref(), logged)?;
                 // No getMore carries it: the reporter does.
-                coord.after_apply(shared.store.oplog_applied().unwrap_or_default(), false);
+                coord.after_apply(shared.store().oplog_applied().unwrap_or_default(), false);
             }
             if id == 0 {
                 return Err(Error::new(Code::CursorNotFound, format!("{host} closed the oplog cursor")));
             }
             return Ok(());
         }
-        let (progress, term) = progress_optimes(shared, config, me, src);
+        let (progress, term) = progress_optimes(shared.as_ref(), config, me, src);
         let mut get_more =
             doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": term, "$replData": 1};
         get_more.insert("$replProgress", progress);
@@ -161,33 +161,33 @@ async fn fetch_from(shared: &Arc<Shared>, epoch: u64, config: &ReplSetConfig, me
         let wait = Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK;
         let sent = conn.send("local", get_more, wait).await;
         if let Some(logged) = &written {
-            apply_written(shared, logged)?;
+            apply_written(shared.as_ref(), logged)?;
             // The getMore in flight reported the batch durable (what a write concern
             // counts); the next one reports it applied.
-            coord.after_apply(shared.store.oplog_applied().unwrap_or_default(), sent.is_ok());
+            coord.after_apply(shared.store().oplog_applied().unwrap_or_default(), sent.is_ok());
         }
         let reply = match sent {
             Ok(request) => conn.recv_raw(request, wait).await,
             Err(e) => Err(e),
         };
-        Counters::add(&shared.counters.repl_getmores, 1);
-        Counters::add(&shared.counters.repl_getmore_us, started.elapsed().as_micros() as u64);
+        Counters::add(&shared.counters().getmores, 1);
+        Counters::add(&shared.counters().getmore_us, started.elapsed().as_micros() as u64);
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
                 if written.is_some() {
                     // The source may not have heard of the batch: leave it to the reporter.
-                    coord.after_apply(shared.store.oplog_applied().unwrap_or_default(), false);
+                    coord.after_apply(shared.store().oplog_applied().unwrap_or_default(), false);
                 }
                 return Err(e);
             }
         };
         (id, batch) = cursor_batch_raw(&reply, "nextBatch")?;
-        if let Some(cp) = on_repl_data(shared, &reply) {
+        if let Some(cp) = on_repl_data(shared.as_ref(), &reply) {
             commit_seen = commit_seen.max(cp);
         }
         if batch.is_empty() {
-            coord.learn_commit_point(&shared.store, commit_seen, true);
+            coord.learn_commit_point(shared.store(), commit_seen, true);
         }
     }
 }
@@ -209,7 +209,7 @@ const APPLY_QUEUE_BATCHES: usize = 16;
 /// batch, past the entry both oplogs share.
 #[allow(clippy::too_many_arguments)]
 async fn push_loop(
-    shared: &Arc<Shared>,
+    shared: &Arc<dyn Host>,
     conn: &mut PeerConn,
     epoch: u64,
     config: &ReplSetConfig,
@@ -219,16 +219,16 @@ async fn push_loop(
     id: i64,
     first: Vec<RawDocumentBuf>,
 ) -> Result<()> {
-    let coord = shared.repl.as_ref().expect("replica set member");
+    let coord = shared.coord().expect("replica set member");
     let host = config.members[src].host.clone();
     let mut applier = Applier::start(shared.clone())?;
     let r = async {
         if !first.is_empty() {
-            applier.send(write_batch(shared, first, epoch)?)?;
+            applier.send(write_batch(shared.as_ref(), first, epoch)?)?;
         }
         // shm: ask for a ring unless this source is known to be on another host.
-        let want_ring = shared.config.log_transport == crate::config::LogTransport::Shm && !NO_RING.with(|n| n.borrow().contains(&host));
-        let (progress, term) = progress_optimes(shared, config, me, src);
+        let want_ring = shared.log_transport() == crate::LogTransport::Shm && !NO_RING.with(|n| n.borrow().contains(&host));
+        let (progress, term) = progress_optimes(shared.as_ref(), config, me, src);
         let mut open = doc! {"getMore": id, "collection": "oplog.rs", "batchSize": FETCH_BATCH_DOCS, "maxTimeMS": AWAIT_DATA_MS, "term": term, "$replData": 1, "$replStream": {"credits": PUSH_CREDITS, "shm": want_ring}};
         open.insert("$replProgress", progress);
         let wait = Duration::from_millis(AWAIT_DATA_MS as u64) + REPLY_SLACK;
@@ -242,7 +242,7 @@ async fn push_loop(
                     return Ok(StreamFrame::Ring(path.to_string(), r.get_i64("nonce").unwrap_or(0) as u64));
                 }
                 let (id, batch) = cursor_batch_raw(reply, "nextBatch")?;
-                Ok(StreamFrame::Batch(id, batch, on_repl_data(shared, reply)))
+                Ok(StreamFrame::Batch(id, batch, on_repl_data(shared.as_ref(), reply)))
             };
             let (reply_id, more, frame) = match &ring {
                 None => conn.recv_streamed(response_to, wait, parse).await?,
@@ -273,22 +273,22 @@ async fn push_loop(
                 // The applier takes the batch as soon as it is in the engine, and applies it
                 // while the journal syncs: the journal keeps engine writes in order, so no
                 // apply is durable before the entries it applied.
-                applier.send(write_batch_unsynced(shared, batch, epoch)?)?;
-                shared.store.commit_durable()?;
+                applier.send(write_batch_unsynced(shared.as_ref(), batch, epoch)?)?;
+                shared.store().commit_durable()?;
             }
-            coord.learn_commit_point(&shared.store, commit_seen, true);
+            coord.learn_commit_point(shared.store(), commit_seen, true);
             if !more || id == 0 {
                 return Err(Error::new(Code::CursorNotFound, format!("{host} ended the oplog stream")));
             }
             // The batch is durable: report it and return its credit.
-            let (progress, term) = progress_optimes(shared, config, me, src);
+            let (progress, term) = progress_optimes(shared.as_ref(), config, me, src);
             let ack = doc! {"replSetUpdatePosition": 1, "optimes": progress, "term": term, "$replCredits": 1};
             conn.send_flags("admin", ack, wire::flags::MORE_TO_COME, wait).await?;
-            Counters::add(&shared.counters.repl_stream_batches, 1);
+            Counters::add(&shared.counters().stream_batches, 1);
             if ring.is_some() {
-                Counters::add(&shared.counters.repl_ring_batches, 1);
+                Counters::add(&shared.counters().ring_batches, 1);
             }
-            if superseded(coord, epoch) || should_change(shared, config, me, src, forced) {
+            if superseded(coord, epoch) || should_change(shared.as_ref(), config, me, src, forced) {
                 return Ok(());
             }
         }
@@ -322,12 +322,12 @@ struct Applier {
 }
 
 impl Applier {
-    fn start(shared: Arc<Shared>) -> Result<Applier> {
+    fn start(shared: Arc<dyn Host>) -> Result<Applier> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<(OpTime, Vec<u8>)>>(APPLY_QUEUE_BATCHES);
         let thread = std::thread::Builder::new()
             .name("shoal-oplog-applier".into())
             .spawn(move || -> Result<()> {
-                let coord = shared.repl.as_ref().expect("replica set member");
+                let coord = shared.coord().expect("replica set member");
                 while let Ok(mut logged) = rx.recv() {
                     // Batches that queued up while the last apply ran are applied as one: one
                     // engine write, and each document touched in several written once.
@@ -337,9 +337,9 @@ impl Applier {
                         bytes += more.iter().map(|(_, e)| e.len()).sum::<usize>();
                         logged.extend(more);
                     }
-                    apply_written(&shared, &logged)?;
+                    apply_written(shared.as_ref(), &logged)?;
                     // Applied: the reporter tells the source (the stream carries durability).
-                    coord.after_apply(shared.store.oplog_applied().unwrap_or_default(), false);
+                    coord.after_apply(shared.store().oplog_applied().unwrap_or_default(), false);
                 }
                 Ok(())
             })
@@ -405,8 +405,8 @@ const ROLLBACK_CHUNK: usize = 1000;
 /// RECOVERING until it has applied the source's oplog up to where the source was after the
 /// last read (minValid), since until then a document may be newer than the entries around
 /// it.
-async fn roll_back(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, our_last: OpTime) -> Result<()> {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn roll_back(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str, our_last: OpTime) -> Result<()> {
+    let coord = shared.coord().expect("replica set member");
     coord.set_state(MemberState::Rollback);
     let r = roll_back_inner(shared, conn, host, our_last).await;
     if let Err(e) = &r {
@@ -415,16 +415,16 @@ async fn roll_back(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, our_la
         // (minValid, written first, is ahead of the oplog) stays out of the set's reads until
         // minValid; one that failed before left the data as it was. (RECOVERING without a
         // minValid was forever: nothing would end it.)
-        match super::ReplCoord::persisted_min_valid(&shared.store).filter(|mv| *mv > shared.store.oplog_last().unwrap_or_default()) {
-            Some(mv) => coord.recover_until(mv, shared.store.oplog_applied().unwrap_or_default()),
+        match super::ReplCoord::persisted_min_valid(shared.store()).filter(|mv| *mv > shared.store().oplog_last().unwrap_or_default()) {
+            Some(mv) => coord.recover_until(mv, shared.store().oplog_applied().unwrap_or_default()),
             None => coord.set_state(MemberState::Secondary),
         }
     }
     r
 }
 
-async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, our_last: OpTime) -> Result<()> {
-    let store = shared.store.clone();
+async fn roll_back_inner(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str, our_last: OpTime) -> Result<()> {
+    let store = shared.store().clone();
     let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).ok_or_else(|| Error::internal("no oplog"))?;
     // Walk our oplog back from the newest entry, a chunk at a time, until an entry is also in
     // the source's oplog with the same term.
@@ -515,13 +515,13 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
             }
         }
     }
-    let dbpath = shared.config.dbpath.clone();
+    let dbpath = shared.dbpath().to_path_buf();
     let undone = ours.len();
     let stamp = bson::DateTime::now().try_to_rfc3339_string().unwrap_or_default().replace(':', "-");
     let s = shared.clone();
     let (st, resync_list) = (stamp.clone(), resync.clone());
     super::blocking(move || -> Result<()> {
-        let coord = s.repl.as_ref().expect("replica set member");
+        let coord = s.coord().expect("replica set member");
         let _write = coord.oplog_write_lock.lock();
         let _apply = coord.apply_lock.lock();
         // Counted before anything changes: a member copying from this one starts over.
@@ -576,10 +576,10 @@ async fn roll_back_inner(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, 
     let min_valid = source_applied(conn).await?.unwrap_or(min_valid_early).max(min_valid_early);
     let s = shared.clone();
     super::blocking(move || -> Result<()> {
-        let coord = s.repl.as_ref().expect("replica set member");
-        super::ReplCoord::persist_min_valid(&s.store, min_valid)?;
-        s.store.commit_durable()?;
-        coord.recover_until(min_valid, s.store.oplog_applied().unwrap_or_default());
+        let coord = s.coord().expect("replica set member");
+        super::ReplCoord::persist_min_valid(s.store(), min_valid)?;
+        s.store().commit_durable()?;
+        coord.recover_until(min_valid, s.store().oplog_applied().unwrap_or_default());
         Ok(())
     })
     .await?;
@@ -664,9 +664,9 @@ fn save_rollback_doc(dbpath: &std::path::Path, ns: &str, stamp: &str, doc: &Docu
 
 /// Whether to leave source `current`. `config` is the fetch's (the caller ends the fetch
 /// first when the epoch moved), so it is not copied for every batch.
-fn should_change(shared: &Shared, config: &ReplSetConfig, me: usize, current: usize, forced: bool) -> bool {
-    let coord = shared.repl.as_ref().expect("replica set member");
-    let last = shared.store.oplog_last().unwrap_or_default();
+fn should_change(shared: &dyn Host, config: &ReplSetConfig, me: usize, current: usize, forced: bool) -> bool {
+    let coord = shared.coord().expect("replica set member");
+    let last = shared.store().oplog_last().unwrap_or_default();
     let inner = coord.inner.lock();
     if inner.sync_from.is_some() {
         return true;
@@ -693,12 +693,12 @@ fn source_views(peers: &[super::Peer]) -> Vec<repl::sync_source::PeerView> {
 }
 
 /// The sync source's term and commit point from `$replData`.
-fn on_repl_data(shared: &Shared, reply: &RawDocument) -> Option<OpTime> {
-    let coord = shared.repl.as_ref().expect("replica set member");
+fn on_repl_data(shared: &dyn Host, reply: &RawDocument) -> Option<OpTime> {
+    let coord = shared.coord().expect("replica set member");
     let d = reply.get_document("$replData").ok()?;
     if let Ok(t) = d.get_i64("term") {
         if t > coord.term() {
-            coord.observe_term(&shared.store, t);
+            coord.observe_term(shared.store(), t);
         }
     }
     d.get_document("lastOpCommitted").ok().and_then(OpTime::from_raw)
@@ -713,15 +713,15 @@ fn superseded(coord: &super::ReplCoord, epoch: u64) -> bool {
 
 /// Write fetched entries to our oplog with their own optimes and make them durable (what
 /// a write concern counts); returns them for `apply_written`.
-fn write_batch(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<Vec<(OpTime, Vec<u8>)>> {
+fn write_batch(shared: &dyn Host, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<Vec<(OpTime, Vec<u8>)>> {
     let logged = write_batch_unsynced(shared, entries, epoch)?;
-    shared.store.commit_durable()?;
+    shared.store().commit_durable()?;
     Ok(logged)
 }
 
 /// `write_batch` without the sync: the entries are in the engine, not yet durable.
-fn write_batch_unsynced(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<Vec<(OpTime, Vec<u8>)>> {
-    let coord = shared.repl.as_ref().expect("replica set member");
+fn write_batch_unsynced(shared: &dyn Host, entries: Vec<RawDocumentBuf>, epoch: u64) -> Result<Vec<(OpTime, Vec<u8>)>> {
+    let coord = shared.coord().expect("replica set member");
     // Written as they came: decoded only when applied entry by entry.
     let logged = entries
         .into_iter()
@@ -730,14 +730,14 @@ fn write_batch_unsynced(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u6
             Ok((at, raw.into_bytes()))
         })
         .collect::<Result<Vec<_>>>()?;
-    Counters::add(&shared.counters.repl_fetched_ops, logged.len() as u64);
-    Counters::add(&shared.counters.repl_fetched_bytes, logged.iter().map(|(_, b)| b.len() as u64).sum());
+    Counters::add(&shared.counters().fetched_ops, logged.len() as u64);
+    Counters::add(&shared.counters().fetched_bytes, logged.iter().map(|(_, b)| b.len() as u64).sum());
     {
         let _write = coord.oplog_write_lock.lock();
         if superseded(coord, epoch) {
             return Err(Error::new(Code::InterruptedDueToReplStateChange, "the member's role or config changed while fetching"));
         }
-        crate::apply::write_fetched(&shared.store, &logged)?;
+        crate::apply::write_fetched(shared.store(), &logged)?;
     }
     Ok(logged)
 }
@@ -745,56 +745,47 @@ fn write_batch_unsynced(shared: &Shared, entries: Vec<RawDocumentBuf>, epoch: u6
 /// Apply a batch `write_batch` wrote, unless a member that became primary meanwhile
 /// applied it already (`ReplCoord::become_primary`). Durable with the next batch's fsync;
 /// a restart before then applies it again from the oplog.
-fn apply_written(shared: &Shared, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
-    let coord = shared.repl.as_ref().expect("replica set member");
+fn apply_written(shared: &dyn Host, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
+    let coord = shared.coord().expect("replica set member");
     let Some(&(through, _)) = logged.last() else { return Ok(()) };
-    crate::fault::APPLY_STOP.hold(|| Ok(()))?;
+    crate::fail_points::APPLY_STOP.hold(|| Ok(()))?;
     let _apply = coord.apply_lock.lock();
-    if shared.store.oplog_applied().unwrap_or_default() >= through {
+    if shared.store().oplog_applied().unwrap_or_default() >= through {
         return Ok(());
     }
     let _replicated = storage::applying_replicated_ops();
     let started = std::time::Instant::now();
-    crate::apply::apply_written(&shared.store, logged)?;
-    // A replicated change to users (admin.system.users, or the admin database itself)
-    // reaches connections already logged in here too (`auth::AuthState::generation`), and
-    // setAuditConfig's runtime configuration (config.settings) is taken here too: one look
-    // at each entry's namespace serves both.
-    let (mut touches_admin, mut touches_settings) = (false, false);
-    if shared.auth.enabled || shared.audit.is_some() {
+    crate::apply::apply_written(shared.store(), logged)?;
+    // Writes to users and roles (the admin database) and to config.settings matter to the
+    // host beyond the data: one look at each entry's namespace serves both.
+    if shared.watches_replicated_writes() {
+        let (mut admin, mut settings) = (false, false);
         for (_, bytes) in logged {
             if let Some(ns) = bson::RawDocument::from_bytes(bytes).ok().and_then(|d| d.get_str("ns").ok()) {
-                touches_admin |= ns.starts_with("admin.");
-                touches_settings |= ns == "config.settings";
+                admin |= ns.starts_with("admin.");
+                settings |= ns == "config.settings";
             }
         }
+        shared.on_replicated_writes(admin, settings);
     }
-    if shared.auth.enabled && touches_admin {
-        shared.auth.users_changed();
-    }
-    if shared.audit.is_some() && touches_settings {
-        if let Err(e) = crate::audit::load_stored(shared) {
-            tracing::warn!("cannot take the replicated audit configuration: {}", e.message);
-        }
-    }
-    let c = &shared.counters;
-    Counters::add(&c.repl_apply_batches, 1);
-    Counters::add(&c.repl_apply_us, started.elapsed().as_micros() as u64);
-    Counters::add(&c.repl_apply_ops, logged.len() as u64);
+    let c = shared.counters();
+    Counters::add(&c.apply_batches, 1);
+    Counters::add(&c.apply_us, started.elapsed().as_micros() as u64);
+    Counters::add(&c.apply_ops, logged.len() as u64);
     Ok(())
 }
 
 /// Apply whatever is written and not applied (a batch whose apply failed).
-fn apply_unapplied(shared: &Shared) -> Result<()> {
-    let coord = shared.repl.as_ref().expect("replica set member");
+fn apply_unapplied(shared: &dyn Host) -> Result<()> {
+    let coord = shared.coord().expect("replica set member");
     let _apply = coord.apply_lock.lock();
-    crate::apply::apply_unapplied(&shared.store).map(|_| ())
+    crate::apply::apply_unapplied(shared.store()).map(|_| ())
 }
 
 /// Send this member's progress, and what it knows of the members downstream, to its sync
 /// source whenever it changes (and at least every heartbeat interval).
-pub async fn report_loop(shared: Arc<Shared>) {
-    let coord = shared.repl.as_ref().expect("replica set member");
+pub async fn report_loop(shared: Arc<dyn Host>) {
+    let coord = shared.coord().expect("replica set member");
     let mut changes = coord.position_changes();
     let mut conn: Option<PeerConn> = None;
     loop {
@@ -807,7 +798,7 @@ pub async fn report_loop(shared: Arc<Shared>) {
         let Some((config, me)) = coord.config() else { continue };
         let Some(src) = coord.sync_source() else { continue };
         let host = &config.members[src].host;
-        let (optimes, term) = progress_optimes(&shared, &config, me, src);
+        let (optimes, term) = progress_optimes(shared.as_ref(), &config, me, src);
         if conn.as_ref().is_some_and(|c| c.is_broken() || c.host != *host) {
             conn = None;
         }
@@ -835,11 +826,11 @@ pub async fn report_loop(shared: Arc<Shared>) {
 /// majority-durable there, and acknowledged, while the new primary, elected without them,
 /// would roll them back (the simulation found it, seed 9). Read after the optimes, the term
 /// is the one of a vote cast before any entry they count was fetched, or a later one.
-fn progress_optimes(shared: &Shared, config: &ReplSetConfig, me: usize, src: usize) -> (Vec<Bson>, i64) {
-    let coord = shared.repl.as_ref().expect("replica set member");
+fn progress_optimes(shared: &dyn Host, config: &ReplSetConfig, me: usize, src: usize) -> (Vec<Bson>, i64) {
+    let coord = shared.coord().expect("replica set member");
     let mut optimes = Vec::with_capacity(config.members.len());
-    let applied = shared.store.oplog_applied().unwrap_or_default();
-    let durable = shared.store.oplog_durable().unwrap_or_default();
+    let applied = shared.store().oplog_applied().unwrap_or_default();
+    let durable = shared.store().oplog_durable().unwrap_or_default();
     optimes.push(position(config.members[me].id, config.version, applied, durable));
     let inner = coord.inner.lock();
     for (i, p) in inner.peers.iter().enumerate() {

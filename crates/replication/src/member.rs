@@ -4,7 +4,7 @@
 //! replSetUpdatePosition).
 
 use super::{put_single_doc, store_config, ReplCoord, ELECTION_COLLECTION};
-use crate::state::Shared;
+use crate::Host;
 use bson::{doc, Bson, DateTime, Document};
 use common::{Code, Error, Result};
 use net::peer::PeerConn;
@@ -27,8 +27,8 @@ fn heartbeat_timeout(config: &ReplSetConfig) -> Duration {
 
 /// Start the member's background work: one heartbeat task per other member (restarted when
 /// the config changes), the election and step-down ticker, and the oplog fetcher.
-pub fn spawn_tasks(shared: Arc<Shared>) -> Result<()> {
-    let Some(coord) = &shared.repl else { return Ok(()) };
+pub fn spawn_tasks(shared: Arc<dyn Host>) -> Result<()> {
+    let Some(coord) = shared.coord() else { return Ok(()) };
     if coord.tasks_started.swap(true, std::sync::atomic::Ordering::SeqCst) {
         return Ok(());
     }
@@ -49,7 +49,7 @@ pub fn spawn_tasks(shared: Arc<Shared>) -> Result<()> {
     let flusher = shared.clone();
     std::thread::Builder::new()
         .name("shoal-journal-flusher".into())
-        .spawn(move || flusher.repl.as_ref().expect("replica set member").journal_flush_loop(&flusher.store))
+        .spawn(move || flusher.coord().expect("replica set member").journal_flush_loop(flusher.store()))
         .map_err(|e| Error::internal(format!("cannot start the journal flusher's thread: {e}")))?;
     tokio::spawn(super::strict::ask_loop(shared.clone()));
     tokio::spawn(super::fetcher::report_loop(shared));
@@ -57,8 +57,8 @@ pub fn spawn_tasks(shared: Arc<Shared>) -> Result<()> {
 }
 
 /// (Re)start the heartbeat tasks whenever the config epoch changes.
-async fn supervise(shared: Arc<Shared>) {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn supervise(shared: Arc<dyn Host>) {
+    let coord = shared.coord().expect("replica set member");
     let mut started = u64::MAX;
     loop {
         let epoch = coord.epoch();
@@ -90,8 +90,8 @@ fn heartbeat_request(coord: &ReplCoord) -> Document {
     }
 }
 
-async fn heartbeat_loop(shared: Arc<Shared>, epoch: u64, index: usize, host: String) {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn heartbeat_loop(shared: Arc<dyn Host>, epoch: u64, index: usize, host: String) {
+    let coord = shared.coord().expect("replica set member");
     let mut conn: Option<PeerConn> = None;
     while coord.epoch() == epoch {
         let Some((config, _)) = coord.config() else { return };
@@ -133,11 +133,11 @@ async fn heartbeat_loop(shared: Arc<Shared>, epoch: u64, index: usize, host: Str
     }
 }
 
-async fn on_heartbeat_reply(shared: &Arc<Shared>, index: usize, r: &Document, rtt: Duration, sent_at: DateTime) {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn on_heartbeat_reply(shared: &Arc<dyn Host>, index: usize, r: &Document, rtt: Duration, sent_at: DateTime) {
+    let coord = shared.coord().expect("replica set member");
     let term = r.get_i64("term").unwrap_or(0);
     if term > coord.term() {
-        coord.observe_term(&shared.store, term);
+        coord.observe_term(shared.store(), term);
     }
     // A newer config (or ours is missing where theirs exists): take it.
     if let Ok(cfg) = r.get_document("config") {
@@ -176,7 +176,7 @@ async fn on_heartbeat_reply(shared: &Arc<Shared>, index: usize, r: &Document, rt
         p.message.clear();
         let theirs = (p.config_term, p.config_version);
         let newer_config = inner.config.as_ref().is_some_and(|c| theirs > (c.term.unwrap_or(0), c.version));
-        coord.wake_majority_waiters(&shared.store, &inner);
+        coord.wake_majority_waiters(shared.store(), &inner);
         if state == Some(MemberState::Primary) && term >= my_term {
             inner.primary_seen = Instant::now();
             learned_commit = r.get_document("commitPoint").ok().and_then(OpTime::from_doc);
@@ -187,7 +187,7 @@ async fn on_heartbeat_reply(shared: &Arc<Shared>, index: usize, r: &Document, rt
         }
     }
     if let Some(cp) = learned_commit {
-        coord.learn_commit_point(&shared.store, cp, false);
+        coord.learn_commit_point(shared.store(), cp, false);
     }
     if state == Some(MemberState::Primary) && coord.is_writable_primary() && term >= coord.term() {
         coord.step_down("another member is primary in the same or a later term");
@@ -203,8 +203,8 @@ fn state_of(code: i32) -> Option<MemberState> {
 }
 
 /// Install a config received from another member, if it is newer and names this member.
-async fn adopt_config(shared: &Arc<Shared>, cfg: &Document) -> Result<()> {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn adopt_config(shared: &Arc<dyn Host>, cfg: &Document) -> Result<()> {
+    let coord = shared.coord().expect("replica set member");
     let config = ReplSetConfig::parse(cfg)?;
     config.validate()?;
     if config.set_name != coord.set_name {
@@ -226,8 +226,8 @@ async fn adopt_config(shared: &Arc<Shared>, cfg: &Document) -> Result<()> {
     }
     let shared2 = shared.clone();
     tokio::task::spawn_blocking(move || {
-        let coord = shared2.repl.as_ref().expect("replica set member");
-        let store = &shared2.store;
+        let coord = shared2.coord().expect("replica set member");
+        let store = &shared2.store();
         store_config(store, &config)?;
         store.enable_oplog(coord.oplog_size_bytes)?;
         tracing::info!(version = config.version, "installing the replica set config received from a member");
@@ -239,8 +239,8 @@ async fn adopt_config(shared: &Arc<Shared>, cfg: &Document) -> Result<()> {
 
 /// replSetHeartbeat: answer with this member's state and optimes (and the config when the
 /// sender's is older); note a sender in a higher term or with a newer config.
-pub fn heartbeat(shared: &Shared, cmd: &Document) -> Result<Document> {
-    let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
+pub fn heartbeat(shared: &dyn Host, cmd: &Document) -> Result<Document> {
+    let coord = shared.coord().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     let set = cmd.get_str("replSetHeartbeat").map_err(|_| Error::type_mismatch("replSetHeartbeat must name the set"))?;
     if set != coord.set_name {
         return Err(Error::new(
@@ -252,9 +252,9 @@ pub fn heartbeat(shared: &Shared, cmd: &Document) -> Result<Document> {
     let their_config_term = cmd.get_i64("configTerm").unwrap_or(-1);
     let their_term = cmd.get_i64("term").unwrap_or(0);
     if their_term > coord.term() {
-        coord.observe_term(&shared.store, their_term);
+        coord.observe_term(shared.store(), their_term);
     }
-    let store = &shared.store;
+    let store = &shared.store();
     let last = store.oplog_last().unwrap_or_default();
     let durable = store.oplog_durable().unwrap_or_default();
     let mut inner = coord.inner.lock();
@@ -300,8 +300,8 @@ pub fn heartbeat(shared: &Shared, cmd: &Document) -> Result<Document> {
 }
 
 /// A member that is not in a set yet asks `from` (which sent it a heartbeat) for the config.
-async fn fetch_config_from(shared: Arc<Shared>, from: String) {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn fetch_config_from(shared: Arc<dyn Host>, from: String) {
+    let coord = shared.coord().expect("replica set member");
     let timeout = Duration::from_secs(10);
     let r = async {
         let mut c = PeerConn::connect(&from, timeout).await?;
@@ -363,16 +363,16 @@ pub async fn check_quorum_for_initiate(config: &ReplSetConfig, self_index: usize
 }
 
 /// Election and step-down conditions, checked every TICK.
-async fn tick_loop(shared: Arc<Shared>) {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn tick_loop(shared: Arc<dyn Host>) {
+    let coord = shared.coord().expect("replica set member");
     loop {
         tokio::time::sleep(TICK).await;
-        shared.store.set_ttl_deletes_enabled(coord.is_writable_primary());
+        shared.store().set_ttl_deletes_enabled(coord.is_writable_primary());
         let Some((config, me)) = coord.config() else { continue };
         if coord.is_writable_primary() {
             // This member's own durable optime moves with every sync, without a report.
             let mut inner = coord.inner.lock();
-            coord.advance_commit_point(&shared.store, &mut inner);
+            coord.advance_commit_point(shared.store(), &mut inner);
         }
         let now = Instant::now();
         let election_timeout = Duration::from_millis(config.settings.election_timeout_ms.max(1) as u64);
@@ -393,7 +393,7 @@ async fn tick_loop(shared: Arc<Shared>) {
                         (0..inner.peers.len()).find(|&i| i != me && responsive(&inner.peers[i]) && inner.peers[i].view.state == Some(MemberState::Primary));
                     let may_stand = electable && !inner.election_running && now >= inner.frozen_until;
                     // Priority takeover (repl::election::priority_takeover_wait_ms).
-                    let last = shared.store.oplog_last().unwrap_or_default();
+                    let last = shared.store().oplog_last().unwrap_or_default();
                     let takeover = primary.filter(|_| may_stand).and_then(|pi| {
                         repl::election::priority_takeover_wait_ms(&config, me, pi, last, inner.peers[pi].view.applied, election_timeout.as_millis() as u64)
                     });
@@ -429,7 +429,7 @@ async fn tick_loop(shared: Arc<Shared>) {
         if stand {
             let shared2 = shared.clone();
             tokio::spawn(async move {
-                let coord = shared2.repl.as_ref().expect("replica set member");
+                let coord = shared2.coord().expect("replica set member");
                 if let Err(e) = run_election(&shared2).await {
                     tracing::info!("election failed: {}", e.message);
                 }
@@ -446,8 +446,8 @@ async fn tick_loop(shared: Arc<Shared>) {
 
 /// Ask every other voter for its vote in `term`; count the grants (this member's own
 /// included). Stops early at a majority.
-async fn collect_votes(shared: &Arc<Shared>, config: &ReplSetConfig, me: usize, term: i64, dry_run: bool, last: OpTime) -> usize {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn collect_votes(shared: &Arc<dyn Host>, config: &ReplSetConfig, me: usize, term: i64, dry_run: bool, last: OpTime) -> usize {
+    let coord = shared.coord().expect("replica set member");
     let mut set = tokio::task::JoinSet::new();
     for (i, m) in config.members.iter().enumerate() {
         if i == me || !m.is_voter() {
@@ -469,7 +469,7 @@ async fn collect_votes(shared: &Arc<Shared>, config: &ReplSetConfig, me: usize, 
         let Ok(Ok(r)) = joined else { continue };
         let their_term = r.get_i64("term").unwrap_or(0);
         if their_term > term {
-            coord.observe_term(&shared.store, their_term);
+            coord.observe_term(shared.store(), their_term);
         }
         if r.get_bool("voteGranted").unwrap_or(false) {
             votes += 1;
@@ -484,15 +484,15 @@ async fn collect_votes(shared: &Arc<Shared>, config: &ReplSetConfig, me: usize, 
 }
 
 /// Stand for election: a dry run in the next term, then the real vote, then primary.
-async fn run_election(shared: &Arc<Shared>) -> Result<()> {
+async fn run_election(shared: &Arc<dyn Host>) -> Result<()> {
     run_election_steps(shared, true).await
 }
 
-async fn run_election_steps(shared: &Arc<Shared>, dry_run_first: bool) -> Result<()> {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn run_election_steps(shared: &Arc<dyn Host>, dry_run_first: bool) -> Result<()> {
+    let coord = shared.coord().expect("replica set member");
     let Some((config, me)) = coord.config() else { return Ok(()) };
     let term = coord.term();
-    let last = shared.store.oplog_last().unwrap_or_default();
+    let last = shared.store().oplog_last().unwrap_or_default();
     tracing::info!(term = term + 1, dry_run_first, "standing for election");
     if dry_run_first && collect_votes(shared, &config, me, term + 1, true, last).await < config.majority_vote_count() {
         return Err(Error::new(Code(211, "ElectionFailed"), "the dry run did not get a majority"));
@@ -509,14 +509,14 @@ async fn run_election_steps(shared: &Arc<Shared>, dry_run_first: bool) -> Result
     };
     let s = shared.clone();
     let vote = doc! {"_id": "lastVote", "term": new_term, "candidateIndex": me as i32};
-    super::blocking(move || put_single_doc(&s.store, ELECTION_COLLECTION, &vote)).await?;
+    super::blocking(move || put_single_doc(s.store(), ELECTION_COLLECTION, &vote)).await?;
     if collect_votes(shared, &config, me, new_term, false, last).await < config.majority_vote_count() {
         return Err(Error::new(Code(211, "ElectionFailed"), format!("did not get a majority in term {new_term}")));
     }
     catch_up(shared, &config, me, new_term).await;
     let s = shared.clone();
     super::blocking(move || {
-        let coord = s.repl.as_ref().expect("replica set member");
+        let coord = s.coord().expect("replica set member");
         // The fetcher writes and applies nothing more once these hold (fetcher::write_batch
         // and apply_written check the role under them).
         let _write = coord.oplog_write_lock.lock();
@@ -527,7 +527,7 @@ async fn run_election_steps(shared: &Arc<Shared>, dry_run_first: bool) -> Result
                 return Err(Error::new(Code(211, "ElectionFailed"), "a later term began during the election"));
             }
         }
-        coord.become_primary(&s.store, new_term)
+        coord.become_primary(s.store(), new_term)
     })
     .await
 }
@@ -542,8 +542,8 @@ const CATCH_UP_POLL: Duration = Duration::from_millis(10);
 /// `settings.catchUpTimeoutMillis` (-1: no limit), when that member goes down, or when a
 /// later term begins. mongod reports the member PRIMARY (not writable) meanwhile; here it
 /// stays SECONDARY until it takes over.
-async fn catch_up(shared: &Arc<Shared>, config: &ReplSetConfig, me: usize, term: i64) {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn catch_up(shared: &Arc<dyn Host>, config: &ReplSetConfig, me: usize, term: i64) {
+    let coord = shared.coord().expect("replica set member");
     let ahead = {
         let inner = coord.inner.lock();
         let src = (0..inner.peers.len())
@@ -552,7 +552,7 @@ async fn catch_up(shared: &Arc<Shared>, config: &ReplSetConfig, me: usize, term:
         src.map(|i| (i, inner.peers[i].view.applied))
     };
     let Some((src, target)) = ahead else { return };
-    if shared.store.oplog_last().unwrap_or_default() >= target {
+    if shared.store().oplog_last().unwrap_or_default() >= target {
         return;
     }
     tracing::info!(term, host = %config.members[src].host, ?target, "won the election; catching up before taking over");
@@ -562,7 +562,7 @@ async fn catch_up(shared: &Arc<Shared>, config: &ReplSetConfig, me: usize, term:
     coord.inner.lock().sync_from = Some(src);
     coord.wake.notify_waiters();
     loop {
-        if shared.store.oplog_last().unwrap_or_default() >= target {
+        if shared.store().oplog_last().unwrap_or_default() >= target {
             tracing::info!(term, elapsed_ms = started.elapsed().as_millis() as u64, "caught up");
             break;
         }
@@ -585,8 +585,8 @@ async fn catch_up(shared: &Arc<Shared>, config: &ReplSetConfig, me: usize, term:
 
 /// replSetRequestVotes: grant or refuse a vote (repl::election::decide); a granted real
 /// vote is durable before the reply.
-pub fn request_votes(shared: &Shared, cmd: &Document) -> Result<Document> {
-    let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
+pub fn request_votes(shared: &dyn Host, cmd: &Document) -> Result<Document> {
+    let coord = shared.coord().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     let req = VoteRequest {
         set_name: cmd.get_str("setName").unwrap_or("").to_string(),
         dry_run: cmd.get_bool("dryRun").unwrap_or(false),
@@ -597,9 +597,9 @@ pub fn request_votes(shared: &Shared, cmd: &Document) -> Result<Document> {
         last_applied: cmd.get_document("lastAppliedOpTime").ok().and_then(OpTime::from_doc).unwrap_or_default(),
     };
     if req.term > coord.term() && !req.dry_run {
-        coord.observe_term(&shared.store, req.term);
+        coord.observe_term(shared.store(), req.term);
     }
-    let last_applied = shared.store.oplog_last().unwrap_or_default();
+    let last_applied = shared.store().oplog_last().unwrap_or_default();
     let mut inner = coord.inner.lock();
     let Some(config) = inner.config.clone() else { return Err(super::not_initialized()) };
     let voter = repl::election::Voter { config: &config, self_index: inner.self_index, term: inner.term, last_vote_term: inner.last_vote_term, last_applied };
@@ -610,7 +610,7 @@ pub fn request_votes(shared: &Shared, cmd: &Document) -> Result<Document> {
         // Granting a vote resets our own election timer, as hearing from a primary does.
         inner.primary_seen = Instant::now();
         drop(inner);
-        put_single_doc(&shared.store, ELECTION_COLLECTION, &doc! {"_id": "lastVote", "term": req.term, "candidateIndex": req.candidate_index as i32})?;
+        put_single_doc(shared.store(), ELECTION_COLLECTION, &doc! {"_id": "lastVote", "term": req.term, "candidateIndex": req.candidate_index as i32})?;
     }
     Ok(match decision {
         Ok(()) => doc! {"term": term, "voteGranted": true, "reason": ""},
@@ -620,7 +620,7 @@ pub fn request_votes(shared: &Shared, cmd: &Document) -> Result<Document> {
 
 /// replSetUpdatePosition: members downstream report their applied and durable optimes; a
 /// primary advances the commit point, a secondary passes them on (fetcher::report_loop).
-pub fn update_position(shared: &Shared, cmd: &Document) -> Result<Document> {
+pub fn update_position(shared: &dyn Host, cmd: &Document) -> Result<Document> {
     let Ok(optimes) = cmd.get_array("optimes") else {
         return Err(Error::type_mismatch("replSetUpdatePosition needs an 'optimes' array"));
     };
@@ -643,10 +643,10 @@ pub fn reporter_term(term: Option<&Bson>) -> Result<Option<i64>> {
 /// `term` is the reporter's, read after its optimes (fetcher::progress_optimes): a later one
 /// than ours is taken first, so a primary steps down before it counts them (mongod's
 /// getMore takes the fetcher's term the same way).
-pub fn update_positions(shared: &Shared, optimes: &[Bson], term: Option<i64>) -> Result<()> {
-    let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
+pub fn update_positions(shared: &dyn Host, optimes: &[Bson], term: Option<i64>) -> Result<()> {
+    let coord = shared.coord().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     if let Some(t) = term.filter(|&t| t > coord.term()) {
-        coord.observe_term(&shared.store, t);
+        coord.observe_term(shared.store(), t);
     }
     let mut guard = coord.inner.lock();
     // Borrowed field by field: the config is not copied for every report.
@@ -665,8 +665,8 @@ pub fn update_positions(shared: &Shared, optimes: &[Bson], term: Option<i64>) ->
         if durable > p.durable {
             // The entries this report makes durable there: the oldest was logged here this
             // long ago (the longest any of them took to replicate).
-            if let Some((_, age)) = shared.store.oplog_lag(p.durable) {
-                shared.counters.repl_lag.record(age.as_micros() as u64);
+            if let Some((_, age)) = shared.store().oplog_lag(p.durable) {
+                shared.counters().lag.record(age.as_micros() as u64);
             }
         }
         if applied > p.view.applied || durable > p.durable {
@@ -678,8 +678,8 @@ pub fn update_positions(shared: &Shared, optimes: &[Bson], term: Option<i64>) ->
         }
     }
     if moved {
-        coord.advance_commit_point(&shared.store, &mut guard);
-        coord.wake_majority_waiters(&shared.store, &guard);
+        coord.advance_commit_point(shared.store(), &mut guard);
+        coord.wake_majority_waiters(shared.store(), &guard);
         drop(guard);
         coord.positions.send_modify(|c| *c += 1);
         coord.progress.send_modify(|c| *c += 1);
@@ -689,8 +689,8 @@ pub fn update_positions(shared: &Shared, optimes: &[Bson], term: Option<i64>) ->
 
 /// replSetStepDown: stop being primary once an electable secondary has caught up (within
 /// secondaryCatchUpPeriodSecs, unless force), and stand for no election for stepDownSecs.
-pub async fn step_down_command(shared: &Shared, step_down_secs: u64, catch_up_secs: u64, force: bool) -> Result<()> {
-    let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
+pub async fn step_down_command(shared: &dyn Host, step_down_secs: u64, catch_up_secs: u64, force: bool) -> Result<()> {
+    let coord = shared.coord().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     if !coord.is_writable_primary() {
         return Err(Error::new(Code::NotWritablePrimary, "not primary so can't step down"));
     }
@@ -698,7 +698,7 @@ pub async fn step_down_command(shared: &Shared, step_down_secs: u64, catch_up_se
     loop {
         let caught_up = {
             let inner = coord.inner.lock();
-            let last = shared.store.oplog_last().unwrap_or_default();
+            let last = shared.store().oplog_last().unwrap_or_default();
             let config = inner.config.as_ref().expect("a primary has a config");
             inner.peers.iter().enumerate().any(|(i, p)| i != inner.self_index && p.view.up && config.members[i].is_electable() && p.view.applied >= last)
         };
@@ -717,8 +717,8 @@ pub async fn step_down_command(shared: &Shared, step_down_secs: u64, catch_up_se
 }
 
 /// replSetFreeze: no election of this member for `secs` (0 unfreezes).
-pub fn freeze(shared: &Shared, secs: u64) -> Result<Document> {
-    let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
+pub fn freeze(shared: &dyn Host, secs: u64) -> Result<Document> {
+    let coord = shared.coord().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     if coord.is_writable_primary() {
         return Err(Error::new(Code::NotSecondary, "cannot freeze node when primary or running for election. state: Primary"));
     }
@@ -732,8 +732,8 @@ pub fn freeze(shared: &Shared, secs: u64) -> Result<Document> {
 
 /// replSetSyncFrom: fetch from `host` next (mongod's temporary override of the sync
 /// source). Replies with the previous sync source.
-pub fn sync_from(shared: &Shared, host: &str) -> Result<Document> {
-    let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
+pub fn sync_from(shared: &dyn Host, host: &str) -> Result<Document> {
+    let coord = shared.coord().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     let mut inner = coord.inner.lock();
     let Some(config) = inner.config.clone() else { return Err(super::not_initialized()) };
     if inner.state == MemberState::Primary {
@@ -754,8 +754,8 @@ pub fn sync_from(shared: &Shared, host: &str) -> Result<Document> {
 }
 
 /// replSetStepUp: stand for election now, without the dry run (mongod's step-up request).
-pub async fn step_up(shared: &Shared) -> Result<()> {
-    let coord = shared.repl.as_ref().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
+pub async fn step_up(shared: &dyn Host) -> Result<()> {
+    let coord = shared.coord().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     let arc = coord.shared().ok_or_else(|| Error::internal("the member's tasks are not running"))?;
     {
         let mut inner = coord.inner.lock();

@@ -288,7 +288,7 @@ fn collection(store: &Store, ns: &str, create: Option<Option<bson::Uuid>>) -> Re
 /// Insert `doc`, or replace the document with its `_id`. For an insert entry the insert
 /// is tried first (`insert_first`), as mongod's applier does: nearly every such entry needs
 /// it, and its unique check finds an existing `_id` without a lookup of its own.
-pub(crate) fn upsert(coll: &Collection, doc: &Document, insert_first: bool) -> Result<()> {
+pub fn upsert(coll: &Collection, doc: &Document, insert_first: bool) -> Result<()> {
     let id = doc.get("_id").ok_or_else(|| Error::new(Code::FailedToParse, "insert oplog entry has no o._id"))?;
     let mut w = coll.writer();
     if insert_first {

@@ -23,7 +23,7 @@
 //! over too (`ReplCoord::restart_initial_sync`): the copy may hold writes the set took back.
 //! A member whose sync finished never starts another (`ReplCoord::initial_sync_reason`).
 
-use crate::state::Shared;
+use crate::Host;
 use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
 use net::peer::{cursor_batch, PeerConn};
@@ -39,7 +39,7 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What replSetGetStatus reports as `initialSyncStatus` (a subset of mongod's fields).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Stats {
+pub struct Stats {
     pub failed_attempts: i32,
     pub start: Option<bson::DateTime>,
     pub end: Option<bson::DateTime>,
@@ -80,8 +80,8 @@ impl Stats {
 
 /// Clone from `host`, seed the oplog and enter RECOVERING until minValid. A failed attempt
 /// is counted; the fetcher starts another.
-pub(super) async fn run(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, reason: String) -> Result<()> {
-    let coord = shared.repl.as_ref().expect("replica set member");
+pub async fn run(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str, reason: String) -> Result<()> {
+    let coord = shared.coord().expect("replica set member");
     let started = std::time::Instant::now();
     tracing::info!(%host, %reason, "starting an initial sync");
     // Out of the set's reads before the status says a sync runs.
@@ -101,14 +101,14 @@ pub(super) async fn run(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str, r
     r
 }
 
-async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Result<()> {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn attempt(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str) -> Result<()> {
+    let coord = shared.coord().expect("replica set member");
     coord.set_info_message(format!("initial sync from {host}"));
     let rbid = rollback_id(conn).await?;
     let begin = begin_entry(conn).await?;
     let begin_at = OpTime::from_doc(&begin).ok_or_else(|| Error::new(Code::FailedToParse, format!("{host}'s oplog entry {begin} has no ts and t")))?;
     coord.inner.lock().initial_sync.oplog_start = Some(begin_at);
-    let store = shared.store.clone();
+    let store = shared.store().clone();
     super::blocking(move || -> Result<()> {
         // Before anything is dropped: a crash from here until the oplog is seeded starts
         // the sync over after the restart, whatever the oplog holds by then.
@@ -140,7 +140,7 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
         }
         coord.inner.lock().initial_sync.databases_cloned += 1;
     }
-    crate::fault::INITIAL_SYNC_CLONED_HANG.hold_async().await;
+    crate::fail_points::INITIAL_SYNC_CLONED_HANG.hold_async().await;
     let min_valid = OpTime::from_doc(&newest_entry(conn).await?).unwrap_or(begin_at);
     // A source that rolled back meanwhile may have taken back writes the clone copied,
     // which no entry from `begin` on would undo: copy again (mongod's rollback id check).
@@ -150,7 +150,7 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
     coord.inner.lock().initial_sync.oplog_end = Some(min_valid);
     // Seed the oplog with `begin`, applied (idempotently) like any fetched entry, so the
     // fetcher's check that the source's first entry is our newest holds.
-    let store = shared.store.clone();
+    let store = shared.store().clone();
     super::blocking(move || -> Result<()> {
         let bytes = begin.to_vec().map_err(|e| Error::internal(e.to_string()))?;
         // minValid first: once the seeded oplog is durable, so is minValid (one journal).
@@ -167,7 +167,7 @@ async fn attempt(shared: &Arc<Shared>, conn: &mut PeerConn, host: &str) -> Resul
     .await?;
     let documents_copied = coord.inner.lock().initial_sync.documents_copied;
     tracing::info!(%host, documents_copied, ?begin_at, ?min_valid, "initial sync cloned the data; applying the oplog up to minValid");
-    coord.recover_from_initial_sync(min_valid, shared.store.oplog_applied().unwrap_or_default());
+    coord.recover_from_initial_sync(min_valid, shared.store().oplog_applied().unwrap_or_default());
     Ok(())
 }
 
@@ -229,7 +229,7 @@ async fn oplog_edge(conn: &mut PeerConn, order: i32) -> Result<Document> {
 }
 
 /// Collections of `db` on the source, with their creation options and UUIDs.
-pub(super) async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) -> Result<Vec<(String, Document, Option<bson::Uuid>)>> {
+pub async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) -> Result<Vec<(String, Document, Option<bson::Uuid>)>> {
     let docs = all_docs(conn, host, db, "listCollections", doc! {"listCollections": 1, "$readPreference": secondary_ok()}).await?;
     let mut out = Vec::new();
     for c in docs {
@@ -252,8 +252,8 @@ pub(super) async fn list_collections(conn: &mut PeerConn, host: &str, db: &str) 
 /// Copy one collection: create it with its options, insert its documents batch by batch,
 /// then build its indexes (the collection keeps the source's UUID). Returns how many
 /// documents were copied.
-pub(super) async fn clone_collection(
-    shared: &Arc<Shared>,
+pub async fn clone_collection(
+    shared: &Arc<dyn Host>,
     conn: &mut PeerConn,
     host: &str,
     db: &str,
@@ -261,7 +261,7 @@ pub(super) async fn clone_collection(
     options: Document,
     uuid: Option<bson::Uuid>,
 ) -> Result<u64> {
-    let store = shared.store.clone();
+    let store = shared.store().clone();
     let (d, n) = (db.to_string(), name.to_string());
     super::blocking(move || {
         let _replicated = storage::applying_replicated_ops();
@@ -285,7 +285,7 @@ pub(super) async fn clone_collection(
         (id, batch) = cursor_batch(&reply, "nextBatch").map_err(|_| malformed(host, "getMore"))?;
     }
     let specs = all_docs(conn, host, db, "listIndexes", doc! {"listIndexes": name, "$readPreference": secondary_ok()}).await?;
-    let store = shared.store.clone();
+    let store = shared.store().clone();
     let (d, n) = (db.to_string(), name.to_string());
     super::blocking(move || -> Result<()> {
         let _replicated = storage::applying_replicated_ops();
@@ -304,8 +304,8 @@ pub(super) async fn clone_collection(
 
 /// Insert cloned documents. A document already here (none should be: the collection was
 /// created empty) is an error, not silently skipped.
-async fn insert_batch(shared: &Arc<Shared>, db: &str, name: &str, docs: Vec<Document>) -> Result<()> {
-    let store = shared.store.clone();
+async fn insert_batch(shared: &Arc<dyn Host>, db: &str, name: &str, docs: Vec<Document>) -> Result<()> {
+    let store = shared.store().clone();
     let (d, n) = (db.to_string(), name.to_string());
     super::blocking(move || -> Result<()> {
         let _replicated = storage::applying_replicated_ops();
@@ -320,7 +320,7 @@ async fn insert_batch(shared: &Arc<Shared>, db: &str, name: &str, docs: Vec<Docu
 }
 
 /// Every document of a command's cursor, batch after batch.
-pub(super) async fn all_docs(conn: &mut PeerConn, host: &str, db: &str, what: &str, cmd: Document) -> Result<Vec<Document>> {
+pub async fn all_docs(conn: &mut PeerConn, host: &str, db: &str, what: &str, cmd: Document) -> Result<Vec<Document>> {
     let reply = conn.command(db, cmd, COMMAND_TIMEOUT).await?;
     let (mut id, mut out) = cursor_batch(&reply, "firstBatch").map_err(|_| malformed(host, what))?;
     while id != 0 {

@@ -9,7 +9,7 @@
 //! primary sees at most one ask in flight from each secondary. A secondary on the
 //! primary's host reads the primary's position page instead (`shm`): no ask at all.
 
-use crate::state::{Counters, Shared};
+use crate::{Counters, Host};
 use bson::doc;
 use common::{Code, Error, Result};
 use net::peer::PeerConn;
@@ -86,8 +86,8 @@ impl PrimaryPosition {
 
 /// The asker: whenever readers wait, ask the primary where it stands, one ask for all of
 /// them.
-pub async fn ask_loop(shared: Arc<Shared>) {
-    let coord = shared.repl.as_ref().expect("replica set member");
+pub async fn ask_loop(shared: Arc<dyn Host>) {
+    let coord = shared.coord().expect("replica set member");
     let position = &coord.primary_position;
     let mut conn: Option<PeerConn> = None;
     loop {
@@ -108,8 +108,8 @@ pub async fn ask_loop(shared: Arc<Shared>) {
             notified.await;
             continue;
         };
-        Counters::add(&shared.counters.repl_strict_asks, 1);
-        let r = ask(&shared, &mut conn).await;
+        Counters::add(&shared.counters().strict_asks, 1);
+        let r = ask(shared.as_ref(), &mut conn).await;
         if r.is_err() {
             conn = None;
         }
@@ -118,13 +118,13 @@ pub async fn ask_loop(shared: Arc<Shared>) {
     }
 }
 
-async fn ask(shared: &Shared, conn: &mut Option<PeerConn>) -> Result<OpTime> {
-    let coord = shared.repl.as_ref().expect("replica set member");
+async fn ask(shared: &dyn Host, conn: &mut Option<PeerConn>) -> Result<OpTime> {
+    let coord = shared.coord().expect("replica set member");
     let host = {
         let inner = coord.inner.lock();
         if inner.state == MemberState::Primary {
             drop(inner);
-            return Ok(coord.acknowledged(&shared.store));
+            return Ok(coord.acknowledged(shared.store()));
         }
         let config = inner.config.as_ref().ok_or_else(|| Error::new(Code::NotYetInitialized, "no replica set config"))?;
         let primary = inner.peers.iter().position(|p| p.view.up && p.view.state == Some(MemberState::Primary));

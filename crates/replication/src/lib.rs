@@ -1,20 +1,30 @@
 //! The replication coordinator of a `--replSet` member: its configuration (stored in
 //! `local.system.replset`), its state and term, what it knows of the other members, and
 //! what hello, replSetGetStatus and the write path ask of it. The protocol rules live in the
-//! `repl` crate; this module and its children do the I/O around them:
+//! `repl` crate; this crate does the I/O around them, reaching the process it runs in only
+//! through `Host`:
 //!
 //! - `member`: heartbeats to every other member, elections, and step-down (async tasks);
 //! - `fetcher`: a secondary's oplog fetching, application, and progress reports upstream;
-//! - `peer`: the member-to-member connection.
+//! - `initial_sync`: an empty member's copy of the set's data before it fetches;
+//! - `apply`: oplog application, idempotent;
+//! - `shm`: the primary's position page and the shared-memory transport's ring;
+//! - `strict`: strict reads' wait for where the primary's acknowledged writes reach;
+//! - `fail_points`: a member's fail points.
 //!
 //! Locking: `inner` is a short-held mutex, never held across an await or a storage write
 //! that can wait on the engine.
 
+pub mod apply;
+pub mod fail_points;
 mod fetcher;
+mod host;
 mod initial_sync;
 mod member;
-pub(crate) mod shm;
-pub(crate) mod strict;
+pub mod shm;
+pub mod strict;
+
+pub use host::{Counters, Host, LogTransport};
 
 use bson::{doc, Bson, DateTime, Document, Timestamp};
 use common::{Code, Error, Result};
@@ -29,7 +39,7 @@ use storage::{OpTime, Store};
 pub use member::spawn_tasks;
 
 /// The handlers of the member-to-member commands.
-pub(crate) mod member_commands {
+pub mod member_commands {
     pub use super::member::{freeze, heartbeat, reporter_term, request_votes, step_down_command, step_up, sync_from, update_position, update_positions};
 }
 
@@ -86,25 +96,25 @@ pub struct ReplCoord {
     /// Bumped when the config is installed or replaced: member tasks of an older config stop.
     config_epoch: AtomicU64,
     /// Wakes the member tasks at once (a newer config was seen, a role changed).
-    pub(crate) wake: tokio::sync::Notify,
+    pub wake: tokio::sync::Notify,
     /// Set once the background tasks run (they need the shared server state).
     tasks_started: AtomicBool,
     /// Held while fetched entries are written to the oplog, and while this member becomes
     /// primary: no fetched entry lands after the "new primary" entry of its own term.
     /// Taken before `apply_lock` where both are.
-    pub(crate) oplog_write_lock: Mutex<()>,
+    pub oplog_write_lock: Mutex<()>,
     /// Held while written entries are applied, and while this member becomes primary or
     /// rolls back. Apart from `oplog_write_lock`, so that a push stream's applier applies a
     /// batch while the fetcher writes the next.
-    pub(crate) apply_lock: Mutex<()>,
+    pub apply_lock: Mutex<()>,
     /// Set when a write leaves its fsync to the journal flusher thread (`journal_flush_loop`),
     /// which syncs and then counts this member's new durable optime.
     journal_flush: Mutex<FlushRequests>,
     journal_flush_wake: parking_lot::Condvar,
     /// The server state, for tasks that commands start (set by `spawn_tasks`).
-    shared: std::sync::OnceLock<std::sync::Weak<crate::state::Shared>>,
+    shared: std::sync::OnceLock<std::sync::Weak<dyn crate::Host>>,
     /// Where the primary stood, asked for strict-consistency reads (`strict`).
-    pub(crate) primary_position: strict::PrimaryPosition,
+    pub primary_position: strict::PrimaryPosition,
     /// The newest cluster time clients gossiped (`$clusterTime`), as `secs << 32 | inc`.
     gossiped_cluster_time: AtomicU64,
     /// On a primary: the newest entry of a write whose reply was sent or is being sent
@@ -112,12 +122,12 @@ pub struct ReplCoord {
     acknowledged_ts: AtomicU64,
     /// The same, and the term while primary, in shared memory for secondaries on this host
     /// (`shm`); None where /dev/shm is not available.
-    pub(crate) position_page: Option<shm::PositionPage>,
+    pub position_page: Option<shm::PositionPage>,
 }
 
 /// What this member knows of another, from heartbeats and progress reports.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Peer {
+pub struct Peer {
     pub view: PeerView,
     pub durable: OpTime,
     pub applied_wall: Option<DateTime>,
@@ -164,15 +174,15 @@ struct Inner {
     /// Why replication stopped, when it did (shown in replSetGetStatus.infoMessage).
     info_message: String,
     /// Since when this member has qualified for a priority takeover (member::tick_loop).
-    pub(crate) takeover_since: Option<Instant>,
+    pub takeover_since: Option<Instant>,
     /// The latest initial sync's progress (replSetGetStatus initialSyncStatus).
-    pub(crate) initial_sync: initial_sync::Stats,
+    pub initial_sync: initial_sync::Stats,
     /// After a rollback: RECOVERING until the oplog is applied up to here.
     min_valid: Option<OpTime>,
     /// The minValid of an initial sync this process seeded the oplog for, until it is
     /// applied: meanwhile a divergence from the source starts the sync over
     /// (`restart_initial_sync`), since the copy may hold writes the set took back.
-    pub(crate) sync_pending: Option<OpTime>,
+    pub sync_pending: Option<OpTime>,
     /// replSetSyncFrom: the member to fetch from next, whatever the usual choice.
     sync_from: Option<usize>,
 }
@@ -282,7 +292,7 @@ impl ReplCoord {
     /// Why this member must copy the set's data before it can fetch (initial sync), if it
     /// must: its oplog is empty (it never synced), or an earlier sync did not finish. A
     /// member whose sync finished has oplog entries and no flag, and never syncs again.
-    pub(crate) fn initial_sync_reason(&self, store: &Store) -> Result<Option<String>> {
+    pub fn initial_sync_reason(&self, store: &Store) -> Result<Option<String>> {
         if self.inner.lock().sync_pending.is_some() {
             // Seeded by this process: the fetcher catches up from the copy's begin.
             return Ok(None);
@@ -298,7 +308,7 @@ impl ReplCoord {
     }
 
     /// Set (durably) or clear the initial-sync flag (`initial_sync_reason`).
-    pub(crate) fn persist_initial_sync_flag(store: &Store, set: bool) -> Result<()> {
+    pub fn persist_initial_sync_flag(store: &Store, set: bool) -> Result<()> {
         if set {
             return put_single_doc(store, INITIAL_SYNC_FLAG_COLLECTION, &doc! {"_id": "initialSyncFlag", "startedAt": bson::DateTime::now()});
         }
@@ -312,12 +322,12 @@ impl ReplCoord {
     }
 
     /// This member's rollback id (0 before its first rollback).
-    pub(crate) fn rollback_id(store: &Store) -> Result<i32> {
+    pub fn rollback_id(store: &Store) -> Result<i32> {
         Ok(first_doc(store, ROLLBACK_ID_COLLECTION)?.and_then(|d| d.get_i32("rollbackId").ok()).unwrap_or(0))
     }
 
     /// Count a rollback, durably, before it changes anything.
-    pub(crate) fn bump_rollback_id(store: &Store) -> Result<i32> {
+    pub fn bump_rollback_id(store: &Store) -> Result<i32> {
         let next = Self::rollback_id(store)?.wrapping_add(1);
         put_single_doc(store, ROLLBACK_ID_COLLECTION, &doc! {"_id": "rollbackId", "rollbackId": next})?;
         Ok(next)
@@ -325,7 +335,7 @@ impl ReplCoord {
 
     /// An initial sync's oplog is seeded: RECOVERING until `min_valid`; until then a
     /// divergence from the source starts the sync over.
-    pub(crate) fn recover_from_initial_sync(&self, min_valid: OpTime, applied: OpTime) {
+    pub fn recover_from_initial_sync(&self, min_valid: OpTime, applied: OpTime) {
         self.inner.lock().sync_pending = Some(min_valid);
         self.recover_until(min_valid, applied);
     }
@@ -333,7 +343,7 @@ impl ReplCoord {
     /// Give up an initial sync whose copy may not be on the set's history (its source's
     /// oplog diverged from ours before minValid was applied): the flag is set again, and the
     /// fetcher copies again. The tail under way ends (`fetcher::superseded`: STARTUP2).
-    pub(crate) fn restart_initial_sync(&self, store: &Store, why: &str) {
+    pub fn restart_initial_sync(&self, store: &Store, why: &str) {
         tracing::info!("the initial sync starts over: {why}");
         if let Err(e) = Self::persist_initial_sync_flag(store, true) {
             tracing::error!("cannot set the initial-sync flag: {}", e.message);
@@ -348,13 +358,13 @@ impl ReplCoord {
     }
 
     /// The minValid last recorded (`persist_min_valid`), if any.
-    pub(crate) fn persisted_min_valid(store: &Store) -> Option<OpTime> {
+    pub fn persisted_min_valid(store: &Store) -> Option<OpTime> {
         first_doc(store, MIN_VALID_COLLECTION).ok().flatten().as_ref().and_then(OpTime::from_doc)
     }
 
     /// Record `min_valid` durably, before the rollback or initial sync that needs it makes
     /// its changes to the oplog (a restart then finds it and stays RECOVERING).
-    pub(crate) fn persist_min_valid(store: &Store, min_valid: OpTime) -> Result<()> {
+    pub fn persist_min_valid(store: &Store, min_valid: OpTime) -> Result<()> {
         let mut d = doc! {"_id": "minValid"};
         d.extend(min_valid.to_doc());
         put_single_doc(store, MIN_VALID_COLLECTION, &d)
@@ -471,7 +481,7 @@ impl ReplCoord {
 
     /// Stop being primary (a higher term was seen, the majority was lost, or replSetStepDown).
     /// Write-concern waiters see `SteppedDown`.
-    pub(crate) fn step_down(&self, why: &str) {
+    pub fn step_down(&self, why: &str) {
         let mut inner = self.inner.lock();
         if inner.state != MemberState::Primary {
             return;
@@ -488,7 +498,7 @@ impl ReplCoord {
     }
 
     /// A higher term was seen: adopt it; a primary steps down.
-    pub(crate) fn observe_term(&self, store: &Store, term: i64) {
+    pub fn observe_term(&self, store: &Store, term: i64) {
         let stepped = {
             let mut inner = self.inner.lock();
             if term <= inner.term {
@@ -755,7 +765,7 @@ impl ReplCoord {
     /// Without requests it still syncs every `JOURNAL_COMMIT_INTERVAL` while entries are not
     /// durable (mongod's storage.journal.commitIntervalMs), so no durability depends on a
     /// later write's request.
-    pub(crate) fn journal_flush_loop(&self, store: &Store) {
+    pub fn journal_flush_loop(&self, store: &Store) {
         loop {
             {
                 let mut flush = self.journal_flush.lock();
@@ -769,7 +779,7 @@ impl ReplCoord {
                 // Every write applied before the sync starts is durable after it.
                 flush.covering = store.oplog_last().unwrap_or_default();
             }
-            if let Some(d) = crate::fault::journal_flush_delay() {
+            if let Some(d) = crate::fail_points::journal_flush_delay() {
                 std::thread::sleep(d);
             }
             if let Err(e) = store.commit_durable() {
@@ -794,7 +804,7 @@ impl ReplCoord {
 
     /// A commit point another member told this one of: its sync source (`from_sync_source`)
     /// or a primary's heartbeat (repl::progress::learn_commit_point says what is taken).
-    pub(crate) fn learn_commit_point(&self, store: &Store, cp: OpTime, from_sync_source: bool) {
+    pub fn learn_commit_point(&self, store: &Store, cp: OpTime, from_sync_source: bool) {
         let mut inner = self.inner.lock();
         if inner.state == MemberState::Primary {
             return;
@@ -1060,38 +1070,38 @@ impl ReplCoord {
     }
 
     /// Whether `config` names this member.
-    pub(crate) fn is_member_of(&self, config: &ReplSetConfig) -> bool {
+    pub fn is_member_of(&self, config: &ReplSetConfig) -> bool {
         self.self_index(config).is_some()
     }
 
     /// The config this member runs with, and its index in it (None before initiation).
-    pub(crate) fn config(&self) -> Option<(ReplSetConfig, usize)> {
+    pub fn config(&self) -> Option<(ReplSetConfig, usize)> {
         let inner = self.inner.lock();
         inner.config.clone().map(|c| (c, inner.self_index))
     }
 
-    pub(crate) fn state(&self) -> MemberState {
+    pub fn state(&self) -> MemberState {
         self.inner.lock().state
     }
 
-    pub(crate) fn term(&self) -> i64 {
+    pub fn term(&self) -> i64 {
         self.inner.lock().term
     }
 
-    pub(crate) fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> u64 {
         self.config_epoch.load(Ordering::SeqCst)
     }
 
-    pub(crate) fn sync_source(&self) -> Option<usize> {
+    pub fn sync_source(&self) -> Option<usize> {
         self.inner.lock().sync_source
     }
 
-    pub(crate) fn shared(&self) -> Option<std::sync::Arc<crate::state::Shared>> {
+    pub fn shared(&self) -> Option<std::sync::Arc<dyn crate::Host>> {
         self.shared.get().and_then(std::sync::Weak::upgrade)
     }
 
     /// `$replData` for a member fetching from this one: our term and commit point.
-    pub(crate) fn repl_data(&self, store: &Store) -> Document {
+    pub fn repl_data(&self, store: &Store) -> Document {
         let inner = self.inner.lock();
         let Some(config) = &inner.config else { return Document::new() };
         let cp = Self::reported_commit_point(&inner, store);
@@ -1108,7 +1118,7 @@ impl ReplCoord {
     }
 
     /// Rollback's states (ROLLBACK, then RECOVERING); never used to leave PRIMARY.
-    pub(crate) fn set_state(&self, state: MemberState) {
+    pub fn set_state(&self, state: MemberState) {
         let mut inner = self.inner.lock();
         if inner.state == MemberState::Primary {
             return;
@@ -1122,7 +1132,7 @@ impl ReplCoord {
     /// `min_valid`, where the data is consistent again.
     /// `applied` is our newest entry: if it already reaches `min_valid` (nothing changed on
     /// the source meanwhile) no batch would come to end the recovery, so it ends here.
-    pub(crate) fn recover_until(&self, min_valid: OpTime, applied: OpTime) {
+    pub fn recover_until(&self, min_valid: OpTime, applied: OpTime) {
         self.inner.lock().min_valid = Some(min_valid);
         self.set_state(MemberState::Recovering);
         self.after_apply(applied, false);
@@ -1131,7 +1141,7 @@ impl ReplCoord {
     /// A fetched batch is applied and durable: have the reporter report it (unless
     /// `reported`: the fetcher's next getMore carries it), and leave RECOVERING once the
     /// oplog reaches minValid.
-    pub(crate) fn after_apply(&self, applied: OpTime, reported: bool) {
+    pub fn after_apply(&self, applied: OpTime, reported: bool) {
         let synced = {
             let inner = self.inner.lock();
             inner.sync_pending.filter(|mv| inner.state == MemberState::Recovering && applied >= *mv)
@@ -1139,7 +1149,7 @@ impl ReplCoord {
         if let Some(min_valid) = synced {
             // An initial sync's minValid: our oplog must hold that very entry, or the set
             // took it back after the copy and the copy may hold writes no entry undoes.
-            let store = self.shared().map(|s| s.store.clone());
+            let store = self.shared().map(|s| s.store().clone());
             let held = store
                 .as_ref()
                 .and_then(|st| st.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION))
@@ -1173,7 +1183,7 @@ impl ReplCoord {
         }
     }
 
-    pub(crate) fn set_info_message(&self, msg: impl Into<String>) {
+    pub fn set_info_message(&self, msg: impl Into<String>) {
         self.inner.lock().info_message = msg.into();
     }
 }
@@ -1191,7 +1201,7 @@ fn wall_of(at: OpTime) -> DateTime {
 
 /// Run storage work (locks, engine writes, syncs) off the async workers, as every member task
 /// must; a panic in it becomes an internal error.
-pub(crate) async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(work).await.map_err(|e| Error::internal(e.to_string()))?
 }
 
