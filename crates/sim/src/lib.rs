@@ -7,7 +7,7 @@
 //! (losing what they had not synced) and restarts them, pauses them, jumps their wall
 //! clocks and points their fetchers at other members. Also modeled:
 //!
-//! - initial sync (`initial_sync.rs`): some runs start with an empty member, and reconfigs
+//! - initial sync (`replication::initial_sync`): some runs start with an empty member, and reconfigs
 //!   add empty ones. The member notes its source's rollback id and majority-committed entry
 //!   (begin; its oldest while it knows none), sets the durable initial-sync flag, drops its
 //!   data, copies the source's data in batches while writes and faults go on, notes

@@ -1,5 +1,5 @@
 //! One simulated replica-set member: the event-driven twin of the server's coordinator
-//! (`server::repl`: `member.rs` heartbeats, elections and votes; `fetcher.rs` oplog
+//! (`replication`: `member.rs` heartbeats, elections and votes; `fetcher.rs` oplog
 //! fetching, rollback and progress reports; `mod.rs` terms, commit point and write concern).
 //! Every decision is made by the `repl` crate's functions, the same ones the server calls,
 //! and the oplog, the last vote and minValid live in a real `storage::Store` over a

@@ -2,7 +2,7 @@
 //! keeps no data, reads the cluster's metadata from the config servers (`catalog`), sends
 //! each operation to the shards that own its documents (`shard::target`), and merges their
 //! replies (`cursor`, `commands`). Shards and config servers are replica sets, reached
-//! through their primaries (`shards`).
+//! through their primaries (`net::pool`).
 
 mod balance;
 pub(crate) mod catalog;
