@@ -97,7 +97,7 @@ pub struct ReplCoord {
     config_epoch: AtomicU64,
     /// Wakes the member tasks at once (a newer config was seen, a role changed).
     pub wake: tokio::sync::Notify,
-    /// Set once the background tasks run (they reach the process through it).
+    /// Set once the background tasks run (`spawn_tasks`, which needs the `Host`).
     tasks_started: AtomicBool,
     /// Held while fetched entries are written to the oplog, and while this member becomes
     /// primary: no fetched entry lands after the "new primary" entry of its own term.
