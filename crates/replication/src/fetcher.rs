@@ -121,7 +121,11 @@ async fn fetch_from(shared: &Arc<dyn Host>, epoch: u64, config: &ReplSetConfig, 
             coord.restart_initial_sync(shared.store(), &format!("{host}'s oplog diverged from ours before the initial sync reached minValid"));
             return Ok(());
         }
-        return roll_back(shared, &mut conn, host, last).await;
+        let r = roll_back(shared, &mut conn, host, last, oldest).await;
+        if r.as_ref().is_err_and(|e| e.is(Code::TooStaleToSyncFromSource)) {
+            coord.inner.lock().peers[src].denied_until = Some(std::time::Instant::now() + TOO_STALE_DENY);
+        }
+        return r;
     }
     batch.remove(0);
     coord.set_info_message("");
@@ -405,10 +409,10 @@ const ROLLBACK_CHUNK: usize = 1000;
 /// RECOVERING until it has applied the source's oplog up to where the source was after the
 /// last read (minValid), since until then a document may be newer than the entries around
 /// it.
-async fn roll_back(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str, our_last: OpTime) -> Result<()> {
+async fn roll_back(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str, our_last: OpTime, source_oldest: Option<OpTime>) -> Result<()> {
     let coord = shared.coord().expect("replica set member");
     coord.set_state(MemberState::Rollback);
-    let r = roll_back_inner(shared, conn, host, our_last).await;
+    let r = roll_back_inner(shared, conn, host, our_last, source_oldest).await;
     if let Err(e) = &r {
         tracing::error!("rollback failed: {}", e.message);
         // The next fetch attempt tries again. One that failed after it changed something
@@ -423,7 +427,7 @@ async fn roll_back(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str, our_
     r
 }
 
-async fn roll_back_inner(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str, our_last: OpTime) -> Result<()> {
+async fn roll_back_inner(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str, our_last: OpTime, source_oldest: Option<OpTime>) -> Result<()> {
     let store = shared.store().clone();
     let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).ok_or_else(|| Error::internal("no oplog"))?;
     // Walk our oplog back from the newest entry, a chunk at a time, until an entry is also in
@@ -449,6 +453,15 @@ async fn roll_back_inner(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str
         }
         if let Some(at) = found {
             break at;
+        }
+        // Past the source's oldest entry nothing can match: the common point is older than
+        // its oplog (a member that joined by initial sync began it later). Another source
+        // may hold it; nothing has changed here yet.
+        if source_oldest.is_none_or(|o| oldest.ts < o.ts) {
+            return Err(Error::new(
+                Code::TooStaleToSyncFromSource,
+                format!("too stale to roll back to {host}: the newest entry we share is older than its oldest {:?}", source_oldest.unwrap_or_default()),
+            ));
         }
         if ours.len() >= ROLLBACK_ENTRIES_MAX {
             return Err(Error::new(Code::OplogStartMissing, format!("more than {ROLLBACK_ENTRIES_MAX} entries to roll back: this member needs a resync")));

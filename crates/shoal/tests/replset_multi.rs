@@ -1264,6 +1264,77 @@ async fn a_member_too_stale_for_the_primary_catches_up_from_a_secondary_without_
     assert!(!set.members[1].dbpath.join("rollback").exists(), "member 1 rolled back");
 }
 
+/// A deposed primary's entries can be newer than the first entry of the next primary's
+/// term, and a member that joined by initial sync then begins its oplog at that entry. The
+/// newest entry both share with the deposed primary is older than that oplog: it cannot
+/// serve the deposed primary's rollback, which says so, leaves its data as it was, and
+/// rolls back once it reaches a member that holds the common point.
+#[tokio::test]
+async fn a_rollback_source_whose_oplog_begins_after_the_common_point_is_left_for_another() {
+    // Cut off, member 0 stays primary for an election timeout: 3 s, time for what follows.
+    let mut set = Set::start(4, doc! {"electionTimeoutMillis": 3000}, &[doc! {}, doc! {}, doc! {"priority": 0}, doc! {"priority": 0}]).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    let coll = set.seed("c", 10).await;
+    // Member 0 is cut off; member 1 is elected at once while member 0 still takes writes.
+    for j in 1..4 {
+        set.fail_point(0, "alwaysOn", doc! {"host": host(&set.members[j]), "partition": true}).await;
+        set.fail_point(j, "alwaysOn", doc! {"host": host(&set.members[0]), "partition": true}).await;
+    }
+    admin(&direct(&set.members[1]).await, doc! {"replSetStepUp": 1}).await.unwrap();
+    assert_eq!(set.wait_for_primary(Some(0)).await, 1);
+    // A majority write of the new term: the commit point a member syncing later begins at.
+    let majority = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Majority).build();
+    direct(&set.members[1]).await.database("app").collection::<Document>("c").insert_one(doc! {"_id": "new term"}).write_concern(majority).await.unwrap();
+    let first_of_term = oplog_edge(&set.members[1], -1).await;
+    let old = direct(&set.members[0]).await.database("app").collection::<Document>("c");
+    let mut diverged = 0;
+    for i in 0..100_000 {
+        if old.insert_one(doc! {"_id": format!("lost{i}")}).write_concern(w1()).await.is_err() {
+            break;
+        }
+        diverged += 1;
+    }
+    let ours = oplog_edge(&set.members[0], -1).await;
+    assert!(
+        diverged > 0 && (ours.time, ours.increment) > (first_of_term.time, first_of_term.increment),
+        "member 0 wrote {diverged}, its newest {ours:?}, the new term's first {first_of_term:?}"
+    );
+    // Member 3 starts over empty: its oplog begins at the set's commit point, the new term's
+    // majority write, older than member 0's newest.
+    set.members[3].kill9();
+    std::fs::remove_dir_all(&set.members[3].dbpath).unwrap();
+    std::fs::create_dir_all(&set.members[3].dbpath).unwrap();
+    set.members[3].restart_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"]);
+    set.wait_for_count(3, "c", 11).await;
+    assert_eq!(oplog_edge(&set.members[3], 1).await, first_of_term);
+    // Member 0 reaches member 3 only: it cannot roll back to it, and changes nothing.
+    set.fail_point(0, "off", doc! {"host": host(&set.members[3])}).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = set.status(0).await.unwrap();
+        let info = member(&s, 0).get_str("infoMessage").unwrap_or_default().to_string();
+        if info.contains("too stale to roll back") {
+            break;
+        }
+        assert!(!info.contains("resync"), "{info}");
+        assert!(Instant::now() < deadline, "member 0 never found member 3's oplog too short: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!set.members[0].dbpath.join("rollback").exists(), "member 0 changed its data");
+    // Reachable again, it rolls back to a member that holds the common point.
+    for j in 1..4 {
+        set.fail_point(0, "off", doc! {"host": host(&set.members[j])}).await;
+        if j < 3 {
+            set.fail_point(j, "off", doc! {"host": host(&set.members[0])}).await;
+        }
+    }
+    let all = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(4)).w_timeout(Duration::from_secs(30)).build();
+    coll.insert_one(doc! {"_id": "last"}).write_concern(all).await.unwrap();
+    set.wait_for_count(0, "c", 12).await;
+    assert_eq!(all_on(&set.members[0], "app", "c").await, all_on(&set.members[1], "app", "c").await);
+    assert!(set.members[0].dbpath.join("rollback").exists(), "member 0 kept its divergent writes somewhere");
+}
+
 /// A member pointed at a source that is behind it (replSetSyncFrom, or heartbeat news
 /// already stale) must not take the source's shorter oplog for a divergence: rolling back
 /// would undo majority-committed entries. It says why and waits for a usable source.

@@ -141,6 +141,8 @@ pub enum Fetch {
         src: usize,
         req: u64,
         upper: Option<u64>,
+        /// The source's oldest entry: no common point is found past it.
+        source_oldest: Option<OpTime>,
     },
 }
 
@@ -1384,7 +1386,7 @@ impl Member {
                     Mismatch::Diverged if self.sync_min_valid.is_some() => {
                         return self.restart_initial_sync(out, format!("m{src}'s oplog diverged from ours before the initial sync was done"));
                     }
-                    Mismatch::Diverged => return self.start_rollback(src, out),
+                    Mismatch::Diverged => return self.start_rollback(src, oldest, out),
                 }
             }
             entries.remove(0);
@@ -1588,9 +1590,9 @@ impl Member {
         self.state = if self.min_valid.is_some() { MemberState::Recovering } else { MemberState::Secondary };
     }
 
-    fn start_rollback(&mut self, src: usize, out: &mut Out) {
+    fn start_rollback(&mut self, src: usize, source_oldest: Option<OpTime>, out: &mut Out) {
         self.state = MemberState::Rollback;
-        self.rollback_query(src, None, out);
+        self.rollback_query(src, source_oldest, None, out);
     }
 
     /// Our chunk of entries older than `upper` (newest first), for the common-point search.
@@ -1601,7 +1603,7 @@ impl Member {
 
     /// Ask the source for its optimes over our chunk of entries older than `upper`
     /// (fetcher.rs `source_entries_from`).
-    fn rollback_query(&mut self, src: usize, upper: Option<u64>, out: &mut Out) {
+    fn rollback_query(&mut self, src: usize, source_oldest: Option<OpTime>, upper: Option<u64>, out: &mut Out) {
         let Some(oldest) = self.rollback_chunk(upper).last().copied() else {
             if self.sync_min_valid.is_some() {
                 return self.restart_initial_sync(out, format!("no common point with m{src} in the oplog since the copy began"));
@@ -1611,19 +1613,26 @@ impl Member {
             return self.fetch_failed(out, "no common point".into());
         };
         let req = self.id();
-        self.fetch = Fetch::RollingBack { src, req, upper };
+        self.fetch = Fetch::RollingBack { src, req, upper, source_oldest };
         out.sends.push((src, Msg::RollbackQuery { req, from_ts: oldest.ts, to_ts: self.last().ts }));
         self.timer(out, COMMAND_TIMEOUT_MS + REPLY_SLACK_MS, Timer::FetchTimeout(req));
     }
 
     fn on_rollback_answer(&mut self, from: usize, req: u64, theirs: Vec<OpTime>, newest: OpTime, out: &mut Out) {
-        let Fetch::RollingBack { src, req: r, upper } = self.fetch else { return };
+        let Fetch::RollingBack { src, req: r, upper, source_oldest } = self.fetch else { return };
         if r != req || src != from || self.state != MemberState::Rollback {
             return;
         }
         let chunk = self.rollback_chunk(upper);
         let Some(common) = chunk.iter().copied().find(|o| theirs.contains(o)) else {
-            return self.rollback_query(src, chunk.last().map(|o| o.ts), out);
+            // fetcher.rs `roll_back_inner`: past the source's oldest entry nothing can match;
+            // the common point is older than its oplog, and another source may hold it.
+            if chunk.last().is_some_and(|o| source_oldest.is_none_or(|so| o.ts < so.ts)) {
+                self.peers[src].denied_until = self.mono(out.now) + TOO_STALE_DENY_MS;
+                self.rollback_failed();
+                return self.fetch_failed(out, format!("too stale to roll back to m{src}: our common point is older than its oplog"));
+            }
+            return self.rollback_query(src, source_oldest, chunk.last().map(|o| o.ts), out);
         };
         let removed = oplog_between(&self.store, Some(common.ts), self.last());
         out.notes.push(Note::RollingBack { member: self.index, common, removed, commit_point: self.commit_point });
