@@ -23,6 +23,8 @@ pub mod limits {
     pub const WRITE_BATCH_SIZE_MAX: usize = 100_000;
     /// Deepest nesting of a BSON document accepted (MongoDB: 100 for stored docs, 180 for commands).
     pub const BSON_DEPTH_MAX: usize = 180;
+    /// Memory a blocking stage ($group, $sort) may hold (MongoDB: 100 MiB per stage).
+    pub const AGG_MEMORY_BYTES_MAX: usize = 100 * 1024 * 1024;
 }
 
 /// MongoDB error codes used by shoal, with the `codeName` MongoDB reports for each.
@@ -204,6 +206,17 @@ impl Error {
     }
     pub fn is(&self, code: Code) -> bool {
         self.code == code.0
+    }
+
+    /// The reply a command that failed with this error answers with.
+    pub fn to_reply(&self) -> Document {
+        let mut d = bson::doc! { "ok": 0.0, "errmsg": self.message.clone(), "code": self.code, "codeName": self.code_name };
+        if let Some(extra) = self.extra.as_deref() {
+            for (k, v) in extra {
+                d.insert(k.clone(), v.clone());
+            }
+        }
+        d
     }
 }
 

@@ -1,7 +1,8 @@
 //! Reading command arguments and naming values as MongoDB does.
 
+use crate::{Error, Result};
 use bson::spec::ElementType as T;
-use bson::Bson;
+use bson::{Bson, Document};
 
 /// A numeric argument as an integer: int, long, a finite double or a decimal, truncated.
 pub fn as_i64(v: &Bson) -> Option<i64> {
@@ -39,4 +40,55 @@ pub fn type_name(v: &Bson) -> &'static str {
         T::MaxKey => "maxKey",
         T::MinKey => "minKey",
     }
+}
+
+/// Generic arguments every command accepts (MongoDB's generic_argument.idl).
+pub const GENERIC_ARGS: &[&str] = &[
+    "$db",
+    "maxTimeMS",
+    "readConcern",
+    "writeConcern",
+    "lsid",
+    "txnNumber",
+    "autocommit",
+    "startTransaction",
+    "$clusterTime",
+    "$audit",
+    "$client",
+    "$configServerState",
+    "allowImplicitCollectionCreation",
+    "$oplogQueryData",
+    "$queryOptions",
+    "$readPreference",
+    "$replData",
+    "comment",
+    "clientOperationKey",
+    "databaseVersion",
+    "shardVersion",
+    "tracking_info",
+    "coordinator",
+    "maxTimeMSOpOnly",
+    "usesDefaultMaxTimeMS",
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+    "mayBypassWriteBlocking",
+    "$topologyTime",
+    "readOnly",
+    "help",
+    "$gleStats",
+];
+
+/// Reject fields that are neither the command's own nor generic, as MongoDB's IDL parser does
+/// (Location40415 "BSON field 'find.foo' is an unknown field.").
+pub fn check_fields(cmd_name: &str, cmd: &Document, known: &[&str]) -> Result<()> {
+    for (i, k) in cmd.keys().enumerate() {
+        if i == 0 {
+            continue;
+        }
+        if !known.contains(&k.as_str()) && !GENERIC_ARGS.contains(&k.as_str()) {
+            return Err(Error::location(40415, format!("BSON field '{cmd_name}.{k}' is an unknown field.")));
+        }
+    }
+    Ok(())
 }

@@ -273,6 +273,27 @@ pub fn reply_result(reply: Document) -> Result<Document> {
     Err(if extra.is_empty() { e } else { e.with_extra(extra) })
 }
 
+/// Every document of `config.<coll>` on the config servers `config` matching `filter`, in
+/// `sort` order, read from their primary (routers and shards read their metadata so); at most
+/// `docs_max` of them.
+pub async fn config_find(pool: &Pool, config: &ReplicaSet, coll: &str, filter: Document, sort: Document, docs_max: usize) -> Result<Vec<Document>> {
+    let (host, reply) = pool.run(config, "config", doc! {"find": coll, "filter": filter, "sort": sort, "batchSize": 10_000}, None, COMMAND_TIMEOUT).await?;
+    let reply = reply_result(reply)?;
+    let (mut id, mut docs) = crate::peer::cursor_batch(&reply, "firstBatch")?;
+    while id != 0 {
+        if docs.len() > docs_max {
+            let _ = pool.run_on_host(&host, "config", doc! {"killCursors": coll, "cursors": [id]}, None, COMMAND_TIMEOUT).await;
+            return Err(Error::internal(format!("config.{coll} holds more than {docs_max} matching documents")));
+        }
+        let reply =
+            reply_result(pool.run_on_host(&host, "config", doc! {"getMore": id, "collection": coll, "batchSize": 10_000}, None, COMMAND_TIMEOUT).await?)?;
+        let (next, more) = crate::peer::cursor_batch(&reply, "nextBatch")?;
+        id = next;
+        docs.extend(more);
+    }
+    Ok(docs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -153,7 +153,7 @@ impl Default for ServerConfig {
             bind_ip: vec!["127.0.0.1".into()],
             dbpath: PathBuf::from(DBPATH_DEFAULT),
             storage_engine: "fjall".into(),
-            cache_size_bytes: cache_size_bytes_default(crate::sysinfo::total_memory_bytes()),
+            cache_size_bytes: cache_size_bytes_default(net::process::total_memory_bytes()),
             repl_set_name: None,
             oplog_size_bytes: OPLOG_SIZE_MB_DEFAULT << 20,
             compressors: vec!["snappy".into(), "zstd".into(), "zlib".into()],

@@ -1,7 +1,7 @@
 //! One client connection: read frames, decode, dispatch, encode, write. Also the two
 //! server-push protocols of the wire: exhaust getMore and the awaitable (streaming) hello.
 
-use crate::dispatch::{self, Request};
+use crate::dispatch;
 use crate::state::{Counters, Shared};
 use bson::{doc, Bson, Document};
 use common::limits::MESSAGE_SIZE_MAX_BYTES;
@@ -10,8 +10,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use wire::Request;
 use wire::{Compressor, Message, OpMsg, OpReply};
 
 static NEXT_REQUEST_ID: AtomicI32 = AtomicI32::new(1);
@@ -115,8 +116,8 @@ impl Reply {
                 c.insert(b.key, docs);
                 body
             }
-            (Err(e), _) => dispatch::error_reply(&common::Error::new(common::Code::InvalidBSON, format!("invalid BSON in a cursor batch: {}", e.message))),
-            (_, Err(_)) => dispatch::error_reply(&common::Error::internal("a raw cursor batch without a cursor reply")),
+            (Err(e), _) => common::Error::new(common::Code::InvalidBSON, format!("invalid BSON in a cursor batch: {}", e.message)).to_reply(),
+            (_, Err(_)) => common::Error::internal("a raw cursor batch without a cursor reply").to_reply(),
         }
     }
 }
@@ -161,74 +162,8 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
     shared.counters.connections_current.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// Reads whole frames from a connection with as few `recv` calls as the client allows: one
-/// read usually brings a whole request (or several pipelined ones), where reading the length
-/// prefix and then the rest took two system calls per request.
-pub(crate) struct FrameReader {
-    pub(crate) buf: Vec<u8>,
-    /// Unconsumed bytes are `buf[start..end]`.
-    start: usize,
-    end: usize,
-}
-
-impl FrameReader {
-    const CAPACITY_BYTES: usize = 16 * 1024;
-    /// After a large message, give the memory back once the buffer drains.
-    const RETAINED_CAPACITY_MAX_BYTES: usize = 1024 * 1024;
-
-    pub(crate) fn new() -> FrameReader {
-        FrameReader { buf: vec![0; Self::CAPACITY_BYTES], start: 0, end: 0 }
-    }
-
-    /// The next whole frame, or None at a clean end of stream (between frames).
-    pub(crate) async fn next(&mut self, stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> Result<Option<std::ops::Range<usize>>, String> {
-        loop {
-            let available = self.end - self.start;
-            let mut needed = 4;
-            if available >= 4 {
-                let prefix = [self.buf[self.start], self.buf[self.start + 1], self.buf[self.start + 2], self.buf[self.start + 3]];
-                // Validate the length before allocating: a hostile prefix must not make us reserve 2 GB.
-                let len = wire::frame_length(prefix, MESSAGE_SIZE_MAX_BYTES).map_err(|e| format!("bad frame: {}", e.message))?;
-                if available >= len {
-                    let frame = self.start..self.start + len;
-                    self.start += len;
-                    return Ok(Some(frame));
-                }
-                needed = len;
-            }
-            if self.start == self.end {
-                self.start = 0;
-                self.end = 0;
-                if self.buf.len() > Self::RETAINED_CAPACITY_MAX_BYTES {
-                    self.buf = vec![0; Self::CAPACITY_BYTES];
-                }
-            }
-            if self.buf.len() - self.start < needed {
-                // Move the partial frame to the front, and grow for a frame larger than the buffer.
-                self.buf.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-                if self.buf.len() < needed {
-                    self.buf.resize(needed, 0);
-                }
-            }
-            let n = match stream.read(&mut self.buf[self.end..]).await {
-                Ok(n) => n,
-                // A TLS client that closes without close_notify, between messages, has
-                // closed the connection (drivers do).
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => 0,
-                Err(e) => return Err(format!("read error: {e}")),
-            };
-            if n == 0 {
-                return if self.start == self.end { Ok(None) } else { Err("truncated message: connection closed mid-frame".into()) };
-            }
-            self.end += n;
-        }
-    }
-}
-
 async fn serve_loop(shared: &Arc<Shared>, stream: &mut Stream, conn: &mut ConnState) -> Result<(), String> {
-    let mut reader = FrameReader::new();
+    let mut reader = net::frame::FrameReader::new();
     loop {
         let Some(frame) = reader.next(stream).await? else { return Ok(()) };
         let buf = &reader.buf[frame];
@@ -244,7 +179,7 @@ async fn serve_loop(shared: &Arc<Shared>, stream: &mut Stream, conn: &mut ConnSt
                 let request_id = i32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
                 let op_code = i32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]);
                 tracing::warn!(conn = conn.id, "invalid message: {}", e);
-                let body = dispatch::error_reply(&e);
+                let body = e.to_reply();
                 let out = if op_code == wire::OP_QUERY {
                     wire::encode_reply(
                         next_request_id(),
@@ -310,7 +245,7 @@ async fn handle_msg(
         Ok(r) => r,
         Err(e) => {
             if !more_to_come {
-                let out = wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body: dispatch::error_reply(&e), sequences: vec![] }, None);
+                let out = wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body: e.to_reply(), sequences: vec![] }, None);
                 write_frame(shared, stream, &out).await?;
             }
             return Ok(());
@@ -319,7 +254,7 @@ async fn handle_msg(
     let name = request.name.clone();
     let reply_comp = reply_compressor(conn, compressor, &name);
 
-    if dispatch::is_hello(&name) {
+    if wire::is_hello(&name) {
         if let Some((wait, mut seen)) = awaitable_hello_wait(shared, &request.body) {
             // Streaming SDAM monitor: wait for a topology change (a standalone has none, so the
             // full maxAwaitTimeMS), reply, and with exhaustAllowed keep pushing replies.
@@ -389,7 +324,7 @@ fn is_oplog_stream(msg: &OpMsg) -> bool {
 async fn stream_oplog(
     shared: &Arc<Shared>,
     stream: &mut Stream,
-    reader: &mut FrameReader,
+    reader: &mut net::frame::FrameReader,
     conn: &mut ConnState,
     request_id: i32,
     msg: OpMsg,
@@ -501,7 +436,7 @@ fn reply_ok(reply: &Document) -> bool {
 }
 
 async fn refuse_stream(shared: &Shared, stream: &mut Stream, request_id: i32, e: &common::Error) -> Result<(), String> {
-    let out = wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body: dispatch::error_reply(e), sequences: vec![] }, None);
+    let out = wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body: e.to_reply(), sequences: vec![] }, None);
     write_frame(shared, stream, &out).await
 }
 
@@ -568,7 +503,7 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
             Err(e) => Err(e),
         };
         if let Err(e) = waited {
-            return Reply { body: dispatch::error_reply(&dispatch::with_topology_version(shared, e)), batch: None };
+            return Reply { body: dispatch::with_topology_version(shared, e).to_reply(), batch: None };
         }
     }
     // A router's operation on a sharded collection (shardVersion) or on an unsharded one
@@ -577,7 +512,7 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
     let admission = if request.body.contains_key("shardVersion") || request.body.contains_key("databaseVersion") {
         match admit(shared, conn, &request).await {
             Ok(a) => a,
-            Err(e) => return Reply { body: dispatch::error_reply(&dispatch::with_topology_version(shared, e)), batch: None },
+            Err(e) => return Reply { body: dispatch::with_topology_version(shared, e).to_reply(), batch: None },
         }
     } else {
         Default::default()
@@ -608,7 +543,7 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
     }
     if let Some(wait) = conn.read_wait.take() {
         if let Err(e) = wait_for_commit_point(shared, wait).await {
-            reply = dispatch::error_reply(&dispatch::with_topology_version(shared, e));
+            reply = dispatch::with_topology_version(shared, e).to_reply();
         }
     }
     // A raw batch belongs to a successful cursor reply only.
@@ -809,12 +744,12 @@ async fn handle_op_query(shared: &Arc<Shared>, conn: &mut ConnState, q: wire::Op
                 Err(_) => q.query.clone(),
             };
             let name = cmd.keys().next().cloned().unwrap_or_default();
-            if dispatch::is_hello(&name) {
+            if wire::is_hello(&name) {
                 let mut body = cmd;
                 body.insert("$db", db);
                 match Request::from_msg(body, Vec::new()) {
                     Ok(r) => run(shared, conn, r).await.into_document(),
-                    Err(e) => dispatch::error_reply(&e),
+                    Err(e) => e.to_reply(),
                 }
             } else {
                 doc! { "ok": 0.0, "errmsg": format!("Unsupported OP_QUERY command: {name}. The client driver may require an upgrade. For more details see https://dochub.mongodb.org/core/legacy-opcode-removal"), "code": 352, "codeName": "UnsupportedOpQueryCommand" }

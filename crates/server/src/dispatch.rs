@@ -8,66 +8,7 @@ use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use wire::DocumentSequence;
-
-#[derive(Clone, Debug)]
-pub struct Request {
-    pub name: String,
-    pub db: String,
-    /// The command body with any OP_MSG document sequences merged in as arrays. Shared, so
-    /// currentOp and exhaust re-runs hold it without copying.
-    pub body: Arc<Document>,
-}
-
-impl Request {
-    pub fn from_msg(mut body: Document, sequences: Vec<DocumentSequence>) -> Result<Request> {
-        let name = match body.keys().next() {
-            Some(k) => k.clone(),
-            None => return Err(Error::new(Code::FailedToParse, "Command body must not be empty")),
-        };
-        let db = match body.get("$db") {
-            Some(Bson::String(s)) => s.clone(),
-            Some(_) => return Err(Error::new(Code::TypeMismatch, "BSON field '$db' is the wrong type, expected type 'string'")),
-            None => return Err(Error::location(40571, "OP_MSG requests require a $db argument")),
-        };
-        check_db_name(&db)?;
-        for seq in sequences {
-            if body.contains_key(&seq.identifier) {
-                return Err(Error::location(40413, format!("Duplicate field '{}' in OP_MSG body and document sequence", seq.identifier)));
-            }
-            body.insert(seq.identifier, Bson::Array(seq.documents.into_iter().map(Bson::Document).collect()));
-        }
-        Ok(Request { name, db, body: Arc::new(body) })
-    }
-}
-
-/// Database names as MongoDB allows them: non-empty, < 64 bytes, none of `/\. "$` or NUL;
-/// and "$external", where X.509 users are defined (it holds no data).
-fn check_db_name(db: &str) -> Result<()> {
-    const DB_NAME_LENGTH_MAX_BYTES: usize = 63;
-    if db == crate::auth::EXTERNAL_DB {
-        return Ok(());
-    }
-    if db.is_empty() || db.len() > DB_NAME_LENGTH_MAX_BYTES || db.contains(['/', '\\', '.', ' ', '"', '$', '\0']) {
-        return Err(Error::new(Code::InvalidNamespace, format!("Invalid database name: '{db}'")));
-    }
-    Ok(())
-}
-
-pub fn is_hello(name: &str) -> bool {
-    matches!(name, "hello" | "isMaster" | "ismaster")
-}
-
-/// `{ok: 0, errmsg, code, codeName, ...extra}`.
-pub fn error_reply(e: &Error) -> Document {
-    let mut d = doc! { "ok": 0.0, "errmsg": e.message.clone(), "code": e.code, "codeName": e.code_name };
-    if let Some(extra) = e.extra.as_deref() {
-        for (k, v) in extra {
-            d.insert(k.clone(), v.clone());
-        }
-    }
-    d
-}
+use wire::Request;
 
 /// What a write on a primary waits for before its reply: entries up to `at` on the members
 /// that `mode` needs.
@@ -377,7 +318,7 @@ fn parse_max_time(cmd: &Document) -> Result<Option<Duration>> {
 pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Document {
     let Some(handler) = commands::lookup(&req.name) else {
         Counters::add(&shared.counters.command, 1);
-        return error_reply(&Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)));
+        return Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)).to_reply();
     };
     if commands::op_kind(&req.name) == "command" {
         Counters::add(&shared.counters.command, 1);
@@ -387,7 +328,7 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Docum
         crate::audit::auth_check(shared, conn, &req.name, &req.body, checked.as_ref().err().map(|e| e.code));
     }
     if let Err(e) = checked {
-        return error_reply(&with_topology_version(shared, e));
+        return with_topology_version(shared, e).to_reply();
     }
     if shared.audit.is_some() {
         crate::audit::watch_creations();
@@ -406,7 +347,7 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Docum
             reply.insert("ok", 1.0);
             reply
         }
-        Err(e) => error_reply(&with_topology_version(shared, e)),
+        Err(e) => with_topology_version(shared, e).to_reply(),
     }
 }
 

@@ -14,10 +14,8 @@ mod fault;
 mod ops;
 mod plan;
 mod retry;
-pub mod router;
 mod sharding;
 mod state;
-mod sysinfo;
 
 use crate::state::{Counters, Shared};
 use config::ServerConfig;
@@ -37,7 +35,7 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
     if let Some(path) = &config.key_file {
         net::key_file::load_key_file(path)?;
     }
-    let fds = sysinfo::raise_fd_limit();
+    let fds = net::process::raise_fd_limit();
     let store = if config.storage_engine == "inMemory" {
         storage::Store::open_in_memory()
     } else {
@@ -57,7 +55,7 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
             // The host this member calls itself in a default config: the first address it
             // listens on, unless that is every address.
             let host = match config.bind_ip.first().map(String::as_str) {
-                Some("0.0.0.0") | Some("::") | None => sysinfo::hostname(),
+                Some("0.0.0.0") | Some("::") | None => net::process::hostname(),
                 Some(ip) => ip.to_string(),
             };
             Some(replication::ReplCoord::start(&store, name.clone(), format!("{host}:{}", config.port), config.port, config.oplog_size_bytes)?)
@@ -102,7 +100,7 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
         tokio::spawn(accept_loop(shared, l));
     }
     tokio::select! {
-        _ = shutdown_signal() => {}
+        _ = net::process::shutdown_signal() => {}
         _ = shared.shutdown.notified() => {}
     }
     tracing::info!("shutting down: flushing storage");
@@ -135,17 +133,5 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         Counters::add(&shared.counters.connections_current, 1);
         Counters::add(&shared.counters.connections_total, 1);
         tokio::spawn(conn::serve(shared.clone(), stream, remote));
-    }
-}
-
-pub(crate) async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }

@@ -19,10 +19,9 @@
 //! keeps them in memory only; a member that restarts or becomes primary answers
 //! ShardingStateNotInitialized (203) until a router sends them again.
 
-use crate::dispatch::Request;
-use crate::router::catalog::config_find;
 use bson::{doc, oid::ObjectId, Bson, Document};
 use common::{Code, Error, Result};
+use net::pool::config_find;
 use net::pool::{Pool, ReplicaSet};
 use parking_lot::{Mutex, RwLock};
 use shard::{chunks::chunk_from_doc, key::cmp_keys, ChunkVersion, Key, ShardKeyPattern};
@@ -30,6 +29,7 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use wire::Request;
 
 /// How long a write waits for a migration's critical section to end before it answers
 /// StaleConfig (the router retries it).
@@ -292,14 +292,16 @@ impl ShardingState {
     /// collection is not sharded there.
     pub async fn refresh(&self, ns: &str) -> Result<Option<Arc<CollMeta>>> {
         let id = self.identity()?;
-        let found = config_find(&self.pool, &id.config, "collections", doc! {"_id": ns}, doc! {}).await?;
+        let found = config_find(&self.pool, &id.config, "collections", doc! {"_id": ns}, doc! {}, shard::chunks::CHUNKS_MAX).await?;
         let Some(entry) = found.into_iter().next().filter(|e| !e.get_bool("dropped").unwrap_or(false)) else {
             self.forget(ns);
             return Ok(None);
         };
         let key = ShardKeyPattern::parse(entry.get_document("key").map_err(|_| Error::internal(format!("config.collections entry of {ns} has no key")))?)?;
         let uuid = entry.get("uuid").cloned().unwrap_or(Bson::Null);
-        let docs = config_find(&self.pool, &id.config, "chunks", doc! {"uuid": uuid.clone(), "shard": &id.shard_name}, doc! {"min": 1}).await?;
+        let docs =
+            config_find(&self.pool, &id.config, "chunks", doc! {"uuid": uuid.clone(), "shard": &id.shard_name}, doc! {"min": 1}, shard::chunks::CHUNKS_MAX)
+                .await?;
         let mut owned = Vec::with_capacity(docs.len());
         let mut version = ChunkVersion::default();
         for d in &docs {
@@ -308,7 +310,7 @@ impl ShardingState {
             owned.push((c.min, c.max));
         }
         owned.sort_by(|a, b| cmp_keys(&a.0, &b.0));
-        let migration = config_find(&self.pool, &id.config, "migrations", doc! {"_id": ns}, doc! {}).await?;
+        let migration = config_find(&self.pool, &id.config, "migrations", doc! {"_id": ns}, doc! {}, shard::chunks::CHUNKS_MAX).await?;
         let blocked = migration.first().is_some_and(|m| {
             m.get_str("donor").ok() == Some(id.shard_name.as_str())
                 && m.get_bool("inCriticalSection").unwrap_or(false)
@@ -324,7 +326,7 @@ impl ShardingState {
     /// Read the database's entry from the config servers (and cache it). `None`: there is none.
     pub async fn refresh_db(&self, db: &str) -> Result<Option<Arc<DbMeta>>> {
         let id = self.identity()?;
-        let found = config_find(&self.pool, &id.config, "databases", doc! {"_id": db}, doc! {}).await?;
+        let found = config_find(&self.pool, &id.config, "databases", doc! {"_id": db}, doc! {}, shard::chunks::CHUNKS_MAX).await?;
         let Some(entry) = found.into_iter().next() else {
             self.dbs.lock().remove(db);
             return Ok(None);

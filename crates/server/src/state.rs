@@ -87,7 +87,7 @@ impl Shared {
         tls: net::tls::Acceptor,
         audit: Option<crate::audit::Audit>,
     ) -> Shared {
-        let host_name = crate::sysinfo::hostname();
+        let host_name = net::process::hostname();
         let writes = Arc::new(tokio::sync::Notify::new());
         let w = writes.clone();
         store.set_write_listener(Box::new(move || w.notify_waiters()));

@@ -199,7 +199,7 @@ fn main() {
         }
         Command::Bench(a) => std::process::exit(bench::cli::run(a)),
         Command::Router(a) => {
-            let config = server::router::RouterConfig {
+            let config = router::RouterConfig {
                 port: a.port,
                 bind_ip: a.bind_ip.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
                 config_db: a.configdb,
@@ -212,7 +212,7 @@ fn main() {
                     std::process::exit(1);
                 }
             };
-            if let Err(e) = rt.block_on(server::router::serve(config)) {
+            if let Err(e) = rt.block_on(router::serve(config)) {
                 eprintln!("shoal router: {}", e.message);
                 std::process::exit(1);
             }

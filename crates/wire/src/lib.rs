@@ -6,8 +6,10 @@
 
 mod bson_codec;
 mod compression;
+mod request;
 
 pub use bson_codec::{document_size_bytes, DOCUMENT_SIZE_MAX_BYTES};
+pub use request::{is_hello, Request};
 
 /// Append `doc` as BSON to `buf` (the encoder replies use; faster than the bson crate's).
 pub fn encode_document_into(buf: &mut Vec<u8>, doc: &bson::Document) -> common::Result<()> {

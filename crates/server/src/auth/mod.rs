@@ -20,8 +20,7 @@ use roles::Resource;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const USERS_DB: &str = "admin";
-/// Where users authenticated outside shoal (by X.509 certificate) are defined.
-pub const EXTERNAL_DB: &str = "$external";
+pub use common::server::EXTERNAL_DB;
 pub const USERS_COLLECTION: &str = "system.users";
 /// User-defined roles, in admin as mongod keeps them (`_id` "db.role").
 pub const ROLES_COLLECTION: &str = "system.roles";

@@ -1,9 +1,10 @@
 //! Catalog and statistics commands: listDatabases, listCollections, listIndexes, create, drop,
 //! dropDatabase, renameCollection, collStats, dbStats, validate, createIndexes, dropIndexes.
 
-use super::{check_fields, cursor_reply, Ctx};
+use super::{cursor_reply, Ctx};
 use bson::{doc, Bson, Document};
 use common::value::as_i64;
+use common::value::check_fields;
 use common::{Code, Error, Result};
 use storage::IndexSpec;
 
@@ -122,7 +123,7 @@ pub fn create(ctx: &mut Ctx) -> Result<Document> {
     let mut options = Document::new();
     for (k, v) in ctx.cmd.iter().skip(1) {
         match k.as_str() {
-            k if super::GENERIC_ARGS.contains(&k) => {}
+            k if common::value::GENERIC_ARGS.contains(&k) => {}
             // Options shoal stores and honours (nothing to enforce for these).
             "validationLevel" | "validationAction" | "storageEngine" | "indexOptionDefaults" | "idIndex" => {
                 options.insert(k, v.clone());

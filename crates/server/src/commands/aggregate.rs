@@ -1,14 +1,12 @@
 //! The aggregate command: feed a collection scan into the pure pipeline of the `query` crate.
 //! Stages that need the catalog (`$collStats`) are answered here.
 
-use super::{check_fields, Ctx};
+use super::Ctx;
 use crate::cursor::{Cursor, Source, FIRST_BATCH_DOCS_DEFAULT};
 use bson::{doc, Bson, DateTime, Document};
+use common::value::check_fields;
 use common::{Code, Error, Result};
 use query::agg::{Pipeline, RunOptions, Stage};
-
-/// Memory a blocking stage ($group, $sort) may hold (MongoDB: 100 MiB per stage).
-pub const AGG_MEMORY_BYTES_MAX: usize = 100 * 1024 * 1024;
 
 pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
     check_fields(
@@ -82,7 +80,7 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
         }
     }
     let pipeline = Pipeline { stages: rest };
-    let opts = RunOptions { allow_disk_use, mem_limit_bytes: AGG_MEMORY_BYTES_MAX };
+    let opts = RunOptions { allow_disk_use, mem_limit_bytes: common::limits::AGG_MEMORY_BYTES_MAX };
     let results = match input_override {
         Some(docs) => pipeline.run_interruptible(&mut docs.into_iter().map(Ok), &opts, &|| ctx.op.check())?,
         None => match coll_name.as_deref().and_then(|c| ctx.shared.store.collection(ctx.db, c)) {

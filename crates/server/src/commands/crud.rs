@@ -1,7 +1,7 @@
 //! CRUD commands: insert, find, getMore, killCursors, update, delete, findAndModify, count,
 //! distinct.
 
-use super::{check_fields, cursor_reply, Ctx};
+use super::{cursor_reply, Ctx};
 use crate::cursor::{Cursor, Source, FIRST_BATCH_DOCS_DEFAULT};
 use crate::exec::Scan;
 use crate::plan::Plan;
@@ -9,6 +9,7 @@ use crate::state::Counters;
 use bson::{doc, oid::ObjectId, Bson, Document};
 use common::limits::{BSON_OBJECT_SIZE_MAX_BYTES, WRITE_BATCH_SIZE_MAX};
 use common::value::as_i64;
+use common::value::check_fields;
 use common::{Code, Error, Result};
 use query::filter::{Filter, MatchDetails};
 use query::projection::Projection;

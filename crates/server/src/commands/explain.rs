@@ -1,10 +1,11 @@
 //! The explain command for find, count, distinct and aggregate: the chosen plan in MongoDB's
 //! queryPlanner shape, and with executionStats the plan run to completion with its counters.
 
-use super::{check_fields, Ctx};
+use super::Ctx;
 use crate::exec::planned_scan;
 use crate::plan::{Access, Plan};
 use bson::{doc, Bson, Document};
+use common::value::check_fields;
 use common::{Code, Error, Result};
 use query::sort::SortSpec;
 use std::time::Instant;

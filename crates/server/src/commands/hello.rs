@@ -68,29 +68,10 @@ pub fn ping(_ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn build_info(_ctx: &mut Ctx) -> Result<Document> {
-    Ok(build_info_doc())
+    Ok(common::server::build_info())
 }
 
 /// buildInfo's reply, which the router gives too.
-pub fn build_info_doc() -> Document {
-    doc! {
-        "version": VERSION,
-        "gitVersion": concat!("shoal-", env!("CARGO_PKG_VERSION")),
-        "shoalVersion": env!("CARGO_PKG_VERSION"),
-        "modules": [],
-        "allocator": "system",
-        "javascriptEngine": "none",
-        "sysInfo": "deprecated",
-        "versionArray": [7, 0, 0, 0],
-        "openssl": { "running": "disabled", "compiled": "disabled" },
-        "buildEnvironment": { "distmod": "shoal", "target_arch": std::env::consts::ARCH, "target_os": std::env::consts::OS },
-        "bits": 64,
-        "debug": cfg!(debug_assertions),
-        "maxBsonObjectSize": limits::BSON_OBJECT_SIZE_MAX_BYTES as i32,
-        "storageEngines": ["fjall", "inMemory"],
-    }
-}
-
 /// Server parameters readable with getParameter. Values are the ones shoal actually uses.
 fn parameters(ctx: &Ctx) -> Document {
     doc! {
@@ -100,7 +81,7 @@ fn parameters(ctx: &Ctx) -> Document {
         "cursorTimeoutMillis": ctx.shared.config.cursor_timeout_ms as i64,
         "maxBSONDepth": 100,
         "internalQueryMaxBlockingSortMemoryUsageBytes": ctx.shared.config.sort_memory_bytes_max as i64,
-        "internalDocumentSourceGroupMaxMemoryBytes": crate::commands::aggregate::AGG_MEMORY_BYTES_MAX as i64,
+        "internalDocumentSourceGroupMaxMemoryBytes": common::limits::AGG_MEMORY_BYTES_MAX as i64,
         "logicalSessionTimeoutMinutes": LOGICAL_SESSION_TIMEOUT_MINUTES,
         "maxIncomingConnections": ctx.shared.config.connections_max as i64,
         "networkMessageCompressors": ctx.shared.config.compressors.join(","),
@@ -122,7 +103,7 @@ pub fn get_parameter(ctx: &mut Ctx) -> Result<Document> {
     }
     let mut out = Document::new();
     for (k, _) in ctx.cmd.iter().skip(1) {
-        if super::GENERIC_ARGS.contains(&k.as_str()) {
+        if common::value::GENERIC_ARGS.contains(&k.as_str()) {
             continue;
         }
         if let Some(v) = all.get(k) {
@@ -145,7 +126,7 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
     let s = ctx.shared;
     let c = &s.counters;
     let uptime = s.started.elapsed();
-    let (resident, virt) = crate::sysinfo::process_memory_bytes();
+    let (resident, virt) = net::process::process_memory_bytes();
     let current = Counters::get(&c.connections_current);
     let mut status = doc! {
         "host": s.host_name.clone(),
@@ -227,15 +208,15 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn host_info(ctx: &mut Ctx) -> Result<Document> {
-    let (os_name, os_version) = crate::sysinfo::os_release();
+    let (os_name, os_version) = net::process::os_release();
     Ok(doc! {
         "system": {
             "currentTime": DateTime::now(),
             "hostname": ctx.shared.host_name.clone(),
             "cpuAddrSize": 64,
-            "memSizeMB": (crate::sysinfo::total_memory_bytes() / (1024 * 1024)) as i64,
-            "memLimitMB": (crate::sysinfo::total_memory_bytes() / (1024 * 1024)) as i64,
-            "numCores": crate::sysinfo::num_cores() as i32,
+            "memSizeMB": (net::process::total_memory_bytes() / (1024 * 1024)) as i64,
+            "memLimitMB": (net::process::total_memory_bytes() / (1024 * 1024)) as i64,
+            "numCores": net::process::num_cores() as i32,
             "cpuArch": std::env::consts::ARCH,
             "numaEnabled": false,
         },
@@ -331,7 +312,7 @@ pub fn current_op(ctx: &mut Ctx) -> Result<Document> {
         match k.as_str() {
             "$all" => include_idle = v.as_bool().unwrap_or(false),
             "$ownOps" | "idleConnections" | "idleCursors" | "idleSessions" | "localOps" | "backtrace" | "truncateOps" => {}
-            k if super::GENERIC_ARGS.contains(&k) => {}
+            k if common::value::GENERIC_ARGS.contains(&k) => {}
             _ => {
                 filter.insert(k.clone(), v.clone());
             }
@@ -402,7 +383,7 @@ pub fn shutdown(ctx: &mut Ctx) -> Result<Document> {
     if ctx.db != "admin" {
         return Err(Error::new(Code::Unauthorized, "shutdown may only be run against the admin database."));
     }
-    super::check_fields("shutdown", ctx.cmd, &["force", "timeoutSecs"])?;
+    common::value::check_fields("shutdown", ctx.cmd, &["force", "timeoutSecs"])?;
     // Flush before signalling, so a client that sees the connection drop knows all is durable.
     ctx.shared.store.commit_durable()?;
     tracing::info!("shutdown requested by {}", ctx.conn.remote);

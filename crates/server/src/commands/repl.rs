@@ -28,7 +28,7 @@ pub fn repl_set_initiate(ctx: &mut Ctx) -> Result<Document> {
 /// replSetReconfig: {replSetReconfig: <config>, force}.
 pub fn repl_set_reconfig(ctx: &mut Ctx) -> Result<Document> {
     let coord = coord(ctx, "not running with --replSet")?;
-    super::check_fields("replSetReconfig", ctx.cmd, &["replSetReconfig", "force"])?;
+    common::value::check_fields("replSetReconfig", ctx.cmd, &["replSetReconfig", "force"])?;
     let Some(Bson::Document(arg)) = ctx.cmd.get("replSetReconfig") else {
         return Err(Error::type_mismatch("BSON field 'replSetReconfig' is the wrong type, expected type 'object'"));
     };
@@ -52,7 +52,7 @@ pub fn apply_ops(ctx: &mut Ctx) -> Result<Document> {
     if ctx.db != "admin" {
         return Err(Error::new(Code::Unauthorized, "applyOps may only be run against the admin database."));
     }
-    super::check_fields("applyOps", ctx.cmd, &["applyOps", "bypassDocumentValidation", "alwaysUpsert", "oplogApplicationMode", "preCondition"])?;
+    common::value::check_fields("applyOps", ctx.cmd, &["applyOps", "bypassDocumentValidation", "alwaysUpsert", "oplogApplicationMode", "preCondition"])?;
     if ctx.cmd.contains_key("preCondition") {
         return Err(Error::new(Code::CommandNotSupported, "applyOps preCondition is not supported by shoal"));
     }
@@ -128,7 +128,7 @@ fn secs_arg(ctx: &Ctx, field: &str, default: i64) -> Result<i64> {
 /// replSetStepDown: {replSetStepDown: secs (60), secondaryCatchUpPeriodSecs (10), force}.
 pub fn repl_set_step_down(ctx: &mut Ctx) -> Result<Document> {
     member_cmd(ctx)?;
-    super::check_fields("replSetStepDown", ctx.cmd, &["replSetStepDown", "secondaryCatchUpPeriodSecs", "force"])?;
+    common::value::check_fields("replSetStepDown", ctx.cmd, &["replSetStepDown", "secondaryCatchUpPeriodSecs", "force"])?;
     let step_down = secs_arg(ctx, "replSetStepDown", 60)?;
     let catch_up = secs_arg(ctx, "secondaryCatchUpPeriodSecs", 10)?;
     let force = ctx.bool_arg("force")?.unwrap_or(false);
@@ -163,7 +163,7 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     if ctx.db != "admin" {
         return Err(Error::new(Code::Unauthorized, "configureFailPoint may only be run against the admin database."));
     }
-    super::check_fields("configureFailPoint", ctx.cmd, &["configureFailPoint", "mode", "data"])?;
+    common::value::check_fields("configureFailPoint", ctx.cmd, &["configureFailPoint", "mode", "data"])?;
     let name = ctx.cmd.get_str("configureFailPoint").map_err(|_| Error::type_mismatch("configureFailPoint must name a fail point"))?;
     if !matches!(name, "replLink" | "journalFlushDelay" | "migrateHangInFinalTransfer" | "initialSyncHangAfterDataCloning" | "rsSyncApplyStop") {
         return Err(Error::bad_value(format!("Cannot find failpoint: {name}")));

@@ -114,7 +114,7 @@ fn check_no_cycle(ctx: &Ctx, role: &str, granted: &[(String, String)]) -> Result
 }
 
 pub fn create_role(ctx: &mut Ctx) -> Result<Document> {
-    super::check_fields("createRole", ctx.cmd, &["privileges", "roles", "authenticationRestrictions"])?;
+    common::value::check_fields("createRole", ctx.cmd, &["privileges", "roles", "authenticationRestrictions"])?;
     let role = role_name(ctx)?;
     if ctx.db == "local" {
         return Err(Error::bad_value("Cannot create roles in the local database"));
@@ -142,7 +142,7 @@ fn modify_role(ctx: &Ctx, role: &str, change: impl FnOnce(&mut Document) -> Resu
 }
 
 pub fn update_role(ctx: &mut Ctx) -> Result<Document> {
-    super::check_fields("updateRole", ctx.cmd, &["privileges", "roles", "authenticationRestrictions"])?;
+    common::value::check_fields("updateRole", ctx.cmd, &["privileges", "roles", "authenticationRestrictions"])?;
     let role = modifiable_role(ctx)?;
     if ctx.cmd.contains_key("authenticationRestrictions") {
         return Err(Error::new(Code::CommandNotSupported, "authenticationRestrictions are not supported by shoal yet"));
@@ -168,7 +168,7 @@ pub fn update_role(ctx: &mut Ctx) -> Result<Document> {
 }
 
 fn change_privileges(ctx: &mut Ctx, grant: bool) -> Result<Document> {
-    super::check_fields(ctx.name, ctx.cmd, &["privileges"])?;
+    common::value::check_fields(ctx.name, ctx.cmd, &["privileges"])?;
     let role = modifiable_role(ctx)?;
     let change = parse_privileges(ctx, true)?.unwrap_or_default();
     if change.is_empty() {
@@ -205,7 +205,7 @@ pub fn revoke_privileges_from_role(ctx: &mut Ctx) -> Result<Document> {
 }
 
 fn change_roles(ctx: &mut Ctx, grant: bool) -> Result<Document> {
-    super::check_fields(ctx.name, ctx.cmd, &["roles"])?;
+    common::value::check_fields(ctx.name, ctx.cmd, &["roles"])?;
     let role = modifiable_role(ctx)?;
     let change = parse_roles(ctx, "roles")?;
     if change.is_empty() {
@@ -267,7 +267,7 @@ fn drop_roles(ctx: &Ctx, gone: impl Fn(&Document) -> bool) -> Result<i32> {
 }
 
 pub fn drop_role(ctx: &mut Ctx) -> Result<Document> {
-    super::check_fields("dropRole", ctx.cmd, &[])?;
+    common::value::check_fields("dropRole", ctx.cmd, &[])?;
     let role = role_name(ctx)?;
     if roles::exists(&role, ctx.db) {
         return Err(Error::new(Code::InvalidRoleModification, format!("Cannot delete built-in role: {role}@{}", ctx.db)));
@@ -281,7 +281,7 @@ pub fn drop_role(ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn drop_all_roles_from_database(ctx: &mut Ctx) -> Result<Document> {
-    super::check_fields("dropAllRolesFromDatabase", ctx.cmd, &[])?;
+    common::value::check_fields("dropAllRolesFromDatabase", ctx.cmd, &[])?;
     let db = ctx.db.to_string();
     let n = drop_roles(ctx, |d| d.get_str("db").ok() == Some(db.as_str()))?;
     Ok(doc! {"n": n})
@@ -336,7 +336,7 @@ fn describe(ctx: &Ctx, role: &(String, String), stored: Option<&Document>, show_
 }
 
 pub fn roles_info(ctx: &mut Ctx) -> Result<Document> {
-    super::check_fields("rolesInfo", ctx.cmd, &["showPrivileges", "showBuiltinRoles", "showAuthenticationRestrictions"])?;
+    common::value::check_fields("rolesInfo", ctx.cmd, &["showPrivileges", "showBuiltinRoles", "showAuthenticationRestrictions"])?;
     let show_privileges = match ctx.cmd.get("showPrivileges") {
         None => false,
         Some(Bson::Boolean(b)) => *b,

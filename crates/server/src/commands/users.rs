@@ -176,7 +176,7 @@ pub fn get_audit_config(ctx: &mut Ctx) -> Result<Document> {
 /// config.settings, so that it reaches the other members through the oplog (they take it
 /// when they apply it) and outlives a restart; then taken here.
 pub fn set_audit_config(ctx: &mut Ctx) -> Result<Document> {
-    super::check_fields("setAuditConfig", ctx.cmd, &["filter", "auditAuthorizationSuccess"])?;
+    common::value::check_fields("setAuditConfig", ctx.cmd, &["filter", "auditAuthorizationSuccess"])?;
     let audit = ctx
         .shared
         .audit
@@ -303,7 +303,7 @@ pub(super) fn finish(ctx: &Ctx) -> Result<()> {
 }
 
 pub fn create_user(ctx: &mut Ctx) -> Result<Document> {
-    super::check_fields("createUser", ctx.cmd, &["pwd", "roles", "customData", "digestPassword", "mechanisms", "authenticationRestrictions"])?;
+    common::value::check_fields("createUser", ctx.cmd, &["pwd", "roles", "customData", "digestPassword", "mechanisms", "authenticationRestrictions"])?;
     let user = check_name(ctx)?;
     if ctx.cmd.contains_key("authenticationRestrictions") {
         return Err(Error::new(Code::CommandNotSupported, "authenticationRestrictions are not supported by shoal yet"));
@@ -375,7 +375,7 @@ fn modify_user(ctx: &Ctx, user: &str, change: impl FnOnce(&mut Document) -> Resu
 }
 
 pub fn update_user(ctx: &mut Ctx) -> Result<Document> {
-    super::check_fields("updateUser", ctx.cmd, &["pwd", "roles", "customData", "digestPassword", "mechanisms", "authenticationRestrictions"])?;
+    common::value::check_fields("updateUser", ctx.cmd, &["pwd", "roles", "customData", "digestPassword", "mechanisms", "authenticationRestrictions"])?;
     let user = check_name(ctx)?;
     if ctx.cmd.contains_key("authenticationRestrictions") {
         return Err(Error::new(Code::CommandNotSupported, "authenticationRestrictions are not supported by shoal yet"));
@@ -426,7 +426,7 @@ pub fn update_user(ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn drop_user(ctx: &mut Ctx) -> Result<Document> {
-    super::check_fields("dropUser", ctx.cmd, &[])?;
+    common::value::check_fields("dropUser", ctx.cmd, &[])?;
     let user = check_name(ctx)?;
     let coll = users_collection(ctx)?;
     let mut w = coll.writer();
@@ -440,7 +440,7 @@ pub fn drop_user(ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn drop_all_users_from_database(ctx: &mut Ctx) -> Result<Document> {
-    super::check_fields("dropAllUsersFromDatabase", ctx.cmd, &[])?;
+    common::value::check_fields("dropAllUsersFromDatabase", ctx.cmd, &[])?;
     let coll = users_collection(ctx)?;
     let mut w = coll.writer();
     let mut n = 0i32;
@@ -471,7 +471,7 @@ pub(super) fn all_users(snap: &storage::Snapshot) -> Result<Vec<(storage::Record
 }
 
 fn change_roles(ctx: &mut Ctx, grant: bool) -> Result<Document> {
-    super::check_fields(ctx.name, ctx.cmd, &["roles"])?;
+    common::value::check_fields(ctx.name, ctx.cmd, &["roles"])?;
     let user = check_name(ctx)?;
     let roles = parse_roles(ctx, "roles")?;
     if roles.is_empty() {
@@ -509,7 +509,7 @@ pub fn revoke_roles_from_user(ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn users_info(ctx: &mut Ctx) -> Result<Document> {
-    super::check_fields("usersInfo", ctx.cmd, &["showCredentials", "showCustomData", "showPrivileges", "showAuthenticationRestrictions", "filter"])?;
+    common::value::check_fields("usersInfo", ctx.cmd, &["showCredentials", "showCustomData", "showPrivileges", "showAuthenticationRestrictions", "filter"])?;
     if ctx.bool_arg("showPrivileges")? == Some(true) || ctx.bool_arg("showAuthenticationRestrictions")? == Some(true) {
         return Err(Error::new(Code::CommandNotSupported, "usersInfo showPrivileges and showAuthenticationRestrictions are not supported by shoal yet"));
     }

@@ -5,13 +5,12 @@
 //! through their primaries (`net::pool`).
 
 mod balance;
-pub(crate) mod catalog;
+mod catalog;
 mod commands;
 mod cursor;
 mod introspect;
 mod migrate;
 
-use crate::dispatch::{self, Request};
 use bson::oid::ObjectId;
 use common::limits::MESSAGE_SIZE_MAX_BYTES;
 use common::{Code, Error, Result};
@@ -21,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+use wire::Request;
 use wire::{Message, OpMsg, OpReply};
 
 pub struct RouterConfig {
@@ -65,7 +65,7 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
         let addr = format!("{ip}:{}", config.port);
         listeners.push(TcpListener::bind(&addr).await.map_err(|e| Error::internal(format!("cannot listen on {addr}: {e}")))?);
     }
-    crate::sysinfo::raise_fd_limit();
+    net::process::raise_fd_limit();
     let router = Arc::new(Router {
         config,
         pool: net::pool::Pool::default(),
@@ -98,7 +98,7 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
     for l in listeners {
         tokio::spawn(accept_loop(router.clone(), l));
     }
-    crate::shutdown_signal().await;
+    net::process::shutdown_signal().await;
     tracing::info!("router shutting down");
     Ok(())
 }
@@ -109,12 +109,12 @@ const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// Keep the cluster's config.version document (its clusterId, written by the first router
 /// to start) and this router's config.mongos entry, which `sh.status()` reads.
 async fn ping_loop(router: Arc<Router>) {
-    let id = format!("{}:{}", crate::sysinfo::hostname(), router.config.port);
+    let id = format!("{}:{}", net::process::hostname(), router.config.port);
     let mut tick = tokio::time::interval(PING_INTERVAL);
     loop {
         tick.tick().await;
         let version = bson::doc! {"update": "version", "updates": [{"q": {"_id": 1}, "u": {"$setOnInsert": {"clusterId": ObjectId::new()}}, "upsert": true}]};
-        let version_str = crate::commands::hello::build_info_doc().get_str("version").unwrap_or_default().to_string();
+        let version_str = common::server::build_info().get_str("version").unwrap_or_default().to_string();
         let ping = bson::doc! {"update": "mongos", "updates": [{"q": {"_id": &id}, "u": {"$set": {
             "ping": bson::DateTime::now(), "up": router.started.elapsed().as_secs() as i64, "waiting": true, "mongoVersion": version_str, "advisoryHostFQDNs": [],
         }}, "upsert": true}]};
@@ -156,7 +156,7 @@ async fn accept_loop(router: Arc<Router>, listener: TcpListener) {
 }
 
 async fn serve_conn(router: &Arc<Router>, mut stream: TcpStream, conn: &mut RouterConn) -> std::result::Result<(), String> {
-    let mut reader = crate::conn::FrameReader::new();
+    let mut reader = net::frame::FrameReader::new();
     loop {
         let Some(frame) = reader.next(&mut stream).await? else { return Ok(()) };
         let buf = &reader.buf[frame];
@@ -176,17 +176,17 @@ async fn serve_conn(router: &Arc<Router>, mut stream: TcpStream, conn: &mut Rout
             Err(e) if op_code == wire::OP_QUERY => wire::encode_reply(
                 next_request_id(),
                 request_id,
-                &OpReply { response_flags: 2, cursor_id: 0, starting_from: 0, documents: vec![dispatch::error_reply(&e)] },
+                &OpReply { response_flags: 2, cursor_id: 0, starting_from: 0, documents: vec![e.to_reply()] },
                 None,
             ),
-            Err(e) if op_code == wire::OP_MSG || op_code == wire::OP_COMPRESSED => msg_reply(request_id, dispatch::error_reply(&e)),
+            Err(e) if op_code == wire::OP_MSG || op_code == wire::OP_COMPRESSED => msg_reply(request_id, e.to_reply()),
             Err(_) => return Err(format!("unsupported opcode {op_code}")),
             Ok(d) => match d.message {
                 Message::Msg(m) => {
                     let more_to_come = m.flags & wire::flags::MORE_TO_COME != 0;
                     let reply = match Request::from_msg(m.body, m.sequences) {
                         Ok(req) => commands::run(router, conn, req).await,
-                        Err(e) => dispatch::error_reply(&e),
+                        Err(e) => e.to_reply(),
                     };
                     if more_to_come {
                         continue;
@@ -220,15 +220,13 @@ async fn legacy_hello(router: &Arc<Router>, conn: &mut RouterConn, q: wire::OpQu
     };
     let mut cmd = q.query.get_document("$query").cloned().unwrap_or(q.query);
     let name = cmd.keys().next().cloned().unwrap_or_default();
-    if !dispatch::is_hello(&name) {
-        return dispatch::error_reply(&Error::new(
-            Code(352, "UnsupportedOpQueryCommand"),
-            format!("Unsupported OP_QUERY command: {name}. The client driver may require an upgrade."),
-        ));
+    if !wire::is_hello(&name) {
+        return Error::new(Code(352, "UnsupportedOpQueryCommand"), format!("Unsupported OP_QUERY command: {name}. The client driver may require an upgrade."))
+            .to_reply();
     }
     cmd.insert("$db", db);
     match Request::from_msg(cmd, Vec::new()) {
         Ok(r) => commands::run(router, conn, r).await,
-        Err(e) => dispatch::error_reply(&e),
+        Err(e) => e.to_reply(),
     }
 }

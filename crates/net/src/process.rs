@@ -1,4 +1,5 @@
-//! Facts about the host and this process, read from /proc (Linux) for serverStatus and hostInfo.
+//! What a process reads of its host and asks of it: facts from /proc (Linux) for
+//! serverStatus and hostInfo, the file descriptor limit, and the signals that stop it.
 
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "localhost".to_string())
@@ -54,5 +55,18 @@ pub fn raise_fd_limit() -> u64 {
             }
         }
         lim.rlim_cur
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM: a server then shuts down cleanly.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
     }
 }

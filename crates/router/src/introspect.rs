@@ -7,10 +7,10 @@
 
 use super::commands::{buffered_cursor, collection_of, forwarded, router_stages, run_router_stages, timeout_of};
 use super::Router;
-use crate::dispatch::Request;
 use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
 use std::sync::atomic::Ordering;
+use wire::Request;
 
 fn num(d: &Document, f: &str) -> i64 {
     d.get(f).and_then(common::value::as_i64).unwrap_or(0)
@@ -21,7 +21,7 @@ pub fn server_status(router: &Router) -> Document {
     let uptime = router.started.elapsed();
     let current = router.connections_current.load(Ordering::Relaxed);
     doc! {
-        "host": format!("{}:{}", crate::sysinfo::hostname(), router.config.port),
+        "host": format!("{}:{}", net::process::hostname(), router.config.port),
         "version": common::server::VERSION,
         "process": "mongos",
         "pid": std::process::id() as i64,
@@ -146,7 +146,7 @@ pub async fn coll_stats_stage(router: &Router, req: &Request, stages: &[Document
         let set = router.shard(id).await?;
         let body = doc! {"aggregate": &coll, "pipeline": [stages[0].clone()], "cursor": {}};
         let r = router.command(&set, &req.db, body).await?;
-        let (_, docs) = super::catalog::cursor_docs(&r, "firstBatch")?;
+        let (_, docs) = net::peer::cursor_batch(&r, "firstBatch")?;
         for mut d in docs {
             d.insert("shard", id.clone());
             input.push(d);
@@ -287,7 +287,7 @@ pub async fn explain(router: &Router, req: &Request) -> Result<Document> {
             },
         );
     }
-    out.insert("serverInfo", doc! {"host": crate::sysinfo::hostname(), "port": router.config.port as i32, "version": common::server::VERSION});
+    out.insert("serverInfo", doc! {"host": net::process::hostname(), "port": router.config.port as i32, "version": common::server::VERSION});
     out.insert("command", inner);
     Ok(out)
 }

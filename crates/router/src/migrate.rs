@@ -185,7 +185,7 @@ impl Migration<'_> {
     async fn run(&self, committed: &mut bool) -> Result<()> {
         // 2: the recipient's indexes (and collection), and no leftovers in the range.
         let listed = self.on(&self.donor, doc! {"listIndexes": &self.coll}).await?;
-        let (_, specs) = super::catalog::cursor_docs(&listed, "firstBatch")?;
+        let (_, specs) = net::peer::cursor_batch(&listed, "firstBatch")?;
         let specs: Vec<Document> = specs
             .into_iter()
             .filter(|s| s.get_str("name").ok() != Some("_id_"))

@@ -165,9 +165,9 @@ pub async fn balancer_status(router: &Router) -> Result<Document> {
 /// [min, max]` of a chunk of a hashed key: split at the middle of its hash range (a ranged
 /// key's median would need the documents, which shoal's router does not ask shards for
 /// yet).
-pub async fn split(router: &Router, req: &crate::dispatch::Request) -> Result<Document> {
+pub async fn split(router: &Router, req: &wire::Request) -> Result<Document> {
     let cmd = &req.body;
-    crate::commands::check_fields(&req.name, cmd, &["middle", "bounds", "find"])?;
+    common::value::check_fields(&req.name, cmd, &["middle", "bounds", "find"])?;
     let ns = cmd.get_str(&req.name).map_err(|_| Error::type_mismatch("split takes a namespace string"))?;
     router.forget_collection(ns);
     let sc = router.sharded(ns).await?.ok_or_else(|| Error::new(Code(118, "NamespaceNotSharded"), format!("{ns} is not sharded")))?;
@@ -219,7 +219,7 @@ pub async fn split(router: &Router, req: &crate::dispatch::Request) -> Result<Do
 /// `removeShard: id`: the first call starts draining (the balancer moves its chunks off,
 /// no new database or chunk goes to it); later calls report what is left; once nothing is,
 /// the shard leaves config.shards.
-pub async fn remove_shard(router: &Router, req: &crate::dispatch::Request) -> Result<Document> {
+pub async fn remove_shard(router: &Router, req: &wire::Request) -> Result<Document> {
     let id = req.body.get_str(&req.name).map_err(|_| Error::type_mismatch("removeShard takes a shard id"))?.to_string();
     let shards = router.reload_shards().await?;
     let Some(entry) = shards.iter().find(|s| s.get_str("_id").ok() == Some(id.as_str())) else {
@@ -262,7 +262,7 @@ pub async fn remove_shard(router: &Router, req: &crate::dispatch::Request) -> Re
 /// they are copied with their options and indexes, the entry's primary and version change
 /// (conditional on the record, so a recovery can fence it), the old primary lets writes go
 /// on (routers with the old entry now get StaleDbVersion from it) and drops its copies.
-pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Result<Document> {
+pub async fn move_primary(router: &Router, req: &wire::Request) -> Result<Document> {
     let db = req.body.get_str(&req.name).map_err(|_| Error::type_mismatch("movePrimary takes a database name"))?.to_string();
     let to = req.body.get_str("to").map_err(|_| Error::location(40414, "BSON field 'movePrimary.to' is missing but a required field"))?.to_string();
     if matches!(db.as_str(), "admin" | "config" | "local") {
@@ -278,7 +278,7 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
     let source = router.shard(&from).await?;
     // The unsharded collections, with their options; none of them on the target yet.
     let listed = router.command(&source, &db, doc! {"listCollections": 1, "cursor": {"batchSize": 100_000}}).await?;
-    let (_, colls) = super::catalog::cursor_docs(&listed, "firstBatch")?;
+    let (_, colls) = net::peer::cursor_batch(&listed, "firstBatch")?;
     let mut moving = Vec::new();
     for c in colls {
         let Ok(name) = c.get_str("name") else { continue };
@@ -294,7 +294,7 @@ pub async fn move_primary(router: &Router, req: &crate::dispatch::Request) -> Re
         moving.push((name.to_string(), c.get_document("options").cloned().unwrap_or_default()));
     }
     let listed = router.command(&target, &db, doc! {"listCollections": 1, "nameOnly": true, "cursor": {"batchSize": 100_000}}).await?;
-    let (_, there) = super::catalog::cursor_docs(&listed, "firstBatch")?;
+    let (_, there) = net::peer::cursor_batch(&listed, "firstBatch")?;
     if let Some((name, _)) = moving.iter().find(|(n, _)| there.iter().any(|t| t.get_str("name").ok() == Some(n.as_str()))) {
         return Err(Error::new(Code::NamespaceExists, format!("{db}.{name} exists on {to} already")));
     }
@@ -359,7 +359,7 @@ async fn copy_collection(
     create.extend(options.clone());
     router.command(target, db, create).await?;
     let listed = router.command(source, db, doc! {"listIndexes": name}).await?;
-    let (_, specs) = super::catalog::cursor_docs(&listed, "firstBatch")?;
+    let (_, specs) = net::peer::cursor_batch(&listed, "firstBatch")?;
     let specs: Vec<Document> = specs
         .into_iter()
         .filter(|s| s.get_str("name").ok() != Some("_id_"))
@@ -372,7 +372,7 @@ async fn copy_collection(
         router.command(target, db, doc! {"createIndexes": name, "indexes": specs}).await?;
     }
     let (host, first) = router.pool.run(source, db, doc! {"find": name, "batchSize": COPY_BATCH_DOCS}, None, COMMAND_TIMEOUT).await?;
-    let (mut id, mut docs) = super::catalog::cursor_docs(&reply_result(first)?, "firstBatch")?;
+    let (mut id, mut docs) = net::peer::cursor_batch(&reply_result(first)?, "firstBatch")?;
     loop {
         if !docs.is_empty() {
             // As a document sequence: a batch of up to 16 MiB of documents (or one of any
@@ -393,7 +393,7 @@ async fn copy_collection(
         let more = reply_result(
             router.pool.run_on_host(&host, db, doc! {"getMore": id, "collection": name, "batchSize": COPY_BATCH_DOCS}, None, COMMAND_TIMEOUT).await?,
         )?;
-        (id, docs) = super::catalog::cursor_docs(&more, "nextBatch")?;
+        (id, docs) = net::peer::cursor_batch(&more, "nextBatch")?;
     }
 }
 

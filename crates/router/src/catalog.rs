@@ -86,7 +86,7 @@ impl Router {
 
     /// Every document of `config.<coll>` matching `filter`, in `sort` order.
     pub async fn config_find(&self, coll: &str, filter: Document, sort: Document) -> Result<Vec<Document>> {
-        config_find(&self.pool, &self.catalog.config, coll, filter, sort).await
+        net::pool::config_find(&self.pool, &self.catalog.config, coll, filter, sort, CONFIG_READ_DOCS_MAX).await
     }
 
     /// Write to the config database with w:"majority".
@@ -262,26 +262,6 @@ impl Router {
     }
 }
 
-/// Every document of `config.<coll>` on the config servers `config` matching `filter`, in
-/// `sort` order, read from their primary (routers and shards read their metadata so).
-pub async fn config_find(pool: &Pool, config: &ReplicaSet, coll: &str, filter: Document, sort: Document) -> Result<Vec<Document>> {
-    let (host, reply) = pool.run(config, "config", doc! {"find": coll, "filter": filter, "sort": sort, "batchSize": 10_000}, None, COMMAND_TIMEOUT).await?;
-    let reply = reply_result(reply)?;
-    let (mut id, mut docs) = cursor_docs(&reply, "firstBatch")?;
-    while id != 0 {
-        if docs.len() > CONFIG_READ_DOCS_MAX {
-            let _ = pool.run_on_host(&host, "config", doc! {"killCursors": coll, "cursors": [id]}, None, COMMAND_TIMEOUT).await;
-            return Err(Error::internal(format!("config.{coll} holds more than {CONFIG_READ_DOCS_MAX} matching documents")));
-        }
-        let reply =
-            reply_result(pool.run_on_host(&host, "config", doc! {"getMore": id, "collection": coll, "batchSize": 10_000}, None, COMMAND_TIMEOUT).await?)?;
-        let (next, more) = cursor_docs(&reply, "nextBatch")?;
-        id = next;
-        docs.extend(more);
-    }
-    Ok(docs)
-}
-
 /// A write to the config database with w:"majority"; a write error or write concern error
 /// is the `Err`.
 pub async fn config_write(pool: &Pool, config: &ReplicaSet, mut body: Document) -> Result<Document> {
@@ -308,15 +288,6 @@ pub fn write_result(reply: Document) -> Result<Document> {
         ));
     }
     Ok(reply)
-}
-
-/// A cursor reply's id and batch.
-pub fn cursor_docs(reply: &Document, key: &str) -> Result<(i64, Vec<Document>)> {
-    let bad = || Error::new(Code::ProtocolError, format!("malformed cursor reply: {reply}"));
-    let c = reply.get_document("cursor").map_err(|_| bad())?;
-    let id = c.get_i64("id").map_err(|_| bad())?;
-    let docs = c.get_array(key).map_err(|_| bad())?.iter().filter_map(|d| d.as_document().cloned()).collect();
-    Ok((id, docs))
 }
 
 /// The wall clock as a Timestamp (config documents' `timestamp` and `topologyTime`).

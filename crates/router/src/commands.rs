@@ -4,20 +4,20 @@
 //! replies. A command the router does not route answers CommandNotFound, as mongos does for
 //! commands it lacks.
 
-use super::catalog::{cursor_docs, now_timestamp, ShardedColl};
+use super::catalog::{now_timestamp, ShardedColl};
 use super::cursor::{RouterCursor, Stream};
 use super::{Router, RouterConn};
-use crate::commands::hello::build_info_doc;
-use crate::dispatch::{self, Request};
 use bson::{doc, Bson, DateTime, Document};
 use common::server::{LOGICAL_SESSION_TIMEOUT_MINUTES, MAX_WIRE_VERSION};
 use common::{limits, Code, Error, Result};
+use net::peer::cursor_batch;
 use net::pool::{reply_result, ReplicaSet, COMMAND_TIMEOUT, CONNECT_TIMEOUT};
 use shard::chunks::{initial_chunks, INITIAL_CHUNKS_PER_SHARD, INITIAL_CHUNKS_PER_SHARD_MAX};
 use shard::{shards_for_filter, ShardKeyPattern};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
+use wire::Request;
 
 /// First batch of a find or aggregate when the client names none (mongod's 101).
 const FIRST_BATCH_DOCS_DEFAULT: usize = 101;
@@ -25,7 +25,7 @@ const FIRST_BATCH_DOCS_DEFAULT: usize = 101;
 const AWAIT_TIME_MS_MAX: i64 = 60_000;
 /// Documents a sharded aggregate's merging stages may take in, in bytes (mongod's 100 MiB
 /// per blocking stage).
-const MERGE_INPUT_BYTES_MAX: usize = crate::commands::aggregate::AGG_MEMORY_BYTES_MAX;
+const MERGE_INPUT_BYTES_MAX: usize = common::limits::AGG_MEMORY_BYTES_MAX;
 
 pub async fn run(router: &Arc<Router>, conn: &mut RouterConn, req: Request) -> Document {
     // A primary shard that answers StaleDbVersion ran nothing: the database moved (or the
@@ -48,7 +48,7 @@ pub async fn run(router: &Arc<Router>, conn: &mut RouterConn, req: Request) -> D
             }
             reply
         }
-        Err(e) => dispatch::error_reply(&e),
+        Err(e) => e.to_reply(),
     }
 }
 
@@ -56,8 +56,8 @@ async fn route(router: &Arc<Router>, conn: &mut RouterConn, req: &Request) -> Re
     match req.name.as_str() {
         "hello" | "isMaster" | "ismaster" => hello(router, conn, req).await,
         "ping" => Ok(Document::new()),
-        "buildInfo" | "buildinfo" => Ok(build_info_doc()),
-        "isdbgrid" => Ok(doc! {"isdbgrid": 1, "hostname": crate::sysinfo::hostname()}),
+        "buildInfo" | "buildinfo" => Ok(common::server::build_info()),
+        "isdbgrid" => Ok(doc! {"isdbgrid": 1, "hostname": net::process::hostname()}),
         "whatsmyuri" => Ok(doc! {"you": conn.remote.to_string()}),
         "endSessions" => end_sessions(router, req).await,
         // The database is checked before the command runs: these change the cluster.
@@ -321,7 +321,7 @@ async fn move_chunk(router: &Router, req: &Request) -> Result<Document> {
     } else {
         &["to", "find", "bounds", "_waitForDelete", "waitForDelete", "forceJumbo", "secondaryThrottle", "writeConcern", "maxTimeMS"]
     };
-    crate::commands::check_fields(&req.name, cmd, known)?;
+    common::value::check_fields(&req.name, cmd, known)?;
     let ns = cmd.get_str(&req.name).map_err(|_| Error::type_mismatch(format!("{} takes a namespace string", req.name)))?;
     let to = cmd.get_str(if move_range { "toShard" } else { "to" }).map_err(|_| {
         Error::location(40414, format!("BSON field '{}.{}' is missing but a required field", req.name, if move_range { "toShard" } else { "to" }))
@@ -370,7 +370,7 @@ fn index_name(key: &Document) -> String {
 
 async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
     let cmd = &req.body;
-    crate::commands::check_fields(
+    common::value::check_fields(
         &req.name,
         cmd,
         &["key", "unique", "numInitialChunks", "presplitHashedZones", "collation", "implicitlyCreateIndex", "enforceUniquenessCheck"],
@@ -419,7 +419,7 @@ async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
         // primary has on each other shard that gets a chunk (a migration copies indexes too).
         reply_result(router.pool.run(&primary_set, db, doc! {"createIndexes": coll, "indexes": [index.clone()]}, None, COMMAND_TIMEOUT).await?.1)?;
         let listed = on_primary(doc! {"listIndexes": coll}).await?;
-        let (_, specs) = cursor_docs(&listed, "firstBatch")?;
+        let (_, specs) = cursor_batch(&listed, "firstBatch")?;
         let specs: Vec<Document> = specs
             .into_iter()
             .filter(|s| s.get_str("name").ok() != Some("_id_"))
@@ -438,7 +438,7 @@ async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
         // A populated collection keeps its documents on the primary in one chunk; the index
         // that serves the key must be there already, as mongod requires.
         let indexes = on_primary(doc! {"listIndexes": coll}).await?;
-        let (_, specs) = cursor_docs(&indexes, "firstBatch")?;
+        let (_, specs) = cursor_batch(&indexes, "firstBatch")?;
         let prefix: Vec<(&String, &Bson)> = key.to_doc().iter().collect();
         let served = specs.iter().any(|s| s.get_document("key").is_ok_and(|k| k.iter().take(prefix.len()).eq(prefix.iter().copied())));
         if !served {
@@ -447,7 +447,7 @@ async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
         initial_chunks(&key, &[], &primary, 1)
     };
     let listed = on_primary(doc! {"listCollections": 1, "filter": {"name": coll}}).await?;
-    let (_, infos) = cursor_docs(&listed, "firstBatch")?;
+    let (_, infos) = cursor_batch(&listed, "firstBatch")?;
     let uuid = infos.first().and_then(|i| i.get_document("info").ok()).and_then(|i| i.get("uuid")).cloned().unwrap_or(Bson::Null);
     let now = now_timestamp();
     let chunk_docs: Vec<Document> = chunks
@@ -607,7 +607,7 @@ pub async fn raw_insert(router: &Router, msg: &wire::RawMsg<'_>) -> Option<Docum
     let sc = match router.sharded(&ns).await {
         Ok(Some(sc)) => sc,
         Ok(None) => return None,
-        Err(e) => return Some(dispatch::error_reply(&e)),
+        Err(e) => return Some(e.to_reply()),
     };
     let mut stmts = Vec::with_capacity(documents.len());
     for (index, bytes) in documents.iter().copied().enumerate() {
@@ -619,7 +619,7 @@ pub async fn raw_insert(router: &Router, msg: &wire::RawMsg<'_>) -> Option<Docum
     }
     let mut reply = match split_write(router, &req, WriteKind::Insert, sc, stmts).await {
         Ok(r) => r,
-        Err(e) => return Some(dispatch::error_reply(&e)),
+        Err(e) => return Some(e.to_reply()),
     };
     reply.insert("ok", 1.0);
     Some(reply)
@@ -1391,7 +1391,7 @@ pub(super) fn router_stages(stages: &[Document], refusal: &str) -> Result<query:
 
 /// Run `router_stages` over `input`, within an aggregate's memory limit.
 pub(super) fn run_router_stages(p: &query::agg::Pipeline, input: Vec<Document>, allow_disk_use: bool) -> Result<Vec<Document>> {
-    let opts = query::agg::RunOptions { allow_disk_use, mem_limit_bytes: crate::commands::aggregate::AGG_MEMORY_BYTES_MAX };
+    let opts = query::agg::RunOptions { allow_disk_use, mem_limit_bytes: common::limits::AGG_MEMORY_BYTES_MAX };
     p.run(&mut input.into_iter().map(Ok), &opts)
 }
 
