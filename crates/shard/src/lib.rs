@@ -1,4 +1,4 @@
-//! Sharding logic without I/O, as pure functions and types the router (`server::router`)
+//! Sharding logic without I/O, as pure functions and types the router (the `router` crate)
 //! drives: shard key patterns and the keys documents have under them (`key`), a sharded
 //! collection's chunks and routing table, and the chunks it starts with (`chunks`), and
 //! which shards a query filter targets (`target`). Never touches the network, a clock or
