@@ -350,7 +350,7 @@ impl Audit {
 /// CRUD commands: their authorization checks are audited when they pass too
 /// (`auditAuthorizationSuccess`); every command's refusal is.
 fn is_crud(name: &str) -> bool {
-    matches!(name, "find" | "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "aggregate" | "count" | "distinct" | "getMore" | "killCursors")
+    crate::commands::lookup(name).is_some_and(|s| s.crud)
 }
 
 /// The authCheck record of a command, under authorization: `refused` is the refusal's code.

@@ -152,7 +152,7 @@ pub struct ReadAfter {
 pub fn read_after(shared: &Shared, req: &Request) -> Result<Option<ReadAfter>> {
     let Some(repl) = &shared.repl else { return Ok(None) };
     // The reads of data that take a read concern (a getMore reads at its cursor's).
-    if !matches!(req.name.as_str(), "find" | "aggregate" | "count" | "distinct") {
+    if !commands::lookup(&req.name).is_some_and(|s| s.reads) {
         return Ok(None);
     }
     let rc = match req.body.get("readConcern") {
@@ -316,11 +316,12 @@ fn parse_max_time(cmd: &Document) -> Result<Option<Duration>> {
 
 /// Run one command and produce its reply document (always a reply, never a panic).
 pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Document {
-    let Some(handler) = commands::lookup(&req.name) else {
+    let Some(spec) = commands::lookup(&req.name) else {
         Counters::add(&shared.counters.command, 1);
         return Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)).to_reply();
     };
-    if commands::op_kind(&req.name) == "command" {
+    let handler = spec.handler;
+    if spec.op_kind == "command" {
         Counters::add(&shared.counters.command, 1);
     }
     let checked = crate::auth::check(shared, conn, &req.db, &req.name, &req.body);

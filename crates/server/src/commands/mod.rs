@@ -89,15 +89,74 @@ impl Ctx<'_> {
 
 pub type Handler = fn(&mut Ctx) -> Result<Document>;
 
-/// Defines `lookup` (name to handler) and `NAMES` (every name, for listCommands) from one
-/// list, so the two cannot disagree.
+/// Everything dispatch, the audit log, the counters and the worker pool need to know of a
+/// command, in one row, so that no list elsewhere can disagree with it.
+#[derive(Clone, Copy)]
+pub struct Spec {
+    pub handler: Handler,
+    /// Never waits on a lock, a condition or an fsync (reads from a snapshot, replies built
+    /// from memory): runs on the async worker itself. Everything else may block (collection
+    /// write lock, group commit) and leaves the worker first; the hop costs a thread handoff
+    /// per command, a sixth of the server's CPU on a point-read workload.
+    pub never_blocks: bool,
+    pub on_secondary: OnSecondary,
+    /// The opcounter and currentOp kind.
+    pub op_kind: &'static str,
+    /// CRUD: audited under auditAuthorizationSuccess, as mongod audits them.
+    pub crud: bool,
+    /// Reads data at a point the read concern may name (afterClusterTime, afterOpTime,
+    /// "strict"): waits for this member to reach it first.
+    pub reads: bool,
+}
+
+const fn spec(handler: Handler) -> Spec {
+    Spec { handler, never_blocks: false, on_secondary: OnSecondary::Always, op_kind: "command", crud: false, reads: false }
+}
+
+impl Spec {
+    const fn never_blocks(mut self) -> Spec {
+        self.never_blocks = true;
+        self
+    }
+
+    /// Writes, and the shard side of migrations: on the primary only.
+    const fn primary_only(mut self) -> Spec {
+        self.on_secondary = OnSecondary::Never;
+        self
+    }
+
+    const fn read_on_secondary(mut self) -> Spec {
+        self.on_secondary = OnSecondary::OptIn;
+        self
+    }
+
+    const fn op_kind(mut self, kind: &'static str) -> Spec {
+        self.op_kind = kind;
+        self
+    }
+
+    const fn crud(mut self) -> Spec {
+        self.crud = true;
+        self
+    }
+
+    const fn reads(mut self) -> Spec {
+        self.reads = true;
+        self
+    }
+}
+
+/// Defines `lookup` (name to row) and `NAMES` (every name, for listCommands) from one list.
 macro_rules! command_table {
-    ($($($name:literal)|+ => $handler:path,)*) => {
+    ($($($name:literal)|+ => $spec:expr,)*) => {
         /// The command table. Names are case-sensitive as in MongoDB (isMaster has its
         /// lowercase alias).
-        pub fn lookup(name: &str) -> Option<Handler> {
+        pub fn lookup(name: &str) -> Option<&'static Spec> {
             Some(match name {
-                $($($name)|+ => $handler,)*
+                $($($name)|+ => {
+                    const ROW: Spec = $spec;
+                    &ROW
+                })*
                 _ => return None,
             })
         }
@@ -108,121 +167,94 @@ macro_rules! command_table {
 }
 
 command_table! {
-    "hello" | "isMaster" | "ismaster" => hello::hello,
-    "ping" => hello::ping,
-    "buildInfo" | "buildinfo" => hello::build_info,
-    "getParameter" => hello::get_parameter,
-    "getCmdLineOpts" => hello::get_cmd_line_opts,
-    "serverStatus" => hello::server_status,
-    "hostInfo" => hello::host_info,
-    "connectionStatus" => hello::connection_status,
-    "whatsmyuri" => hello::whatsmyuri,
-    "getLog" => hello::get_log,
-    "listCommands" => hello::list_commands,
-    "endSessions" => hello::end_sessions,
-    "killAllSessions" => hello::kill_all_sessions,
-    "killSessions" => hello::end_sessions,
-    "refreshSessions" => hello::refresh_sessions,
-    "startSession" => hello::start_session,
-    "currentOp" => hello::current_op,
-    "killOp" => hello::kill_op,
-    "shutdown" => hello::shutdown,
-    "listDatabases" => admin::list_databases,
-    "listCollections" => admin::list_collections,
-    "listIndexes" => admin::list_indexes,
-    "create" => admin::create,
-    "drop" => admin::drop,
-    "dropDatabase" => admin::drop_database,
-    "renameCollection" => admin::rename_collection,
-    "collStats" => admin::coll_stats,
-    "dbStats" => admin::db_stats,
-    "validate" => admin::validate,
-    "createIndexes" => admin::create_indexes,
-    "dropIndexes" | "deleteIndexes" => admin::drop_indexes,
-    "insert" => crud::insert,
-    "find" => crud::find,
-    "getMore" => crud::get_more,
-    "killCursors" => crud::kill_cursors,
-    "update" => crud::update,
-    "delete" => crud::delete,
-    "findAndModify" | "findandmodify" => crud::find_and_modify,
-    "count" => crud::count,
-    "distinct" => crud::distinct,
-    "aggregate" => aggregate::aggregate,
-    "explain" => explain::explain,
-    "replSetInitiate" => repl::repl_set_initiate,
-    "replSetGetConfig" => repl::repl_set_get_config,
-    "replSetGetStatus" => repl::repl_set_get_status,
-    "applyOps" => repl::apply_ops,
-    "replSetHeartbeat" => repl::repl_set_heartbeat,
-    "_addShard" => sharding::add_shard,
-    "_shardsvrCleanupRange" => sharding::cleanup_range,
-    "_shardsvrMigrateStart" => sharding::migrate_start,
-    "_shardsvrMigrateClone" => sharding::migrate_clone,
-    "_shardsvrTransferMods" => sharding::transfer_mods,
-    "_shardsvrEnterCriticalSection" => sharding::enter_critical_section,
-    "_shardsvrExitCriticalSection" => sharding::exit_critical_section,
-    "_recvChunkApply" => sharding::recv_chunk_apply,
-    "replSetRequestVotes" => repl::repl_set_request_votes,
-    "replSetUpdatePosition" => repl::repl_set_update_position,
-    "replSetGetAcknowledged" => repl::repl_set_get_acknowledged,
-    "replSetGetRBID" => repl::repl_set_get_rbid,
-    "replSetStepDown" => repl::repl_set_step_down,
-    "replSetFreeze" => repl::repl_set_freeze,
-    "replSetReconfig" => repl::repl_set_reconfig,
-    "replSetSyncFrom" => repl::repl_set_sync_from,
-    "replSetStepUp" => repl::repl_set_step_up,
-    "configureFailPoint" => repl::configure_fail_point,
-    "saslStart" => users::sasl_start,
-    "authenticate" => users::authenticate,
-    "getAuditConfig" => users::get_audit_config,
-    "logRotate" => users::log_rotate,
-    "setAuditConfig" => users::set_audit_config,
-    "saslContinue" => users::sasl_continue,
-    "logout" => users::logout,
-    "createUser" => users::create_user,
-    "updateUser" => users::update_user,
-    "dropUser" => users::drop_user,
-    "dropAllUsersFromDatabase" => users::drop_all_users_from_database,
-    "usersInfo" => users::users_info,
-    "grantRolesToUser" => users::grant_roles_to_user,
-    "revokeRolesFromUser" => users::revoke_roles_from_user,
-    "createRole" => roles::create_role,
-    "updateRole" => roles::update_role,
-    "dropRole" => roles::drop_role,
-    "dropAllRolesFromDatabase" => roles::drop_all_roles_from_database,
-    "grantRolesToRole" => roles::grant_roles_to_role,
-    "revokeRolesFromRole" => roles::revoke_roles_from_role,
-    "grantPrivilegesToRole" => roles::grant_privileges_to_role,
-    "revokePrivilegesFromRole" => roles::revoke_privileges_from_role,
-    "rolesInfo" => roles::roles_info,
-}
-
-/// Commands that never wait on a lock, a condition or an fsync: reads from a snapshot and
-/// replies built from memory. They run on the async worker itself; everything else may block
-/// (collection write lock, group commit) and leaves the worker first. The hop off the worker
-/// costs a thread handoff per command, a sixth of the server's CPU on a point-read workload.
-pub fn never_blocks(name: &str) -> bool {
-    matches!(
-        name,
-        "find"
-            | "getMore"
-            | "count"
-            | "distinct"
-            | "aggregate"
-            | "killCursors"
-            | "hello"
-            | "isMaster"
-            | "ismaster"
-            | "ping"
-            | "buildInfo"
-            | "buildinfo"
-            | "listIndexes"
-            | "listCollections"
-            | "endSessions"
-            | "replSetUpdatePosition"
-            | "replSetGetAcknowledged"
-    )
+    "hello" | "isMaster" | "ismaster" => spec(hello::hello).never_blocks(),
+    "ping" => spec(hello::ping).never_blocks(),
+    "buildInfo" | "buildinfo" => spec(hello::build_info).never_blocks(),
+    "getParameter" => spec(hello::get_parameter),
+    "getCmdLineOpts" => spec(hello::get_cmd_line_opts),
+    "serverStatus" => spec(hello::server_status),
+    "hostInfo" => spec(hello::host_info),
+    "connectionStatus" => spec(hello::connection_status),
+    "whatsmyuri" => spec(hello::whatsmyuri),
+    "getLog" => spec(hello::get_log),
+    "listCommands" => spec(hello::list_commands),
+    "endSessions" => spec(hello::end_sessions).never_blocks(),
+    "killAllSessions" => spec(hello::kill_all_sessions),
+    "killSessions" => spec(hello::end_sessions),
+    "refreshSessions" => spec(hello::refresh_sessions),
+    "startSession" => spec(hello::start_session),
+    "currentOp" => spec(hello::current_op),
+    "killOp" => spec(hello::kill_op),
+    "shutdown" => spec(hello::shutdown),
+    "listDatabases" => spec(admin::list_databases),
+    "listCollections" => spec(admin::list_collections).never_blocks().read_on_secondary(),
+    "listIndexes" => spec(admin::list_indexes).never_blocks().read_on_secondary(),
+    "create" => spec(admin::create).primary_only(),
+    "drop" => spec(admin::drop).primary_only(),
+    "dropDatabase" => spec(admin::drop_database).primary_only(),
+    "renameCollection" => spec(admin::rename_collection).primary_only(),
+    "collStats" => spec(admin::coll_stats).read_on_secondary(),
+    "dbStats" => spec(admin::db_stats).read_on_secondary(),
+    "validate" => spec(admin::validate).read_on_secondary(),
+    "createIndexes" => spec(admin::create_indexes).primary_only(),
+    "dropIndexes" | "deleteIndexes" => spec(admin::drop_indexes).primary_only(),
+    "insert" => spec(crud::insert).primary_only().op_kind("insert").crud(),
+    "find" => spec(crud::find).never_blocks().read_on_secondary().op_kind("query").crud().reads(),
+    "getMore" => spec(crud::get_more).never_blocks().op_kind("getmore").crud(),
+    "killCursors" => spec(crud::kill_cursors).never_blocks().crud(),
+    "update" => spec(crud::update).primary_only().op_kind("update").crud(),
+    "delete" => spec(crud::delete).primary_only().op_kind("remove").crud(),
+    "findAndModify" | "findandmodify" => spec(crud::find_and_modify).primary_only().op_kind("update").crud(),
+    "count" => spec(crud::count).never_blocks().read_on_secondary().crud().reads(),
+    "distinct" => spec(crud::distinct).never_blocks().read_on_secondary().crud().reads(),
+    "aggregate" => spec(aggregate::aggregate).never_blocks().read_on_secondary().crud().reads(),
+    "explain" => spec(explain::explain).read_on_secondary(),
+    "replSetInitiate" => spec(repl::repl_set_initiate),
+    "replSetGetConfig" => spec(repl::repl_set_get_config),
+    "replSetGetStatus" => spec(repl::repl_set_get_status),
+    "applyOps" => spec(repl::apply_ops).primary_only(),
+    "replSetHeartbeat" => spec(repl::repl_set_heartbeat),
+    "_addShard" => spec(sharding::add_shard).primary_only(),
+    "_shardsvrCleanupRange" => spec(sharding::cleanup_range).primary_only(),
+    "_shardsvrMigrateStart" => spec(sharding::migrate_start).primary_only(),
+    "_shardsvrMigrateClone" => spec(sharding::migrate_clone).primary_only(),
+    "_shardsvrTransferMods" => spec(sharding::transfer_mods).primary_only(),
+    "_shardsvrEnterCriticalSection" => spec(sharding::enter_critical_section).primary_only(),
+    "_shardsvrExitCriticalSection" => spec(sharding::exit_critical_section).primary_only(),
+    "_recvChunkApply" => spec(sharding::recv_chunk_apply).primary_only(),
+    "replSetRequestVotes" => spec(repl::repl_set_request_votes),
+    "replSetUpdatePosition" => spec(repl::repl_set_update_position).never_blocks(),
+    "replSetGetAcknowledged" => spec(repl::repl_set_get_acknowledged).never_blocks(),
+    "replSetGetRBID" => spec(repl::repl_set_get_rbid),
+    "replSetStepDown" => spec(repl::repl_set_step_down),
+    "replSetFreeze" => spec(repl::repl_set_freeze),
+    "replSetReconfig" => spec(repl::repl_set_reconfig),
+    "replSetSyncFrom" => spec(repl::repl_set_sync_from),
+    "replSetStepUp" => spec(repl::repl_set_step_up),
+    "configureFailPoint" => spec(repl::configure_fail_point),
+    "saslStart" => spec(users::sasl_start),
+    "authenticate" => spec(users::authenticate),
+    "getAuditConfig" => spec(users::get_audit_config),
+    "logRotate" => spec(users::log_rotate),
+    "setAuditConfig" => spec(users::set_audit_config).primary_only(),
+    "saslContinue" => spec(users::sasl_continue),
+    "logout" => spec(users::logout),
+    "createUser" => spec(users::create_user).primary_only(),
+    "updateUser" => spec(users::update_user).primary_only(),
+    "dropUser" => spec(users::drop_user).primary_only(),
+    "dropAllUsersFromDatabase" => spec(users::drop_all_users_from_database).primary_only(),
+    "usersInfo" => spec(users::users_info).read_on_secondary(),
+    "grantRolesToUser" => spec(users::grant_roles_to_user).primary_only(),
+    "revokeRolesFromUser" => spec(users::revoke_roles_from_user).primary_only(),
+    "createRole" => spec(roles::create_role).primary_only(),
+    "updateRole" => spec(roles::update_role).primary_only(),
+    "dropRole" => spec(roles::drop_role).primary_only(),
+    "dropAllRolesFromDatabase" => spec(roles::drop_all_roles_from_database).primary_only(),
+    "grantRolesToRole" => spec(roles::grant_roles_to_role).primary_only(),
+    "revokeRolesFromRole" => spec(roles::revoke_roles_from_role).primary_only(),
+    "grantPrivilegesToRole" => spec(roles::grant_privileges_to_role).primary_only(),
+    "revokePrivilegesFromRole" => spec(roles::revoke_privileges_from_role).primary_only(),
+    "rolesInfo" => spec(roles::roles_info).read_on_secondary(),
 }
 
 /// Where a command may run on a replica-set member that is not primary (mongod's
@@ -236,52 +268,19 @@ pub enum OnSecondary {
     Never,
 }
 
-pub fn on_secondary(name: &str) -> OnSecondary {
-    match name {
-        "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "create" | "drop" | "dropDatabase" | "renameCollection" | "createIndexes"
-        | "dropIndexes" | "deleteIndexes" | "applyOps" => OnSecondary::Never,
-        // A migration's commands: its source and critical section belong to the primary.
-        "_addShard"
-        | "_shardsvrCleanupRange"
-        | "_recvChunkApply"
-        | "_shardsvrMigrateStart"
-        | "_shardsvrMigrateClone"
-        | "_shardsvrTransferMods"
-        | "_shardsvrEnterCriticalSection"
-        | "_shardsvrExitCriticalSection" => OnSecondary::Never,
-        // Users and roles are data in admin.system.users and admin.system.roles: changed on
-        // the primary only, like any write.
-        "createUser"
-        | "updateUser"
-        | "dropUser"
-        | "dropAllUsersFromDatabase"
-        | "grantRolesToUser"
-        | "revokeRolesFromUser"
-        | "setAuditConfig"
-        | "createRole"
-        | "updateRole"
-        | "dropRole"
-        | "dropAllRolesFromDatabase"
-        | "grantRolesToRole"
-        | "revokeRolesFromRole"
-        | "grantPrivilegesToRole"
-        | "revokePrivilegesFromRole" => OnSecondary::Never,
-        "find" | "count" | "distinct" | "aggregate" | "listCollections" | "listIndexes" | "collStats" | "dbStats" | "validate" | "explain" | "usersInfo"
-        | "rolesInfo" => OnSecondary::OptIn,
-        _ => OnSecondary::Always,
-    }
+/// `Spec::never_blocks` of a command; false for one the table lacks.
+pub fn never_blocks(name: &str) -> bool {
+    lookup(name).is_some_and(|s| s.never_blocks)
 }
 
-/// Which opcounter / currentOp kind a command belongs to.
+/// `Spec::on_secondary` of a command; `Always` for one the table lacks (it fails anyway).
+pub fn on_secondary(name: &str) -> OnSecondary {
+    lookup(name).map_or(OnSecondary::Always, |s| s.on_secondary)
+}
+
+/// `Spec::op_kind` of a command.
 pub fn op_kind(name: &str) -> &'static str {
-    match name {
-        "insert" => "insert",
-        "find" => "query",
-        "getMore" => "getmore",
-        "update" | "findAndModify" | "findandmodify" => "update",
-        "delete" => "remove",
-        _ => "command",
-    }
+    lookup(name).map_or("command", |s| s.op_kind)
 }
 
 use common::value::{as_i64, type_name};
@@ -401,4 +400,28 @@ pub fn cursor_reply(ns: &str, id: i64, batch: Vec<Document>, first: bool) -> Doc
     c.insert("id", id);
     c.insert("ns", ns);
     doc! { "cursor": c }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commands_properties_come_from_its_one_row() {
+        let find = lookup("find").unwrap();
+        assert!(find.never_blocks && find.crud && find.reads);
+        assert_eq!((find.on_secondary, find.op_kind), (OnSecondary::OptIn, "query"));
+        let insert = lookup("insert").unwrap();
+        assert!(!insert.never_blocks && insert.crud && !insert.reads);
+        assert_eq!((insert.on_secondary, insert.op_kind), (OnSecondary::Never, "insert"));
+        // Aliases are one row.
+        assert!(std::ptr::eq(lookup("findAndModify").unwrap(), lookup("findandmodify").unwrap()));
+        assert_eq!(op_kind("findandmodify"), "update");
+        // A command the table lacks: the defaults, and no handler.
+        assert!(lookup("noSuchCommand").is_none());
+        assert!(!never_blocks("noSuchCommand"));
+        assert_eq!((on_secondary("noSuchCommand"), op_kind("noSuchCommand")), (OnSecondary::Always, "command"));
+        // Every name listCommands shows has a row.
+        assert!(NAMES.iter().all(|n| lookup(n).is_some()));
+    }
 }
