@@ -8,11 +8,15 @@
 //! changeSyncSourceThresholdMillis of the lowest (mongod 5.0 on: same data center).
 //!
 //! A member whose oplog no longer holds our newest entry is denied for a while (mongod's
-//! denylist). Where only the primary may serve us and it is denied, we chain from a
-//! secondary that qualifies instead. A primary can begin its oplog after our newest entry
-//! without any oplog being capped: a member that joined by initial sync begins its oplog
-//! where its copy began, and may then be elected. mongod leaves such a member RECOVERING
-//! until an operator resyncs it; a secondary that still holds the entry serves it as well.
+//! denylist). Where only the primary may serve us and there is none to fetch from, we chain
+//! from a secondary that qualifies instead, as chaining "on" does:
+//! - the primary is denied: it can begin its oplog after our newest entry without any oplog
+//!   being capped, since a member that joined by initial sync begins its oplog where its copy
+//!   began, and may then be elected. mongod leaves such a member RECOVERING until an operator
+//!   resyncs it.
+//! - no primary is up: the entries the electable members lack may be on unelectable ones
+//!   only (a primary's unsynced entries lost in a crash), and voters refuse a candidate
+//!   behind them. mongod, which fetches from no one then, elects no one for good.
 //!
 //! "Strictly ahead" is what keeps the sync graph acyclic: along a cycle every member would
 //! have to be ahead of the next. Level secondaries were once accepted here, and an idle
@@ -113,11 +117,11 @@ fn candidates<'a>(config: &'a ReplSetConfig, self_index: usize, peers: &'a [Peer
 pub fn choose(config: &ReplSetConfig, self_index: usize, peers: &[PeerView], my_last: OpTime) -> Option<usize> {
     let primary = (0..peers.len()).find(|&i| i != self_index && peers[i].up && peers[i].state == Some(MemberState::Primary));
     let ping = |i: usize| peers[i].ping_us.unwrap_or(u64::MAX);
-    // Only the primary, unless it is denied: then the nearest secondary that qualifies.
+    // Only the primary, unless there is none to fetch from: then the nearest secondary
+    // that qualifies.
     let from_primary = || match primary {
-        Some(p) if peers[p].denied => candidates(config, self_index, peers, my_last).min_by_key(|&i| (ping(i), i)),
-        Some(p) => Some(p).filter(|&p| peers[p].applied >= my_last),
-        None => None,
+        Some(p) if !peers[p].denied => Some(p).filter(|&p| peers[p].applied >= my_last),
+        _ => candidates(config, self_index, peers, my_last).min_by_key(|&i| (ping(i), i)),
     };
     match config.settings.chaining_allowed {
         Chaining::Off => from_primary(),
@@ -197,10 +201,10 @@ pub fn should_change(config: &ReplSetConfig, self_index: usize, peers: &[PeerVie
         None => !peers[current].up,
         Some(best) if best == current => false,
         Some(best) => {
-            // A denied primary makes every member chain (`choose`), and a chain is left
-            // only for a clearly nearer source.
-            let primary_denied = peers.iter().any(|p| p.up && p.denied && p.state == Some(MemberState::Primary));
-            let chains = primary_denied
+            // Without a primary to fetch from every member chains (`choose`), and a chain is
+            // left only for a clearly nearer source.
+            let no_primary = !peers.iter().enumerate().any(|(i, p)| i != self_index && p.up && !p.denied && p.state == Some(MemberState::Primary));
+            let chains = no_primary
                 || match config.settings.chaining_allowed {
                     Chaining::Off => false,
                     Chaining::On => true,
@@ -349,7 +353,12 @@ mod tests {
             peers[0].denied = false;
             assert!(should_change(&config, 1, &peers, me, 2));
         }
+        // No primary up: the nearest voter ahead of us too.
+        peers[0].up = false;
+        assert_eq!(choose(&set(false), 1, &peers, me), Some(2));
+        assert!(!should_change(&set(false), 1, &peers, me, 2));
         // Denied, with no secondary ahead of us: no source.
+        peers[0].up = true;
         peers[0].denied = true;
         for p in &mut peers[1..] {
             p.applied = me;

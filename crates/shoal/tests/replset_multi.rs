@@ -1264,6 +1264,31 @@ async fn a_member_too_stale_for_the_primary_catches_up_from_a_secondary_without_
     assert!(!set.members[1].dbpath.join("rollback").exists(), "member 1 rolled back");
 }
 
+/// Without chaining a member fetches from the primary only; with no primary up, from a
+/// secondary ahead of it. Here the entries the one electable member lacks are on an
+/// unelectable one only, which refuses its vote to a candidate behind it: fetching from no
+/// one, the set would never elect a primary again.
+#[tokio::test]
+async fn without_a_primary_a_member_behind_fetches_from_a_secondary_and_is_elected() {
+    let mut set = Set::start(3, doc! {"chainingAllowed": false}, &[doc! {}, doc! {}, doc! {"priority": 0}]).await;
+    assert_eq!(set.wait_for_primary(None).await, 0);
+    let coll = set.seed("c", 10).await;
+    // Member 1 cannot reach member 0; writes go on with member 2.
+    set.fail_point(1, "alwaysOn", doc! {"host": host(&set.members[0]), "partition": true}).await;
+    set.fail_point(0, "alwaysOn", doc! {"host": host(&set.members[1]), "partition": true}).await;
+    let two = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(2)).w_timeout(Duration::from_secs(30)).build();
+    for i in 10..20 {
+        coll.insert_one(doc! {"_id": i}).write_concern(two.clone()).await.unwrap();
+    }
+    set.members[0].kill9();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while set.status(1).await.and_then(|s| s.get_i32("myState").ok()) != Some(1) {
+        assert!(Instant::now() < deadline, "member 1 was not elected: {:?}", set.status(1).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    set.wait_for_count(1, "c", 20).await;
+}
+
 /// A deposed primary's entries can be newer than the first entry of the next primary's
 /// term, and a member that joined by initial sync then begins its oplog at that entry. The
 /// newest entry both share with the deposed primary is older than that oplog: it cannot
