@@ -7,6 +7,15 @@
 //! upserts by `_id`; deleting a missing document succeeds; catalog commands that already took
 //! effect (create of an existing collection, drop of a missing one, an index that exists)
 //! succeed.
+//!
+//! A secondary's batch (`apply_written`) of inserts, whole-document updates, deletes and
+//! no-ops goes to the engine as each document's final state, in one engine write with the
+//! oplog's applied-through point (`Store::apply_written`). Catalog commands, update
+//! operators, and final states that move a unique key between documents are applied one
+//! entry at a time (`apply_entry`), as the applyOps command applies its entries. The
+//! `config.transactions` records of retryable writes travel in no entry of their own: each
+//! member derives them from the entries' `lsid` and `txnNumber` (`session_record_of`), as
+//! the primary wrote them with the entries.
 
 use bson::{Bson, Document, RawDocument};
 use common::{Code, Error, Result};

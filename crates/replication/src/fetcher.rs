@@ -8,8 +8,21 @@
 //! a w:"majority" write waits for the fetch, the oplog write and the fsync, not for the
 //! apply. Until applied, the entries sit after the oplog's applied-through point
 //! (`Store::oplog_applied`); a restart applies them first, as does a member about to take
-//! writes. The fetcher runs on a thread of its own: the batch after an apply is everything
-//! the source logged meanwhile.
+//! writes. The fetcher runs on a thread of its own (a single-threaded runtime): the batch
+//! after an apply is everything the source logged meanwhile.
+//!
+//! Two transports carry the batches (`replication.logTransport`, `LogTransport`). pull,
+//! mongod's, is the above: a batch is written, made durable, reported by the getMore that
+//! asks for the next, and applied while that getMore waits. push: one exhaust getMore with
+//! `$replStream` opens a stream; the source (the server's `conn::stream_oplog`) sends each
+//! batch as soon as it has one and a credit, and the member writes it, hands it to an
+//! applier thread (which applies it while the journal syncs), syncs, and acknowledges it on
+//! the same connection (a `moreToCome` replSetUpdatePosition that returns the credit). shm
+//! is push with the batches in a ring of shared memory (`shm::LogRing`) when the source is
+//! on this host: the ring is announced on the stream, and a member that cannot map it falls
+//! back to push over TCP from that source. On the source, a batch's entries still in the
+//! oplog's memory tail are shared (`storage::RawRecord`), not copied, until each member's
+//! frame is encoded.
 
 use crate::{Counters, Host};
 use bson::{doc, Bson, Document, RawDocument, RawDocumentBuf};

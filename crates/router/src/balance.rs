@@ -7,7 +7,16 @@
 //! `IMBALANCE_CHUNKS_MIN` or more, and every chunk of a draining shard moves off it. It
 //! runs in every router; two routers picking the same collection collide on its
 //! config.migrations record, and one of them skips it. Its switch is config.settings
-//! `{_id: "balancer", mode}` (on when absent, as in mongod).
+//! `{_id: "balancer", mode}` (on when absent, as in mongod). Each round first recovers
+//! the migrations and movePrimaries whose routers died (their leases ran out), even with
+//! the balancer off: their critical sections may hold writes.
+//!
+//! movePrimary moves a database's unsharded collections: config.databases records the
+//! move, the old primary's critical section stops writes to them, they are copied with
+//! their options and indexes, and the commit (the entry's new primary and version) is
+//! conditional on the record, so a recovery's fence (`recover_move_primary`, after
+//! `migrate::MOVE_PRIMARY_LEASE`) can make it fail. After the commit the old primary
+//! drops its copies, and a router with the old entry gets StaleDbVersion from it.
 
 use super::catalog::{now_timestamp, CONFIG_SHARD};
 use super::Router;

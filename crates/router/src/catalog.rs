@@ -2,6 +2,15 @@
 //! cached: the shards (config.shards), each database's primary shard (config.databases), and
 //! each sharded collection's routing table (config.collections, config.chunks). Changes the
 //! router makes are written there with w:"majority" before they are used.
+//!
+//! The `admin` and `config` databases live on the config servers (`CONFIG_SHARD`, mongos's
+//! "config" shard). Each replica set's primary and the connections to it are `net::pool`'s;
+//! a shard is told its name and the config servers (`_addShard`) before the router's first
+//! operation on it. The router trusts that a collection is unsharded for at most
+//! `UNSHARDED_TTL` (1 s) before it asks again. Its tables may be stale, and the shards
+//! decide: each operation carries the version the router routed by (`shardVersion` from
+//! `ShardedColl::version_doc`, or the database's `databaseVersion` from `with_db_version`),
+//! and after StaleConfig or StaleDbVersion (`after_stale`) the router reads the entry again.
 
 use super::Router;
 use bson::{doc, Bson, Document};

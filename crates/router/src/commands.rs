@@ -3,6 +3,18 @@
 //! shardCollection...), or sends the operation to the shards it targets and merges their
 //! replies. A command the router does not route answers CommandNotFound, as mongos does for
 //! commands it lacks.
+//!
+//! A write to a sharded collection is split per shard (`split_write`), each write error at
+//! the statement's position in the client's command. An insert into a sharded collection
+//! is read with `wire::raw_msg` (`raw_insert`): each document goes on as the bytes it came
+//! as, only its shard key decoded (`ShardKeyPattern::key_of_raw`). findAndModify goes to the
+//! one shard its exact shard key names (`shard::exact_key`; without one, ShardKeyNotFound).
+//! An operation on a sharded collection carries the shard's `shardVersion`, and a
+//! StaleConfig answer makes the router read the routing table again and send the operation
+//! (or a write's unexecuted statements) again; one on an unsharded collection carries the
+//! database's `databaseVersion`, and StaleDbVersion makes the router read the database's
+//! entry again. A `$group` whose accumulators combine runs partially on the shards, the
+//! router merging their groups (`split_group`).
 
 use super::catalog::{now_timestamp, ShardedColl};
 use super::cursor::{RouterCursor, Stream};

@@ -23,6 +23,15 @@
 //! the commit the donor owns the range and the recipient's copies are filtered out of reads
 //! (`sharding::CollMeta::owns`); after it, the recipient has every change (the donor took
 //! none after the last transfer), and the donor's copies are filtered out until deleted.
+//!
+//! The record holds a lease its router renews every `MIGRATION_LEASE_RENEW_INTERVAL` (5 s).
+//! A record not renewed for `MIGRATION_LEASE` (30 s) is a dead router's, and any router's
+//! next balancer round, or the collection's next migration, recovers it (`recover`): a
+//! fence (the chunk's minor version bumped, if the donor still owns it at the recorded
+//! version) decides the migration for good, since the commit is conditional on that
+//! version; then the donor leaves its critical section, and the shard that does not own
+//! the range deletes its copies. So the lease bounds how long a dead router's critical
+//! section holds the donor's writes.
 
 use super::catalog::{now_timestamp, ShardedColl};
 use super::Router;

@@ -14,6 +14,15 @@
 //! cost a futex call and a thread switch per command, most of what auditing cost. A full
 //! queue blocks the sender: no record is ever dropped. A record reaches the OS (and survives
 //! the process's kill -9) within `FLUSH_INTERVAL`; a clean shutdown drains the queue.
+//!
+//! The connection keeps a request's frame (`keep_frame`) only for a CRUD command while
+//! `auditAuthorizationSuccess` is on, and the writer merges the frame's document sequences
+//! into the command (`wire::msg_command_into`); a command whose frame was not kept is
+//! queued encoded as BSON. Creations reach the records through the store's hook
+//! (`Store::on_create`, `note_created`), so implicit ones count. setAuditConfig's runtime
+//! configuration is a replicated write to `config.settings`, which every member takes when
+//! it applies it (`load_stored`). A record's args never show a password or a SCRAM payload
+//! (`auth::SECRET_FIELDS`).
 
 use crate::config::{AuditConfig, AuditDestination, AuditFormat};
 use bson::{doc, Bson, Document};

@@ -5,6 +5,14 @@
 //! against the full filter again, so a predicate the planner does not understand only costs
 //! speed, never correctness. Multikey indexes never intersect two range predicates on one
 //! field (each array element may satisfy a different side), so they use one side only.
+//!
+//! A hashed field is bounded by the hash of each equality value (`storage::hash_bson`), and
+//! never by a range: hash order is not value order. A covered plan ([`cover`]) reads index
+//! entries without fetching documents and checks the filter against a document rebuilt from
+//! each entry, so it is chosen only when the filter proves every field it names or returns
+//! present and non-null (a missing field is indexed as null); multikey and hashed indexes
+//! never cover. Explain (`commands::explain`) shows the chosen plan, with each field's
+//! bounds from `IndexPlan::bounds_display`.
 
 use bson::{Bson, Document};
 use common::{Code, Error, Result};

@@ -45,6 +45,11 @@
 //!
 //! The same seed replays the same run exactly: nothing here reads a real clock, a thread or
 //! an unordered map.
+//!
+//! Not modeled: the server's tokio tasks themselves (its connections, locks and threads:
+//! here connections are messages and tasks are timers), arbiters, forced reconfig, and data
+//! beyond the set of writes (each write is one value of a register, with the size it
+//! stands for).
 
 pub mod member;
 

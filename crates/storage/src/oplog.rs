@@ -12,6 +12,18 @@
 //!
 //! An entry's record id is its timestamp as `secs << 32 | inc`, so record order is oplog
 //! order and `Snapshot::scan` reads the oplog forward from any point.
+//!
+//! The store logs only once told to (`Store::enable_oplog`), never the `local` database,
+//! and knows nothing of replica-set membership. The oplog is capped: once its entries take
+//! more than the cap, the oldest are deleted down to 90% of it, never one written but not
+//! yet applied. A secondary writes fetched entries with their own optimes
+//! (`Store::write_oplog_replicated`) and applies them after (`Store::apply_written`).
+//!
+//! The newest entries, up to `OPLOG_RECENT_BYTES_MAX` (16 MiB), are also kept in memory as
+//! written (`OplogState::recent`): a tailing reader (`Collection::tail_chunk`) takes them
+//! from there, shared rather than copied (`RawRecord::Shared`), without an engine read.
+//! Beside them is when each batch was logged (`OplogState::logged_at`), from which
+//! `Store::oplog_lag` measures a member's replication lag.
 
 use crate::bsonenc::{append_string, append_value, begin, end};
 use bson::spec::BinarySubtype;

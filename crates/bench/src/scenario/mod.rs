@@ -2,6 +2,19 @@
 //! YCSB/insert clients and write a Markdown report plus a chart. A new scenario (replication,
 //! audit, sharding, log shipping) implements `Scenario` using `ScenarioContext` to start nodes
 //! and run phases; the report and chart writers are shared.
+//!
+//! The scenarios (`registry`):
+//!
+//! - `instance`: YCSB read:write mixes on one node.
+//! - `chaining`: replica sets of 3, 7 and 15 members, chaining on, off and auto, at w:1 and
+//!   w:"majority".
+//! - `logship`: the log transports pull, push and shm: a secondary's catch-up rate, lag
+//!   against write rate, and strict-consistency secondary reads against client threads.
+//! - `audit`: the six insert:read:update mixes on a node switched between auditing off and
+//!   on every 2 s, in JSON and in BSON.
+//! - `elastic`: bench02 inserts into a collection hash-sharded on customerId behind a
+//!   router over 1 to 16 shards, and into one shard directly, with the router's and the
+//!   shards' CPU per insert.
 
 pub mod audit;
 pub mod chaining;

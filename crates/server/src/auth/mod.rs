@@ -1,5 +1,17 @@
-//! Authentication (SCRAM, `scram.rs`) and authorization (built-in roles, `roles.rs`): who a
-//! connection is, and whether it may run a command.
+//! Authentication and authorization: who a connection is, and whether it may run a command.
+//!
+//! - SCRAM itself (SHA-1 and SHA-256) is `net::scram`; the keyFile and the internal user
+//!   members authenticate as (`__system@local`) are `net::key_file`.
+//! - `roles.rs`: the built-in roles and the action each grants on a cluster, database or
+//!   collection resource, and user-defined roles' privileges.
+//! - This module: users, user-defined roles (admin.system.roles) resolved through the
+//!   roles they inherit (`grants_of`, at most `ROLES_RESOLVED_MAX` roles per user), a
+//!   connection's user, and `check`, which dispatch runs before every command. A command
+//!   the privilege table (`need`) does not name needs the `internal` action, which only the
+//!   internal role (`roles::INTERNAL_ROLE`) grants: a new command is closed until it is
+//!   given a privilege.
+//! - The commands: `commands/users.rs` (saslStart, saslContinue and user management) and
+//!   `commands/roles.rs` (role management and rolesInfo).
 //!
 //! Users live in admin.system.users, as mongod keeps them (`_id` "db.user", credentials per
 //! mechanism, roles). A connection that authenticates keeps its user's roles; every change
