@@ -2,8 +2,8 @@
 //! voters; the others are read-only: votes 0, priority 0), chaining on, off and "auto",
 //! each under YCSB inserts with 8 client threads at w:1 and at w:"majority". Reports
 //! throughput, the primary's CPU and the average insert latency, grouped by configuration
-//! and by member count. The read-only members sit in a second data center (fault-layer link delays), so
-//! that chaining on has something to chain across.
+//! and by member count. The read-only members sit in a second data center (fault-layer
+//! link delays), so that chaining on has something to chain across.
 
 use super::{cpu_avg, PhaseTimeline, Scenario, ScenarioContext, ScenarioReport, Table};
 use crate::sys;
