@@ -160,9 +160,11 @@ async fn attempt(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str) -> Res
             crate::apply::apply_entry(&store, &begin)?;
         }
         store.append_oplog_replicated(&[(begin_at, bytes)])?;
-        store.commit_durable()?;
-        // From here a restart goes on from the oplog, RECOVERING until minValid.
-        super::ReplCoord::persist_initial_sync_flag(&store, false)
+        // The flag stays until minValid is applied (`ReplCoord::after_apply`): the copy may
+        // hold writes that only the entries up to minValid confirm, and a restart before
+        // then copies again, as mongod's initial sync does when its oplog application
+        // phase is cut short.
+        store.commit_durable()
     })
     .await?;
     let documents_copied = coord.inner.lock().initial_sync.documents_copied;

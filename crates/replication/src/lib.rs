@@ -51,8 +51,9 @@ const ELECTION_COLLECTION: &str = "replset.election";
 /// before the data is consistent. Kept durably so a restart in between stays RECOVERING.
 const MIN_VALID_COLLECTION: &str = "replset.minvalid";
 /// mongod's initialSyncFlag: present from the start of an initial sync (before it drops
-/// anything) until its oplog is seeded. A member starts an initial sync only when its oplog
-/// is empty or this says an earlier one did not finish; never again once it has finished.
+/// anything) until its oplog reaches minValid. A member starts an initial sync only when its
+/// oplog is empty or this says an earlier one did not finish; never again once it has
+/// finished.
 const INITIAL_SYNC_FLAG_COLLECTION: &str = "replset.initialSyncFlag";
 /// mongod's rollback id (replSetGetRBID): counts this member's rollbacks, durably. An
 /// initial sync whose source's id moved while it copied may hold writes the set took back.
@@ -1160,6 +1161,13 @@ impl ReplCoord {
                     self.restart_initial_sync(store, &format!("minValid {min_valid:?} is not in the oplog: the set took it back"));
                 }
                 return;
+            }
+            // The sync is done: the flag goes, durably, before this member serves reads.
+            if let Some(store) = &store {
+                if let Err(e) = Self::persist_initial_sync_flag(store, false) {
+                    tracing::error!("cannot clear the initial-sync flag: {}", e.message);
+                    return;
+                }
             }
         }
         let recovered = {

@@ -1484,10 +1484,8 @@ impl Member {
                 self.store.set_oplog_term(self.term.max(begin_at.term));
                 self.store.append_oplog_replicated(&[(begin_at, begin_bytes)]).expect("seed the oplog");
                 self.store.commit_durable().expect("sync");
-                // initial_sync.rs: the flag goes once the oplog is seeded (a restart goes on
-                // from the oplog, RECOVERING until minValid); until minValid is applied a
-                // divergence starts the sync over.
-                clear_flag(&self.store);
+                // initial_sync.rs: the flag stays until minValid is applied (a restart
+                // before then copies again); until then a divergence starts the sync over.
                 self.sync_min_valid = Some((begin, min_valid));
                 // mod.rs `recover_until`.
                 self.min_valid = Some(min_valid);
@@ -1551,6 +1549,7 @@ impl Member {
     /// minValid applied: the sync is done.
     fn finish_initial_sync(&mut self, out: &mut Out) {
         let Some((begin, min_valid)) = self.sync_min_valid.take() else { return };
+        clear_flag(&self.store);
         out.notes.push(Note::InitialSyncDone { member: self.index, begin, min_valid });
     }
 
