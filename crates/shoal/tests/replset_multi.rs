@@ -1995,6 +1995,46 @@ async fn an_unfinished_initial_sync_starts_over_and_a_finished_one_never_does() 
     }
 }
 
+/// An initial sync is done when its oplog reaches minValid: until then the copy may hold
+/// writes that only those entries confirm. A member restarted in between copies again.
+#[tokio::test]
+async fn a_restart_before_min_valid_copies_again() {
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    let client = set.client().await;
+    let coll = client.database("app").collection::<Document>("c");
+    coll.insert_many((0..1000).map(|i| doc! {"_id": i}).collect::<Vec<_>>()).await.unwrap();
+    let mut newcomer = Server::start_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"]);
+    let c = direct(&newcomer).await;
+    admin(&c, doc! {"configureFailPoint": "initialSyncHangAfterDataCloning", "mode": "alwaysOn"}).await.unwrap();
+    set.add_non_voter(p, &newcomer).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admin(&c, doc! {"configureFailPoint": "initialSyncHangAfterDataCloning", "mode": "alwaysOn"}).await.unwrap().get_i64("count").unwrap() == 0 {
+        assert!(Instant::now() < deadline, "the initial sync did not reach the end of its clone");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Writes after the copy began: minValid is past them. The newcomer writes what it
+    // fetches but applies nothing, so it stays short of minValid.
+    coll.insert_many((1000..1100).map(|i| doc! {"_id": i}).collect::<Vec<_>>()).await.unwrap();
+    admin(&c, doc! {"configureFailPoint": "rsSyncApplyStop", "mode": "alwaysOn"}).await.unwrap();
+    admin(&c, doc! {"configureFailPoint": "initialSyncHangAfterDataCloning", "mode": "off"}).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admin(&c, doc! {"replSetGetStatus": 1}).await.ok().and_then(|s| s.get_i32("myState").ok()) != Some(3) {
+        assert!(Instant::now() < deadline, "the newcomer did not seed its oplog");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(c);
+    newcomer.kill9();
+    newcomer.restart_with_args(&["--replSet", "rs0"]);
+    set.members.push(newcomer);
+    set.wait_for_secondary(3).await;
+    let s = admin(&direct(&set.members[3]).await, doc! {"replSetGetStatus": 1, "initialSync": 1}).await.unwrap();
+    let st = s.get_document("initialSyncStatus").unwrap_or_else(|_| panic!("no second initial sync: {s:?}"));
+    assert!(st.get_str("reason").unwrap().contains("did not finish"), "{st:?}");
+    set.wait_for_count(3, "c", 1100).await;
+    assert_eq!(all_on(&set.members[3], "app", "c").await, all_on(&set.members[p], "app", "c").await);
+}
+
 /// With an arbiter, a majority needs the primary's own journal. A majority read on the
 /// secondary after a w:0 write waits for the commit point to pass that write, which no one
 /// on the primary waits for: the journal flusher's interval must make it durable, as
