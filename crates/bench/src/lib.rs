@@ -1,4 +1,4 @@
-//! shoal-bench: YCSB-compatible and bench02-compatible load generators (issue #3).
+//! shoal-bench: YCSB-compatible and bench02-compatible load generators.
 //! Same client code path for every target (MongoDB wire or PostgreSQL), so results compare.
 
 pub mod cli;

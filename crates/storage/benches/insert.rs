@@ -3,7 +3,7 @@
 //! made durable before the next, written (a) through `Collection::insert_many` +
 //! `Store::commit_durable` and (b) straight into fjall with the same keys and values (one
 //! fjall batch per 1000 records with their index entries, then a synced persist). Prints
-//! docs/s for each and the ratio (issue #4: insert_many should reach >= 70% of the raw engine).
+//! docs/s for each and the ratio (insert_many's goal: at least 70% of the raw engine's).
 //!
 //! `cargo bench -p shoal-storage --bench insert`; environment: SHOAL_BENCH_DOCS (per round,
 //! default 200000), SHOAL_BENCH_ROUNDS (default 2; the modes alternate), SHOAL_BENCH_DIR, SHOAL_BENCH_MODES

@@ -284,8 +284,8 @@ pub fn end_sessions(ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn kill_all_sessions(ctx: &mut Ctx) -> Result<Document> {
-    // Without users (issue #8) every session belongs to the same (unauthenticated) user, so an
-    // empty or any user list kills every session's cursors.
+    // Sessions do not record their user, so any user list, empty or not, kills every
+    // session's cursors.
     ctx.array_arg("killAllSessions")?;
     ctx.shared.cursors.kill_all_with_session();
     Ok(Document::new())
