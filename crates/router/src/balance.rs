@@ -368,15 +368,7 @@ async fn copy_collection(
     create.extend(options.clone());
     router.command(target, db, create).await?;
     let listed = router.command(source, db, doc! {"listIndexes": name}).await?;
-    let (_, specs) = net::peer::cursor_batch(&listed, "firstBatch")?;
-    let specs: Vec<Document> = specs
-        .into_iter()
-        .filter(|s| s.get_str("name").ok() != Some("_id_"))
-        .map(|mut s| {
-            s.remove("v");
-            s
-        })
-        .collect();
+    let specs = super::commands::index_specs_to_copy(&listed)?;
     if !specs.is_empty() {
         router.command(target, db, doc! {"createIndexes": name, "indexes": specs}).await?;
     }

@@ -431,15 +431,7 @@ async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
         // primary has on each other shard that gets a chunk (a migration copies indexes too).
         reply_result(router.pool.run(&primary_set, db, doc! {"createIndexes": coll, "indexes": [index.clone()]}, None, COMMAND_TIMEOUT).await?.1)?;
         let listed = on_primary(doc! {"listIndexes": coll}).await?;
-        let (_, specs) = cursor_batch(&listed, "firstBatch")?;
-        let specs: Vec<Document> = specs
-            .into_iter()
-            .filter(|s| s.get_str("name").ok() != Some("_id_"))
-            .map(|mut s| {
-                s.remove("v");
-                s
-            })
-            .collect();
+        let specs = index_specs_to_copy(&listed)?;
         let owners: BTreeSet<&str> = chunks.iter().map(|c| c.shard.as_str()).filter(|s| *s != primary).collect();
         for owner in owners {
             let set = router.shard(owner).await?;
@@ -1529,6 +1521,20 @@ fn doc_size(d: &Document) -> usize {
 
 fn regex_escape(s: &str) -> String {
     s.chars().flat_map(|c| if c.is_ascii_alphanumeric() || c == '_' { vec![c] } else { vec!['\\', c] }).collect()
+}
+
+/// The index specs of a listIndexes reply that another shard creates to hold a copy of the
+/// collection: every index but `_id_` (created with the collection), without its version.
+pub(crate) fn index_specs_to_copy(listed: &Document) -> Result<Vec<Document>> {
+    let (_, specs) = cursor_batch(listed, "firstBatch")?;
+    Ok(specs
+        .into_iter()
+        .filter(|s| s.get_str("name").ok() != Some("_id_"))
+        .map(|mut s| {
+            s.remove("v");
+            s
+        })
+        .collect())
 }
 
 #[cfg(test)]

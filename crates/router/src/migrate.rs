@@ -194,15 +194,7 @@ impl Migration<'_> {
     async fn run(&self, committed: &mut bool) -> Result<()> {
         // 2: the recipient's indexes (and collection), and no leftovers in the range.
         let listed = self.on(&self.donor, doc! {"listIndexes": &self.coll}).await?;
-        let (_, specs) = net::peer::cursor_batch(&listed, "firstBatch")?;
-        let specs: Vec<Document> = specs
-            .into_iter()
-            .filter(|s| s.get_str("name").ok() != Some("_id_"))
-            .map(|mut s| {
-                s.remove("v");
-                s
-            })
-            .collect();
+        let specs = super::commands::index_specs_to_copy(&listed)?;
         if specs.is_empty() {
             self.on(&self.recipient, doc! {"create": &self.coll}).await.or_else(|e| {
                 if e.code == Code::NamespaceExists.0 {
