@@ -1,5 +1,6 @@
 //! The one way in and out of a shoal process, for mongod's role and the router's alike:
-//! whole messages off a stream (`frame`), TLS (`tls`), the certificate subjects X.509 login
+//! the connection loop both serve clients with (`service`), whole messages off a stream
+//! (`frame`), TLS (`tls`), the certificate subjects X.509 login
 //! reads (`x509`), SCRAM on both sides (`scram`), the keyFile members and routers
 //! authenticate to each other with (`key_file`), connections to other members and shards
 //! (`peer`), a replica set's primary and a pool of connections per host (`pool`), the faults
@@ -13,5 +14,6 @@ pub mod peer;
 pub mod pool;
 pub mod process;
 pub mod scram;
+pub mod service;
 pub mod tls;
 pub mod x509;

@@ -39,7 +39,12 @@ const AWAIT_TIME_MS_MAX: i64 = 60_000;
 /// per blocking stage).
 const MERGE_INPUT_BYTES_MAX: usize = common::limits::AGG_MEMORY_BYTES_MAX;
 
-pub async fn run(router: &Arc<Router>, conn: &mut RouterConn, req: Request) -> Document {
+pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> Document {
+    if router.config.auth {
+        if let Err(e) = super::users::check(router, conn, &req).await {
+            return e.to_reply();
+        }
+    }
     // A primary shard that answers StaleDbVersion ran nothing: the database moved (or the
     // router's entry is old). Read it again and route the command again.
     let mut attempt = 0;
@@ -60,17 +65,27 @@ pub async fn run(router: &Arc<Router>, conn: &mut RouterConn, req: Request) -> D
             }
             reply
         }
-        Err(e) => e.to_reply(),
+        Err(e) => {
+            if e.code == Code::AuthenticationFailed.0 {
+                conn.auth.failures += 1;
+            }
+            e.to_reply()
+        }
     }
 }
 
-async fn route(router: &Arc<Router>, conn: &mut RouterConn, req: &Request) -> Result<Document> {
+async fn route(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<Document> {
     match req.name.as_str() {
         "hello" | "isMaster" | "ismaster" => hello(router, conn, req).await,
         "ping" => Ok(Document::new()),
         "buildInfo" | "buildinfo" => Ok(common::server::build_info()),
         "isdbgrid" => Ok(doc! {"isdbgrid": 1, "hostname": net::process::hostname()}),
         "whatsmyuri" => Ok(doc! {"you": conn.remote.to_string()}),
+        "saslStart" => super::users::sasl_start(router, conn, &req.db, &req.body).await,
+        "saslContinue" => super::users::sasl_continue(router, conn, &req.body).await,
+        "authenticate" => super::users::authenticate(router, conn, &req.db, &req.body).await,
+        "logout" => Ok(super::users::logout(conn, &req.db)),
+        name if super::users::is_user_command(name) => super::users::user_command(router, req).await,
         "endSessions" => end_sessions(router, req).await,
         // The database is checked before the command runs: these change the cluster.
         "addShard" | "addshard" => {
@@ -119,7 +134,7 @@ async fn route(router: &Arc<Router>, conn: &mut RouterConn, req: &Request) -> Re
         "find" | "count" | "distinct" | "aggregate" | "findAndModify" | "findandmodify" => whole(router, req).await,
         "getMore" => get_more(router, req).await,
         "serverStatus" => Ok(super::introspect::server_status(router)),
-        "connectionStatus" => Ok(super::introspect::connection_status(req)),
+        "connectionStatus" => Ok(super::users::connection_status(conn, req)),
         "dbStats" | "dbstats" => super::introspect::db_stats(router, req).await,
         "collStats" | "collstats" => super::introspect::coll_stats(router, req).await,
         "explain" => super::introspect::explain(router, req).await,
@@ -221,10 +236,11 @@ async fn hello(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<
     r.insert("minWireVersion", 0);
     r.insert("maxWireVersion", MAX_WIRE_VERSION);
     r.insert("readOnly", false);
-    if cmd.contains_key("compression") {
-        // The router offers no compressor: replies go uncompressed.
-        r.insert("compression", Bson::Array(Vec::new()));
+    if let Some(Bson::Array(offered)) = cmd.get("compression") {
+        conn.compressors = net::service::negotiate_compressors(&router.config.compressors, offered);
+        r.insert("compression", conn.compressors.iter().map(|c| c.name()).collect::<Vec<_>>());
     }
+    super::users::hello_fields(router, conn, &req.name, cmd, &mut r).await?;
     Ok(r)
 }
 
@@ -584,7 +600,7 @@ async fn insert(router: &Router, req: &Request) -> Result<Document> {
 /// its shard key decoded. `None` when the message is not such an insert (or a document
 /// lacks an `_id`, which the router would have to add): the caller decodes it and runs it
 /// as any command.
-pub async fn raw_insert(router: &Router, msg: &wire::RawMsg<'_>) -> Option<Document> {
+pub async fn raw_insert(router: &Router, conn: &mut RouterConn, msg: &wire::RawMsg<'_>) -> Option<Document> {
     if msg.body.iter().next().and_then(|e| e.ok()).map(|(k, _)| k.as_str()) != Some("insert") {
         return None;
     }
@@ -607,6 +623,11 @@ pub async fn raw_insert(router: &Router, msg: &wire::RawMsg<'_>) -> Option<Docum
     };
     let req = Request::from_msg(body, Vec::new()).ok()?;
     let coll = collection_of(&req).ok()?;
+    if router.config.auth {
+        if let Err(e) = super::users::check(router, conn, &req).await {
+            return Some(e.to_reply());
+        }
+    }
     let ns = format!("{}.{coll}", req.db);
     let sc = match router.sharded(&ns).await {
         Ok(Some(sc)) => sc,

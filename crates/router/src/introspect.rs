@@ -37,16 +37,6 @@ pub fn server_status(router: &Router) -> Document {
     }
 }
 
-/// connectionStatus: the router authenticates no client (it has no users), so no user and
-/// no role.
-pub fn connection_status(req: &Request) -> Document {
-    let mut info = doc! {"authenticatedUsers": [], "authenticatedUserRoles": []};
-    if req.body.get_bool("showPrivileges").unwrap_or(false) {
-        info.insert("authenticatedUserPrivileges", Vec::<Bson>::new());
-    }
-    doc! {"authInfo": info}
-}
-
 /// dbStats: every shard's, under `raw` by its connection string, and their sums.
 pub async fn db_stats(router: &Router, req: &Request) -> Result<Document> {
     let mut raw = Document::new();

@@ -10,18 +10,17 @@ mod commands;
 mod cursor;
 mod introspect;
 mod migrate;
+mod users;
 
 use bson::oid::ObjectId;
 use common::limits::MESSAGE_SIZE_MAX_BYTES;
-use common::{Code, Error, Result};
+use common::{Error, Result};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
-use wire::Request;
-use wire::{Message, OpMsg, OpReply};
+use tokio::net::TcpListener;
+use wire::{Compressor, Request};
 
 pub struct RouterConfig {
     pub port: u16,
@@ -29,6 +28,16 @@ pub struct RouterConfig {
     /// The config servers: `<setName>/<host:port>,...` (mongos's --configdb).
     pub config_db: String,
     pub connections_max: usize,
+    /// Wire compressors offered to clients, in order of preference.
+    pub compressors: Vec<Compressor>,
+    /// TLS for client connections, and (under preferTLS and requireTLS) for the router's
+    /// own connections to shards and config servers.
+    pub tls: net::tls::TlsConfig,
+    /// Commands need an authenticated user (users are kept on the config servers).
+    pub auth: bool,
+    /// The key this router authenticates to shards and config servers with, as the
+    /// internal user.
+    pub key_file: Option<std::path::PathBuf>,
 }
 
 pub struct Router {
@@ -42,6 +51,9 @@ pub struct Router {
     balancer: balance::BalancerState,
     /// When this router started (serverStatus's uptime).
     started: std::time::Instant,
+    tls: net::tls::Acceptor,
+    /// Bumped by every user or role command through this router (`users`).
+    users_generation: AtomicU64,
 }
 
 /// A client connection's state the router's commands see.
@@ -49,17 +61,23 @@ pub struct RouterConn {
     pub id: u64,
     pub remote: SocketAddr,
     pub client_metadata_seen: bool,
-}
-
-static NEXT_REQUEST_ID: AtomicI32 = AtomicI32::new(1);
-
-fn next_request_id() -> i32 {
-    NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed)
+    /// Compressors agreed in the handshake.
+    pub compressors: Vec<Compressor>,
+    /// Who the connection authenticated as, and a SCRAM conversation under way.
+    pub auth: access::ConnAuth,
+    /// When its user was last read from the config servers.
+    pub user_read: std::time::Instant,
 }
 
 /// Listen and route until SIGINT/SIGTERM.
 pub async fn serve(config: RouterConfig) -> Result<()> {
     let config_set = net::pool::ReplicaSet::parse(&config.config_db)?;
+    // A bad certificate or key stops the start before anything is opened.
+    let tls = net::tls::Acceptor::new(&config.tls)?;
+    net::tls::init_member_client(&config.tls)?;
+    if let Some(path) = &config.key_file {
+        net::key_file::load_key_file(path)?;
+    }
     let mut listeners = Vec::new();
     for ip in &config.bind_ip {
         let addr = format!("{ip}:{}", config.port);
@@ -76,6 +94,8 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
         connections_current: AtomicU64::new(0),
         balancer: Default::default(),
         started: std::time::Instant::now(),
+        tls,
+        users_generation: AtomicU64::new(0),
     });
     match router.reload_shards().await {
         Ok(s) => tracing::info!(shards = s.len(), "read the cluster's shards from the config servers"),
@@ -96,7 +116,7 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
     tokio::spawn(balance::balancer_loop(router.clone()));
     tokio::spawn(ping_loop(router.clone()));
     for l in listeners {
-        tokio::spawn(accept_loop(router.clone(), l));
+        tokio::spawn(net::service::accept_loop(router.clone(), l));
     }
     net::process::shutdown_signal().await;
     tracing::info!("router shutting down");
@@ -126,107 +146,58 @@ async fn ping_loop(router: Arc<Router>) {
     }
 }
 
-async fn accept_loop(router: Arc<Router>, listener: TcpListener) {
-    loop {
-        let (stream, remote) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let current = router.connections_current.load(Ordering::Relaxed);
-        if current as usize >= router.config.connections_max {
+impl net::service::Service for Router {
+    type Conn = RouterConn;
+    type Batch = Vec<u8>;
+
+    fn tls(&self) -> &net::tls::Acceptor {
+        &self.tls
+    }
+
+    fn admit(&self, remote: SocketAddr) -> bool {
+        let current = self.connections_current.load(Ordering::Relaxed);
+        if current as usize >= self.config.connections_max {
             tracing::warn!(%remote, "connection refused because too many open connections: {current}");
-            continue;
+            return false;
         }
-        router.connections_current.fetch_add(1, Ordering::Relaxed);
-        let r = router.clone();
-        tokio::spawn(async move {
-            let _ = stream.set_nodelay(true);
-            let id = r.next_connection_id.fetch_add(1, Ordering::Relaxed);
-            let mut conn = RouterConn { id, remote, client_metadata_seen: false };
-            if let Err(reason) = serve_conn(&r, stream, &mut conn).await {
-                tracing::info!(conn = id, %remote, "connection ended: {reason}");
-            }
-            r.connections_current.fetch_sub(1, Ordering::Relaxed);
-        });
+        self.connections_current.fetch_add(1, Ordering::Relaxed);
+        true
     }
-}
 
-async fn serve_conn(router: &Arc<Router>, mut stream: TcpStream, conn: &mut RouterConn) -> std::result::Result<(), String> {
-    let mut reader = net::frame::FrameReader::new();
-    loop {
-        let Some(frame) = reader.next(&mut stream).await? else { return Ok(()) };
-        let buf = &reader.buf[frame];
-        let (request_id, op_code) = (i32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]), i32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]));
-        // An insert batch into a sharded collection passes its documents on undecoded.
-        if op_code == wire::OP_MSG {
-            if let Ok(Some(msg)) = wire::raw_msg(buf, MESSAGE_SIZE_MAX_BYTES) {
-                if let Some(reply) = commands::raw_insert(router, &msg).await {
-                    if msg.flags & wire::flags::MORE_TO_COME == 0 {
-                        stream.write_all(&msg_reply(request_id, reply)).await.map_err(|e| format!("write error: {e}"))?;
-                    }
-                    continue;
-                }
-            }
+    fn release(&self) {
+        self.connections_current.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn open(&self, remote: SocketAddr, _local: Option<SocketAddr>, peer_subject: Option<String>) -> RouterConn {
+        RouterConn {
+            id: self.next_connection_id.fetch_add(1, Ordering::Relaxed),
+            remote,
+            client_metadata_seen: false,
+            compressors: Vec::new(),
+            auth: access::ConnAuth { peer_subject, ..Default::default() },
+            user_read: std::time::Instant::now(),
         }
-        let out = match wire::decode(buf, MESSAGE_SIZE_MAX_BYTES) {
-            Err(e) if op_code == wire::OP_QUERY => wire::encode_reply(
-                next_request_id(),
-                request_id,
-                &OpReply { response_flags: 2, cursor_id: 0, starting_from: 0, documents: vec![e.to_reply()] },
-                None,
-            ),
-            Err(e) if op_code == wire::OP_MSG || op_code == wire::OP_COMPRESSED => msg_reply(request_id, e.to_reply()),
-            Err(_) => return Err(format!("unsupported opcode {op_code}")),
-            Ok(d) => match d.message {
-                Message::Msg(m) => {
-                    let more_to_come = m.flags & wire::flags::MORE_TO_COME != 0;
-                    let reply = match Request::from_msg(m.body, m.sequences) {
-                        Ok(req) => commands::run(router, conn, req).await,
-                        Err(e) => e.to_reply(),
-                    };
-                    if more_to_come {
-                        continue;
-                    }
-                    msg_reply(request_id, reply)
-                }
-                Message::Query(q) => {
-                    let reply = legacy_hello(router, conn, q).await;
-                    wire::encode_reply(
-                        next_request_id(),
-                        request_id,
-                        &OpReply { response_flags: 0, cursor_id: 0, starting_from: 0, documents: vec![reply] },
-                        None,
-                    )
-                }
-                Message::Reply(_) => return Err("client sent OP_REPLY".into()),
-            },
-        };
-        stream.write_all(&out).await.map_err(|e| format!("write error: {e}"))?;
     }
-}
 
-fn msg_reply(request_id: i32, body: bson::Document) -> Vec<u8> {
-    wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body, sequences: vec![] }, None)
-}
-
-/// Legacy OP_QUERY: only the handshake (`isMaster` on `admin.$cmd`), as mongos 6+.
-async fn legacy_hello(router: &Arc<Router>, conn: &mut RouterConn, q: wire::OpQuery) -> bson::Document {
-    let Some(db) = q.full_collection_name.strip_suffix(".$cmd") else {
-        return bson::doc! { "$err": "OP_QUERY is no longer supported. The client driver may require an upgrade.", "code": 5739101, "ok": 0.0 };
-    };
-    let mut cmd = q.query.get_document("$query").cloned().unwrap_or(q.query);
-    let name = cmd.keys().next().cloned().unwrap_or_default();
-    if !wire::is_hello(&name) {
-        return Error::new(Code(352, "UnsupportedOpQueryCommand"), format!("Unsupported OP_QUERY command: {name}. The client driver may require an upgrade."))
-            .to_reply();
+    fn conn_id(conn: &RouterConn) -> u64 {
+        conn.id
     }
-    cmd.insert("$db", db);
-    match Request::from_msg(cmd, Vec::new()) {
-        Ok(r) => commands::run(router, conn, r).await,
-        Err(e) => e.to_reply(),
+
+    fn compressors(conn: &RouterConn) -> &[Compressor] {
+        &conn.compressors
+    }
+
+    async fn run(&self, conn: &mut RouterConn, request: Request) -> net::service::Reply<Vec<u8>> {
+        net::service::Reply::new(commands::run(self, conn, request).await)
+    }
+
+    /// An insert batch into a sharded collection passes its documents on undecoded.
+    async fn run_frame(&self, conn: &mut RouterConn, frame: &[u8]) -> Option<net::service::Reply<Vec<u8>>> {
+        let msg = wire::raw_msg(frame, MESSAGE_SIZE_MAX_BYTES).ok()??;
+        commands::raw_insert(self, conn, &msg).await.map(net::service::Reply::new)
+    }
+
+    fn close_reason(&self, conn: &RouterConn) -> Option<String> {
+        (conn.auth.failures >= access::FAILURES_PER_CONNECTION_MAX).then(|| format!("closed after {} failed authentications", conn.auth.failures))
     }
 }

@@ -1,28 +1,27 @@
-//! One client connection: read frames, decode, dispatch, encode, write. Also the two
-//! server-push protocols of the wire: exhaust getMore and the awaitable (streaming) hello.
+//! mongod's side of the connection loop (`net::service`): a connection's state, running a
+//! command (off the async worker when it may block) and the waits its reply needs (write
+//! concern, the commit point of a majority read, an awaitData getMore's wait for a write),
+//! the awaitable hello's topology wait, and a member's oplog push stream, which takes its
+//! connection over.
 
 use crate::dispatch;
 use crate::state::{Counters, Shared};
 use bson::{doc, Bson, Document};
 use common::limits::MESSAGE_SIZE_MAX_BYTES;
+use net::service::{next_request_id, write_frame};
 use net::tls::Stream;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use wire::Request;
-use wire::{Compressor, Message, OpMsg, OpReply};
-
-static NEXT_REQUEST_ID: AtomicI32 = AtomicI32::new(1);
-
-fn next_request_id() -> i32 {
-    NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed)
-}
+use wire::{Compressor, Message, OpMsg};
 
 /// Longest wait of an awaitable hello (drivers send maxAwaitTimeMS = 10 s by default).
 const AWAIT_TIME_MS_MAX: i64 = 60_000;
+
+type Reply = net::service::Reply<storage::RawRecord>;
 
 /// Per-connection state that commands may read or change.
 pub struct ConnState {
@@ -32,18 +31,6 @@ pub struct ConnState {
     pub compressors: Vec<Compressor>,
     pub client_metadata: Option<Document>,
     pub app_name: Option<String>,
-    /// Set by a write on a primary that must wait for other members before replying.
-    pub replication_wait: Option<dispatch::ReplicationWait>,
-    /// Set by a majority or linearizable read that must wait for the commit point.
-    pub read_wait: Option<dispatch::ReadWait>,
-    /// An awaitData getMore found nothing new: the connection waits (on the async worker)
-    /// for a write after `write_seq` `seen`, until `deadline`, then runs it again.
-    pub await_data: Option<AwaitData>,
-    /// The deadline of the awaitData getMore being run again, so that its wait does not
-    /// start over.
-    pub await_deadline: Option<Instant>,
-    /// Set by a command whose reply batch is raw BSON (`commands::cursor_batch_reply`).
-    pub raw_batch: Option<RawReplyBatch>,
     /// Who the connection authenticated as, and a SCRAM conversation under way.
     pub auth: crate::auth::ConnAuth,
     /// This end's address (audit records' `local`).
@@ -86,223 +73,97 @@ impl ConnState {
     }
 }
 
-/// A cursor batch kept as BSON (an oplog tail's records as stored), written into the
-/// reply's empty `cursor.<key>` array when the reply is encoded: a primary sends each entry
-/// to its secondaries without decoding and encoding it for every fetch.
-pub struct RawReplyBatch {
-    pub key: &'static str,
-    pub docs: Vec<storage::RawRecord>,
-}
+impl net::service::Service for Shared {
+    type Conn = ConnState;
+    type Batch = storage::RawRecord;
 
-/// A command's reply as it goes to the encoder.
-struct Reply {
-    body: Document,
-    batch: Option<RawReplyBatch>,
-}
-
-impl Reply {
-    fn encode(self, reply_id: i32, response_to: i32, flags: u32, compressor: Option<Compressor>) -> Vec<u8> {
-        let batch = self.batch.as_ref().map(|b| wire::RawBatch { key: b.key, docs: &b.docs });
-        wire::encode_msg_with_batch(reply_id, response_to, &OpMsg { flags, body: self.body, sequences: vec![] }, batch, compressor)
+    fn tls(&self) -> &net::tls::Acceptor {
+        &self.tls
     }
 
-    /// The body with the raw batch decoded into it, for an encoder that does not take one.
-    fn into_document(self) -> Document {
-        let Some(b) = self.batch else { return self.body };
-        let mut body = self.body;
-        let docs: Result<Vec<Bson>, _> = b.docs.iter().map(|d| storage::decode_record(d.as_ref()).map(Bson::Document)).collect();
-        match (docs, body.get_document_mut("cursor")) {
-            (Ok(docs), Ok(c)) => {
-                c.insert(b.key, docs);
-                body
-            }
-            (Err(e), _) => common::Error::new(common::Code::InvalidBSON, format!("invalid BSON in a cursor batch: {}", e.message)).to_reply(),
-            (_, Err(_)) => common::Error::internal("a raw cursor batch without a cursor reply").to_reply(),
+    fn admit(&self, remote: SocketAddr) -> bool {
+        let current = Counters::get(&self.counters.connections_current);
+        if current as usize >= self.config.connections_max {
+            Counters::add(&self.counters.connections_rejected, 1);
+            tracing::warn!(%remote, "connection refused because too many open connections: {current}");
+            return false;
         }
+        Counters::add(&self.counters.connections_current, 1);
+        Counters::add(&self.counters.connections_total, 1);
+        true
     }
-}
 
-#[derive(Clone, Copy, Debug)]
-pub struct AwaitData {
-    pub seen: u64,
-    pub deadline: Instant,
-}
-
-pub async fn serve(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
-    let _ = stream.set_nodelay(true);
-    let id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut conn = ConnState {
-        id,
-        remote,
-        compressors: Vec::new(),
-        client_metadata: None,
-        app_name: None,
-        replication_wait: None,
-        read_wait: None,
-        await_data: None,
-        await_deadline: None,
-        raw_batch: None,
-        auth: Default::default(),
-        local: stream.local_addr().ok(),
-        uuid: bson::Uuid::new(),
-        audit_actor: None,
-        audit_frame: Vec::new(),
-        shard_filter: None,
-    };
-    tracing::debug!(conn = id, %remote, "connection accepted");
-    match shared.tls.accept(stream).await {
-        Ok(mut stream) => {
-            conn.auth.peer_subject = stream.peer_subject();
-            if let Err(reason) = serve_loop(&shared, &mut stream, &mut conn).await {
-                tracing::info!(conn = id, %remote, "connection ended: {reason}");
-            }
-        }
-        Err(reason) => tracing::info!(conn = id, %remote, "connection refused: {reason}"),
+    fn release(&self) {
+        self.counters.connections_current.fetch_sub(1, Ordering::Relaxed);
     }
-    shared.counters.connections_current.fetch_sub(1, Ordering::Relaxed);
-}
 
-async fn serve_loop(shared: &Arc<Shared>, stream: &mut Stream, conn: &mut ConnState) -> Result<(), String> {
-    let mut reader = net::frame::FrameReader::new();
-    loop {
-        let Some(frame) = reader.next(stream).await? else { return Ok(()) };
-        let buf = &reader.buf[frame];
-        let len = buf.len();
-        Counters::add(&shared.counters.bytes_in, len as u64);
-        Counters::add(&shared.counters.requests, 1);
-
-        let decoded = match wire::decode(buf, MESSAGE_SIZE_MAX_BYTES) {
-            Ok(d) => d,
-            Err(e) => {
-                // The frame was read whole, so the stream is still in sync: answer with the error
-                // (the client learns why) and keep serving.
-                let request_id = i32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
-                let op_code = i32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]);
-                tracing::warn!(conn = conn.id, "invalid message: {}", e);
-                let body = e.to_reply();
-                let out = if op_code == wire::OP_QUERY {
-                    wire::encode_reply(
-                        next_request_id(),
-                        request_id,
-                        &OpReply { response_flags: 2, cursor_id: 0, starting_from: 0, documents: vec![body] },
-                        None,
-                    )
-                } else if op_code == wire::OP_MSG || op_code == wire::OP_COMPRESSED {
-                    wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body, sequences: vec![] }, None)
-                } else {
-                    // Legacy opcodes (OP_INSERT, OP_GET_MORE...) and unknown ones: mongod 6+ closes.
-                    return Err(format!("unsupported opcode {op_code}"));
-                };
-                write_frame(shared, stream, &out).await?;
-                continue;
-            }
-        };
-        let request_id = decoded.header.request_id;
-        let compressor = decoded.compressor;
-        let body = match &decoded.message {
-            Message::Msg(m) => Some(&m.body),
-            _ => None,
-        };
-        crate::audit::keep_frame(shared, conn, body, compressor.is_none().then_some(buf));
-        match decoded.message {
-            Message::Msg(msg) if is_oplog_stream(&msg) => stream_oplog(shared, stream, &mut reader, conn, request_id, msg).await?,
-            Message::Msg(msg) => handle_msg(shared, stream, conn, request_id, compressor, msg).await?,
-            Message::Query(q) => {
-                let reply = handle_op_query(shared, conn, q).await;
-                let out = wire::encode_reply(next_request_id(), request_id, &reply, None);
-                write_frame(shared, stream, &out).await?;
-            }
-            Message::Reply(_) => return Err("client sent OP_REPLY".into()),
-        }
-    }
-}
-
-async fn write_frame(shared: &Shared, stream: &mut Stream, frame: &[u8]) -> Result<(), String> {
-    Counters::add(&shared.counters.bytes_out, frame.len() as u64);
-    stream.write_all(frame).await.map_err(|e| format!("write error: {e}"))
-}
-
-fn reply_compressor(conn: &ConnState, request_compressor: Option<Compressor>, command: &str) -> Option<Compressor> {
-    // Reply with the compressor the client used, if it was negotiated and the command may be compressed.
-    match request_compressor {
-        Some(c) if conn.compressors.contains(&c) && wire::is_compressible_command(command) => Some(c),
-        _ => None,
-    }
-}
-
-async fn handle_msg(
-    shared: &Arc<Shared>,
-    stream: &mut Stream,
-    conn: &mut ConnState,
-    request_id: i32,
-    compressor: Option<Compressor>,
-    msg: OpMsg,
-) -> Result<(), String> {
-    let more_to_come = msg.flags & wire::flags::MORE_TO_COME != 0;
-    let exhaust = msg.flags & wire::flags::EXHAUST_ALLOWED != 0;
-    let OpMsg { body, sequences, .. } = msg;
-    let request = match Request::from_msg(body, sequences) {
-        Ok(r) => r,
-        Err(e) => {
-            if !more_to_come {
-                let out = wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body: e.to_reply(), sequences: vec![] }, None);
-                write_frame(shared, stream, &out).await?;
-            }
-            return Ok(());
-        }
-    };
-    let name = request.name.clone();
-    let reply_comp = reply_compressor(conn, compressor, &name);
-
-    if wire::is_hello(&name) {
-        if let Some((wait, mut seen)) = awaitable_hello_wait(shared, &request.body) {
-            // Streaming SDAM monitor: wait for a topology change (a standalone has none, so the
-            // full maxAwaitTimeMS), reply, and with exhaustAllowed keep pushing replies.
-            let mut response_to = request_id;
-            loop {
-                wait_for_topology_change(shared, seen, wait).await;
-                let reply = run(shared, conn, request.clone()).await;
-                seen = reply.body.get_document("topologyVersion").ok().and_then(|t| t.get_i64("counter").ok()).unwrap_or(seen);
-                let flags = if exhaust { wire::flags::MORE_TO_COME } else { 0 };
-                let reply_id = next_request_id();
-                let out = reply.encode(reply_id, response_to, flags, reply_comp);
-                write_frame(shared, stream, &out).await?;
-                if !exhaust {
-                    return Ok(());
-                }
-                response_to = reply_id;
-            }
+    fn open(&self, remote: SocketAddr, local: Option<SocketAddr>, peer_subject: Option<String>) -> ConnState {
+        ConnState {
+            id: self.next_connection_id.fetch_add(1, Ordering::Relaxed),
+            remote,
+            compressors: Vec::new(),
+            client_metadata: None,
+            app_name: None,
+            auth: crate::auth::ConnAuth { peer_subject, ..Default::default() },
+            local,
+            uuid: bson::Uuid::new(),
+            audit_actor: None,
+            audit_frame: Vec::new(),
+            shard_filter: None,
         }
     }
 
-    // Only an exhaust getMore re-runs its request; don't copy big insert batches otherwise.
-    let again = (exhaust && name == "getMore").then(|| request.clone());
-    let reply = run(shared, conn, request).await;
-    if more_to_come {
-        // Unacknowledged (w:0) request: the client expects no reply.
-        return Ok(());
+    fn conn_id(conn: &ConnState) -> u64 {
+        conn.id
     }
-    let mut cursor_open = again.is_some() && cursor_id_of(&reply.body) != 0;
-    let reply_id = next_request_id();
-    let flags = if cursor_open { wire::flags::MORE_TO_COME } else { 0 };
-    let out = reply.encode(reply_id, request_id, flags, reply_comp);
-    write_frame(shared, stream, &out).await?;
-    if conn.auth.failures >= crate::auth::FAILURES_PER_CONNECTION_MAX {
-        return Err(format!("closed after {} failed authentications", conn.auth.failures));
+
+    fn compressors(conn: &ConnState) -> &[Compressor] {
+        &conn.compressors
     }
-    // Exhaust cursor: keep sending batches until the cursor is exhausted, each reply
-    // responding to the previous one, as the OP_MSG spec describes.
-    let mut response_to = reply_id;
-    while let (true, Some(request)) = (cursor_open, &again) {
-        let reply = run(shared, conn, request.clone()).await;
-        cursor_open = cursor_id_of(&reply.body) != 0;
-        let reply_id = next_request_id();
-        let flags = if cursor_open { wire::flags::MORE_TO_COME } else { 0 };
-        let out = reply.encode(reply_id, response_to, flags, reply_comp);
-        write_frame(shared, stream, &out).await?;
-        response_to = reply_id;
+
+    async fn run(&self, conn: &mut ConnState, request: Request) -> Reply {
+        run(self, conn, request).await
     }
-    Ok(())
+
+    fn note_in(&self, bytes: usize) {
+        Counters::add(&self.counters.bytes_in, bytes as u64);
+        Counters::add(&self.counters.requests, 1);
+    }
+
+    fn note_out(&self, bytes: usize) {
+        Counters::add(&self.counters.bytes_out, bytes as u64);
+    }
+
+    fn on_request(&self, conn: &mut ConnState, body: Option<&Document>, frame: Option<&[u8]>) {
+        crate::audit::keep_frame(self, conn, body, frame);
+    }
+
+    fn close_reason(&self, conn: &ConnState) -> Option<String> {
+        (conn.auth.failures >= crate::auth::FAILURES_PER_CONNECTION_MAX).then(|| format!("closed after {} failed authentications", conn.auth.failures))
+    }
+
+    fn awaitable_hello(&self, body: &Document) -> Option<(Duration, i64)> {
+        awaitable_hello_wait(self, body)
+    }
+
+    async fn topology_change(&self, seen: i64, wait: Duration) {
+        wait_for_topology_change(self, seen, wait).await
+    }
+
+    fn takes_over(&self, msg: &OpMsg) -> bool {
+        is_oplog_stream(msg)
+    }
+
+    async fn take_over(
+        &self,
+        stream: &mut Stream,
+        reader: &mut net::frame::FrameReader,
+        conn: &mut ConnState,
+        request_id: i32,
+        msg: OpMsg,
+    ) -> Result<(), String> {
+        stream_oplog(self, stream, reader, conn, request_id, msg).await
+    }
 }
 
 /// Batches a push stream may have sent and not had acknowledged (the receiver asks for fewer).
@@ -322,7 +183,7 @@ fn is_oplog_stream(msg: &OpMsg) -> bool {
 /// so the member decides how far ahead of its writes the stream may run; while it has none,
 /// entries accumulate into the next, larger batch.
 async fn stream_oplog(
-    shared: &Arc<Shared>,
+    shared: &Shared,
     stream: &mut Stream,
     reader: &mut net::frame::FrameReader,
     conn: &mut ConnState,
@@ -360,8 +221,6 @@ async fn stream_oplog(
         Batch(Reply),
     }
     loop {
-        // A getMore dropped while it waited for entries starts its wait over when run again.
-        conn.await_deadline = None;
         let next = if credits == 0 {
             Next::Ack(reader.next(&mut rd).await)
         } else {
@@ -375,7 +234,7 @@ async fn stream_oplog(
         };
         match next {
             Next::Batch(reply) => {
-                let open = cursor_id_of(&reply.body) != 0;
+                let open = reply.cursor_id() != 0;
                 let ok = reply_ok(&reply.body);
                 let reply_id = next_request_id();
                 let out = reply.encode(reply_id, response_to, if open && ok { wire::flags::MORE_TO_COME } else { 0 }, None);
@@ -440,10 +299,6 @@ async fn refuse_stream(shared: &Shared, stream: &mut Stream, request_id: i32, e:
     write_frame(shared, stream, &out).await
 }
 
-fn cursor_id_of(reply: &Document) -> i64 {
-    reply.get_document("cursor").ok().and_then(|c| c.get_i64("id").ok()).unwrap_or(0)
-}
-
 /// Wait until the topologyVersion counter differs from `seen`, at most `wait`.
 async fn wait_for_topology_change(shared: &Shared, seen: i64, wait: Duration) {
     let Some(repl) = &shared.repl else {
@@ -478,7 +333,7 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<(Duration, i
 
 /// Run a command: on the async worker when it cannot block, otherwise off it (write locks and
 /// group commit wait on condition variables).
-async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Reply {
+async fn run(shared: &Shared, conn: &mut ConnState, request: Request) -> Reply {
     let mut reply = execute(shared, conn, request).await;
     if let Some(repl) = &shared.repl {
         // Replies carry the times causally consistent sessions chain their reads with.
@@ -492,7 +347,7 @@ async fn run(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Re
 
 /// `run` without the reply's times: the wait a read needs before it runs, the command, and
 /// the waits its reply needs.
-async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Reply {
+async fn execute(shared: &Shared, conn: &mut ConnState, request: Request) -> Reply {
     if let Some(repl) = &shared.repl {
         if let Ok(t) = request.body.get_document("$clusterTime").and_then(|c| c.get_timestamp("clusterTime")) {
             repl.gossip_cluster_time(t);
@@ -503,7 +358,7 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
             Err(e) => Err(e),
         };
         if let Err(e) = waited {
-            return Reply { body: dispatch::with_topology_version(shared, e).to_reply(), batch: None };
+            return Reply::new(dispatch::with_topology_version(shared, e).to_reply());
         }
     }
     // A router's operation on a sharded collection (shardVersion) or on an unsharded one
@@ -519,13 +374,14 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
     };
     conn.shard_filter = admission.filter;
     let authenticating = matches!(request.name.as_str(), "saslStart" | "saslContinue");
-    let mut reply = if crate::commands::never_blocks(&request.name) {
+    let outcome = if crate::commands::never_blocks(&request.name) {
         await_data_loop(shared, conn, request).await
     } else {
-        tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request))
+        tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request, None))
     };
     conn.shard_filter = None;
     drop(admission.gate);
+    let dispatch::Outcome { mut reply, raw_batch, replication_wait, read_wait, await_data: _ } = outcome;
     if authenticating && reply.get_i32("code").is_ok_and(|c| c == common::Code::AuthenticationFailed.0) {
         conn.auth.failures += 1;
         if shared.config.auth_failed_delay_ms > 0 {
@@ -533,7 +389,7 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
             tokio::time::sleep(Duration::from_millis(shared.config.auth_failed_delay_ms)).await;
         }
     }
-    if let Some(wait) = conn.replication_wait.take() {
+    if let Some(wait) = replication_wait {
         let at = wait.at;
         wait_for_replication(shared, wait, &mut reply).await;
         if let Some(repl) = &shared.repl {
@@ -541,21 +397,20 @@ async fn execute(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -
             repl.note_acknowledged(at);
         }
     }
-    if let Some(wait) = conn.read_wait.take() {
+    if let Some(wait) = read_wait {
         if let Err(e) = wait_for_commit_point(shared, wait).await {
             reply = dispatch::with_topology_version(shared, e).to_reply();
         }
     }
     // A raw batch belongs to a successful cursor reply only.
     let ok = reply_ok(&reply);
-    let batch = conn.raw_batch.take().filter(|_| ok);
-    Reply { body: reply, batch }
+    Reply { body: reply, batch: raw_batch.filter(|_| ok) }
 }
 
 /// `sharding::ShardingState::admit`, on a primary (a secondary answers the command's own
 /// not-primary error: a versioned operation is the primary's), for a client authorized to
 /// run the command.
-async fn admit(shared: &Arc<Shared>, conn: &mut ConnState, request: &Request) -> common::Result<crate::sharding::Admission> {
+async fn admit(shared: &Shared, conn: &mut ConnState, request: &Request) -> common::Result<crate::sharding::Admission> {
     let Some(repl) = shared.repl.as_ref().filter(|r| r.is_writable_primary()) else { return Ok(Default::default()) };
     // Only for a client that may run the command (admission may read the config servers);
     // any other is refused by dispatch, as without a version.
@@ -630,17 +485,15 @@ async fn wait_before_read(shared: &Shared, after: dispatch::ReadAfter) -> common
 }
 
 /// Run a command on the worker; an awaitData getMore that found nothing new
-/// (`ConnState::await_data`) waits here for a write and runs again, until it has data or
+/// (`dispatch::Outcome::await_data`) waits here for a write and runs again, until it has data or
 /// its wait ends. Waiting here, not in a blocked thread, is what lets any number of tailing
 /// cursors (every secondary's oplog fetcher holds one) wait at once: a thread per waiting
 /// getMore would take from tokio's bounded pool of blocking threads, which writes need.
-async fn await_data_loop(shared: &Arc<Shared>, conn: &mut ConnState, request: Request) -> Document {
+async fn await_data_loop(shared: &Shared, conn: &mut ConnState, request: Request) -> dispatch::Outcome {
+    let mut resumed = None;
     loop {
-        let reply = dispatch::run_command(shared, conn, request.clone());
-        let Some(w) = conn.await_data.take() else {
-            conn.await_deadline = None;
-            return reply;
-        };
+        let outcome = dispatch::run_command(shared, conn, request.clone(), resumed);
+        let Some(w) = outcome.await_data else { return outcome };
         let deadline = tokio::time::Instant::from_std(w.deadline);
         loop {
             // Registered before the look, so a write in between is not missed; a deadline
@@ -652,7 +505,7 @@ async fn await_data_loop(shared: &Arc<Shared>, conn: &mut ConnState, request: Re
                 break;
             }
         }
-        conn.await_deadline = Some(w.deadline);
+        resumed = Some(w.deadline);
     }
 }
 
@@ -732,30 +585,4 @@ async fn wait_for_replication(shared: &Shared, wait: dispatch::ReplicationWait, 
     if reply_ok(reply) {
         reply.insert("writeConcernError", error);
     }
-}
-
-/// Legacy OP_QUERY: only commands on `<db>.$cmd` (the isMaster handshake of old drivers).
-async fn handle_op_query(shared: &Arc<Shared>, conn: &mut ConnState, q: wire::OpQuery) -> OpReply {
-    let reply_doc = match q.full_collection_name.strip_suffix(".$cmd") {
-        Some(db) => {
-            // Old drivers may wrap the command as {$query: {...}, $readPreference: ...}.
-            let cmd = match q.query.get_document("$query") {
-                Ok(inner) => inner.clone(),
-                Err(_) => q.query.clone(),
-            };
-            let name = cmd.keys().next().cloned().unwrap_or_default();
-            if wire::is_hello(&name) {
-                let mut body = cmd;
-                body.insert("$db", db);
-                match Request::from_msg(body, Vec::new()) {
-                    Ok(r) => run(shared, conn, r).await.into_document(),
-                    Err(e) => e.to_reply(),
-                }
-            } else {
-                doc! { "ok": 0.0, "errmsg": format!("Unsupported OP_QUERY command: {name}. The client driver may require an upgrade. For more details see https://dochub.mongodb.org/core/legacy-opcode-removal"), "code": 352, "codeName": "UnsupportedOpQueryCommand" }
-            }
-        }
-        None => doc! { "$err": "OP_QUERY is no longer supported. The client driver may require an upgrade.", "code": 5739101, "ok": 0.0 },
-    };
-    OpReply { response_flags: 0, cursor_id: 0, starting_from: 0, documents: vec![reply_doc] }
 }

@@ -314,11 +314,48 @@ fn parse_max_time(cmd: &Document) -> Result<Option<Duration>> {
     }
 }
 
-/// Run one command and produce its reply document (always a reply, never a panic).
-pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Document {
+/// What running a command produced: its reply, and what the connection must do before
+/// the reply goes out (`conn::execute` waits).
+#[derive(Default)]
+pub struct Outcome {
+    pub reply: Document,
+    /// The reply's cursor batch as stored records (`commands::cursor_batch_reply`).
+    pub raw_batch: Option<net::service::RawBatch<storage::RawRecord>>,
+    /// A write on a primary waits for other members before its reply.
+    pub replication_wait: Option<ReplicationWait>,
+    /// A majority or linearizable read waits for the commit point.
+    pub read_wait: Option<ReadWait>,
+    /// An awaitData getMore found nothing new: it waits for a write after `seen`, until
+    /// `deadline`, then runs again.
+    pub await_data: Option<AwaitData>,
+}
+
+impl Outcome {
+    fn reply(reply: Document) -> Outcome {
+        Outcome { reply, ..Default::default() }
+    }
+}
+
+/// What a handler leaves beside its reply (`Outcome`'s raw batch and awaitData wait).
+#[derive(Default)]
+pub struct Effects {
+    pub raw_batch: Option<net::service::RawBatch<storage::RawRecord>>,
+    pub await_data: Option<AwaitData>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct AwaitData {
+    pub seen: u64,
+    pub deadline: Instant,
+}
+
+/// Run one command and produce its outcome (always a reply, never a panic). `resumed`: the
+/// deadline of an awaitData getMore run again after its wait, so that the wait does not
+/// start over.
+pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request, resumed: Option<Instant>) -> Outcome {
     let Some(spec) = commands::lookup(&req.name) else {
         Counters::add(&shared.counters.command, 1);
-        return Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)).to_reply();
+        return Outcome::reply(Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)).to_reply());
     };
     let handler = spec.handler;
     if spec.op_kind == "command" {
@@ -329,12 +366,13 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Docum
         crate::audit::auth_check(shared, conn, &req.name, &req.body, checked.as_ref().err().map(|e| e.code));
     }
     if let Err(e) = checked {
-        return with_topology_version(shared, e).to_reply();
+        return Outcome::reply(with_topology_version(shared, e).to_reply());
     }
     if shared.audit.is_some() {
         crate::audit::watch_creations();
     }
-    let result = prepare_and_run(shared, conn, &req, handler);
+    let mut outcome = Outcome::default();
+    let result = prepare_and_run(shared, conn, &req, handler, resumed, &mut outcome);
     if shared.audit.is_some() {
         // What the command created is recorded even if it then failed (an insert into a new
         // collection whose document was refused leaves the collection).
@@ -346,13 +384,22 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request) -> Docum
                 crate::audit::command_done(shared, conn, &req.db, &req.name, &req.body);
             }
             reply.insert("ok", 1.0);
-            reply
+            outcome.reply = reply;
+            outcome
         }
-        Err(e) => with_topology_version(shared, e).to_reply(),
+        // A failed command waits for nothing, and its reply has no batch.
+        Err(e) => Outcome::reply(with_topology_version(shared, e).to_reply()),
     }
 }
 
-fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler: commands::Handler) -> Result<Document> {
+fn prepare_and_run(
+    shared: &Shared,
+    conn: &mut ConnState,
+    req: &Request,
+    handler: commands::Handler,
+    resumed: Option<Instant>,
+    outcome: &mut Outcome,
+) -> Result<Document> {
     let cmd = &req.body;
     let txn_number = match cmd.get("txnNumber") {
         _ if shared.repl.is_none() && (cmd.contains_key("txnNumber") || cmd.contains_key("autocommit") || cmd.contains_key("startTransaction")) => {
@@ -406,20 +453,38 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
     let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, shown, deadline);
     let wait = replication_wait(shared, req, write_concern.as_ref(), wc_unsatisfiable.is_some());
     let defer_durable = wait.as_ref().is_some_and(|w| w.own_durable);
-    let mut reply = match (retry_key, txn_number) {
-        (Some(lsid), Some(txn)) => shared.retry.run(&shared.store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
-            let retry = Some(commands::RetryCtx { executed, guard });
-            handler(&mut Ctx { shared, conn: &mut *conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, retry, defer_durable })
-        })?,
-        _ => handler(&mut Ctx { shared, conn: &mut *conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, retry: None, defer_durable })?,
+    let mut effects = Effects::default();
+    let mut reply = {
+        let out = &mut effects;
+        match (retry_key, txn_number) {
+            (Some(lsid), Some(txn)) => shared.retry.run(&shared.store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
+                let retry = Some(commands::RetryCtx { executed, guard });
+                handler(&mut Ctx { shared, conn: &mut *conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, retry, defer_durable, resumed, out })
+            })?,
+            _ => handler(&mut Ctx {
+                shared,
+                conn: &mut *conn,
+                db: &req.db,
+                name: &req.name,
+                cmd,
+                op: &op,
+                write_concern,
+                retry: None,
+                defer_durable,
+                resumed,
+                out,
+            })?,
+        }
     };
+    outcome.raw_batch = effects.raw_batch;
+    outcome.await_data = effects.await_data;
     if let Some(w) = read_wait(shared, req, read_level, deadline)? {
         if read_level == Some(ReadLevel::Majority) && req.name != "getMore" {
             if let Some(id) = reply.get_document("cursor").ok().and_then(|c| c.get_i64("id").ok()).filter(|id| *id != 0) {
                 shared.cursors.mark_majority_read(id);
             }
         }
-        conn.read_wait = Some(w);
+        outcome.read_wait = Some(w);
     }
     if let Some(repl) = shared.repl.as_ref().filter(|_| commands::on_secondary(&req.name) == commands::OnSecondary::Never) {
         // A write acknowledged without waiting for its own sync (j:false, w:0) counts for
@@ -433,7 +498,7 @@ fn prepare_and_run(shared: &Shared, conn: &mut ConnState, req: &Request, handler
         // other members before it replies. The newest entry covers this command's entries.
         // (Had the member stepped down meanwhile, the wait reports PrimarySteppedDown.)
         wait.at = shared.store.oplog_last().unwrap_or_default();
-        conn.replication_wait = Some(wait);
+        outcome.replication_wait = Some(wait);
     }
     if let (Some(repl), true) = (&shared.repl, cmd.contains_key("$replData")) {
         reply.insert("$replData", repl.repl_data(&shared.store));

@@ -17,7 +17,7 @@ mod retry;
 mod sharding;
 mod state;
 
-use crate::state::{Counters, Shared};
+use crate::state::Shared;
 use config::ServerConfig;
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,7 +97,7 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
 
     for l in listeners {
         let shared = shared.clone();
-        tokio::spawn(accept_loop(shared, l));
+        tokio::spawn(net::service::accept_loop(shared, l));
     }
     tokio::select! {
         _ = net::process::shutdown_signal() => {}
@@ -110,28 +110,4 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
         a.close();
     }
     Ok(())
-}
-
-async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
-    loop {
-        let (stream, remote) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let current = Counters::get(&shared.counters.connections_current);
-        if current as usize >= shared.config.connections_max {
-            Counters::add(&shared.counters.connections_rejected, 1);
-            tracing::warn!(%remote, "connection refused because too many open connections: {current}");
-            drop(stream);
-            continue;
-        }
-        Counters::add(&shared.counters.connections_current, 1);
-        Counters::add(&shared.counters.connections_total, 1);
-        tokio::spawn(conn::serve(shared.clone(), stream, remote));
-    }
 }

@@ -65,6 +65,23 @@ pub struct UpArgs {
     /// Members of each shard's and the config servers' replica set, with --shards.
     #[arg(long, default_value_t = 1)]
     replicas: usize,
+    /// Access control: a keyFile generated in --dir for every member and router to
+    /// authenticate to each other with, and --auth on each. Create the first user from this
+    /// host (through the router for a sharded cluster).
+    #[arg(long)]
+    auth: bool,
+    /// TLS on every member and router: disabled, allowTLS, preferTLS or requireTLS.
+    #[arg(long = "tlsMode")]
+    tls_mode: Option<String>,
+    /// PEM with the certificate and key every member and router presents.
+    #[arg(long = "tlsCertificateKeyFile")]
+    tls_certificate_key_file: Option<PathBuf>,
+    /// PEM of the CAs certificates are checked against.
+    #[arg(long = "tlsCAFile")]
+    tls_ca_file: Option<PathBuf>,
+    /// A server parameter for every member, name=value (repeatable).
+    #[arg(long = "setParameter")]
+    set_parameter: Vec<String>,
 }
 
 /// Shards `cluster up --shards` starts at most (ports port+2 to port+65).
@@ -93,11 +110,84 @@ fn pids_file(dir: &Path) -> PathBuf {
     dir.join("cluster.pids")
 }
 
+/// The keyFile `--auth` generates.
+fn key_file(dir: &Path) -> PathBuf {
+    dir.join("keyfile")
+}
+
+/// How this command connects to the processes it started, kept in --dir for `status`:
+/// TLS files, and whether to log in with the keyFile as the internal user.
+fn access_file(dir: &Path) -> PathBuf {
+    dir.join("cluster.access")
+}
+
+/// Characters of a generated key (mongod takes 6 to 1024 base64 characters).
+const KEY_CHARS: usize = 64;
+
+/// Write a new random keyFile, readable by its owner only.
+fn write_key_file(path: &Path) -> Result<(), String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut random = [0u8; KEY_CHARS];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut random)).map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+    let key: String = random.iter().map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect();
+    let mut f =
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    std::io::Write::write_all(&mut f, key.as_bytes()).map_err(|e| e.to_string())
+}
+
+/// The options every member and router gets, beyond its own address.
+fn server_args(a: &UpArgs) -> Vec<String> {
+    let mut args = Vec::new();
+    if a.auth {
+        args.push("--keyFile".to_string());
+        args.push(key_file(&a.dir).display().to_string());
+    }
+    if let Some(m) = &a.tls_mode {
+        args.extend(["--tlsMode".to_string(), m.clone()]);
+    }
+    if let Some(f) = &a.tls_certificate_key_file {
+        args.extend(["--tlsCertificateKeyFile".to_string(), absolute(f).display().to_string()]);
+    }
+    if let Some(f) = &a.tls_ca_file {
+        args.extend(["--tlsCAFile".to_string(), absolute(f).display().to_string()]);
+    }
+    args
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// The connection-string options a client needs for TLS.
+fn tls_params(a: &UpArgs) -> String {
+    match a.tls_mode.as_deref() {
+        None | Some("disabled") | Some("allowTLS") => String::new(),
+        Some(_) => {
+            let mut p = String::from("tls=true");
+            if let Some(f) = &a.tls_ca_file {
+                p.push_str(&format!("&tlsCAFile={}", absolute(f).display()));
+            }
+            if let Some(f) = &a.tls_certificate_key_file {
+                p.push_str(&format!("&tlsCertificateKeyFile={}", absolute(f).display()));
+            }
+            p
+        }
+    }
+}
+
 async fn up(a: UpArgs) -> Result<(), String> {
     if pids_file(&a.dir).exists() {
         return Err(format!("a cluster is already up in {} (shoal cluster down --dir {})", a.dir.display(), a.dir.display()));
     }
     std::fs::create_dir_all(&a.dir).map_err(|e| format!("cannot create {}: {e}", a.dir.display()))?;
+    if a.auth {
+        let _ = std::fs::remove_file(key_file(&a.dir));
+        write_key_file(&key_file(&a.dir))?;
+    }
+    let access = format!("{}\n{}\n", a.auth, tls_params(&a));
+    std::fs::write(access_file(&a.dir), access).map_err(|e| e.to_string())?;
     let result = match a.shards {
         None => up_set(&a).await,
         Some(n) => up_sharded(&a, n).await,
@@ -133,8 +223,9 @@ async fn up_set(a: &UpArgs) -> Result<String, String> {
         ChainingArg::Auto => ChainingMode::Auto,
     };
     start_set(a, &a.repl_set, "m", &hosts).await?;
-    initiate(&a.repl_set, &hosts, set_config(&a.repl_set, &hosts, voters, a.hidden, chaining)).await?;
-    Ok(format!("mongodb://{}/?replicaSet={}", hosts.join(","), a.repl_set))
+    initiate(&a.dir, &a.repl_set, &hosts, set_config(&a.repl_set, &hosts, voters, a.hidden, chaining)).await?;
+    let tls = tls_params(a);
+    Ok(format!("mongodb://{}/?replicaSet={}{}{tls}", hosts.join(","), a.repl_set, if tls.is_empty() { "" } else { "&" }))
 }
 
 /// Config servers, `shards` shards and a router; returns the router's connection string.
@@ -157,7 +248,7 @@ async fn up_sharded(a: &UpArgs, shards: usize) -> Result<String, String> {
         start_set(a, name, &format!("{name}-m"), hosts).await?;
     }
     for (name, hosts) in &sets {
-        initiate(name, hosts, set_config(name, hosts, hosts.len(), 0, ChainingMode::On)).await?;
+        initiate(&a.dir, name, hosts, set_config(name, hosts, hosts.len(), 0, ChainingMode::On)).await?;
     }
     let router = host(0, a.port);
     let configdb = format!("cfg/{}", sets[0].1.join(","));
@@ -165,6 +256,7 @@ async fn up_sharded(a: &UpArgs, shards: usize) -> Result<String, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = std::process::Command::new(&exe);
     cmd.args(["router", "--configdb", &configdb, "--port", &a.port.to_string(), "--bind_ip", "127.0.0.1"])
+        .args(server_args(a))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log);
@@ -172,11 +264,12 @@ async fn up_sharded(a: &UpArgs, shards: usize) -> Result<String, String> {
     let child = cmd.spawn().map_err(|e| format!("cannot start the router: {e}"))?;
     append_pid(&a.dir, child.id(), &router, "router")?;
     wait_listening(std::slice::from_ref(&router), &a.dir).await?;
-    let client = client(&router).await?;
+    let client = client(&a.dir, &router).await?;
     for (name, hosts) in &sets[1..] {
         client.database("admin").run_command(doc! {"addShard": format!("{name}/{}", hosts.join(","))}).await.map_err(|e| format!("addShard {name}: {e}"))?;
     }
-    Ok(format!("mongodb://{router}/"))
+    let tls = tls_params(a);
+    Ok(format!("mongodb://{router}/{}{tls}", if tls.is_empty() { "" } else { "?" }))
 }
 
 /// Start a set's members (each on its own 127.0.0.x address), data in `<dir>/<prefix><i>`.
@@ -189,6 +282,8 @@ async fn start_set(a: &UpArgs, set: &str, prefix: &str, hosts: &[String]) -> Res
         let (ip, port) = h.rsplit_once(':').unwrap_or(("127.0.0.1", "27017"));
         let mut cmd = std::process::Command::new(&exe);
         cmd.args(["serve", "--bind_ip", ip, "--port", port, "--replSet", set, "--wiredTigerCacheSizeGB", &a.cache_size_gb.to_string()])
+            .args(server_args(a))
+            .args(a.set_parameter.iter().flat_map(|p| ["--setParameter", p.as_str()]))
             .arg("--dbpath")
             .arg(&data)
             .stdin(std::process::Stdio::null())
@@ -223,10 +318,13 @@ async fn wait_listening(hosts: &[String], dir: &Path) -> Result<(), String> {
 }
 
 /// replSetInitiate on the first member, then wait for one primary and the rest secondaries.
-async fn initiate(set: &str, hosts: &[String], cfg: Document) -> Result<(), String> {
+async fn initiate(dir: &Path, set: &str, hosts: &[String], cfg: Document) -> Result<(), String> {
     let deadline = Instant::now() + READY_TIMEOUT;
-    let first = client(&hosts[0]).await?;
+    // Before any user exists, a client on this host may initiate (the localhost exception);
+    // with a keyFile, this command logs in as the internal user once the set has one.
+    let first = client_unauthenticated(dir, &hosts[0]).await?;
     first.database("admin").run_command(doc! {"replSetInitiate": cfg}).await.map_err(|e| format!("replSetInitiate of {set}: {e}"))?;
+    let first = client(dir, &hosts[0]).await?;
     loop {
         let s = first.database("admin").run_command(doc! {"replSetGetStatus": 1}).await.map_err(|e| e.to_string())?;
         let states = member_states(&s);
@@ -240,8 +338,35 @@ async fn initiate(set: &str, hosts: &[String], cfg: Document) -> Result<(), Stri
     }
 }
 
-async fn client(host: &str) -> Result<mongodb::Client, String> {
-    mongodb::Client::with_uri_str(format!("mongodb://{host}/?directConnection=true&serverSelectionTimeoutMS=5000")).await.map_err(|e| e.to_string())
+/// A client of one process this command started: over TLS when the cluster takes it, and
+/// logged in as the internal user with the keyFile when access control is on.
+async fn client(dir: &Path, host: &str) -> Result<mongodb::Client, String> {
+    let (auth, tls) = read_access(dir);
+    let login = match auth {
+        true => {
+            let key = std::fs::read_to_string(key_file(dir)).map_err(|e| format!("cannot read the keyFile: {e}"))?;
+            format!("__system:{}@", key.trim())
+        }
+        false => String::new(),
+    };
+    let login_opts = if auth { "&authSource=local&authMechanism=SCRAM-SHA-256" } else { "" };
+    let tls = if tls.is_empty() { String::new() } else { format!("&{tls}") };
+    mongodb::Client::with_uri_str(format!("mongodb://{login}{host}/?directConnection=true&serverSelectionTimeoutMS=5000{login_opts}{tls}"))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn client_unauthenticated(dir: &Path, host: &str) -> Result<mongodb::Client, String> {
+    let (_, tls) = read_access(dir);
+    let tls = if tls.is_empty() { String::new() } else { format!("&{tls}") };
+    mongodb::Client::with_uri_str(format!("mongodb://{host}/?directConnection=true&serverSelectionTimeoutMS=5000{tls}")).await.map_err(|e| e.to_string())
+}
+
+/// (access control on, TLS connection-string options) as `up` recorded them.
+fn read_access(dir: &Path) -> (bool, String) {
+    let text = std::fs::read_to_string(access_file(dir)).unwrap_or_default();
+    let mut lines = text.lines();
+    (lines.next() == Some("true"), lines.next().unwrap_or("").to_string())
 }
 
 fn member_states(status: &Document) -> Vec<String> {
@@ -284,6 +409,8 @@ fn down(dir: &Path) -> Result<(), String> {
         }
     }
     std::fs::remove_file(pids_file(dir)).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(access_file(dir));
+    let _ = std::fs::remove_file(key_file(dir));
     println!("stopped {} processes", pids.len());
     Ok(())
 }
@@ -294,7 +421,7 @@ async fn status(dir: &Path) -> Result<(), String> {
     let procs = read_pids(dir)?;
     if let Some((_, router, _)) = procs.iter().find(|(pid, _, role)| role == "router" && alive(*pid)) {
         // A sharded cluster: its shards as the router lists them.
-        let shards = client(router).await?.database("admin").run_command(doc! {"listShards": 1}).await.map_err(|e| e.to_string())?;
+        let shards = client(dir, router).await?.database("admin").run_command(doc! {"listShards": 1}).await.map_err(|e| e.to_string())?;
         println!("router {router}");
         for s in shards.get_array("shards").into_iter().flatten().filter_map(Bson::as_document) {
             println!("shard {:<12} {}", s.get_str("_id").unwrap_or("?"), s.get_str("host").unwrap_or("?"));
@@ -305,7 +432,7 @@ async fn status(dir: &Path) -> Result<(), String> {
         if !alive(pid) {
             continue;
         }
-        match client(&host).await {
+        match client(dir, &host).await {
             Ok(c) => match c.database("admin").run_command(doc! {"replSetGetStatus": 1}).await {
                 Ok(s) => {
                     print_status(&s);

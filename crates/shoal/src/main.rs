@@ -46,6 +46,30 @@ struct RouterArgs {
     /// Maximum simultaneous client connections.
     #[arg(long = "maxConns", default_value_t = 1_000_000)]
     max_conns: usize,
+    /// Comma-separated wire compressors offered to clients (snappy,zstd,zlib or disabled).
+    #[arg(long = "networkMessageCompressors", default_value = "snappy,zstd,zlib")]
+    network_message_compressors: String,
+    /// Commands need an authenticated user with the privileges they take; users are kept
+    /// on the config servers. Create the first user from this host.
+    #[arg(long = "auth")]
+    auth: bool,
+    /// The key the router authenticates to shards and config servers with (security.keyFile;
+    /// implies --auth).
+    #[arg(long = "keyFile")]
+    key_file: Option<PathBuf>,
+    /// TLS for client connections: disabled, allowTLS, preferTLS or requireTLS; under
+    /// preferTLS and requireTLS the router reaches the shards with TLS too.
+    #[arg(long = "tlsMode")]
+    tls_mode: Option<String>,
+    /// PEM with the router's certificate and private key.
+    #[arg(long = "tlsCertificateKeyFile")]
+    tls_certificate_key_file: Option<PathBuf>,
+    /// PEM of the CAs certificates are checked against.
+    #[arg(long = "tlsCAFile")]
+    tls_ca_file: Option<PathBuf>,
+    /// With --tlsCAFile, let clients without a certificate connect too.
+    #[arg(long = "tlsAllowConnectionsWithoutCertificates")]
+    tls_allow_connections_without_certificates: bool,
 }
 
 #[derive(Args)]
@@ -199,11 +223,12 @@ fn main() {
         }
         Command::Bench(a) => std::process::exit(bench::cli::run(a)),
         Command::Router(a) => {
-            let config = router::RouterConfig {
-                port: a.port,
-                bind_ip: a.bind_ip.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
-                config_db: a.configdb,
-                connections_max: a.max_conns,
+            let config = match router_config(a) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("shoal router: {e}");
+                    std::process::exit(2);
+                }
             };
             let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
                 Ok(rt) => rt,
@@ -224,4 +249,32 @@ fn main() {
             }
         }
     }
+}
+
+fn router_config(a: RouterArgs) -> Result<router::RouterConfig, String> {
+    let mut compressors = Vec::new();
+    if a.network_message_compressors != "disabled" {
+        for name in a.network_message_compressors.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            compressors.push(wire::Compressor::from_name(name).ok_or_else(|| format!("Unsupported compressor: {name}"))?);
+        }
+    }
+    let mode = match &a.tls_mode {
+        Some(m) => net::tls::TlsMode::parse(m).map_err(|e| e.message)?,
+        None => net::tls::TlsMode::Disabled,
+    };
+    Ok(router::RouterConfig {
+        port: a.port,
+        bind_ip: a.bind_ip.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        config_db: a.configdb,
+        connections_max: a.max_conns,
+        compressors,
+        tls: net::tls::TlsConfig {
+            mode,
+            certificate_key_file: a.tls_certificate_key_file,
+            ca_file: a.tls_ca_file,
+            allow_connections_without_certificates: a.tls_allow_connections_without_certificates,
+        },
+        auth: a.auth || a.key_file.is_some(),
+        key_file: a.key_file,
+    })
 }

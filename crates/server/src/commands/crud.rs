@@ -411,7 +411,7 @@ const AWAIT_DATA_MS_MAX: i64 = 60_000;
 pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
     check_fields("getMore", ctx.cmd, &["collection", "batchSize", "term", "lastKnownCommittedOpTime", "maxTimeMS", "$replProgress", "$replStream"])?;
     // A getMore run again after its awaitData wait (conn::await_data_loop) is the same one.
-    if ctx.conn.await_deadline.is_none() {
+    if ctx.resumed.is_none() {
         Counters::add(&ctx.shared.counters.getmore, 1);
         // A fetching member's progress (replSetUpdatePosition's `optimes`) rides on its
         // next getMore: one round trip per batch both reports and fetches.
@@ -456,12 +456,12 @@ pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
     let (batch, done) = cursor.next_batch(batch_size, ctx.op)?;
     if batch.is_empty() && !done && await_data {
         let wait = Duration::from_millis(await_ms.unwrap_or(AWAIT_DATA_MS_DEFAULT).min(AWAIT_DATA_MS_MAX) as u64);
-        let deadline = ctx.conn.await_deadline.unwrap_or_else(|| Instant::now() + wait);
+        let deadline = ctx.resumed.unwrap_or_else(|| Instant::now() + wait);
         if Instant::now() < deadline {
             // The connection waits for a write, off this thread, and runs the getMore
             // again; any write wakes it, and one that was not to this collection waits again.
             ctx.shared.cursors.restore(cursor);
-            ctx.conn.await_data = Some(crate::conn::AwaitData { seen, deadline });
+            ctx.out.await_data = Some(crate::dispatch::AwaitData { seen, deadline });
             return Ok(Document::new());
         }
     }

@@ -24,16 +24,9 @@ pub fn hello(ctx: &mut Ctx) -> Result<Document> {
         ctx.conn.app_name = meta.get_document("application").ok().and_then(|a| a.get_str("name").ok()).map(str::to_string);
         ctx.conn.client_metadata = Some(meta.clone());
     }
-    // Compression negotiation: the server's list order wins, filtered by what the client offers.
-    let mut negotiated = Vec::new();
     if let Some(Bson::Array(offered)) = cmd.get("compression") {
-        let offered: Vec<&str> = offered.iter().filter_map(|b| b.as_str()).collect();
-        for name in &ctx.shared.config.compressors {
-            if offered.contains(&name.as_str()) {
-                negotiated.push(name.clone());
-            }
-        }
-        ctx.conn.compressors = negotiated.iter().filter_map(|n| Compressor::from_name(n)).collect();
+        let ours: Vec<Compressor> = ctx.shared.config.compressors.iter().filter_map(|n| Compressor::from_name(n)).collect();
+        ctx.conn.compressors = net::service::negotiate_compressors(&ours, offered);
     }
     let is_legacy = ctx.name != "hello";
     let mut r = Document::new();
@@ -57,7 +50,7 @@ pub fn hello(ctx: &mut Ctx) -> Result<Document> {
     r.insert("maxWireVersion", MAX_WIRE_VERSION);
     r.insert("readOnly", false);
     if cmd.contains_key("compression") {
-        r.insert("compression", negotiated);
+        r.insert("compression", ctx.conn.compressors.iter().map(|c| c.name()).collect::<Vec<_>>());
     }
     super::users::hello_auth_fields(ctx, &mut r)?;
     Ok(r)

@@ -32,6 +32,10 @@ pub struct Ctx<'a> {
     /// its fsync is left to the journal flusher (`ReplCoord::request_journal_flush`),
     /// shared by every write meanwhile, instead of a thread blocked in a group commit.
     pub defer_durable: bool,
+    /// The deadline of an awaitData getMore run again after its wait (`conn::await_data_loop`).
+    pub resumed: Option<std::time::Instant>,
+    /// What the handler leaves beside its reply.
+    pub out: &'a mut crate::dispatch::Effects,
 }
 
 /// A retryable write's context: what earlier attempts did, and the guard on which the
@@ -373,12 +377,12 @@ impl Ctx<'_> {
 }
 
 /// `cursor_reply` for a batch a cursor produced: a raw batch goes beside the reply
-/// (`ConnState::raw_batch`) and is written into its empty batch array when it is encoded.
+/// (`dispatch::Effects::raw_batch`) and is written into its empty batch array when it is encoded.
 pub fn cursor_batch_reply(ctx: &mut Ctx, ns: &str, id: i64, batch: crate::cursor::Batch, first: bool) -> Document {
     match batch {
         crate::cursor::Batch::Docs(docs) => cursor_reply(ns, id, docs, first),
         crate::cursor::Batch::Raw(docs) => {
-            ctx.conn.raw_batch = Some(crate::conn::RawReplyBatch { key: batch_key(first), docs });
+            ctx.out.raw_batch = Some(net::service::RawBatch { key: batch_key(first), docs });
             cursor_reply(ns, id, Vec::new(), first)
         }
     }

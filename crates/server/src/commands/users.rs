@@ -12,24 +12,7 @@ use net::scram;
 /// the document's; this keeps SCRAM's work bounded).
 pub(super) const NAME_BYTES_MAX: usize = 1024;
 
-fn auth_failed() -> Error {
-    Error::new(Code::AuthenticationFailed, "Authentication failed.")
-}
-
-fn payload_of(cmd: &Document) -> Result<Vec<u8>> {
-    match cmd.get("payload") {
-        Some(Bson::Binary(b)) => Ok(b.bytes.clone()),
-        Some(Bson::String(s)) => {
-            use base64::Engine as _;
-            base64::engine::general_purpose::STANDARD.decode(s).map_err(|_| Error::bad_value("payload is not valid base64"))
-        }
-        _ => Err(Error::bad_value("saslStart and saslContinue need a payload (BinData or a base64 string)")),
-    }
-}
-
-fn sasl_reply(payload: Vec<u8>, done: bool) -> Document {
-    doc! {"conversationId": 1, "done": done, "payload": Binary { subtype: BinarySubtype::Generic, bytes: payload }}
-}
+use access::sasl::auth_failed;
 
 pub fn sasl_start(ctx: &mut Ctx) -> Result<Document> {
     let (db, cmd) = (ctx.db.to_string(), ctx.cmd.clone());
@@ -38,59 +21,23 @@ pub fn sasl_start(ctx: &mut Ctx) -> Result<Document> {
 
 /// saslStart on `db`; also what hello's speculativeAuthenticate runs.
 pub fn start_conversation(ctx: &mut Ctx, db: &str, cmd: &Document) -> Result<Document> {
-    let name = cmd.get_str("mechanism").map_err(|_| Error::bad_value("saslStart needs a mechanism string"))?;
-    let Some(mechanism) = scram::Mechanism::parse(name) else {
-        return Err(Error::new(Code::MechanismUnavailable, format!("Unsupported mechanism '{name}' on authentication database '{db}'")));
-    };
-    let skip_empty = match cmd.get_document("options").ok().and_then(|o| o.get("skipEmptyExchange")) {
-        None => false,
-        Some(Bson::Boolean(b)) => *b,
-        Some(_) => return Err(Error::bad_value("skipEmptyExchange must be boolean")),
-    };
-    let payload = payload_of(cmd)?;
-    // A new saslStart abandons a conversation under way.
-    ctx.conn.auth.conversation = None;
-    let user = scram::client_first_user(&payload).map_err(|why| {
-        tracing::info!(conn = ctx.conn.id, "authentication failed: {why}");
-        auth_failed()
-    })?;
-    let Some(credentials) = auth::credentials_of(ctx.shared, db, &user, mechanism)? else {
-        tracing::info!(conn = ctx.conn.id, "authentication failed: no user {user}@{db} with {}", mechanism.name());
-        return Err(auth_failed());
-    };
-    let (conversation, server_first) = scram::Conversation::start(mechanism, &payload, credentials, skip_empty).map_err(|why| {
-        tracing::info!(conn = ctx.conn.id, "authentication failed: {why}");
-        auth_failed()
-    })?;
-    ctx.conn.auth.conversation = Some((conversation, db.to_string()));
-    Ok(sasl_reply(server_first, false))
+    let start = access::sasl::parse_start(&mut ctx.conn.auth, db, cmd)?;
+    let credentials = auth::credentials_of(ctx.shared, db, &start.user, start.mechanism)?;
+    access::sasl::begin(&mut ctx.conn.auth, db, start, credentials)
 }
 
 pub fn sasl_continue(ctx: &mut Ctx) -> Result<Document> {
-    match ctx.cmd.get("conversationId") {
-        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) => {}
-        Some(Bson::Double(v)) if *v == 1.0 => {}
-        _ => return Err(Error::new(Code::ProtocolError, "sasl: Mismatched conversation id")),
-    }
-    let payload = payload_of(ctx.cmd)?;
-    let Some((conversation, db)) = ctx.conn.auth.conversation.as_mut() else {
-        return Err(Error::new(Code::ProtocolError, "No SASL session state found"));
-    };
-    match conversation.step(&payload) {
-        Ok((reply, done)) => {
-            if done {
-                let (user, db, mechanism) = (conversation.user.clone(), db.clone(), conversation.mechanism.name());
-                ctx.conn.auth.conversation = None;
-                auth::log_in(ctx.shared, ctx.conn, &user, &db)?;
-                tracing::info!(conn = ctx.conn.id, "authenticated as {user}@{db}");
-                ctx.shared.audit_event("authenticate", &ctx.conn.actor(), crate::audit::Param::Doc(doc! {"user": &user, "db": &db, "mechanism": mechanism}), 0);
-            }
-            Ok(sasl_reply(reply, done))
+    match access::sasl::step(&mut ctx.conn.auth, ctx.cmd)? {
+        access::sasl::Step::Continue(reply) => Ok(reply),
+        access::sasl::Step::Done(reply, login) => {
+            auth::log_in(ctx.shared, ctx.conn, &login.user, &login.db)?;
+            tracing::info!(conn = ctx.conn.id, "authenticated as {}@{}", login.user, login.db);
+            let param = doc! {"user": &login.user, "db": &login.db, "mechanism": login.mechanism};
+            ctx.shared.audit_event("authenticate", &ctx.conn.actor(), crate::audit::Param::Doc(param), 0);
+            Ok(reply)
         }
-        Err(why) => {
-            tracing::info!(conn = ctx.conn.id, "authentication of {}@{db} failed: {why}", conversation.user);
-            let param = doc! {"user": &conversation.user, "db": db.as_str(), "mechanism": conversation.mechanism.name()};
-            ctx.conn.auth.conversation = None;
+        access::sasl::Step::Failed(login) => {
+            let param = doc! {"user": &login.user, "db": &login.db, "mechanism": login.mechanism};
             ctx.shared.audit_event("authenticate", &ctx.conn.actor(), crate::audit::Param::Doc(param), Code::AuthenticationFailed.0);
             Err(auth_failed())
         }

@@ -124,13 +124,26 @@ const CLUSTER_MONITOR: &[&str] = &[
     "replSetGetStatus",
     "serverStatus",
     "top",
+    "getShardMap",
 ];
 /// What clusterMonitor may do on any database.
 const MONITOR_ANY_DB: &[&str] = &["collStats", "dbStats", "indexStats"];
 const HOST_MANAGER: &[&str] =
     &["auditConfigure", "dropConnections", "fsync", "killAnyCursor", "killAnySession", "killop", "logRotate", "setParameter", "shutdown", "unlock"];
-const CLUSTER_MANAGER: &[&str] =
-    &["listShards", "addShard", "removeShard", "replSetConfigure", "replSetGetConfig", "replSetGetStatus", "replSetStateChange", "resync"];
+const CLUSTER_MANAGER: &[&str] = &[
+    "listShards",
+    "addShard",
+    "removeShard",
+    "replSetConfigure",
+    "replSetGetConfig",
+    "replSetGetStatus",
+    "replSetStateChange",
+    "resync",
+    "flushRouterConfig",
+    "balancer",
+];
+/// What clusterManager may do on any database: shard it and move its data.
+const MANAGER_ANY_DB: &[&str] = &["enableSharding", "moveChunk", "splitChunk"];
 
 /// Whether holding `role`@`role_db` grants `action` on `resource`.
 pub fn grants(role: &str, role_db: &str, action: &str, resource: &Resource) -> bool {
@@ -157,7 +170,7 @@ pub fn grants(role: &str, role_db: &str, action: &str, resource: &Resource) -> b
         }
         "clusterMonitor" if admin => (on_cluster && CLUSTER_MONITOR.contains(&action)) || (resource.database().is_some() && MONITOR_ANY_DB.contains(&action)),
         "hostManager" if admin => (on_cluster && HOST_MANAGER.contains(&action)) || (resource.database().is_some() && action == "killCursors"),
-        "clusterManager" if admin => on_cluster && CLUSTER_MANAGER.contains(&action),
+        "clusterManager" if admin => (on_cluster && CLUSTER_MANAGER.contains(&action)) || (on_any_db() && MANAGER_ANY_DB.contains(&action)),
         "clusterAdmin" if admin => {
             ["clusterMonitor", "hostManager", "clusterManager"].iter().any(|r| grants(r, "admin", action, resource))
                 || (on_any_db() && action == "dropDatabase")
