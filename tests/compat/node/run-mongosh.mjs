@@ -27,19 +27,25 @@ const env = {
 // auth_*.js one started with --auth, tls_*.js one with --auth that requires TLS (with a
 // CA made for the run; mongosh connects with it and the script finds it in
 // SHOAL_TLS_CA_FILE), sharded_*.js a cluster of two shards behind a router (`shoal cluster
-// up`). The others share one standalone.
+// up`), sharded_auth_tls_*.js one with --auth (a keyFile) whose members and router require
+// TLS. The others share one standalone.
 const certDir = mkdtempSync(path.join(os.tmpdir(), 'shoal-mongosh-certs-'));
 const ca = path.join(certDir, 'ca.pem');
 const OWN_SERVER = {
   replset_: { args: ['--replSet', 'rs0'], shell: [] },
   auth_: { args: ['--auth'], shell: [] },
   tls_: { args: ['--auth', '--tlsMode', 'requireTLS', '--tlsCertificateKeyFile', path.join(certDir, 'server.pem')], shell: ['--tls', '--tlsCAFile', ca] },
+  sharded_auth_tls_: {
+    cluster: 2,
+    args: ['--auth', '--tlsMode', 'requireTLS', '--tlsCertificateKeyFile', path.join(certDir, 'server.pem'), '--tlsCAFile', ca],
+    shell: ['--tls', '--tlsCAFile', ca, '--tlsCertificateKeyFile', path.join(certDir, 'client.pem')],
+  },
   sharded_: { cluster: 2, shell: [] },
 };
 
 function run(uri, file, shellArgs) {
   return new Promise((resolve) => {
-    const child = spawn(mongosh, [`${uri}test`, '--quiet', ...shellArgs, '--file', file], { env: { ...env, SHOAL_TLS_CA_FILE: ca }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(mongosh, [`${uri}test`, '--quiet', ...shellArgs, '--file', file], { env: { ...env, SHOAL_TLS_CA_FILE: ca, SHOAL_TLS_CLIENT_FILE: path.join(certDir, 'client.pem') }, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     child.stdout.on('data', (d) => { out += d; });
     child.stderr.on('data', (d) => { out += d; });
@@ -57,7 +63,7 @@ try {
   for (const name of scripts) {
     const prefix = Object.keys(OWN_SERVER).find((p) => name.startsWith(p));
     const spec = prefix ? OWN_SERVER[prefix] : null;
-    const own = spec ? await (spec.cluster ? startCluster(spec.cluster) : startServer(spec.args)) : null;
+    const own = spec ? await (spec.cluster ? startCluster(spec.cluster, spec.args ?? []) : startServer(spec.args)) : null;
     const { code, out } = await run((own ?? server).uri, path.join(scriptsDir, name), prefix ? OWN_SERVER[prefix].shell : []);
     if (own) await own.stop();
     if (code === 0) {

@@ -69,7 +69,7 @@ export async function startServer(extraArgs = []) {
 
 // Starts a sharded cluster with `shoal cluster up`: config servers, `shards` one-member shard
 // sets and a router, on consecutive free loopback ports from the router's.
-export async function startCluster(shards = 2) {
+export async function startCluster(shards = 2, args = []) {
   const { execFileSync } = await import('node:child_process');
   const root = mkdtempSync(path.join(os.tmpdir(), 'shoal-cluster-'));
   let port;
@@ -78,7 +78,7 @@ export async function startCluster(shards = 2) {
     const taken = await Promise.all(Array.from({ length: shards + 2 }, (_, i) => canConnect(port + i)));
     if (port < 60000 && !taken.some(Boolean)) break;
   }
-  execFileSync(shoalBin(), ['cluster', 'up', '--shards', String(shards), '--port', String(port), '--dir', root], { stdio: ['ignore', 'ignore', 'inherit'] });
+  execFileSync(shoalBin(), ['cluster', 'up', '--shards', String(shards), '--port', String(port), '--dir', root, ...args], { stdio: ['ignore', 'ignore', 'inherit'] });
   return {
     port,
     uri: `mongodb://127.0.0.1:${port}/`,
