@@ -30,3 +30,44 @@ pub fn build_info() -> bson::Document {
         "storageEngines": ["fjall", "inMemory"],
     }
 }
+
+/// getParameter's reply from every parameter the process has (`all`): `"*"` or
+/// `{allParameters: true}` gives them all, otherwise the ones the command names.
+pub fn select_parameters(all: bson::Document, cmd: &bson::Document) -> crate::Result<bson::Document> {
+    use crate::{Code, Error};
+    let everything = match cmd.get("getParameter") {
+        Some(bson::Bson::String(s)) => s == "*",
+        Some(bson::Bson::Document(d)) => d.get_bool("allParameters").unwrap_or(false),
+        _ => false,
+    };
+    if everything {
+        return Ok(all);
+    }
+    let mut out = bson::Document::new();
+    for (k, _) in cmd.iter().skip(1) {
+        if crate::value::GENERIC_ARGS.contains(&k.as_str()) {
+            continue;
+        }
+        match all.get(k) {
+            Some(v) => {
+                out.insert(k.clone(), v.clone());
+            }
+            None => return Err(Error::new(Code::InvalidOptions, "no option found to get")),
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::new(Code::InvalidOptions, "no option found to get"));
+    }
+    Ok(out)
+}
+
+/// getLog: shoal logs to stderr, and keeps only the (empty) startupWarnings in memory.
+pub fn get_log(cmd: &bson::Document) -> crate::Result<bson::Document> {
+    use crate::{Code, Error};
+    match cmd.get("getLog") {
+        Some(bson::Bson::String(s)) if s == "*" => Ok(bson::doc! { "names": ["startupWarnings"] }),
+        Some(bson::Bson::String(s)) if s == "startupWarnings" => Ok(bson::doc! { "totalLinesWritten": 0, "log": [] }),
+        Some(bson::Bson::String(s)) => Err(Error::new(Code::NoSuchKey, format!("No log named '{s}'"))),
+        _ => Err(Error::type_mismatch("Argument to getLog must be of type String")),
+    }
+}

@@ -70,3 +70,23 @@ pub async fn shutdown_signal() {
         _ = term.recv() => {}
     }
 }
+
+/// hostInfo's reply: this host's system and OS, as mongod shows them.
+pub fn host_info(hostname: &str) -> bson::Document {
+    let (os_name, os_version) = os_release();
+    let mem_mb = (total_memory_bytes() / (1024 * 1024)) as i64;
+    bson::doc! {
+        "system": {
+            "currentTime": bson::DateTime::now(),
+            "hostname": hostname,
+            "cpuAddrSize": 64,
+            "memSizeMB": mem_mb,
+            "memLimitMB": mem_mb,
+            "numCores": num_cores() as i32,
+            "cpuArch": std::env::consts::ARCH,
+            "numaEnabled": false,
+        },
+        "os": { "type": "Linux", "name": os_name, "version": os_version },
+        "extra": {},
+    }
+}

@@ -256,6 +256,12 @@ impl Router {
         self.catalog.colls.write().remove(ns);
     }
 
+    /// Forget every database's and collection's routing (flushRouterConfig).
+    pub fn forget_all(&self) {
+        self.catalog.dbs.write().clear();
+        self.catalog.colls.write().clear();
+    }
+
     async fn load_collection(&self, ns: &str) -> Result<Option<Arc<ShardedColl>>> {
         let found = self.config_find("collections", doc! {"_id": ns}, doc! {}).await?;
         let Some(entry) = found.into_iter().next() else { return Ok(None) };

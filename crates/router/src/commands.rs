@@ -75,82 +75,19 @@ pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> Docume
 }
 
 async fn route(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<Document> {
-    match req.name.as_str() {
-        "hello" | "isMaster" | "ismaster" => hello(router, conn, req).await,
-        "ping" => Ok(Document::new()),
-        "buildInfo" | "buildinfo" => Ok(common::server::build_info()),
-        "isdbgrid" => Ok(doc! {"isdbgrid": 1, "hostname": net::process::hostname()}),
-        "whatsmyuri" => Ok(doc! {"you": conn.remote.to_string()}),
-        "saslStart" => super::users::sasl_start(router, conn, &req.db, &req.body).await,
-        "saslContinue" => super::users::sasl_continue(router, conn, &req.body).await,
-        "authenticate" => super::users::authenticate(router, conn, &req.db, &req.body).await,
-        "logout" => Ok(super::users::logout(conn, &req.db)),
-        name if super::users::is_user_command(name) => super::users::user_command(router, req).await,
-        "endSessions" => end_sessions(router, req).await,
-        // The database is checked before the command runs: these change the cluster.
-        "addShard" | "addshard" => {
-            admin_only(req)?;
-            add_shard(router, req).await
-        }
-        "listShards" | "listshards" => {
-            admin_only(req)?;
-            list_shards(router).await
-        }
-        "enableSharding" | "enablesharding" => {
-            admin_only(req)?;
-            enable_sharding(router, req).await
-        }
-        "shardCollection" | "shardcollection" => {
-            admin_only(req)?;
-            shard_collection(router, req).await
-        }
-        "split" => {
-            admin_only(req)?;
-            super::balance::split(router, req).await
-        }
-        "balancerStart" | "balancerStop" => {
-            admin_only(req)?;
-            super::balance::set_balancer(router, req.name == "balancerStart").await
-        }
-        "balancerStatus" => {
-            admin_only(req)?;
-            super::balance::balancer_status(router).await
-        }
-        "removeShard" | "removeshard" => {
-            admin_only(req)?;
-            super::balance::remove_shard(router, req).await
-        }
-        "movePrimary" | "moveprimary" => {
-            admin_only(req)?;
-            super::balance::move_primary(router, req).await
-        }
-        "moveChunk" | "movechunk" | "moveRange" => {
-            admin_only(req)?;
-            move_chunk(router, req).await
-        }
-        "insert" => insert(router, req).await,
-        "update" => update(router, req).await,
-        "delete" => delete(router, req).await,
-        "find" | "count" | "distinct" | "aggregate" | "findAndModify" | "findandmodify" => whole(router, req).await,
-        "getMore" => get_more(router, req).await,
-        "serverStatus" => Ok(super::introspect::server_status(router)),
-        "connectionStatus" => Ok(super::users::connection_status(conn, req)),
-        "dbStats" | "dbstats" => super::introspect::db_stats(router, req).await,
-        "collStats" | "collstats" => super::introspect::coll_stats(router, req).await,
-        "explain" => super::introspect::explain(router, req).await,
-        "killCursors" => kill_cursors(router, req).await,
-        "listDatabases" => list_databases(router, req).await,
-        "listCollections" | "listIndexes" | "create" | "collMod" => forward_to_primary(router, req).await,
-        "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" => forward_to_owners(router, req).await,
-        "dropDatabase" => drop_database(router, req).await,
-        other => Err(Error::new(Code::CommandNotFound, format!("no such command: '{other}'"))),
+    let Some(row) = super::table::lookup(&req.name) else {
+        return Err(Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)));
+    };
+    if row.admin_only {
+        admin_only(req)?;
     }
+    (row.run)(router, conn, req).await
 }
 
 /// A read, or a findAndModify (one shard), run again on a routing table read again while a
 /// shard answers StaleConfig: nothing was returned to the client yet, reads change
 /// nothing, and a shard that answers StaleConfig ran nothing.
-async fn whole(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn whole(router: &Router, req: &Request) -> Result<Document> {
     let mut attempt = 0;
     loop {
         let r = match req.name.as_str() {
@@ -205,7 +142,7 @@ pub(super) fn timeout_of(req: &Request) -> Duration {
 // ---------------------------------------------------------------------------------------
 // Handshake
 
-async fn hello(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<Document> {
+pub(crate) async fn hello(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<Document> {
     let cmd = &req.body;
     if cmd.contains_key("client") {
         if conn.client_metadata_seen {
@@ -245,7 +182,7 @@ async fn hello(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<
 }
 
 /// Sessions live on the shards (their retryable-write records): each ends them there.
-async fn end_sessions(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn end_sessions(router: &Router, req: &Request) -> Result<Document> {
     let body = forwarded(req);
     let mut errors = Vec::new();
     for id in router.shard_ids().await? {
@@ -263,7 +200,7 @@ async fn end_sessions(router: &Router, req: &Request) -> Result<Document> {
 // ---------------------------------------------------------------------------------------
 // Cluster metadata
 
-async fn add_shard(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn add_shard(router: &Router, req: &Request) -> Result<Document> {
     let conn_string = req.body.get_str(&req.name).map_err(|_| Error::type_mismatch("addShard takes a replica set connection string"))?;
     let set = ReplicaSet::parse(conn_string)?;
     if set.set_name == router.catalog.config.set_name {
@@ -313,12 +250,12 @@ async fn add_shard(router: &Router, req: &Request) -> Result<Document> {
     Ok(doc! {"shardAdded": name})
 }
 
-async fn list_shards(router: &Router) -> Result<Document> {
+pub(crate) async fn list_shards(router: &Router) -> Result<Document> {
     let shards = router.reload_shards().await?;
     Ok(doc! {"shards": shards})
 }
 
-async fn enable_sharding(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn enable_sharding(router: &Router, req: &Request) -> Result<Document> {
     let db = req.body.get_str(&req.name).map_err(|_| Error::type_mismatch("enableSharding takes a database name"))?;
     if db.is_empty() || matches!(db, "admin" | "local" | "config") || db.contains(['.', '/', '\\', ' ', '"', '$']) {
         return Err(Error::new(Code::InvalidNamespace, format!("invalid database name: '{db}'")));
@@ -341,7 +278,7 @@ async fn enable_sharding(router: &Router, req: &Request) -> Result<Document> {
 /// moveChunk (`find`: a document whose chunk moves, or `bounds`: the chunk's [min, max],
 /// and `to`) and moveRange (`min`, optionally `max`, and `toShard`): the chunk must exist
 /// as given (shoal's router does not split within them yet).
-async fn move_chunk(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn move_chunk(router: &Router, req: &Request) -> Result<Document> {
     let cmd = &req.body;
     let move_range = req.name == "moveRange";
     let known: &[&str] = if move_range {
@@ -396,7 +333,7 @@ fn index_name(key: &Document) -> String {
         .join("_")
 }
 
-async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn shard_collection(router: &Router, req: &Request) -> Result<Document> {
     let cmd = &req.body;
     common::value::check_fields(
         &req.name,
@@ -571,7 +508,7 @@ fn statements<'a>(req: &'a Request, field: &str) -> Result<&'a Vec<Bson>> {
     }
 }
 
-async fn insert(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn insert(router: &Router, req: &Request) -> Result<Document> {
     let coll = collection_of(req)?;
     let ns = format!("{}.{coll}", req.db);
     let primary = router.db_primary(&req.db, true).await?.ok_or_else(|| Error::internal("no primary shard"))?;
@@ -729,7 +666,7 @@ fn update_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
     Ok(targets)
 }
 
-async fn update(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn update(router: &Router, req: &Request) -> Result<Document> {
     let coll = collection_of(req)?;
     let ns = format!("{}.{coll}", req.db);
     let primary = router.db_primary(&req.db, true).await?.ok_or_else(|| Error::internal("no primary shard"))?;
@@ -742,7 +679,7 @@ async fn update(router: &Router, req: &Request) -> Result<Document> {
     split_write(router, req, WriteKind::Update, sc, stmts).await
 }
 
-async fn delete(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn delete(router: &Router, req: &Request) -> Result<Document> {
     let coll = collection_of(req)?;
     let ns = format!("{}.{coll}", req.db);
     let primary = router.db_primary(&req.db, true).await?.ok_or_else(|| Error::internal("no primary shard"))?;
@@ -1174,7 +1111,7 @@ async fn find(router: &Router, req: &Request) -> Result<Document> {
     first_batch(router, cursor, batch.unwrap_or(FIRST_BATCH_DOCS_DEFAULT), cmd.get_bool("singleBatch").unwrap_or(false)).await
 }
 
-async fn get_more(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn get_more(router: &Router, req: &Request) -> Result<Document> {
     let id = match req.body.get("getMore") {
         Some(Bson::Int64(id)) => *id,
         _ => return Err(Error::type_mismatch("BSON field 'getMore.getMore' is the wrong type, expected type 'long'")),
@@ -1204,7 +1141,7 @@ async fn get_more(router: &Router, req: &Request) -> Result<Document> {
     Ok(cursor_reply(&ns, if done { 0 } else { id }, docs, "nextBatch"))
 }
 
-async fn kill_cursors(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn kill_cursors(router: &Router, req: &Request) -> Result<Document> {
     let ids = req.body.get_array("cursors").map_err(|_| Error::location(40414, "BSON field 'killCursors.cursors' is missing but a required field"))?;
     let (mut killed, mut not_found) = (Vec::new(), Vec::new());
     for id in ids {
@@ -1436,7 +1373,7 @@ pub(super) async fn buffered_cursor(router: &Router, req: &Request, ns: String, 
 // ---------------------------------------------------------------------------------------
 // Databases, collections and indexes
 
-async fn list_databases(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn list_databases(router: &Router, req: &Request) -> Result<Document> {
     let name_only = req.body.get_bool("nameOnly").unwrap_or(false);
     let mut sizes: BTreeMap<String, i64> = BTreeMap::new();
     let mut body = forwarded(req);
@@ -1479,7 +1416,7 @@ async fn list_databases(router: &Router, req: &Request) -> Result<Document> {
 }
 
 /// A command about one unsharded thing in a database: to its primary shard.
-async fn forward_to_primary(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn forward_to_primary(router: &Router, req: &Request) -> Result<Document> {
     let primary = match router.db_primary(&req.db, req.name == "create").await? {
         Some(p) => p,
         None if req.name == "listCollections" => return Ok(cursor_reply(&format!("{}.$cmd.listCollections", req.db), 0, Vec::new(), "firstBatch")),
@@ -1495,7 +1432,7 @@ async fn forward_to_primary(router: &Router, req: &Request) -> Result<Document> 
 
 /// Indexes and drops of a sharded collection go to every shard that has it; of an unsharded
 /// one, to its primary shard.
-async fn forward_to_owners(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn forward_to_owners(router: &Router, req: &Request) -> Result<Document> {
     let coll = collection_of(req)?;
     let ns = format!("{}.{coll}", req.db);
     let Some(primary) = router.db_primary(&req.db, req.name == "createIndexes").await? else {
@@ -1518,7 +1455,7 @@ async fn forward_to_owners(router: &Router, req: &Request) -> Result<Document> {
     Ok(replies.into_iter().nth(at).unwrap_or_default())
 }
 
-async fn drop_database(router: &Router, req: &Request) -> Result<Document> {
+pub(crate) async fn drop_database(router: &Router, req: &Request) -> Result<Document> {
     if matches!(req.db.as_str(), "admin" | "config" | "local") {
         return Err(Error::new(Code::IllegalOperation, format!("Cannot drop the {} database through the router", req.db)));
     }

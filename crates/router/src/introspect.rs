@@ -227,6 +227,13 @@ pub async fn explain(router: &Router, req: &Request) -> Result<Document> {
                 .collect();
             query::agg::Pipeline::parse(&stages)?.leading_match().unwrap_or_default()
         }
+        // A write is explained where its first statement's filter targets.
+        "update" | "delete" => {
+            let key = if name == "update" { "updates" } else { "deletes" };
+            let first = inner.get_array(key).ok().and_then(|a| a.first()).and_then(Bson::as_document);
+            first.and_then(|s| s.get_document("q").ok()).cloned().unwrap_or_default()
+        }
+        "findAndModify" | "findandmodify" => inner.get_document("query").unwrap_or(&empty).clone(),
         other => return Err(Error::new(Code::CommandNotSupported, format!("explain of '{other}' is not supported by shoal's router yet"))),
     };
     let ns = format!("{}.{coll}", req.db);

@@ -4,12 +4,14 @@
 //! replies (`cursor`, `commands`). Shards and config servers are replica sets, reached
 //! through their primaries (`net::pool`).
 
+mod admin;
 mod balance;
 mod catalog;
 mod commands;
 mod cursor;
 mod introspect;
 mod migrate;
+mod table;
 mod users;
 
 use bson::oid::ObjectId;
@@ -38,6 +40,8 @@ pub struct RouterConfig {
     /// The key this router authenticates to shards and config servers with, as the
     /// internal user.
     pub key_file: Option<std::path::PathBuf>,
+    /// The command line it was started with (getCmdLineOpts).
+    pub argv: Vec<String>,
 }
 
 pub struct Router {

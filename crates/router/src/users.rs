@@ -19,32 +19,9 @@ use std::time::{Duration, Instant};
 use wire::Request;
 
 /// How long a connection's user, as read from the config servers, is trusted.
-const USER_CACHE_SECONDS: u64 = 30;
+pub const USER_CACHE_SECONDS: u64 = 30;
 /// User-defined roles read, at most, to resolve one user's roles.
 const ROLES_READ_MAX: i64 = 10_000;
-
-/// The user and role commands: run by the config servers' primary, where users live.
-pub fn is_user_command(name: &str) -> bool {
-    matches!(
-        name,
-        "createUser"
-            | "updateUser"
-            | "dropUser"
-            | "dropAllUsersFromDatabase"
-            | "usersInfo"
-            | "grantRolesToUser"
-            | "revokeRolesFromUser"
-            | "createRole"
-            | "updateRole"
-            | "dropRole"
-            | "dropAllRolesFromDatabase"
-            | "grantRolesToRole"
-            | "revokeRolesFromRole"
-            | "grantPrivilegesToRole"
-            | "revokePrivilegesFromRole"
-            | "rolesInfo"
-    )
-}
 
 /// Users and roles read from the config servers for one resolution.
 #[derive(Default)]

@@ -223,7 +223,7 @@ fn main() {
         }
         Command::Bench(a) => std::process::exit(bench::cli::run(a)),
         Command::Router(a) => {
-            let config = match router_config(a) {
+            let config = match router_config(a, argv) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("shoal router: {e}");
@@ -251,7 +251,7 @@ fn main() {
     }
 }
 
-fn router_config(a: RouterArgs) -> Result<router::RouterConfig, String> {
+fn router_config(a: RouterArgs, argv: Vec<String>) -> Result<router::RouterConfig, String> {
     let mut compressors = Vec::new();
     if a.network_message_compressors != "disabled" {
         for name in a.network_message_compressors.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -276,5 +276,6 @@ fn router_config(a: RouterArgs) -> Result<router::RouterConfig, String> {
         },
         auth: a.auth || a.key_file.is_some(),
         key_file: a.key_file,
+        argv,
     })
 }

@@ -60,3 +60,49 @@ def test_router_crud_bulk_and_cursors(cluster):
         orders.update_one({"qty": 3}, {"$set": {"x": 1}})
     assert e.value.code == 61
     c.close()
+
+
+def test_router_administration_commands(cluster):
+    c = pymongo.MongoClient(cluster["uri"])
+    names = c.admin.command("listCommands")["commands"]
+    for n in ["find", "getParameter", "currentOp", "killOp", "validate", "renameCollection", "flushRouterConfig", "getShardMap", "usersInfo"]:
+        assert n in names, n
+    assert names["addShard"]["adminOnly"] is True
+    params = c.admin.command("getParameter", "*")
+    assert "SCRAM-SHA-256" in params["authenticationMechanisms"]
+    assert c.admin.command("getParameter", 1, logicalSessionTimeoutMinutes=1)["logicalSessionTimeoutMinutes"] == 30
+    with pytest.raises(OperationFailure) as e:
+        c.admin.command("getParameter", 1, noSuchParameter=1)
+    assert e.value.code == 72
+    opts = c.admin.command("getCmdLineOpts")
+    assert opts["parsed"]["sharding"]["configDB"].startswith("cfg/") and opts["argv"][1] == "router"
+    assert c.admin.command("hostInfo")["system"]["numCores"] >= 1
+    assert c.admin.command("getLog", "*")["names"] == ["startupWarnings"]
+    with pytest.raises(OperationFailure) as e:
+        c.app.command("getParameter", "*")
+    assert e.value.code == 13
+
+    c.admin.command("shardCollection", "adm.s", key={"_id": "hashed"})
+    c.adm.s.insert_many([{"_id": i} for i in range(100)])
+    c.adm.u.insert_one({"_id": 1})
+    v = c.adm.command("validate", "s")
+    assert v["valid"] is True and len(v["raw"]) == 2
+    # Each shard's running operations, named "<shard>:<opid>"; currentOp sees itself.
+    ops = c.admin.command("currentOp")["inprog"]
+    assert ops and all(o["shard"] in ("shard0", "shard1") and o["opid"].startswith(o["shard"] + ":") for o in ops)
+    c.admin.command("killOp", op="shard0:999999999")
+    with pytest.raises(OperationFailure):
+        c.admin.command("killOp", op=5)
+
+    c.admin.command("renameCollection", "adm.u", to="adm.u2")
+    assert c.adm.u2.find_one() == {"_id": 1} and c.adm.u.find_one() is None
+    with pytest.raises(OperationFailure) as e:
+        c.admin.command("renameCollection", "adm.s", to="adm.s2")
+    assert e.value.code == 20
+    assert c.admin.command("flushRouterConfig")["flushed"] is True
+    assert c.adm.s.count_documents({}) == 100
+    shard_map = c.admin.command("getShardMap")["map"]
+    assert set(shard_map) == {"shard0", "shard1", "config"} and shard_map["config"].startswith("cfg/")
+    # An explain goes to the shards its filter targets.
+    plan = c.adm.command("explain", {"find": "s", "filter": {"_id": 5}})
+    assert plan["queryPlanner"]["winningPlan"]["stage"] == "SINGLE_SHARD"

@@ -64,7 +64,6 @@ pub fn build_info(_ctx: &mut Ctx) -> Result<Document> {
     Ok(common::server::build_info())
 }
 
-/// buildInfo's reply, which the router gives too.
 /// Server parameters readable with getParameter. Values are the ones shoal actually uses.
 fn parameters(ctx: &Ctx) -> Document {
     doc! {
@@ -84,31 +83,7 @@ fn parameters(ctx: &Ctx) -> Document {
 }
 
 pub fn get_parameter(ctx: &mut Ctx) -> Result<Document> {
-    let all = parameters(ctx);
-    let selector = ctx.cmd.get("getParameter");
-    let everything = match selector {
-        Some(Bson::String(s)) => s == "*",
-        Some(Bson::Document(d)) => d.get_bool("allParameters").unwrap_or(false),
-        _ => false,
-    };
-    if everything {
-        return Ok(all);
-    }
-    let mut out = Document::new();
-    for (k, _) in ctx.cmd.iter().skip(1) {
-        if common::value::GENERIC_ARGS.contains(&k.as_str()) {
-            continue;
-        }
-        if let Some(v) = all.get(k) {
-            out.insert(k.clone(), v.clone());
-        } else {
-            return Err(Error::new(Code::InvalidOptions, "no option found to get"));
-        }
-    }
-    if out.is_empty() {
-        return Err(Error::new(Code::InvalidOptions, "no option found to get"));
-    }
-    Ok(out)
+    common::server::select_parameters(parameters(ctx), ctx.cmd)
 }
 
 pub fn get_cmd_line_opts(ctx: &mut Ctx) -> Result<Document> {
@@ -201,21 +176,7 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn host_info(ctx: &mut Ctx) -> Result<Document> {
-    let (os_name, os_version) = net::process::os_release();
-    Ok(doc! {
-        "system": {
-            "currentTime": DateTime::now(),
-            "hostname": ctx.shared.host_name.clone(),
-            "cpuAddrSize": 64,
-            "memSizeMB": (net::process::total_memory_bytes() / (1024 * 1024)) as i64,
-            "memLimitMB": (net::process::total_memory_bytes() / (1024 * 1024)) as i64,
-            "numCores": net::process::num_cores() as i32,
-            "cpuArch": std::env::consts::ARCH,
-            "numaEnabled": false,
-        },
-        "os": { "type": "Linux", "name": os_name, "version": os_version },
-        "extra": {},
-    })
+    Ok(net::process::host_info(&ctx.shared.host_name))
 }
 
 pub fn connection_status(ctx: &mut Ctx) -> Result<Document> {
@@ -236,12 +197,7 @@ pub fn whatsmyuri(ctx: &mut Ctx) -> Result<Document> {
 }
 
 pub fn get_log(ctx: &mut Ctx) -> Result<Document> {
-    match ctx.cmd.get("getLog") {
-        Some(Bson::String(s)) if s == "*" => Ok(doc! { "names": ["startupWarnings"] }),
-        Some(Bson::String(s)) if s == "startupWarnings" => Ok(doc! { "totalLinesWritten": 0, "log": [] }),
-        Some(Bson::String(s)) => Err(Error::new(Code::NoSuchKey, format!("No log named '{s}'"))),
-        _ => Err(Error::type_mismatch("Argument to getLog must be of type String")),
-    }
+    common::server::get_log(ctx.cmd)
 }
 
 pub fn list_commands(_ctx: &mut Ctx) -> Result<Document> {
