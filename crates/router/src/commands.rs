@@ -41,7 +41,7 @@ const MERGE_INPUT_BYTES_MAX: usize = common::limits::AGG_MEMORY_BYTES_MAX;
 
 pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> Document {
     if router.config.auth {
-        if let Err(e) = super::users::check(router, conn, &req).await {
+        if let Err(e) = super::users::authorize(router, conn, &req).await {
             return e.to_reply();
         }
     }
@@ -561,7 +561,7 @@ pub async fn raw_insert(router: &Router, conn: &mut RouterConn, msg: &wire::RawM
     let req = Request::from_msg(body, Vec::new()).ok()?;
     let coll = collection_of(&req).ok()?;
     if router.config.auth {
-        if let Err(e) = super::users::check(router, conn, &req).await {
+        if let Err(e) = super::users::authorize(router, conn, &req).await {
             return Some(e.to_reply());
         }
     }

@@ -42,6 +42,10 @@ pub struct RouterConfig {
     pub key_file: Option<std::path::PathBuf>,
     /// The command line it was started with (getCmdLineOpts).
     pub argv: Vec<String>,
+    /// The audit log, when auditing is on.
+    pub audit: Option<audit_log::AuditConfig>,
+    /// `auditAuthorizationSuccess`: authCheck records of CRUD commands that pass too.
+    pub audit_authorization_success: bool,
 }
 
 pub struct Router {
@@ -58,6 +62,7 @@ pub struct Router {
     tls: net::tls::Acceptor,
     /// Bumped by every user or role command through this router (`users`).
     users_generation: AtomicU64,
+    audit: Option<audit_log::Audit>,
 }
 
 /// A client connection's state the router's commands see.
@@ -71,6 +76,36 @@ pub struct RouterConn {
     pub auth: access::ConnAuth,
     /// When its user was last read from the config servers.
     pub user_read: std::time::Instant,
+    /// This end's address, the connection's id and the last actor made, for audit records.
+    pub local: Option<SocketAddr>,
+    pub uuid: bson::Uuid,
+    actor: Option<Arc<audit_log::Actor>>,
+}
+
+impl RouterConn {
+    /// Who acts, for an audit record: made again only when the user changed.
+    pub fn actor(&mut self) -> Arc<audit_log::Actor> {
+        let user = self.auth.user.as_ref();
+        let current = self.actor.as_ref().is_some_and(|a| match user {
+            None => a.users.is_empty(),
+            Some(u) => a.users.len() == 1 && a.users[0].0 == u.user && a.users[0].1 == u.db && a.roles == u.roles,
+        });
+        if !current {
+            let users = user.map(|u| vec![(u.user.clone(), u.db.clone())]).unwrap_or_default();
+            let roles = user.map(|u| u.roles.clone()).unwrap_or_default();
+            self.actor = Some(Arc::new(audit_log::Actor::new(self.local, Some(self.remote), self.uuid, users, roles)));
+        }
+        self.actor.clone().expect("made above")
+    }
+}
+
+impl Router {
+    /// Write an audit record, when auditing is on.
+    pub fn audit_event(&self, atype: &'static str, actor: &Arc<audit_log::Actor>, param: audit_log::Param, result: i32) {
+        if let Some(a) = &self.audit {
+            a.log(atype, actor, param, result);
+        }
+    }
 }
 
 /// Listen and route until SIGINT/SIGTERM.
@@ -82,6 +117,10 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
     if let Some(path) = &config.key_file {
         net::key_file::load_key_file(path)?;
     }
+    let audit = match &config.audit {
+        Some(a) => Some(audit_log::Audit::start(a, config.audit_authorization_success)?),
+        None => None,
+    };
     let mut listeners = Vec::new();
     for ip in &config.bind_ip {
         let addr = format!("{ip}:{}", config.port);
@@ -100,7 +139,10 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
         started: std::time::Instant::now(),
         tls,
         users_generation: AtomicU64::new(0),
+        audit,
     });
+    let options = admin::get_cmd_line_opts(&router).get_document("parsed").cloned().unwrap_or_default();
+    router.audit_event("startup", &audit_log::Actor::system(), audit_log::Param::Doc(bson::doc! {"options": options}), 0);
     match router.reload_shards().await {
         Ok(s) => tracing::info!(shards = s.len(), "read the cluster's shards from the config servers"),
         // mongos starts anyway and keeps asking; so do we, on each command that needs them.
@@ -124,6 +166,10 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
     }
     net::process::shutdown_signal().await;
     tracing::info!("router shutting down");
+    router.audit_event("shutdown", &audit_log::Actor::system(), audit_log::Param::Doc(bson::Document::new()), 0);
+    if let Some(a) = &router.audit {
+        a.close();
+    }
     Ok(())
 }
 
@@ -172,7 +218,7 @@ impl net::service::Service for Router {
         self.connections_current.fetch_sub(1, Ordering::Relaxed);
     }
 
-    fn open(&self, remote: SocketAddr, _local: Option<SocketAddr>, peer_subject: Option<String>) -> RouterConn {
+    fn open(&self, remote: SocketAddr, local: Option<SocketAddr>, peer_subject: Option<String>) -> RouterConn {
         RouterConn {
             id: self.next_connection_id.fetch_add(1, Ordering::Relaxed),
             remote,
@@ -180,6 +226,9 @@ impl net::service::Service for Router {
             compressors: Vec::new(),
             auth: access::ConnAuth { peer_subject, ..Default::default() },
             user_read: std::time::Instant::now(),
+            local,
+            uuid: bson::Uuid::new(),
+            actor: None,
         }
     }
 

@@ -75,9 +75,22 @@ impl Router {
     }
 }
 
+/// Check that the connection may run the command, and write its authCheck record: every
+/// refusal, and with `auditAuthorizationSuccess` every CRUD command that passes.
+pub async fn authorize(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<()> {
+    let checked = check(router, conn, req).await;
+    if let Some(audit) = &router.audit {
+        let crud = crate::table::lookup(&req.name).is_some_and(|r| r.crud);
+        if checked.is_err() || (crud && audit.authorization_success()) {
+            audit.log_command(&conn.actor(), &req.body, checked.as_ref().err().map_or(0, |e| e.code));
+        }
+    }
+    checked
+}
+
 /// Check that the connection may run the command, reading its user again when it may be
 /// stale.
-pub async fn check(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<()> {
+async fn check(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<()> {
     let generation = router.users_generation.load(Ordering::SeqCst);
     let stale = conn.auth.user.as_ref().is_some_and(|u| u.generation != generation) || conn.user_read.elapsed() > Duration::from_secs(USER_CACHE_SECONDS);
     if let Some(u) = conn.auth.user.as_ref().filter(|u| stale && !access::is_internal(&u.user, &u.db)) {
@@ -109,18 +122,23 @@ pub async fn sasl_continue(router: &Router, conn: &mut RouterConn, cmd: &Documen
     match access::sasl::step(&mut conn.auth, cmd)? {
         access::sasl::Step::Continue(reply) => Ok(reply),
         access::sasl::Step::Done(reply, login) => {
-            log_in(router, conn, &login.user, &login.db).await?;
+            log_in(router, conn, &login.user, &login.db, login.mechanism).await?;
             Ok(reply)
         }
-        access::sasl::Step::Failed(_) => Err(access::sasl::auth_failed()),
+        access::sasl::Step::Failed(login) => {
+            let param = doc! {"user": &login.user, "db": &login.db, "mechanism": login.mechanism};
+            router.audit_event("authenticate", &conn.actor(), audit_log::Param::Doc(param), Code::AuthenticationFailed.0);
+            Err(access::sasl::auth_failed())
+        }
     }
 }
 
-async fn log_in(router: &Router, conn: &mut RouterConn, user: &str, db: &str) -> Result<()> {
+async fn log_in(router: &Router, conn: &mut RouterConn, user: &str, db: &str, mechanism: &str) -> Result<()> {
     conn.auth.check_one_user(user, db)?;
     conn.auth.user = Some(router.authed_user(user, db).await?);
     conn.user_read = Instant::now();
     tracing::info!(conn = conn.id, "authenticated as {user}@{db}");
+    router.audit_event("authenticate", &conn.actor(), audit_log::Param::Doc(doc! {"user": user, "db": db, "mechanism": mechanism}), 0);
     Ok(())
 }
 
@@ -140,13 +158,17 @@ pub async fn authenticate(router: &Router, conn: &mut RouterConn, db: &str, cmd:
     if router.user_doc(db, &subject).await?.is_none() {
         return Err(access::sasl::auth_failed());
     }
-    log_in(router, conn, &subject, db).await?;
+    log_in(router, conn, &subject, db, X509).await?;
     Ok(doc! {"dbname": db, "user": subject})
 }
 
-pub fn logout(conn: &mut RouterConn, db: &str) -> Document {
+pub fn logout(router: &Router, conn: &mut RouterConn, db: &str) -> Document {
     if conn.auth.user.as_ref().is_some_and(|u| u.db == db) {
+        let before = conn.actor();
         conn.auth.user = None;
+        let initial: Vec<Bson> = before.users.iter().map(|(u, d)| Bson::Document(doc! {"user": u, "db": d})).collect();
+        let param = doc! {"reason": format!("Explicit logout from db '{db}'"), "initialUsers": initial, "updatedUsers": []};
+        router.audit_event("logout", &before, audit_log::Param::Doc(param), 0);
     }
     Document::new()
 }
@@ -193,10 +215,16 @@ pub async fn hello_fields(router: &Router, conn: &mut RouterConn, name: &str, cm
 
 /// A user or role command, on the config servers' primary; one that changes users makes
 /// this router's connections read their users again.
-pub async fn user_command(router: &Router, req: &Request) -> Result<Document> {
+pub async fn user_command(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<Document> {
     let reply = router.config_command(&req.db, crate::commands::forwarded(req)).await;
     if !matches!(req.name.as_str(), "usersInfo" | "rolesInfo") {
         router.users_generation.fetch_add(1, Ordering::SeqCst);
+    }
+    if reply.is_ok() && router.audit.is_some() {
+        let actor = conn.actor();
+        for (atype, param) in audit_log::command_events(&req.db, &req.name, &req.body) {
+            router.audit_event(atype, &actor, audit_log::Param::Doc(param), 0);
+        }
     }
     reply
 }

@@ -70,6 +70,21 @@ struct RouterArgs {
     /// With --tlsCAFile, let clients without a certificate connect too.
     #[arg(long = "tlsAllowConnectionsWithoutCertificates")]
     tls_allow_connections_without_certificates: bool,
+    /// Turn the audit log on: file, console or syslog.
+    #[arg(long = "auditDestination")]
+    audit_destination: Option<String>,
+    /// JSON (one record per line) or BSON [default: JSON].
+    #[arg(long = "auditFormat")]
+    audit_format: Option<String>,
+    /// The audit file, for destination file.
+    #[arg(long = "auditPath")]
+    audit_path: Option<PathBuf>,
+    /// Which records to write, a query over them as JSON.
+    #[arg(long = "auditFilter")]
+    audit_filter: Option<String>,
+    /// A router parameter, name=value (repeatable): auditAuthorizationSuccess.
+    #[arg(long = "setParameter")]
+    set_parameter: Vec<String>,
 }
 
 #[derive(Args)]
@@ -262,6 +277,22 @@ fn router_config(a: RouterArgs, argv: Vec<String>) -> Result<router::RouterConfi
         Some(m) => net::tls::TlsMode::parse(m).map_err(|e| e.message)?,
         None => net::tls::TlsMode::Disabled,
     };
+    let audit = audit_log::AuditOptions { destination: a.audit_destination, format: a.audit_format, path: a.audit_path, filter: a.audit_filter }
+        .build()
+        .map_err(|e| e.message)?;
+    let mut audit_authorization_success = false;
+    for p in &a.set_parameter {
+        match p.split_once('=') {
+            Some(("auditAuthorizationSuccess", v)) => {
+                audit_authorization_success = match v {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => return Err(format!("auditAuthorizationSuccess must be true or false, not '{v}'")),
+                }
+            }
+            _ => return Err(format!("unknown router parameter '{p}' (the router takes auditAuthorizationSuccess=true|false)")),
+        }
+    }
     Ok(router::RouterConfig {
         port: a.port,
         bind_ip: a.bind_ip.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
@@ -277,5 +308,7 @@ fn router_config(a: RouterArgs, argv: Vec<String>) -> Result<router::RouterConfi
         auth: a.auth || a.key_file.is_some(),
         key_file: a.key_file,
         argv,
+        audit,
+        audit_authorization_success,
     })
 }

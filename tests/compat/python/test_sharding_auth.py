@@ -3,6 +3,7 @@
 config servers, logins through the router, and a second router that knows the same users.
 Also the same cluster over TLS."""
 
+import json
 import subprocess
 import tempfile
 import time
@@ -92,12 +93,14 @@ def test_router_authenticates_authorizes_and_shares_users_with_the_next_router(s
             reader.admin.command("addShard", "x/127.0.0.1:1")
         assert e.value.code == 13
 
-        # A second router on the same config servers, with the same keyFile: the users
-        # created through the first log in here.
+        # A second router on the same config servers, with the same keyFile and an audit
+        # log: the users created through the first log in here.
         port2 = cluster_port()
         log = open(root / "router2.log", "wb")
+        audit = root / "router2-audit.json"
         second = subprocess.Popen(
-            [shoal_bin, "router", "--configdb", f"cfg/127.0.0.1:{port + 1}", "--port", str(port2), "--keyFile", str(root / "keyfile")],
+            [shoal_bin, "router", "--configdb", f"cfg/127.0.0.1:{port + 1}", "--port", str(port2), "--keyFile", str(root / "keyfile"),
+             "--auditDestination", "file", "--auditPath", str(audit), "--setParameter", "auditAuthorizationSuccess=true"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log,
@@ -113,6 +116,22 @@ def test_router_authenticates_authorizes_and_shares_users_with_the_next_router(s
         root2.app.command("grantRolesToUser", "reader", roles=["readWrite"])
         reader2.app.c.insert_one({"_id": 5000})
         assert root_client.app.c.count_documents({"_id": 5000}) == 1
+
+        # The second router's audit records: logins, the refused delete, a CRUD command that
+        # passed, and the role grant.
+        second.terminate()
+        second.wait(timeout=30)
+        second = None
+        records = [json.loads(line) for line in audit.read_text().splitlines()]
+        kinds = [(r["atype"], r["result"]) for r in records]
+        assert kinds[0] == ("startup", 0) and kinds[-1] == ("shutdown", 0)
+        logins = [r for r in records if r["atype"] == "authenticate"]
+        assert {(r["param"]["user"], r["result"]) for r in logins} == {("reader", 0), ("root", 0)}
+        refused = [r for r in records if r["atype"] == "authCheck" and r["result"] == 13]
+        assert refused and refused[0]["param"]["command"] == "delete" and refused[0]["users"] == [{"user": "reader", "db": "app"}]
+        assert any(r["atype"] == "authCheck" and r["result"] == 0 and r["param"]["command"] == "insert" for r in records)
+        grants = [r for r in records if r["atype"] == "grantRolesToUser"]
+        assert grants and grants[0]["param"]["user"] == "reader" and grants[0]["users"] == [{"user": "root", "db": "admin"}]
     finally:
         if second is not None:
             second.kill()
