@@ -30,9 +30,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// Events queued for the writer at most, and bytes of their commands; a sender waits
-/// beyond either (backpressure).
-
 /// `auditLog.destination`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AuditDestination {
@@ -113,6 +110,8 @@ fn bad_option(msg: impl Into<String>) -> Error {
     Error::new(Code::BadValue, msg)
 }
 
+/// Events queued for the writer at most, and bytes of their commands; a sender waits
+/// beyond either (backpressure).
 const QUEUE_EVENTS_MAX: usize = 65_536;
 const QUEUE_BYTES_MAX: usize = 64 << 20;
 /// The writer wakes this often, or when this many events wait.
