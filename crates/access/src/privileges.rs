@@ -54,6 +54,12 @@ pub enum Need {
     Privileges(Vec<(&'static str, Resource)>),
 }
 
+/// Whether `need` is the internal role's privilege alone (member-to-member commands, and
+/// any command the table does not name).
+pub fn needs_internal(need: &Need) -> bool {
+    matches!(need, Need::Privileges(p) if p.len() == 1 && p[0].0 == "internal" && p[0].1 == Resource::Cluster)
+}
+
 /// Fields that carry a password or a SCRAM message.
 pub const SECRET_FIELDS: [&str; 3] = ["pwd", "payload", "speculativeAuthenticate"];
 
@@ -99,7 +105,8 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
         "whatsmyuri" | "endSessions" | "killSessions" | "refreshSessions" | "startSession" | "listDatabases" => AnyUser,
         "find" | "count" | "distinct" => ns("find"),
         "listIndexes" => ns("listIndexes"),
-        "collStats" => ns("collStats"),
+        "collStats" | "collstats" => ns("collStats"),
+        "collMod" => ns("collMod"),
         "validate" => ns("validate"),
         "create" => ns("createCollection"),
         "drop" => ns("dropCollection"),
@@ -142,7 +149,7 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
             Err(_) => AnyUser,
         },
         "listCollections" => on_db("listCollections"),
-        "dbStats" => on_db("dbStats"),
+        "dbStats" | "dbstats" => on_db("dbStats"),
         "dropDatabase" => on_db("dropDatabase"),
         "renameCollection" => {
             let split = |k: &str| cmd.get_str(k).ok().and_then(|s| s.split_once('.')).map(|(d, c)| (d.to_string(), c.to_string()));
@@ -197,7 +204,7 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
         "listShards" | "listshards" => cluster("listShards"),
         "removeShard" | "removeshard" => cluster("removeShard"),
         "balancerStart" | "balancerStop" | "balancerStatus" => cluster("balancer"),
-        "flushRouterConfig" => cluster("flushRouterConfig"),
+        "flushRouterConfig" | "flushrouterconfig" => cluster("flushRouterConfig"),
         "getShardMap" => cluster("getShardMap"),
         "isdbgrid" => AnyUser,
         "enableSharding" | "enablesharding" | "movePrimary" | "moveprimary" => {

@@ -357,7 +357,6 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request, resumed:
         Counters::add(&shared.counters.command, 1);
         return Outcome::reply(Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)).to_reply());
     };
-    let handler = spec.handler;
     if spec.op_kind == "command" {
         Counters::add(&shared.counters.command, 1);
     }
@@ -372,7 +371,7 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request, resumed:
         crate::audit::watch_creations();
     }
     let mut outcome = Outcome::default();
-    let result = prepare_and_run(shared, conn, &req, handler, resumed, &mut outcome);
+    let result = prepare_and_run(shared, conn, &req, spec, resumed, &mut outcome);
     if shared.audit.is_some() {
         // What the command created is recorded even if it then failed (an insert into a new
         // collection whose document was refused leaves the collection).
@@ -396,7 +395,7 @@ fn prepare_and_run(
     shared: &Shared,
     conn: &mut ConnState,
     req: &Request,
-    handler: commands::Handler,
+    spec: &commands::Spec,
     resumed: Option<Instant>,
     outcome: &mut Outcome,
 ) -> Result<Document> {
@@ -414,7 +413,7 @@ fn prepare_and_run(
     };
     let retry_key = match txn_number {
         None => None,
-        Some(_) if !matches!(req.name.as_str(), "insert" | "update" | "delete" | "findAndModify" | "findandmodify") => {
+        Some(_) if !spec.retryable => {
             return Err(Error::location(
                 50768,
                 format!("txnNumber may only be provided for multi-document transactions and retryable write commands. autocommit:false was not provided, and {} is not a retryable write command.", req.name),
@@ -459,9 +458,21 @@ fn prepare_and_run(
         match (retry_key, txn_number) {
             (Some(lsid), Some(txn)) => shared.retry.run(&shared.store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
                 let retry = Some(commands::RetryCtx { executed, guard });
-                handler(&mut Ctx { shared, conn: &mut *conn, db: &req.db, name: &req.name, cmd, op: &op, write_concern, retry, defer_durable, resumed, out })
+                (spec.handler)(&mut Ctx {
+                    shared,
+                    conn: &mut *conn,
+                    db: &req.db,
+                    name: &req.name,
+                    cmd,
+                    op: &op,
+                    write_concern,
+                    retry,
+                    defer_durable,
+                    resumed,
+                    out,
+                })
             })?,
-            _ => handler(&mut Ctx {
+            _ => (spec.handler)(&mut Ctx {
                 shared,
                 conn: &mut *conn,
                 db: &req.db,

@@ -111,10 +111,16 @@ pub struct Spec {
     /// Reads data at a point the read concern may name (afterClusterTime, afterOpTime,
     /// "strict"): waits for this member to reach it first.
     pub reads: bool,
+    /// A retryable write: takes `txnNumber` with `lsid`, and a retry finds what the first
+    /// attempt did (`retry`).
+    pub retryable: bool,
+    /// Run by members and routers only, as the internal user (its privilege is `internal`
+    /// in `access::privileges::need`; the unit test below holds the two together).
+    pub internal: bool,
 }
 
 const fn spec(handler: Handler) -> Spec {
-    Spec { handler, never_blocks: false, on_secondary: OnSecondary::Always, op_kind: "command", crud: false, reads: false }
+    Spec { handler, never_blocks: false, on_secondary: OnSecondary::Always, op_kind: "command", crud: false, reads: false, retryable: false, internal: false }
 }
 
 impl Spec {
@@ -146,6 +152,16 @@ impl Spec {
 
     const fn reads(mut self) -> Spec {
         self.reads = true;
+        self
+    }
+
+    const fn retryable(mut self) -> Spec {
+        self.retryable = true;
+        self
+    }
+
+    const fn internal(mut self) -> Spec {
+        self.internal = true;
         self
     }
 }
@@ -202,13 +218,13 @@ command_table! {
     "validate" => spec(admin::validate).read_on_secondary(),
     "createIndexes" => spec(admin::create_indexes).primary_only(),
     "dropIndexes" | "deleteIndexes" => spec(admin::drop_indexes).primary_only(),
-    "insert" => spec(crud::insert).primary_only().op_kind("insert").crud(),
+    "insert" => spec(crud::insert).primary_only().op_kind("insert").crud().retryable(),
     "find" => spec(crud::find).never_blocks().read_on_secondary().op_kind("query").crud().reads(),
     "getMore" => spec(crud::get_more).never_blocks().op_kind("getmore").crud(),
     "killCursors" => spec(crud::kill_cursors).never_blocks().crud(),
-    "update" => spec(crud::update).primary_only().op_kind("update").crud(),
-    "delete" => spec(crud::delete).primary_only().op_kind("remove").crud(),
-    "findAndModify" | "findandmodify" => spec(crud::find_and_modify).primary_only().op_kind("update").crud(),
+    "update" => spec(crud::update).primary_only().op_kind("update").crud().retryable(),
+    "delete" => spec(crud::delete).primary_only().op_kind("remove").crud().retryable(),
+    "findAndModify" | "findandmodify" => spec(crud::find_and_modify).primary_only().op_kind("update").crud().retryable(),
     "count" => spec(crud::count).never_blocks().read_on_secondary().crud().reads(),
     "distinct" => spec(crud::distinct).never_blocks().read_on_secondary().crud().reads(),
     "aggregate" => spec(aggregate::aggregate).never_blocks().read_on_secondary().crud().reads(),
@@ -217,19 +233,19 @@ command_table! {
     "replSetGetConfig" => spec(repl::repl_set_get_config),
     "replSetGetStatus" => spec(repl::repl_set_get_status),
     "applyOps" => spec(repl::apply_ops).primary_only(),
-    "replSetHeartbeat" => spec(repl::repl_set_heartbeat),
-    "_addShard" => spec(sharding::add_shard).primary_only(),
-    "_shardsvrCleanupRange" => spec(sharding::cleanup_range).primary_only(),
-    "_shardsvrMigrateStart" => spec(sharding::migrate_start).primary_only(),
-    "_shardsvrMigrateClone" => spec(sharding::migrate_clone).primary_only(),
-    "_shardsvrTransferMods" => spec(sharding::transfer_mods).primary_only(),
-    "_shardsvrEnterCriticalSection" => spec(sharding::enter_critical_section).primary_only(),
-    "_shardsvrExitCriticalSection" => spec(sharding::exit_critical_section).primary_only(),
-    "_recvChunkApply" => spec(sharding::recv_chunk_apply).primary_only(),
-    "replSetRequestVotes" => spec(repl::repl_set_request_votes),
-    "replSetUpdatePosition" => spec(repl::repl_set_update_position).never_blocks(),
-    "replSetGetAcknowledged" => spec(repl::repl_set_get_acknowledged).never_blocks(),
-    "replSetGetRBID" => spec(repl::repl_set_get_rbid),
+    "replSetHeartbeat" => spec(repl::repl_set_heartbeat).internal(),
+    "_addShard" => spec(sharding::add_shard).primary_only().internal(),
+    "_shardsvrCleanupRange" => spec(sharding::cleanup_range).primary_only().internal(),
+    "_shardsvrMigrateStart" => spec(sharding::migrate_start).primary_only().internal(),
+    "_shardsvrMigrateClone" => spec(sharding::migrate_clone).primary_only().internal(),
+    "_shardsvrTransferMods" => spec(sharding::transfer_mods).primary_only().internal(),
+    "_shardsvrEnterCriticalSection" => spec(sharding::enter_critical_section).primary_only().internal(),
+    "_shardsvrExitCriticalSection" => spec(sharding::exit_critical_section).primary_only().internal(),
+    "_recvChunkApply" => spec(sharding::recv_chunk_apply).primary_only().internal(),
+    "replSetRequestVotes" => spec(repl::repl_set_request_votes).internal(),
+    "replSetUpdatePosition" => spec(repl::repl_set_update_position).never_blocks().internal(),
+    "replSetGetAcknowledged" => spec(repl::repl_set_get_acknowledged).never_blocks().internal(),
+    "replSetGetRBID" => spec(repl::repl_set_get_rbid).internal(),
     "replSetStepDown" => spec(repl::repl_set_step_down),
     "replSetFreeze" => spec(repl::repl_set_freeze),
     "replSetReconfig" => spec(repl::repl_set_reconfig),
@@ -427,5 +443,17 @@ mod tests {
         assert_eq!((on_secondary("noSuchCommand"), op_kind("noSuchCommand")), (OnSecondary::Always, "command"));
         // Every name listCommands shows has a row.
         assert!(NAMES.iter().all(|n| lookup(n).is_some()));
+        assert!(lookup("update").unwrap().retryable && !lookup("find").unwrap().retryable);
+    }
+
+    /// The privilege table (`access`, shared with the router) and this one agree: exactly
+    /// the rows marked internal need the internal role, so no client command is closed by
+    /// being forgotten there.
+    #[test]
+    fn exactly_the_internal_rows_need_the_internal_role() {
+        for name in NAMES {
+            let need = access::privileges::need(name, "admin", &Document::new());
+            assert_eq!(access::privileges::needs_internal(&need), lookup(name).unwrap().internal, "{name}");
+        }
     }
 }
