@@ -1,0 +1,91 @@
+//! Retryable writes' session fields: `Store::begin_retryable_write` and its guard, and the
+//! `config.transactions` record a write or an applied entry keeps.
+
+use super::*;
+
+/// A session's `config.transactions` record, as a member applying a retryable write's
+/// entry derives it: `{_id: {id: lsid}, txnNum, lastWriteOpTime, lastWriteDate}`.
+pub fn session_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64) -> bson::RawDocumentBuf {
+    bson::RawDocumentBuf::from_bytes(oplog::session_record(lsid, txn, last, wall_ms)).expect("session_record encodes a valid document")
+}
+
+/// `config.transactions`.
+pub const SESSION_RECORDS_DB: &str = "config";
+pub const SESSION_RECORDS_COLLECTION: &str = "transactions";
+
+/// See `Store::begin_retryable_write`; ends the retryable write (on this thread).
+pub struct RetryableWriteGuard {
+    pub(crate) _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for RetryableWriteGuard {
+    fn drop(&mut self) {
+        oplog::set_session(None);
+    }
+}
+
+impl RetryableWriteGuard {
+    /// The statement (`stmtId`) the next writes belong to.
+    pub fn set_statement(&self, stmt: i32) {
+        oplog::with_session(|s| {
+            if let Some(s) = s {
+                s.stmt = stmt;
+                s.stmt_per_document = None;
+            }
+        });
+    }
+
+    /// The statement of each document of the next `Collection::insert_many`.
+    pub fn set_statement_per_document(&self, stmts: Vec<i32>) {
+        oplog::with_session(|s| {
+            if let Some(s) = s {
+                s.stmt_per_document = Some(stmts);
+            }
+        });
+    }
+
+    /// The optime of the transaction's newest entry (what its session record says now).
+    pub fn last_write(&self) -> OpTime {
+        oplog::with_session(|s| s.map_or(OpTime::NULL, |s| s.prev))
+    }
+
+    /// Log the documents the next updates and deletes change, as they were, before their
+    /// changes (a findAndModify's retry returns them).
+    pub fn set_pre_image(&self, on: bool) {
+        oplog::with_session(|s| {
+            if let Some(s) = s {
+                s.pre_image = on;
+            }
+        });
+    }
+}
+
+impl Store {
+    /// Run this thread's next writes as retryable write `txn` of session `lsid` until the
+    /// returned guard is dropped, as mongod does: each oplog entry carries `lsid`,
+    /// `txnNumber`, the statement it belongs to (`RetryableWriteGuard::set_statement`) and `prevOpTime`
+    /// (the transaction's previous entry; `prev` for the first, `OpTime::NULL` when it has
+    /// none), and each engine write that logs entries also writes the session's record in
+    /// `config.transactions` (`lastWriteOpTime`: its newest entry). A retry finds what the
+    /// transaction already did by walking the entries back from that record. A replica-set
+    /// member only (no oplog: an error).
+    pub fn begin_retryable_write(&self, lsid: &[u8], txn: i64, prev: OpTime) -> Result<RetryableWriteGuard> {
+        if self.inner.shared.oplog.read().is_none() {
+            return Err(Error::new(Code::IllegalOperation, "Transaction numbers are only allowed on a replica set member or mongos"));
+        }
+        if oplog::with_session(|s| s.is_some()) {
+            return Err(Error::internal("a retryable write began inside another"));
+        }
+        let records = self.collection_or_create(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION)?;
+        oplog::set_session(Some(oplog::SessionWrite {
+            lsid: lsid.to_vec(),
+            txn,
+            records: records.state,
+            prev,
+            stmt: 0,
+            stmt_per_document: None,
+            pre_image: false,
+        }));
+        Ok(RetryableWriteGuard { _not_send: std::marker::PhantomData })
+    }
+}
