@@ -44,6 +44,8 @@ pub fn write_fetched(store: &Store, logged: &[(OpTime, Vec<u8>)]) -> Result<()> 
 /// final states move a unique key between documents, is decoded and applied entry by entry.
 pub fn apply_written(store: &Store, logged: &[(OpTime, Vec<u8>)]) -> Result<()> {
     let Some(&(through, _)) = logged.last() else { return Ok(()) };
+    // Applied, not logged again: our oplog has these entries as they came.
+    let store = &store.replicated();
     let raw: Vec<&RawDocument> = logged
         .iter()
         .map(|(_, b)| RawDocument::from_bytes(b).map_err(|e| Error::new(Code::InvalidBSON, format!("oplog entry is not valid BSON: {e}"))))
@@ -64,7 +66,6 @@ pub fn apply_written(store: &Store, logged: &[(OpTime, Vec<u8>)]) -> Result<()> 
 /// Apply every entry written and not yet applied (after a restart, or before this member
 /// takes writes), in batches; returns how many. The caller holds the apply lock.
 pub fn apply_unapplied(store: &Store) -> Result<u64> {
-    let _replicated = storage::applying_replicated_ops();
     let mut applied = 0u64;
     loop {
         let batch = store.oplog_unapplied(UNAPPLIED_BATCH_ENTRIES)?;
@@ -425,13 +426,12 @@ mod tests {
             let at_before = batched.oplog_last().unwrap();
             at = logged.last().unwrap().0;
             {
-                let _replicated = storage::applying_replicated_ops();
                 write_fetched(&batched, &logged).unwrap();
                 assert_eq!(batched.oplog_applied(), Some(at_before), "{label}: written, not applied");
                 apply_written(&batched, &logged).unwrap();
                 assert_eq!(batched.oplog_applied(), batched.oplog_last(), "{label}: applied");
                 for (at, bytes) in &logged {
-                    apply_fetched(&one_by_one, RawDocument::from_bytes(bytes).unwrap(), *at).unwrap();
+                    apply_fetched(&one_by_one.replicated(), RawDocument::from_bytes(bytes).unwrap(), *at).unwrap();
                 }
                 one_by_one.append_oplog_replicated(&logged).unwrap();
             }
@@ -506,10 +506,7 @@ mod tests {
         let at = bad.windows(2).position(|w| w == marker.as_bytes()).unwrap();
         bad[at..at + 2].copy_from_slice(&[0xff, 0xfe]);
         let before = entries_after(&batched, OpTime::default()).1.len();
-        let err = {
-            let _replicated = storage::applying_replicated_ops();
-            write_fetched(&batched, &[(OpTime { ts: u64::from(u32::MAX) << 32 | 1, term: 1 }, bad)]).unwrap_err()
-        };
+        let err = write_fetched(&batched, &[(OpTime { ts: u64::from(u32::MAX) << 32 | 1, term: 1 }, bad)]).unwrap_err();
         assert_eq!(err.code, Code::InvalidBSON.0, "{}", err.message);
         assert_eq!(entries_after(&batched, OpTime::default()).1.len(), before);
         assert_eq!(contents(&batched, "db.b"), contents(&primary, "db.b"));

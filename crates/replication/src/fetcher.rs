@@ -551,9 +551,10 @@ async fn roll_back_inner(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str
         let _write = coord.oplog_write_lock.lock();
         let _apply = coord.apply_lock.lock();
         // Counted before anything changes: a member copying from this one starts over.
-        // (This member's own write, outside `applying_replicated_ops`.)
+        // (This member's own write, logged.)
         super::ReplCoord::bump_rollback_id(&store)?;
-        let _replicated = storage::applying_replicated_ops();
+        // What follows copies the source's documents: not logged.
+        let store = store.replicated();
         // From the first replaced document on, the data is inconsistent until minValid.
         super::ReplCoord::persist_min_valid(&store, min_valid_early)?;
         for (ns, id, theirs) in fetched {
@@ -779,7 +780,6 @@ fn apply_written(shared: &dyn Host, logged: &[(OpTime, Vec<u8>)]) -> Result<()> 
     if shared.store().oplog_applied().unwrap_or_default() >= through {
         return Ok(());
     }
-    let _replicated = storage::applying_replicated_ops();
     let started = std::time::Instant::now();
     crate::apply::apply_written(shared.store(), logged)?;
     // Writes to users and roles (the admin database) and to config.settings matter to the

@@ -119,7 +119,7 @@ async fn attempt(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str) -> Res
         }
         // Not logged: these drops are this member's own, and its oplog must stay empty until
         // it is seeded with the source's entry.
-        let _replicated = storage::applying_replicated_ops();
+        let store = store.replicated();
         for db in store.database_names() {
             if db != "local" {
                 store.drop_database(&db)?;
@@ -155,10 +155,7 @@ async fn attempt(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str) -> Res
         let bytes = begin.to_vec().map_err(|e| Error::internal(e.to_string()))?;
         // minValid first: once the seeded oplog is durable, so is minValid (one journal).
         super::ReplCoord::persist_min_valid(&store, min_valid)?;
-        {
-            let _replicated = storage::applying_replicated_ops();
-            crate::apply::apply_entry(&store, &begin)?;
-        }
+        crate::apply::apply_entry(&store.replicated(), &begin)?;
         store.append_oplog_replicated(&[(begin_at, bytes)])?;
         // The flag stays until minValid is applied (`ReplCoord::after_apply`): the copy may
         // hold writes that only the entries up to minValid confirm, and a restart before
@@ -265,11 +262,7 @@ pub async fn clone_collection(
 ) -> Result<u64> {
     let store = shared.store().clone();
     let (d, n) = (db.to_string(), name.to_string());
-    super::blocking(move || {
-        let _replicated = storage::applying_replicated_ops();
-        store.create_collection_as(&d, &n, options, uuid, false).map(|_| ())
-    })
-    .await?;
+    super::blocking(move || store.replicated().create_collection_as(&d, &n, options, uuid, false).map(|_| ())).await?;
     let mut copied = 0u64;
     let find = doc! {"find": name, "batchSize": CLONE_BATCH_DOCS, "$readPreference": secondary_ok()};
     let reply = conn.command(db, find, COMMAND_TIMEOUT).await?;
@@ -290,8 +283,7 @@ pub async fn clone_collection(
     let store = shared.store().clone();
     let (d, n) = (db.to_string(), name.to_string());
     super::blocking(move || -> Result<()> {
-        let _replicated = storage::applying_replicated_ops();
-        let coll = store.collection(&d, &n).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{d}.{n} vanished while it was cloned")))?;
+        let coll = store.replicated().collection(&d, &n).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{d}.{n} vanished while it was cloned")))?;
         for spec in specs {
             if spec.get_str("name").ok() == Some("_id_") {
                 continue;
@@ -310,8 +302,7 @@ async fn insert_batch(shared: &Arc<dyn Host>, db: &str, name: &str, docs: Vec<Do
     let store = shared.store().clone();
     let (d, n) = (db.to_string(), name.to_string());
     super::blocking(move || -> Result<()> {
-        let _replicated = storage::applying_replicated_ops();
-        let coll = store.collection(&d, &n).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{d}.{n} vanished while it was cloned")))?;
+        let coll = store.replicated().collection(&d, &n).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("{d}.{n} vanished while it was cloned")))?;
         let outcome = coll.insert_many(&docs, true);
         match outcome.errors.into_iter().next() {
             Some((_, e)) => Err(e),

@@ -457,7 +457,7 @@ fn prepare_and_run(
         let out = &mut effects;
         match (retry_key, txn_number) {
             (Some(lsid), Some(txn)) => shared.retry.run(&shared.store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
-                let retry = Some(commands::RetryCtx { executed, guard });
+                let retry = Some(commands::RetryCtx { executed, write: guard });
                 (spec.handler)(&mut Ctx {
                     shared,
                     conn: &mut *conn,

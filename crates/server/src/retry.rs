@@ -70,7 +70,7 @@ impl RetryTable {
         term: i64,
         lsid: &[u8],
         txn_number: i64,
-        write: impl FnOnce(&Executed, &storage::RetryableWriteGuard) -> Result<Document>,
+        write: impl FnOnce(&Executed, &storage::RetryableWrite) -> Result<Document>,
     ) -> Result<Document> {
         let session = self.session(lsid)?;
         // One write at a time per session: a retry that arrives while the first attempt
@@ -135,7 +135,7 @@ impl RetryTable {
             return Ok(0);
         }
         let guard = store.begin_retryable_write(lsid, txn, prev)?;
-        let r = coll.writer().log_session_history(&fresh);
+        let r = coll.through(guard.store()).writer().log_session_history(&fresh);
         let last = guard.last_write();
         if last != prev {
             s.record = Some((txn, last));

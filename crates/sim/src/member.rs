@@ -1452,9 +1452,8 @@ impl Member {
                     self.store.truncate_oplog_after(OpTime::default()).expect("truncate");
                     self.store.commit_durable().expect("sync");
                 }
-                // The copy's own writes, not logged (the server's `applying_replicated_ops`).
-                let _replicated = storage::applying_replicated_ops();
-                let data = self.store.collection_or_create(DATA_DB, DATA_COLLECTION).expect("data");
+                // The copy's own writes, not logged (as the server's initial sync).
+                let data = self.store.replicated().collection_or_create(DATA_DB, DATA_COLLECTION).expect("data");
                 {
                     let mut w = data.writer();
                     for (rid, old) in w.snapshot().scan(None, usize::MAX).expect("scan") {
@@ -1510,9 +1509,8 @@ impl Member {
             return self.fetch_failed(out, format!("initial sync: a clone batch of {size} bytes from m{src} is larger than {REPLY_SIZE_MAX_BYTES}"));
         }
         let after = docs.last().map(|d| d.0.ts).or(after);
-        // The copy's own writes, not logged (the server's `applying_replicated_ops`).
-        let _replicated = storage::applying_replicated_ops();
-        let data = self.store.collection_or_create(DATA_DB, DATA_COLLECTION).expect("data");
+        // The copy's own writes, not logged (as the server's initial sync).
+        let data = self.store.replicated().collection_or_create(DATA_DB, DATA_COLLECTION).expect("data");
         {
             let mut w = data.writer();
             for (at, v, size) in docs {
@@ -1646,8 +1644,7 @@ impl Member {
         self.serve_parked(out);
         self.store.truncate_oplog_after(common).expect("truncate");
         // The rollback undoes the writes after the common point, copied ones too.
-        if let Some(data) = self.store.collection(DATA_DB, DATA_COLLECTION) {
-            let _replicated = storage::applying_replicated_ops();
+        if let Some(data) = self.store.replicated().collection(DATA_DB, DATA_COLLECTION) {
             let mut w = data.writer();
             for (rid, d) in w.snapshot().scan(None, usize::MAX).expect("scan") {
                 if OpTime::from_doc(&d).is_some_and(|at| at.ts > common.ts) {

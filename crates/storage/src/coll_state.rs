@@ -319,7 +319,7 @@ impl CollState {
         pending.stats.data_bytes += bytes.len() as u64;
         pending.data_delta += bytes.len() as i64;
         if let Some(log) = &pending.log {
-            pending.oplog.push(oplog::insert_entry(&log.ns, log.ui, &bytes, log.wall_ms, log.session.as_ref().map(|t| (t, oplog::current_stmt()))));
+            pending.oplog.push(oplog::insert_entry(&log.ns, log.ui, &bytes, log.wall_ms, log.session.as_ref().map(|t| (t, pending.ctx.current_stmt()))));
         }
         pending.batch.put(Space::Records, record_key(self.id, rid), bytes);
         for (idx, entries, multikey) in all {
@@ -346,7 +346,7 @@ impl CollState {
         let mut batch = std::mem::take(&mut pending.batch);
         let entries = std::mem::take(&mut pending.oplog);
         let tagged = pending.log.as_ref().is_some_and(|l| l.session.is_some()) && !entries.is_empty();
-        let session = if tagged { oplog::with_session(|s| s.map(|s| (s.records.clone(), s.lsid.clone(), s.txn, s.prev))) } else { None };
+        let session = if tagged { pending.ctx.with_session(|s| s.map(|s| (s.records.clone(), s.lsid.clone(), s.txn, s.prev))) } else { None };
         let Some((records, lsid, txn, prev)) = session else {
             self.shared.apply_logged(batch, entries)?;
             self.publish_pending(pending);
@@ -360,7 +360,7 @@ impl CollState {
         records.check_live()?;
         let meta = records.meta.read().clone();
         let snap = self.shared.engine.snapshot();
-        let mut rp = records.pending();
+        let mut rp = records.pending(&WriteCtx::default());
         rp.log = None;
         let wall_ms = pending.log.as_ref().map_or_else(oplog::wall_now_ms, |l| l.wall_ms);
         let record = oplog::session_record(&lsid, txn, OpTime::default(), wall_ms);
@@ -373,7 +373,7 @@ impl CollState {
         batch.ops.append(&mut rp.batch.ops);
         let last = self.shared.apply_logged_with(batch, entries, Some(SessionStamp { prev, record_op }))?;
         if let Some(last) = last {
-            oplog::with_session(|s| {
+            pending.ctx.with_session(|s| {
                 if let Some(s) = s {
                     s.prev = last;
                 }
@@ -539,8 +539,8 @@ impl CollState {
         pending.stats.data_bytes = (pending.stats.data_bytes as i64 + delta).max(0) as u64;
         pending.data_delta += delta;
         if let Some(log) = &pending.log {
-            let session = log.session.as_ref().map(|t| (t, oplog::current_stmt()));
-            if let Some(tag) = session.filter(|_| oplog::wants_pre_image()) {
+            let session = log.session.as_ref().map(|t| (t, pending.ctx.current_stmt()));
+            if let Some(tag) = session.filter(|_| pending.ctx.wants_pre_image()) {
                 pending.oplog.push(oplog::pre_image_entry(&log.ns, log.ui, &encode_record(old_doc, old_len)?, log.wall_ms, tag));
             }
             let id_doc = oplog::id_doc(new.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
@@ -570,8 +570,8 @@ impl CollState {
         pending.removes = true;
         pending.batch.delete(Space::Records, record_key(self.id, rid));
         if let Some(log) = &pending.log {
-            let session = log.session.as_ref().map(|t| (t, oplog::current_stmt()));
-            if let Some(tag) = session.filter(|_| oplog::wants_pre_image()) {
+            let session = log.session.as_ref().map(|t| (t, pending.ctx.current_stmt()));
+            if let Some(tag) = session.filter(|_| pending.ctx.wants_pre_image()) {
                 pending.oplog.push(oplog::pre_image_entry(&log.ns, log.ui, &old_bytes, log.wall_ms, tag));
             }
             let id = oplog::id_doc(old_doc.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
@@ -611,7 +611,7 @@ impl CollState {
             if rids.is_empty() {
                 return Ok(deleted);
             }
-            let mut pending = self.pending();
+            let mut pending = self.pending(&WriteCtx::default());
             for rid in &rids {
                 self.prepare_delete(&snapshot.meta, &*snapshot.snap, *rid, &mut pending)?;
             }
@@ -624,10 +624,10 @@ impl CollState {
         }
     }
 
-    pub(crate) fn pending(&self) -> Pending {
-        let log = self.logs_changes().then(|| {
+    pub(crate) fn pending(&self, ctx: &WriteCtx) -> Pending {
+        let log = self.logs_changes(ctx).then(|| {
             // The session record's own collection is written in the same batch, not tagged.
-            let session = oplog::with_session(|s| s.filter(|s| s.records.id != self.id).map(|s| oplog::SessionTag { lsid: s.lsid.clone(), txn: s.txn }));
+            let session = ctx.with_session(|s| s.filter(|s| s.records.id != self.id).map(|s| oplog::SessionTag { lsid: s.lsid.clone(), txn: s.txn }));
             LogTarget { ns: self.ns_string(), ui: self.meta.read().uuid, wall_ms: oplog::wall_now_ms(), session }
         });
         Pending {
@@ -639,13 +639,15 @@ impl CollState {
             log,
             oplog: Vec::new(),
             removes: false,
+            ctx: ctx.clone(),
         }
     }
 
     /// Changes are logged when the store keeps an oplog, except those of the `local`
-    /// database, which no member replicates (the oplog itself lives there).
-    pub(crate) fn logs_changes(&self) -> bool {
-        self.shared.oplog.read().is_some() && self.ns.read().0 != oplog::OPLOG_DB && !oplog::is_applying_replicated()
+    /// database, which no member replicates (the oplog itself lives there), and replicated
+    /// ones.
+    pub(crate) fn logs_changes(&self, ctx: &WriteCtx) -> bool {
+        self.shared.oplog.read().is_some() && self.ns.read().0 != oplog::OPLOG_DB && !ctx.is_replicated()
     }
 
     pub(crate) fn stored_doc(&self, snap: &dyn EngineSnapshot, id: RecordId) -> Result<(Vec<u8>, Document)> {
@@ -671,6 +673,8 @@ pub(crate) struct Pending {
     pub(crate) oplog: Vec<Vec<u8>>,
     /// The batch deletes records (`CollState::removals` moves once it is applied).
     pub(crate) removes: bool,
+    /// How the batch is logged (the handle's).
+    pub(crate) ctx: WriteCtx,
 }
 
 /// What every oplog entry of one batch shares.

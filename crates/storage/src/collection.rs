@@ -5,9 +5,16 @@ use super::*;
 #[derive(Clone)]
 pub struct Collection {
     pub(crate) state: Arc<CollState>,
+    /// How writes through this handle are logged (its store handle's).
+    pub(crate) ctx: WriteCtx,
 }
 
 impl Collection {
+    /// This collection, written through `store`'s handle (its `WriteCtx`).
+    pub fn through(&self, store: &Store) -> Collection {
+        Collection { state: self.state.clone(), ctx: store.ctx.clone() }
+    }
+
     pub fn meta(&self) -> CollectionMeta {
         self.state.meta_public()
     }
@@ -79,13 +86,13 @@ impl Collection {
         }
         let meta = st.meta.read().clone();
         let snap = st.shared.engine.snapshot();
-        let mut pending = st.pending();
+        let mut pending = st.pending(&self.ctx);
         // A record and (usually) one entry per index for each document, plus the statistics.
         pending.batch.ops.reserve(docs.len() * (1 + meta.indexes.len()) + 1);
         let mut ok = Vec::with_capacity(docs.len());
         let mut errors = Vec::new();
         for (i, d) in docs.iter().enumerate() {
-            oplog::select_document_statement(i);
+            self.ctx.select_document_statement(i);
             match st.prepare_insert(&meta, &*snap, d, &mut pending) {
                 Ok(_) => ok.push(i),
                 Err(e) => {
@@ -114,7 +121,7 @@ impl Collection {
 
     /// Exclusive writer; holds the collection write lock until dropped.
     pub fn writer(&self) -> Writer {
-        Writer { guard: WriteGuard::acquire(&self.state) }
+        Writer { guard: WriteGuard::acquire(&self.state), ctx: self.ctx.clone() }
     }
 
     pub fn stats(&self) -> CollStats {

@@ -97,7 +97,7 @@ impl Collection {
             let _guard = WriteGuard::acquire(st);
             self.check_build_alive(idx)?;
             let latest = st.shared.engine.snapshot();
-            let mut pending = st.pending();
+            let mut pending = st.pending(&self.ctx);
             let mut added_bytes = 0u64;
             let mut multikey = false;
             let scanned = chunk.len() as u64;
@@ -154,7 +154,7 @@ impl Collection {
         let meta = st.meta.read().clone();
         let indexes = meta.indexes.iter().map(|i| if i.id == idx.id { ready.clone() } else { i.clone() }).collect();
         let new_meta = Arc::new(MetaRt { uuid: meta.uuid, options: meta.options.clone(), indexes });
-        let mut pending = st.pending();
+        let mut pending = st.pending(&self.ctx);
         let (db, name) = st.ns.read().clone();
         pending.batch.put(Space::Catalog, meta_key(&db, &name), encode_doc(&new_meta.to_doc(st.id, &db, &name))?);
         pending.batch.delete(Space::Catalog, garbage_key(GARBAGE_INDEX, idx.id));
@@ -187,7 +187,7 @@ impl Collection {
             }
             let indexes = meta.indexes.iter().filter(|i| i.id != idx.id).cloned().collect();
             let new_meta = Arc::new(MetaRt { uuid: meta.uuid, options: meta.options.clone(), indexes });
-            let mut pending = st.pending();
+            let mut pending = st.pending(&self.ctx);
             pending.stats.index_bytes.remove(&idx.id);
             pending.stats.multikey.remove(&idx.id);
             let mut meta_guard = st.meta.write();
@@ -212,7 +212,7 @@ impl Collection {
         };
         let indexes: Vec<Arc<IndexRt>> = meta.indexes.iter().filter(|i| i.id != idx.id).cloned().collect();
         let new_meta = Arc::new(MetaRt { uuid: meta.uuid, options: meta.options.clone(), indexes });
-        let mut pending = st.pending();
+        let mut pending = st.pending(&self.ctx);
         pending.stats.index_bytes.remove(&idx.id);
         pending.stats.multikey.remove(&idx.id);
         let (db, coll) = st.ns.read().clone();

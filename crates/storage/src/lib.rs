@@ -6,7 +6,7 @@
 //! group commit, id allocation, dropped data), `coll_state` (a collection's write path),
 //! `collection` and `index_build` (the public handle, and index builds), `snapshot` (reads),
 //! `writer` (read-modify-write), `replicated` (the oplog's points and replicated
-//! application), `oplog` (entries and their encoding), `session` (retryable writes), `ttl`,
+//! application), `oplog` (entries and their encoding), `write_ctx` (how a handle's writes are logged), `session` (retryable writes), `ttl`,
 //! `names`, `layout` (keys and records), `keys` and `keygen` (index keys), `hash`.
 //!
 //! Key layout (all integers big-endian, so byte order is numeric order):
@@ -65,6 +65,7 @@ mod shared;
 mod snapshot;
 mod store;
 mod ttl;
+mod write_ctx;
 mod writer;
 
 use coll_state::*;
@@ -72,13 +73,14 @@ pub use collection::*;
 pub use engine::{Batch, BatchOp, Engine, EngineSnapshot, Space};
 pub use layout::*;
 use names::*;
-pub use oplog::{applying_replicated_ops, ts_of, OpTime, ReplicatedApplyGuard, OPLOG_COLLECTION, OPLOG_DB, SESSION_MIGRATE_INFO};
+pub use oplog::{ts_of, OpTime, OPLOG_COLLECTION, OPLOG_DB, SESSION_MIGRATE_INFO};
 pub use replicated::*;
 pub use session::*;
 use shared::*;
 pub use snapshot::*;
 pub use store::*;
 use ttl::*;
+pub use write_ctx::*;
 pub use writer::*;
 
 /// The storage memory budget when none is configured (the bound: at most 1 GiB).

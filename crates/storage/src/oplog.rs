@@ -29,13 +29,7 @@ use crate::bsonenc::{append_string, append_value, begin, end};
 use bson::spec::BinarySubtype;
 use bson::{Bson, Document};
 
-thread_local! {
-    static APPLYING_REPLICATED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// The retryable write this thread runs (`Store::begin_retryable_write`).
-    static SESSION: std::cell::RefCell<Option<SessionWrite>> = const { std::cell::RefCell::new(None) };
-}
-
-/// A retryable write in progress on this thread: its entries carry mongod's session fields
+/// A retryable write in progress: its entries carry mongod's session fields
 /// (`lsid`, `txnNumber`, `stmtId`, `prevOpTime`), and every batch that logs them also writes
 /// the session's `config.transactions` record (see `Store::begin_retryable_write`).
 pub(crate) struct SessionWrite {
@@ -56,62 +50,11 @@ pub(crate) struct SessionWrite {
     pub pre_image: bool,
 }
 
-pub(crate) fn set_session(s: Option<SessionWrite>) -> Option<SessionWrite> {
-    SESSION.with(|c| c.replace(s))
-}
-
-pub(crate) fn with_session<R>(f: impl FnOnce(Option<&mut SessionWrite>) -> R) -> R {
-    SESSION.with(|c| f(c.borrow_mut().as_mut()))
-}
-
-/// The statement of the entry being prepared (0 outside a retryable write, where it is not
-/// used).
-pub(crate) fn current_stmt() -> i32 {
-    with_session(|s| s.map_or(0, |s| s.stmt))
-}
-
-pub(crate) fn wants_pre_image() -> bool {
-    with_session(|s| s.is_some_and(|s| s.pre_image))
-}
-
-/// `insert_many` is preparing its `i`th document: its entry belongs to that document's
-/// statement, when statements were given per document.
-pub(crate) fn select_document_statement(i: usize) {
-    with_session(|s| {
-        if let Some(s) = s {
-            if let Some(stmt) = s.stmt_per_document.as_ref().and_then(|ids| ids.get(i)) {
-                s.stmt = *stmt;
-            }
-        }
-    })
-}
-
 /// The session fields of an entry: `lsid` bytes and `txnNumber` (the statement is per
 /// entry).
 pub(crate) struct SessionTag {
     pub lsid: Vec<u8>,
     pub txn: i64,
-}
-
-/// While alive, changes made by this thread are not logged: a secondary applying entries
-/// from its sync source writes those entries themselves (`Store::append_oplog_replicated`),
-/// with the source's optimes, instead of new ones.
-pub struct ReplicatedApplyGuard {
-    was: bool,
-}
-
-pub fn applying_replicated_ops() -> ReplicatedApplyGuard {
-    ReplicatedApplyGuard { was: APPLYING_REPLICATED.with(|a| a.replace(true)) }
-}
-
-impl Drop for ReplicatedApplyGuard {
-    fn drop(&mut self) {
-        APPLYING_REPLICATED.with(|a| a.set(self.was));
-    }
-}
-
-pub(crate) fn is_applying_replicated() -> bool {
-    APPLYING_REPLICATED.with(|a| a.get())
 }
 
 /// `local.oplog.rs`.

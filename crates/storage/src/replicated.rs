@@ -89,7 +89,7 @@ impl Store {
 
     /// Append entries fetched from another member with their own optimes, in one engine
     /// batch: a secondary's oplog is a copy of its sync source's. The caller has applied
-    /// their changes first (under `applying_replicated_ops`, so they logged nothing), so a
+    /// their changes first (through a `Store::replicated` handle, so they logged nothing), so a
     /// crash in between leaves changes whose entries are fetched and applied again, which
     /// oplog application tolerates. Entries must be newer than the newest one, in order.
     pub fn append_oplog_replicated(&self, entries: &[(OpTime, Vec<u8>)]) -> Result<()> {
@@ -171,7 +171,7 @@ impl Store {
             st.check_live()?;
             st.check_not_oplog()?;
             let meta = st.meta.read().clone();
-            let mut pending = st.pending();
+            let mut pending = st.pending(&WriteCtx::replicated());
             // Replicated changes are logged as the entries that carry them, below.
             pending.log = None;
             for change in changes {

@@ -13,21 +13,21 @@ pub fn session_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64) -> bson
 pub const SESSION_RECORDS_DB: &str = "config";
 pub const SESSION_RECORDS_COLLECTION: &str = "transactions";
 
-/// See `Store::begin_retryable_write`; ends the retryable write (on this thread).
-pub struct RetryableWriteGuard {
-    pub(crate) _not_send: std::marker::PhantomData<*const ()>,
+/// A retryable write in progress (`Store::begin_retryable_write`): its store handle, whose
+/// writes carry the session's fields, and the statement they belong to.
+pub struct RetryableWrite {
+    store: Store,
 }
 
-impl Drop for RetryableWriteGuard {
-    fn drop(&mut self) {
-        oplog::set_session(None);
+impl RetryableWrite {
+    /// The store to write through: its writes are this retryable write's.
+    pub fn store(&self) -> &Store {
+        &self.store
     }
-}
 
-impl RetryableWriteGuard {
     /// The statement (`stmtId`) the next writes belong to.
     pub fn set_statement(&self, stmt: i32) {
-        oplog::with_session(|s| {
+        self.store.ctx.with_session(|s| {
             if let Some(s) = s {
                 s.stmt = stmt;
                 s.stmt_per_document = None;
@@ -37,7 +37,7 @@ impl RetryableWriteGuard {
 
     /// The statement of each document of the next `Collection::insert_many`.
     pub fn set_statement_per_document(&self, stmts: Vec<i32>) {
-        oplog::with_session(|s| {
+        self.store.ctx.with_session(|s| {
             if let Some(s) = s {
                 s.stmt_per_document = Some(stmts);
             }
@@ -46,13 +46,13 @@ impl RetryableWriteGuard {
 
     /// The optime of the transaction's newest entry (what its session record says now).
     pub fn last_write(&self) -> OpTime {
-        oplog::with_session(|s| s.map_or(OpTime::NULL, |s| s.prev))
+        self.store.ctx.with_session(|s| s.map_or(OpTime::NULL, |s| s.prev))
     }
 
     /// Log the documents the next updates and deletes change, as they were, before their
     /// changes (a findAndModify's retry returns them).
     pub fn set_pre_image(&self, on: bool) {
-        oplog::with_session(|s| {
+        self.store.ctx.with_session(|s| {
             if let Some(s) = s {
                 s.pre_image = on;
             }
@@ -61,23 +61,23 @@ impl RetryableWriteGuard {
 }
 
 impl Store {
-    /// Run this thread's next writes as retryable write `txn` of session `lsid` until the
-    /// returned guard is dropped, as mongod does: each oplog entry carries `lsid`,
-    /// `txnNumber`, the statement it belongs to (`RetryableWriteGuard::set_statement`) and `prevOpTime`
-    /// (the transaction's previous entry; `prev` for the first, `OpTime::NULL` when it has
-    /// none), and each engine write that logs entries also writes the session's record in
+    /// Begin retryable write `txn` of session `lsid`, as mongod runs one: each oplog entry
+    /// written through the returned handle's store carries `lsid`, `txnNumber`, the
+    /// statement it belongs to (`RetryableWrite::set_statement`) and `prevOpTime` (the
+    /// transaction's previous entry; `prev` for the first, `OpTime::NULL` when it has none),
+    /// and each engine write that logs entries also writes the session's record in
     /// `config.transactions` (`lastWriteOpTime`: its newest entry). A retry finds what the
     /// transaction already did by walking the entries back from that record. A replica-set
     /// member only (no oplog: an error).
-    pub fn begin_retryable_write(&self, lsid: &[u8], txn: i64, prev: OpTime) -> Result<RetryableWriteGuard> {
+    pub fn begin_retryable_write(&self, lsid: &[u8], txn: i64, prev: OpTime) -> Result<RetryableWrite> {
         if self.inner.shared.oplog.read().is_none() {
             return Err(Error::new(Code::IllegalOperation, "Transaction numbers are only allowed on a replica set member or mongos"));
         }
-        if oplog::with_session(|s| s.is_some()) {
+        if self.ctx.with_session(|s| s.is_some()) {
             return Err(Error::internal("a retryable write began inside another"));
         }
         let records = self.collection_or_create(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION)?;
-        oplog::set_session(Some(oplog::SessionWrite {
+        let ctx = WriteCtx::session(oplog::SessionWrite {
             lsid: lsid.to_vec(),
             txn,
             records: records.state,
@@ -85,7 +85,7 @@ impl Store {
             stmt: 0,
             stmt_per_document: None,
             pre_image: false,
-        }));
-        Ok(RetryableWriteGuard { _not_send: std::marker::PhantomData })
+        });
+        Ok(RetryableWrite { store: Store { inner: self.inner.clone(), ctx } })
     }
 }

@@ -36,6 +36,8 @@ impl Drop for StoreInner {
 #[derive(Clone)]
 pub struct Store {
     pub(crate) inner: Arc<StoreInner>,
+    /// How writes through this handle are logged.
+    pub(crate) ctx: WriteCtx,
 }
 
 impl Store {
@@ -68,6 +70,7 @@ impl Store {
         let ttl = Arc::new(TtlMonitor { enabled: AtomicBool::new(true), stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
         Store {
             inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl, create_hook: std::sync::OnceLock::new() }),
+            ctx: WriteCtx::default(),
         }
     }
 
@@ -173,7 +176,7 @@ impl Store {
     }
 
     pub fn collection(&self, db: &str, name: &str) -> Option<Collection> {
-        self.inner.colls.read().get(&(db.to_string(), name.to_string())).map(|c| Collection { state: c.clone() })
+        self.inner.colls.read().get(&(db.to_string(), name.to_string())).map(|c| Collection { state: c.clone(), ctx: self.ctx.clone() })
     }
 
     /// Create explicitly: NamespaceExists if present; InvalidNamespace for bad names.
@@ -246,13 +249,13 @@ impl Store {
         if let Some(hook) = self.inner.create_hook.get() {
             hook(db, name, new_db);
         }
-        Ok(Collection { state: st })
+        Ok(Collection { state: st, ctx: self.ctx.clone() })
     }
 
     /// The oplog entry of a catalog command on `db`, or none when changes to `db` are not
     /// logged (no oplog, or the `local` database).
     pub(crate) fn command_entry(&self, db: &str, ui: Option<bson::Uuid>, o: &Document) -> Result<Vec<Vec<u8>>> {
-        if db == OPLOG_DB || self.inner.shared.oplog.read().is_none() || oplog::is_applying_replicated() {
+        if db == OPLOG_DB || self.inner.shared.oplog.read().is_none() || self.ctx.is_replicated() {
             return Ok(Vec::new());
         }
         Ok(vec![oplog::command_entry(db, ui, o, oplog::wall_now_ms()).map_err(Error::bad_value)?])
@@ -421,7 +424,7 @@ impl Store {
     pub fn database_stats(&self, db: &str) -> DbStats {
         let mut s = DbStats::default();
         for c in self.colls_in(db) {
-            let cs = Collection { state: c }.stats();
+            let cs = Collection { state: c, ctx: WriteCtx::default() }.stats();
             s.collections += 1;
             s.objects += cs.count;
             s.data_size_bytes += cs.size_bytes;

@@ -1253,12 +1253,14 @@ fn a_retryable_writes_entries_chain_back_and_its_record_names_the_newest() {
     let start = store.oplog_last().unwrap();
     {
         let w = store.begin_retryable_write(&lsid, 5, OpTime::NULL).unwrap();
+        // Its writes go through its store handle.
+        let wc = w.store().collection("db", "c").unwrap();
         // An insert command's documents are its statements; an update's statement is set.
         w.set_statement_per_document(vec![0, 2]);
-        assert!(c.insert_many(&[doc! {"_id": 1}, doc! {"_id": 2}], true).errors.is_empty());
+        assert!(wc.insert_many(&[doc! {"_id": 1}, doc! {"_id": 2}], true).errors.is_empty());
         w.set_statement(3);
         w.set_pre_image(true);
-        let mut wr = c.writer();
+        let mut wr = wc.writer();
         let (rid, old) = wr.snapshot().find_by_id(&Bson::Int32(1)).unwrap().unwrap();
         wr.update(rid, &old, &doc! {"_id": 1, "x": 1}).unwrap();
     }

@@ -38,7 +38,7 @@ impl Store {
                 }
             }
             let Some(inner) = weak.upgrade() else { return };
-            let store = Store { inner };
+            let store = Store { inner, ctx: WriteCtx::default() };
             if !monitor.enabled.load(Ordering::SeqCst) {
                 continue;
             }

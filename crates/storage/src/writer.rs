@@ -6,6 +6,7 @@ use super::*;
 /// Each mutation is applied atomically (record and all index entries) immediately.
 pub struct Writer {
     pub(crate) guard: WriteGuard,
+    pub(crate) ctx: WriteCtx,
 }
 
 impl Writer {
@@ -23,7 +24,7 @@ impl Writer {
         st.check_live()?;
         let meta = st.meta.read().clone();
         let snap = st.shared.engine.snapshot();
-        let mut pending = st.pending();
+        let mut pending = st.pending(&self.ctx);
         let rid = st.prepare_insert(&meta, &*snap, doc, &mut pending)?;
         st.commit_pending(pending)?;
         Ok(rid)
@@ -42,7 +43,7 @@ impl Writer {
             .get(Space::Records, &record_key(st.id, id))?
             .ok_or_else(|| Error::new(Code::NoSuchKey, format!("record {id} not found in {}", st.ns_string())))?;
         debug_assert!(decode_doc(&old_bytes).is_ok_and(|d| &d == old), "Writer::update given a stale document");
-        let mut pending = st.pending();
+        let mut pending = st.pending(&self.ctx);
         st.prepare_update(&meta, &*snap, id, old_bytes.len(), old, new, &mut pending)?;
         st.commit_pending(pending)
     }
@@ -54,7 +55,7 @@ impl Writer {
     pub fn log_session_history(&mut self, entries: &[(i32, Vec<u8>)]) -> Result<()> {
         let st = self.st();
         st.check_live()?;
-        let mut pending = st.pending();
+        let mut pending = st.pending(&self.ctx);
         let Some(log) = pending.log.as_ref() else { return Err(Error::new(Code::IllegalOperation, "session history is logged on a replica-set member only")) };
         let Some(tag) = log.session.as_ref() else { return Err(Error::internal("session history is logged inside a retryable write")) };
         for (stmt, original) in entries {
@@ -70,7 +71,7 @@ impl Writer {
         st.check_live()?;
         let meta = st.meta.read().clone();
         let snap = st.shared.engine.snapshot();
-        let mut pending = st.pending();
+        let mut pending = st.pending(&self.ctx);
         st.prepare_delete(&meta, &*snap, id, &mut pending)?;
         st.commit_pending(pending)
     }

@@ -113,7 +113,7 @@ pub fn list_collections(ctx: &mut Ctx) -> Result<Document> {
 pub fn list_indexes(ctx: &mut Ctx) -> Result<Document> {
     check_fields("listIndexes", ctx.cmd, &["cursor", "includeBuildUUIDs", "includeIndexBuildInfo"])?;
     let name = ctx.collection_name()?;
-    let coll = ctx.shared.store.collection(ctx.db, name).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("ns does not exist: {}", ctx.ns(name))))?;
+    let coll = ctx.store().collection(ctx.db, name).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("ns does not exist: {}", ctx.ns(name))))?;
     let specs = coll.meta().indexes.into_iter().map(|i| i.spec).collect();
     Ok(cursor_reply(&ctx.ns(name), 0, specs, true))
 }
@@ -179,7 +179,7 @@ pub fn create(ctx: &mut Ctx) -> Result<Document> {
 pub fn drop(ctx: &mut Ctx) -> Result<Document> {
     let name = ctx.collection_name()?.to_string();
     let ns = ctx.ns(&name);
-    let n_indexes = ctx.shared.store.collection(ctx.db, &name).map(|c| c.meta().indexes.len() as i32);
+    let n_indexes = ctx.store().collection(ctx.db, &name).map(|c| c.meta().indexes.len() as i32);
     ctx.shared.cursors.kill_ns(&ns);
     match n_indexes {
         Some(n) => {
@@ -231,7 +231,7 @@ pub fn coll_stats(ctx: &mut Ctx) -> Result<Document> {
     let name = ctx.collection_name()?.to_string();
     let scale = scale(ctx)?;
     let ns = ctx.ns(&name);
-    let coll = ctx.shared.store.collection(ctx.db, &name).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("Collection [{ns}] not found.")))?;
+    let coll = ctx.store().collection(ctx.db, &name).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("Collection [{ns}] not found.")))?;
     Ok(coll_stats_doc(&ns, &coll, scale))
 }
 
@@ -406,8 +406,8 @@ pub fn create_indexes(ctx: &mut Ctx) -> Result<Document> {
         return Err(Error::bad_value("Must specify at least one index to create"));
     }
     let specs: Vec<IndexSpec> = specs.iter().map(parse_index_spec).collect::<Result<_>>()?;
-    let existed = ctx.shared.store.collection(ctx.db, &name).is_some();
-    let coll = ctx.shared.store.collection_or_create(ctx.db, &name)?;
+    let existed = ctx.store().collection(ctx.db, &name).is_some();
+    let coll = ctx.store().collection_or_create(ctx.db, &name)?;
     let before = coll.meta().indexes.len() as i32;
     for spec in specs {
         ctx.op.check()?;
@@ -426,7 +426,7 @@ pub fn drop_indexes(ctx: &mut Ctx) -> Result<Document> {
     check_fields(ctx.name, ctx.cmd, &["index"])?;
     let name = ctx.collection_name()?.to_string();
     let ns = ctx.ns(&name);
-    let coll = ctx.shared.store.collection(ctx.db, &name).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("ns not found {ns}")))?;
+    let coll = ctx.store().collection(ctx.db, &name).ok_or_else(|| Error::new(Code::NamespaceNotFound, format!("ns not found {ns}")))?;
     let meta = coll.meta();
     let n_was = meta.indexes.len() as i32;
     let targets: Vec<String> = match ctx.cmd.get("index") {

@@ -83,7 +83,7 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
     let opts = RunOptions { allow_disk_use, mem_limit_bytes: common::limits::AGG_MEMORY_BYTES_MAX };
     let results = match input_override {
         Some(docs) => pipeline.run_interruptible(&mut docs.into_iter().map(Ok), &opts, &|| ctx.op.check())?,
-        None => match coll_name.as_deref().and_then(|c| ctx.shared.store.collection(ctx.db, c)) {
+        None => match coll_name.as_deref().and_then(|c| ctx.store().collection(ctx.db, c)) {
             Some(coll) => {
                 let leading = pipeline.leading_match().unwrap_or_default();
                 let (mut scan, _) = ctx.planned_scan(coll.snapshot(), &leading, None, ctx.cmd.get("hint"), None)?;
@@ -104,7 +104,7 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
 fn coll_stats_stage(ctx: &Ctx, coll: &str, spec: &Document) -> Result<Document> {
     let ns = ctx.ns(coll);
     let mut out = doc! { "ns": ns.clone(), "host": ctx.shared.host_port(), "localTime": DateTime::now() };
-    let c = ctx.shared.store.collection(ctx.db, coll);
+    let c = ctx.store().collection(ctx.db, coll);
     for (k, v) in spec {
         match k.as_str() {
             "storageStats" => {

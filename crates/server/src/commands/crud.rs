@@ -145,9 +145,9 @@ pub fn insert(ctx: &mut Ctx) -> Result<Document> {
     }
     let mut inserted = 0usize;
     if !prepared.is_empty() {
-        let coll = ctx.shared.store.collection_or_create(ctx.db, &name)?;
+        let coll = ctx.store().collection_or_create(ctx.db, &name)?;
         if let Some(r) = &ctx.retry {
-            r.guard.set_statement_per_document(stmt_ids);
+            r.write.set_statement_per_document(stmt_ids);
         }
         let out = coll.insert_many(&prepared, ordered);
         inserted = out.inserted;
@@ -322,7 +322,7 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
             return Err(Error::new(Code::CommandNotSupported, "collations other than 'simple' are not supported by shoal yet"));
         }
     }
-    let coll = ctx.shared.store.collection(ctx.db, &name);
+    let coll = ctx.store().collection(ctx.db, &name);
     check_hint(ctx, ctx.cmd.get("hint"), coll.as_ref())?;
     let Some(coll) = coll else {
         return Ok(cursor_reply(&ns, 0, Vec::new(), true));
@@ -574,7 +574,7 @@ struct UpdateResult {
 /// document in that order is updated (findAndModify).
 fn apply_update(ctx: &Ctx, coll_name: &str, stmt: &UpdateStmt, sort: Option<&SortSpec>) -> Result<UpdateResult> {
     let mut res = UpdateResult { n: 0, modified: 0, upserted: None, before: None, after: None };
-    let coll = if stmt.upsert { Some(ctx.shared.store.collection_or_create(ctx.db, coll_name)?) } else { ctx.shared.store.collection(ctx.db, coll_name) };
+    let coll = if stmt.upsert { Some(ctx.store().collection_or_create(ctx.db, coll_name)?) } else { ctx.store().collection(ctx.db, coll_name) };
     let Some(coll) = coll else { return Ok(res) };
     let mut writer = coll.writer();
     let snapshot = writer.snapshot();
@@ -682,7 +682,7 @@ pub fn update(ctx: &mut Ctx) -> Result<Document> {
 /// Delete the documents matching `filter` (at most one unless `multi`, the first in `sort`
 /// order when given). Returns the deleted documents.
 fn apply_delete(ctx: &Ctx, coll_name: &str, query: &Document, multi: bool, sort: Option<&SortSpec>, hint: Option<&Bson>) -> Result<Vec<Document>> {
-    let Some(coll) = ctx.shared.store.collection(ctx.db, coll_name) else {
+    let Some(coll) = ctx.store().collection(ctx.db, coll_name) else {
         Filter::parse(query)?;
         return Ok(Vec::new());
     };
@@ -793,7 +793,7 @@ pub fn find_and_modify(ctx: &mut Ctx) -> Result<Document> {
     };
     if let Some(r) = &ctx.retry {
         // What a retry returns and its entry does not hold: the document before the change.
-        r.guard.set_pre_image(remove || !return_new);
+        r.write.set_pre_image(remove || !return_new);
     }
     let stmt = match ctx.cmd.get("stmtId") {
         Some(Bson::Int32(id)) => *id,
@@ -850,7 +850,7 @@ pub fn count(ctx: &mut Ctx) -> Result<Document> {
     // A negative limit means the same as its absolute value for count.
     let limit = ctx.int_arg("limit")?.map(|l| l.unsigned_abs()).filter(|l| *l > 0);
     let filter = Filter::parse(&query_doc)?;
-    let Some(coll) = ctx.shared.store.collection(ctx.db, &name) else { return Ok(doc! { "n": 0 }) };
+    let Some(coll) = ctx.store().collection(ctx.db, &name) else { return Ok(doc! { "n": 0 }) };
     check_hint(ctx, ctx.cmd.get("hint"), Some(&coll))?;
     let snapshot = coll.snapshot();
     let total = if filter.is_match_all() && ctx.conn.shard_filter.is_none() {
@@ -918,7 +918,7 @@ pub fn distinct(ctx: &mut Ctx) -> Result<Document> {
     }
     let query_doc = ctx.doc_arg("query")?.cloned().unwrap_or_default();
     Filter::parse(&query_doc)?;
-    let Some(coll) = ctx.shared.store.collection(ctx.db, &name) else { return Ok(doc! { "values": [] }) };
+    let Some(coll) = ctx.store().collection(ctx.db, &name) else { return Ok(doc! { "values": [] }) };
     let (mut scan, _) = ctx.planned_scan(coll.snapshot(), &query_doc, None, ctx.cmd.get("hint"), None)?;
     let mut values: Vec<Bson> = Vec::new();
     let mut size = 0usize;

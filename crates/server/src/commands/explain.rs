@@ -119,7 +119,7 @@ pub fn explain(ctx: &mut Ctx) -> Result<Document> {
     };
     let ns = ctx.ns(&coll_name);
     let started = Instant::now();
-    let (winning, stats) = match ctx.shared.store.collection(ctx.db, &coll_name) {
+    let (winning, stats) = match ctx.store().collection(ctx.db, &coll_name) {
         None => (doc! { "stage": "EOF" }, doc! { "nReturned": 0i64, "totalKeysExamined": 0i64, "totalDocsExamined": 0i64 }),
         Some(coll) => {
             let hint = natural.as_ref().or(inner.get("hint"));

@@ -38,19 +38,28 @@ pub struct Ctx<'a> {
     pub out: &'a mut crate::dispatch::Effects,
 }
 
-/// A retryable write's context: what earlier attempts did, and the guard on which the
-/// handler names the statement each of its writes belongs to.
+/// A retryable write's context: what earlier attempts did, and the write itself: the store
+/// handle its writes go through, on which the handler names the statement each belongs to.
 pub struct RetryCtx<'a> {
     pub executed: &'a crate::retry::Executed,
-    pub guard: &'a storage::RetryableWriteGuard,
+    pub write: &'a storage::RetryableWrite,
 }
 
 impl Ctx<'_> {
+    /// The store this command writes through: a retryable write's handle, whose entries
+    /// carry its session, or the server's.
+    pub fn store(&self) -> &storage::Store {
+        match &self.retry {
+            Some(r) => r.write.store(),
+            None => &self.shared.store,
+        }
+    }
+
     /// A retryable write's statement `stmt` is next: the entries it logs carry it. `None`
     /// if it already took effect in an earlier attempt (its entries, to rebuild its result).
     pub fn begin_statement(&self, stmt: i32) -> Option<&[Document]> {
         let r = self.retry.as_ref()?;
-        r.guard.set_statement(stmt);
+        r.write.set_statement(stmt);
         r.executed.statement(stmt)
     }
 

@@ -39,7 +39,7 @@ fn modifiable_role(ctx: &Ctx) -> Result<String> {
 }
 
 fn roles_collection(ctx: &Ctx) -> Result<storage::Collection> {
-    ctx.shared.store.collection_or_create(USERS_DB, ROLES_COLLECTION)
+    ctx.store().collection_or_create(USERS_DB, ROLES_COLLECTION)
 }
 
 fn role_id(role: &str, db: &str) -> Bson {
@@ -252,7 +252,7 @@ fn drop_roles(ctx: &Ctx, gone: impl Fn(&Document) -> bool) -> Result<i32> {
         }
     }
     drop(w);
-    if let Some(users) = ctx.shared.store.collection(USERS_DB, USERS_COLLECTION).filter(|_| !dropped.is_empty()) {
+    if let Some(users) = ctx.store().collection(USERS_DB, USERS_COLLECTION).filter(|_| !dropped.is_empty()) {
         let mut w = users.writer();
         for (rid, d) in all_users(&w.snapshot())? {
             if holds_dropped(&d) {
@@ -349,7 +349,7 @@ pub fn roles_info(ctx: &mut Ctx) -> Result<Document> {
         return Err(Error::new(Code::CommandNotSupported, "rolesInfo showAuthenticationRestrictions is not supported by shoal yet"));
     }
     let show_builtin = ctx.bool_arg("showBuiltinRoles")?.unwrap_or(false);
-    let stored: Vec<Document> = match ctx.shared.store.collection(USERS_DB, ROLES_COLLECTION) {
+    let stored: Vec<Document> = match ctx.store().collection(USERS_DB, ROLES_COLLECTION) {
         Some(c) => all_users(&c.snapshot())?.into_iter().map(|(_, d)| d).collect(),
         None => Vec::new(),
     };

@@ -258,7 +258,7 @@ pub fn cleanup_range(ctx: &mut Ctx) -> Result<Document> {
     if meta.owns_any_of(&min, &max) {
         return Err(Error::new(Code::IllegalOperation, format!("this shard owns part of the range to clean up in {ns}")));
     }
-    let Some(c) = ctx.shared.store.collection(&db, &coll) else { return Ok(doc! {"deleted": 0}) };
+    let Some(c) = ctx.store().collection(&db, &coll) else { return Ok(doc! {"deleted": 0}) };
     let mut deleted = 0i64;
     let mut after = None;
     loop {
@@ -309,7 +309,7 @@ pub fn migrate_start(ctx: &mut Ctx) -> Result<Document> {
 pub fn migrate_clone(ctx: &mut Ctx) -> Result<Document> {
     let (db, coll) = begin(ctx)?;
     let src = source(ctx, &format!("{db}.{coll}"))?;
-    let Some(c) = ctx.shared.store.collection(&src.db, &src.coll) else { return Ok(doc! {"docs": [], "sessions": [], "done": true}) };
+    let Some(c) = ctx.store().collection(&src.db, &src.coll) else { return Ok(doc! {"docs": [], "sessions": [], "done": true}) };
     let mut st = src.state.lock();
     let mut docs = Vec::new();
     let mut bytes = 0;
@@ -351,7 +351,7 @@ pub fn transfer_mods(ctx: &mut Ctx) -> Result<Document> {
         .store
         .collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION)
         .ok_or_else(|| Error::new(Code::IllegalOperation, "a donor shard needs its oplog"))?;
-    let c = ctx.shared.store.collection(&src.db, &src.coll);
+    let c = ctx.store().collection(&src.db, &src.coll);
     let mut st = src.state.lock();
     // Entries past our position must all still be there.
     if let Some((oldest, _)) = oplog.snapshot().scan(None, 1)?.first() {

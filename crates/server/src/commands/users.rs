@@ -142,7 +142,7 @@ pub fn set_audit_config(ctx: &mut Ctx) -> Result<Document> {
     let success = success.unwrap_or_else(|| current.get_bool("auditAuthorizationSuccess").unwrap_or(false));
     let generation = bson::oid::ObjectId::new();
     let stored = doc! {"_id": crate::audit::SETTINGS_ID, "filter": filter.clone(), "auditAuthorizationSuccess": success, "generation": generation};
-    let coll = ctx.shared.store.collection_or_create(crate::audit::SETTINGS_DB, crate::audit::SETTINGS_COLLECTION)?;
+    let coll = ctx.store().collection_or_create(crate::audit::SETTINGS_DB, crate::audit::SETTINGS_COLLECTION)?;
     replication::apply::upsert(&coll, &stored, false)?;
     ctx.commit_write()?;
     audit.set_config(Some(filter), Some(success), Some(generation))?;
@@ -241,7 +241,7 @@ fn check_pwd(ctx: &Ctx) -> Result<Option<String>> {
 }
 
 fn users_collection(ctx: &Ctx) -> Result<storage::Collection> {
-    ctx.shared.store.collection_or_create(USERS_DB, USERS_COLLECTION)
+    ctx.store().collection_or_create(USERS_DB, USERS_COLLECTION)
 }
 
 pub(super) fn finish(ctx: &Ctx) -> Result<()> {
@@ -476,7 +476,7 @@ pub fn users_info(ctx: &mut Ctx) -> Result<Document> {
     };
     let all_dbs = matches!(&wanted, Some(w) if w.is_empty());
     let mut users = Vec::new();
-    if let Some(coll) = ctx.shared.store.collection(USERS_DB, USERS_COLLECTION) {
+    if let Some(coll) = ctx.store().collection(USERS_DB, USERS_COLLECTION) {
         for (_, mut d) in all_users(&coll.snapshot())? {
             let (user, db) = (d.get_str("user").unwrap_or("").to_string(), d.get_str("db").unwrap_or("").to_string());
             let keep = match &wanted {
