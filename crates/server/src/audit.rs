@@ -4,8 +4,8 @@
 //!
 //! The connection keeps a request's frame (`keep_frame`) only for a CRUD command while
 //! `auditAuthorizationSuccess` is on, so that its authCheck record is queued as that frame.
-//! Creations reach the records through the store's hook (`Store::on_create`,
-//! `note_created`), so implicit ones count. setAuditConfig's runtime configuration is a
+//! Creations reach the records through the store handle a command writes through
+//! (`Store::collecting_creations`), so implicit ones count. setAuditConfig's runtime configuration is a
 //! replicated write to `config.settings`, which every member takes when it applies it
 //! (`load_stored`).
 
@@ -59,36 +59,13 @@ pub fn keep_frame(shared: &crate::state::Shared, conn: &mut crate::conn::ConnSta
     }
 }
 
-thread_local! {
-    /// The collections created by the command running on this thread, while one runs with
-    /// auditing on: (database, collection, whether the database is new with it).
-    static CREATED: std::cell::RefCell<Option<Vec<(String, String, bool)>>> = const { std::cell::RefCell::new(None) };
-}
-
-/// `storage::CreateHook`: note a creation for the running command's records. Creations
-/// outside a command (startup, replicated operations) are not the act of a client.
-pub fn note_created(db: &str, coll: &str, new_db: bool) {
-    CREATED.with(|c| {
-        if let Some(v) = c.borrow_mut().as_mut() {
-            v.push((db.to_string(), coll.to_string(), new_db));
-        }
-    });
-}
-
-/// Start noting the collections and databases the command about to run creates, explicitly
-/// or implicitly (an insert into a new collection).
-pub fn watch_creations() {
-    CREATED.with(|c| *c.borrow_mut() = Some(Vec::new()));
-}
-
 /// The createDatabase and createCollection records of what the command that ran created.
-pub fn creations_done(shared: &crate::state::Shared, conn: &mut crate::conn::ConnState) {
-    let Some(created) = CREATED.with(|c| c.borrow_mut().take()) else { return };
+pub fn creations_done(shared: &crate::state::Shared, conn: &mut crate::conn::ConnState, created: Vec<storage::Created>) {
     if created.is_empty() {
         return;
     }
     let actor = conn.actor();
-    for (db, coll, new_db) in created {
+    for storage::Created { db, coll, new_db } in created {
         if new_db {
             shared.audit_event("createDatabase", &actor, Param::Doc(doc! {"ns": &db}), 0);
         }

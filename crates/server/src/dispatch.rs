@@ -367,15 +367,15 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request, resumed:
     if let Err(e) = checked {
         return Outcome::reply(with_topology_version(shared, e).to_reply());
     }
-    if shared.audit.is_some() {
-        crate::audit::watch_creations();
-    }
+    // With auditing on, the command writes through a handle that notes what it creates.
+    let collecting = shared.audit.is_some().then(|| shared.store.collecting_creations());
+    let store = collecting.as_ref().unwrap_or(&shared.store);
     let mut outcome = Outcome::default();
-    let result = prepare_and_run(shared, conn, &req, spec, resumed, &mut outcome);
-    if shared.audit.is_some() {
+    let result = prepare_and_run(shared, conn, &req, spec, store, resumed, &mut outcome);
+    if let Some(c) = &collecting {
         // What the command created is recorded even if it then failed (an insert into a new
         // collection whose document was refused leaves the collection).
-        crate::audit::creations_done(shared, conn);
+        crate::audit::creations_done(shared, conn, c.take_created());
     }
     match result {
         Ok(mut reply) => {
@@ -396,6 +396,7 @@ fn prepare_and_run(
     conn: &mut ConnState,
     req: &Request,
     spec: &commands::Spec,
+    store: &storage::Store,
     resumed: Option<Instant>,
     outcome: &mut Outcome,
 ) -> Result<Document> {
@@ -456,10 +457,11 @@ fn prepare_and_run(
     let mut reply = {
         let out = &mut effects;
         match (retry_key, txn_number) {
-            (Some(lsid), Some(txn)) => shared.retry.run(&shared.store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
+            (Some(lsid), Some(txn)) => shared.retry.run(store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
                 let retry = Some(commands::RetryCtx { executed, write: guard });
                 (spec.handler)(&mut Ctx {
                     shared,
+                    store_handle: store,
                     conn: &mut *conn,
                     db: &req.db,
                     name: &req.name,
@@ -474,6 +476,7 @@ fn prepare_and_run(
             })?,
             _ => (spec.handler)(&mut Ctx {
                 shared,
+                store_handle: store,
                 conn: &mut *conn,
                 db: &req.db,
                 name: &req.name,

@@ -69,7 +69,6 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
     let shared = Arc::new(Shared::new(config, store, repl, tls, audit));
     shared.audit_event("startup", &audit::Actor::system(), audit::Param::Doc(bson::doc! {"options": shared.config.parsed.clone()}), 0);
     if shared.audit.is_some() {
-        shared.store.on_create(audit::note_created);
         // A runtime configuration set before (setAuditConfig) replaces auditLog.filter and
         // auditAuthorizationSuccess from the configuration file, as in mongod. One that
         // cannot be taken (a document written into config.settings by hand) leaves the

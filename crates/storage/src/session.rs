@@ -77,7 +77,7 @@ impl Store {
             return Err(Error::internal("a retryable write began inside another"));
         }
         let records = self.collection_or_create(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION)?;
-        let ctx = WriteCtx::session(oplog::SessionWrite {
+        let ctx = self.ctx.session(oplog::SessionWrite {
             lsid: lsid.to_vec(),
             txn,
             records: records.state,

@@ -8,14 +8,7 @@ pub(crate) struct StoreInner {
     pub(crate) catalog: Mutex<()>,
     pub(crate) colls: RwLock<BTreeMap<(String, String), Arc<CollState>>>,
     pub(crate) ttl: Arc<TtlMonitor>,
-    /// Told of every collection created (`Store::on_create`).
-    pub(crate) create_hook: std::sync::OnceLock<CreateHook>,
 }
-
-/// Called after a collection is created, with its database and name, and whether the
-/// database is new with it (the audit log's createCollection and createDatabase records).
-/// Runs on the creating thread, inside the catalog lock: it must only take note.
-pub type CreateHook = fn(db: &str, coll: &str, new_db: bool);
 
 impl Drop for StoreInner {
     fn drop(&mut self) {
@@ -68,10 +61,7 @@ impl Store {
             oplog: RwLock::new(None),
         });
         let ttl = Arc::new(TtlMonitor { enabled: AtomicBool::new(true), stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
-        Store {
-            inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl, create_hook: std::sync::OnceLock::new() }),
-            ctx: WriteCtx::default(),
-        }
+        Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl }), ctx: WriteCtx::default() }
     }
 
     /// Open a store over any engine, loading its catalog and finishing interrupted drops.
@@ -170,11 +160,6 @@ impl Store {
         colls.range((db.to_string(), String::new())..).take_while(|((d, _), _)| d == db).map(|(_, c)| c.clone()).collect()
     }
 
-    /// Have `hook` told of every collection created from now on (once per store).
-    pub fn on_create(&self, hook: CreateHook) {
-        let _ = self.inner.create_hook.set(hook);
-    }
-
     pub fn collection(&self, db: &str, name: &str) -> Option<Collection> {
         self.inner.colls.read().get(&(db.to_string(), name.to_string())).map(|c| Collection { state: c.clone(), ctx: self.ctx.clone() })
     }
@@ -246,9 +231,7 @@ impl Store {
             new_db
         };
         shared.commit_durable()?;
-        if let Some(hook) = self.inner.create_hook.get() {
-            hook(db, name, new_db);
-        }
+        self.ctx.note_created(db, name, new_db);
         Ok(Collection { state: st, ctx: self.ctx.clone() })
     }
 

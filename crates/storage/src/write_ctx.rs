@@ -2,7 +2,8 @@
 //! and every write through it follows it: an ordinary one is logged when the store keeps an
 //! oplog; a replicated one (a secondary applying its source's entries, initial sync's copy,
 //! rollback) is not, as those entries are written as they came; a retryable write's entries
-//! carry its session's fields and its batches write the session's record. The context is a
+//! carry its session's fields and its batches write the session's record. A handle may also
+//! collect the collections its writes create (the audit log's records). The context is a
 //! value the caller holds, never state of the thread that happens to run the write.
 
 use super::*;
@@ -10,30 +11,63 @@ use super::*;
 #[derive(Clone, Default)]
 pub struct WriteCtx(Option<Arc<Mode>>);
 
-pub(crate) enum Mode {
-    Replicated,
-    Session(Mutex<oplog::SessionWrite>),
+#[derive(Default)]
+pub(crate) struct Mode {
+    replicated: bool,
+    session: Option<Mutex<oplog::SessionWrite>>,
+    /// The collections created through the handle, when it collects them.
+    created: Option<Arc<Mutex<Vec<Created>>>>,
 }
+
+/// A collection created through a handle that collects creations
+/// (`Store::collecting_creations`): the audit log's createCollection and createDatabase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Created {
+    pub db: String,
+    pub coll: String,
+    /// The database is new with it.
+    pub new_db: bool,
+}
+
+/// Collections one command may create, at most, in the list it collects (a bound on a list
+/// that only an applyOps of many creations could grow).
+const CREATED_MAX: usize = 100_000;
 
 impl WriteCtx {
     /// Writes that are not logged: they apply entries logged elsewhere.
     pub fn replicated() -> WriteCtx {
-        WriteCtx(Some(Arc::new(Mode::Replicated)))
+        WriteCtx(Some(Arc::new(Mode { replicated: true, ..Default::default() })))
     }
 
-    pub(crate) fn session(s: oplog::SessionWrite) -> WriteCtx {
-        WriteCtx(Some(Arc::new(Mode::Session(Mutex::new(s)))))
+    /// A retryable write's context within this one (it collects creations where this does).
+    pub(crate) fn session(&self, s: oplog::SessionWrite) -> WriteCtx {
+        let parent = self.0.as_deref();
+        WriteCtx(Some(Arc::new(Mode {
+            replicated: parent.is_some_and(|m| m.replicated),
+            session: Some(Mutex::new(s)),
+            created: parent.and_then(|m| m.created.clone()),
+        })))
     }
 
     pub fn is_replicated(&self) -> bool {
-        matches!(self.0.as_deref(), Some(Mode::Replicated))
+        self.0.as_deref().is_some_and(|m| m.replicated)
+    }
+
+    /// Note a creation, when this context collects them.
+    pub(crate) fn note_created(&self, db: &str, coll: &str, new_db: bool) {
+        if let Some(created) = self.0.as_deref().and_then(|m| m.created.as_ref()) {
+            let mut c = created.lock();
+            if c.len() < CREATED_MAX {
+                c.push(Created { db: db.to_string(), coll: coll.to_string(), new_db });
+            }
+        }
     }
 
     /// The retryable write in progress, if this is one.
     pub(crate) fn with_session<R>(&self, f: impl FnOnce(Option<&mut oplog::SessionWrite>) -> R) -> R {
-        match self.0.as_deref() {
-            Some(Mode::Session(s)) => f(Some(&mut s.lock())),
-            _ => f(None),
+        match self.0.as_deref().and_then(|m| m.session.as_ref()) {
+            Some(s) => f(Some(&mut s.lock())),
+            None => f(None),
         }
     }
 
@@ -69,5 +103,17 @@ impl Store {
     /// How this handle's writes are logged.
     pub fn write_ctx(&self) -> &WriteCtx {
         &self.ctx
+    }
+
+    /// This store, noting the collections (and databases) its writes create, implicitly or
+    /// not, for `take_created`.
+    pub fn collecting_creations(&self) -> Store {
+        let mode = Mode { replicated: self.ctx.is_replicated(), session: None, created: Some(Arc::default()) };
+        Store { inner: self.inner.clone(), ctx: WriteCtx(Some(Arc::new(mode))) }
+    }
+
+    /// The creations noted so far (see `collecting_creations`), taken.
+    pub fn take_created(&self) -> Vec<Created> {
+        self.ctx.0.as_deref().and_then(|m| m.created.as_ref()).map(|c| std::mem::take(&mut *c.lock())).unwrap_or_default()
     }
 }

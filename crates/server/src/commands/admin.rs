@@ -171,7 +171,7 @@ pub fn create(ctx: &mut Ctx) -> Result<Document> {
             }
         }
     }
-    ctx.shared.store.create_collection(ctx.db, &name, options)?;
+    ctx.store().create_collection(ctx.db, &name, options)?;
     ctx.commit_write()?;
     Ok(Document::new())
 }
@@ -183,7 +183,7 @@ pub fn drop(ctx: &mut Ctx) -> Result<Document> {
     ctx.shared.cursors.kill_ns(&ns);
     match n_indexes {
         Some(n) => {
-            ctx.shared.store.drop_collection(ctx.db, &name)?;
+            ctx.store().drop_collection(ctx.db, &name)?;
             ctx.commit_write()?;
             Ok(doc! { "nIndexesWas": n, "ns": ns })
         }
@@ -196,7 +196,7 @@ pub fn drop_database(ctx: &mut Ctx) -> Result<Document> {
     for meta in ctx.shared.store.list_collections(ctx.db) {
         ctx.shared.cursors.kill_ns(&format!("{}.{}", ctx.db, meta.name));
     }
-    ctx.shared.store.drop_database(ctx.db)?;
+    ctx.store().drop_database(ctx.db)?;
     ctx.commit_write()?;
     Ok(doc! { "dropped": ctx.db })
 }
@@ -221,7 +221,7 @@ pub fn rename_collection(ctx: &mut Ctx) -> Result<Document> {
     if from == to {
         return Err(Error::new(Code::IllegalOperation, "Can't rename a collection to itself"));
     }
-    ctx.shared.store.rename_collection(from_db, from_coll, to_db, to_coll, drop_target)?;
+    ctx.store().rename_collection(from_db, from_coll, to_db, to_coll, drop_target)?;
     ctx.shared.cursors.kill_ns(&from);
     ctx.commit_write()?;
     Ok(Document::new())

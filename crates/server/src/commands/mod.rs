@@ -20,6 +20,9 @@ use common::{Code, Error, Result};
 
 pub struct Ctx<'a> {
     pub shared: &'a Shared,
+    /// The store handle the command writes through (`store()`); the server's, or one that
+    /// notes what it creates for the audit log.
+    pub store_handle: &'a storage::Store,
     pub conn: &'a mut ConnState,
     pub db: &'a str,
     pub name: &'a str,
@@ -51,7 +54,7 @@ impl Ctx<'_> {
     pub fn store(&self) -> &storage::Store {
         match &self.retry {
             Some(r) => r.write.store(),
-            None => &self.shared.store,
+            None => self.store_handle,
         }
     }
 

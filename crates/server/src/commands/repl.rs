@@ -65,7 +65,7 @@ pub fn apply_ops(ctx: &mut Ctx) -> Result<Document> {
             return Err(Error::type_mismatch("applyOps entries must be objects"));
         };
         ctx.op.check()?;
-        if let Err(e) = replication::apply::apply_entry(&ctx.shared.store, entry) {
+        if let Err(e) = replication::apply::apply_entry(ctx.store(), entry) {
             ctx.commit_write()?;
             let mut results: Vec<Bson> = (0..applied).map(|_| Bson::Boolean(true)).collect();
             results.push(Bson::Boolean(false));
