@@ -40,8 +40,17 @@ const AWAIT_TIME_MS_MAX: i64 = 60_000;
 const MERGE_INPUT_BYTES_MAX: usize = common::limits::AGG_MEMORY_BYTES_MAX;
 
 pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> Document {
+    // An unknown command is CommandNotFound before anything else, as on mongod.
+    let Some(row) = super::table::lookup(&req.name) else {
+        return Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)).to_reply();
+    };
     if router.config.auth {
         if let Err(e) = super::users::authorize(router, conn, &req).await {
+            return e.to_reply();
+        }
+    }
+    if row.admin_only {
+        if let Err(e) = admin_only(&req) {
             return e.to_reply();
         }
     }
@@ -49,7 +58,7 @@ pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> Docume
     // router's entry is old). Read it again and route the command again.
     let mut attempt = 0;
     let routed = loop {
-        match route(router, conn, &req).await {
+        match (row.run)(router, conn, &req).await {
             Err(e) if e.code == Code::StaleDbVersion.0 && attempt < STALE_RETRIES_MAX => {
                 attempt += 1;
                 router.forget_database(&req.db);
@@ -72,16 +81,6 @@ pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> Docume
             e.to_reply()
         }
     }
-}
-
-async fn route(router: &Router, conn: &mut RouterConn, req: &Request) -> Result<Document> {
-    let Some(row) = super::table::lookup(&req.name) else {
-        return Err(Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)));
-    };
-    if row.admin_only {
-        admin_only(req)?;
-    }
-    (row.run)(router, conn, req).await
 }
 
 /// A read, or a findAndModify (one shard), run again on a routing table read again while a
