@@ -157,5 +157,15 @@ def test_router_over_tls_with_scram_sha_256(shoal_bin, tmp_path):
         with pytest.raises(OperationFailure) as e:
             pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", username="root", password="nope", **tls).admin.command("ping")
         assert e.value.code == 18
+
+        # An X.509 user, created through the router on $external: the client certificate's
+        # subject logs in, and reads but cannot write.
+        c["$external"].command("createUser", "CN=ann,OU=clients,O=shoal", roles=[{"role": "read", "db": "app"}])
+        ann = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", authMechanism="MONGODB-X509", **tls)
+        assert ann.app.t.count_documents({}) == 50
+        with pytest.raises(OperationFailure) as e:
+            ann.app.t.insert_one({"k": -1})
+        assert e.value.code == 13
+        assert ann.admin.command("connectionStatus")["authInfo"]["authenticatedUsers"] == [{"user": "CN=ann,OU=clients,O=shoal", "db": "$external"}]
     finally:
         down(shoal_bin, root)
