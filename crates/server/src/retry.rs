@@ -268,9 +268,10 @@ mod tests {
         let c = donor.collection_or_create("db", "c").unwrap();
         // Transaction 4: statements 0 and 1 insert, on the donor.
         table
-            .run(&donor, 1, &lsid, 4, |_, guard| {
-                guard.set_statement_per_document(vec![0, 1]);
-                assert!(c.insert_many(&[doc! {"_id": 1}, doc! {"_id": 2}], true).errors.is_empty());
+            .run(&donor, 1, &lsid, 4, |_, write| {
+                write.set_statement_per_document(vec![0, 1]);
+                // Through the retryable write's handle, as a command's handler writes.
+                assert!(c.through(write.store()).insert_many(&[doc! {"_id": 1}, doc! {"_id": 2}], true).errors.is_empty());
                 Ok(Document::new())
             })
             .unwrap();
