@@ -101,7 +101,7 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
     let cluster = |action: &'static str| Privileges(vec![(action, Resource::Cluster)]);
     match name {
         "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "saslStart" | "saslContinue" | "authenticate" | "connectionStatus"
-        | "listCommands" | "logout" | "configureFailPoint" => Nothing,
+        | "listCommands" | "logout" | "configureFailPoint" | "waitForFailPoint" => Nothing,
         "whatsmyuri" | "endSessions" | "killSessions" | "refreshSessions" | "startSession" | "listDatabases" => AnyUser,
         "find" | "count" | "distinct" => ns("find"),
         "listIndexes" => ns("listIndexes"),

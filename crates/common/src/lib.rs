@@ -3,6 +3,7 @@
 //! a process reports, and how arguments' values are read and named.
 //! Kept tiny on purpose: nothing here does I/O or knows about commands.
 
+pub mod labels;
 pub mod metrics;
 pub mod optime;
 pub mod server;
@@ -32,134 +33,153 @@ pub mod limits {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Code(pub i32, pub &'static str);
 
-#[allow(non_upper_case_globals)]
-impl Code {
-    pub const InternalError: Code = Code(1, "InternalError");
-    pub const BadValue: Code = Code(2, "BadValue");
-    pub const NoSuchKey: Code = Code(4, "NoSuchKey");
-    pub const GraphContainsCycle: Code = Code(5, "GraphContainsCycle");
-    pub const FailedToParse: Code = Code(9, "FailedToParse");
-    pub const UserNotFound: Code = Code(11, "UserNotFound");
-    pub const Unauthorized: Code = Code(13, "Unauthorized");
-    pub const AuthenticationFailed: Code = Code(18, "AuthenticationFailed");
-    pub const RoleNotFound: Code = Code(31, "RoleNotFound");
-    pub const FileRenameFailed: Code = Code(98, "FileRenameFailed");
-    pub const MechanismUnavailable: Code = Code(334, "MechanismUnavailable");
-    pub const TypeMismatch: Code = Code(14, "TypeMismatch");
-    pub const Overflow: Code = Code(15, "Overflow");
-    pub const InvalidLength: Code = Code(16, "InvalidLength");
-    pub const IllegalOperation: Code = Code(20, "IllegalOperation");
-    pub const EmptyArrayOperation: Code = Code(21, "EmptyArrayOperation");
-    pub const InvalidBSON: Code = Code(22, "InvalidBSON");
-    pub const NamespaceNotFound: Code = Code(26, "NamespaceNotFound");
-    pub const IndexNotFound: Code = Code(27, "IndexNotFound");
-    pub const PathNotViable: Code = Code(28, "PathNotViable");
-    pub const NonExistentPath: Code = Code(29, "NonExistentPath");
-    pub const InvalidPath: Code = Code(30, "InvalidPath");
-    pub const ConflictingUpdateOperators: Code = Code(40, "ConflictingUpdateOperators");
-    pub const CursorNotFound: Code = Code(43, "CursorNotFound");
-    pub const NamespaceExists: Code = Code(48, "NamespaceExists");
-    pub const InvalidRoleModification: Code = Code(49, "InvalidRoleModification");
-    pub const MaxTimeMSExpired: Code = Code(50, "MaxTimeMSExpired");
-    pub const DollarPrefixedFieldName: Code = Code(52, "DollarPrefixedFieldName");
-    pub const InvalidIdField: Code = Code(53, "InvalidIdField");
-    pub const NotSingleValueField: Code = Code(54, "NotSingleValueField");
-    pub const EmptyFieldName: Code = Code(56, "EmptyFieldName");
-    pub const DottedFieldName: Code = Code(57, "DottedFieldName");
-    pub const CommandNotFound: Code = Code(59, "CommandNotFound");
-    pub const ImmutableField: Code = Code(66, "ImmutableField");
-    pub const CannotCreateIndex: Code = Code(67, "CannotCreateIndex");
-    pub const IndexAlreadyExists: Code = Code(68, "IndexAlreadyExists");
-    pub const InvalidOptions: Code = Code(72, "InvalidOptions");
-    pub const InvalidNamespace: Code = Code(73, "InvalidNamespace");
-    pub const IndexOptionsConflict: Code = Code(85, "IndexOptionsConflict");
-    pub const IndexKeySpecsConflict: Code = Code(86, "IndexKeySpecsConflict");
-    pub const NetworkTimeout: Code = Code(89, "NetworkTimeout");
-    pub const OperationFailed: Code = Code(96, "OperationFailed");
-    pub const WriteConcernFailed: Code = Code(64, "WriteConcernFailed");
-    pub const MultipleErrorsOccurred: Code = Code(65, "MultipleErrorsOccurred");
-    pub const ProtocolError: Code = Code(17, "ProtocolError");
-    pub const UnknownError: Code = Code(8, "UnknownError");
-    pub const Interrupted: Code = Code(11601, "Interrupted");
-    pub const QueryPlanKilled: Code = Code(175, "QueryPlanKilled");
-    pub const NotWritablePrimary: Code = Code(10107, "NotWritablePrimary");
-    pub const DuplicateKey: Code = Code(11000, "DuplicateKey");
-    pub const InvalidUUID: Code = Code(207, "InvalidUUID");
-    pub const NoSuchTransaction: Code = Code(251, "NoSuchTransaction");
-    pub const ConversionFailure: Code = Code(241, "ConversionFailure");
-    pub const BSONObjectTooLarge: Code = Code(10334, "BSONObjectTooLarge");
-    pub const Location16755: Code = Code(16755, "Location16755");
-    pub const Location40352: Code = Code(40352, "Location40352");
-    pub const Location40353: Code = Code(40353, "Location40353");
-    pub const Location31254: Code = Code(31254, "Location31254");
-    pub const Location17287: Code = Code(17287, "Location17287");
-    pub const Location15998: Code = Code(15998, "Location15998");
-    pub const Location16410: Code = Code(16410, "Location16410");
-    pub const Location40324: Code = Code(40324, "Location40324");
-    pub const Location15952: Code = Code(15952, "Location15952");
-    pub const Location40323: Code = Code(40323, "Location40323");
-    pub const Location31253: Code = Code(31253, "Location31253");
-    pub const Location16554: Code = Code(16554, "Location16554");
-    pub const Location28724: Code = Code(28724, "Location28724");
-    pub const Location40234: Code = Code(40234, "Location40234");
-    pub const Location15973: Code = Code(15973, "Location15973");
-    pub const Location15974: Code = Code(15974, "Location15974");
-    pub const Location15983: Code = Code(15983, "Location15983");
-    pub const Location16020: Code = Code(16020, "Location16020");
-    pub const Location51270: Code = Code(51270, "Location51270");
-    pub const Location51091: Code = Code(51091, "Location51091");
-    pub const Location51108: Code = Code(51108, "Location51108");
-    pub const Location16837: Code = Code(16837, "Location16837");
-    pub const InvalidPipelineOperator: Code = Code(168, "InvalidPipelineOperator");
-    pub const IDLUnknownField: Code = Code(40415, "Location40415");
-    pub const IDLFailedToParse: Code = Code(40414, "Location40414");
-    pub const ClientMetadataCannotBeMutated: Code = Code(186, "ClientMetadataCannotBeMutated");
-    pub const ExceededMemoryLimit: Code = Code(146, "ExceededMemoryLimit");
-    pub const OperationNotSupportedInTransaction: Code = Code(263, "OperationNotSupportedInTransaction");
-    pub const NotImplemented: Code = Code(238, "NotImplemented");
-    pub const CommandNotSupported: Code = Code(115, "CommandNotSupported");
-    pub const InvalidIndexSpecificationOption: Code = Code(197, "InvalidIndexSpecificationOption");
-    pub const QueryExceededMemoryLimitNoDiskUseAllowed: Code = Code(292, "QueryExceededMemoryLimitNoDiskUseAllowed");
-    pub const UnknownReplWriteConcern: Code = Code(79, "UnknownReplWriteConcern");
-    pub const InvalidReplicaSetConfig: Code = Code(93, "InvalidReplicaSetConfig");
-    pub const NoMatchingDocument: Code = Code(47, "NoMatchingDocument");
-    pub const IllegalOpMsgFlag: Code = Code(223, "IllegalOpMsgFlag");
-    pub const TooManyDocumentSequences: Code = Code(233, "TooManyDocumentSequences");
-    pub const ChecksumMismatch: Code = Code(288, "ChecksumMismatch");
-    pub const CannotIndexParallelArrays: Code = Code(171, "CannotIndexParallelArrays");
-    pub const IndexBuildAborted: Code = Code(276, "IndexBuildAborted");
-    pub const AlreadyInitialized: Code = Code(23, "AlreadyInitialized");
-    pub const NodeNotFound: Code = Code(74, "NodeNotFound");
-    pub const NoReplicationEnabled: Code = Code(76, "NoReplicationEnabled");
-    pub const NotYetInitialized: Code = Code(94, "NotYetInitialized");
-    pub const NotPrimaryNoSecondaryOk: Code = Code(13435, "NotPrimaryNoSecondaryOk");
-    pub const IncompleteTransactionHistory: Code = Code(217, "IncompleteTransactionHistory");
-    pub const TransactionTooOld: Code = Code(225, "TransactionTooOld");
-    pub const UnsatisfiableWriteConcern: Code = Code(100, "UnsatisfiableWriteConcern");
-    pub const CappedPositionLost: Code = Code(136, "CappedPositionLost");
-    pub const TooManyLogicalSessions: Code = Code(261, "TooManyLogicalSessions");
-    pub const HostUnreachable: Code = Code(6, "HostUnreachable");
-    pub const NotSecondary: Code = Code(95, "NotSecondary");
-    pub const ShutdownInProgress: Code = Code(91, "ShutdownInProgress");
-    pub const NewReplicaSetConfigurationIncompatible: Code = Code(103, "NewReplicaSetConfigurationIncompatible");
-    pub const ConfigurationInProgress: Code = Code(109, "ConfigurationInProgress");
-    pub const InvalidSyncSource: Code = Code(119, "InvalidSyncSource");
-    pub const OplogStartMissing: Code = Code(120, "OplogStartMissing");
-    pub const UnrecoverableRollbackError: Code = Code(127, "UnrecoverableRollbackError");
-    pub const StaleTerm: Code = Code(145, "StaleTerm");
-    pub const OplogOutOfOrder: Code = Code(152, "OplogOutOfOrder");
-    pub const PrimarySteppedDown: Code = Code(189, "PrimarySteppedDown");
-    pub const TooStaleToSyncFromSource: Code = Code(315, "TooStaleToSyncFromSource");
-    pub const ExceededTimeLimit: Code = Code(262, "ExceededTimeLimit");
-    pub const FailedToSatisfyReadPreference: Code = Code(133, "FailedToSatisfyReadPreference");
-    pub const InterruptedDueToReplStateChange: Code = Code(11602, "InterruptedDueToReplStateChange");
-    pub const NotPrimaryOrSecondary: Code = Code(13436, "NotPrimaryOrSecondary");
-    pub const ShardKeyNotFound: Code = Code(61, "ShardKeyNotFound");
-    pub const ShardNotFound: Code = Code(70, "ShardNotFound");
-    pub const StaleConfig: Code = Code(13388, "StaleConfig");
-    pub const ConflictingOperationInProgress: Code = Code(117, "ConflictingOperationInProgress");
-    pub const ShardingStateNotInitialized: Code = Code(203, "ShardingStateNotInitialized");
-    pub const StaleDbVersion: Code = Code(249, "StaleDbVersion");
+/// Declares each code as a `Code` constant, and `Code::ALL`, every one of them.
+macro_rules! codes {
+    ($($name:ident = ($n:expr, $s:expr)),* $(,)?) => {
+        #[allow(non_upper_case_globals)]
+        impl Code {
+            $(pub const $name: Code = Code($n, $s);)*
+            /// Every code shoal names: how a code given only as a number gets its name.
+            pub const ALL: &'static [Code] = &[$(Code::$name),*];
+        }
+    };
+}
+
+codes! {
+    InternalError = (1, "InternalError"),
+    BadValue = (2, "BadValue"),
+    NoSuchKey = (4, "NoSuchKey"),
+    GraphContainsCycle = (5, "GraphContainsCycle"),
+    FailedToParse = (9, "FailedToParse"),
+    UserNotFound = (11, "UserNotFound"),
+    Unauthorized = (13, "Unauthorized"),
+    AuthenticationFailed = (18, "AuthenticationFailed"),
+    RoleNotFound = (31, "RoleNotFound"),
+    FileRenameFailed = (98, "FileRenameFailed"),
+    MechanismUnavailable = (334, "MechanismUnavailable"),
+    TypeMismatch = (14, "TypeMismatch"),
+    Overflow = (15, "Overflow"),
+    InvalidLength = (16, "InvalidLength"),
+    IllegalOperation = (20, "IllegalOperation"),
+    EmptyArrayOperation = (21, "EmptyArrayOperation"),
+    InvalidBSON = (22, "InvalidBSON"),
+    NamespaceNotFound = (26, "NamespaceNotFound"),
+    IndexNotFound = (27, "IndexNotFound"),
+    PathNotViable = (28, "PathNotViable"),
+    NonExistentPath = (29, "NonExistentPath"),
+    InvalidPath = (30, "InvalidPath"),
+    ConflictingUpdateOperators = (40, "ConflictingUpdateOperators"),
+    CursorNotFound = (43, "CursorNotFound"),
+    NamespaceExists = (48, "NamespaceExists"),
+    InvalidRoleModification = (49, "InvalidRoleModification"),
+    MaxTimeMSExpired = (50, "MaxTimeMSExpired"),
+    DollarPrefixedFieldName = (52, "DollarPrefixedFieldName"),
+    InvalidIdField = (53, "InvalidIdField"),
+    NotSingleValueField = (54, "NotSingleValueField"),
+    EmptyFieldName = (56, "EmptyFieldName"),
+    DottedFieldName = (57, "DottedFieldName"),
+    CommandNotFound = (59, "CommandNotFound"),
+    ImmutableField = (66, "ImmutableField"),
+    CannotCreateIndex = (67, "CannotCreateIndex"),
+    IndexAlreadyExists = (68, "IndexAlreadyExists"),
+    InvalidOptions = (72, "InvalidOptions"),
+    InvalidNamespace = (73, "InvalidNamespace"),
+    IndexOptionsConflict = (85, "IndexOptionsConflict"),
+    IndexKeySpecsConflict = (86, "IndexKeySpecsConflict"),
+    NetworkTimeout = (89, "NetworkTimeout"),
+    OperationFailed = (96, "OperationFailed"),
+    WriteConcernFailed = (64, "WriteConcernFailed"),
+    MultipleErrorsOccurred = (65, "MultipleErrorsOccurred"),
+    ProtocolError = (17, "ProtocolError"),
+    UnknownError = (8, "UnknownError"),
+    Interrupted = (11601, "Interrupted"),
+    QueryPlanKilled = (175, "QueryPlanKilled"),
+    NotWritablePrimary = (10107, "NotWritablePrimary"),
+    DuplicateKey = (11000, "DuplicateKey"),
+    InvalidUUID = (207, "InvalidUUID"),
+    NoSuchTransaction = (251, "NoSuchTransaction"),
+    ConversionFailure = (241, "ConversionFailure"),
+    BSONObjectTooLarge = (10334, "BSONObjectTooLarge"),
+    Location16755 = (16755, "Location16755"),
+    Location40352 = (40352, "Location40352"),
+    Location40353 = (40353, "Location40353"),
+    Location31254 = (31254, "Location31254"),
+    Location17287 = (17287, "Location17287"),
+    Location15998 = (15998, "Location15998"),
+    Location16410 = (16410, "Location16410"),
+    Location40324 = (40324, "Location40324"),
+    Location15952 = (15952, "Location15952"),
+    Location40323 = (40323, "Location40323"),
+    Location31253 = (31253, "Location31253"),
+    Location16554 = (16554, "Location16554"),
+    Location28724 = (28724, "Location28724"),
+    Location40234 = (40234, "Location40234"),
+    Location15973 = (15973, "Location15973"),
+    Location15974 = (15974, "Location15974"),
+    Location15983 = (15983, "Location15983"),
+    Location16020 = (16020, "Location16020"),
+    Location51270 = (51270, "Location51270"),
+    Location51091 = (51091, "Location51091"),
+    Location51108 = (51108, "Location51108"),
+    Location16837 = (16837, "Location16837"),
+    InvalidPipelineOperator = (168, "InvalidPipelineOperator"),
+    IDLUnknownField = (40415, "Location40415"),
+    IDLFailedToParse = (40414, "Location40414"),
+    ClientMetadataCannotBeMutated = (186, "ClientMetadataCannotBeMutated"),
+    ExceededMemoryLimit = (146, "ExceededMemoryLimit"),
+    OperationNotSupportedInTransaction = (263, "OperationNotSupportedInTransaction"),
+    NotImplemented = (238, "NotImplemented"),
+    CommandNotSupported = (115, "CommandNotSupported"),
+    InvalidIndexSpecificationOption = (197, "InvalidIndexSpecificationOption"),
+    QueryExceededMemoryLimitNoDiskUseAllowed = (292, "QueryExceededMemoryLimitNoDiskUseAllowed"),
+    UnknownReplWriteConcern = (79, "UnknownReplWriteConcern"),
+    InvalidReplicaSetConfig = (93, "InvalidReplicaSetConfig"),
+    NoMatchingDocument = (47, "NoMatchingDocument"),
+    IllegalOpMsgFlag = (223, "IllegalOpMsgFlag"),
+    TooManyDocumentSequences = (233, "TooManyDocumentSequences"),
+    ChecksumMismatch = (288, "ChecksumMismatch"),
+    CannotIndexParallelArrays = (171, "CannotIndexParallelArrays"),
+    IndexBuildAborted = (276, "IndexBuildAborted"),
+    AlreadyInitialized = (23, "AlreadyInitialized"),
+    NodeNotFound = (74, "NodeNotFound"),
+    NoReplicationEnabled = (76, "NoReplicationEnabled"),
+    NotYetInitialized = (94, "NotYetInitialized"),
+    NotPrimaryNoSecondaryOk = (13435, "NotPrimaryNoSecondaryOk"),
+    IncompleteTransactionHistory = (217, "IncompleteTransactionHistory"),
+    TransactionTooOld = (225, "TransactionTooOld"),
+    UnsatisfiableWriteConcern = (100, "UnsatisfiableWriteConcern"),
+    CappedPositionLost = (136, "CappedPositionLost"),
+    TooManyLogicalSessions = (261, "TooManyLogicalSessions"),
+    HostUnreachable = (6, "HostUnreachable"),
+    NotSecondary = (95, "NotSecondary"),
+    ShutdownInProgress = (91, "ShutdownInProgress"),
+    NewReplicaSetConfigurationIncompatible = (103, "NewReplicaSetConfigurationIncompatible"),
+    ConfigurationInProgress = (109, "ConfigurationInProgress"),
+    InvalidSyncSource = (119, "InvalidSyncSource"),
+    OplogStartMissing = (120, "OplogStartMissing"),
+    UnrecoverableRollbackError = (127, "UnrecoverableRollbackError"),
+    StaleTerm = (145, "StaleTerm"),
+    OplogOutOfOrder = (152, "OplogOutOfOrder"),
+    PrimarySteppedDown = (189, "PrimarySteppedDown"),
+    TooStaleToSyncFromSource = (315, "TooStaleToSyncFromSource"),
+    ExceededTimeLimit = (262, "ExceededTimeLimit"),
+    FailedToSatisfyReadPreference = (133, "FailedToSatisfyReadPreference"),
+    InterruptedDueToReplStateChange = (11602, "InterruptedDueToReplStateChange"),
+    NotPrimaryOrSecondary = (13436, "NotPrimaryOrSecondary"),
+    ShardKeyNotFound = (61, "ShardKeyNotFound"),
+    ShardNotFound = (70, "ShardNotFound"),
+    StaleConfig = (13388, "StaleConfig"),
+    ConflictingOperationInProgress = (117, "ConflictingOperationInProgress"),
+    ShardingStateNotInitialized = (203, "ShardingStateNotInitialized"),
+    StaleDbVersion = (249, "StaleDbVersion"),
+    HostNotFound = (7, "HostNotFound"),
+    LockTimeout = (24, "LockTimeout"),
+    WriteConflict = (112, "WriteConflict"),
+    RetryChangeStream = (234, "RetryChangeStream"),
+    ChangeStreamFatalError = (280, "ChangeStreamFatalError"),
+    SocketException = (9001, "SocketException"),
+    LegacyNotPrimary = (10058, "LegacyNotPrimary"),
+    InterruptedAtShutdown = (11600, "InterruptedAtShutdown"),
 }
 
 /// A MongoDB-shaped error: serialized as `{ok: 0, errmsg, code, codeName, ...extra}`.
@@ -203,6 +223,14 @@ impl Error {
     /// in a bounded table so a misbehaving peer cannot grow memory by inventing names.
     pub fn remote(code: i32, code_name: &str, message: impl Into<String>) -> Error {
         Error { code, code_name: remote_name(code_name), message: message.into(), extra: None }
+    }
+    /// An error whose code is given as a number (a test's fail point): named as MongoDB
+    /// names it when shoal knows the code, else `Location<code>` as for a bare location.
+    pub fn from_number(code: i32, message: impl Into<String>) -> Error {
+        match Code::ALL.iter().find(|c| c.0 == code) {
+            Some(c) => Error::new(*c, message),
+            None => Error { code, code_name: remote_name(&format!("Location{code}")), message: message.into(), extra: None },
+        }
     }
     pub fn is(&self, code: Code) -> bool {
         self.code == code.0

@@ -50,6 +50,11 @@ impl Hang {
         self.held.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// How many operations it has held so far.
+    pub fn set_count(&self) -> u64 {
+        self.held.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn enter(&self) -> bool {
         let on = self.on.load(std::sync::atomic::Ordering::Relaxed);
         if on {

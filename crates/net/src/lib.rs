@@ -7,6 +7,7 @@
 //! tests put on those links (`fault`), and what a process reads of its host (`process`). It
 //! knows no command: what a message means is the caller's.
 
+pub mod fail_point;
 pub mod fault;
 pub mod frame;
 pub mod key_file;

@@ -59,6 +59,10 @@ impl PeerConn {
             }
         };
         let mut conn = PeerConn { stream, host: host.to_string(), next_id: 1, broken: false, frame: Vec::new() };
+        // As mongod's internal connections: the other side knows a member or a router, which
+        // a test's failCommand spares.
+        let max_wire = common::server::MAX_WIRE_VERSION;
+        conn.command("admin", bson::doc! {"hello": 1, "internalClient": {"minWireVersion": max_wire, "maxWireVersion": max_wire}}, timeout).await?;
         if let Some(key) = crate::key_file::internal_key() {
             conn.authenticate(key.key(), timeout).await?;
         }

@@ -25,6 +25,9 @@ use wire::{Compressor, Message, OpMsg, OpReply, Request};
 
 static NEXT_REQUEST_ID: AtomicI32 = AtomicI32::new(1);
 
+/// Why a connection ends when its service asks to drop it.
+const CLOSED: &str = "closed by failCommand (closeConnection)";
+
 /// The request id of the next message this process sends on a client connection.
 pub fn next_request_id() -> i32 {
     NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed)
@@ -37,6 +40,8 @@ pub fn next_request_id() -> i32 {
 pub struct Reply<B> {
     pub body: Document,
     pub batch: Option<RawBatch<B>>,
+    /// Drop the connection instead of replying (a test's failCommand `closeConnection`).
+    pub close: bool,
 }
 
 pub struct RawBatch<B> {
@@ -46,7 +51,12 @@ pub struct RawBatch<B> {
 
 impl<B: AsRef<[u8]>> Reply<B> {
     pub fn new(body: Document) -> Reply<B> {
-        Reply { body, batch: None }
+        Reply { body, batch: None, close: false }
+    }
+
+    /// No reply: the connection is dropped.
+    pub fn close() -> Reply<B> {
+        Reply { body: Document::new(), batch: None, close: true }
     }
 
     pub fn encode(self, reply_id: i32, response_to: i32, flags: u32, compressor: Option<Compressor>) -> Vec<u8> {
@@ -232,7 +242,7 @@ async fn serve_loop<S: Service>(service: &S, stream: &mut Stream, conn: &mut S::
             Message::Msg(msg) if service.takes_over(&msg) => service.take_over(stream, &mut reader, conn, request_id, msg).await?,
             Message::Msg(msg) => handle_msg(service, stream, conn, request_id, compressor, msg).await?,
             Message::Query(q) => {
-                let reply = op_query(service, conn, q).await;
+                let Some(reply) = op_query(service, conn, q).await else { return Err(CLOSED.into()) };
                 write_frame(service, stream, &wire::encode_reply(next_request_id(), request_id, &reply, None)).await?;
             }
             Message::Reply(_) => return Err("client sent OP_REPLY".into()),
@@ -292,6 +302,9 @@ async fn handle_msg<S: Service>(
             loop {
                 service.topology_change(seen, wait).await;
                 let reply = service.run(conn, request.clone()).await;
+                if reply.close {
+                    return Err(CLOSED.into());
+                }
                 seen = reply.body.get_document("topologyVersion").ok().and_then(|t| t.get_i64("counter").ok()).unwrap_or(seen);
                 let flags = if exhaust { wire::flags::MORE_TO_COME } else { 0 };
                 let reply_id = next_request_id();
@@ -307,6 +320,9 @@ async fn handle_msg<S: Service>(
     // Only an exhaust getMore runs its request again; big insert batches are not copied.
     let again = (exhaust && request.name == "getMore").then(|| request.clone());
     let reply = service.run(conn, request).await;
+    if reply.close {
+        return Err(CLOSED.into());
+    }
     if more_to_come {
         // Unacknowledged (w:0) request: the client expects no reply.
         return Ok(());
@@ -323,6 +339,9 @@ async fn handle_msg<S: Service>(
     let mut response_to = reply_id;
     while let (true, Some(request)) = (cursor_open, &again) {
         let reply = service.run(conn, request.clone()).await;
+        if reply.close {
+            return Err(CLOSED.into());
+        }
         cursor_open = reply.cursor_id() != 0;
         let reply_id = next_request_id();
         let flags = if cursor_open { wire::flags::MORE_TO_COME } else { 0 };
@@ -334,7 +353,7 @@ async fn handle_msg<S: Service>(
 
 /// Legacy OP_QUERY: only the handshake of old drivers (a hello on `<db>.$cmd`), as mongod
 /// and mongos 6+.
-async fn op_query<S: Service>(service: &S, conn: &mut S::Conn, q: wire::OpQuery) -> OpReply {
+async fn op_query<S: Service>(service: &S, conn: &mut S::Conn, q: wire::OpQuery) -> Option<OpReply> {
     let reply_doc = match q.full_collection_name.strip_suffix(".$cmd") {
         Some(db) => {
             // Old drivers may wrap the command as {$query: {...}, $readPreference: ...}.
@@ -346,7 +365,13 @@ async fn op_query<S: Service>(service: &S, conn: &mut S::Conn, q: wire::OpQuery)
             if wire::is_hello(&name) {
                 cmd.insert("$db", db);
                 match Request::from_msg(cmd, Vec::new()) {
-                    Ok(r) => service.run(conn, r).await.into_document(),
+                    Ok(r) => {
+                        let reply = service.run(conn, r).await;
+                        if reply.close {
+                            return None;
+                        }
+                        reply.into_document()
+                    }
                     Err(e) => e.to_reply(),
                 }
             } else {
@@ -355,5 +380,5 @@ async fn op_query<S: Service>(service: &S, conn: &mut S::Conn, q: wire::OpQuery)
         }
         None => doc! { "$err": "OP_QUERY is no longer supported. The client driver may require an upgrade.", "code": 5739101, "ok": 0.0 },
     };
-    OpReply { response_flags: 0, cursor_id: 0, starting_from: 0, documents: vec![reply_doc] }
+    Some(OpReply { response_flags: 0, cursor_id: 0, starting_from: 0, documents: vec![reply_doc] })
 }

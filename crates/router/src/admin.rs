@@ -18,7 +18,8 @@ fn parameters(router: &Router) -> Document {
     doc! {
         "featureCompatibilityVersion": { "version": "7.0" },
         "authenticationMechanisms": ["SCRAM-SHA-1", "SCRAM-SHA-256", "MONGODB-X509"],
-        "enableTestCommands": false,
+        "enableTestCommands": router.config.enable_test_commands,
+        "auditAuthorizationSuccess": router.config.audit_authorization_success,
         "logicalSessionTimeoutMinutes": LOGICAL_SESSION_TIMEOUT_MINUTES,
         "maxIncomingConnections": router.config.connections_max as i64,
         "networkMessageCompressors": compressors.join(","),
@@ -29,6 +30,27 @@ fn parameters(router: &Router) -> Document {
 
 pub fn get_parameter(router: &Router, req: &Request) -> Result<Document> {
     common::server::select_parameters(parameters(router), &req.body)
+}
+
+/// Test commands exist only with `enableTestCommands`, as on mongos.
+fn test_command(router: &Router, name: &str) -> Result<()> {
+    if router.config.enable_test_commands {
+        return Ok(());
+    }
+    Err(Error::new(Code::CommandNotFound, format!("no such command: '{name}'")))
+}
+
+/// configureFailPoint: the fail points every role has (`net::fail_point`).
+pub fn configure_fail_point(router: &Router, req: &Request) -> Result<Document> {
+    test_command(router, "configureFailPoint")?;
+    common::value::check_fields("configureFailPoint", &req.body, &["configureFailPoint", "mode", "data"])?;
+    let name = req.body.get_str("configureFailPoint").map_err(|_| Error::type_mismatch("configureFailPoint must name a fail point"))?;
+    net::fail_point::configure_command(name, &req.body).unwrap_or_else(|| Err(Error::bad_value(format!("Cannot find failpoint: {name}"))))
+}
+
+pub async fn wait_for_fail_point(router: &Router, req: &Request) -> Result<Document> {
+    test_command(router, "waitForFailPoint")?;
+    net::fail_point::wait_command(&req.body, |_| None).await
 }
 
 /// getCmdLineOpts: the arguments the router was started with, and what they set.
@@ -46,6 +68,9 @@ pub fn get_cmd_line_opts(router: &Router) -> Document {
     let compressors: Vec<&str> = c.compressors.iter().map(|x| x.name()).collect();
     net.insert("compression", doc! {"compressors": if compressors.is_empty() { "disabled".to_string() } else { compressors.join(",") }});
     let mut parsed = doc! {"net": net, "sharding": {"configDB": &c.config_db}};
+    if !c.set_parameters.is_empty() {
+        parsed.insert("setParameter", c.set_parameters.clone());
+    }
     if c.auth {
         let mut security = doc! {"authorization": "enabled"};
         if let Some(k) = &c.key_file {

@@ -39,26 +39,66 @@ const AWAIT_TIME_MS_MAX: i64 = 60_000;
 /// per blocking stage).
 const MERGE_INPUT_BYTES_MAX: usize = common::limits::AGG_MEMORY_BYTES_MAX;
 
-pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> Document {
+pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> net::service::Reply<Vec<u8>> {
+    let reply = |d: Document| net::service::Reply::new(d);
     // An unknown command is CommandNotFound before anything else, as on mongod.
     let Some(row) = super::table::lookup(&req.name) else {
-        return Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)).to_reply();
+        return reply(Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)).to_reply());
     };
     if router.config.auth {
         if let Err(e) = super::users::authorize(router, conn, &req).await {
-            return e.to_reply();
+            return reply(e.to_reply());
         }
     }
     if row.admin_only {
         if let Err(e) = admin_only(&req) {
-            return e.to_reply();
+            return reply(e.to_reply());
         }
+    }
+    let retryable_write = common::labels::is_retryable_write(&req.name, &req.body);
+    let mut injected = net::fail_point::Injected::default();
+    if net::fail_point::FAIL_COMMAND.is_active() {
+        let ns = match req.body.get(&req.name) {
+            Some(Bson::String(c)) => format!("{}.{}", req.db, c),
+            _ => format!("{}.$cmd", req.db),
+        };
+        let client = net::fail_point::Client { app_name: conn.app_name.as_deref(), internal: conn.internal_client };
+        if let Some(fired) = net::fail_point::fail_command(&req.name, &ns, &client) {
+            injected = match fired {
+                Ok(i) => i,
+                Err(e) => return reply(e.to_reply()),
+            };
+            if let Some(block) = injected.block {
+                tokio::time::sleep(block).await;
+            }
+            if injected.close {
+                return net::service::Reply::close();
+            }
+        }
+    }
+    let mut body = match injected.error.take() {
+        Some(e) => e.to_reply(),
+        None => run_row(router, conn, row, &req).await,
+    };
+    if let Some(wce) = injected.write_concern_error.take() {
+        body.insert("writeConcernError", wce);
+    }
+    let ok = matches!(body.get("ok"), Some(Bson::Double(v)) if *v == 1.0);
+    if injected.labels.is_some() || !ok || body.contains_key("writeConcernError") {
+        common::labels::apply(retryable_write, &mut body, injected.labels);
+    }
+    reply(body)
+}
+
+async fn run_row(router: &Router, conn: &mut RouterConn, row: &super::table::Row, req: &Request) -> Document {
+    if let Some(e) = req.body.get("maxTimeMS").filter(|_| req.name != "getMore").and_then(|_| net::fail_point::max_time_expires()) {
+        return e.to_reply();
     }
     // A primary shard that answers StaleDbVersion ran nothing: the database moved (or the
     // router's entry is old). Read it again and route the command again.
     let mut attempt = 0;
     let routed = loop {
-        match (row.run)(router, conn, &req).await {
+        match (row.run)(router, conn, req).await {
             Err(e) if e.code == Code::StaleDbVersion.0 && attempt < STALE_RETRIES_MAX => {
                 attempt += 1;
                 router.forget_database(&req.db);
@@ -148,6 +188,10 @@ pub(crate) async fn hello(router: &Router, conn: &mut RouterConn, req: &Request)
             return Err(Error::new(Code::ClientMetadataCannotBeMutated, "The client metadata document may only be sent in the first hello"));
         }
         conn.client_metadata_seen = true;
+        conn.app_name = cmd.get_document("client").ok().and_then(|c| c.get_document("application").ok()).and_then(|a| a.get_str("name").ok()).map(str::to_string);
+    }
+    if cmd.contains_key("internalClient") {
+        conn.internal_client = true;
     }
     // An awaitable hello (a driver's streaming monitor) waits: a router's topology does not
     // change, so the whole maxAwaitTimeMS, unless the client saw another process.

@@ -46,6 +46,10 @@ pub struct RouterConfig {
     pub audit: Option<audit_log::AuditConfig>,
     /// `auditAuthorizationSuccess`: authCheck records of CRUD commands that pass too.
     pub audit_authorization_success: bool,
+    /// `--setParameter enableTestCommands=1`: fail points (configureFailPoint) exist.
+    pub enable_test_commands: bool,
+    /// Each `--setParameter` as given, for getCmdLineOpts.
+    pub set_parameters: bson::Document,
 }
 
 pub struct Router {
@@ -70,6 +74,10 @@ pub struct RouterConn {
     pub id: u64,
     pub remote: SocketAddr,
     pub client_metadata_seen: bool,
+    /// The client's `application.name` (failCommand's `appName`).
+    pub app_name: Option<String>,
+    /// Another router (its hello said `internalClient`).
+    pub internal_client: bool,
     /// Compressors agreed in the handshake.
     pub compressors: Vec<Compressor>,
     /// Who the connection authenticated as, and a SCRAM conversation under way.
@@ -223,6 +231,8 @@ impl net::service::Service for Router {
             id: self.next_connection_id.fetch_add(1, Ordering::Relaxed),
             remote,
             client_metadata_seen: false,
+            app_name: None,
+            internal_client: false,
             compressors: Vec::new(),
             auth: access::ConnAuth { peer_subject, ..Default::default() },
             user_read: std::time::Instant::now(),
@@ -241,11 +251,15 @@ impl net::service::Service for Router {
     }
 
     async fn run(&self, conn: &mut RouterConn, request: Request) -> net::service::Reply<Vec<u8>> {
-        net::service::Reply::new(commands::run(self, conn, request).await)
+        commands::run(self, conn, request).await
     }
 
     /// An insert batch into a sharded collection passes its documents on undecoded.
     async fn run_frame(&self, conn: &mut RouterConn, frame: &[u8]) -> Option<net::service::Reply<Vec<u8>>> {
+        if net::fail_point::FAIL_COMMAND.is_active() {
+            // Decoded, through `commands::run`, where failCommand acts.
+            return None;
+        }
         let msg = wire::raw_msg(frame, MESSAGE_SIZE_MAX_BYTES).ok()??;
         commands::raw_insert(self, conn, &msg).await.map(net::service::Reply::new)
     }

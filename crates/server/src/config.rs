@@ -71,6 +71,8 @@ pub struct ServerConfig {
     pub argv: Vec<String>,
     /// The effective options as a document, reported as getCmdLineOpts.parsed.
     pub parsed: bson::Document,
+    /// Each `setParameter` as given (getCmdLineOpts.parsed.setParameter), values as strings.
+    set_parameters_given: bson::Document,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +102,7 @@ impl Default for ServerConfig {
             config_file: None,
             argv: Vec::new(),
             parsed: bson::Document::new(),
+            set_parameters_given: bson::Document::new(),
         }
     }
 }
@@ -396,6 +399,11 @@ impl ServerConfig {
     }
 
     fn set_parameter(&mut self, k: &str, v: &Value) -> Result<()> {
+        let given = match v {
+            Value::String(s) => s.clone(),
+            other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
+        };
+        self.set_parameters_given.insert(k, given);
         match k {
             "cursorTimeoutMillis" => {
                 self.cursor_timeout_ms = match v {
@@ -454,6 +462,9 @@ impl ServerConfig {
         };
         if let Some(f) = &self.config_file {
             parsed.insert("config", f.display().to_string());
+        }
+        if !self.set_parameters_given.is_empty() {
+            parsed.insert("setParameter", self.set_parameters_given.clone());
         }
         if let Some(a) = &self.audit {
             let mut audit = bson::doc! {"destination": format!("{:?}", a.destination).to_lowercase(), "format": if a.format == AuditFormat::Json { "JSON" } else { "BSON" }};

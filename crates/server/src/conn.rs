@@ -31,6 +31,8 @@ pub struct ConnState {
     pub compressors: Vec<Compressor>,
     pub client_metadata: Option<Document>,
     pub app_name: Option<String>,
+    /// Another member or a router (its hello said `internalClient`).
+    pub internal_client: bool,
     /// Who the connection authenticated as, and a SCRAM conversation under way.
     pub auth: crate::auth::ConnAuth,
     /// This end's address (audit records' `local`).
@@ -104,6 +106,7 @@ impl net::service::Service for Shared {
             compressors: Vec::new(),
             client_metadata: None,
             app_name: None,
+            internal_client: false,
             auth: crate::auth::ConnAuth { peer_subject, ..Default::default() },
             local,
             uuid: bson::Uuid::new(),
@@ -332,9 +335,29 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<(Duration, i
 }
 
 /// Run a command: on the async worker when it cannot block, otherwise off it (write locks and
-/// group commit wait on condition variables).
+/// group commit wait on condition variables). A test's failCommand acts first.
 async fn run(shared: &Shared, conn: &mut ConnState, request: Request) -> Reply {
-    let mut reply = execute(shared, conn, request).await;
+    let retryable_write = common::labels::is_retryable_write(&request.name, &request.body);
+    let mut injected = net::fail_point::Injected::default();
+    if let Some(fired) = fail_command(shared, conn, &request) {
+        injected = match fired {
+            Ok(i) => i,
+            Err(e) => return Reply::new(e.to_reply()),
+        };
+        if let Some(block) = injected.block {
+            tokio::time::sleep(block).await;
+        }
+        if injected.close {
+            return Reply::close();
+        }
+    }
+    let mut reply = match injected.error.take() {
+        Some(e) => Reply::new(dispatch::with_topology_version(shared, e).to_reply()),
+        None => execute(shared, conn, request, injected.write_concern_error.take()).await,
+    };
+    if injected.labels.is_some() || !reply_ok(&reply.body) || reply.body.contains_key("writeConcernError") {
+        common::labels::apply(retryable_write, &mut reply.body, injected.labels);
+    }
     if let Some(repl) = &shared.repl {
         // Replies carry the times causally consistent sessions chain their reads with.
         if let Some((cluster_time, operation_time)) = repl.reply_times(&shared.store) {
@@ -345,9 +368,27 @@ async fn run(shared: &Shared, conn: &mut ConnState, request: Request) -> Reply {
     reply
 }
 
+/// failCommand, for a command that exists and that this client may run (one atomic load
+/// while it is off).
+fn fail_command(shared: &Shared, conn: &mut ConnState, request: &Request) -> Option<common::Result<net::fail_point::Injected>> {
+    if !net::fail_point::FAIL_COMMAND.is_active() || crate::commands::lookup(&request.name).is_none() {
+        return None;
+    }
+    if crate::auth::check(shared, conn, &request.db, &request.name, &request.body).is_err() {
+        return None;
+    }
+    let ns = match request.body.get(&request.name) {
+        Some(Bson::String(c)) => format!("{}.{}", request.db, c),
+        _ => format!("{}.$cmd", request.db),
+    };
+    let internal = conn.internal_client || conn.auth.user.as_ref().is_some_and(|u| u.user == "__system" && u.db == "local");
+    net::fail_point::fail_command(&request.name, &ns, &net::fail_point::Client { app_name: conn.app_name.as_deref(), internal })
+}
+
 /// `run` without the reply's times: the wait a read needs before it runs, the command, and
 /// the waits its reply needs.
-async fn execute(shared: &Shared, conn: &mut ConnState, request: Request) -> Reply {
+/// `write_concern_error`: a fail point's, answered instead of waiting for the write concern.
+async fn execute(shared: &Shared, conn: &mut ConnState, request: Request, write_concern_error: Option<Document>) -> Reply {
     if let Some(repl) = &shared.repl {
         if let Ok(t) = request.body.get_document("$clusterTime").and_then(|c| c.get_timestamp("clusterTime")) {
             repl.gossip_cluster_time(t);
@@ -367,7 +408,7 @@ async fn execute(shared: &Shared, conn: &mut ConnState, request: Request) -> Rep
     let admission = if request.body.contains_key("shardVersion") || request.body.contains_key("databaseVersion") {
         match admit(shared, conn, &request).await {
             Ok(a) => a,
-            Err(e) => return Reply { body: dispatch::with_topology_version(shared, e).to_reply(), batch: None },
+            Err(e) => return Reply::new(dispatch::with_topology_version(shared, e).to_reply()),
         }
     } else {
         Default::default()
@@ -389,7 +430,9 @@ async fn execute(shared: &Shared, conn: &mut ConnState, request: Request) -> Rep
             tokio::time::sleep(Duration::from_millis(shared.config.auth_failed_delay_ms)).await;
         }
     }
-    if let Some(wait) = replication_wait {
+    if let Some(wce) = write_concern_error {
+        reply.insert("writeConcernError", wce);
+    } else if let Some(wait) = replication_wait {
         let at = wait.at;
         wait_for_replication(shared, wait, &mut reply).await;
         if let Some(repl) = &shared.repl {
@@ -404,7 +447,7 @@ async fn execute(shared: &Shared, conn: &mut ConnState, request: Request) -> Rep
     }
     // A raw batch belongs to a successful cursor reply only.
     let ok = reply_ok(&reply);
-    Reply { body: reply, batch: raw_batch.filter(|_| ok) }
+    Reply { body: reply, batch: raw_batch.filter(|_| ok), close: false }
 }
 
 /// `sharding::ShardingState::admit`, on a primary (a secondary answers the command's own

@@ -442,6 +442,9 @@ fn prepare_and_run(
         _ => None,
     };
     let max_time = parse_max_time(cmd)?;
+    if let Some(e) = max_time.filter(|_| req.name != "getMore").and_then(|_| net::fail_point::max_time_expires()) {
+        return Err(e);
+    }
     // A getMore's maxTimeMS is an awaitData cursor's wait, not a deadline (commands::crud).
     let deadline = max_time.filter(|_| req.name != "getMore").map(|d| Instant::now() + d);
     let ns = match cmd.get(&req.name) {

@@ -281,16 +281,21 @@ fn router_config(a: RouterArgs, argv: Vec<String>) -> Result<router::RouterConfi
         .build()
         .map_err(|e| e.message)?;
     let mut audit_authorization_success = false;
+    let mut enable_test_commands = false;
+    let mut set_parameters = bson::Document::new();
     for p in &a.set_parameter {
+        let flag = |v: &str| match v {
+            "true" | "1" => Ok(true),
+            "false" | "0" => Ok(false),
+            _ => Err(format!("Bad value for parameter in '{p}': expected true or false")),
+        };
         match p.split_once('=') {
-            Some(("auditAuthorizationSuccess", v)) => {
-                audit_authorization_success = match v {
-                    "true" | "1" => true,
-                    "false" | "0" => false,
-                    _ => return Err(format!("auditAuthorizationSuccess must be true or false, not '{v}'")),
-                }
-            }
-            _ => return Err(format!("unknown router parameter '{p}' (the router takes auditAuthorizationSuccess=true|false)")),
+            Some(("auditAuthorizationSuccess", v)) => audit_authorization_success = flag(v)?,
+            Some(("enableTestCommands", v)) => enable_test_commands = flag(v)?,
+            _ => return Err(format!("Unrecognized setParameter '{p}' (the router takes auditAuthorizationSuccess and enableTestCommands)")),
+        }
+        if let Some((k, v)) = p.split_once('=') {
+            set_parameters.insert(k, v);
         }
     }
     Ok(router::RouterConfig {
@@ -310,5 +315,7 @@ fn router_config(a: RouterArgs, argv: Vec<String>) -> Result<router::RouterConfi
         argv,
         audit,
         audit_authorization_success,
+        enable_test_commands,
+        set_parameters,
     })
 }

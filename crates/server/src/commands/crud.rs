@@ -446,6 +446,9 @@ pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
         Some(v) => Some(common::value::as_i64(v).filter(|n| *n >= 0).ok_or_else(|| Error::bad_value("maxTimeMS must be a non-negative integer"))?),
     };
     let mut cursor = ctx.shared.cursors.checkout(id, &ns, ctx.user_name().as_ref())?;
+    if let Some(e) = net::fail_point::get_more_fails(&ns, ctx.conn.app_name.as_deref(), ctx.conn.internal_client) {
+        return Err(e);
+    }
     let await_data = matches!(&cursor.source, Source::Tail(t) if t.await_data);
     if await_ms.is_some() && !await_data {
         ctx.shared.cursors.restore(cursor);

@@ -24,6 +24,10 @@ pub fn hello(ctx: &mut Ctx) -> Result<Document> {
         ctx.conn.app_name = meta.get_document("application").ok().and_then(|a| a.get_str("name").ok()).map(str::to_string);
         ctx.conn.client_metadata = Some(meta.clone());
     }
+    if cmd.contains_key("internalClient") {
+        // Another member or a router: failCommand spares it unless told otherwise.
+        ctx.conn.internal_client = true;
+    }
     if let Some(Bson::Array(offered)) = cmd.get("compression") {
         let ours: Vec<Compressor> = ctx.shared.config.compressors.iter().filter_map(|n| Compressor::from_name(n)).collect();
         ctx.conn.compressors = net::service::negotiate_compressors(&ours, offered);
@@ -78,6 +82,8 @@ fn parameters(ctx: &Ctx) -> Document {
         "maxIncomingConnections": ctx.shared.config.connections_max as i64,
         "networkMessageCompressors": ctx.shared.config.compressors.join(","),
         "storageEngine": ctx.shared.config.storage_engine.clone(),
+        "enableTestCommands": ctx.shared.config.enable_test_commands,
+        "auditAuthorizationSuccess": ctx.shared.config.audit_authorization_success,
         "quiet": false,
     }
 }

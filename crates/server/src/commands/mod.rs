@@ -264,6 +264,7 @@ command_table! {
     "replSetSyncFrom" => spec(repl::repl_set_sync_from),
     "replSetStepUp" => spec(repl::repl_set_step_up),
     "configureFailPoint" => spec(repl::configure_fail_point),
+    "waitForFailPoint" => spec(repl::wait_for_fail_point),
     "saslStart" => spec(users::sasl_start),
     "authenticate" => spec(users::authenticate),
     "getAuditConfig" => spec(users::get_audit_config),

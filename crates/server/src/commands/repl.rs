@@ -165,6 +165,9 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     }
     common::value::check_fields("configureFailPoint", ctx.cmd, &["configureFailPoint", "mode", "data"])?;
     let name = ctx.cmd.get_str("configureFailPoint").map_err(|_| Error::type_mismatch("configureFailPoint must name a fail point"))?;
+    if let Some(answer) = net::fail_point::configure_command(name, ctx.cmd) {
+        return answer;
+    }
     if !matches!(name, "replLink" | "journalFlushDelay" | "migrateHangInFinalTransfer" | "initialSyncHangAfterDataCloning" | "rsSyncApplyStop") {
         return Err(Error::bad_value(format!("Cannot find failpoint: {name}")));
     }
@@ -198,6 +201,24 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     };
     net::fault::set(&host, on.then_some(fault));
     Ok(bson::doc! {"count": 0})
+}
+
+/// waitForFailPoint: {waitForFailPoint: name, timesEntered, maxTimeMS}, with
+/// `enableTestCommands` only.
+pub fn wait_for_fail_point(ctx: &mut Ctx) -> Result<Document> {
+    if !ctx.shared.config.enable_test_commands {
+        return Err(Error::new(Code::CommandNotFound, "no such command: 'waitForFailPoint'"));
+    }
+    if ctx.db != "admin" {
+        return Err(Error::new(Code::Unauthorized, "waitForFailPoint may only be run against the admin database."));
+    }
+    let hang_count = |name: &str| match name {
+        "migrateHangInFinalTransfer" => Some(crate::fault::FINAL_TRANSFER_HANG.set_count()),
+        "initialSyncHangAfterDataCloning" => Some(replication::fail_points::INITIAL_SYNC_CLONED_HANG.set_count()),
+        "rsSyncApplyStop" => Some(replication::fail_points::APPLY_STOP.set_count()),
+        _ => None,
+    };
+    tokio::runtime::Handle::current().block_on(net::fail_point::wait_command(ctx.cmd, hang_count))
 }
 
 /// replSetSyncFrom: {replSetSyncFrom: "host:port"}.
