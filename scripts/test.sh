@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one command that runs every test: rustfmt and clippy, Rust (unit + integration against
-# the real binary), pytest with pymongo, node:test with the Node driver, and mongosh scripts.
+# the real binary), pytest with pymongo, node:test with the Node driver, mongosh scripts, and
+# the drivers' specification tests through pymongo's unified-format runner.
 # Then each fuzz target briefly (scripts/fuzz.sh).
 # Installs what is missing (idempotent, fast when already installed), prints each runner's
 # summary, then one final line "N passed, N failed" over all runners. Exit non-zero on any failure.
@@ -205,6 +206,23 @@ if [[ $NODE_OK -eq 1 && $BUILD_OK -eq 1 ]]; then
   fi
 else
   record mongosh 0 1
+fi
+
+# ---------------------------------------------------------------- driver specifications
+
+# The drivers' specification tests (unified format) through pymongo's own runner, against a
+# standalone, a replica set and a router (scripts/spec-tests.sh); one count per topology.
+log "driver specification tests (pymongo's unified-format runner)"
+if [[ $BUILD_OK -eq 1 ]]; then
+  SPEC_LOG_FILE="$LOG_DIR/spec.log"
+  bash scripts/spec-tests.sh 2>&1 | tee "$SPEC_LOG_FILE"
+  for topology in setup standalone replset router; do
+    line="$(grep -E "^\[spec-$topology\] [0-9]+ passed, [0-9]+ failed" "$SPEC_LOG_FILE" | tail -n 1)"
+    [[ -z "$line" ]] && { [[ $topology == setup ]] || record "spec-$topology" 0 1; continue; }
+    record "spec-$topology" "$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+')" "$(echo "$line" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+')"
+  done
+else
+  record spec 0 1
 fi
 
 # ---------------------------------------------------------------- fuzz

@@ -155,7 +155,11 @@ pub fn configure_command(name: &str, cmd: &Document) -> Option<Result<Document>>
             Some(Bson::Document(d)) => d.clone(),
             Some(_) => return Err(Error::type_mismatch("'data' must be an object")),
         };
-        if point.name == "failCommand" && mode != Mode::Off && !matches!(data.get("failCommands"), Some(Bson::Array(_))) && !data.contains_key("failAllCommands") {
+        if point.name == "failCommand"
+            && mode != Mode::Off
+            && !matches!(data.get("failCommands"), Some(Bson::Array(_)))
+            && !data.contains_key("failAllCommands")
+        {
             return Err(Error::bad_value("failCommand needs 'failCommands', an array of command names"));
         }
         Ok(bson::doc! {"count": point.configure(mode, data) as i64})

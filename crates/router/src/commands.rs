@@ -188,7 +188,8 @@ pub(crate) async fn hello(router: &Router, conn: &mut RouterConn, req: &Request)
             return Err(Error::new(Code::ClientMetadataCannotBeMutated, "The client metadata document may only be sent in the first hello"));
         }
         conn.client_metadata_seen = true;
-        conn.app_name = cmd.get_document("client").ok().and_then(|c| c.get_document("application").ok()).and_then(|a| a.get_str("name").ok()).map(str::to_string);
+        conn.app_name =
+            cmd.get_document("client").ok().and_then(|c| c.get_document("application").ok()).and_then(|a| a.get_str("name").ok()).map(str::to_string);
     }
     if cmd.contains_key("internalClient") {
         conn.internal_client = true;

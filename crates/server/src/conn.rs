@@ -422,7 +422,10 @@ async fn execute(shared: &Shared, conn: &mut ConnState, request: Request, write_
     };
     conn.shard_filter = None;
     drop(admission.gate);
-    let dispatch::Outcome { mut reply, raw_batch, replication_wait, read_wait, await_data: _ } = outcome;
+    let dispatch::Outcome { mut reply, raw_batch, replication_wait, read_wait, await_data: _, close_connection } = outcome;
+    if close_connection {
+        return Reply::close();
+    }
     if authenticating && reply.get_i32("code").is_ok_and(|c| c == common::Code::AuthenticationFailed.0) {
         conn.auth.failures += 1;
         if shared.config.auth_failed_delay_ms > 0 {

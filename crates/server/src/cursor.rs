@@ -240,13 +240,14 @@ impl Cursor {
                 q.is_empty()
             }
             Source::Find { scan, projection, skip, limit, returned, held } => loop {
-                if out.len() >= docs_max {
-                    break false;
-                }
+                // The limit first: a batch that reaches it ends the cursor.
                 if let Some(l) = *limit {
                     if *returned >= l {
                         break true;
                     }
+                }
+                if out.len() >= docs_max {
+                    break false;
                 }
                 let doc = match held.take() {
                     Some(doc) => doc,

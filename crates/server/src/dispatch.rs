@@ -328,6 +328,8 @@ pub struct Outcome {
     /// An awaitData getMore found nothing new: it waits for a write after `seen`, until
     /// `deadline`, then runs again.
     pub await_data: Option<AwaitData>,
+    /// Drop the connection instead of replying (a test's fail point).
+    pub close_connection: bool,
 }
 
 impl Outcome {
@@ -387,7 +389,7 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request, resumed:
             outcome
         }
         // A failed command waits for nothing, and its reply has no batch.
-        Err(e) => Outcome::reply(with_topology_version(shared, e).to_reply()),
+        Err(e) => Outcome { close_connection: outcome.close_connection, ..Outcome::reply(with_topology_version(shared, e).to_reply()) },
     }
 }
 
@@ -460,23 +462,43 @@ fn prepare_and_run(
     let mut reply = {
         let out = &mut effects;
         match (retry_key, txn_number) {
-            (Some(lsid), Some(txn)) => shared.retry.run(store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
-                let retry = Some(commands::RetryCtx { executed, write: guard });
-                (spec.handler)(&mut Ctx {
-                    shared,
-                    store_handle: store,
-                    conn: &mut *conn,
-                    db: &req.db,
-                    name: &req.name,
-                    cmd,
-                    op: &op,
-                    write_concern,
-                    retry,
-                    defer_durable,
-                    resumed,
-                    out,
-                })
-            })?,
+            (Some(lsid), Some(txn)) => {
+                let close = &mut outcome.close_connection;
+                shared.retry.run(store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
+                    let point = &crate::fault::ON_PRIMARY_TRANSACTIONAL_WRITE;
+                    let fail_before = |d: &Document| d.contains_key("failBeforeCommitExceptionCode");
+                    // A test's fail point, only on an attempt that writes (a retry of what took
+                    // effect answers from the record): fail before writing, or drop the
+                    // connection after.
+                    if let Some(data) = point.is_active().then(|| executed.is_empty().then(|| point.fires(fail_before)).flatten()).flatten() {
+                        *close = data.get_bool("closeConnection").unwrap_or(true);
+                        let code = data.get("failBeforeCommitExceptionCode").and_then(common::value::as_i64).unwrap_or(Code::InternalError.0 as i64);
+                        return Err(Error::from_number(code as i32, "Failing write due to failpoint. The write must not be reflected."));
+                    }
+                    let before = guard.last_write();
+                    let retry = Some(commands::RetryCtx { executed, write: guard });
+                    let result = (spec.handler)(&mut Ctx {
+                        shared,
+                        store_handle: store,
+                        conn: &mut *conn,
+                        db: &req.db,
+                        name: &req.name,
+                        cmd,
+                        op: &op,
+                        write_concern,
+                        retry,
+                        defer_durable,
+                        resumed,
+                        out,
+                    });
+                    if point.is_active() && guard.last_write() != before {
+                        if let Some(data) = point.fires(|d| !fail_before(d)) {
+                            *close = data.get_bool("closeConnection").unwrap_or(true);
+                        }
+                    }
+                    result
+                })?
+            }
             _ => (spec.handler)(&mut Ctx {
                 shared,
                 store_handle: store,

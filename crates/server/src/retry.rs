@@ -58,6 +58,11 @@ impl Executed {
     pub fn statement(&self, stmt: i32) -> Option<&[Document]> {
         self.by_stmt.get(&stmt).map(|v| v.as_slice())
     }
+
+    /// No statement of this transaction number took effect yet.
+    pub fn is_empty(&self) -> bool {
+        self.by_stmt.is_empty()
+    }
 }
 
 impl RetryTable {

@@ -79,7 +79,8 @@ pub struct UpArgs {
     /// PEM of the CAs certificates are checked against.
     #[arg(long = "tlsCAFile")]
     tls_ca_file: Option<PathBuf>,
-    /// A server parameter for every member, name=value (repeatable).
+    /// A server parameter for every member, name=value (repeatable); the router gets those it
+    /// takes (enableTestCommands, auditAuthorizationSuccess).
     #[arg(long = "setParameter")]
     set_parameter: Vec<String>,
 }
@@ -257,6 +258,12 @@ async fn up_sharded(a: &UpArgs, shards: usize) -> Result<String, String> {
     let mut cmd = std::process::Command::new(&exe);
     cmd.args(["router", "--configdb", &configdb, "--port", &a.port.to_string(), "--bind_ip", "127.0.0.1"])
         .args(server_args(a))
+        .args(
+            a.set_parameter
+                .iter()
+                .filter(|p| p.starts_with("enableTestCommands=") || p.starts_with("auditAuthorizationSuccess="))
+                .flat_map(|p| ["--setParameter", p.as_str()]),
+        )
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log);

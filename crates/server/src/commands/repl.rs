@@ -168,6 +168,11 @@ pub fn configure_fail_point(ctx: &mut Ctx) -> Result<Document> {
     if let Some(answer) = net::fail_point::configure_command(name, ctx.cmd) {
         return answer;
     }
+    if name == crate::fault::ON_PRIMARY_TRANSACTIONAL_WRITE.name {
+        let mode = net::fail_point::Mode::parse(ctx.cmd.get("mode"))?;
+        let data = ctx.cmd.get_document("data").cloned().unwrap_or_default();
+        return Ok(bson::doc! {"count": crate::fault::ON_PRIMARY_TRANSACTIONAL_WRITE.configure(mode, data) as i64});
+    }
     if !matches!(name, "replLink" | "journalFlushDelay" | "migrateHangInFinalTransfer" | "initialSyncHangAfterDataCloning" | "rsSyncApplyStop") {
         return Err(Error::bad_value(format!("Cannot find failpoint: {name}")));
     }
@@ -216,6 +221,7 @@ pub fn wait_for_fail_point(ctx: &mut Ctx) -> Result<Document> {
         "migrateHangInFinalTransfer" => Some(crate::fault::FINAL_TRANSFER_HANG.set_count()),
         "initialSyncHangAfterDataCloning" => Some(replication::fail_points::INITIAL_SYNC_CLONED_HANG.set_count()),
         "rsSyncApplyStop" => Some(replication::fail_points::APPLY_STOP.set_count()),
+        "onPrimaryTransactionalWrite" => Some(crate::fault::ON_PRIMARY_TRANSACTIONAL_WRITE.times_entered()),
         _ => None,
     };
     tokio::runtime::Handle::current().block_on(net::fail_point::wait_command(ctx.cmd, hang_count))
