@@ -27,6 +27,9 @@ SUITES=(
   test/test_command_logging.py
   test/test_command_monitoring.py
   test/test_connection_logging.py
+  test/test_connection_monitoring.py
+  test/test_discovery_and_monitoring.py
+  test/test_csot.py
   test/test_versioned_api.py
 )
 
@@ -57,6 +60,7 @@ deselects() {
 DIRS=()
 cleanup() {
   for d in "${DIRS[@]}"; do
+    if [[ -f "$d/routers.pid" ]]; then xargs kill <"$d/routers.pid" 2>/dev/null; fi
     if [[ -f "$d/cluster.pids" ]]; then "$SHOAL_BIN" cluster down --dir "$d" >/dev/null 2>&1; fi
     if [[ -f "$d/serve.pid" ]]; then kill "$(cat "$d/serve.pid")" 2>/dev/null; fi
     rm -rf "$d"
@@ -89,9 +93,17 @@ run_topology() {
         || { echo "[spec-$topology] the set did not start"; tail "$dir/up.log"; return 1; }
       ;;
     router)
+      # A cluster of one shard, and two more routers on adjacent ports, as the runner looks
+      # for a second router on the next port (useMultipleMongoses).
+      local cluster_port=$((PORT_BASE + 30))
       port=$((PORT_BASE + 20))
-      "$SHOAL_BIN" cluster up --shards 1 --port "$port" --dir "$dir" --setParameter enableTestCommands=1 >"$dir/up.log" 2>&1 \
+      "$SHOAL_BIN" cluster up --shards 1 --port "$cluster_port" --dir "$dir" --setParameter enableTestCommands=1 >"$dir/up.log" 2>&1 \
         || { echo "[spec-$topology] the cluster did not start"; tail "$dir/up.log"; return 1; }
+      for p in "$port" $((port + 1)); do
+        "$SHOAL_BIN" router --configdb "cfg/127.0.0.1:$((cluster_port + 1))" --port "$p" --setParameter enableTestCommands=1 >"$dir/router-$p.log" 2>&1 &
+        echo $! >>"$dir/routers.pid"
+        wait_port 127.0.0.1 "$p" || { echo "[spec-$topology] a router did not start"; tail "$dir/router-$p.log"; return 1; }
+      done
       ;;
   esac
   local out="$dir/pytest.log"
@@ -112,6 +124,10 @@ run_topology() {
 
 cleanup_one() {
   local d="$1"
+  if [[ -f "$d/routers.pid" ]]; then
+    while read -r pid; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done <"$d/routers.pid"
+    rm -f "$d/routers.pid"
+  fi
   if [[ -f "$d/cluster.pids" ]]; then "$SHOAL_BIN" cluster down --dir "$d" >/dev/null 2>&1; fi
   if [[ -f "$d/serve.pid" ]]; then kill "$(cat "$d/serve.pid")" 2>/dev/null; wait "$(cat "$d/serve.pid")" 2>/dev/null; fi
 }

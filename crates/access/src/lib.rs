@@ -17,6 +17,7 @@
 pub mod privileges;
 pub mod roles;
 pub mod sasl;
+pub mod sessions;
 
 pub use common::server::EXTERNAL_DB;
 pub use net::key_file::{internal_key, INTERNAL_USER, INTERNAL_USER_DB};

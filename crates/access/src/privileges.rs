@@ -100,8 +100,22 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
     let on_db = |action: &'static str| Privileges(vec![(action, Resource::db(db))]);
     let cluster = |action: &'static str| Privileges(vec![(action, Resource::Cluster)]);
     match name {
-        "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo" | "saslStart" | "saslContinue" | "authenticate" | "connectionStatus"
-        | "listCommands" | "logout" | "configureFailPoint" | "waitForFailPoint" => Nothing,
+        "hello"
+        | "isMaster"
+        | "ismaster"
+        | "ping"
+        | "buildInfo"
+        | "buildinfo"
+        | "saslStart"
+        | "saslContinue"
+        | "authenticate"
+        | "connectionStatus"
+        | "listCommands"
+        | "logout"
+        | "configureFailPoint"
+        | "waitForFailPoint"
+        | "testVersion2"
+        | "testVersion1AndVersion2" => Nothing,
         "whatsmyuri" | "endSessions" | "killSessions" | "refreshSessions" | "startSession" | "listDatabases" => AnyUser,
         "find" | "count" | "distinct" => ns("find"),
         "listIndexes" => ns("listIndexes"),
@@ -179,6 +193,7 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
         "currentOp" => cluster("inprog"),
         "killOp" => cluster("killop"),
         "shutdown" => cluster("shutdown"),
+        "fsync" => cluster("fsync"),
         "killAllSessions" => cluster("killAnySession"),
         "replSetGetStatus" => cluster("replSetGetStatus"),
         "replSetGetConfig" => cluster("replSetGetConfig"),

@@ -3,6 +3,7 @@
 //! a process reports, and how arguments' values are read and named.
 //! Kept tiny on purpose: nothing here does I/O or knows about commands.
 
+pub mod api;
 pub mod labels;
 pub mod metrics;
 pub mod optime;

@@ -218,6 +218,15 @@ pub fn max_time_expires() -> Option<Error> {
     Some(Error::new(Code::MaxTimeMSExpired, "operation exceeded time limit"))
 }
 
+/// A connection's application name: the one its handshake named, or, for the handshake
+/// itself, the one it names (mongod reads a hello's metadata before its fail points).
+pub fn app_name<'a>(known: Option<&'a str>, name: &str, body: &'a Document) -> Option<&'a str> {
+    if known.is_some() || !wire::is_hello(name) {
+        return known;
+    }
+    body.get_document("client").ok()?.get_document("application").ok()?.get_str("name").ok()
+}
+
 /// Who sends a command, as failCommand tells clients apart.
 pub struct Client<'a> {
     pub app_name: Option<&'a str>,

@@ -3,16 +3,18 @@
 //! and write its reply (compressed as the client's was, when negotiated). The wire's push
 //! protocols live here too: exhaust cursors (a getMore run again while its cursor stays
 //! open, each reply `moreToCome`), the awaitable (streaming) hello, unacknowledged
-//! `moreToCome` requests, and the legacy OP_QUERY handshake. What a request means is the
-//! service's: this loop knows no command but hello and getMore, by name.
+//! `moreToCome` requests, and the legacy opcodes (`legacy`, each translated into the command
+//! it stands for). What a request means is the service's: this loop knows no command but
+//! hello and getMore, by name, and those the legacy opcodes become.
 //!
 //! Invariant: a frame that was read whole but cannot be decoded gets an error reply and the
 //! connection goes on (the stream is still in sync); only an unsupported opcode or a broken
 //! stream ends it.
 
 use crate::frame::FrameReader;
+use crate::legacy;
 use crate::tls::Stream;
-use bson::{doc, Bson, Document};
+use bson::{Bson, Document};
 use common::limits::MESSAGE_SIZE_MAX_BYTES;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -26,7 +28,7 @@ use wire::{Compressor, Message, OpMsg, OpReply, Request};
 static NEXT_REQUEST_ID: AtomicI32 = AtomicI32::new(1);
 
 /// Why a connection ends when its service asks to drop it.
-const CLOSED: &str = "closed by failCommand (closeConnection)";
+pub(crate) const CLOSED: &str = "closed by failCommand (closeConnection)";
 
 /// The request id of the next message this process sends on a client connection.
 pub fn next_request_id() -> i32 {
@@ -196,6 +198,7 @@ pub async fn serve<S: Service>(service: Arc<S>, stream: TcpStream, remote: Socke
 
 async fn serve_loop<S: Service>(service: &S, stream: &mut Stream, conn: &mut S::Conn) -> Result<(), String> {
     let mut reader = FrameReader::new();
+    let mut legacy = legacy::Legacy::default();
     loop {
         let Some(frame) = reader.next(stream).await? else { return Ok(()) };
         let buf = &reader.buf[frame];
@@ -241,11 +244,12 @@ async fn serve_loop<S: Service>(service: &S, stream: &mut Stream, conn: &mut S::
         match decoded.message {
             Message::Msg(msg) if service.takes_over(&msg) => service.take_over(stream, &mut reader, conn, request_id, msg).await?,
             Message::Msg(msg) => handle_msg(service, stream, conn, request_id, compressor, msg).await?,
-            Message::Query(q) => {
-                let Some(reply) = op_query(service, conn, q).await else { return Err(CLOSED.into()) };
-                write_frame(service, stream, &wire::encode_reply(next_request_id(), request_id, &reply, None)).await?;
-            }
             Message::Reply(_) => return Err("client sent OP_REPLY".into()),
+            message => match legacy::handle(service, conn, &mut legacy, message).await {
+                legacy::Outcome::Reply(reply) => write_frame(service, stream, &wire::encode_reply(next_request_id(), request_id, &reply, None)).await?,
+                legacy::Outcome::Nothing => {}
+                legacy::Outcome::Close => return Err(CLOSED.into()),
+            },
         }
     }
 }
@@ -349,36 +353,4 @@ async fn handle_msg<S: Service>(
         response_to = reply_id;
     }
     Ok(())
-}
-
-/// Legacy OP_QUERY: only the handshake of old drivers (a hello on `<db>.$cmd`), as mongod
-/// and mongos 6+.
-async fn op_query<S: Service>(service: &S, conn: &mut S::Conn, q: wire::OpQuery) -> Option<OpReply> {
-    let reply_doc = match q.full_collection_name.strip_suffix(".$cmd") {
-        Some(db) => {
-            // Old drivers may wrap the command as {$query: {...}, $readPreference: ...}.
-            let mut cmd = match q.query.get_document("$query") {
-                Ok(inner) => inner.clone(),
-                Err(_) => q.query.clone(),
-            };
-            let name = cmd.keys().next().cloned().unwrap_or_default();
-            if wire::is_hello(&name) {
-                cmd.insert("$db", db);
-                match Request::from_msg(cmd, Vec::new()) {
-                    Ok(r) => {
-                        let reply = service.run(conn, r).await;
-                        if reply.close {
-                            return None;
-                        }
-                        reply.into_document()
-                    }
-                    Err(e) => e.to_reply(),
-                }
-            } else {
-                doc! { "ok": 0.0, "errmsg": format!("Unsupported OP_QUERY command: {name}. The client driver may require an upgrade. For more details see https://dochub.mongodb.org/core/legacy-opcode-removal"), "code": 352, "codeName": "UnsupportedOpQueryCommand" }
-            }
-        }
-        None => doc! { "$err": "OP_QUERY is no longer supported. The client driver may require an upgrade.", "code": 5739101, "ok": 0.0 },
-    };
-    Some(OpReply { response_flags: 0, cursor_id: 0, starting_from: 0, documents: vec![reply_doc] })
 }

@@ -320,7 +320,8 @@ fn parse_doc(d: &Document, depth: usize) -> Result<Node> {
     }
     let mut children = Vec::with_capacity(d.len());
     for (k, v) in d {
-        if let Some(op) = k.strip_prefix('$') {
+        // A DBRef's fields ($ref, $id, $db) are field names, not operators.
+        if let Some(op) = k.strip_prefix('$').filter(|_| !is_dbref_field(k)) {
             match op {
                 "and" | "or" | "nor" => {
                     let Bson::Array(items) = v else {
@@ -374,10 +375,15 @@ fn parse_doc(d: &Document, depth: usize) -> Result<Node> {
     Ok(if children.len() == 1 { children.pop().unwrap_or(Node::True) } else { Node::And(children) })
 }
 
+/// The fields of a DBRef: names a filter matches as fields, though they start with '$'.
+fn is_dbref_field(k: &str) -> bool {
+    matches!(k, "$ref" | "$id" | "$db")
+}
+
 /// Does this object hold query operators ({$gt: 1}) rather than a literal document?
 fn is_operator_doc(d: &Document) -> bool {
     match d.keys().next() {
-        Some(k) => k.starts_with('$') && !matches!(k.as_str(), "$ref" | "$id" | "$db"),
+        Some(k) => k.starts_with('$') && !is_dbref_field(k),
         None => false,
     }
 }
@@ -625,6 +631,7 @@ fn parse_operators(d: &Document, depth: usize) -> Result<Vec<Pred>> {
                                 | "$jsonSchema"
                                 | "$sampleRate"
                         )
+                        && !is_dbref_field(f)
                 });
                 if value_form {
                     Leaf::ElemMatchValue(parse_operators(sd, depth + 1)?)
@@ -1021,6 +1028,16 @@ fn preds_match(preds: &[Pred], v: Option<&Bson>) -> Result<bool> {
 mod tests {
     use super::*;
     use bson::doc;
+
+    #[test]
+    fn dbref_fields_are_field_names() {
+        let d = doc! {"r": {"$ref": "c", "$id": 7, "$db": "x"}, "rs": [{"$ref": "c", "$id": 1}, {"$ref": "c", "$id": 2}]};
+        assert!(m(doc! {"r": {"$ref": "c", "$id": 7, "$db": "x"}}, d.clone()));
+        assert!(m(doc! {"r.$id": 7}, d.clone()));
+        assert!(m(doc! {"rs": {"$elemMatch": {"$ref": "c", "$id": 2}}}, d.clone()));
+        assert!(!m(doc! {"rs": {"$elemMatch": {"$ref": "c", "$id": 3}}}, d.clone()));
+        assert!(m(doc! {"rs.$id": {"$in": [2]}}, d));
+    }
 
     fn m(filter: Document, d: Document) -> bool {
         Filter::parse(&filter).unwrap().matches(&d)

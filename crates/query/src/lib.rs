@@ -8,6 +8,7 @@ mod datetime;
 pub mod decimal;
 pub mod expr;
 pub mod filter;
+pub mod let_vars;
 mod num;
 pub mod projection;
 pub mod sort;

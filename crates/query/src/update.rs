@@ -449,8 +449,9 @@ impl Update {
                     if !is_known_modifier(op) {
                         return Err(ftp(format!("Unknown modifier: {op}. Expected a valid update modifier or pipeline-style update specified as an array")));
                     }
+                    // mongod 5.0+: an operator with no fields changes nothing.
                     if fields.is_empty() {
-                        return Err(ftp(format!("'{op}' is empty. You must specify a field like so: {{{op}: {{<field>: ...}}}}")));
+                        continue;
                     }
                     for (field, v) in fields {
                         let path = parse_path(field)?;
@@ -1276,6 +1277,12 @@ mod tests {
     }
 
     #[test]
+    fn empty_operators_change_nothing() {
+        assert_eq!(up(doc! {"$set": {}}, doc! {"_id": 1, "a": 1}).unwrap(), doc! {"_id": 1, "a": 1});
+        assert_eq!(up(doc! {"$set": {}, "$inc": {"a": 1}}, doc! {"_id": 1, "a": 1}).unwrap(), doc! {"_id": 1, "a": 2});
+    }
+
+    #[test]
     fn parse_errors() {
         let p = |u: Document| Update::parse(&Bson::Document(u), None).unwrap_err();
         assert_eq!(p(doc! {"$set": {"a": 1}, "b": 1}).code, 9);
@@ -1283,7 +1290,6 @@ mod tests {
         let e = p(doc! {"$foo": {"a": 1}});
         assert_eq!(e.code, 9);
         assert!(e.message.starts_with("Unknown modifier: $foo"));
-        assert_eq!(p(doc! {"$set": {}}).code, 9);
         assert_eq!(p(doc! {"$set": 1}).code, 9);
         let e = p(doc! {"$set": {"a": 1}, "$inc": {"a.b": 1}});
         assert_eq!(e.code, 40);

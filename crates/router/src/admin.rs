@@ -48,6 +48,13 @@ pub fn configure_fail_point(router: &Router, req: &Request) -> Result<Document> 
     net::fail_point::configure_command(name, &req.body).unwrap_or_else(|| Err(Error::bad_value(format!("Cannot find failpoint: {name}"))))
 }
 
+/// testVersion2 and testVersion1AndVersion2: commands that exist to exercise the stable API's
+/// checks (`common::api`), as mongos's do; they do nothing else.
+pub fn test_api_command(router: &Router, req: &Request) -> Result<Document> {
+    test_command(router, &req.name)?;
+    Ok(Document::new())
+}
+
 pub async fn wait_for_fail_point(router: &Router, req: &Request) -> Result<Document> {
     test_command(router, "waitForFailPoint")?;
     net::fail_point::wait_command(&req.body, |_| None).await

@@ -45,6 +45,9 @@ pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> net::s
     let Some(row) = super::table::lookup(&req.name) else {
         return reply(Error::new(Code::CommandNotFound, format!("no such command: '{}'", req.name)).to_reply());
     };
+    if let Err(e) = common::api::check(&req.name, &req.body) {
+        return reply(e.to_reply());
+    }
     if router.config.auth {
         if let Err(e) = super::users::authorize(router, conn, &req).await {
             return reply(e.to_reply());
@@ -55,6 +58,12 @@ pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> net::s
             return reply(e.to_reply());
         }
     }
+    if let Some(Bson::Binary(id)) = req.body.get_document("lsid").ok().and_then(|l| l.get("id")) {
+        let user = conn.auth.user.as_ref().map(|u| (u.user.as_str(), u.db.as_str()));
+        if let Err(e) = router.sessions.touch(&id.bytes, user) {
+            return reply(e.to_reply());
+        }
+    }
     let retryable_write = common::labels::is_retryable_write(&req.name, &req.body);
     let mut injected = net::fail_point::Injected::default();
     if net::fail_point::FAIL_COMMAND.is_active() {
@@ -62,7 +71,8 @@ pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> net::s
             Some(Bson::String(c)) => format!("{}.{}", req.db, c),
             _ => format!("{}.$cmd", req.db),
         };
-        let client = net::fail_point::Client { app_name: conn.app_name.as_deref(), internal: conn.internal_client };
+        let app_name = net::fail_point::app_name(conn.app_name.as_deref(), &req.name, &req.body);
+        let client = net::fail_point::Client { app_name, internal: conn.internal_client };
         if let Some(fired) = net::fail_point::fail_command(&req.name, &ns, &client) {
             injected = match fired {
                 Ok(i) => i,
@@ -227,6 +237,11 @@ pub(crate) async fn hello(router: &Router, conn: &mut RouterConn, req: &Request)
 
 /// Sessions live on the shards (their retryable-write records): each ends them there.
 pub(crate) async fn end_sessions(router: &Router, req: &Request) -> Result<Document> {
+    for s in req.body.get_array("endSessions").map(|a| a.as_slice()).unwrap_or_default() {
+        if let Some(Bson::Binary(id)) = s.as_document().and_then(|d| d.get("id")) {
+            router.sessions.end(&id.bytes);
+        }
+    }
     let body = forwarded(req);
     let mut errors = Vec::new();
     for id in router.shard_ids().await? {
@@ -1402,6 +1417,30 @@ pub(super) fn run_router_stages(p: &query::agg::Pipeline, input: Vec<Document>, 
 }
 
 /// Documents the router computed, returned as a cursor of batches of `batch`.
+/// aggregate: `$listLocalSessions` answered from this router's sessions, any other pipeline
+/// routed (`whole`).
+pub(crate) async fn aggregate_command(router: &Router, conn: &RouterConn, req: &Request) -> Result<Document> {
+    let first = req.body.get_array("pipeline").ok().and_then(|p| p.first()).and_then(Bson::as_document);
+    let Some(spec) = first.and_then(|s| s.get("$listLocalSessions")) else { return whole(router, req).await };
+    let stages: Vec<Document> = req.body.get_array("pipeline").map(|p| p.iter().skip(1).filter_map(|s| s.as_document().cloned()).collect()).unwrap_or_default();
+    let batch = batch_size_of(req.body.get_document("cursor").ok().and_then(|c| c.get("batchSize")))?.unwrap_or(FIRST_BATCH_DOCS_DEFAULT);
+    list_local_sessions(router, conn, req, spec, &stages, batch).await
+}
+
+/// `$listLocalSessions`: this router's own sessions, through the rest of the pipeline here.
+async fn list_local_sessions(router: &Router, conn: &RouterConn, req: &Request, spec: &Bson, rest: &[Document], batch: usize) -> Result<Document> {
+    if collection_of(req).is_ok() {
+        return Err(Error::new(Code::InvalidNamespace, "$listLocalSessions must be the first stage of an {aggregate: 1}"));
+    }
+    let current = conn.auth.user.as_ref().map(|u| (u.user.as_str(), u.db.as_str()));
+    let users = access::sessions::list_spec(spec, current)?;
+    let docs = router.sessions.list(users.as_deref());
+    let pipeline = query::agg::Pipeline::parse(rest)?;
+    let opts = query::agg::RunOptions { allow_disk_use: req.body.get_bool("allowDiskUse").unwrap_or(false), mem_limit_bytes: MERGE_INPUT_BYTES_MAX };
+    let out = pipeline.run_interruptible(&mut docs.into_iter().map(Ok), &opts, &|| Ok(()))?;
+    buffered_cursor(router, req, format!("{}.$cmd.aggregate", req.db), String::new(), out, batch).await
+}
+
 pub(super) async fn buffered_cursor(router: &Router, req: &Request, ns: String, coll: String, docs: Vec<Document>, batch: usize) -> Result<Document> {
     let buffered: Vec<(Document, usize)> = docs
         .into_iter()

@@ -67,6 +67,8 @@ pub struct Router {
     /// Bumped by every user or role command through this router (`users`).
     users_generation: AtomicU64,
     audit: Option<audit_log::Audit>,
+    /// The logical sessions commands named (`$listLocalSessions`).
+    pub(crate) sessions: access::sessions::SessionCache,
 }
 
 /// A client connection's state the router's commands see.
@@ -148,6 +150,7 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
         tls,
         users_generation: AtomicU64::new(0),
         audit,
+        sessions: Default::default(),
     });
     let options = admin::get_cmd_line_opts(&router).get_document("parsed").cloned().unwrap_or_default();
     router.audit_event("startup", &audit_log::Actor::system(), audit_log::Param::Doc(bson::doc! {"options": options}), 0);

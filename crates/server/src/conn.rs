@@ -382,7 +382,8 @@ fn fail_command(shared: &Shared, conn: &mut ConnState, request: &Request) -> Opt
         _ => format!("{}.$cmd", request.db),
     };
     let internal = conn.internal_client || conn.auth.user.as_ref().is_some_and(|u| u.user == "__system" && u.db == "local");
-    net::fail_point::fail_command(&request.name, &ns, &net::fail_point::Client { app_name: conn.app_name.as_deref(), internal })
+    let app_name = net::fail_point::app_name(conn.app_name.as_deref(), &request.name, &request.body);
+    net::fail_point::fail_command(&request.name, &ns, &net::fail_point::Client { app_name, internal })
 }
 
 /// `run` without the reply's times: the wait a read needs before it runs, the command, and

@@ -28,7 +28,16 @@ pub enum Source {
     Buffered(VecDeque<Document>),
     /// A streaming scan that resumes where the previous batch ended.
     /// `held`: a result read for the previous batch that did not fit in it.
-    Find { scan: Box<Scan>, projection: Option<Projection>, skip: u64, limit: Option<u64>, returned: u64, held: Option<Document> },
+    Find {
+        scan: Box<Scan>,
+        projection: Option<Projection>,
+        /// returnKey and showRecordId.
+        key_output: Option<Box<crate::exec::KeyOutput>>,
+        skip: u64,
+        limit: Option<u64>,
+        returned: u64,
+        held: Option<Document>,
+    },
     /// A tailable cursor: never exhausted by reaching the end of the data.
     Tail(Box<Tail>),
 }
@@ -239,7 +248,7 @@ impl Cursor {
                 }
                 q.is_empty()
             }
-            Source::Find { scan, projection, skip, limit, returned, held } => loop {
+            Source::Find { scan, projection, key_output, skip, limit, returned, held } => loop {
                 // The limit first: a batch that reaches it ends the cursor.
                 if let Some(l) = *limit {
                     if *returned >= l {
@@ -252,15 +261,12 @@ impl Cursor {
                 let doc = match held.take() {
                     Some(doc) => doc,
                     None => {
-                        let Some((_, doc, details)) = scan.next(op)? else { break true };
+                        let Some((rid, doc, details)) = scan.next(op)? else { break true };
                         if *skip > 0 {
                             *skip -= 1;
                             continue;
                         }
-                        match projection {
-                            Some(p) => p.apply(&doc, &details)?,
-                            None => doc,
-                        }
+                        crate::exec::shape(projection.as_ref(), key_output.as_deref(), rid, doc, &details)?
                     }
                 };
                 // At least one document per batch, and past that no more than

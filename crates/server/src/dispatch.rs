@@ -252,19 +252,20 @@ fn read_wait(shared: &Shared, req: &Request, level: Option<ReadLevel>, deadline:
     Ok(Some(ReadWait { at, linearizable: level == ReadLevel::Linearizable, deadline }))
 }
 
-/// mongod's NotPrimaryError and ShutdownError categories: errors that tell a driver the
-/// server's role changed.
-fn is_state_change_error(code: i32) -> bool {
-    matches!(code, 10107 | 13435 | 13436 | 11600 | 11602 | 189 | 91 | 10058)
+/// mongod's NotPrimaryError category: errors that tell a driver the member's role changed.
+/// (A ShutdownError carries a topologyVersion only in mongod's quiesce mode, which shoal's
+/// shutdown has not: without one, a driver marks the server unknown at once.)
+fn is_not_primary_error(code: i32) -> bool {
+    matches!(code, 10107 | 13435 | 13436 | 11602 | 189 | 10058)
 }
 
-/// A state-change error carries the member's topologyVersion, as mongod appends it to every
+/// A not-primary error carries the member's topologyVersion, as mongod appends it to every
 /// such reply. A driver compares it with what its monitor has seen: if it is not newer, the
 /// error is not news and the server stays selectable. Without it the driver marks the server
 /// unknown and, with a streaming monitor in an awaitable hello, waits up to maxAwaitTimeMS
 /// (10 s) before it sends anything more.
 pub fn with_topology_version(shared: &Shared, e: Error) -> Error {
-    if shared.repl.is_none() || !is_state_change_error(e.code) || e.extra.as_ref().is_some_and(|x| x.contains_key("topologyVersion")) {
+    if shared.repl.is_none() || !is_not_primary_error(e.code) || e.extra.as_ref().is_some_and(|x| x.contains_key("topologyVersion")) {
         return e;
     }
     let mut extra = e.extra.as_deref().cloned().unwrap_or_default();
@@ -362,12 +363,21 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request, resumed:
     if spec.op_kind == "command" {
         Counters::add(&shared.counters.command, 1);
     }
+    if let Err(e) = common::api::check(&req.name, &req.body) {
+        return Outcome::reply(e.to_reply());
+    }
     let checked = crate::auth::check(shared, conn, &req.db, &req.name, &req.body);
     if shared.audit.is_some() {
         crate::audit::auth_check(shared, conn, &req.name, &req.body, checked.as_ref().err().map(|e| e.code));
     }
     if let Err(e) = checked {
         return Outcome::reply(with_topology_version(shared, e).to_reply());
+    }
+    if let Some(Bson::Binary(id)) = req.body.get_document("lsid").ok().and_then(|l| l.get("id")) {
+        let user = conn.auth.user.as_ref().map(|u| (u.user.as_str(), u.db.as_str()));
+        if let Err(e) = shared.sessions.touch(&id.bytes, user) {
+            return Outcome::reply(e.to_reply());
+        }
     }
     // With auditing on, the command writes through a handle that notes what it creates.
     let collecting = shared.audit.is_some().then(|| shared.store.collecting_creations());
@@ -391,6 +401,36 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request, resumed:
         // A failed command waits for nothing, and its reply has no batch.
         Err(e) => Outcome { close_connection: outcome.close_connection, ..Outcome::reply(with_topology_version(shared, e).to_reply()) },
     }
+}
+
+/// A retryable write's handler `run`, under a test's `onPrimaryTransactionalWrite`, which acts
+/// only on an attempt that writes (a retry of what took effect answers from the record): it
+/// fails the write before it is made (`failBeforeCommitExceptionCode`), or drops the
+/// connection after (`closeConnection`, the default), setting `close`.
+fn on_primary_transactional_write(
+    executed: &crate::retry::Executed,
+    guard: &storage::RetryableWrite,
+    close: &mut bool,
+    run: impl FnOnce() -> Result<Document>,
+) -> Result<Document> {
+    let point = &crate::fault::ON_PRIMARY_TRANSACTIONAL_WRITE;
+    if !point.is_active() {
+        return run();
+    }
+    let fail_before = |d: &Document| d.contains_key("failBeforeCommitExceptionCode");
+    if let Some(data) = executed.is_empty().then(|| point.fires(fail_before)).flatten() {
+        *close = data.get_bool("closeConnection").unwrap_or(true);
+        let code = data.get("failBeforeCommitExceptionCode").and_then(common::value::as_i64).unwrap_or(Code::InternalError.0 as i64);
+        return Err(Error::from_number(code as i32, "Failing write due to failpoint. The write must not be reflected."));
+    }
+    let before = guard.last_write();
+    let result = run();
+    if guard.last_write() != before {
+        if let Some(data) = point.fires(|d| !fail_before(d)) {
+            *close = data.get_bool("closeConnection").unwrap_or(true);
+        }
+    }
+    result
 }
 
 fn prepare_and_run(
@@ -461,45 +501,8 @@ fn prepare_and_run(
     let mut effects = Effects::default();
     let mut reply = {
         let out = &mut effects;
-        match (retry_key, txn_number) {
-            (Some(lsid), Some(txn)) => {
-                let close = &mut outcome.close_connection;
-                shared.retry.run(store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
-                    let point = &crate::fault::ON_PRIMARY_TRANSACTIONAL_WRITE;
-                    let fail_before = |d: &Document| d.contains_key("failBeforeCommitExceptionCode");
-                    // A test's fail point, only on an attempt that writes (a retry of what took
-                    // effect answers from the record): fail before writing, or drop the
-                    // connection after.
-                    if let Some(data) = point.is_active().then(|| executed.is_empty().then(|| point.fires(fail_before)).flatten()).flatten() {
-                        *close = data.get_bool("closeConnection").unwrap_or(true);
-                        let code = data.get("failBeforeCommitExceptionCode").and_then(common::value::as_i64).unwrap_or(Code::InternalError.0 as i64);
-                        return Err(Error::from_number(code as i32, "Failing write due to failpoint. The write must not be reflected."));
-                    }
-                    let before = guard.last_write();
-                    let retry = Some(commands::RetryCtx { executed, write: guard });
-                    let result = (spec.handler)(&mut Ctx {
-                        shared,
-                        store_handle: store,
-                        conn: &mut *conn,
-                        db: &req.db,
-                        name: &req.name,
-                        cmd,
-                        op: &op,
-                        write_concern,
-                        retry,
-                        defer_durable,
-                        resumed,
-                        out,
-                    });
-                    if point.is_active() && guard.last_write() != before {
-                        if let Some(data) = point.fires(|d| !fail_before(d)) {
-                            *close = data.get_bool("closeConnection").unwrap_or(true);
-                        }
-                    }
-                    result
-                })?
-            }
-            _ => (spec.handler)(&mut Ctx {
+        let handler = |retry: Option<commands::RetryCtx>| {
+            (spec.handler)(&mut Ctx {
                 shared,
                 store_handle: store,
                 conn: &mut *conn,
@@ -508,11 +511,20 @@ fn prepare_and_run(
                 cmd,
                 op: &op,
                 write_concern,
-                retry: None,
+                retry,
                 defer_durable,
                 resumed,
                 out,
-            })?,
+            })
+        };
+        match (retry_key, txn_number) {
+            (Some(lsid), Some(txn)) => {
+                let close = &mut outcome.close_connection;
+                shared.retry.run(store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
+                    on_primary_transactional_write(executed, guard, close, || handler(Some(commands::RetryCtx { executed, write: guard })))
+                })?
+            }
+            _ => handler(None)?,
         }
     };
     outcome.raw_batch = effects.raw_batch;

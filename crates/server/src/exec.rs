@@ -29,6 +29,8 @@ pub struct Scan {
     pub docs_examined: u64,
     /// A shard's chunks: documents outside them (a migration's) are not returned.
     owner: Option<std::sync::Arc<crate::sharding::CollMeta>>,
+    /// find's min/max on the hinted index.
+    key_range: Option<KeyRange>,
 }
 
 // One per scan, so a variant's size costs nothing worth a box.
@@ -64,7 +66,24 @@ impl Scan {
     }
 
     fn with_access(snapshot: Snapshot, filter: Filter, access: ScanAccess) -> Scan {
-        Scan { snapshot, filter, access, chunk: Vec::new().into_iter(), done: false, examined: 0, keys_examined: 0, docs_examined: 0, owner: None }
+        Scan {
+            snapshot,
+            filter,
+            access,
+            chunk: Vec::new().into_iter(),
+            done: false,
+            examined: 0,
+            keys_examined: 0,
+            docs_examined: 0,
+            owner: None,
+            key_range: None,
+        }
+    }
+
+    /// Keep to a range of the hinted index's keys (find's min and max).
+    pub fn in_key_range(mut self, range: Option<KeyRange>) -> Scan {
+        self.key_range = range;
+        self
     }
 
     /// Keep to `owner`'s chunks (a router's versioned operation on a shard).
@@ -83,7 +102,7 @@ impl Scan {
                     op.check()?;
                 }
                 let (ok, details) = self.filter.try_matches_details(&doc)?;
-                if ok && self.owner.as_ref().is_none_or(|o| o.owns(&doc)) {
+                if ok && self.owner.as_ref().is_none_or(|o| o.owns(&doc)) && self.key_range.as_ref().is_none_or(|r| r.contains(&doc)) {
                     return Ok(Some((rid, doc, details)));
                 }
                 continue;
@@ -247,4 +266,118 @@ pub fn approx_doc_size(doc: &Document) -> usize {
         }
     }
     5 + doc.iter().map(|(k, v)| k.len() + 2 + val(v)).sum::<usize>()
+}
+
+/// The value at a dotted path, through subdocuments (an array ends the walk: its whole
+/// value stands for the key, as an index entry holds one of its elements).
+fn path_value<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
+    let mut parts = path.split('.');
+    let mut v = doc.get(parts.next()?)?;
+    for p in parts {
+        match v {
+            Bson::Document(d) => v = d.get(p)?,
+            _ => return None,
+        }
+    }
+    Some(v)
+}
+
+/// A document's key in an index of `pattern`: its values of the pattern's fields, null for
+/// a missing one, as an index holds it.
+fn key_of(pattern: &Document, doc: &Document) -> Vec<Bson> {
+    pattern.keys().map(|f| path_value(doc, f).cloned().unwrap_or(Bson::Null)).collect()
+}
+
+/// find's `min` and `max`: only documents whose key in the hinted index is at least `min`
+/// and below `max`, in the index's order (each field's direction counts).
+#[derive(Clone, Debug)]
+pub struct KeyRange {
+    pattern: Document,
+    min: Option<Vec<Bson>>,
+    max: Option<Vec<Bson>>,
+}
+
+impl KeyRange {
+    /// `min`/`max` name the pattern's fields in its order, as mongod requires.
+    pub fn new(pattern: &Document, min: Option<&Document>, max: Option<&Document>) -> Result<KeyRange> {
+        let bound = |b: Option<&Document>, which: &str| -> Result<Option<Vec<Bson>>> {
+            let Some(b) = b else { return Ok(None) };
+            if !b.keys().eq(pattern.keys()) {
+                return Err(common::Error::location(51174, format!("The index chosen is not equal to the index specified by {which}: {b}, index: {pattern}")));
+            }
+            Ok(Some(b.values().cloned().collect()))
+        };
+        Ok(KeyRange { pattern: pattern.clone(), min: bound(min, "min")?, max: bound(max, "max")? })
+    }
+
+    fn order(&self, a: &[Bson], b: &[Bson]) -> std::cmp::Ordering {
+        for ((x, y), dir) in a.iter().zip(b).zip(self.pattern.values()) {
+            let o = query::compare::cmp_bson(x, y);
+            let o = if common::value::as_i64(dir).is_some_and(|d| d < 0) { o.reverse() } else { o };
+            if o.is_ne() {
+                return o;
+            }
+        }
+        std::cmp::Ordering::Equal
+    }
+
+    pub fn contains(&self, doc: &Document) -> bool {
+        let key = key_of(&self.pattern, doc);
+        self.min.as_ref().is_none_or(|m| self.order(&key, m).is_ge()) && self.max.as_ref().is_none_or(|m| self.order(&key, m).is_lt())
+    }
+}
+
+/// find's `returnKey` and `showRecordId`: a result becomes the key the plan read it by
+/// (`{}` for a collection scan), and gains its record id as `$recordId`.
+#[derive(Clone, Debug, Default)]
+pub struct KeyOutput {
+    /// With returnKey: the pattern of the index the plan reads, none for a collection scan.
+    pub return_key: Option<Option<Document>>,
+    pub record_id: bool,
+}
+
+impl KeyOutput {
+    pub fn new(plan: &Plan, return_key: bool, record_id: bool) -> Option<KeyOutput> {
+        if !return_key && !record_id {
+            return None;
+        }
+        let pattern = match &plan.access {
+            Access::CollScan { .. } => None,
+            Access::IdPoint(_) => Some(bson::doc! {"_id": 1}),
+            Access::IndexScan(p) => Some(p.index.key.clone()),
+        };
+        Some(KeyOutput { return_key: return_key.then_some(pattern), record_id })
+    }
+
+    pub fn apply(&self, rid: RecordId, doc: Document) -> Document {
+        let mut out = match &self.return_key {
+            None => doc,
+            Some(None) => Document::new(),
+            Some(Some(pattern)) => pattern.keys().zip(key_of(pattern, &doc)).map(|(k, v)| (k.clone(), v)).collect(),
+        };
+        if self.record_id {
+            out.insert("$recordId", rid as i64);
+        }
+        out
+    }
+}
+
+/// A find's result as it goes out: projected, or its key (returnKey), with its `$recordId`
+/// (showRecordId).
+pub fn shape(
+    projection: Option<&query::projection::Projection>,
+    key_output: Option<&KeyOutput>,
+    rid: RecordId,
+    doc: Document,
+    details: &MatchDetails,
+) -> Result<Document> {
+    let doc = match (projection, key_output) {
+        (_, Some(k)) if k.return_key.is_some() => return Ok(k.apply(rid, doc)),
+        (Some(p), _) => p.apply(&doc, details)?,
+        (None, _) => doc,
+    };
+    Ok(match key_output {
+        Some(k) => k.apply(rid, doc),
+        None => doc,
+    })
 }

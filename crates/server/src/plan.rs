@@ -468,10 +468,61 @@ fn single_point_prefix(plan: &IndexPlan, preds: &BTreeMap<String, Vec<FieldPred>
     n
 }
 
-/// Indexes the planner may pick without a hint: sparse and partial indexes lack entries for
-/// some documents, so only a hint may choose them.
-fn unhinted_candidates(snapshot: &Snapshot) -> impl Iterator<Item = &IndexSpec> {
-    snapshot.indexes().filter(|i| is_plannable_index(i) && !i.sparse && i.partial_filter.is_none())
+/// Indexes the planner may pick without a hint: a sparse index lacks entries for some
+/// documents, so only a hint may choose it; a partial index, when the query's filter implies
+/// the index's filter (every document the query wants has an entry).
+fn unhinted_candidates<'a>(snapshot: &'a Snapshot, filter: &'a Document) -> impl Iterator<Item = &'a IndexSpec> {
+    snapshot.indexes().filter(|i| is_plannable_index(i) && !i.sparse && i.partial_filter.as_ref().is_none_or(|p| filter_implies(filter, p)))
+}
+
+/// Whether every document `query` matches also matches `partial` (a partial index's filter:
+/// equalities, comparisons and `$exists: true`, joined by `$and`), judged conservatively:
+/// each of its conditions must follow from one of the query's top-level conditions on the
+/// same field.
+fn filter_implies(query: &Document, partial: &Document) -> bool {
+    conjuncts(partial).iter().all(|(field, cond)| conjuncts(query).iter().any(|(f, q)| f == field && condition_implies(q, cond)))
+}
+
+/// A filter's top-level conditions, `$and`s flattened: (field, condition) pairs.
+fn conjuncts(filter: &Document) -> Vec<(String, Bson)> {
+    let mut out = Vec::new();
+    for (k, v) in filter {
+        match (k.as_str(), v) {
+            ("$and", Bson::Array(items)) => out.extend(items.iter().filter_map(Bson::as_document).flat_map(conjuncts)),
+            (k, _) if k.starts_with('$') => out.push((k.to_string(), Bson::Null)), // implies nothing
+            (_, Bson::Document(d)) if d.keys().next().is_some_and(|o| o.starts_with('$')) => {
+                out.extend(d.iter().map(|(op, arg)| (k.clone(), Bson::Document(bson::doc! {op.clone(): arg.clone()}))));
+            }
+            _ => out.push((k.clone(), Bson::Document(bson::doc! {"$eq": v.clone()}))),
+        }
+    }
+    out
+}
+
+/// Whether condition `q` (`{$op: value}`) on a field implies condition `p` on it.
+fn condition_implies(q: &Bson, p: &Bson) -> bool {
+    use query::compare::cmp_bson;
+    let (Some(q), Some(p)) = (q.as_document().and_then(|d| d.iter().next()), p.as_document().and_then(|d| d.iter().next())) else { return false };
+    let ((qop, qv), (pop, pv)) = ((q.0.as_str(), q.1), (p.0.as_str(), p.1));
+    // Comparisons hold only within one type bracket, as the query language compares.
+    let same_type = query::compare::canonical_rank(qv) == query::compare::canonical_rank(pv);
+    let non_null = !matches!(qv, Bson::Null | Bson::Undefined);
+    match (pop, qop) {
+        ("$exists", _) if pv.as_bool() == Some(true) || common::value::as_i64(pv).is_some_and(|n| n != 0) => match qop {
+            "$eq" | "$gt" | "$gte" | "$lt" | "$lte" => non_null,
+            "$exists" => qv.as_bool() == Some(true),
+            "$type" => true,
+            _ => false,
+        },
+        ("$eq", "$eq") => cmp_bson(qv, pv).is_eq() && same_type,
+        ("$gt", "$eq" | "$gt") => same_type && cmp_bson(qv, pv).is_gt() || (qop == "$gt" && same_type && cmp_bson(qv, pv).is_eq()),
+        ("$gt", "$gte") => same_type && cmp_bson(qv, pv).is_gt(),
+        ("$gte", "$eq" | "$gt" | "$gte") => same_type && cmp_bson(qv, pv).is_ge(),
+        ("$lt", "$eq" | "$lt") => same_type && cmp_bson(qv, pv).is_lt() || (qop == "$lt" && same_type && cmp_bson(qv, pv).is_eq()),
+        ("$lt", "$lte") => same_type && cmp_bson(qv, pv).is_lt(),
+        ("$lte", "$eq" | "$lt" | "$lte") => same_type && cmp_bson(qv, pv).is_le(),
+        _ => false,
+    }
 }
 
 /// Choose how to read the documents matching `filter` (optionally in `sort` order).
@@ -521,7 +572,7 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, snapshot: &Snapshot, h
     }
 
     let mut best: Option<(usize, IndexPlan, bool)> = None;
-    for spec in unhinted_candidates(snapshot) {
+    for spec in unhinted_candidates(snapshot, filter) {
         let mk = multikey(&spec.name);
         let Some((score, mut p)) = index_plan(spec, mk, &preds, false) else { continue };
         let mut sorted = false;
@@ -549,7 +600,7 @@ pub fn choose(filter: &Document, sort: Option<&SortSpec>, snapshot: &Snapshot, h
     }
     // No index bounds the filter: an index may still spare a blocking sort.
     if let Some(sort) = sort {
-        for spec in unhinted_candidates(snapshot) {
+        for spec in unhinted_candidates(snapshot, filter) {
             if multikey(&spec.name) {
                 continue;
             }
@@ -616,4 +667,28 @@ pub fn cover(plan: &mut Plan, filter: &Document, projected: &[String], sort: Opt
     collect_preds(filter, &mut preds);
     let proven = |name: &String| preds.get(name).is_some_and(|ps: &Vec<FieldPred>| ps.iter().any(proves_value));
     p.covered = named.iter().all(|n| fields.iter().any(|f| &f.name == n) && proven(n));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter_implies;
+    use bson::doc;
+
+    #[test]
+    fn a_query_implies_a_partial_filter_only_when_it_must() {
+        let partial = doc! {"status": "A", "qty": {"$gte": 10}};
+        assert!(filter_implies(&doc! {"status": "A", "qty": {"$gt": 20}}, &partial));
+        assert!(filter_implies(&doc! {"$and": [{"status": "A"}, {"qty": 10}]}, &partial));
+        assert!(!filter_implies(&doc! {"status": "A", "qty": {"$gt": 5}}, &partial));
+        assert!(!filter_implies(&doc! {"status": "A"}, &partial));
+        assert!(!filter_implies(&doc! {"status": "B", "qty": 50}, &partial));
+        assert!(!filter_implies(&doc! {"status": "A", "qty": "50"}, &partial), "another type bracket");
+        let exists = doc! {"email": {"$exists": true}};
+        assert!(filter_implies(&doc! {"email": "a@b"}, &exists));
+        assert!(!filter_implies(&doc! {"email": null}, &exists));
+        assert!(filter_implies(&doc! {"email": {"$gt": "a"}}, &exists));
+        assert!(!filter_implies(&doc! {"$or": [{"email": "a"}]}, &exists));
+        assert!(filter_implies(&doc! {"a": {"$lt": 3}}, &doc! {"a": {"$lte": 3}}));
+        assert!(!filter_implies(&doc! {"a": {"$lte": 3}}, &doc! {"a": {"$lt": 3}}));
+    }
 }

@@ -53,6 +53,8 @@ pub struct Shared {
     pub config: ServerConfig,
     pub store: Store,
     pub cursors: CursorManager,
+    /// The logical sessions commands named (`$listLocalSessions`).
+    pub sessions: access::sessions::SessionCache,
     pub ops: OpRegistry,
     pub counters: Counters,
     pub started: Instant,
@@ -94,6 +96,7 @@ impl Shared {
         let auth = crate::auth::AuthState { enabled: config.authorization, ..Default::default() };
         Shared {
             cursors: CursorManager::new(config.cursor_timeout_ms),
+            sessions: Default::default(),
             config,
             store,
             ops: OpRegistry::default(),

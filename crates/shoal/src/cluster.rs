@@ -70,15 +70,9 @@ pub struct UpArgs {
     /// host (through the router for a sharded cluster).
     #[arg(long)]
     auth: bool,
-    /// TLS on every member and router: disabled, allowTLS, preferTLS or requireTLS.
-    #[arg(long = "tlsMode")]
-    tls_mode: Option<String>,
-    /// PEM with the certificate and key every member and router presents.
-    #[arg(long = "tlsCertificateKeyFile")]
-    tls_certificate_key_file: Option<PathBuf>,
-    /// PEM of the CAs certificates are checked against.
-    #[arg(long = "tlsCAFile")]
-    tls_ca_file: Option<PathBuf>,
+    /// TLS on every member and the router, with these flags for each.
+    #[command(flatten)]
+    tls: crate::TlsArgs,
     /// A server parameter for every member, name=value (repeatable); the router gets those it
     /// takes (enableTestCommands, auditAuthorizationSuccess).
     #[arg(long = "setParameter")]
@@ -145,14 +139,17 @@ fn server_args(a: &UpArgs) -> Vec<String> {
         args.push("--keyFile".to_string());
         args.push(key_file(&a.dir).display().to_string());
     }
-    if let Some(m) = &a.tls_mode {
+    if let Some(m) = &a.tls.tls_mode {
         args.extend(["--tlsMode".to_string(), m.clone()]);
     }
-    if let Some(f) = &a.tls_certificate_key_file {
+    if let Some(f) = &a.tls.tls_certificate_key_file {
         args.extend(["--tlsCertificateKeyFile".to_string(), absolute(f).display().to_string()]);
     }
-    if let Some(f) = &a.tls_ca_file {
+    if let Some(f) = &a.tls.tls_ca_file {
         args.extend(["--tlsCAFile".to_string(), absolute(f).display().to_string()]);
+    }
+    if a.tls.tls_allow_connections_without_certificates {
+        args.push("--tlsAllowConnectionsWithoutCertificates".to_string());
     }
     args
 }
@@ -163,14 +160,14 @@ fn absolute(p: &Path) -> PathBuf {
 
 /// The connection-string options a client needs for TLS.
 fn tls_params(a: &UpArgs) -> String {
-    match a.tls_mode.as_deref() {
+    match a.tls.tls_mode.as_deref() {
         None | Some("disabled") | Some("allowTLS") => String::new(),
         Some(_) => {
             let mut p = String::from("tls=true");
-            if let Some(f) = &a.tls_ca_file {
+            if let Some(f) = &a.tls.tls_ca_file {
                 p.push_str(&format!("&tlsCAFile={}", absolute(f).display()));
             }
-            if let Some(f) = &a.tls_certificate_key_file {
+            if let Some(f) = &a.tls.tls_certificate_key_file {
                 p.push_str(&format!("&tlsCertificateKeyFile={}", absolute(f).display()));
             }
             p

@@ -32,6 +32,42 @@ enum Command {
     Router(RouterArgs),
 }
 
+/// TLS for client connections: mongod's and mongos's flags (net.tls).
+#[derive(Args)]
+pub(crate) struct TlsArgs {
+    /// TLS for client connections: disabled, allowTLS, preferTLS or requireTLS
+    /// (net.tls.mode) [default: disabled]; a router under preferTLS or requireTLS reaches
+    /// the shards with TLS too.
+    #[arg(long = "tlsMode")]
+    pub tls_mode: Option<String>,
+    /// PEM with the process's certificate and private key (net.tls.certificateKeyFile).
+    #[arg(long = "tlsCertificateKeyFile")]
+    pub tls_certificate_key_file: Option<PathBuf>,
+    /// PEM of the CAs certificates are checked against (net.tls.CAFile).
+    #[arg(long = "tlsCAFile")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// With --tlsCAFile, let clients without a certificate connect too.
+    #[arg(long = "tlsAllowConnectionsWithoutCertificates")]
+    pub tls_allow_connections_without_certificates: bool,
+}
+
+/// The audit log: mongod's and mongos's flags (auditLog).
+#[derive(Args)]
+struct AuditArgs {
+    /// Turn the audit log on: file, console or syslog (auditLog.destination).
+    #[arg(long = "auditDestination")]
+    audit_destination: Option<String>,
+    /// JSON (one record per line) or BSON (auditLog.format) [default: JSON].
+    #[arg(long = "auditFormat")]
+    audit_format: Option<String>,
+    /// The audit file, for destination file (auditLog.path).
+    #[arg(long = "auditPath")]
+    audit_path: Option<PathBuf>,
+    /// Which records to write, a query over them as JSON (auditLog.filter).
+    #[arg(long = "auditFilter")]
+    audit_filter: Option<String>,
+}
+
 #[derive(Args)]
 struct RouterArgs {
     /// The config servers' replica set: <setName>/<host:port>[,<host:port>...].
@@ -57,32 +93,12 @@ struct RouterArgs {
     /// implies --auth).
     #[arg(long = "keyFile")]
     key_file: Option<PathBuf>,
-    /// TLS for client connections: disabled, allowTLS, preferTLS or requireTLS; under
-    /// preferTLS and requireTLS the router reaches the shards with TLS too.
-    #[arg(long = "tlsMode")]
-    tls_mode: Option<String>,
-    /// PEM with the router's certificate and private key.
-    #[arg(long = "tlsCertificateKeyFile")]
-    tls_certificate_key_file: Option<PathBuf>,
-    /// PEM of the CAs certificates are checked against.
-    #[arg(long = "tlsCAFile")]
-    tls_ca_file: Option<PathBuf>,
-    /// With --tlsCAFile, let clients without a certificate connect too.
-    #[arg(long = "tlsAllowConnectionsWithoutCertificates")]
-    tls_allow_connections_without_certificates: bool,
-    /// Turn the audit log on: file, console or syslog.
-    #[arg(long = "auditDestination")]
-    audit_destination: Option<String>,
-    /// JSON (one record per line) or BSON [default: JSON].
-    #[arg(long = "auditFormat")]
-    audit_format: Option<String>,
-    /// The audit file, for destination file.
-    #[arg(long = "auditPath")]
-    audit_path: Option<PathBuf>,
-    /// Which records to write, a query over them as JSON.
-    #[arg(long = "auditFilter")]
-    audit_filter: Option<String>,
-    /// A router parameter, name=value (repeatable): auditAuthorizationSuccess.
+    #[command(flatten)]
+    tls: TlsArgs,
+    #[command(flatten)]
+    audit: AuditArgs,
+    /// A router parameter, name=value (repeatable): auditAuthorizationSuccess,
+    /// enableTestCommands.
     #[arg(long = "setParameter")]
     set_parameter: Vec<String>,
 }
@@ -139,31 +155,10 @@ struct ServeArgs {
     /// implies --auth): 6 to 1024 base64 characters, readable by its owner only.
     #[arg(long = "keyFile")]
     key_file: Option<PathBuf>,
-    /// Turn the audit log on: file, console or syslog (auditLog.destination).
-    #[arg(long = "auditDestination")]
-    audit_destination: Option<String>,
-    /// JSON (one record per line) or BSON (auditLog.format) [default: JSON].
-    #[arg(long = "auditFormat")]
-    audit_format: Option<String>,
-    /// The audit file, for destination file (auditLog.path).
-    #[arg(long = "auditPath")]
-    audit_path: Option<PathBuf>,
-    /// Which records to write, a query over them as JSON (auditLog.filter).
-    #[arg(long = "auditFilter")]
-    audit_filter: Option<String>,
-    /// TLS for client connections: disabled, allowTLS, preferTLS or requireTLS
-    /// (net.tls.mode) [default: disabled].
-    #[arg(long = "tlsMode")]
-    tls_mode: Option<String>,
-    /// PEM with the server's certificate and private key (net.tls.certificateKeyFile).
-    #[arg(long = "tlsCertificateKeyFile")]
-    tls_certificate_key_file: Option<PathBuf>,
-    /// PEM of the CAs client certificates are checked against (net.tls.CAFile).
-    #[arg(long = "tlsCAFile")]
-    tls_ca_file: Option<PathBuf>,
-    /// With --tlsCAFile, let clients without a certificate connect too.
-    #[arg(long = "tlsAllowConnectionsWithoutCertificates")]
-    tls_allow_connections_without_certificates: bool,
+    #[command(flatten)]
+    audit: AuditArgs,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// A server parameter, name=value (repeatable): cursorTimeoutMillis, enableTestCommands.
     #[arg(long = "setParameter")]
     set_parameter: Vec<String>,
@@ -207,14 +202,14 @@ fn main() {
                 log_transport: a.log_transport,
                 auth: a.auth,
                 key_file: a.key_file,
-                audit_destination: a.audit_destination,
-                audit_format: a.audit_format,
-                audit_path: a.audit_path,
-                audit_filter: a.audit_filter,
-                tls_mode: a.tls_mode,
-                tls_certificate_key_file: a.tls_certificate_key_file,
-                tls_ca_file: a.tls_ca_file,
-                tls_allow_connections_without_certificates: a.tls_allow_connections_without_certificates,
+                audit_destination: a.audit.audit_destination,
+                audit_format: a.audit.audit_format,
+                audit_path: a.audit.audit_path,
+                audit_filter: a.audit.audit_filter,
+                tls_mode: a.tls.tls_mode,
+                tls_certificate_key_file: a.tls.tls_certificate_key_file,
+                tls_ca_file: a.tls.tls_ca_file,
+                tls_allow_connections_without_certificates: a.tls.tls_allow_connections_without_certificates,
                 set_parameters: a.set_parameter,
             };
             let config = match server::config::ServerConfig::build(&overrides, argv) {
@@ -273,13 +268,18 @@ fn router_config(a: RouterArgs, argv: Vec<String>) -> Result<router::RouterConfi
             compressors.push(wire::Compressor::from_name(name).ok_or_else(|| format!("Unsupported compressor: {name}"))?);
         }
     }
-    let mode = match &a.tls_mode {
+    let mode = match &a.tls.tls_mode {
         Some(m) => net::tls::TlsMode::parse(m).map_err(|e| e.message)?,
         None => net::tls::TlsMode::Disabled,
     };
-    let audit = audit_log::AuditOptions { destination: a.audit_destination, format: a.audit_format, path: a.audit_path, filter: a.audit_filter }
-        .build()
-        .map_err(|e| e.message)?;
+    let audit = audit_log::AuditOptions {
+        destination: a.audit.audit_destination,
+        format: a.audit.audit_format,
+        path: a.audit.audit_path,
+        filter: a.audit.audit_filter,
+    }
+    .build()
+    .map_err(|e| e.message)?;
     let mut audit_authorization_success = false;
     let mut enable_test_commands = false;
     let mut set_parameters = bson::Document::new();
@@ -306,9 +306,9 @@ fn router_config(a: RouterArgs, argv: Vec<String>) -> Result<router::RouterConfi
         compressors,
         tls: net::tls::TlsConfig {
             mode,
-            certificate_key_file: a.tls_certificate_key_file,
-            ca_file: a.tls_ca_file,
-            allow_connections_without_certificates: a.tls_allow_connections_without_certificates,
+            certificate_key_file: a.tls.tls_certificate_key_file,
+            ca_file: a.tls.tls_ca_file,
+            allow_connections_without_certificates: a.tls.tls_allow_connections_without_certificates,
         },
         auth: a.auth || a.key_file.is_some(),
         key_file: a.key_file,

@@ -8,6 +8,8 @@
 
 use super::*;
 
+/// How writes through a handle are logged (see the module's doc): `None` is the ordinary
+/// context, which costs nothing to carry.
 #[derive(Clone, Default)]
 pub struct WriteCtx(Option<Arc<Mode>>);
 
@@ -28,10 +30,6 @@ pub struct Created {
     /// The database is new with it.
     pub new_db: bool,
 }
-
-/// Collections one command may create, at most, in the list it collects (a bound on a list
-/// that only an applyOps of many creations could grow).
-const CREATED_MAX: usize = 100_000;
 
 impl WriteCtx {
     /// Writes that are not logged: they apply entries logged elsewhere.
@@ -55,11 +53,9 @@ impl WriteCtx {
 
     /// Note a creation, when this context collects them.
     pub(crate) fn note_created(&self, db: &str, coll: &str, new_db: bool) {
+        // Unbounded here: one command creates at most what its message (48 MB) names.
         if let Some(created) = self.0.as_deref().and_then(|m| m.created.as_ref()) {
-            let mut c = created.lock();
-            if c.len() < CREATED_MAX {
-                c.push(Created { db: db.to_string(), coll: coll.to_string(), new_db });
-            }
+            created.lock().push(Created { db: db.to_string(), coll: coll.to_string(), new_db });
         }
     }
 

@@ -1,11 +1,12 @@
 //! MongoDB wire protocol: message framing and codecs (OP_MSG, OP_QUERY, OP_REPLY,
-//! OP_COMPRESSED). No I/O and no command semantics: bytes in, messages out, and back.
+//! OP_COMPRESSED, and the legacy opcodes in `legacy`). No I/O and no command semantics: bytes in, messages out, and back.
 //!
 //! Error codes follow mongod 7.0 (`op_msg.cpp`, `message_compressor_manager.cpp`): generic
 //! framing problems are ProtocolError, OP_MSG specific ones keep MongoDB's own codes.
 
 mod bson_codec;
 mod compression;
+pub mod legacy;
 mod request;
 
 pub use bson_codec::{document_size_bytes, DOCUMENT_SIZE_MAX_BYTES};
@@ -108,6 +109,11 @@ pub enum Message {
     Msg(OpMsg),
     Query(OpQuery),
     Reply(OpReply),
+    Insert(legacy::OpInsert),
+    Update(legacy::OpUpdate),
+    Delete(legacy::OpDelete),
+    GetMore(legacy::OpGetMore),
+    KillCursors(legacy::OpKillCursors),
 }
 
 /// A decoded frame. For OP_COMPRESSED input, `header` is the reconstructed header of the inner
@@ -285,7 +291,10 @@ fn uncompressed(frame: &[u8], max_message_size_bytes: usize) -> Result<(Header, 
         .and_then(|n| n.checked_add(HEADER_SIZE_BYTES))
         .filter(|&n| n <= max_message_size_bytes)
         .ok_or_else(|| Error::new(Code::BadValue, "Decompressed message would be larger than maximum message size"))?;
-    if !matches!(original_op_code, OP_MSG | OP_QUERY | OP_REPLY) {
+    if !matches!(
+        original_op_code,
+        OP_MSG | OP_QUERY | OP_REPLY | legacy::OP_INSERT | legacy::OP_UPDATE | legacy::OP_DELETE | legacy::OP_GET_MORE | legacy::OP_KILL_CURSORS
+    ) {
         return Err(unsupported_op_code(original_op_code));
     }
     let inner = Header { message_length: total as i32, request_id: header.request_id, response_to: header.response_to, op_code: original_op_code };
@@ -296,20 +305,10 @@ fn uncompressed(frame: &[u8], max_message_size_bytes: usize) -> Result<(Header, 
 }
 
 fn unsupported_op_code(op_code: i32) -> Error {
-    let name = match op_code {
-        2001 => "OP_UPDATE",
-        2002 => "OP_INSERT",
-        2005 => "OP_GET_MORE",
-        2006 => "OP_DELETE",
-        2007 => "OP_KILL_CURSORS",
-        OP_COMPRESSED => "nested OP_COMPRESSED",
-        _ => "",
-    };
-    if name.is_empty() {
-        protocol(format!("Unsupported network op {op_code}"))
-    } else {
-        protocol(format!("Unsupported network op {op_code} ({name})"))
+    if op_code == OP_COMPRESSED {
+        return protocol(format!("Unsupported network op {op_code} (nested OP_COMPRESSED)"));
     }
+    protocol(format!("Unsupported network op {op_code}"))
 }
 
 /// `frame` is the whole uncompressed message, header included.
@@ -318,6 +317,11 @@ fn decode_uncompressed(header: &Header, frame: &[u8]) -> Result<Message> {
         OP_MSG => decode_msg(frame).map(Message::Msg),
         OP_QUERY => decode_query(&frame[HEADER_SIZE_BYTES..]).map(Message::Query),
         OP_REPLY => decode_reply(&frame[HEADER_SIZE_BYTES..]).map(Message::Reply),
+        legacy::OP_INSERT => legacy::decode_insert(&frame[HEADER_SIZE_BYTES..]).map(Message::Insert),
+        legacy::OP_UPDATE => legacy::decode_update(&frame[HEADER_SIZE_BYTES..]).map(Message::Update),
+        legacy::OP_DELETE => legacy::decode_delete(&frame[HEADER_SIZE_BYTES..]).map(Message::Delete),
+        legacy::OP_GET_MORE => legacy::decode_get_more(&frame[HEADER_SIZE_BYTES..]).map(Message::GetMore),
+        legacy::OP_KILL_CURSORS => legacy::decode_kill_cursors(&frame[HEADER_SIZE_BYTES..]).map(Message::KillCursors),
         other => Err(unsupported_op_code(other)),
     }
 }

@@ -223,7 +223,9 @@ pub(crate) fn opt_node(v: Option<&Bson>, scope: &mut Scope) -> Result<Option<Box
 
 pub(crate) fn parse_operator(name: &str, arg: &Bson, scope: &mut Scope) -> Result<Node> {
     if let Some((op, arity)) = simple_op(name) {
-        let args = args_of(arg);
+        // An operator of no arguments is written with an empty object (`{$rand: {}}`).
+        let none = matches!((&arity, arg), (Arity::Exactly(0), Bson::Document(d)) if d.is_empty());
+        let args = if none { Vec::new() } else { args_of(arg) };
         check_arity(name, &arity, args.len())?;
         let nodes = args.into_iter().map(|a| parse_node(a, scope)).collect::<Result<Vec<_>>>()?;
         return Ok(Node::Op(op, nodes));

@@ -229,3 +229,10 @@ fn get_set_field_and_literal() {
     assert_eq!(ev(bson!({"$unsetField": {"field": "y", "input": "$x"}}), d.clone()), Some(bson!({})));
     assert_eq!(ev(bson!({"$literal": "$x"}), d), Some(Bson::String("$x".into())));
 }
+
+#[test]
+fn operators_without_arguments_take_an_empty_object() {
+    let r = Expr::parse(&Bson::Document(doc! {"$rand": {}})).unwrap().eval(&Document::new()).unwrap();
+    assert!(matches!(r, Some(Bson::Double(x)) if (0.0..1.0).contains(&x)));
+    assert!(Expr::parse(&Bson::Document(doc! {"$rand": [1]})).is_err());
+}

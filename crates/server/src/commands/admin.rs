@@ -245,21 +245,32 @@ pub fn coll_stats_doc(ns: &str, coll: &storage::Collection, scale: i64) -> Docum
     }
     let storage_size = s.storage_size_bytes.max(4096) as i64;
     let avg = s.size_bytes.checked_div(s.count).unwrap_or(0) as i64;
-    doc! {
+    let mut out = doc! {
         "ns": ns,
         "size": s.size_bytes as i64 / scale,
         "count": s.count as i64,
         "avgObjSize": avg,
         "storageSize": storage_size / scale,
         "freeStorageSize": 0i64,
-        "capped": false,
+        "capped": coll.is_capped(),
         "nindexes": s.index_sizes.len() as i32,
         "indexBuilds": [],
         "totalIndexSize": total_index / scale,
         "totalSize": (storage_size + total_index) / scale,
         "indexSizes": index_sizes,
         "scaleFactor": scale,
+    };
+    if coll.is_capped() {
+        // A capped collection's bounds, as mongod reports them.
+        let options = coll.meta().options;
+        if let Some(max) = options.get("max").and_then(as_i64) {
+            out.insert("max", max);
+        }
+        if let Some(size) = options.get("size").and_then(as_i64) {
+            out.insert("maxSize", size / scale);
+        }
     }
+    out
 }
 
 pub fn db_stats(ctx: &mut Ctx) -> Result<Document> {
@@ -387,6 +398,8 @@ fn parse_index_spec(v: &Bson) -> Result<IndexSpec> {
             "background" | "hidden" => {
                 full.insert(k.clone(), v.clone());
             }
+            // A valid option, and one that would order the index's strings otherwise.
+            "collation" => super::crud::check_collation(v)?,
             other => {
                 return Err(Error::new(
                     Code::InvalidIndexSpecificationOption,

@@ -50,6 +50,11 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
         None => return Err(Error::failed_to_parse("The 'cursor' option is required, except for aggregate with the explain argument")),
     };
     let allow_disk_use = ctx.bool_arg("allowDiskUse")?.unwrap_or(false);
+    if let Some(c) = ctx.cmd.get("collation") {
+        super::crud::check_collation(c)?;
+    }
+    let vars = ctx.let_vars()?;
+    let stages = if vars.is_empty() { stages } else { vars.pipeline(&stages) };
     let pipeline = Pipeline::parse(&stages)?;
     let ns = match &coll_name {
         Some(c) => ctx.ns(c),
@@ -66,6 +71,14 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
                     return Err(Error::location(40602, "$collStats must be run against a collection"));
                 };
                 input_override = Some(vec![coll_stats_stage(ctx, c, &spec)?]);
+            }
+            Stage::External(name, spec) if name == "$listLocalSessions" => {
+                if i != 0 || coll_name.is_some() {
+                    return Err(Error::new(Code::InvalidNamespace, "$listLocalSessions must be the first stage of an {aggregate: 1}"));
+                }
+                let current = ctx.conn.auth.user.as_ref().map(|u| (u.user.as_str(), u.db.as_str()));
+                let users = access::sessions::list_spec(&Bson::Document(spec), current)?;
+                input_override = Some(ctx.shared.sessions.list(users.as_deref()));
             }
             Stage::External(name, _) if name == "$changeStream" => {
                 return Err(Error::location(40573, "The $changeStream stage is only supported on replica sets"));

@@ -12,6 +12,7 @@ use common::value::as_i64;
 use common::value::check_fields;
 use common::{Code, Error, Result};
 use query::filter::{Filter, MatchDetails};
+use query::let_vars::LetVars;
 use query::projection::Projection;
 use query::sort::SortSpec;
 use query::update::Update;
@@ -290,8 +291,16 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     Counters::add(&ctx.shared.counters.query, 1);
     let name = ctx.collection_name()?.to_string();
     let ns = ctx.ns(&name);
-    let filter = Filter::parse(ctx.doc_arg("filter")?.unwrap_or(&Document::new()))?;
-    let projection = ctx.doc_arg("projection")?.filter(|p| !p.is_empty()).map(Projection::parse).transpose()?;
+    let vars = ctx.let_vars()?;
+    let filter_doc = ctx.doc_arg("filter")?.cloned().unwrap_or_default();
+    let filter_doc = if vars.is_empty() { filter_doc } else { vars.filter(&filter_doc) };
+    let filter = Filter::parse(&filter_doc)?;
+    let projection_doc = ctx.doc_arg("projection")?.filter(|p| !p.is_empty()).cloned();
+    let projection_doc = match projection_doc {
+        Some(p) if !vars.is_empty() => vars.expression(&Bson::Document(p)).as_document().cloned(),
+        p => p,
+    };
+    let projection = projection_doc.as_ref().map(Projection::parse).transpose()?;
     let sort_doc = ctx.doc_arg("sort")?.cloned().unwrap_or_default();
     // `sort: {$natural: ±1}` asks for record order: a collection scan in that direction.
     let natural = natural_sort(&sort_doc)?;
@@ -302,10 +311,11 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     let single_batch = ctx.bool_arg("singleBatch")?.unwrap_or(false);
     let allow_disk_use = ctx.bool_arg("allowDiskUse")?.unwrap_or(false);
     let no_timeout = ctx.bool_arg("noCursorTimeout")?.unwrap_or(false);
-    for unsupported in ["min", "max", "returnKey", "showRecordId"] {
-        if ctx.cmd.get(unsupported).map(|v| !matches!(v, Bson::Boolean(false) | Bson::Null)).unwrap_or(false) {
-            return Err(Error::new(Code::CommandNotSupported, format!("find option '{unsupported}' is not supported by shoal yet")));
-        }
+    let return_key = ctx.bool_arg("returnKey")?.unwrap_or(false);
+    let show_record_id = ctx.bool_arg("showRecordId")?.unwrap_or(false);
+    let (key_min, key_max) = (ctx.doc_arg("min")?.filter(|d| !d.is_empty()), ctx.doc_arg("max")?.filter(|d| !d.is_empty()));
+    if (key_min.is_some() || key_max.is_some()) && !ctx.cmd.contains_key("hint") {
+        return Err(Error::location(51173, "When using min()/max() a hint of which index to use must be provided"));
     }
     let tailable = ctx.bool_arg("tailable")?.unwrap_or(false);
     let await_data = ctx.bool_arg("awaitData")?.unwrap_or(false);
@@ -317,10 +327,8 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
     {
         return Err(Error::bad_value("error processing query: cannot use tailable option with a sort other than {$natural: 1}"));
     }
-    if let Some(c) = ctx.doc_arg("collation")? {
-        if !c.is_empty() && c.get_str("locale").map(|l| l != "simple").unwrap_or(true) {
-            return Err(Error::new(Code::CommandNotSupported, "collations other than 'simple' are not supported by shoal yet"));
-        }
+    if let Some(c) = ctx.cmd.get("collation") {
+        check_collation(c)?;
     }
     let coll = ctx.store().collection(ctx.db, &name);
     check_hint(ctx, ctx.cmd.get("hint"), coll.as_ref())?;
@@ -351,21 +359,27 @@ pub fn find(ctx: &mut Ctx) -> Result<Document> {
         return Ok(super::cursor_batch_reply(ctx, &ns, id, batch, true));
     }
     drop(filter);
-    let filter_doc = ctx.doc_arg("filter")?.cloned().unwrap_or_default();
-    let projected = projection.as_ref().and_then(|p| p.included_paths());
+    // returnKey, min and max read the index's fields from whole documents.
+    let projected = projection.as_ref().filter(|_| !return_key && key_min.is_none() && key_max.is_none()).and_then(|p| p.included_paths());
     let hint = natural.as_ref().or(ctx.cmd.get("hint"));
     let (scan, plan) = ctx.planned_scan(coll.snapshot(), &filter_doc, Some(&sort), hint, projected.as_deref())?;
+    let scan = match (key_min.is_some() || key_max.is_some(), &plan.access) {
+        (false, _) => scan,
+        (true, crate::plan::Access::IndexScan(p)) => scan.in_key_range(Some(crate::exec::KeyRange::new(&p.index.key, key_min, key_max)?)),
+        (true, crate::plan::Access::IdPoint(_)) => scan.in_key_range(Some(crate::exec::KeyRange::new(&doc! {"_id": 1}, key_min, key_max)?)),
+        (true, crate::plan::Access::CollScan { .. }) => {
+            return Err(Error::location(51173, "When using min()/max() a hint of which index to use must be provided"));
+        }
+    };
+    let key_output = crate::exec::KeyOutput::new(&plan, return_key, show_record_id).map(Box::new);
     let source = if sort.is_empty() || plan.provides_sort {
-        Source::Find { scan: Box::new(scan), projection, skip, limit, returned: 0, held: None }
+        Source::Find { scan: Box::new(scan), projection, key_output, skip, limit, returned: 0, held: None }
     } else {
         let keep = limit.map(|l| usize::try_from(l.saturating_add(skip)).unwrap_or(usize::MAX));
         let all = sorted_matches(ctx, scan, &sort, allow_disk_use, keep)?;
         let mut out = VecDeque::new();
-        for (_, doc, details) in all.into_iter().skip(skip as usize) {
-            out.push_back(match &projection {
-                Some(p) => p.apply(&doc, &details)?,
-                None => doc,
-            });
+        for (rid, doc, details) in all.into_iter().skip(skip as usize) {
+            out.push_back(crate::exec::shape(projection.as_ref(), key_output.as_deref(), rid, doc, &details)?);
         }
         Source::Buffered(out)
     };
@@ -505,7 +519,37 @@ struct UpdateStmt {
     multi: bool,
 }
 
-fn parse_update_stmt(v: &Bson) -> Result<UpdateStmt> {
+/// A `collation` other than the simple one (code-point order) is refused: shoal compares
+/// strings only so, and another collation would silently give other results.
+pub(crate) fn check_collation(c: &Bson) -> Result<()> {
+    match c {
+        Bson::Null => Ok(()),
+        Bson::Document(c) if c.is_empty() || c.get_str("locale").is_ok_and(|l| l == "simple") => Ok(()),
+        Bson::Document(_) => Err(Error::new(Code::CommandNotSupported, "collations other than 'simple' are not supported by shoal yet")),
+        _ => Err(Error::type_mismatch("BSON field 'collation' is the wrong type, expected type 'object'")),
+    }
+}
+
+/// An update's `u` with the command's variables: a pipeline takes them; update operators
+/// and a replacement hold values only.
+fn bind_update(vars: &LetVars, u: &Bson) -> Bson {
+    match u {
+        Bson::Array(stages) => {
+            let stages: Vec<Document> = stages.iter().filter_map(|s| s.as_document().cloned()).collect();
+            if stages.len() != u.as_array().map_or(0, Vec::len) {
+                return u.clone(); // not all objects: Update::parse reports it
+            }
+            Bson::Array(vars.pipeline(&stages).into_iter().map(Bson::Document).collect())
+        }
+        other => other.clone(),
+    }
+}
+
+/// `vars`: the command's `let`, which the statement's constants (`c`) join. The outer error
+/// fails the whole command, as mongod's parse of the command does (a statement that is not
+/// an object, a missing, mistyped or unknown field); the inner one fails this statement (a
+/// bad update or filter), a writeError.
+fn parse_update_stmt(v: &Bson, vars: &LetVars) -> Result<Result<UpdateStmt>> {
     let Bson::Document(s) = v else {
         return Err(Error::type_mismatch("BSON field 'update.updates' elements must be objects"));
     };
@@ -515,6 +559,7 @@ fn parse_update_stmt(v: &Bson) -> Result<UpdateStmt> {
     let mut multi = false;
     let mut array_filters: Option<Vec<Document>> = None;
     let mut hint = None;
+    let mut constants = None;
     for (k, v) in s {
         match k.as_str() {
             "q" => match v {
@@ -538,14 +583,12 @@ fn parse_update_stmt(v: &Bson) -> Result<UpdateStmt> {
                 _ => return Err(Error::type_mismatch("BSON field 'update.updates.arrayFilters' is the wrong type, expected type 'array'")),
             },
             "hint" => hint = Some(v.clone()),
-            "c" | "upsertSupplied" | "sampleId" => {}
-            "collation" => {
-                if let Bson::Document(c) = v {
-                    if !c.is_empty() && c.get_str("locale").map(|l| l != "simple").unwrap_or(true) {
-                        return Err(Error::new(Code::CommandNotSupported, "collations other than 'simple' are not supported by shoal yet"));
-                    }
-                }
-            }
+            "c" => match v {
+                Bson::Document(c) => constants = Some(LetVars::parse(c)?),
+                _ => return Err(Error::type_mismatch("BSON field 'update.updates.c' is the wrong type, expected type 'object'")),
+            },
+            "upsertSupplied" | "sampleId" => {}
+            "collation" => check_collation(v)?,
             other => return Err(Error::location(40415, format!("BSON field 'update.updates.{other}' is an unknown field."))),
         }
     }
@@ -554,13 +597,17 @@ fn parse_update_stmt(v: &Bson) -> Result<UpdateStmt> {
     if !matches!(u, Bson::Document(_) | Bson::Array(_)) {
         return Err(Error::type_mismatch("BSON field 'update.updates.u' is the wrong type, expected type 'object' or 'array'"));
     }
-    let update = Update::parse(&u, array_filters.as_deref())?;
-    if multi && update.is_replacement() {
-        return Err(Error::failed_to_parse("multi update is not supported for replacement-style update"));
-    }
-    // Parsed here too so a bad filter fails even where no collection exists yet.
-    Filter::parse(&q)?;
-    Ok(UpdateStmt { hint, query: q, update, upsert, multi })
+    let vars = vars.with(constants.unwrap_or_default());
+    let (q, u) = if vars.is_empty() { (q, u) } else { (vars.filter(&q), bind_update(&vars, &u)) };
+    Ok((|| {
+        let update = Update::parse(&u, array_filters.as_deref())?;
+        if multi && update.is_replacement() {
+            return Err(Error::failed_to_parse("multi update is not supported for replacement-style update"));
+        }
+        // Parsed here too so a bad filter fails even where no collection exists yet.
+        Filter::parse(&q)?;
+        Ok(UpdateStmt { hint, query: q, update, upsert, multi })
+    })())
 }
 
 /// Outcome of one update statement.
@@ -625,12 +672,14 @@ pub fn update(ctx: &mut Ctx) -> Result<Document> {
     let name = ctx.collection_name()?.to_string();
     let ordered = ctx.bool_arg("ordered")?.unwrap_or(true);
     let stmts = ctx.array_arg("updates")?.ok_or_else(|| Error::location(40414, "BSON field 'update.updates' is missing but a required field"))?.clone();
+    let vars = ctx.let_vars()?;
     check_batch_len(stmts.len())?;
+    let parsed = stmts.iter().map(|s| parse_update_stmt(s, &vars)).collect::<Result<Vec<_>>>()?;
     let (mut n, mut modified) = (0u64, 0u64);
     let mut upserted = Vec::new();
     let mut errors = Vec::new();
     let mut retried = Vec::new();
-    for (i, s) in stmts.iter().enumerate() {
+    for (i, stmt) in parsed.iter().enumerate() {
         let stmt_id = ctx.statement_id(i);
         if let Some(entries) = ctx.begin_statement(stmt_id) {
             // Applied by an earlier attempt: its result, from what it logged (an update
@@ -652,7 +701,10 @@ pub fn update(ctx: &mut Ctx) -> Result<Document> {
             continue;
         }
         Counters::add(&ctx.shared.counters.update, 1);
-        let r = parse_update_stmt(s).and_then(|stmt| apply_update(ctx, &name, &stmt, None));
+        let r = match stmt {
+            Ok(stmt) => apply_update(ctx, &name, stmt, None),
+            Err(e) => Err(e.clone()),
+        };
         match r {
             Ok(r) => {
                 n += r.n;
@@ -705,16 +757,48 @@ fn apply_delete(ctx: &Ctx, coll_name: &str, query: &Document, multi: bool, sort:
     Ok(deleted)
 }
 
+/// One delete statement: its filter (with the command's `let`), whether it removes every
+/// match (limit 0) or one, and its hint.
+fn parse_delete_stmt(s: &Bson, vars: &LetVars) -> Result<(Document, bool, Option<Bson>)> {
+    let Bson::Document(s) = s else { return Err(Error::type_mismatch("BSON field 'delete.deletes' elements must be objects")) };
+    let mut q = None;
+    let mut limit = None;
+    let mut hint = None;
+    for (k, v) in s {
+        match k.as_str() {
+            "q" => match v {
+                Bson::Document(d) => q = Some(d),
+                _ => return Err(Error::type_mismatch("BSON field 'delete.deletes.q' is the wrong type, expected type 'object'")),
+            },
+            "limit" => limit = Some(as_i64(v).ok_or_else(|| Error::type_mismatch("BSON field 'delete.deletes.limit' is the wrong type, expected a number"))?),
+            "hint" => hint = Some(v.clone()),
+            "collation" => check_collation(v)?,
+            "sampleId" => {}
+            other => return Err(Error::location(40415, format!("BSON field 'delete.deletes.{other}' is an unknown field."))),
+        }
+    }
+    let q = q.ok_or_else(|| Error::location(40414, "BSON field 'delete.deletes.q' is missing but a required field"))?;
+    let limit = limit.ok_or_else(|| Error::location(40414, "BSON field 'delete.deletes.limit' is missing but a required field"))?;
+    if limit != 0 && limit != 1 {
+        return Err(Error::failed_to_parse(format!("The limit field in delete objects must be 0 or 1. Got {limit}")));
+    }
+    let q = if vars.is_empty() { q.clone() } else { vars.filter(q) };
+    Ok((q, limit == 0, hint))
+}
+
 pub fn delete(ctx: &mut Ctx) -> Result<Document> {
     check_fields("delete", ctx.cmd, &["deletes", "ordered", "let", "stmtIds", "bypassDocumentValidation"])?;
     let name = ctx.collection_name()?.to_string();
     let ordered = ctx.bool_arg("ordered")?.unwrap_or(true);
     let stmts = ctx.array_arg("deletes")?.ok_or_else(|| Error::location(40414, "BSON field 'delete.deletes' is missing but a required field"))?.clone();
+    let vars = ctx.let_vars()?;
     check_batch_len(stmts.len())?;
     let mut n = 0u64;
     let mut errors = Vec::new();
     let mut retried = Vec::new();
-    for (i, s) in stmts.iter().enumerate() {
+    // The statements are parsed whole before any runs: a malformed one fails the command.
+    let parsed = stmts.iter().map(|s| parse_delete_stmt(s, &vars)).collect::<Result<Vec<_>>>()?;
+    for (i, (q, multi, hint)) in parsed.iter().enumerate() {
         let stmt_id = ctx.statement_id(i);
         if let Some(entries) = ctx.begin_statement(stmt_id) {
             n += entries.iter().filter(|e| entry_op(e) == "d").count() as u64;
@@ -722,32 +806,7 @@ pub fn delete(ctx: &mut Ctx) -> Result<Document> {
             continue;
         }
         Counters::add(&ctx.shared.counters.delete, 1);
-        let r = (|| -> Result<u64> {
-            let Bson::Document(s) = s else { return Err(Error::type_mismatch("BSON field 'delete.deletes' elements must be objects")) };
-            let mut q = None;
-            let mut limit = None;
-            let mut hint = None;
-            for (k, v) in s {
-                match k.as_str() {
-                    "q" => match v {
-                        Bson::Document(d) => q = Some(d),
-                        _ => return Err(Error::type_mismatch("BSON field 'delete.deletes.q' is the wrong type, expected type 'object'")),
-                    },
-                    "limit" => {
-                        limit = Some(as_i64(v).ok_or_else(|| Error::type_mismatch("BSON field 'delete.deletes.limit' is the wrong type, expected a number"))?)
-                    }
-                    "hint" => hint = Some(v.clone()),
-                    "collation" | "sampleId" => {}
-                    other => return Err(Error::location(40415, format!("BSON field 'delete.deletes.{other}' is an unknown field."))),
-                }
-            }
-            let q = q.ok_or_else(|| Error::location(40414, "BSON field 'delete.deletes.q' is missing but a required field"))?;
-            let limit = limit.ok_or_else(|| Error::location(40414, "BSON field 'delete.deletes.limit' is missing but a required field"))?;
-            if limit != 0 && limit != 1 {
-                return Err(Error::failed_to_parse(format!("The limit field in delete objects must be 0 or 1. Got {limit}")));
-            }
-            Ok(apply_delete(ctx, &name, q, limit == 0, None, hint.as_ref())?.len() as u64)
-        })();
+        let r = apply_delete(ctx, &name, q, *multi, None, hint.as_ref()).map(|d| d.len() as u64);
         match r {
             Ok(k) => n += k,
             Err(e) => {
@@ -774,13 +833,23 @@ pub fn find_and_modify(ctx: &mut Ctx) -> Result<Document> {
         &["query", "sort", "remove", "update", "new", "fields", "upsert", "bypassDocumentValidation", "collation", "arrayFilters", "hint", "let", "stmtId"],
     )?;
     let name = ctx.collection_name()?.to_string();
+    if let Some(c) = ctx.cmd.get("collation") {
+        check_collation(c)?;
+    }
+    let vars = ctx.let_vars()?;
     let query_doc = ctx.doc_arg("query")?.cloned().unwrap_or_default();
+    let query_doc = if vars.is_empty() { query_doc } else { vars.filter(&query_doc) };
     let sort = SortSpec::parse(ctx.doc_arg("sort")?.unwrap_or(&Document::new()))?;
     let remove = ctx.bool_arg("remove")?.unwrap_or(false);
     let return_new = ctx.bool_arg("new")?.unwrap_or(false);
     let upsert = ctx.bool_arg("upsert")?.unwrap_or(false);
-    let fields = ctx.doc_arg("fields")?.filter(|f| !f.is_empty()).map(Projection::parse).transpose()?;
-    let update = ctx.cmd.get("update").cloned();
+    let fields_doc = ctx.doc_arg("fields")?.filter(|f| !f.is_empty()).cloned();
+    let fields_doc = match fields_doc {
+        Some(f) if !vars.is_empty() => vars.expression(&Bson::Document(f)).as_document().cloned(),
+        f => f,
+    };
+    let fields = fields_doc.as_ref().map(Projection::parse).transpose()?;
+    let update = ctx.cmd.get("update").map(|u| if vars.is_empty() { u.clone() } else { bind_update(&vars, u) });
     let array_filters: Option<Vec<Document>> = match ctx.array_arg("arrayFilters")? {
         Some(a) => Some(
             a.iter().map(|f| f.as_document().cloned().ok_or_else(|| Error::type_mismatch("arrayFilters elements must be objects"))).collect::<Result<_>>()?,
@@ -844,6 +913,9 @@ pub fn find_and_modify(ctx: &mut Ctx) -> Result<Document> {
 
 pub fn count(ctx: &mut Ctx) -> Result<Document> {
     check_fields("count", ctx.cmd, &["query", "limit", "skip", "hint", "collation", "fields", "readConcern"])?;
+    if let Some(c) = ctx.cmd.get("collation") {
+        check_collation(c)?;
+    }
     let name = ctx.collection_name()?.to_string();
     let query_doc = ctx.doc_arg("query")?.cloned().unwrap_or_default();
     let skip = match ctx.int_arg("skip")? {
@@ -914,6 +986,9 @@ pub fn values_at_path<'a>(doc: &'a Document, path: &str, out: &mut Vec<&'a Bson>
 
 pub fn distinct(ctx: &mut Ctx) -> Result<Document> {
     check_fields("distinct", ctx.cmd, &["key", "query", "collation", "hint", "readConcern"])?;
+    if let Some(c) = ctx.cmd.get("collation") {
+        check_collation(c)?;
+    }
     let name = ctx.collection_name()?.to_string();
     let key = ctx.str_arg("key")?.ok_or_else(|| Error::location(40414, "BSON field 'distinct.key' is missing but a required field"))?.to_string();
     if key.is_empty() {

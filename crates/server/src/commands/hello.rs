@@ -234,6 +234,9 @@ fn session_ids(ctx: &Ctx, field: &str) -> Result<Vec<Bson>> {
 pub fn end_sessions(ctx: &mut Ctx) -> Result<Document> {
     for id in session_ids(ctx, ctx.name)? {
         ctx.shared.cursors.kill_for_session(&id);
+        if let Bson::Binary(b) = &id {
+            ctx.shared.sessions.end(&b.bytes);
+        }
     }
     Ok(Document::new())
 }
@@ -332,6 +335,20 @@ pub fn kill_op(ctx: &mut Ctx) -> Result<Document> {
     let opid = u32::try_from(opid).map_err(|_| Error::bad_value(format!("invalid opid {opid}")))?;
     ctx.shared.ops.kill(opid);
     Ok(doc! { "info": "attempting to kill op" })
+}
+
+/// fsync: make every write so far durable (`lock`, mongod's write lock for backups, is not
+/// one shoal has: refused).
+pub fn fsync(ctx: &mut Ctx) -> Result<Document> {
+    common::value::check_fields("fsync", ctx.cmd, &["lock", "async", "forBackup"])?;
+    if ctx.db != "admin" {
+        return Err(Error::new(Code::Unauthorized, "fsync may only be run against the admin database."));
+    }
+    if ctx.bool_arg("lock")?.unwrap_or(false) {
+        return Err(Error::new(Code::CommandNotSupported, "fsync with lock: true is not supported by shoal yet"));
+    }
+    ctx.shared.store.commit_durable()?;
+    Ok(doc! {"numFiles": 1})
 }
 
 pub fn shutdown(ctx: &mut Ctx) -> Result<Document> {

@@ -218,6 +218,7 @@ command_table! {
     "currentOp" => spec(hello::current_op),
     "killOp" => spec(hello::kill_op),
     "shutdown" => spec(hello::shutdown),
+    "fsync" => spec(hello::fsync),
     "listDatabases" => spec(admin::list_databases),
     "listCollections" => spec(admin::list_collections).never_blocks().read_on_secondary(),
     "listIndexes" => spec(admin::list_indexes).never_blocks().read_on_secondary(),
@@ -265,6 +266,7 @@ command_table! {
     "replSetStepUp" => spec(repl::repl_set_step_up),
     "configureFailPoint" => spec(repl::configure_fail_point),
     "waitForFailPoint" => spec(repl::wait_for_fail_point),
+    "testVersion2" | "testVersion1AndVersion2" => spec(repl::test_api_command).never_blocks(),
     "saslStart" => spec(users::sasl_start),
     "authenticate" => spec(users::authenticate),
     "getAuditConfig" => spec(users::get_audit_config),
@@ -335,6 +337,14 @@ impl Ctx<'_> {
 
     pub fn ns(&self, coll: &str) -> String {
         format!("{}.{}", self.db, coll)
+    }
+
+    /// The command's `let` variables (none when it has no `let`).
+    pub fn let_vars(&self) -> Result<query::let_vars::LetVars> {
+        match self.doc_arg("let")? {
+            Some(spec) => query::let_vars::LetVars::parse(spec),
+            None => Ok(Default::default()),
+        }
     }
 
     pub fn doc_arg(&self, field: &str) -> Result<Option<&Document>> {

@@ -227,6 +227,15 @@ pub fn wait_for_fail_point(ctx: &mut Ctx) -> Result<Document> {
     tokio::runtime::Handle::current().block_on(net::fail_point::wait_command(ctx.cmd, hang_count))
 }
 
+/// testVersion2 and testVersion1AndVersion2, with `enableTestCommands`: commands that exist
+/// to exercise the stable API's checks (`common::api`), as mongod's do; they do nothing else.
+pub fn test_api_command(ctx: &mut Ctx) -> Result<Document> {
+    if !ctx.shared.config.enable_test_commands {
+        return Err(Error::new(Code::CommandNotFound, format!("no such command: '{}'", ctx.name)));
+    }
+    Ok(Document::new())
+}
+
 /// replSetSyncFrom: {replSetSyncFrom: "host:port"}.
 pub fn repl_set_sync_from(ctx: &mut Ctx) -> Result<Document> {
     member_cmd(ctx)?;

@@ -233,3 +233,100 @@ pub fn closed_by_server(s: &mut TcpStream) -> bool {
         }
     }
 }
+
+pub const OP_UPDATE: i32 = 2001;
+pub const OP_INSERT: i32 = 2002;
+pub const OP_GET_MORE: i32 = 2005;
+pub const OP_DELETE: i32 = 2006;
+pub const OP_KILL_CURSORS: i32 = 2007;
+
+fn cstring(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(s.as_bytes());
+    out.push(0);
+}
+
+/// A legacy find: OP_QUERY on a collection, with numberToSkip and numberToReturn.
+pub fn op_query_find(request_id: i32, ns: &str, query: &Document, skip: i32, to_return: i32) -> Vec<u8> {
+    let mut body = 0_i32.to_le_bytes().to_vec();
+    cstring(&mut body, ns);
+    body.extend_from_slice(&skip.to_le_bytes());
+    body.extend_from_slice(&to_return.to_le_bytes());
+    body.extend_from_slice(&bson_bytes(query));
+    frame(request_id, 0, OP_QUERY, &body)
+}
+
+pub fn op_insert(request_id: i32, ns: &str, flags: u32, docs: &[Document]) -> Vec<u8> {
+    let mut body = flags.to_le_bytes().to_vec();
+    cstring(&mut body, ns);
+    for d in docs {
+        body.extend_from_slice(&bson_bytes(d));
+    }
+    frame(request_id, 0, OP_INSERT, &body)
+}
+
+pub fn op_update(request_id: i32, ns: &str, flags: u32, selector: &Document, update: &Document) -> Vec<u8> {
+    let mut body = 0_i32.to_le_bytes().to_vec();
+    cstring(&mut body, ns);
+    body.extend_from_slice(&flags.to_le_bytes());
+    body.extend_from_slice(&bson_bytes(selector));
+    body.extend_from_slice(&bson_bytes(update));
+    frame(request_id, 0, OP_UPDATE, &body)
+}
+
+pub fn op_delete(request_id: i32, ns: &str, flags: u32, selector: &Document) -> Vec<u8> {
+    let mut body = 0_i32.to_le_bytes().to_vec();
+    cstring(&mut body, ns);
+    body.extend_from_slice(&flags.to_le_bytes());
+    body.extend_from_slice(&bson_bytes(selector));
+    frame(request_id, 0, OP_DELETE, &body)
+}
+
+pub fn op_get_more(request_id: i32, ns: &str, to_return: i32, cursor_id: i64) -> Vec<u8> {
+    let mut body = 0_i32.to_le_bytes().to_vec();
+    cstring(&mut body, ns);
+    body.extend_from_slice(&to_return.to_le_bytes());
+    body.extend_from_slice(&cursor_id.to_le_bytes());
+    frame(request_id, 0, OP_GET_MORE, &body)
+}
+
+pub fn op_kill_cursors(request_id: i32, ids: &[i64]) -> Vec<u8> {
+    let mut body = 0_i32.to_le_bytes().to_vec();
+    body.extend_from_slice(&(ids.len() as i32).to_le_bytes());
+    for id in ids {
+        body.extend_from_slice(&id.to_le_bytes());
+    }
+    frame(request_id, 0, OP_KILL_CURSORS, &body)
+}
+
+/// An OP_REPLY with any number of documents.
+pub struct OpReply {
+    pub response_to: i32,
+    pub flags: u32,
+    pub cursor_id: i64,
+    pub starting_from: i32,
+    pub docs: Vec<Document>,
+}
+
+pub fn read_op_reply(s: &mut TcpStream) -> OpReply {
+    let mut header = [0u8; 16];
+    s.read_exact(&mut header).expect("read header");
+    let len = i32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    assert!((HEADER_SIZE_BYTES + 20..=REPLY_SIZE_BYTES_MAX).contains(&len), "reply length {len}");
+    let op_code = i32::from_le_bytes([header[12], header[13], header[14], header[15]]);
+    assert_eq!(op_code, OP_REPLY, "a legacy request is answered with OP_REPLY");
+    let mut body = vec![0u8; len - HEADER_SIZE_BYTES];
+    s.read_exact(&mut body).expect("read body");
+    let flags = u32::from_le_bytes(body[0..4].try_into().unwrap());
+    let cursor_id = i64::from_le_bytes(body[4..12].try_into().unwrap());
+    let starting_from = i32::from_le_bytes(body[12..16].try_into().unwrap());
+    let returned = i32::from_le_bytes(body[16..20].try_into().unwrap()) as usize;
+    let mut docs = Vec::new();
+    let mut rest = &body[20..];
+    while !rest.is_empty() {
+        let n = i32::from_le_bytes(rest[0..4].try_into().unwrap()) as usize;
+        docs.push(Document::from_reader(&rest[..n]).expect("reply BSON"));
+        rest = &rest[n..];
+    }
+    assert_eq!(docs.len(), returned, "numberReturned");
+    OpReply { response_to: i32::from_le_bytes([header[8], header[9], header[10], header[11]]), flags, cursor_id, starting_from, docs }
+}
