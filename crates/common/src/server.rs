@@ -71,3 +71,7 @@ pub fn get_log(cmd: &bson::Document) -> crate::Result<bson::Document> {
         _ => Err(Error::type_mismatch("Argument to getLog must be of type String")),
     }
 }
+
+/// Commands that exist only with `enableTestCommands` (as mongod's test commands register
+/// only then): listCommands leaves them out otherwise.
+pub const TEST_COMMANDS: &[&str] = &["configureFailPoint", "waitForFailPoint", "testVersion2", "testVersion1AndVersion2"];

@@ -45,7 +45,7 @@ pub static COMMANDS: &[Row] = rows! {
     "buildInfo" | "buildinfo" => any, |_r, conn, _q| Ok(common::server::build_info());
     "isdbgrid" => any, |_r, conn, _q| Ok(doc! {"isdbgrid": 1, "hostname": net::process::hostname()});
     "whatsmyuri" => any, |_r, conn, _q| Ok(doc! {"you": conn.remote.to_string()});
-    "listCommands" => any, |_r, conn, _q| Ok(list_commands());
+    "listCommands" => any, |r, conn, _q| Ok(list_commands(r.config.enable_test_commands));
     "saslStart" => any, |r, conn, q| users::sasl_start(r, conn, &q.db, &q.body).await;
     "saslContinue" => any, |r, conn, q| users::sasl_continue(r, conn, &q.body).await;
     "authenticate" => any, |r, conn, q| users::authenticate(r, conn, &q.db, &q.body).await;
@@ -102,10 +102,11 @@ pub fn lookup(name: &str) -> Option<&'static Row> {
     BY_NAME.get_or_init(|| COMMANDS.iter().map(|r| (r.name, r)).collect()).get(name).copied()
 }
 
-/// listCommands: every row, as mongos lists them.
-fn list_commands() -> Document {
+/// listCommands: every row, as mongos lists them (test commands only with
+/// enableTestCommands).
+fn list_commands(test_commands: bool) -> Document {
     let mut cmds = Document::new();
-    for r in COMMANDS {
+    for r in COMMANDS.iter().filter(|r| test_commands || !common::server::TEST_COMMANDS.contains(&r.name)) {
         cmds.insert(r.name, doc! {"help": "", "adminOnly": r.admin_only, "secondaryOk": true, "requiresAuth": !matches!(access::privileges::need(r.name, "admin", &Document::new()), access::privileges::Need::Nothing)});
     }
     doc! {"commands": cmds}

@@ -206,9 +206,10 @@ pub fn get_log(ctx: &mut Ctx) -> Result<Document> {
     common::server::get_log(ctx.cmd)
 }
 
-pub fn list_commands(_ctx: &mut Ctx) -> Result<Document> {
+pub fn list_commands(ctx: &mut Ctx) -> Result<Document> {
     let mut cmds = Document::new();
-    for n in super::NAMES {
+    let tests = ctx.shared.config.enable_test_commands;
+    for n in super::NAMES.iter().filter(|n| tests || !common::server::TEST_COMMANDS.contains(n)) {
         cmds.insert(*n, doc! { "help": "", "adminOnly": false });
     }
     Ok(doc! { "commands": cmds })
