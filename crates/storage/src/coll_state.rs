@@ -235,10 +235,10 @@ impl CollState {
         Ok(())
     }
 
-    pub(crate) fn snapshot(self: &Arc<Self>) -> Snapshot {
+    pub(crate) fn snapshot(self: &Arc<Self>, ctx: &WriteCtx) -> Snapshot {
         // Engine snapshot under the meta read lock: the index list matches the data.
         let meta = self.meta.read();
-        let snap = self.shared.engine.snapshot();
+        let snap = self.engine_view(ctx);
         let m = meta.clone();
         drop(meta);
         Snapshot { snap, coll: self.clone(), meta: m }
@@ -340,8 +340,18 @@ impl CollState {
     }
 
     /// Apply `pending` (plus the new statistics) as one batch and publish the statistics.
-    pub(crate) fn commit_pending(&self, mut pending: Pending) -> Result<()> {
+    /// Inside a transaction the changes join the transaction's instead
+    /// (`Transaction::absorb`). A change to a document an open transaction has written
+    /// fails with WriteConflict before anything is applied: the caller waits for the
+    /// transaction to end (`Store::wait_for_transactions`) and tries again.
+    pub(crate) fn commit_pending(self: &Arc<Self>, mut pending: Pending) -> Result<()> {
         self.check_not_oplog()?;
+        if let Some(txn) = pending.ctx.transaction().cloned() {
+            return txn.absorb(self, pending);
+        }
+        if self.shared.txn_keys_owned.load(Ordering::SeqCst) > 0 {
+            self.shared.check_not_owned(&pending.batch)?;
+        }
         pending.batch.put(Space::Catalog, stats_key(self.id), pending.stats.to_bytes());
         let mut batch = std::mem::take(&mut pending.batch);
         let entries = std::mem::take(&mut pending.oplog);
@@ -357,20 +367,8 @@ impl CollState {
         // the record that makes a retry find it are one atomic engine write. The record's
         // collection is locked after this one's, as `Store::apply_replicated` locks it last.
         let _records_lock = WriteGuard::acquire(&records);
-        records.check_live()?;
-        let meta = records.meta.read().clone();
-        let snap = self.shared.engine.snapshot();
-        let mut rp = records.pending(&WriteCtx::default());
-        rp.log = None;
         let wall_ms = pending.log.as_ref().map_or_else(oplog::wall_now_ms, |l| l.wall_ms);
-        let record = oplog::session_record(&lsid, txn, OpTime::default(), wall_ms);
-        let doc = bson::RawDocumentBuf::from_bytes(record).map_err(|e| Error::internal(format!("session record: {e}")))?;
-        records.prepare_replicated(&meta, &*snap, &ReplicatedChange::Put { doc }, &mut rp)?;
-        let prefix = records.id.to_be_bytes();
-        let at = rp.batch.ops.iter().position(|op| matches!(op, BatchOp::Put(Space::Records, k, _) if k.starts_with(&prefix)));
-        let record_op = batch.ops.len() + at.ok_or_else(|| Error::internal("a session record was not prepared"))?;
-        rp.batch.put(Space::Catalog, stats_key(records.id), rp.stats.to_bytes());
-        batch.ops.append(&mut rp.batch.ops);
+        let (record_op, rp) = records.prepare_session_record(&mut batch, oplog::session_record(&lsid, txn, OpTime::default(), wall_ms))?;
         let last = self.shared.apply_logged_with(batch, entries, Some(SessionStamp { prev, record_op }))?;
         if let Some(last) = last {
             pending.ctx.with_session(|s| {
@@ -382,6 +380,34 @@ impl CollState {
         records.publish_pending(rp);
         self.publish_pending(pending);
         Ok(())
+    }
+
+    /// Add a session's `config.transactions` `record` (this collection's) to `batch`, unlogged;
+    /// returns the record's position in the batch, for stamping, and the pending change to
+    /// publish once applied. The caller holds this collection's write lock.
+    pub(crate) fn prepare_session_record(&self, batch: &mut Batch, record: Vec<u8>) -> Result<(usize, Pending)> {
+        self.check_live()?;
+        let meta = self.meta.read().clone();
+        let snap = self.shared.engine.snapshot();
+        let mut rp = self.pending(&WriteCtx::default());
+        rp.log = None;
+        let doc = bson::RawDocumentBuf::from_bytes(record).map_err(|e| Error::internal(format!("session record: {e}")))?;
+        self.prepare_replicated(&meta, &*snap, &ReplicatedChange::Put { doc }, &mut rp)?;
+        let prefix = self.id.to_be_bytes();
+        let at = rp.batch.ops.iter().position(|op| matches!(op, BatchOp::Put(Space::Records, k, _) if k.starts_with(&prefix)));
+        let record_op = batch.ops.len() + at.ok_or_else(|| Error::internal("a session record was not prepared"))?;
+        rp.batch.put(Space::Catalog, stats_key(self.id), rp.stats.to_bytes());
+        batch.ops.append(&mut rp.batch.ops);
+        Ok((record_op, rp))
+    }
+
+    /// The engine view a write through a handle with `ctx` reads: its transaction's (the
+    /// transaction's snapshot with its own writes), or the newest.
+    pub(crate) fn engine_view(&self, ctx: &WriteCtx) -> Arc<dyn EngineSnapshot> {
+        match ctx.transaction() {
+            Some(txn) => txn.view(),
+            None => self.shared.engine.snapshot(),
+        }
     }
 
     /// The record whose `_id` is `id`, in `snap`.
@@ -601,7 +627,7 @@ impl CollState {
             if self.dropped.load(Ordering::SeqCst) {
                 return Ok(deleted);
             }
-            let snapshot = self.snapshot();
+            let snapshot = self.snapshot(&WriteCtx::default());
             // The index may have been dropped (or recreated) since the pass started.
             if !snapshot.meta.ready_indexes().any(|i| i.id == idx.id) {
                 return Ok(deleted);

@@ -35,7 +35,7 @@ impl Collection {
         };
         let log = self.state.shared.oplog.read().clone();
         let Some(log) = log.filter(|l| l.coll.id == self.state.id) else {
-            return scan(self.state.snapshot());
+            return scan(self.state.snapshot(&self.ctx));
         };
         let snap = {
             let st = log.state.lock();
@@ -43,7 +43,7 @@ impl Collection {
                 let start = st.recent.partition_point(|(ts, _)| *ts <= after);
                 return Ok(st.recent.range(start..).take(max_docs).map(|(ts, e)| (*ts, RawRecord::Shared(e.clone()))).collect());
             }
-            self.state.snapshot()
+            self.state.snapshot(&self.ctx)
         };
         scan(snap)
     }
@@ -85,7 +85,7 @@ impl Collection {
             return InsertOutcome { inserted: 0, errors: (0..docs.len()).map(|i| (i, e.clone())).collect() };
         }
         let meta = st.meta.read().clone();
-        let snap = st.shared.engine.snapshot();
+        let snap = st.engine_view(&self.ctx);
         let mut pending = st.pending(&self.ctx);
         // A record and (usually) one entry per index for each document, plus the statistics.
         pending.batch.ops.reserve(docs.len() * (1 + meta.indexes.len()) + 1);
@@ -116,7 +116,7 @@ impl Collection {
 
     /// A consistent point-in-time view (owned, Send, may outlive this handle).
     pub fn snapshot(&self) -> Snapshot {
-        self.state.snapshot()
+        self.state.snapshot(&self.ctx)
     }
 
     /// Exclusive writer; holds the collection write lock until dropped.

@@ -6,7 +6,7 @@
 //! group commit, id allocation, dropped data), `coll_state` (a collection's write path),
 //! `collection` and `index_build` (the public handle, and index builds), `snapshot` (reads),
 //! `writer` (read-modify-write), `replicated` (the oplog's points and replicated
-//! application), `oplog` (entries and their encoding), `write_ctx` (how a handle's writes are logged), `session` (retryable writes), `ttl`,
+//! application), `oplog` (entries and their encoding), `write_ctx` (how a handle's writes are logged), `session` (retryable writes), `txn` (multi-document transactions), `ttl`,
 //! `names`, `layout` (keys and records), `keys` and `keygen` (index keys), `hash`.
 //!
 //! Key layout (all integers big-endian, so byte order is numeric order):
@@ -65,6 +65,7 @@ mod shared;
 mod snapshot;
 mod store;
 mod ttl;
+mod txn;
 mod write_ctx;
 mod writer;
 
@@ -80,6 +81,7 @@ use shared::*;
 pub use snapshot::*;
 pub use store::*;
 use ttl::*;
+pub use txn::*;
 pub use write_ctx::*;
 pub use writer::*;
 
@@ -97,7 +99,7 @@ use common::{Code, Error, Result};
 use engine::{fjall_engine::FjallEngine, memory::MemoryEngine, prefix_bounds};
 use keygen::{index_keys, key_fields, key_value_doc, KeyField};
 use parking_lot::{Condvar, Mutex, RwLock};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

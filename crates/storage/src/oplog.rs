@@ -305,6 +305,77 @@ pub(crate) fn command_entry(db: &str, ui: Option<bson::Uuid>, o: &Document, wall
     Ok(finish(out, start, wall_ms, None))
 }
 
+/// A logged entry as one operation of a transaction's `applyOps`: its `op`, `ns`, `ui`, `o`
+/// and `o2`, without the fields the transaction's own entry carries (`ts`, `t`, `wall`...).
+pub(crate) fn inner_op(entry: &[u8]) -> Result<Vec<u8>, String> {
+    let raw = bson::RawDocument::from_bytes(entry).map_err(|e| e.to_string())?;
+    let mut op = Document::new();
+    for field in ["op", "ns", "ui", "o", "o2"] {
+        if let Some(v) = raw.get(field).map_err(|e| e.to_string())? {
+            op.insert(field, Bson::try_from(v).map_err(|e| e.to_string())?);
+        }
+    }
+    op.to_vec().map_err(|e| e.to_string())
+}
+
+/// A committed transaction's entry, as mongod logs one that was not prepared:
+/// `{op: "c", ns: "admin.$cmd", o: {applyOps: [ops]}, lsid, txnNumber, prevOpTime}`, with
+/// `prevOpTime` stamped when the batch is applied (`stamp_prev`).
+pub(crate) fn transaction_entry(ops: &[Vec<u8>], tag: &SessionTag, wall_ms: i64) -> Vec<u8> {
+    let bytes: usize = ops.iter().map(|o| o.len() + 8).sum();
+    let mut out = Vec::with_capacity(bytes + 256);
+    let start = head(&mut out, "c", "admin.$cmd", None);
+    out.push(0x03);
+    out.extend_from_slice(b"o\0");
+    let o = begin(&mut out);
+    out.push(0x04);
+    out.extend_from_slice(b"applyOps\0");
+    let array = begin(&mut out);
+    for (i, op) in ops.iter().enumerate() {
+        out.push(0x03);
+        out.extend_from_slice(i.to_string().as_bytes());
+        out.push(0);
+        out.extend_from_slice(op);
+    }
+    end(&mut out, array);
+    end(&mut out, o);
+    out.push(0x03);
+    out.extend_from_slice(b"lsid\0");
+    append_lsid(&mut out, &tag.lsid);
+    out.push(0x12);
+    out.extend_from_slice(b"txnNumber\0");
+    out.extend_from_slice(&tag.txn.to_le_bytes());
+    out.push(0x03);
+    out.extend_from_slice(b"prevOpTime\0");
+    append_optime(&mut out, OpTime::default());
+    finish(out, start, wall_ms, None)
+}
+
+/// A session's `config.transactions` record after its transaction `txn` committed:
+/// `session_record`'s fields with `state: "committed"` (before `lastWriteOpTime`, whose
+/// place from the end `stamp_session_record` relies on).
+pub(crate) fn committed_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(144);
+    let start = begin(&mut out);
+    out.push(0x03);
+    out.extend_from_slice(b"_id\0");
+    append_lsid(&mut out, lsid);
+    out.push(0x12);
+    out.extend_from_slice(b"txnNum\0");
+    out.extend_from_slice(&txn.to_le_bytes());
+    out.push(0x02);
+    out.extend_from_slice(b"state\0");
+    append_string("committed", &mut out);
+    out.push(0x03);
+    out.extend_from_slice(b"lastWriteOpTime\0");
+    append_optime(&mut out, last);
+    out.push(0x09);
+    out.extend_from_slice(b"lastWriteDate\0");
+    out.extend_from_slice(&wall_ms.to_le_bytes());
+    end(&mut out, start);
+    out
+}
+
 /// A no-op (`op: "n"`, `ns: ""`) carrying a message, as replSetInitiate and new terms log.
 pub(crate) fn noop_entry(o: &Document, wall_ms: i64) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(96);

@@ -30,6 +30,14 @@ pub(crate) struct Shared {
     pub(crate) ttl_passes: AtomicU64,
     /// The oplog of a replica-set member; `None` on a standalone.
     pub(crate) oplog: RwLock<Option<Arc<Oplog>>>,
+    /// The record and index keys open transactions have written, with their owner
+    /// (`txn.rs`); `txn_keys_owned` is its size, so ordinary writes check it only when a
+    /// transaction owns something.
+    pub(crate) txn_owners: Mutex<HashMap<Vec<u8>, u64>>,
+    pub(crate) txn_keys_owned: std::sync::atomic::AtomicUsize,
+    /// Notified when a transaction frees its keys.
+    pub(crate) txn_ended: Condvar,
+    pub(crate) next_txn_id: AtomicU64,
 }
 
 /// `local.oplog.rs` and the position of its newest entry.

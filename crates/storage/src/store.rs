@@ -59,6 +59,10 @@ impl Store {
             ttl_deleted: AtomicU64::new(0),
             ttl_passes: AtomicU64::new(0),
             oplog: RwLock::new(None),
+            txn_owners: Mutex::new(HashMap::new()),
+            txn_keys_owned: std::sync::atomic::AtomicUsize::new(0),
+            txn_ended: Condvar::new(),
+            next_txn_id: AtomicU64::new(1),
         });
         let ttl = Arc::new(TtlMonitor { enabled: AtomicBool::new(true), stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
         Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl }), ctx: WriteCtx::default() }

@@ -1293,3 +1293,79 @@ fn a_retryable_writes_entries_chain_back_and_its_record_names_the_newest() {
     let standalone = Store::open_in_memory();
     assert_eq!(standalone.begin_retryable_write(&lsid, 1, OpTime::NULL).err().unwrap().code, Code::IllegalOperation.0);
 }
+
+/// A transaction reads its snapshot and its own writes, conflicts first-writer-wins, and
+/// commits its changes, statistics, one applyOps entry and its session's record at once.
+#[test]
+fn transactions_isolate_conflict_and_commit_whole() {
+    let store = Store::open_in_memory();
+    store.enable_oplog(64 << 20).unwrap();
+    let c = store.create_collection("db", "c", Document::new()).unwrap();
+    c.create_index(unique_idx(doc! {"k": 1}, "k_1")).unwrap();
+    assert!(c.insert_many(&[doc! {"_id": 1, "k": 1, "v": 0}, doc! {"_id": 2, "k": 2, "v": 0}], true).errors.is_empty());
+
+    let t1 = store.begin_transaction(Some((&[7; 16], 1))).unwrap();
+    let s1 = store.in_transaction(&t1);
+    let c1 = s1.collection("db", "c").unwrap();
+    // Writes by others after the snapshot are invisible.
+    assert!(c.insert_many(&[doc! {"_id": 3, "k": 3}], true).errors.is_empty());
+    assert_eq!(ids(&c1.snapshot()), vec![Bson::Int32(1), Bson::Int32(2)]);
+    // Own writes are visible, through records, indexes and counts.
+    assert!(c1.insert_many(&[doc! {"_id": 4, "k": 4}], true).errors.is_empty());
+    {
+        let mut w = c1.writer();
+        let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(1)).unwrap().unwrap();
+        w.update(rid, &old, &doc! {"_id": 1, "k": 1, "v": 1}).unwrap();
+        let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(2)).unwrap().unwrap();
+        w.delete(rid, &old).unwrap();
+    }
+    let view = c1.snapshot();
+    assert_eq!(ids(&view), vec![Bson::Int32(1), Bson::Int32(4)]);
+    assert_eq!(view.count().unwrap(), 2);
+    assert_eq!(scan_values(&view, "k_1", IndexBounds::all()), vec![vec![Bson::Int32(1)], vec![Bson::Int32(4)]]);
+    assert_eq!(view.find_by_id(&Bson::Int32(1)).unwrap().unwrap().1.get_i32("v").unwrap(), 1);
+    // Outside, nothing changed yet.
+    assert_eq!(ids(&c.snapshot()), vec![Bson::Int32(1), Bson::Int32(2), Bson::Int32(3)]);
+    assert!(store.transaction_keys_owned() > 0);
+
+    // A second transaction writing a key the first owns conflicts at once; so does one
+    // writing a document committed after it began.
+    let t2 = store.begin_transaction(Some((&[8; 16], 1))).unwrap();
+    let c2 = store.in_transaction(&t2).collection("db", "c").unwrap();
+    let e = c2.insert_many(&[doc! {"_id": 4, "k": 44}], true).errors;
+    assert_eq!(e[0].1.code, Code::WriteConflict.0, "{e:?}");
+    t2.abort();
+    assert!(c.insert_many(&[doc! {"_id": 5, "k": 5}], true).errors.is_empty());
+    let t3 = store.begin_transaction(Some((&[9; 16], 1))).unwrap();
+    let c3 = store.in_transaction(&t3).collection("db", "c").unwrap();
+    {
+        let mut w = c.writer();
+        let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(5)).unwrap().unwrap();
+        w.update(rid, &old, &doc! {"_id": 5, "k": 5, "v": 9}).unwrap();
+    }
+    let mut w3 = c3.writer();
+    let (rid, old) = w3.snapshot().find_by_id(&Bson::Int32(5)).unwrap().unwrap();
+    assert_eq!(w3.update(rid, &old, &doc! {"_id": 5, "k": 5, "v": 10}).unwrap_err().code, Code::WriteConflict.0);
+    drop(w3);
+    drop(t3);
+    // An ordinary write to an owned key fails with WriteConflict, applying nothing.
+    assert_eq!(c.insert_many(&[doc! {"_id": 4, "k": 40}], true).errors[0].1.code, Code::WriteConflict.0);
+
+    let before = store.oplog_last().unwrap();
+    let at = t1.commit().unwrap().expect("logged");
+    assert!(at > before);
+    assert_eq!(store.transaction_keys_owned(), 0);
+    assert_eq!(ids(&c.snapshot()), vec![Bson::Int32(1), Bson::Int32(3), Bson::Int32(4), Bson::Int32(5)]);
+    assert_eq!(c.stats().count, 4);
+    assert!(c.validate().valid);
+    // One entry: applyOps with the session's fields; the session's record says committed.
+    let oplog = store.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
+    let newest = oplog.snapshot().scan_reverse(None, 1).unwrap().remove(0).1;
+    assert_eq!(newest.get_str("op").unwrap(), "c");
+    assert_eq!(newest.get_document("o").unwrap().get_array("applyOps").unwrap().len(), 3);
+    assert_eq!(newest.get_i64("txnNumber").unwrap(), 1);
+    let records = store.collection(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION).unwrap();
+    let record = records.snapshot().scan(None, 10).unwrap().into_iter().find(|(_, d)| d.get_i64("txnNum").ok() == Some(1) && d.get_str("state").ok() == Some("committed"));
+    assert!(record.is_some());
+    assert!(t1.commit().is_err(), "a transaction commits once");
+}

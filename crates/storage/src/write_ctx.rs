@@ -17,6 +17,8 @@ pub struct WriteCtx(Option<Arc<Mode>>);
 pub(crate) struct Mode {
     replicated: bool,
     session: Option<Mutex<oplog::SessionWrite>>,
+    /// The transaction the handle reads and writes in.
+    transaction: Option<Arc<Transaction>>,
     /// The collections created through the handle, when it collects them.
     created: Option<Arc<Mutex<Vec<Created>>>>,
 }
@@ -43,8 +45,30 @@ impl WriteCtx {
         WriteCtx(Some(Arc::new(Mode {
             replicated: parent.is_some_and(|m| m.replicated),
             session: Some(Mutex::new(s)),
+            transaction: None,
             created: parent.and_then(|m| m.created.clone()),
         })))
+    }
+
+    /// This context, reading and writing in `txn` (it collects creations where this does).
+    pub(crate) fn transaction_ctx(&self, txn: Arc<Transaction>) -> WriteCtx {
+        let parent = self.0.as_deref();
+        WriteCtx(Some(Arc::new(Mode {
+            replicated: parent.is_some_and(|m| m.replicated),
+            session: None,
+            transaction: Some(txn),
+            created: parent.and_then(|m| m.created.clone()),
+        })))
+    }
+
+    /// The transaction this handle works in, if any.
+    pub(crate) fn transaction(&self) -> Option<&Arc<Transaction>> {
+        self.0.as_deref().and_then(|m| m.transaction.as_ref())
+    }
+
+    /// Whether writes through this handle belong to a transaction.
+    pub fn in_transaction(&self) -> bool {
+        self.transaction().is_some()
     }
 
     pub fn is_replicated(&self) -> bool {
@@ -104,7 +128,7 @@ impl Store {
     /// This store, noting the collections (and databases) its writes create, implicitly or
     /// not, for `take_created`.
     pub fn collecting_creations(&self) -> Store {
-        let mode = Mode { replicated: self.ctx.is_replicated(), session: None, created: Some(Arc::default()) };
+        let mode = Mode { replicated: self.ctx.is_replicated(), session: None, transaction: self.ctx.transaction().cloned(), created: Some(Arc::default()) };
         Store { inner: self.inner.clone(), ctx: WriteCtx(Some(Arc::new(mode))) }
     }
 

@@ -16,14 +16,14 @@ impl Writer {
 
     /// Latest state, including this writer's applied mutations.
     pub fn snapshot(&self) -> Snapshot {
-        self.st().snapshot()
+        self.st().snapshot(&self.ctx)
     }
 
     pub fn insert(&mut self, doc: &Document) -> Result<RecordId> {
         let st = self.st();
         st.check_live()?;
         let meta = st.meta.read().clone();
-        let snap = st.shared.engine.snapshot();
+        let snap = st.engine_view(&self.ctx);
         let mut pending = st.pending(&self.ctx);
         let rid = st.prepare_insert(&meta, &*snap, doc, &mut pending)?;
         st.commit_pending(pending)?;
@@ -38,7 +38,7 @@ impl Writer {
         let st = self.st();
         st.check_live()?;
         let meta = st.meta.read().clone();
-        let snap = st.shared.engine.snapshot();
+        let snap = st.engine_view(&self.ctx);
         let old_bytes = snap
             .get(Space::Records, &record_key(st.id, id))?
             .ok_or_else(|| Error::new(Code::NoSuchKey, format!("record {id} not found in {}", st.ns_string())))?;
@@ -70,7 +70,7 @@ impl Writer {
         let st = self.st();
         st.check_live()?;
         let meta = st.meta.read().clone();
-        let snap = st.shared.engine.snapshot();
+        let snap = st.engine_view(&self.ctx);
         let mut pending = st.pending(&self.ctx);
         st.prepare_delete(&meta, &*snap, id, &mut pending)?;
         st.commit_pending(pending)

@@ -1,0 +1,455 @@
+//! Multi-document transactions: a snapshot, the transaction's own writes kept over it, and
+//! one atomic commit.
+//!
+//! A [`Transaction`] reads one engine snapshot, taken when it began (snapshot isolation),
+//! through a view that overlays its own writes (`Overlay`), so it reads what it wrote and
+//! nothing committed after it began. Its writes run the ordinary write path (prepare under
+//! the collection's write lock) through a handle whose `WriteCtx` names the transaction;
+//! `CollState::commit_pending` hands the prepared batch to `Transaction::absorb` instead of
+//! the engine.
+//!
+//! Conflicts are found when a transaction writes, first writer wins, as in WiredTiger: each
+//! record and index key a transaction writes is registered to it in the store's owner table
+//! (`Shared::txn_owners`). Another transaction writing an owned key, or a key whose newest
+//! version is not the one its snapshot saw (committed since it began), fails with
+//! WriteConflict at once. An ordinary write to an owned key fails with WriteConflict before
+//! it applies anything, and its caller waits for the owner to end
+//! (`Store::wait_for_transactions`) and runs again, so it is ordered after the transaction,
+//! as mongod's writes are. Keys are registered under the collection's write lock, which
+//! ordinary writers hold while they check, so neither misses the other.
+//!
+//! The commit takes the write locks of every collection written (in id order), refuses if
+//! one was dropped or its indexes changed meanwhile (its index entries were prepared for
+//! the indexes it saw), and writes the changes, each collection's statistics, the
+//! transaction's one `applyOps` oplog entry and the session's `config.transactions` record
+//! as one engine batch: it becomes visible and durable whole. The statistics a transaction
+//! changes are kept as deltas and added to the collections' at commit; record ids are taken
+//! from the collection's counter as it writes, so concurrent transactions never share one.
+
+use super::*;
+use crate::engine::{KvIter, KvPair};
+
+/// Bytes of the operations one transaction may log: its `applyOps` entry is one BSON
+/// document, with room for the entry's own fields.
+pub const TRANSACTION_OPS_BYTES_MAX: usize = BSON_OBJECT_SIZE_MAX_BYTES - 16 * 1024;
+
+type Writes = BTreeMap<(Space, Vec<u8>), Option<Vec<u8>>>;
+
+/// A multi-document transaction (see the module's doc). Ended by `commit` or `abort`;
+/// dropping an open one aborts it.
+pub struct Transaction {
+    id: u64,
+    shared: Arc<Shared>,
+    /// `config.transactions` and the session (`lsid`, `txnNumber`) when the commit logs.
+    session: Option<(Arc<CollState>, oplog::SessionTag)>,
+    state: Mutex<TxnState>,
+}
+
+struct TxnState {
+    base: Arc<dyn EngineSnapshot>,
+    /// The transaction's writes over `base` (None: deleted). Copied on write while a view
+    /// (a cursor's snapshot) still holds the previous version.
+    writes: Arc<Writes>,
+    /// Collections written, by id.
+    colls: BTreeMap<u64, Touched>,
+    /// The `applyOps` operations, in order.
+    ops: Vec<Vec<u8>>,
+    ops_bytes: usize,
+    /// Keys registered to this transaction in `Shared::txn_owners`.
+    owned: Vec<Vec<u8>>,
+    open: bool,
+}
+
+/// A collection a transaction wrote: its metadata as first written, and the statistics the
+/// transaction changes.
+struct Touched {
+    coll: Arc<CollState>,
+    meta: Arc<MetaRt>,
+    count_delta: i64,
+    data_delta: i64,
+    index_delta: BTreeMap<u64, i64>,
+    multikey: BTreeSet<u64>,
+    removes: bool,
+}
+
+fn write_conflict() -> Error {
+    Error::new(Code::WriteConflict, "Write conflict during plan execution and yielding is disabled. :: Please retry your operation or multi-document transaction.")
+}
+
+/// The owner table's key of an engine key.
+fn owner_key(space: Space, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(space as u8);
+    k.extend_from_slice(key);
+    k
+}
+
+fn add_delta(v: u64, d: i64) -> u64 {
+    if d >= 0 {
+        v.saturating_add(d as u64)
+    } else {
+        v.saturating_sub(d.unsigned_abs())
+    }
+}
+
+impl Store {
+    /// Begin a transaction over the newest data. `session`: the `lsid` and `txnNumber` its
+    /// commit logs, with the session's `config.transactions` record; required where the store
+    /// keeps an oplog, unless this handle is replicated (a secondary applying a committed
+    /// transaction's entry).
+    pub fn begin_transaction(&self, session: Option<(&[u8], i64)>) -> Result<Arc<Transaction>> {
+        let logs = self.inner.shared.oplog.read().is_some() && !self.ctx.is_replicated();
+        let session = match (session, logs) {
+            (Some((lsid, txn)), true) => {
+                let records = self.collection_or_create(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION)?;
+                Some((records.state, oplog::SessionTag { lsid: lsid.to_vec(), txn }))
+            }
+            (None, true) => return Err(Error::internal("a logged transaction needs its session")),
+            (_, false) => None,
+        };
+        let shared = self.inner.shared.clone();
+        let state = TxnState {
+            base: shared.engine.snapshot(),
+            writes: Arc::default(),
+            colls: BTreeMap::new(),
+            ops: Vec::new(),
+            ops_bytes: 0,
+            owned: Vec::new(),
+            open: true,
+        };
+        let id = shared.next_txn_id.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(Transaction { id, shared, session, state: Mutex::new(state) }))
+    }
+
+    /// This store, reading and writing in `txn`.
+    pub fn in_transaction(&self, txn: &Arc<Transaction>) -> Store {
+        Store { inner: self.inner.clone(), ctx: self.ctx.transaction_ctx(txn.clone()) }
+    }
+
+    /// Wait until some transaction ends, or `timeout` passes: an ordinary write that met a
+    /// key a transaction owns (WriteConflict) waits here before it runs again.
+    pub fn wait_for_transactions(&self, timeout: std::time::Duration) {
+        let shared = &self.inner.shared;
+        let mut owners = shared.txn_owners.lock();
+        if owners.is_empty() {
+            return;
+        }
+        shared.txn_ended.wait_for(&mut owners, timeout);
+    }
+
+    /// Keys open transactions own (for tests and serverStatus).
+    pub fn transaction_keys_owned(&self) -> usize {
+        self.inner.shared.txn_keys_owned.load(Ordering::SeqCst)
+    }
+}
+
+impl Shared {
+    /// An ordinary write's check: fails with WriteConflict if `batch` changes a key an open
+    /// transaction owns.
+    pub(crate) fn check_not_owned(&self, batch: &Batch) -> Result<()> {
+        let owners = self.txn_owners.lock();
+        for op in &batch.ops {
+            let (BatchOp::Put(space, key, _) | BatchOp::Delete(space, key)) = op;
+            if *space != Space::Catalog && owners.contains_key(&owner_key(*space, key)) {
+                return Err(write_conflict());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Transaction {
+    /// The transaction's view: its snapshot with its own writes.
+    pub(crate) fn view(&self) -> Arc<dyn EngineSnapshot> {
+        let s = self.state.lock();
+        Arc::new(Overlay { base: s.base.clone(), writes: s.writes.clone() })
+    }
+
+    /// Whether the transaction has written nothing (so far).
+    pub fn is_read_only(&self) -> bool {
+        self.state.lock().colls.is_empty()
+    }
+
+    /// Take a write prepared in this transaction (`CollState::commit_pending`): check and
+    /// register its keys, keep its changes, operations and statistics.
+    pub(crate) fn absorb(&self, coll: &Arc<CollState>, pending: Pending) -> Result<()> {
+        let mut s = self.state.lock();
+        if !s.open {
+            return Err(Error::new(Code::NoSuchTransaction, "Transaction has ended"));
+        }
+        if coll.meta.read().options.get_bool("capped").unwrap_or(false) {
+            return Err(Error::new(
+                Code::OperationNotSupportedInTransaction,
+                format!("Collection '{}' is a capped collection. Writes in transactions are not allowed on capped collections.", coll.ns_string()),
+            ));
+        }
+        let mut ops_bytes = s.ops_bytes;
+        let mut ops = Vec::with_capacity(pending.oplog.len());
+        for e in &pending.oplog {
+            let op = oplog::inner_op(e).map_err(|e| Error::internal(format!("a transaction's operation: {e}")))?;
+            ops_bytes += op.len();
+            ops.push(op);
+        }
+        if ops_bytes > TRANSACTION_OPS_BYTES_MAX {
+            return Err(Error::new(Code::TransactionTooLarge, format!("Total size of all transaction operations must be less than {TRANSACTION_OPS_BYTES_MAX}")));
+        }
+        // Check and register every key before changing anything (under the collection's
+        // write lock, which ordinary writers hold while they check).
+        let latest = self.shared.engine.snapshot();
+        {
+            let mut owners = self.shared.txn_owners.lock();
+            for op in &pending.batch.ops {
+                let (BatchOp::Put(space, key, _) | BatchOp::Delete(space, key)) = op;
+                if *space == Space::Catalog {
+                    continue;
+                }
+                let k = owner_key(*space, key);
+                match owners.get(&k) {
+                    Some(id) if *id == self.id => continue,
+                    Some(_) => return Err(write_conflict()),
+                    None => {}
+                }
+                if latest.get(*space, key)? != s.base.get(*space, key)? {
+                    return Err(write_conflict());
+                }
+                owners.insert(k.clone(), self.id);
+                s.owned.push(k);
+            }
+            self.shared.txn_keys_owned.store(owners.len(), Ordering::SeqCst);
+        }
+        s.ops.append(&mut ops);
+        s.ops_bytes = ops_bytes;
+        // Statistics: the prepared ones started from the collection's (unchanged since: the
+        // write lock is held); keep the difference, take the record ids it used.
+        {
+            let mut live = coll.stats.lock();
+            let t = s.colls.entry(coll.id).or_insert_with(|| Touched {
+                coll: coll.clone(),
+                meta: coll.meta.read().clone(),
+                count_delta: 0,
+                data_delta: 0,
+                index_delta: BTreeMap::new(),
+                multikey: BTreeSet::new(),
+                removes: false,
+            });
+            t.count_delta += pending.stats.count as i64 - live.count as i64;
+            t.data_delta += pending.stats.data_bytes as i64 - live.data_bytes as i64;
+            for (id, b) in &pending.stats.index_bytes {
+                *t.index_delta.entry(*id).or_insert(0) += *b as i64 - live.index_bytes.get(id).copied().unwrap_or(0) as i64;
+            }
+            t.multikey.extend(pending.stats.multikey.iter().copied());
+            t.removes |= pending.removes;
+            live.next_rid = live.next_rid.max(pending.stats.next_rid);
+            // A flag the planner reads: set at once (harmless should the transaction abort).
+            live.multikey.extend(pending.stats.multikey.iter().copied());
+        }
+        let base_stats = match s.base.get(Space::Catalog, &stats_key(coll.id))? {
+            Some(b) => Stats::from_bytes(&b)?,
+            None => Stats::default(),
+        };
+        let view_stats = s.colls.get(&coll.id).map(|t| t.apply(&base_stats)).unwrap_or_default();
+        let writes = Arc::make_mut(&mut s.writes);
+        for op in pending.batch.ops {
+            match op {
+                BatchOp::Put(space, key, value) => writes.insert((space, key), Some(value)),
+                BatchOp::Delete(space, key) => writes.insert((space, key), None),
+            };
+        }
+        // The view's statistics (counts a read in the transaction sees).
+        writes.insert((Space::Catalog, stats_key(coll.id)), Some(view_stats.to_bytes()));
+        Ok(())
+    }
+
+    /// Commit: the transaction's changes, its oplog entry and its session's record as one
+    /// engine batch. Returns the entry's optime (None for a transaction that wrote nothing,
+    /// or one that logs nothing). A WriteConflict aborts it (a collection written was dropped
+    /// or its indexes changed).
+    pub fn commit(&self) -> Result<Option<OpTime>> {
+        let mut s = self.state.lock();
+        if !s.open {
+            return Err(Error::new(Code::NoSuchTransaction, "Transaction has ended"));
+        }
+        let result = self.commit_locked(&mut s);
+        s.open = false;
+        self.release(&mut s);
+        result
+    }
+
+    fn commit_locked(&self, s: &mut TxnState) -> Result<Option<OpTime>> {
+        if s.colls.is_empty() {
+            return Ok(None);
+        }
+        // Collection locks in id order (the order every multi-collection writer takes).
+        let _guards: Vec<WriteGuard> = s.colls.values().map(|t| WriteGuard::acquire(&t.coll)).collect();
+        for t in s.colls.values() {
+            t.coll.check_live().map_err(|_| write_conflict())?;
+            if !Arc::ptr_eq(&t.coll.meta.read(), &t.meta) {
+                return Err(write_conflict());
+            }
+        }
+        let mut batch = Batch::new();
+        for ((space, key), value) in s.writes.iter() {
+            if *space == Space::Catalog {
+                continue;
+            }
+            match value {
+                Some(v) => batch.put(*space, key.clone(), v.clone()),
+                None => batch.delete(*space, key.clone()),
+            }
+        }
+        let mut published = Vec::with_capacity(s.colls.len());
+        for t in s.colls.values() {
+            let stats = t.apply(&t.coll.stats.lock());
+            batch.put(Space::Catalog, stats_key(t.coll.id), stats.to_bytes());
+            published.push(stats);
+        }
+        let mut last = None;
+        match &self.session {
+            Some((records, tag)) if !s.ops.is_empty() => {
+                let _records_lock = WriteGuard::acquire(records);
+                let wall_ms = oplog::wall_now_ms();
+                let entry = oplog::transaction_entry(&s.ops, tag, wall_ms);
+                let record = oplog::committed_record(&tag.lsid, tag.txn, OpTime::default(), wall_ms);
+                let (record_op, rp) = records.prepare_session_record(&mut batch, record)?;
+                last = self.shared.apply_logged_with(batch, vec![entry], Some(SessionStamp { prev: OpTime::NULL, record_op }))?;
+                records.publish_pending(rp);
+            }
+            _ => self.shared.apply(batch)?,
+        }
+        for (t, stats) in s.colls.values().zip(published) {
+            if t.removes {
+                t.coll.removals.fetch_add(1, Ordering::SeqCst);
+            }
+            *t.coll.stats.lock() = stats;
+            let total = &self.shared.total_data_bytes;
+            let _ = total.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(add_delta(v, t.data_delta)));
+        }
+        Ok(last)
+    }
+
+    /// Abort: forget the writes and free the keys. Ending an ended transaction does nothing.
+    pub fn abort(&self) {
+        let mut s = self.state.lock();
+        s.open = false;
+        self.release(&mut s);
+    }
+
+    /// Free the keys this transaction owns and wake the writers waiting for them.
+    fn release(&self, s: &mut TxnState) {
+        s.writes = Arc::default();
+        if s.owned.is_empty() {
+            return;
+        }
+        let mut owners = self.shared.txn_owners.lock();
+        for k in s.owned.drain(..) {
+            if owners.get(&k) == Some(&self.id) {
+                owners.remove(&k);
+            }
+        }
+        self.shared.txn_keys_owned.store(owners.len(), Ordering::SeqCst);
+        self.shared.txn_ended.notify_all();
+    }
+}
+
+impl Drop for Transaction {
+    fn drop(&mut self) {
+        let mut s = self.state.lock();
+        s.open = false;
+        self.release(&mut s);
+    }
+}
+
+impl Touched {
+    /// `stats` with this transaction's changes.
+    fn apply(&self, stats: &Stats) -> Stats {
+        let mut out = stats.clone();
+        out.count = add_delta(out.count, self.count_delta);
+        out.data_bytes = add_delta(out.data_bytes, self.data_delta);
+        for (id, d) in &self.index_delta {
+            let b = out.index_bytes.entry(*id).or_insert(0);
+            *b = add_delta(*b, *d);
+        }
+        out.multikey.extend(self.multikey.iter().copied());
+        out
+    }
+}
+
+/// A snapshot with a transaction's writes over it.
+struct Overlay {
+    base: Arc<dyn EngineSnapshot>,
+    writes: Arc<Writes>,
+}
+
+impl EngineSnapshot for Overlay {
+    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.writes.get(&(space, key.to_vec())) {
+            Some(v) => Ok(v.clone()),
+            None => self.base.get(space, key),
+        }
+    }
+
+    fn iter(&self, space: Space, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>, reverse: bool) -> KvIter<'_> {
+        let start = match &lower {
+            Bound::Included(k) => Bound::Included((space, k.clone())),
+            Bound::Excluded(k) => Bound::Excluded((space, k.clone())),
+            Bound::Unbounded => Bound::Included((space, Vec::new())),
+        };
+        let in_range = |k: &[u8]| match &upper {
+            Bound::Included(u) => k <= u.as_slice(),
+            Bound::Excluded(u) => k < u.as_slice(),
+            Bound::Unbounded => true,
+        };
+        let mut mine: Vec<(Vec<u8>, Option<Vec<u8>>)> = self
+            .writes
+            .range((start, Bound::Unbounded))
+            .take_while(|((s, k), _)| *s == space && in_range(k))
+            .map(|((_, k), v)| (k.clone(), v.clone()))
+            .collect();
+        if reverse {
+            mine.reverse();
+        }
+        let base = self.base.iter(space, lower, upper, reverse);
+        Box::new(Merge { base: base.peekable(), mine: mine.into_iter().peekable(), reverse })
+    }
+}
+
+/// Two ordered streams merged, the transaction's writes winning over the snapshot's keys.
+struct Merge<'a> {
+    base: std::iter::Peekable<KvIter<'a>>,
+    mine: std::iter::Peekable<std::vec::IntoIter<(Vec<u8>, Option<Vec<u8>>)>>,
+    reverse: bool,
+}
+
+impl Iterator for Merge<'_> {
+    type Item = Result<KvPair>;
+
+    fn next(&mut self) -> Option<Result<KvPair>> {
+        loop {
+            let take_mine = match (self.base.peek(), self.mine.peek()) {
+                (None, None) => return None,
+                (Some(Err(_)), _) => return self.base.next(),
+                (None, Some(_)) => true,
+                (Some(Ok(_)), None) => false,
+                (Some(Ok((b, _))), Some((m, _))) => {
+                    let order = if self.reverse { b.cmp(m) } else { m.cmp(b) };
+                    match order {
+                        std::cmp::Ordering::Less => true,
+                        std::cmp::Ordering::Greater => false,
+                        std::cmp::Ordering::Equal => {
+                            self.base.next();
+                            true
+                        }
+                    }
+                }
+            };
+            if !take_mine {
+                return self.base.next();
+            }
+            match self.mine.next() {
+                Some((k, Some(v))) => return Some(Ok((k, v))),
+                Some((_, None)) => continue,
+                None => return None,
+            }
+        }
+    }
+}
