@@ -116,7 +116,9 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
         | "waitForFailPoint"
         | "testVersion2"
         | "testVersion1AndVersion2" => Nothing,
-        "whatsmyuri" | "endSessions" | "killSessions" | "refreshSessions" | "startSession" | "listDatabases" => AnyUser,
+        "whatsmyuri" | "endSessions" | "killSessions" | "refreshSessions" | "startSession" | "listDatabases" | "commitTransaction" | "abortTransaction" => {
+            AnyUser
+        }
         "find" | "count" | "distinct" => ns("find"),
         "listIndexes" => ns("listIndexes"),
         "collStats" | "collstats" => ns("collStats"),

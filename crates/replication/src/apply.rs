@@ -101,7 +101,12 @@ fn session_record_of(entry: &RawDocument, at: OpTime) -> Result<Option<bson::Raw
     let id = lsid.get_binary("id").map_err(|_| bad("binary lsid.id"))?;
     let txn = entry.get_i64("txnNumber").map_err(|_| bad("long txnNumber"))?;
     let wall_ms = entry.get_datetime("wall").map(|w| w.timestamp_millis()).unwrap_or(0);
-    Ok(Some(storage::session_record(id.bytes, txn, at, wall_ms)))
+    // A committed transaction's entry: its `applyOps` holds the transaction's changes.
+    let committed = entry.get_str("op").is_ok_and(|op| op == "c") && entry.get_document("o").is_ok_and(|o| o.get_array("applyOps").is_ok());
+    match committed {
+        true => Ok(Some(storage::committed_session_record(id.bytes, txn, at, wall_ms))),
+        false => Ok(Some(storage::session_record(id.bytes, txn, at, wall_ms))),
+    }
 }
 
 fn session_records(store: &Store) -> Result<Collection> {
@@ -279,9 +284,50 @@ pub fn apply_entry(store: &Store, entry: &Document) -> Result<()> {
             }
             Ok(())
         }
+        "c" if ns == "admin.$cmd" && o.contains_key("applyOps") => apply_transaction(store, entry, o),
         "c" => command(store, ns, o, ui),
         other => Err(Error::new(Code::FailedToParse, format!("unknown oplog operation type '{other}'"))),
     }
+}
+
+/// A committed transaction's entry (`applyOps` on `admin.$cmd`): its operations become
+/// visible together, as one engine write (`storage::Transaction`), as they did on the
+/// primary. A transaction too large for one entry logged a chain: the entries before the
+/// last (`partialTxn`) apply nothing; the last (with `count`) applies the whole chain, read
+/// back from the oplog through `prevOpTime`, where every entry of it was written before.
+fn apply_transaction(store: &Store, entry: &Document, o: &Document) -> Result<()> {
+    if o.get_bool("partialTxn").unwrap_or(false) {
+        return Ok(());
+    }
+    if store.write_ctx().in_transaction() {
+        return Err(Error::new(Code::FailedToParse, "applyOps cannot be nested in a transaction's applyOps"));
+    }
+    let ops_of = |o: &Document| o.get_array("applyOps").cloned().map_err(|_| Error::new(Code::FailedToParse, "applyOps needs an array of operations"));
+    let mut chain = vec![ops_of(o)?];
+    if o.contains_key("count") {
+        let oplog = store
+            .collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION)
+            .ok_or_else(|| Error::new(Code::NamespaceNotFound, "a transaction's chain is applied from the oplog, and there is none"))?;
+        let snap = oplog.snapshot();
+        let mut prev = entry.get_document("prevOpTime").ok().and_then(OpTime::from_doc);
+        while let Some(p) = prev.filter(|p| p.ts != 0) {
+            let earlier = snap.get(p.ts)?.ok_or_else(|| Error::new(Code::NoSuchKey, format!("entry {p:?} of a transaction's chain is not in the oplog")))?;
+            let eo = earlier.get_document("o").map_err(|_| Error::new(Code::FailedToParse, "a transaction's entry has no object field 'o'"))?;
+            if !eo.get_bool("partialTxn").unwrap_or(false) {
+                break;
+            }
+            chain.push(ops_of(eo)?);
+            prev = earlier.get_document("prevOpTime").ok().and_then(OpTime::from_doc);
+        }
+        chain.reverse();
+    }
+    let txn = store.begin_transaction(None)?;
+    let in_txn = store.in_transaction(&txn);
+    for op in chain.iter().flatten() {
+        let Bson::Document(op) = op else { return Err(Error::new(Code::FailedToParse, "an applyOps operation is not an object")) };
+        apply_entry(&in_txn, op)?;
+    }
+    txn.commit().map(|_| ())
 }
 
 /// `db.coll` split; the collection, created when missing and `create` is given (with the

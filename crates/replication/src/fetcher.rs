@@ -495,22 +495,29 @@ async fn roll_back_inner(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str
                 ids.push(id);
             }
         }
-        let op = e.get_str("op").unwrap_or("");
-        let ns = e.get_str("ns").unwrap_or("").to_string();
-        let id = match op {
-            "n" => continue,
-            "c" => {
-                catalog_namespaces(e, &mut resync, &mut resync_dbs)?;
-                continue;
-            }
-            "i" | "d" => e.get_document("o").ok().and_then(|o| o.get("_id")).cloned(),
-            "u" => e.get_document("o2").ok().and_then(|o| o.get("_id")).cloned(),
-            _ => return Err(Error::new(Code::OplogStartMissing, format!("cannot roll back oplog operation '{op}' on {ns}: this member needs a resync"))),
+        // A transaction's entry is undone as its operations are.
+        let ops: Vec<&Document> = match e.get_document("o").ok().and_then(|o| o.get_array("applyOps").ok()) {
+            Some(inner) if e.get_str("op").ok() == Some("c") => inner.iter().filter_map(|op| op.as_document()).collect(),
+            _ => vec![e],
         };
-        if let Some(id) = id {
-            let ids = touched.entry(ns).or_default();
-            if !ids.contains(&id) {
-                ids.push(id);
+        for e in ops {
+            let op = e.get_str("op").unwrap_or("");
+            let ns = e.get_str("ns").unwrap_or("").to_string();
+            let id = match op {
+                "n" => continue,
+                "c" => {
+                    catalog_namespaces(e, &mut resync, &mut resync_dbs)?;
+                    continue;
+                }
+                "i" | "d" => e.get_document("o").ok().and_then(|o| o.get("_id")).cloned(),
+                "u" => e.get_document("o2").ok().and_then(|o| o.get("_id")).cloned(),
+                _ => return Err(Error::new(Code::OplogStartMissing, format!("cannot roll back oplog operation '{op}' on {ns}: this member needs a resync"))),
+            };
+            if let Some(id) = id {
+                let ids = touched.entry(ns).or_default();
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
             }
         }
     }

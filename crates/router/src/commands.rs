@@ -64,7 +64,7 @@ pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> net::s
             return reply(e.to_reply());
         }
     }
-    let retryable_write = common::labels::is_retryable_write(&req.name, &req.body);
+    let label_kind = common::labels::kind(&req.name, &req.body);
     let mut injected = net::fail_point::Injected::default();
     if net::fail_point::FAIL_COMMAND.is_active() {
         let ns = match req.body.get(&req.name) {
@@ -95,7 +95,7 @@ pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> net::s
     }
     let ok = matches!(body.get("ok"), Some(Bson::Double(v)) if *v == 1.0);
     if injected.labels.is_some() || !ok || body.contains_key("writeConcernError") {
-        common::labels::apply(retryable_write, &mut body, injected.labels);
+        common::labels::apply(label_kind, &mut body, injected.labels);
     }
     reply(body)
 }

@@ -16,6 +16,8 @@ pub const CONNECTIONS_MAX_DEFAULT: usize = 65_536;
 pub const SORT_MEMORY_BYTES_MAX_DEFAULT: usize = 100 * 1024 * 1024;
 /// mongod's bound on `authFailedDelayMs`.
 pub const AUTH_FAILED_DELAY_MS_MAX: u64 = 5_000;
+/// mongod's default `transactionLifetimeLimitSeconds`.
+pub const TRANSACTION_LIFETIME_SECS_DEFAULT: u64 = 60;
 /// mongod's smallest default oplog (it takes 5% of free disk, at least 990 MB).
 pub const OPLOG_SIZE_MB_DEFAULT: u64 = 990;
 
@@ -65,6 +67,8 @@ pub struct ServerConfig {
     pub auth_failed_delay_ms: u64,
     /// `setParameter enableTestCommands`: fail points (fault injection) are available.
     pub enable_test_commands: bool,
+    /// `setParameter transactionLifetimeLimitSeconds`: a transaction open longer is aborted.
+    pub transaction_lifetime_secs: u64,
     /// Where the config file was read from, for getCmdLineOpts.
     pub config_file: Option<PathBuf>,
     /// The raw argv, reported by getCmdLineOpts.
@@ -99,6 +103,7 @@ impl Default for ServerConfig {
             audit_authorization_success: false,
             auth_failed_delay_ms: 0,
             enable_test_commands: false,
+            transaction_lifetime_secs: TRANSACTION_LIFETIME_SECS_DEFAULT,
             config_file: None,
             argv: Vec::new(),
             parsed: bson::Document::new(),
@@ -428,6 +433,14 @@ impl ServerConfig {
                     Value::String(s) if matches!(s.as_str(), "0" | "false") => false,
                     _ => return Err(bad_option(format!("Bad value for parameter \"{k}\""))),
                 }
+            }
+            "transactionLifetimeLimitSeconds" => {
+                let secs = match v {
+                    Value::String(s) => s.parse().ok(),
+                    _ => v.as_u64(),
+                };
+                self.transaction_lifetime_secs =
+                    secs.filter(|s| *s >= 1).ok_or_else(|| bad_option(format!("Bad value for parameter \"{k}\": it must be at least 1 second")))?;
             }
             "authFailedDelayMs" => {
                 let ms = match v {

@@ -337,7 +337,7 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<(Duration, i
 /// Run a command: on the async worker when it cannot block, otherwise off it (write locks and
 /// group commit wait on condition variables). A test's failCommand acts first.
 async fn run(shared: &Shared, conn: &mut ConnState, request: Request) -> Reply {
-    let retryable_write = common::labels::is_retryable_write(&request.name, &request.body);
+    let label_kind = common::labels::kind(&request.name, &request.body);
     let mut injected = net::fail_point::Injected::default();
     if let Some(fired) = fail_command(shared, conn, &request) {
         injected = match fired {
@@ -356,7 +356,7 @@ async fn run(shared: &Shared, conn: &mut ConnState, request: Request) -> Reply {
         None => execute(shared, conn, request, injected.write_concern_error.take()).await,
     };
     if injected.labels.is_some() || !reply_ok(&reply.body) || reply.body.contains_key("writeConcernError") {
-        common::labels::apply(retryable_write, &mut reply.body, injected.labels);
+        common::labels::apply(label_kind, &mut reply.body, injected.labels);
     }
     if let Some(repl) = &shared.repl {
         // Replies carry the times causally consistent sessions chain their reads with.

@@ -187,7 +187,9 @@ pub fn read_after(shared: &Shared, req: &Request) -> Result<Option<ReadAfter>> {
 }
 
 /// `repl`: set with --replSet; asked only about linearizable reads.
-fn check_read_concern(cmd: &Document, repl: Option<&replication::ReplCoord>) -> Result<Option<ReadLevel>> {
+/// `in_txn`: the first statement of a transaction, which reads one snapshot whatever the
+/// level (it waits for nothing: the commit's write concern covers what it read).
+fn check_read_concern(cmd: &Document, repl: Option<&replication::ReplCoord>, in_txn: bool) -> Result<Option<ReadLevel>> {
     let mut level = None;
     let rc = match cmd.get("readConcern") {
         None | Some(Bson::Null) => return Ok(None),
@@ -208,6 +210,7 @@ fn check_read_concern(cmd: &Document, repl: Option<&replication::ReplCoord>) -> 
                     return Err(Error::new(Code::NotWritablePrimary, "cannot satisfy linearizable read concern on non-primary node"))
                 }
                 Some("linearizable") => return Err(Error::bad_value("Cannot use linearizable readConcern on a standalone; it requires a replica set")),
+                Some("snapshot") if in_txn => {}
                 Some("snapshot") => {
                     return Err(Error::new(Code::NotImplemented, "readConcern level 'snapshot' requires a transaction, and transactions require a replica set"))
                 }
@@ -229,7 +232,7 @@ fn check_read_concern(cmd: &Document, repl: Option<&replication::ReplCoord>) -> 
             other => return Err(Error::new(Code::FailedToParse, format!("unrecognized readConcern field: {other}"))),
         }
     }
-    Ok(level)
+    Ok(level.filter(|_| !in_txn))
 }
 
 /// The wait for a read's `level` (None where nothing needs waiting: a standalone, a set with
@@ -443,34 +446,50 @@ fn prepare_and_run(
     outcome: &mut Outcome,
 ) -> Result<Document> {
     let cmd = &req.body;
+    // A statement of a multi-document transaction (`crate::txn`).
+    let in_txn = cmd.contains_key("autocommit") || cmd.contains_key("startTransaction");
     let txn_number = match cmd.get("txnNumber") {
-        _ if shared.repl.is_none() && (cmd.contains_key("txnNumber") || cmd.contains_key("autocommit") || cmd.contains_key("startTransaction")) => {
+        _ if shared.repl.is_none() && (cmd.contains_key("txnNumber") || in_txn) => {
             return Err(Error::new(Code::IllegalOperation, "Transaction numbers are only allowed on a replica set member or mongos"));
         }
-        _ if cmd.contains_key("autocommit") || cmd.contains_key("startTransaction") => {
-            return Err(Error::new(Code::IllegalOperation, "multi-document transactions are not supported by shoal yet"));
-        }
+        None if in_txn => return Err(Error::new(Code::InvalidOptions, "'autocommit' field requires a transaction number to also be specified")),
         None => None,
         Some(Bson::Int64(n)) => Some(*n),
         Some(_) => return Err(Error::type_mismatch("BSON field 'txnNumber' is the wrong type, expected type 'long'")),
     };
+    let lsid = match (txn_number, cmd.get_document("lsid").ok().and_then(|l| l.get("id"))) {
+        (None, _) => None,
+        (Some(_), Some(Bson::Binary(b))) => Some(b.bytes.clone()),
+        (Some(_), _) => return Err(Error::new(Code::InvalidOptions, "Transaction number requires a session ID to also be specified")),
+    };
     let retry_key = match txn_number {
         None => None,
+        Some(_) if in_txn => None,
         Some(_) if !spec.retryable => {
             return Err(Error::location(
                 50768,
                 format!("txnNumber may only be provided for multi-document transactions and retryable write commands. autocommit:false was not provided, and {} is not a retryable write command.", req.name),
             ));
         }
-        Some(_) => match cmd.get_document("lsid").ok().and_then(|l| l.get("id")) {
-            Some(Bson::Binary(b)) => Some(b.bytes.clone()),
-            _ => return Err(Error::new(Code::InvalidOptions, "Transaction number requires a session ID to also be specified")),
-        },
+        Some(_) => lsid.clone(),
     };
+    // The session's transaction state is held for the whole statement: one statement at a
+    // time per session, as mongod checks a session out.
+    let txn_session = match (in_txn, &lsid) {
+        (true, Some(lsid)) => Some(shared.txns.session(lsid)?),
+        _ => None,
+    };
+    let mut txn_guard = txn_session.as_ref().map(|s| s.lock());
+    let txn_store = match (txn_guard.as_deref_mut(), &lsid, txn_number) {
+        (Some(s), Some(lsid), Some(n)) => Some(shared.txns.begin_or_continue(shared, s, req, lsid, n)?),
+        _ => None,
+    };
+    let ends_txn = in_txn && matches!(req.name.as_str(), "commitTransaction" | "abortTransaction");
+    let store = txn_store.as_ref().unwrap_or(store);
     if let Some(repl) = &shared.repl {
         check_member_state(repl, req)?;
     }
-    let mut read_level = check_read_concern(cmd, shared.repl.as_ref())?;
+    let mut read_level = check_read_concern(cmd, shared.repl.as_ref(), in_txn)?;
     // A getMore carries no readConcern: its cursor remembers the find's (checked before the
     // getMore runs, which may exhaust and remove the cursor).
     if req.name == "getMore" && req.body.get_i64("getMore").is_ok_and(|id| shared.cursors.is_majority_read(id)) {
@@ -496,7 +515,8 @@ fn prepare_and_run(
     // currentOp shows the command, but never a password or SCRAM message.
     let shown = if crate::auth::has_secrets(&req.name, &req.body) { Arc::new(crate::auth::redacted(&req.body)) } else { req.body.clone() };
     let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, shown, deadline);
-    let wait = replication_wait(shared, req, write_concern.as_ref(), wc_unsatisfiable.is_some());
+    // A transaction's statements write nothing yet: only its end waits for the write concern.
+    let wait = replication_wait(shared, req, write_concern.as_ref(), wc_unsatisfiable.is_some()).filter(|_| !in_txn || ends_txn);
     let defer_durable = wait.as_ref().is_some_and(|w| w.own_durable);
     let mut effects = Effects::default();
     let mut reply = {
@@ -512,19 +532,29 @@ fn prepare_and_run(
                 op: &op,
                 write_concern,
                 retry,
+                txn: txn_guard.as_deref_mut(),
                 defer_durable,
                 resumed,
                 out,
             })
         };
-        match (retry_key, txn_number) {
+        let result = match (retry_key, txn_number) {
             (Some(lsid), Some(txn)) => {
                 let close = &mut outcome.close_connection;
                 shared.retry.run(store, shared.repl.as_ref().map_or(0, |r| r.term()), &lsid, txn, |executed, guard| {
                     on_primary_transactional_write(executed, guard, close, || handler(Some(commands::RetryCtx { executed, write: guard })))
-                })?
+                })
             }
-            _ => handler(None)?,
+            _ => handler(None),
+        };
+        match txn_guard.as_deref_mut() {
+            Some(s) if !ends_txn => {
+                // In a transaction a write error fails the command (and so the transaction).
+                let result = result.and_then(crate::txn::write_error_fails);
+                shared.txns.after_statement(s, result.is_err());
+                result?
+            }
+            _ => result?,
         }
     };
     outcome.raw_batch = effects.raw_batch;

@@ -16,6 +16,7 @@ mod plan;
 mod retry;
 mod sharding;
 mod state;
+mod txn;
 
 use crate::state::Shared;
 use config::ServerConfig;
@@ -80,6 +81,9 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
     replication::spawn_tasks(shared.clone())?;
     tracing::info!(port = shared.config.port, dbpath = %shared.config.dbpath.display(), fd_limit = fds, "waiting for connections");
 
+    if shared.repl.is_some() {
+        tokio::spawn(txn::reap_loop(shared.clone()));
+    }
     // Idle cursor reaper (MongoDB's clientCursorMonitor runs every 4 s).
     let reaper = shared.clone();
     tokio::spawn(async move {

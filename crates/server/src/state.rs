@@ -5,7 +5,7 @@ use crate::cursor::CursorManager;
 use crate::ops::OpRegistry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use storage::Store;
 
 /// Counters reported by serverStatus. Relaxed atomics: they are statistics, not synchronization.
@@ -68,6 +68,8 @@ pub struct Shared {
     pub repl: Option<replication::ReplCoord>,
     /// Replies of retryable writes, by session.
     pub retry: crate::retry::RetryTable,
+    /// Sessions' multi-document transactions.
+    pub txns: crate::txn::TransactionTable,
     /// Notified after every write the store applies (`Store::set_write_listener`): awaitData
     /// getMores wait on it on the async worker, not in a blocked thread.
     pub writes: Arc<tokio::sync::Notify>,
@@ -94,6 +96,7 @@ impl Shared {
         let w = writes.clone();
         store.set_write_listener(Box::new(move || w.notify_waiters()));
         let auth = crate::auth::AuthState { enabled: config.authorization, ..Default::default() };
+        let txn_lifetime = Duration::from_secs(config.transaction_lifetime_secs);
         Shared {
             cursors: CursorManager::new(config.cursor_timeout_ms),
             sessions: Default::default(),
@@ -108,6 +111,7 @@ impl Shared {
             shutdown: tokio::sync::Notify::new(),
             repl,
             retry: Default::default(),
+            txns: crate::txn::TransactionTable::new(txn_lifetime),
             writes,
             auth,
             tls,

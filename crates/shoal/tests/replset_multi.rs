@@ -2192,3 +2192,102 @@ async fn a_rollback_copies_back_documents_that_take_several_batches() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// `_id: id`'s balance in `coll`, read through `client`.
+async fn balance(coll: &mongodb::Collection<Document>, id: i32) -> i32 {
+    coll.find_one(doc! {"_id": id}).await.unwrap().unwrap().get_i32("balance").unwrap()
+}
+
+/// Multi-document transactions on a set: a commit's changes (a collection created in it
+/// included) are invisible until it commits and then replicate whole; a second transaction
+/// on a written document fails with WriteConflict (TransientTransactionError); an ordinary
+/// write to it waits for the transaction; a transaction larger than one oplog entry logs a
+/// chain that secondaries apply whole; and a primary that steps down aborts its open ones.
+#[tokio::test]
+async fn transactions_commit_whole_conflict_wait_and_end_with_the_term() {
+    let mut set = Set::start(3, doc! {}, &[]).await;
+    let p = set.wait_for_primary(None).await;
+    for i in (0..3).filter(|i| *i != p) {
+        set.wait_for_secondary(i).await;
+    }
+    let client = set.client().await;
+    let db = client.database("bank");
+    let accounts = db.collection::<Document>("accounts");
+    accounts.insert_many((0..10).map(|i| doc! {"_id": i, "balance": 100})).await.unwrap();
+
+    let mut s = client.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    accounts.update_one(doc! {"_id": 1}, doc! {"$inc": {"balance": -30}}).session(&mut s).await.unwrap();
+    accounts.update_one(doc! {"_id": 2}, doc! {"$inc": {"balance": 30}}).session(&mut s).await.unwrap();
+    db.collection::<Document>("log").insert_one(doc! {"_id": "t1", "from": 1, "to": 2}).session(&mut s).await.unwrap();
+    let seen = accounts.find_one(doc! {"_id": 1}).session(&mut s).await.unwrap().unwrap();
+    assert_eq!(seen.get_i32("balance").unwrap(), 70, "a transaction reads its own writes");
+    assert_eq!(balance(&accounts, 1).await, 100, "others do not see them before the commit");
+    assert!(!db.list_collection_names().await.unwrap().contains(&"log".to_string()), "nor the collection it created");
+
+    let mut s2 = client.start_session().await.unwrap();
+    s2.start_transaction().await.unwrap();
+    let e = accounts.update_one(doc! {"_id": 1}, doc! {"$inc": {"balance": 1}}).session(&mut s2).await.unwrap_err();
+    assert_eq!(error_code(&e), Some(112), "{e:?}");
+    assert!(e.contains_label("TransientTransactionError"), "{e:?}");
+    let _ = s2.abort_transaction().await;
+
+    let waiting = accounts.clone();
+    let ordinary = tokio::spawn(async move { waiting.update_one(doc! {"_id": 1}, doc! {"$inc": {"balance": 1000}}).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!ordinary.is_finished(), "an ordinary write waits for the transaction that wrote its document");
+    s.commit_transaction().await.unwrap();
+    assert_eq!(ordinary.await.unwrap().unwrap().modified_count, 1);
+    assert_eq!((balance(&accounts, 1).await, balance(&accounts, 2).await), (1070, 130));
+
+    let entries = oplog_entries(&client, doc! {"op": "c", "ns": "admin.$cmd", "o.applyOps": {"$exists": true}}).await;
+    assert_eq!(entries.len(), 1, "one entry for the transaction: {entries:?}");
+    assert!(entries[0].get_document("lsid").is_ok() && entries[0].get_i64("txnNumber").is_ok());
+    assert_eq!(entries[0].get_document("o").unwrap().get_array("applyOps").unwrap().len(), 4, "create, two updates, an insert");
+
+    // A transaction of ~20 MiB: two entries, linked by prevOpTime.
+    let big = "x".repeat(1 << 20);
+    let mut s3 = client.start_session().await.unwrap();
+    s3.start_transaction().await.unwrap();
+    for i in 0..20 {
+        db.collection::<Document>("big").insert_one(doc! {"_id": i, "pad": big.clone()}).session(&mut s3).await.unwrap();
+    }
+    s3.commit_transaction().await.unwrap();
+    let chain = oplog_entries(&client, doc! {"op": "c", "ns": "admin.$cmd", "o.applyOps.ns": "bank.big"}).await;
+    assert_eq!(chain.len(), 2, "a chain of two entries");
+    assert!(chain[0].get_document("o").unwrap().get_bool("partialTxn").unwrap());
+    assert_eq!(chain[1].get_document("o").unwrap().get_i64("count").unwrap(), 21);
+
+    // Every secondary applied both transactions whole.
+    for i in (0..3).filter(|i| *i != p) {
+        let c = direct(&set.members[i]).await;
+        let sdb = c.database("bank");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let big_count = sdb.collection::<Document>("big").count_documents(doc! {}).await.unwrap_or(0);
+            if big_count == 20 && balance(&sdb.collection("accounts"), 1).await == 1070 {
+                break;
+            }
+            assert!(big_count == 0 || big_count == 20, "member {i} shows part of a transaction: {big_count} documents");
+            assert!(Instant::now() < deadline, "member {i} did not apply the transactions");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(balance(&sdb.collection("accounts"), 2).await, 130);
+        assert!(sdb.collection::<Document>("log").find_one(doc! {"_id": "t1"}).await.unwrap().is_some());
+    }
+
+    // A primary that steps down aborts its open transactions.
+    let mut s4 = client.start_session().await.unwrap();
+    s4.start_transaction().await.unwrap();
+    accounts.insert_one(doc! {"_id": 99, "balance": 1}).session(&mut s4).await.unwrap();
+    let _ = admin(&direct(&set.members[p]).await, doc! {"replSetStepDown": 30, "force": true}).await;
+    let q = set.wait_for_primary(Some(p)).await;
+    assert!(s4.commit_transaction().await.is_err(), "a transaction of a deposed primary does not commit");
+    let on_new = direct(&set.members[q]).await;
+    assert!(on_new.database("bank").collection::<Document>("accounts").find_one(doc! {"_id": 99}).await.unwrap().is_none());
+}
+
+async fn oplog_entries(client: &Client, filter: Document) -> Vec<Document> {
+    let oplog = client.database("local").collection::<Document>("oplog.rs");
+    collect(oplog.find(filter).sort(doc! {"$natural": 1}).await.unwrap()).await
+}

@@ -78,7 +78,24 @@ impl Collection {
     /// Insert a batch as one atomic engine batch (documents must already have `_id`).
     /// Checks unique indexes against stored data and within the batch; `ordered` stops at
     /// the first failure (documents before it are inserted). Does not sync.
+    ///
+    /// A batch that meets a document an open transaction wrote waits, without the lock,
+    /// until that transaction ends, and is prepared again (as mongod's writes wait).
     pub fn insert_many(&self, docs: &[Document], ordered: bool) -> InsertOutcome {
+        loop {
+            let outcome = self.insert_many_once(docs, ordered);
+            let conflict = outcome.errors.iter().any(|(_, e)| e.code == Code::WriteConflict.0);
+            if !conflict || self.ctx.in_transaction() {
+                return outcome;
+            }
+            let mut owners = self.state.shared.txn_owners.lock();
+            if !owners.is_empty() {
+                self.state.shared.txn_ended.wait_for(&mut owners, std::time::Duration::from_millis(100));
+            }
+        }
+    }
+
+    fn insert_many_once(&self, docs: &[Document], ordered: bool) -> InsertOutcome {
         let st = &self.state;
         let _guard = WriteGuard::acquire(st);
         if let Err(e) = st.check_live() {

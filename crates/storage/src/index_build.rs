@@ -15,6 +15,14 @@ impl Collection {
         st.check_not_oplog()?;
         validate_index_spec(&spec)?;
         let spec = IndexSpec { spec: spec.normalized_spec(), ..spec };
+        if let Some(txn) = self.ctx.transaction() {
+            // A secondary applying a committed transaction's entry again (after a restart)
+            // finds the collection it created the first time: the index is built as usual.
+            if self.ctx.is_replicated() && !txn.created(st) {
+                return Collection { state: st.clone(), ctx: WriteCtx::replicated() }.create_index(spec);
+            }
+            return txn.create_index(st, spec);
+        }
         let (idx, rid_end) = loop {
             let guard = WriteGuard::acquire(st);
             st.check_live()?;

@@ -318,10 +318,20 @@ pub(crate) fn inner_op(entry: &[u8]) -> Result<Vec<u8>, String> {
     op.to_vec().map_err(|e| e.to_string())
 }
 
+/// Where a transaction's entry stands in its chain: alone, one of several before the last
+/// (`partialTxn: true`), or the last of several (`count`: the transaction's operations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ChainPart {
+    Whole,
+    Partial,
+    Last { count: usize },
+}
+
 /// A committed transaction's entry, as mongod logs one that was not prepared:
 /// `{op: "c", ns: "admin.$cmd", o: {applyOps: [ops]}, lsid, txnNumber, prevOpTime}`, with
-/// `prevOpTime` stamped when the batch is applied (`stamp_prev`).
-pub(crate) fn transaction_entry(ops: &[Vec<u8>], tag: &SessionTag, wall_ms: i64) -> Vec<u8> {
+/// `prevOpTime` stamped when the batch is applied (`stamp_prev`). A transaction whose
+/// operations do not fit one entry logs a chain (`ChainPart`), linked by `prevOpTime`.
+pub(crate) fn transaction_entry(ops: &[Vec<u8>], part: ChainPart, tag: &SessionTag, wall_ms: i64) -> Vec<u8> {
     let bytes: usize = ops.iter().map(|o| o.len() + 8).sum();
     let mut out = Vec::with_capacity(bytes + 256);
     let start = head(&mut out, "c", "admin.$cmd", None);
@@ -338,6 +348,19 @@ pub(crate) fn transaction_entry(ops: &[Vec<u8>], tag: &SessionTag, wall_ms: i64)
         out.extend_from_slice(op);
     }
     end(&mut out, array);
+    match part {
+        ChainPart::Whole => {}
+        ChainPart::Partial => {
+            out.push(0x08);
+            out.extend_from_slice(b"partialTxn\0");
+            out.push(1);
+        }
+        ChainPart::Last { count } => {
+            out.push(0x12);
+            out.extend_from_slice(b"count\0");
+            out.extend_from_slice(&(count as i64).to_le_bytes());
+        }
+    }
     end(&mut out, o);
     out.push(0x03);
     out.extend_from_slice(b"lsid\0");
@@ -374,6 +397,17 @@ pub(crate) fn committed_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64
     out.extend_from_slice(&wall_ms.to_le_bytes());
     end(&mut out, start);
     out
+}
+
+/// A catalog command as one operation of a transaction's `applyOps`:
+/// `{op: "c", ns: "db.$cmd", ui, o}`.
+pub(crate) fn command_op(db: &str, ui: Option<bson::Uuid>, o: &Document) -> Result<Vec<u8>, String> {
+    let mut op = bson::doc! {"op": "c", "ns": format!("{db}.$cmd")};
+    if let Some(ui) = ui {
+        op.insert("ui", ui);
+    }
+    op.insert("o", o.clone());
+    op.to_vec().map_err(|e| e.to_string())
 }
 
 /// A no-op (`op: "n"`, `ns: ""`) carrying a message, as replSetInitiate and new terms log.

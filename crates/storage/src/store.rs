@@ -165,6 +165,9 @@ impl Store {
     }
 
     pub fn collection(&self, db: &str, name: &str) -> Option<Collection> {
+        if let Some(st) = self.ctx.transaction().and_then(|t| t.created_collection(db, name)) {
+            return Some(Collection { state: st, ctx: self.ctx.clone() });
+        }
         self.inner.colls.read().get(&(db.to_string(), name.to_string())).map(|c| Collection { state: c.clone(), ctx: self.ctx.clone() })
     }
 
@@ -196,6 +199,10 @@ impl Store {
                 return Ok(c);
             }
             return Err(Error::new(Code::NamespaceExists, format!("Collection {db}.{name} already exists.")));
+        }
+        if let Some(txn) = self.ctx.transaction() {
+            let st = txn.create_collection(db, name, options, uuid)?;
+            return Ok(Collection { state: st, ctx: self.ctx.clone() });
         }
         self.create_locked(db, name, options, true, uuid)
     }

@@ -1348,11 +1348,18 @@ fn transactions_isolate_conflict_and_commit_whole() {
     assert_eq!(w3.update(rid, &old, &doc! {"_id": 5, "k": 5, "v": 10}).unwrap_err().code, Code::WriteConflict.0);
     drop(w3);
     drop(t3);
-    // An ordinary write to an owned key fails with WriteConflict, applying nothing.
-    assert_eq!(c.insert_many(&[doc! {"_id": 4, "k": 40}], true).errors[0].1.code, Code::WriteConflict.0);
+    // An ordinary write to an owned key waits for the transaction, then runs after it.
+    let ordinary = {
+        let c = c.clone();
+        std::thread::spawn(move || c.insert_many(&[doc! {"_id": 4, "k": 40}], true))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!ordinary.is_finished(), "an ordinary write waits for the transaction");
 
     let before = store.oplog_last().unwrap();
     let at = t1.commit().unwrap().expect("logged");
+    let errors = ordinary.join().unwrap().errors;
+    assert_eq!(errors[0].1.code, Code::DuplicateKey.0, "it ran after the transaction: {errors:?}");
     assert!(at > before);
     assert_eq!(store.transaction_keys_owned(), 0);
     assert_eq!(ids(&c.snapshot()), vec![Bson::Int32(1), Bson::Int32(3), Bson::Int32(4), Bson::Int32(5)]);
@@ -1365,7 +1372,12 @@ fn transactions_isolate_conflict_and_commit_whole() {
     assert_eq!(newest.get_document("o").unwrap().get_array("applyOps").unwrap().len(), 3);
     assert_eq!(newest.get_i64("txnNumber").unwrap(), 1);
     let records = store.collection(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION).unwrap();
-    let record = records.snapshot().scan(None, 10).unwrap().into_iter().find(|(_, d)| d.get_i64("txnNum").ok() == Some(1) && d.get_str("state").ok() == Some("committed"));
+    let record = records
+        .snapshot()
+        .scan(None, 10)
+        .unwrap()
+        .into_iter()
+        .find(|(_, d)| d.get_i64("txnNum").ok() == Some(1) && d.get_str("state").ok() == Some("committed"));
     assert!(record.is_some());
     assert!(t1.commit().is_err(), "a transaction commits once");
 }

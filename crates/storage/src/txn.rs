@@ -29,9 +29,12 @@
 use super::*;
 use crate::engine::{KvIter, KvPair};
 
-/// Bytes of the operations one transaction may log: its `applyOps` entry is one BSON
-/// document, with room for the entry's own fields.
-pub const TRANSACTION_OPS_BYTES_MAX: usize = BSON_OBJECT_SIZE_MAX_BYTES - 16 * 1024;
+/// Bytes of the operations one transaction may log (its changes are held in memory until
+/// it ends).
+pub const TRANSACTION_OPS_BYTES_MAX: usize = 256 << 20;
+/// Bytes of operations per oplog entry: a transaction larger than one entry logs a chain of
+/// entries (`partialTxn`), each one BSON document (one operation at least).
+pub const TRANSACTION_ENTRY_OPS_BYTES_MAX: usize = BSON_OBJECT_SIZE_MAX_BYTES - 64 * 1024;
 
 type Writes = BTreeMap<(Space, Vec<u8>), Option<Vec<u8>>>;
 
@@ -40,6 +43,8 @@ type Writes = BTreeMap<(Space, Vec<u8>), Option<Vec<u8>>>;
 pub struct Transaction {
     id: u64,
     shared: Arc<Shared>,
+    /// The store's catalog (for the collections the transaction creates).
+    store: Arc<StoreInner>,
     /// `config.transactions` and the session (`lsid`, `txnNumber`) when the commit logs.
     session: Option<(Arc<CollState>, oplog::SessionTag)>,
     state: Mutex<TxnState>,
@@ -57,6 +62,8 @@ struct TxnState {
     ops_bytes: usize,
     /// Keys registered to this transaction in `Shared::txn_owners`.
     owned: Vec<Vec<u8>>,
+    /// Collections the transaction created: seen only through it until it commits.
+    created: BTreeMap<(String, String), Arc<CollState>>,
     open: bool,
 }
 
@@ -73,7 +80,10 @@ struct Touched {
 }
 
 fn write_conflict() -> Error {
-    Error::new(Code::WriteConflict, "Write conflict during plan execution and yielding is disabled. :: Please retry your operation or multi-document transaction.")
+    Error::new(
+        Code::WriteConflict,
+        "Write conflict during plan execution and yielding is disabled. :: Please retry your operation or multi-document transaction.",
+    )
 }
 
 /// The owner table's key of an engine key.
@@ -115,10 +125,11 @@ impl Store {
             ops: Vec::new(),
             ops_bytes: 0,
             owned: Vec::new(),
+            created: BTreeMap::new(),
             open: true,
         };
         let id = shared.next_txn_id.fetch_add(1, Ordering::Relaxed);
-        Ok(Arc::new(Transaction { id, shared, session, state: Mutex::new(state) }))
+        Ok(Arc::new(Transaction { id, shared, store: self.inner.clone(), session, state: Mutex::new(state) }))
     }
 
     /// This store, reading and writing in `txn`.
@@ -165,6 +176,98 @@ impl Transaction {
         Arc::new(Overlay { base: s.base.clone(), writes: s.writes.clone() })
     }
 
+    /// A collection this transaction created, by name.
+    pub(crate) fn created_collection(&self, db: &str, name: &str) -> Option<Arc<CollState>> {
+        self.state.lock().created.get(&(db.to_string(), name.to_string())).cloned()
+    }
+
+    /// Create collection `db.name` in this transaction (the caller checked that no
+    /// collection has the name): visible through the transaction only, until it commits.
+    pub(crate) fn create_collection(&self, db: &str, name: &str, options: Document, uuid: Option<bson::Uuid>) -> Result<Arc<CollState>> {
+        let mut s = self.state.lock();
+        if !s.open {
+            return Err(Error::new(Code::NoSuchTransaction, "Transaction has ended"));
+        }
+        if options.get_bool("capped").unwrap_or(false) {
+            return Err(Error::new(Code::OperationNotSupportedInTransaction, "Cannot create a capped collection in a multi-document transaction."));
+        }
+        let shared = &self.shared;
+        let id = shared.alloc_id();
+        let indexes = vec![Arc::new(IndexRt::new(shared.alloc_id(), IndexSpec::id_index())?)];
+        #[allow(clippy::unwrap_or_default)]
+        let meta = MetaRt { uuid: uuid.unwrap_or_else(bson::Uuid::new), options, indexes };
+        let mut create = doc! {"create": name};
+        create.extend(meta.options.clone());
+        let op = oplog::command_op(db, Some(meta.uuid), &create).map_err(Error::bad_value)?;
+        let stats = Stats { next_rid: 1, ..Stats::default() };
+        let st = Arc::new(CollState {
+            shared: shared.clone(),
+            id,
+            ns: RwLock::new((db.to_string(), name.to_string())),
+            meta: RwLock::new(Arc::new(meta)),
+            lock: WriteLock::new(),
+            stats: Mutex::new(stats.clone()),
+            dropped: AtomicBool::new(false),
+            removals: AtomicU64::new(0),
+            truncations: AtomicU64::new(0),
+        });
+        Arc::make_mut(&mut s.writes).insert((Space::Catalog, stats_key(id)), Some(stats.to_bytes()));
+        if self.session.is_some() {
+            s.ops_bytes += op.len();
+            s.ops.push(op);
+        }
+        s.created.insert((db.to_string(), name.to_string()), st.clone());
+        Ok(st)
+    }
+
+    /// Whether this transaction created `coll`.
+    pub(crate) fn created(&self, coll: &Arc<CollState>) -> bool {
+        self.state.lock().created.values().any(|c| Arc::ptr_eq(c, coll))
+    }
+
+    /// Add index `spec` to `coll`, which this transaction created and which is still empty
+    /// (mongod's rule for indexes in a transaction).
+    pub(crate) fn create_index(&self, coll: &Arc<CollState>, spec: IndexSpec) -> Result<bool> {
+        let mut s = self.state.lock();
+        let ns = coll.ns_string();
+        if !s.created.values().any(|c| Arc::ptr_eq(c, coll)) {
+            return Err(Error::new(
+                Code::OperationNotSupportedInTransaction,
+                format!("Cannot create new indexes on existing collection {ns} in a multi-document transaction."),
+            ));
+        }
+        if s.colls.get(&coll.id).is_some_and(|t| t.count_delta != 0) {
+            return Err(Error::new(
+                Code::OperationNotSupportedInTransaction,
+                format!("Cannot create new indexes on non-empty collection {ns} in a multi-document transaction."),
+            ));
+        }
+        let meta = coll.meta.read().clone();
+        if meta.indexes.iter().any(|i| i.spec.key == spec.key && i.spec.name == spec.name) {
+            return Ok(false);
+        }
+        if meta.indexes.iter().any(|i| i.spec.name == spec.name || i.spec.key == spec.key) {
+            return Err(Error::new(Code::IndexOptionsConflict, format!("An index with the same name or key already exists on {ns}")));
+        }
+        let idx = Arc::new(IndexRt::new(self.shared.alloc_id(), spec.clone())?);
+        let mut indexes = meta.indexes.clone();
+        indexes.push(idx);
+        let new_meta = Arc::new(MetaRt { uuid: meta.uuid, options: meta.options.clone(), indexes });
+        *coll.meta.write() = new_meta.clone();
+        if let Some(t) = s.colls.get_mut(&coll.id) {
+            t.meta = new_meta;
+        }
+        if self.session.is_some() {
+            let (db, name) = coll.ns.read().clone();
+            let mut o = doc! {"createIndexes": name};
+            o.extend(spec.spec.clone());
+            let op = oplog::command_op(&db, Some(meta.uuid), &o).map_err(Error::bad_value)?;
+            s.ops_bytes += op.len();
+            s.ops.push(op);
+        }
+        Ok(true)
+    }
+
     /// Whether the transaction has written nothing (so far).
     pub fn is_read_only(&self) -> bool {
         self.state.lock().colls.is_empty()
@@ -191,7 +294,10 @@ impl Transaction {
             ops.push(op);
         }
         if ops_bytes > TRANSACTION_OPS_BYTES_MAX {
-            return Err(Error::new(Code::TransactionTooLarge, format!("Total size of all transaction operations must be less than {TRANSACTION_OPS_BYTES_MAX}")));
+            return Err(Error::new(
+                Code::TransactionTooLarge,
+                format!("Total size of all transaction operations must be less than {TRANSACTION_OPS_BYTES_MAX}"),
+            ));
         }
         // Check and register every key before changing anything (under the collection's
         // write lock, which ordinary writers hold while they check).
@@ -276,10 +382,18 @@ impl Transaction {
     }
 
     fn commit_locked(&self, s: &mut TxnState) -> Result<Option<OpTime>> {
-        if s.colls.is_empty() {
+        if s.colls.is_empty() && s.created.is_empty() {
             return Ok(None);
         }
-        // Collection locks in id order (the order every multi-collection writer takes).
+        // The catalog lock first when the transaction creates collections, then collection
+        // locks in id order (the order every catalog change and multi-collection writer
+        // takes).
+        let _catalog = (!s.created.is_empty()).then(|| self.store.catalog.lock());
+        for (db, name) in s.created.keys() {
+            if self.store.colls.read().contains_key(&(db.clone(), name.clone())) {
+                return Err(write_conflict());
+            }
+        }
         let _guards: Vec<WriteGuard> = s.colls.values().map(|t| WriteGuard::acquire(&t.coll)).collect();
         for t in s.colls.values() {
             t.coll.check_live().map_err(|_| write_conflict())?;
@@ -297,6 +411,12 @@ impl Transaction {
                 None => batch.delete(*space, key.clone()),
             }
         }
+        for ((db, name), st) in &s.created {
+            batch.put(Space::Catalog, meta_key(db, name), encode_doc(&st.meta.read().to_doc(st.id, db, name))?);
+            if !s.colls.contains_key(&st.id) {
+                batch.put(Space::Catalog, stats_key(st.id), st.stats.lock().to_bytes());
+            }
+        }
         let mut published = Vec::with_capacity(s.colls.len());
         for t in s.colls.values() {
             let stats = t.apply(&t.coll.stats.lock());
@@ -308,13 +428,19 @@ impl Transaction {
             Some((records, tag)) if !s.ops.is_empty() => {
                 let _records_lock = WriteGuard::acquire(records);
                 let wall_ms = oplog::wall_now_ms();
-                let entry = oplog::transaction_entry(&s.ops, tag, wall_ms);
+                let entries = chain(&s.ops, tag, wall_ms);
                 let record = oplog::committed_record(&tag.lsid, tag.txn, OpTime::default(), wall_ms);
                 let (record_op, rp) = records.prepare_session_record(&mut batch, record)?;
-                last = self.shared.apply_logged_with(batch, vec![entry], Some(SessionStamp { prev: OpTime::NULL, record_op }))?;
+                last = self.shared.apply_logged_with(batch, entries, Some(SessionStamp { prev: OpTime::NULL, record_op }))?;
                 records.publish_pending(rp);
             }
             _ => self.shared.apply(batch)?,
+        }
+        if !s.created.is_empty() {
+            let mut colls = self.store.colls.write();
+            for (key, st) in std::mem::take(&mut s.created) {
+                colls.insert(key, st);
+            }
         }
         for (t, stats) in s.colls.values().zip(published) {
             if t.removes {
@@ -337,6 +463,9 @@ impl Transaction {
     /// Free the keys this transaction owns and wake the writers waiting for them.
     fn release(&self, s: &mut TxnState) {
         s.writes = Arc::default();
+        for st in std::mem::take(&mut s.created).into_values() {
+            st.dropped.store(true, Ordering::SeqCst);
+        }
         if s.owned.is_empty() {
             return;
         }
@@ -357,6 +486,34 @@ impl Drop for Transaction {
         s.open = false;
         self.release(&mut s);
     }
+}
+
+/// A transaction's entries: its operations in entries of at most
+/// `TRANSACTION_ENTRY_OPS_BYTES_MAX` bytes, the last with the count when there are several.
+fn chain(ops: &[Vec<u8>], tag: &oplog::SessionTag, wall_ms: i64) -> Vec<Vec<u8>> {
+    let mut groups: Vec<&[Vec<u8>]> = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, op) in ops.iter().enumerate() {
+        if i > start && bytes + op.len() > TRANSACTION_ENTRY_OPS_BYTES_MAX {
+            groups.push(&ops[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += op.len() + 8;
+    }
+    groups.push(&ops[start..]);
+    let n = groups.len();
+    groups
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let part = match (n, i + 1 == n) {
+                (1, _) => oplog::ChainPart::Whole,
+                (_, false) => oplog::ChainPart::Partial,
+                (_, true) => oplog::ChainPart::Last { count: ops.len() },
+            };
+            oplog::transaction_entry(g, part, tag, wall_ms)
+        })
+        .collect()
 }
 
 impl Touched {

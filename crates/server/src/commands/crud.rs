@@ -624,8 +624,23 @@ struct UpdateResult {
 /// document in that order is updated (findAndModify).
 fn apply_update(ctx: &Ctx, coll_name: &str, stmt: &UpdateStmt, sort: Option<&SortSpec>) -> Result<UpdateResult> {
     let mut res = UpdateResult { n: 0, modified: 0, upserted: None, before: None, after: None };
+    // The documents a multi-update changed before it met one a transaction wrote: skipped
+    // when it runs again after the transaction.
+    let mut done = std::collections::HashSet::new();
+    crate::txn::after_transactions(ctx, || apply_update_once(ctx, coll_name, stmt, sort, &mut res, &mut done))?;
+    Ok(res)
+}
+
+fn apply_update_once(
+    ctx: &Ctx,
+    coll_name: &str,
+    stmt: &UpdateStmt,
+    sort: Option<&SortSpec>,
+    res: &mut UpdateResult,
+    done: &mut std::collections::HashSet<storage::RecordId>,
+) -> Result<()> {
     let coll = if stmt.upsert { Some(ctx.store().collection_or_create(ctx.db, coll_name)?) } else { ctx.store().collection(ctx.db, coll_name) };
-    let Some(coll) = coll else { return Ok(res) };
+    let Some(coll) = coll else { return Ok(()) };
     let mut writer = coll.writer();
     let snapshot = writer.snapshot();
     let apply_one = |writer: &mut storage::Writer, rid, doc: Document, details: MatchDetails, res: &mut UpdateResult| -> Result<()> {
@@ -633,11 +648,11 @@ fn apply_update(ctx: &Ctx, coll_name: &str, stmt: &UpdateStmt, sort: Option<&Sor
         if wire::document_size_bytes(&new) > BSON_OBJECT_SIZE_MAX_BYTES {
             return Err(Error::location(17419, format!("Resulting document after update is larger than {BSON_OBJECT_SIZE_MAX_BYTES}")));
         }
-        res.n += 1;
         if new != doc {
             writer.update(rid, &doc, &new)?;
             res.modified += 1;
         }
+        res.n += 1;
         res.before = Some(doc);
         res.after = Some(new);
         Ok(())
@@ -645,10 +660,14 @@ fn apply_update(ctx: &Ctx, coll_name: &str, stmt: &UpdateStmt, sort: Option<&Sor
     let (mut scan, plan) = ctx.planned_scan(snapshot, &stmt.query, sort, stmt.hint.as_ref(), None)?;
     if stmt.multi {
         while let Some((rid, doc, details)) = scan.next(ctx.op)? {
-            apply_one(&mut writer, rid, doc, details, &mut res)?;
+            if done.contains(&rid) {
+                continue;
+            }
+            apply_one(&mut writer, rid, doc, details, res)?;
+            done.insert(rid);
         }
     } else if let Some((rid, doc, details)) = first_match(ctx, scan, &plan, sort)? {
-        apply_one(&mut writer, rid, doc, details, &mut res)?;
+        apply_one(&mut writer, rid, doc, details, res)?;
     }
     if res.n == 0 && stmt.upsert {
         let seed = query::update::upsert_seed(&stmt.query)?;
@@ -664,7 +683,7 @@ fn apply_update(ctx: &Ctx, coll_name: &str, stmt: &UpdateStmt, sort: Option<&Sor
         res.upserted = Some(id);
         res.after = Some(new);
     }
-    Ok(res)
+    Ok(())
 }
 
 pub fn update(ctx: &mut Ctx) -> Result<Document> {
@@ -741,19 +760,24 @@ fn apply_delete(ctx: &Ctx, coll_name: &str, query: &Document, multi: bool, sort:
         Filter::parse(query)?;
         return Ok(Vec::new());
     };
-    let mut writer = coll.writer();
-    let (mut scan, plan) = ctx.planned_scan(writer.snapshot(), query, sort, hint, None)?;
+    // What a multi-delete removed before it met a document a transaction wrote stays counted
+    // when it runs again after the transaction.
     let mut deleted = Vec::new();
-    if multi {
-        while let Some((rid, doc, _)) = scan.next(ctx.op)? {
+    crate::txn::after_transactions(ctx, || {
+        let mut writer = coll.writer();
+        let (mut scan, plan) = ctx.planned_scan(writer.snapshot(), query, sort, hint, None)?;
+        if multi {
+            while let Some((rid, doc, _)) = scan.next(ctx.op)? {
+                writer.delete(rid, &doc)?;
+                // Multi-deletes only need the count; keep memory flat.
+                deleted.push(Document::new());
+            }
+        } else if let Some((rid, doc, _)) = first_match(ctx, scan, &plan, sort)? {
             writer.delete(rid, &doc)?;
-            // Multi-deletes only need the count; keep memory flat.
-            deleted.push(Document::new());
+            deleted.push(doc);
         }
-    } else if let Some((rid, doc, _)) = first_match(ctx, scan, &plan, sort)? {
-        writer.delete(rid, &doc)?;
-        deleted.push(doc);
-    }
+        Ok(())
+    })?;
     Ok(deleted)
 }
 

@@ -84,6 +84,7 @@ fn parameters(ctx: &Ctx) -> Document {
         "storageEngine": ctx.shared.config.storage_engine.clone(),
         "enableTestCommands": ctx.shared.config.enable_test_commands,
         "auditAuthorizationSuccess": ctx.shared.config.audit_authorization_success,
+        "transactionLifetimeLimitSeconds": ctx.shared.config.transaction_lifetime_secs as i64,
         "quiet": false,
     }
 }
@@ -237,6 +238,7 @@ pub fn end_sessions(ctx: &mut Ctx) -> Result<Document> {
         ctx.shared.cursors.kill_for_session(&id);
         if let Bson::Binary(b) = &id {
             ctx.shared.sessions.end(&b.bytes);
+            ctx.shared.txns.end_sessions(std::slice::from_ref(&b.bytes));
         }
     }
     Ok(Document::new())
@@ -247,6 +249,7 @@ pub fn kill_all_sessions(ctx: &mut Ctx) -> Result<Document> {
     // session's cursors.
     ctx.array_arg("killAllSessions")?;
     ctx.shared.cursors.kill_all_with_session();
+    ctx.shared.txns.kill_all();
     Ok(Document::new())
 }
 

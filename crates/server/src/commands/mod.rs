@@ -9,6 +9,7 @@ pub(crate) mod hello;
 mod repl;
 mod roles;
 pub(crate) mod sharding;
+mod transaction;
 pub mod users;
 
 use crate::conn::ConnState;
@@ -31,6 +32,8 @@ pub struct Ctx<'a> {
     pub write_concern: Option<WriteConcern>,
     /// Set for a retryable write (`retry`).
     pub retry: Option<RetryCtx<'a>>,
+    /// The session's transaction state, for a statement of a transaction (`crate::txn`).
+    pub txn: Option<&'a mut crate::txn::Session>,
     /// The reply waits (`conn::wait_for_replication`) until the write is durable here too:
     /// its fsync is left to the journal flusher (`ReplCoord::request_journal_flush`),
     /// shared by every write meanwhile, instead of a thread blocked in a group commit.
@@ -211,6 +214,8 @@ command_table! {
     "getLog" => spec(hello::get_log),
     "listCommands" => spec(hello::list_commands),
     "endSessions" => spec(hello::end_sessions).never_blocks(),
+    "commitTransaction" => spec(transaction::commit).primary_only(),
+    "abortTransaction" => spec(transaction::abort).primary_only(),
     "killAllSessions" => spec(hello::kill_all_sessions),
     "killSessions" => spec(hello::end_sessions),
     "refreshSessions" => spec(hello::refresh_sessions),
@@ -401,6 +406,10 @@ impl Ctx<'_> {
 
     /// Make applied writes durable unless the write concern waives it (w:0 or j:false).
     pub fn commit_write(&self) -> Result<()> {
+        // A transaction's statement wrote nothing to the engine: its commit will.
+        if self.store().write_ctx().in_transaction() {
+            return Ok(());
+        }
         let wc = self.write_concern.as_ref();
         let unack = wc.map(|w| w.is_unacknowledged()).unwrap_or(false);
         let j = wc.and_then(|w| w.j);

@@ -1,0 +1,347 @@
+//! Multi-document transactions on a replica-set member, as mongod 7.0 runs them: each
+//! session's transaction number and state (in progress, committed, aborted), the checks
+//! every statement passes (`begin_or_continue`), the commands a transaction may run, the
+//! abort of a transaction whose statement failed, commit and abort, and the end of
+//! transactions that outlive `transactionLifetimeLimitSeconds` or their primary's term.
+//! The data side (snapshot, own writes, conflicts, the atomic commit) is
+//! `storage::Transaction`.
+
+use crate::state::Shared;
+use bson::{Bson, Document};
+use common::{Code, Error, Result};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use storage::OpTime;
+
+/// Sessions whose transaction state is kept (mongod's logical session cache bound).
+pub const SESSIONS_MAX: usize = 1_000_000;
+/// How often open transactions are checked for their lifetime and their primary's term.
+pub const REAP_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The commands a transaction may run (mongod's list).
+fn allowed_in_transaction(name: &str) -> bool {
+    matches!(
+        name,
+        "find"
+            | "getMore"
+            | "killCursors"
+            | "insert"
+            | "update"
+            | "delete"
+            | "findAndModify"
+            | "findandmodify"
+            | "aggregate"
+            | "distinct"
+            | "create"
+            | "createIndexes"
+            | "commitTransaction"
+            | "abortTransaction"
+    )
+}
+
+fn is_end(name: &str) -> bool {
+    matches!(name, "commitTransaction" | "abortTransaction")
+}
+
+/// Every session's transaction state.
+pub struct TransactionTable {
+    sessions: Mutex<HashMap<Vec<u8>, Arc<Mutex<Session>>>>,
+    /// Transactions in progress (so the reaper looks only when there are some).
+    open: AtomicUsize,
+    lifetime: Duration,
+}
+
+/// One session's transaction state.
+pub struct Session {
+    /// The newest transaction number the session started (-1: none).
+    txn_number: i64,
+    state: State,
+}
+
+enum State {
+    None,
+    InProgress(Open),
+    Committed,
+    Aborted,
+}
+
+/// A transaction in progress.
+pub struct Open {
+    txn: Arc<storage::Transaction>,
+    /// The store handle its statements read and write through.
+    store: storage::Store,
+    started: Instant,
+}
+
+impl State {
+    fn name(&self) -> &'static str {
+        match self {
+            State::None => "none",
+            State::InProgress(_) => "in progress",
+            State::Committed => "committed",
+            State::Aborted => "aborted",
+        }
+    }
+}
+
+impl TransactionTable {
+    pub fn new(lifetime: Duration) -> TransactionTable {
+        TransactionTable { sessions: Mutex::new(HashMap::new()), open: AtomicUsize::new(0), lifetime }
+    }
+
+    /// The session's state, made on first use.
+    pub fn session(&self, lsid: &[u8]) -> Result<Arc<Mutex<Session>>> {
+        let mut sessions = self.sessions.lock();
+        if let Some(s) = sessions.get(lsid) {
+            return Ok(s.clone());
+        }
+        if sessions.len() >= SESSIONS_MAX {
+            // Forget sessions with no transaction in progress before refusing.
+            sessions.retain(|_, s| s.try_lock().is_none_or(|s| matches!(s.state, State::InProgress(_))));
+            if sessions.len() >= SESSIONS_MAX {
+                return Err(Error::new(Code::TooManyLogicalSessions, format!("cannot keep transaction state for more than {SESSIONS_MAX} sessions")));
+            }
+        }
+        let s = Arc::new(Mutex::new(Session { txn_number: -1, state: State::None }));
+        sessions.insert(lsid.to_vec(), s.clone());
+        Ok(s)
+    }
+
+    /// Forget the sessions `endSessions` ended, aborting their transactions.
+    pub fn end_sessions(&self, lsids: &[Vec<u8>]) {
+        let ended: Vec<_> = {
+            let mut sessions = self.sessions.lock();
+            lsids.iter().filter_map(|l| sessions.remove(l)).collect()
+        };
+        for s in ended {
+            self.abort_open(&mut s.lock());
+        }
+    }
+
+    /// killAllSessions: abort every transaction in progress.
+    pub fn kill_all(&self) {
+        let sessions: Vec<_> = self.sessions.lock().values().cloned().collect();
+        for s in sessions {
+            self.abort_open(&mut s.lock());
+        }
+    }
+
+    /// Abort transactions older than the lifetime limit, and every one when `primary` is
+    /// false (a member that stepped down keeps none: its writes could not commit).
+    pub fn reap(&self, primary: bool) {
+        if self.open.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let sessions: Vec<_> = self.sessions.lock().values().cloned().collect();
+        for s in sessions {
+            // A session busy with a statement is checked on the next round.
+            let Some(mut s) = s.try_lock() else { continue };
+            let expired = matches!(&s.state, State::InProgress(o) if !primary || o.started.elapsed() >= self.lifetime);
+            if expired {
+                self.abort_open(&mut s);
+            }
+        }
+    }
+
+    fn abort_open(&self, s: &mut Session) {
+        match std::mem::replace(&mut s.state, State::Aborted) {
+            State::InProgress(open) => {
+                open.txn.abort();
+                self.open.fetch_sub(1, Ordering::SeqCst);
+            }
+            other => s.state = other,
+        }
+    }
+
+    /// Check a transaction's statement against the session's state and start or continue
+    /// the transaction (mongod's `beginOrContinue`). Returns the store the statement works
+    /// through: the transaction's, or `base` for a commit or abort of an ended one.
+    pub fn begin_or_continue(&self, shared: &Shared, s: &mut Session, req: &wire::Request, lsid: &[u8], txn_number: i64) -> Result<storage::Store> {
+        let (name, db, cmd) = (req.name.as_str(), req.db.as_str(), &req.body);
+        match cmd.get("autocommit") {
+            Some(Bson::Boolean(false)) => {}
+            Some(Bson::Boolean(true)) => return Err(Error::new(Code::InvalidOptions, "Specifying autocommit=true is not allowed.")),
+            Some(_) => return Err(Error::type_mismatch("BSON field 'autocommit' is the wrong type, expected type 'bool'")),
+            None => {
+                return Err(Error::new(
+                    Code::InvalidOptions,
+                    "txnNumber may only be provided for multi-document transactions and retryable write commands. autocommit:false was not provided",
+                ))
+            }
+        }
+        let start = match cmd.get("startTransaction") {
+            None => false,
+            Some(Bson::Boolean(true)) => true,
+            Some(Bson::Boolean(false)) => return Err(Error::new(Code::InvalidOptions, "Specifying startTransaction=false is not allowed.")),
+            Some(_) => return Err(Error::type_mismatch("BSON field 'startTransaction' is the wrong type, expected type 'bool'")),
+        };
+        if !allowed_in_transaction(name) {
+            let e = Error::new(Code::OperationNotSupportedInTransaction, format!("Cannot run '{name}' in a multi-document transaction."));
+            return Err(e);
+        }
+        if is_end(name) {
+            if db != "admin" {
+                return Err(Error::new(Code::Unauthorized, format!("{name} may only be run against the admin database.")));
+            }
+        } else if matches!(db, "admin" | "config" | "local") {
+            return Err(Error::new(Code::OperationNotSupportedInTransaction, format!("Cannot run command against the '{db}' database in a transaction.")));
+        }
+        if !is_end(name) && cmd.contains_key("writeConcern") {
+            return Err(Error::new(Code::InvalidOptions, "writeConcern is not allowed within a multi-statement transaction"));
+        }
+        if txn_number < s.txn_number {
+            return Err(Error::new(
+                Code::TransactionTooOld,
+                format!("Cannot start transaction {txn_number} on session because a newer transaction {} has already started.", s.txn_number),
+            ));
+        }
+        if start {
+            if is_end(name) {
+                return Err(Error::new(Code::OperationNotSupportedInTransaction, format!("Cannot start a transaction with {name}.")));
+            }
+            if txn_number == s.txn_number {
+                return Err(Error::new(
+                    Code::ConflictingOperationInProgress,
+                    format!("Cannot start transaction {txn_number} because a transaction with the same number is {}", s.state.name()),
+                ));
+            }
+            check_transaction_read_concern(cmd)?;
+            // A newer transaction replaces one still in progress.
+            self.abort_open(s);
+            let txn = shared.store.begin_transaction(Some((lsid, txn_number)))?;
+            let store = shared.store.in_transaction(&txn);
+            s.txn_number = txn_number;
+            s.state = State::InProgress(Open { txn, store: store.clone(), started: Instant::now() });
+            self.open.fetch_add(1, Ordering::SeqCst);
+            return Ok(store);
+        }
+        let no_such = || {
+            Error::new(
+                Code::NoSuchTransaction,
+                format!("Transaction with {{ txnNumber: {txn_number} }} has been aborted or was never started on this session."),
+            )
+        };
+        if txn_number != s.txn_number {
+            return Err(no_such());
+        }
+        if cmd.contains_key("readConcern") && !is_end(name) {
+            return Err(Error::new(Code::InvalidOptions, "Only the first command in a transaction may specify a readConcern"));
+        }
+        match (&s.state, name) {
+            (State::InProgress(open), _) => Ok(open.store.clone()),
+            (State::Committed, "commitTransaction") => Ok(shared.store.clone()),
+            (State::Committed, _) => Err(Error::new(Code::TransactionCommitted, format!("Transaction {txn_number} has been committed."))),
+            (State::Aborted | State::None, _) => Err(no_such()),
+        }
+    }
+
+    /// After a statement other than a commit or abort: a statement that failed aborts its
+    /// transaction, as in mongod.
+    pub fn after_statement(&self, s: &mut Session, failed: bool) {
+        if failed {
+            self.abort_open(s);
+        }
+    }
+
+    /// commitTransaction: the transaction's changes in one atomic write; a retried commit of
+    /// a committed transaction succeeds again. Returns the commit's entry, if it logged one.
+    pub fn commit(&self, s: &mut Session) -> Result<Option<OpTime>> {
+        match std::mem::replace(&mut s.state, State::Aborted) {
+            State::InProgress(open) => {
+                self.open.fetch_sub(1, Ordering::SeqCst);
+                let r = open.txn.commit();
+                if r.is_ok() {
+                    s.state = State::Committed;
+                }
+                r
+            }
+            State::Committed => {
+                s.state = State::Committed;
+                Ok(None)
+            }
+            other => {
+                s.state = other;
+                Err(Error::new(Code::NoSuchTransaction, format!("Transaction {} has been aborted.", s.txn_number)))
+            }
+        }
+    }
+
+    /// abortTransaction.
+    pub fn abort(&self, s: &mut Session) -> Result<()> {
+        match &s.state {
+            State::InProgress(_) => {
+                self.abort_open(s);
+                Ok(())
+            }
+            State::Committed => Err(Error::new(Code::TransactionCommitted, format!("Transaction {} has been committed.", s.txn_number))),
+            State::Aborted | State::None => Err(Error::new(Code::NoSuchTransaction, format!("Transaction {} has been aborted.", s.txn_number))),
+        }
+    }
+
+    /// Transactions in progress.
+    pub fn open_count(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+}
+
+/// Run an ordinary write (`f`) again each time it meets a document an open transaction
+/// wrote (WriteConflict), once some transaction ended: the write is ordered after the
+/// transaction, as mongod's is. `f` must leave nothing half-done when it fails so (a
+/// multi-document write skips what it already changed). The operation's deadline and
+/// killOp still apply.
+pub fn after_transactions<T>(ctx: &crate::commands::Ctx, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    loop {
+        match f() {
+            Err(e) if e.is(Code::WriteConflict) && !ctx.store().write_ctx().in_transaction() => {
+                ctx.op.check()?;
+                ctx.store().wait_for_transactions(CONFLICT_WAIT);
+            }
+            r => return r,
+        }
+    }
+}
+
+/// How long a write that met a transaction's document waits before it checks its deadline.
+const CONFLICT_WAIT: Duration = Duration::from_millis(100);
+
+/// A transaction's write command that reports a write error fails instead, with that error
+/// (mongod stops a transaction's write at its first error and fails the command).
+pub fn write_error_fails(reply: Document) -> Result<Document> {
+    let Some(Bson::Document(first)) = reply.get_array("writeErrors").ok().and_then(|e| e.first()) else { return Ok(reply) };
+    let code = first.get_i32("code").unwrap_or(Code::InternalError.0);
+    let mut e = Error::from_number(code, first.get_str("errmsg").unwrap_or_default());
+    let mut extra = first.clone();
+    for k in ["index", "code", "codeName", "errmsg"] {
+        extra.remove(k);
+    }
+    if !extra.is_empty() {
+        e = e.with_extra(extra);
+    }
+    Err(e)
+}
+
+/// The first statement's readConcern: a transaction reads at level local, majority or
+/// snapshot (all one snapshot here; the commit's write concern makes what it read durable).
+fn check_transaction_read_concern(cmd: &Document) -> Result<()> {
+    let Ok(rc) = cmd.get_document("readConcern") else { return Ok(()) };
+    match rc.get("level") {
+        None => Ok(()),
+        Some(Bson::String(l)) if matches!(l.as_str(), "local" | "majority" | "snapshot") => Ok(()),
+        _ => Err(Error::new(
+            Code::InvalidOptions,
+            "The readConcern level must be either 'local' (default), 'majority' or 'snapshot' in order to run in a transaction",
+        )),
+    }
+}
+
+/// Abort expired transactions, and all of them once this member is not primary.
+pub async fn reap_loop(shared: Arc<Shared>) {
+    loop {
+        tokio::time::sleep(REAP_INTERVAL).await;
+        let primary = shared.repl.as_ref().is_some_and(|r| r.is_writable_primary());
+        shared.txns.reap(primary);
+    }
+}
