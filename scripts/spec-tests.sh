@@ -31,6 +31,8 @@ SUITES=(
   test/test_discovery_and_monitoring.py
   test/test_csot.py
   test/test_versioned_api.py
+  test/test_transactions_unified.py
+  test/test_transactions.py
 )
 
 ensure_runner() {

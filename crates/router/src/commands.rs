@@ -108,6 +108,11 @@ async fn run_row(router: &Router, conn: &mut RouterConn, row: &super::table::Row
     // router's entry is old). Read it again and route the command again.
     let mut attempt = 0;
     let routed = loop {
+        // A transaction's statement goes to its shard as it is: a stale routing answer fails
+        // it (TransientTransactionError), and the driver runs the transaction again.
+        if super::txn::is_statement(req) {
+            break super::txn::run(router, req).await;
+        }
         match (row.run)(router, conn, req).await {
             Err(e) if e.code == Code::StaleDbVersion.0 && attempt < STALE_RETRIES_MAX => {
                 attempt += 1;
@@ -240,6 +245,7 @@ pub(crate) async fn end_sessions(router: &Router, req: &Request) -> Result<Docum
     for s in req.body.get_array("endSessions").map(|a| a.as_slice()).unwrap_or_default() {
         if let Some(Bson::Binary(id)) = s.as_document().and_then(|d| d.get("id")) {
             router.sessions.end(&id.bytes);
+            router.txns.end_sessions(std::slice::from_ref(&id.bytes));
         }
     }
     let body = forwarded(req);
@@ -618,6 +624,9 @@ pub async fn raw_insert(router: &Router, conn: &mut RouterConn, msg: &wire::RawM
         _ => return None,
     };
     let req = Request::from_msg(body, Vec::new()).ok()?;
+    if super::txn::is_statement(&req) {
+        return None;
+    }
     let coll = collection_of(&req).ok()?;
     if router.config.auth {
         if let Err(e) = super::users::authorize(router, conn, &req).await {
@@ -675,7 +684,7 @@ fn modifies_key(u: &Document, key: &ShardKeyPattern) -> Option<String> {
     None
 }
 
-fn update_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
+pub(super) fn update_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
     let filter = stmt.get_document("q").cloned().unwrap_or_default();
     let multi = stmt.get_bool("multi").unwrap_or(false);
     let upsert = stmt.get_bool("upsert").unwrap_or(false);
@@ -751,7 +760,7 @@ pub(crate) async fn delete(router: &Router, req: &Request) -> Result<Document> {
     split_write(router, req, WriteKind::Delete, sc, stmts).await
 }
 
-fn delete_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
+pub(super) fn delete_targets(sc: &ShardedColl, stmt: &Document) -> Result<Vec<String>> {
     let filter = stmt.get_document("q").cloned().unwrap_or_default();
     let single = stmt.get("limit").and_then(common::value::as_i64) == Some(1);
     let shards: Vec<String> = shards_for_filter(&sc.table, &filter).into_iter().collect();
@@ -806,7 +815,7 @@ async fn forward_write(router: &Router, req: &Request, primary: &str) -> Result<
 /// A write's statements (insert's documents, update's and delete's statements) taken out of
 /// its body, encoded, to go as a document sequence as drivers send them: each may be near
 /// 16 MiB, and together up to the 48 MB of a message, more than one body may hold.
-fn statements_apart(name: &str, mut body: Document) -> Result<(Document, Option<(&'static str, Vec<Vec<u8>>)>)> {
+pub(super) fn statements_apart(name: &str, mut body: Document) -> Result<(Document, Option<(&'static str, Vec<Vec<u8>>)>)> {
     let field = match name {
         "insert" => "documents",
         "update" => "updates",
@@ -1115,7 +1124,7 @@ fn versioned(body: &Document, sc: Option<&ShardedColl>, shard: &str) -> Document
 }
 
 /// A cursor command for one shard, its reply passed on with the router's cursor id.
-async fn single_shard_cursor(router: &Router, req: &Request, shard: &str, body: Document) -> Result<Document> {
+pub(super) async fn single_shard_cursor(router: &Router, req: &Request, shard: &str, body: Document) -> Result<Document> {
     let ns_default = format!("{}.{}", req.db, req.body.get_str(&req.name).unwrap_or("$cmd"));
     let set = router.shard(shard).await?;
     let (host, raw) = router.pool.run_raw(&set, &req.db, body, None, timeout_of(req)).await?;

@@ -12,6 +12,7 @@ mod cursor;
 mod introspect;
 mod migrate;
 mod table;
+mod txn;
 mod users;
 
 use bson::oid::ObjectId;
@@ -69,6 +70,8 @@ pub struct Router {
     audit: Option<audit_log::Audit>,
     /// The logical sessions commands named (`$listLocalSessions`).
     pub(crate) sessions: access::sessions::SessionCache,
+    /// Sessions' transactions and their shards (`txn`).
+    txns: txn::RouterTxns,
 }
 
 /// A client connection's state the router's commands see.
@@ -151,6 +154,7 @@ pub async fn serve(config: RouterConfig) -> Result<()> {
         users_generation: AtomicU64::new(0),
         audit,
         sessions: Default::default(),
+        txns: Default::default(),
     });
     let options = admin::get_cmd_line_opts(&router).get_document("parsed").cloned().unwrap_or_default();
     router.audit_event("startup", &audit_log::Actor::system(), audit_log::Param::Doc(bson::doc! {"options": options}), 0);

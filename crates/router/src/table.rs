@@ -55,6 +55,11 @@ pub static COMMANDS: &[Row] = rows! {
         | "updateRole" | "dropRole" | "dropAllRolesFromDatabase" | "grantRolesToRole" | "revokeRolesFromRole" | "grantPrivilegesToRole"
         | "revokePrivilegesFromRole" | "rolesInfo" => any, |r, conn, q| users::user_command(r, conn, q).await;
     "endSessions" => any, |r, conn, q| c::end_sessions(r, q).await;
+    // Run through `txn` (with autocommit: false); outside a transaction they are refused.
+    "commitTransaction" | "abortTransaction" => admin, |_r, conn, q| Err(common::Error::new(
+        common::Code::InvalidOptions,
+        format!("{} must be run within a transaction (with lsid, txnNumber and autocommit: false)", q.name),
+    ));
     "addShard" | "addshard" => admin, |r, conn, q| c::add_shard(r, q).await;
     "listShards" | "listshards" => admin, |r, conn, _q| c::list_shards(r).await;
     "enableSharding" | "enablesharding" => admin, |r, conn, q| c::enable_sharding(r, q).await;

@@ -484,7 +484,7 @@ fn prepare_and_run(
         (Some(s), Some(lsid), Some(n)) => Some(shared.txns.begin_or_continue(shared, s, req, lsid, n)?),
         _ => None,
     };
-    let ends_txn = in_txn && matches!(req.name.as_str(), "commitTransaction" | "abortTransaction");
+    let ends_txn = in_txn && matches!(req.name.as_str(), "commitTransaction" | "abortTransaction" | "coordinateCommitTransaction");
     let store = txn_store.as_ref().unwrap_or(store);
     if let Some(repl) = &shared.repl {
         check_member_state(repl, req)?;

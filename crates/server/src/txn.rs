@@ -39,11 +39,12 @@ fn allowed_in_transaction(name: &str) -> bool {
             | "createIndexes"
             | "commitTransaction"
             | "abortTransaction"
+            | "coordinateCommitTransaction"
     )
 }
 
 fn is_end(name: &str) -> bool {
-    matches!(name, "commitTransaction" | "abortTransaction")
+    matches!(name, "commitTransaction" | "abortTransaction" | "coordinateCommitTransaction")
 }
 
 /// Every session's transaction state.
@@ -230,9 +231,17 @@ impl TransactionTable {
         if cmd.contains_key("readConcern") && !is_end(name) {
             return Err(Error::new(Code::InvalidOptions, "Only the first command in a transaction may specify a readConcern"));
         }
+        if matches!(s.state, State::None)
+            && matches!(name, "commitTransaction" | "coordinateCommitTransaction")
+            && committed_on_record(&shared.store, lsid, txn_number)?
+        {
+            // Committed before this member knew the session (a commit retried after a
+            // failover): its record says so.
+            s.state = State::Committed;
+        }
         match (&s.state, name) {
             (State::InProgress(open), _) => Ok(open.store.clone()),
-            (State::Committed, "commitTransaction") => Ok(shared.store.clone()),
+            (State::Committed, "commitTransaction" | "coordinateCommitTransaction") => Ok(shared.store.clone()),
             (State::Committed, _) => Err(Error::new(Code::TransactionCommitted, format!("Transaction {txn_number} has been committed."))),
             (State::Aborted | State::None, _) => Err(no_such()),
         }
@@ -265,6 +274,20 @@ impl TransactionTable {
             other => {
                 s.state = other;
                 Err(Error::new(Code::NoSuchTransaction, format!("Transaction {} has been aborted.", s.txn_number)))
+            }
+        }
+    }
+
+    /// coordinateCommitTransaction without participants: a router that did not run the
+    /// transaction asks for its decision (a commit retried through it). Only a commit that
+    /// already happened is reported; a transaction still in progress is aborted, so that no
+    /// other commit can follow (mongos's commit recovery).
+    pub fn recover_decision(&self, s: &mut Session) -> Result<()> {
+        match &s.state {
+            State::Committed => Ok(()),
+            _ => {
+                self.abort_open(s);
+                Err(Error::new(Code::NoSuchTransaction, format!("Transaction {} has been aborted or was never committed.", s.txn_number)))
             }
         }
     }
@@ -306,6 +329,14 @@ pub fn after_transactions<T>(ctx: &crate::commands::Ctx, mut f: impl FnMut() -> 
 
 /// How long a write that met a transaction's document waits before it checks its deadline.
 const CONFLICT_WAIT: Duration = Duration::from_millis(100);
+
+/// Whether the session's `config.transactions` record says transaction `txn_number`
+/// committed.
+fn committed_on_record(store: &storage::Store, lsid: &[u8], txn_number: i64) -> Result<bool> {
+    let Some(records) = store.collection(storage::SESSION_RECORDS_DB, storage::SESSION_RECORDS_COLLECTION) else { return Ok(false) };
+    let id = Bson::Document(bson::doc! {"id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: lsid.to_vec() }});
+    Ok(records.snapshot().find_by_id(&id)?.is_some_and(|(_, r)| r.get_i64("txnNum").ok() == Some(txn_number) && r.get_str("state").ok() == Some("committed")))
+}
 
 /// A transaction's write command that reports a write error fails instead, with that error
 /// (mongod stops a transaction's write at its first error and fails the command).

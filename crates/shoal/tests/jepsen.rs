@@ -15,6 +15,7 @@
 //! timing is not replayed).
 
 mod common;
+mod elle;
 mod linearizable;
 
 use common::*;
@@ -176,34 +177,34 @@ async fn client_loop(coll: Collection<Document>, id: u64, seed: u64, until: Inst
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_links() {
-    let seconds: u64 = std::env::var("SHOAL_JEPSEN_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(RUN_SECONDS_DEFAULT);
-    let seed = seed_from_env("SHOAL_JEPSEN_SEED");
-    eprintln!("SHOAL_JEPSEN_SECONDS={seconds}");
-
+/// A 3-member set with short election timeouts and fail points, its primary elected.
+async fn start_set() -> Vec<Server> {
     let mut members: Vec<Server> = (0..MEMBERS).map(|_| Server::start_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"])).collect();
     let config_members: Vec<Bson> = members.iter().enumerate().map(|(i, m)| Bson::Document(doc! {"_id": i as i32, "host": host(m)})).collect();
     admin(&members[0], doc! {"replSetInitiate": {"_id": "rs0", "version": 1, "members": config_members, "settings": {"electionTimeoutMillis": ELECTION_TIMEOUT_MS, "heartbeatIntervalMillis": HEARTBEAT_INTERVAL_MS}}}).await.expect("replSetInitiate");
     wait_for_primary(&mut members).await;
+    members
+}
 
-    let hosts: Vec<String> = members.iter().map(host).collect();
-    // No retryable writes: a write the driver retried on a new primary after a network
-    // error would also sit, as the old primary's entry, in that member's rollback file, and
-    // the check below could not tell it from a lost write. A write that fails has an
-    // unknown outcome instead.
-    let uri =
-        format!("mongodb://{}/?replicaSet=rs0&serverSelectionTimeoutMS=3000&connectTimeoutMS=1000&heartbeatFrequencyMS=500&retryWrites=false", hosts.join(","));
-    let majority = mongodb::options::CollectionOptions::builder().write_concern(WriteConcern::majority()).build();
-    let history = Arc::new(Recorder { start: Instant::now(), entries: Mutex::new(Vec::new()) });
-    let until = Instant::now() + Duration::from_secs(seconds);
-    let mut clients = Vec::new();
-    for id in 0..CLIENTS {
-        let client = Client::with_uri_str(&uri).await.expect("client");
-        let coll = client.database("jepsen").collection_with_options::<Document>("registers", majority.clone());
-        clients.push(tokio::spawn(client_loop(coll, id, seed, until, history.clone())));
+/// The faults a nemesis injected.
+struct Faults {
+    kills: u32,
+    pauses: u32,
+    partitions: u32,
+    slow_links: u32,
+    resyncs: u32,
+}
+
+impl std::fmt::Display for Faults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Faults { kills, pauses, partitions, slow_links, resyncs } = self;
+        write!(f, "{kills} kills, {pauses} pauses, {partitions} partitions, {slow_links} slow and lossy links, {resyncs} sync sources changed")
     }
+}
 
+/// Inject faults into `members` until `until`, one at a time, each healed before the next,
+/// with calm between them.
+async fn nemesis(members: &mut [Server], seed: u64, until: Instant) -> Faults {
     // The nemesis: one fault at a time, each healed before the next. SHOAL_JEPSEN_FAULT
     // (kill, pause, isolate, bridge, syncfrom, lossy) makes every fault that one.
     let only = std::env::var("SHOAL_JEPSEN_FAULT").ok().map(|f| match f.as_str() {
@@ -219,7 +220,7 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
     let (mut kills, mut pauses, mut partitions, mut slow_links, mut resyncs) = (0u32, 0u32, 0u32, 0u32, 0u32);
     while Instant::now() + CALM_DURATION + FAULT_DURATION < until {
         tokio::time::sleep(CALM_DURATION).await;
-        let p = wait_for_primary(&mut members).await;
+        let p = wait_for_primary(members).await;
         // 0 kill, 1 pause, 2 isolate the primary, 3 bridge, 4 replSetSyncFrom, 5 lossy links.
         let fault = match only {
             Some(f) => f,
@@ -245,10 +246,10 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
                 signal(&members[m], libc::SIGCONT);
             }
             2 => {
-                fault_links(&members, p, Some(doc! {"partition": true})).await;
+                fault_links(members, p, Some(doc! {"partition": true})).await;
                 partitions += 1;
                 tokio::time::sleep(FAULT_DURATION).await;
-                fault_links(&members, p, None).await;
+                fault_links(members, p, None).await;
             }
             3 => {
                 // A bridge: the primary and one secondary lose each other; the other
@@ -256,10 +257,10 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
                 // primary (the simulation's seed 9: such a member's progress must not
                 // count in the old term).
                 let cut_off = (p + 1 + rng.below(2) as usize) % MEMBERS;
-                cut_link(&members, p, cut_off, true).await;
+                cut_link(members, p, cut_off, true).await;
                 partitions += 1;
                 tokio::time::sleep(FAULT_DURATION).await;
-                cut_link(&members, p, cut_off, false).await;
+                cut_link(members, p, cut_off, false).await;
             }
             4 => {
                 // A secondary told to fetch from the other secondary, which may be behind it
@@ -274,13 +275,42 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
             _ => {
                 // Any member's links slow and lossy: late heartbeats, votes and oplog batches.
                 let m = rng.below(MEMBERS as u64) as usize;
-                fault_links(&members, m, Some(doc! {"delayMs": 1 + rng.below(300) as i64, "lossPercent": rng.below(50) as i64})).await;
+                fault_links(members, m, Some(doc! {"delayMs": 1 + rng.below(300) as i64, "lossPercent": rng.below(50) as i64})).await;
                 slow_links += 1;
                 tokio::time::sleep(FAULT_DURATION).await;
-                fault_links(&members, m, None).await;
+                fault_links(members, m, None).await;
             }
         }
     }
+    Faults { kills, pauses, partitions, slow_links, resyncs }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_links() {
+    let seconds: u64 = std::env::var("SHOAL_JEPSEN_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(RUN_SECONDS_DEFAULT);
+    let seed = seed_from_env("SHOAL_JEPSEN_SEED");
+    eprintln!("SHOAL_JEPSEN_SECONDS={seconds}");
+
+    let mut members = start_set().await;
+
+    let hosts: Vec<String> = members.iter().map(host).collect();
+    // No retryable writes: a write the driver retried on a new primary after a network
+    // error would also sit, as the old primary's entry, in that member's rollback file, and
+    // the check below could not tell it from a lost write. A write that fails has an
+    // unknown outcome instead.
+    let uri =
+        format!("mongodb://{}/?replicaSet=rs0&serverSelectionTimeoutMS=3000&connectTimeoutMS=1000&heartbeatFrequencyMS=500&retryWrites=false", hosts.join(","));
+    let majority = mongodb::options::CollectionOptions::builder().write_concern(WriteConcern::majority()).build();
+    let history = Arc::new(Recorder { start: Instant::now(), entries: Mutex::new(Vec::new()) });
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut clients = Vec::new();
+    for id in 0..CLIENTS {
+        let client = Client::with_uri_str(&uri).await.expect("client");
+        let coll = client.database("jepsen").collection_with_options::<Document>("registers", majority.clone());
+        clients.push(tokio::spawn(client_loop(coll, id, seed, until, history.clone())));
+    }
+
+    let faults = nemesis(&mut members, seed, until).await;
     for c in clients {
         c.await.expect("client task");
     }
@@ -357,10 +387,145 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
     }
     eprintln!("rollback files hold {rolled_back} documents, none of them acknowledged unless reported");
     eprintln!(
-        "jepsen report: {} operations ({reads} reads, {writes} writes, {swaps} swaps, {failed_swaps} failed swaps, {unknown} with unknown outcome); faults: {kills} kills, {pauses} pauses, {partitions} partitions, {slow_links} slow and lossy links, {resyncs} sync sources changed; anomalies: {}",
+        "jepsen report: {} operations ({reads} reads, {writes} writes, {swaps} swaps, {failed_swaps} failed swaps, {unknown} with unknown outcome); faults: {faults}; anomalies: {}",
         entries.len(),
         anomalies.len()
     );
     assert!(writes > 0 && reads > 0 && swaps > 0, "the run did too little to check anything");
     assert!(anomalies.is_empty(), "{}", anomalies.join("\n"));
 }
+
+/// Keys of the list-append workload, and micro-operations per transaction at most.
+const LISTS: u64 = 8;
+const LIST_OPS_MAX: u64 = 4;
+
+/// One client of the list-append workload: transactions of appends (`$push` of a unique
+/// value) and reads (the whole list), recorded with their outcome.
+async fn list_append_loop(client: Client, id: u64, seed: u64, until: Instant, history: Arc<Mutex<Vec<elle::Txn>>>) {
+    let coll = client.database("jepsen").collection::<Document>("lists");
+    let mut rng = Rng(seed ^ (id + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut seq = 0i64;
+    let options = mongodb::options::TransactionOptions::builder().read_concern(ReadConcern::snapshot()).write_concern(WriteConcern::majority()).build();
+    while Instant::now() < until {
+        let planned: Vec<elle::Mop> = (0..1 + rng.below(LIST_OPS_MAX))
+            .map(|_| {
+                let key = rng.below(LISTS) as i64;
+                if rng.below(2) == 0 {
+                    seq += 1;
+                    elle::Mop::Append(key, (id as i64 + 1) * 1_000_000_000 + seq)
+                } else {
+                    elle::Mop::Read(key, None)
+                }
+            })
+            .collect();
+        let Ok(mut session) = client.start_session().await else { continue };
+        if session.start_transaction().with_options(options.clone()).await.is_err() {
+            continue;
+        }
+        let mut done = Vec::with_capacity(planned.len());
+        let mut failed = false;
+        for m in planned {
+            let r = match &m {
+                elle::Mop::Append(k, v) => {
+                    let push = coll.update_one(doc! {"_id": k}, doc! {"$push": {"l": v}}).upsert(true).session(&mut session);
+                    tokio::time::timeout(OP_TIMEOUT, push).await.map(|r| r.map(|_| m.clone()))
+                }
+                elle::Mop::Read(k, _) => {
+                    let read = coll.find_one(doc! {"_id": k}).session(&mut session);
+                    tokio::time::timeout(OP_TIMEOUT, read).await.map(|r| {
+                        r.map(|d| {
+                            let list = d.and_then(|d| d.get_array("l").ok().cloned()).unwrap_or_default();
+                            elle::Mop::Read(*k, Some(list.iter().map(|v| v.as_i64().expect("list values are i64")).collect()))
+                        })
+                    })
+                }
+            };
+            match r {
+                Ok(Ok(m)) => done.push(m),
+                _ => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        // A transaction whose statement failed was never committed: its appends must not
+        // be seen.
+        let outcome = if failed {
+            let _ = tokio::time::timeout(OP_TIMEOUT, session.abort_transaction()).await;
+            // Its appends as planned are unknown only if sent; those that failed were, so
+            // every append sent counts as aborted.
+            elle::Outcome::Aborted
+        } else {
+            match tokio::time::timeout(OP_TIMEOUT, session.commit_transaction()).await {
+                Ok(Ok(())) => elle::Outcome::Committed,
+                _ => elle::Outcome::Unknown,
+            }
+        };
+        history.lock().expect("history lock").push(elle::Txn { ops: done, outcome });
+    }
+}
+
+/// Transactions under faults, checked as Elle checks list-append histories: clients run
+/// transactions of appends and whole-list reads (readConcern "snapshot", w:"majority") on a
+/// 3-member set while the nemesis kills, pauses, partitions and slows members; the history
+/// must show none of the anomalies snapshot isolation forbids (`elle::check`: G0, G1a, G1b,
+/// G1c, G-single and lost updates, incompatible orders). SHOAL_LIST_APPEND_SECONDS sets how
+/// long the clients run (default 20), SHOAL_JEPSEN_FAULT and SHOAL_JEPSEN_SEED as above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactions_keep_snapshot_isolation_through_kills_pauses_partitions_and_lossy_links() {
+    let seconds: u64 = std::env::var("SHOAL_LIST_APPEND_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(LIST_APPEND_SECONDS_DEFAULT);
+    let seed = seed_from_env("SHOAL_JEPSEN_SEED");
+    eprintln!("SHOAL_LIST_APPEND_SECONDS={seconds}");
+    let mut members = start_set().await;
+    let hosts: Vec<String> = members.iter().map(host).collect();
+    let uri = format!("mongodb://{}/?replicaSet=rs0&serverSelectionTimeoutMS=3000&connectTimeoutMS=1000&heartbeatFrequencyMS=500", hosts.join(","));
+    {
+        let client = Client::with_uri_str(&uri).await.expect("client");
+        let lists = client.database("jepsen").collection::<Document>("lists");
+        lists.insert_many((0..LISTS as i64).map(|k| doc! {"_id": k, "l": []})).write_concern(WriteConcern::majority()).await.expect("the lists");
+    }
+    let history = Arc::new(Mutex::new(Vec::new()));
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut clients = Vec::new();
+    for id in 0..CLIENTS {
+        let client = Client::with_uri_str(&uri).await.expect("client");
+        clients.push(tokio::spawn(list_append_loop(client, id, seed, until, history.clone())));
+    }
+    let faults = nemesis(&mut members, seed, until).await;
+    for c in clients {
+        c.await.expect("client task");
+    }
+    // Healed: a last transaction reads every list, so each key's order is known whole.
+    wait_for_primary(&mut members).await;
+    let client = Client::with_uri_str(&uri).await.expect("client");
+    let lists = client.database("jepsen").collection::<Document>("lists");
+    let mut session = client.start_session().await.expect("session");
+    session.start_transaction().read_concern(ReadConcern::snapshot()).await.expect("final transaction");
+    let mut reads = Vec::new();
+    for k in 0..LISTS as i64 {
+        let d = lists.find_one(doc! {"_id": k}).session(&mut session).await.expect("final read").expect("every list exists");
+        reads.push(elle::Mop::Read(k, Some(d.get_array("l").expect("l").iter().map(|v| v.as_i64().expect("i64")).collect())));
+    }
+    session.commit_transaction().await.expect("final commit");
+    let mut history = std::mem::take(&mut *history.lock().expect("history lock"));
+    history.push(elle::Txn { ops: reads, outcome: elle::Outcome::Committed });
+
+    let count = |o: elle::Outcome| history.iter().filter(|t| t.outcome == o).count();
+    let (committed, aborted, unknown) = (count(elle::Outcome::Committed), count(elle::Outcome::Aborted), count(elle::Outcome::Unknown));
+    let appends = history.iter().flat_map(|t| &t.ops).filter(|m| matches!(m, elle::Mop::Append(..))).count();
+    let t = Instant::now();
+    let anomalies = elle::check(&history);
+    eprintln!(
+        "list-append report: {} transactions ({committed} committed, {aborted} aborted, {unknown} unknown; {appends} appends), checked in {:?}; faults: {faults}; anomalies: {}",
+        history.len(),
+        t.elapsed(),
+        anomalies.len()
+    );
+    for a in anomalies.iter().take(20) {
+        eprintln!("  {a}");
+    }
+    assert!(anomalies.is_empty(), "{} anomalies", anomalies.len());
+    assert!(committed > 0, "no transaction committed");
+}
+
+const LIST_APPEND_SECONDS_DEFAULT: u64 = 20;

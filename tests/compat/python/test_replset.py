@@ -96,3 +96,57 @@ def test_three_members_fail_over_with_retryable_writes(three_members):
         assert time.time() < deadline
         time.sleep(0.05)
     rs.close()
+
+
+def test_with_transaction_commits_retries_conflicts_and_aborts(three_members):
+    """pymongo's with_transaction: transfers between accounts from two threads that conflict on
+    the same documents; with_transaction runs a transaction again after a TransientTransactionError,
+    so every transfer lands once and the total is kept. A callback that raises leaves nothing."""
+    import threading
+
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in three_members)
+    rs = pymongo.MongoClient(f"mongodb://{hosts}/?replicaSet=rs0", serverSelectionTimeoutMS=30_000)
+    accounts = rs.bank.accounts
+    accounts.insert_many([{"_id": i, "balance": 1000} for i in range(4)])
+    rs.bank.create_collection("transfers")
+    errors = []
+
+    def transfers(seed):
+        try:
+            for n in range(25):
+                src, dst = (seed + n) % 4, (seed + n + 1) % 4
+
+                def move(session, src=src, dst=dst, n=n):
+                    accounts.update_one({"_id": src}, {"$inc": {"balance": -10}}, session=session)
+                    accounts.update_one({"_id": dst}, {"$inc": {"balance": 10}}, session=session)
+                    rs.bank.transfers.insert_one({"_id": f"{seed}-{n}"}, session=session)
+
+                with rs.start_session() as s:
+                    s.with_transaction(move)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=transfers, args=(seed,)) for seed in (0, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert rs.bank.transfers.count_documents({}) == 50
+    assert sum(d["balance"] for d in accounts.find()) == 4000
+
+    def fails(session):
+        accounts.update_one({"_id": 0}, {"$set": {"balance": -1}}, session=session)
+        raise ValueError("the callback fails")
+
+    before = accounts.find_one({"_id": 0})["balance"]
+    with rs.start_session() as s, pytest.raises(ValueError):
+        s.with_transaction(fails)
+    assert accounts.find_one({"_id": 0})["balance"] == before
+
+    # Inside a transaction, a command mongod refuses there is refused with its code.
+    with rs.start_session() as s, s.start_transaction():
+        with pytest.raises(OperationFailure) as e:
+            rs.bank.command("count", "accounts", session=s)
+        assert e.value.code == 263 and e.value.details["codeName"] == "OperationNotSupportedInTransaction"
+    rs.close()

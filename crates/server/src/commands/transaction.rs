@@ -22,3 +22,16 @@ pub fn abort(ctx: &mut Ctx) -> Result<Document> {
     ctx.shared.txns.abort(session)?;
     Ok(Document::new())
 }
+
+/// coordinateCommitTransaction (mongod's internal command): with no participants, a router
+/// recovering the decision of a transaction it did not run; a commit across shards (with
+/// participants) needs prepared transactions, which shoal does not have.
+pub fn coordinate_commit(ctx: &mut Ctx) -> Result<Document> {
+    let Some(session) = ctx.txn.as_deref_mut() else { return Err(outside("coordinateCommitTransaction")) };
+    match ctx.cmd.get_array("participants") {
+        Ok(p) if p.is_empty() => ctx.shared.txns.recover_decision(session)?,
+        Ok(_) => return Err(Error::new(Code::CommandNotSupported, "a commit across shards (two-phase commit) is not supported by shoal yet")),
+        Err(_) => return Err(Error::location(40414, "BSON field 'coordinateCommitTransaction.participants' is missing but a required field")),
+    }
+    Ok(Document::new())
+}

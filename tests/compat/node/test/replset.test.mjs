@@ -60,3 +60,30 @@ test('a three-member set fails over under retryable writes', async () => {
     await new Promise((r) => setTimeout(r, 50));
   }
 });
+
+test('withTransaction commits a transfer whole and aborts on a thrown error', async () => {
+  const db = client.db('bank');
+  const accounts = db.collection('accounts');
+  await accounts.insertMany([{ _id: 'a', balance: 100 }, { _id: 'b', balance: 0 }]);
+  const session = client.startSession();
+  try {
+    await session.withTransaction(async () => {
+      await accounts.updateOne({ _id: 'a' }, { $inc: { balance: -40 } }, { session });
+      // Inside, the transaction reads its own write; outside, nobody does yet.
+      assert.equal((await accounts.findOne({ _id: 'a' }, { session })).balance, 60);
+      assert.equal((await accounts.findOne({ _id: 'a' })).balance, 100);
+      await accounts.updateOne({ _id: 'b' }, { $inc: { balance: 40 } }, { session });
+    });
+    assert.deepEqual((await accounts.find().sort({ _id: 1 }).toArray()).map((d) => d.balance), [60, 40]);
+    await assert.rejects(
+      session.withTransaction(async () => {
+        await accounts.updateOne({ _id: 'a' }, { $set: { balance: 0 } }, { session });
+        throw new Error('the callback fails');
+      }),
+      /the callback fails/,
+    );
+    assert.equal((await accounts.findOne({ _id: 'a' })).balance, 60);
+  } finally {
+    await session.endSession();
+  }
+});

@@ -1,0 +1,218 @@
+//! Transactions through the router, as mongos runs those of one shard: the router follows
+//! each session's transaction number and its participant, sends each statement (with the
+//! client's `lsid`, `txnNumber`, `autocommit` and, on the first, `startTransaction` and
+//! `readConcern`) to the one shard that owns what it names, and commits or aborts there.
+//! Every reply carries the `recoveryToken` (the participant), so that a commit sent to
+//! another router after this one failed still reaches it.
+//!
+//! A transaction whose statements need a second shard is refused
+//! (OperationNotSupportedInTransaction): committing across shards needs a two-phase commit
+//! with prepared transactions on the shards, which shoal does not have yet.
+
+use super::commands::{collection_of, forwarded, single_shard_cursor, statements_apart, timeout_of};
+use super::Router;
+use bson::{doc, Bson, Document};
+use common::{Code, Error, Result};
+use net::pool::reply_result;
+use parking_lot::Mutex;
+use shard::shards_for_filter;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use wire::Request;
+
+/// Sessions whose transaction the router follows (mongod's logical session cache bound).
+pub const SESSIONS_MAX: usize = 1_000_000;
+
+/// Every session's transaction, as the router sees it.
+#[derive(Default)]
+pub struct RouterTxns {
+    sessions: Mutex<HashMap<Vec<u8>, Arc<tokio::sync::Mutex<Session>>>>,
+}
+
+#[derive(Default)]
+struct Session {
+    txn_number: i64,
+    /// The shard the transaction runs on, once a statement reached one.
+    participant: Option<String>,
+}
+
+impl RouterTxns {
+    fn session(&self, lsid: &[u8]) -> Result<Arc<tokio::sync::Mutex<Session>>> {
+        let mut sessions = self.sessions.lock();
+        if let Some(s) = sessions.get(lsid) {
+            return Ok(s.clone());
+        }
+        if sessions.len() >= SESSIONS_MAX {
+            sessions.retain(|_, s| Arc::strong_count(s) > 1);
+            if sessions.len() >= SESSIONS_MAX {
+                return Err(Error::new(Code::TooManyLogicalSessions, format!("cannot follow transactions of more than {SESSIONS_MAX} sessions")));
+            }
+        }
+        let s = Arc::new(tokio::sync::Mutex::new(Session { txn_number: -1, participant: None }));
+        sessions.insert(lsid.to_vec(), s.clone());
+        Ok(s)
+    }
+
+    /// Forget ended sessions.
+    pub fn end_sessions(&self, lsids: &[Vec<u8>]) {
+        let mut sessions = self.sessions.lock();
+        for l in lsids {
+            sessions.remove(l);
+        }
+    }
+}
+
+/// Whether `req` is a statement of a transaction.
+pub fn is_statement(req: &Request) -> bool {
+    req.body.contains_key("autocommit") || req.body.contains_key("startTransaction")
+}
+
+fn too_many_shards() -> Error {
+    Error::new(
+        Code::OperationNotSupportedInTransaction,
+        "this transaction would span several shards, which needs a two-phase commit shoal's router does not have yet; a transaction through the router runs on one shard",
+    )
+}
+
+/// Run a transaction's statement (`is_statement`).
+pub async fn run(router: &Router, req: &Request) -> Result<Document> {
+    let lsid = match req.body.get_document("lsid").ok().and_then(|l| l.get("id")) {
+        Some(Bson::Binary(b)) => b.bytes.clone(),
+        _ => return Err(Error::new(Code::InvalidOptions, "Transaction number requires a session ID to also be specified")),
+    };
+    let txn_number = match req.body.get("txnNumber") {
+        Some(Bson::Int64(n)) => *n,
+        Some(_) => return Err(Error::type_mismatch("BSON field 'txnNumber' is the wrong type, expected type 'long'")),
+        None => return Err(Error::new(Code::InvalidOptions, "'autocommit' field requires a transaction number to also be specified")),
+    };
+    let session = router.txns.session(&lsid)?;
+    let mut s = session.lock().await;
+    let start = matches!(req.body.get("startTransaction"), Some(Bson::Boolean(true)));
+    if txn_number < s.txn_number {
+        return Err(Error::new(
+            Code::TransactionTooOld,
+            format!("Cannot start transaction {txn_number} on session because a newer transaction {} has already started.", s.txn_number),
+        ));
+    }
+    if start && txn_number > s.txn_number {
+        *s = Session { txn_number, participant: None };
+    }
+    match req.name.as_str() {
+        "commitTransaction" | "abortTransaction" => {
+            // The participant, or the one a recovery token names (a commit retried through
+            // another router).
+            let token = req.body.get_document("recoveryToken").ok().and_then(|t| t.get_str("recoveryShardId").ok()).map(str::to_string);
+            let known = if txn_number == s.txn_number { s.participant.clone() } else { None };
+            let shard = known.clone().or(token);
+            let Some(shard) = shard else {
+                return match req.name.as_str() {
+                    // A transaction that reached no shard has nothing to commit.
+                    "commitTransaction" if txn_number == s.txn_number => Ok(Document::new()),
+                    _ => Err(Error::new(Code::NoSuchTransaction, format!("Transaction {txn_number} has been aborted or was never started."))),
+                };
+            };
+            let mut body = forwarded(req);
+            body.remove("recoveryToken");
+            if known.is_none() && req.name == "commitTransaction" {
+                // Not this router's transaction: ask its shard for the decision, which
+                // aborts it if none was made (mongos's commit recovery).
+                let mut recover = doc! {"coordinateCommitTransaction": 1, "participants": []};
+                body.remove("commitTransaction");
+                recover.extend(body);
+                body = recover;
+            }
+            let set = router.shard(&shard).await?;
+            let (_, reply) = router.pool.run(&set, "admin", body, None, timeout_of(req)).await?;
+            reply_result(reply)
+        }
+        // Cursors remember their shard.
+        "getMore" => super::commands::get_more(router, req).await,
+        "killCursors" => super::commands::kill_cursors(router, req).await,
+        _ => {
+            if txn_number != s.txn_number {
+                return Err(Error::new(Code::NoSuchTransaction, format!("Transaction {txn_number} has been aborted or was never started.")));
+            }
+            let (shard, sc) = target(router, req).await?;
+            if s.participant.as_ref().is_some_and(|p| *p != shard) {
+                return Err(too_many_shards());
+            }
+            s.participant = Some(shard.clone());
+            let body = match &sc {
+                Some(sc) => {
+                    let mut b = forwarded(req);
+                    b.insert("shardVersion", sc.version_doc(&shard));
+                    b
+                }
+                None => router.with_db_version(&req.db, forwarded(req)),
+            };
+            let mut reply = match req.name.as_str() {
+                "find" | "aggregate" => single_shard_cursor(router, req, &shard, body).await?,
+                _ => {
+                    let (body, statements) = statements_apart(&req.name, body)?;
+                    let sequence =
+                        statements.as_ref().map(|(identifier, docs)| wire::RawSequence { identifier, documents: docs.iter().map(Vec::as_slice).collect() });
+                    let set = router.shard(&shard).await?;
+                    let (_, reply) = router.pool.run(&set, &req.db, body, sequence.as_ref(), timeout_of(req)).await?;
+                    reply_result(reply)?
+                }
+            };
+            reply.insert("recoveryToken", doc! {"recoveryShardId": shard});
+            Ok(reply)
+        }
+    }
+}
+
+/// The one shard a statement's documents live on (with the routing table of a sharded
+/// collection), or the refusal of a statement that would need several.
+async fn target(router: &Router, req: &Request) -> Result<(String, Option<Arc<super::catalog::ShardedColl>>)> {
+    let coll = collection_of(req)?;
+    let ns = format!("{}.{coll}", req.db);
+    let Some(sc) = router.sharded(&ns).await? else {
+        let primary = router.db_primary(&req.db, true).await?.ok_or_else(|| Error::internal("no primary shard"))?;
+        return Ok((primary, None));
+    };
+    let mut shards = BTreeSet::new();
+    let docs = |field: &str| -> Vec<Document> {
+        match req.body.get(field) {
+            Some(Bson::Array(a)) => a.iter().filter_map(|d| d.as_document().cloned()).collect(),
+            _ => Vec::new(),
+        }
+    };
+    let filter_of = |field: &str| req.body.get_document(field).cloned().unwrap_or_default();
+    match req.name.as_str() {
+        "insert" => {
+            for d in docs("documents") {
+                shards.insert(sc.table.chunk_for(&sc.table.key.key_of_doc(&d)?).shard.clone());
+            }
+        }
+        "update" => {
+            for s in docs("updates") {
+                shards.extend(super::commands::update_targets(&sc, &s)?);
+            }
+        }
+        "delete" => {
+            for s in docs("deletes") {
+                shards.extend(super::commands::delete_targets(&sc, &s)?);
+            }
+        }
+        "find" | "count" => shards.extend(shards_for_filter(&sc.table, &filter_of("filter"))),
+        "distinct" | "findAndModify" | "findandmodify" => shards.extend(shards_for_filter(&sc.table, &filter_of("query"))),
+        "aggregate" => {
+            let first_match =
+                req.body.get_array("pipeline").ok().and_then(|p| p.first()).and_then(|s| s.as_document()).and_then(|s| s.get_document("$match").ok()).cloned();
+            match first_match {
+                Some(m) => shards.extend(shards_for_filter(&sc.table, &m)),
+                None => shards.extend(sc.table.shards()),
+            }
+        }
+        _ => {
+            let primary = router.db_primary(&req.db, true).await?.ok_or_else(|| Error::internal("no primary shard"))?;
+            shards.insert(primary);
+        }
+    }
+    match shards.len() {
+        1 => Ok((shards.into_iter().next().unwrap_or_default(), Some(sc))),
+        0 => Ok((sc.table.shards().into_iter().next().ok_or_else(|| Error::internal("a routing table without shards"))?, Some(sc))),
+        _ => Err(too_many_shards()),
+    }
+}
