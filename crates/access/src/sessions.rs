@@ -31,6 +31,14 @@ fn timeout() -> Duration {
 }
 
 impl SessionCache {
+    /// A command (its `body`) run by a connection authenticated as `auth`: the session its
+    /// `lsid` names, if any, was used (`touch`).
+    pub fn touch_request(&self, body: &Document, auth: &crate::ConnAuth) -> Result<()> {
+        let Some(Bson::Binary(id)) = body.get_document("lsid").ok().and_then(|l| l.get("id")) else { return Ok(()) };
+        let user = auth.user.as_ref().map(|u| (u.user.as_str(), u.db.as_str()));
+        self.touch(&id.bytes, user)
+    }
+
     /// A command used session `id` (a UUID's 16 bytes; any other id is not a session the
     /// cache keeps). TooManyLogicalSessions when full of sessions still alive.
     pub fn touch(&self, id: &[u8], user: Option<(&str, &str)>) -> Result<()> {

@@ -26,6 +26,9 @@ pub enum BenchCommand {
     Insert(InsertArgs),
     /// Scripted benchmark scenarios that start their own servers and write a report.
     Scenario(ScenarioArgs),
+    /// Transactions that move money between accounts (two documents each), against shoal,
+    /// MongoDB or PostgreSQL.
+    Transfer(TransferArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -86,6 +89,30 @@ pub struct InsertArgs {
 }
 
 #[derive(Args, Debug, Clone)]
+pub struct TransferArgs {
+    /// mongodb://... (a replica set: transactions need one) or postgresql://...
+    #[arg(long, default_value = "mongodb://localhost:27017/?replicaSet=rs0")]
+    pub url: String,
+    #[arg(long, default_value = "bank")]
+    pub database: String,
+    #[arg(long, default_value = "accounts")]
+    pub table: String,
+    #[arg(long, default_value_t = 100_000)]
+    pub accounts: u32,
+    /// Concurrent clients, each running one transaction at a time.
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
+    #[arg(long, default_value_t = 30)]
+    pub run_seconds: u64,
+    /// Use the accounts already loaded instead of reloading them.
+    #[arg(long)]
+    pub no_load: bool,
+    /// A server process (name=pid) whose CPU per transaction to report; repeatable.
+    #[arg(long = "watch-pid")]
+    pub watch_pids: Vec<String>,
+}
+
+#[derive(Args, Debug, Clone)]
 pub struct ScenarioArgs {
     /// Scenario name (see `--list`): instance.
     pub name: Option<String>,
@@ -131,6 +158,7 @@ pub fn run(args: BenchArgs) -> i32 {
             BenchCommand::Ycsb(a) => run_ycsb(a).await,
             BenchCommand::Insert(a) => run_insert(a).await,
             BenchCommand::Scenario(a) => run_scenario(a).await,
+            BenchCommand::Transfer(a) => run_transfer(a).await,
         }
     });
     match result {
@@ -260,6 +288,26 @@ async fn run_insert(a: InsertArgs) -> Result<()> {
     if let Some(path) = a.json {
         std::fs::write(&path, r.json()).with_context(|| format!("write {}", path.display()))?;
     }
+    Ok(())
+}
+
+async fn run_transfer(a: TransferArgs) -> Result<()> {
+    let mut watch_pids = Vec::new();
+    for w in &a.watch_pids {
+        let (name, pid) = w.split_once('=').ok_or_else(|| anyhow::anyhow!("--watch-pid takes name=pid, got {w:?}"))?;
+        watch_pids.push((name.to_string(), pid.parse().with_context(|| format!("--watch-pid {w:?}: not a process id"))?));
+    }
+    let o = crate::transfer::TransferOptions {
+        url: a.url,
+        database: a.database,
+        table: a.table,
+        accounts: a.accounts,
+        workers: a.workers,
+        run_seconds: a.run_seconds,
+        load: !a.no_load,
+        watch_pids,
+    };
+    print!("{}", crate::transfer::run(&o).await?.text());
     Ok(())
 }
 

@@ -7,4 +7,5 @@ pub mod progress;
 pub mod scenario;
 pub mod sys;
 pub mod target;
+pub mod transfer;
 pub mod ycsb;

@@ -348,6 +348,56 @@ fn injected(name: &str, d: &Document) -> Result<Injected> {
     Ok(out)
 }
 
+/// A command's run under failCommand, the same for both roles: `fired` is `fail_command`'s
+/// verdict on it. An error the fail point names is answered instead of running the command
+/// (`error_reply` shapes it); `blockConnection` waits first; `closeConnection` drops the
+/// connection unanswered; `run` gets the fail point's write concern error, answered in place
+/// of the write concern; and the reply's error labels are mongod's for `kind` or the fail
+/// point's `errorLabels`.
+pub async fn around_command<B, F, Fut>(
+    fired: Option<Result<Injected>>,
+    kind: common::labels::Kind,
+    error_reply: impl FnOnce(Error) -> Document,
+    run: F,
+) -> crate::service::Reply<B>
+where
+    B: AsRef<[u8]>,
+    F: FnOnce(Option<Document>) -> Fut,
+    Fut: std::future::Future<Output = crate::service::Reply<B>>,
+{
+    let mut injected = Injected::default();
+    if let Some(fired) = fired {
+        injected = match fired {
+            Ok(i) => i,
+            Err(e) => return crate::service::Reply::new(e.to_reply()),
+        };
+        if let Some(block) = injected.block {
+            tokio::time::sleep(block).await;
+        }
+        if injected.close {
+            return crate::service::Reply::close();
+        }
+    }
+    let mut reply = match injected.error.take() {
+        Some(e) => crate::service::Reply::new(error_reply(e)),
+        None => run(injected.write_concern_error.take()).await,
+    };
+    if injected.labels.is_some() || !reply_ok(&reply.body) || reply.body.contains_key("writeConcernError") {
+        common::labels::apply(kind, &mut reply.body, injected.labels);
+    }
+    reply
+}
+
+/// A reply with `ok: 1` (a double, as both roles answer, or an integer).
+pub fn reply_ok(reply: &Document) -> bool {
+    match reply.get("ok") {
+        Some(Bson::Double(v)) => *v == 1.0,
+        Some(Bson::Int32(v)) => *v == 1,
+        Some(Bson::Int64(v)) => *v == 1,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,46 +58,31 @@ pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> net::s
             return reply(e.to_reply());
         }
     }
-    if let Some(Bson::Binary(id)) = req.body.get_document("lsid").ok().and_then(|l| l.get("id")) {
-        let user = conn.auth.user.as_ref().map(|u| (u.user.as_str(), u.db.as_str()));
-        if let Err(e) = router.sessions.touch(&id.bytes, user) {
-            return reply(e.to_reply());
-        }
+    if let Err(e) = router.sessions.touch_request(&req.body, &conn.auth) {
+        return reply(e.to_reply());
     }
     let label_kind = common::labels::kind(&req.name, &req.body);
-    let mut injected = net::fail_point::Injected::default();
-    if net::fail_point::FAIL_COMMAND.is_active() {
-        let ns = match req.body.get(&req.name) {
-            Some(Bson::String(c)) => format!("{}.{}", req.db, c),
-            _ => format!("{}.$cmd", req.db),
-        };
-        let app_name = net::fail_point::app_name(conn.app_name.as_deref(), &req.name, &req.body);
-        let client = net::fail_point::Client { app_name, internal: conn.internal_client };
-        if let Some(fired) = net::fail_point::fail_command(&req.name, &ns, &client) {
-            injected = match fired {
-                Ok(i) => i,
-                Err(e) => return reply(e.to_reply()),
-            };
-            if let Some(block) = injected.block {
-                tokio::time::sleep(block).await;
-            }
-            if injected.close {
-                return net::service::Reply::close();
-            }
+    let fired = match net::fail_point::FAIL_COMMAND.is_active() {
+        true => {
+            let app_name = net::fail_point::app_name(conn.app_name.as_deref(), &req.name, &req.body);
+            let client = net::fail_point::Client { app_name, internal: conn.internal_client };
+            net::fail_point::fail_command(&req.name, &req.namespace(), &client)
         }
-    }
-    let mut body = match injected.error.take() {
-        Some(e) => e.to_reply(),
-        None => run_row(router, conn, row, &req).await,
+        false => None,
     };
-    if let Some(wce) = injected.write_concern_error.take() {
-        body.insert("writeConcernError", wce);
-    }
-    let ok = matches!(body.get("ok"), Some(Bson::Double(v)) if *v == 1.0);
-    if injected.labels.is_some() || !ok || body.contains_key("writeConcernError") {
-        common::labels::apply(label_kind, &mut body, injected.labels);
-    }
-    reply(body)
+    net::fail_point::around_command(
+        fired,
+        label_kind,
+        |e| e.to_reply(),
+        |wce| async move {
+            let mut body = run_row(router, conn, row, &req).await;
+            if let Some(wce) = wce {
+                body.insert("writeConcernError", wce);
+            }
+            reply(body)
+        },
+    )
+    .await
 }
 
 async fn run_row(router: &Router, conn: &mut RouterConn, row: &super::table::Row, req: &Request) -> Document {

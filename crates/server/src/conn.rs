@@ -292,10 +292,7 @@ fn integer(v: &Bson) -> Option<i64> {
     v.as_i64().or(v.as_i32().map(i64::from))
 }
 
-/// A reply with ok:1.
-fn reply_ok(reply: &Document) -> bool {
-    matches!(reply.get("ok"), Some(Bson::Double(v)) if *v == 1.0)
-}
+use net::fail_point::reply_ok;
 
 async fn refuse_stream(shared: &Shared, stream: &mut Stream, request_id: i32, e: &common::Error) -> Result<(), String> {
     let out = wire::encode_msg(next_request_id(), request_id, &OpMsg { flags: 0, body: e.to_reply(), sequences: vec![] }, None);
@@ -338,26 +335,9 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<(Duration, i
 /// group commit wait on condition variables). A test's failCommand acts first.
 async fn run(shared: &Shared, conn: &mut ConnState, request: Request) -> Reply {
     let label_kind = common::labels::kind(&request.name, &request.body);
-    let mut injected = net::fail_point::Injected::default();
-    if let Some(fired) = fail_command(shared, conn, &request) {
-        injected = match fired {
-            Ok(i) => i,
-            Err(e) => return Reply::new(e.to_reply()),
-        };
-        if let Some(block) = injected.block {
-            tokio::time::sleep(block).await;
-        }
-        if injected.close {
-            return Reply::close();
-        }
-    }
-    let mut reply = match injected.error.take() {
-        Some(e) => Reply::new(dispatch::with_topology_version(shared, e).to_reply()),
-        None => execute(shared, conn, request, injected.write_concern_error.take()).await,
-    };
-    if injected.labels.is_some() || !reply_ok(&reply.body) || reply.body.contains_key("writeConcernError") {
-        common::labels::apply(label_kind, &mut reply.body, injected.labels);
-    }
+    let fired = fail_command(shared, conn, &request);
+    let error_reply = |e| dispatch::with_topology_version(shared, e).to_reply();
+    let mut reply = net::fail_point::around_command(fired, label_kind, error_reply, |wce| execute(shared, conn, request, wce)).await;
     if let Some(repl) = &shared.repl {
         // Replies carry the times causally consistent sessions chain their reads with.
         if let Some((cluster_time, operation_time)) = repl.reply_times(&shared.store) {
@@ -377,10 +357,7 @@ fn fail_command(shared: &Shared, conn: &mut ConnState, request: &Request) -> Opt
     if crate::auth::check(shared, conn, &request.db, &request.name, &request.body).is_err() {
         return None;
     }
-    let ns = match request.body.get(&request.name) {
-        Some(Bson::String(c)) => format!("{}.{}", request.db, c),
-        _ => format!("{}.$cmd", request.db),
-    };
+    let ns = request.namespace();
     let internal = conn.internal_client || conn.auth.user.as_ref().is_some_and(|u| u.user == "__system" && u.db == "local");
     let app_name = net::fail_point::app_name(conn.app_name.as_deref(), &request.name, &request.body);
     net::fail_point::fail_command(&request.name, &ns, &net::fail_point::Client { app_name, internal })

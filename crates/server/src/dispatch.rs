@@ -376,11 +376,8 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request, resumed:
     if let Err(e) = checked {
         return Outcome::reply(with_topology_version(shared, e).to_reply());
     }
-    if let Some(Bson::Binary(id)) = req.body.get_document("lsid").ok().and_then(|l| l.get("id")) {
-        let user = conn.auth.user.as_ref().map(|u| (u.user.as_str(), u.db.as_str()));
-        if let Err(e) = shared.sessions.touch(&id.bytes, user) {
-            return Outcome::reply(e.to_reply());
-        }
+    if let Err(e) = shared.sessions.touch_request(&req.body, &conn.auth) {
+        return Outcome::reply(e.to_reply());
     }
     // With auditing on, the command writes through a handle that notes what it creates.
     let collecting = shared.audit.is_some().then(|| shared.store.collecting_creations());
@@ -508,10 +505,7 @@ fn prepare_and_run(
     }
     // A getMore's maxTimeMS is an awaitData cursor's wait, not a deadline (commands::crud).
     let deadline = max_time.filter(|_| req.name != "getMore").map(|d| Instant::now() + d);
-    let ns = match cmd.get(&req.name) {
-        Some(Bson::String(c)) => format!("{}.{}", req.db, c),
-        _ => format!("{}.$cmd", req.db),
-    };
+    let ns = req.namespace();
     // currentOp shows the command, but never a password or SCRAM message.
     let shown = if crate::auth::has_secrets(&req.name, &req.body) { Arc::new(crate::auth::redacted(&req.body)) } else { req.body.clone() };
     let op = shared.ops.begin(conn.id, conn.remote, conn.app_name.clone(), commands::op_kind(&req.name), ns, shown, deadline);

@@ -11,7 +11,7 @@ use bson::{Bson, Document};
 use common::{Code, Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use storage::OpTime;
@@ -52,6 +52,10 @@ pub struct TransactionTable {
     sessions: Mutex<HashMap<Vec<u8>, Arc<Mutex<Session>>>>,
     /// Transactions in progress (so the reaper looks only when there are some).
     open: AtomicUsize,
+    /// serverStatus's `transactions` counters.
+    started: AtomicU64,
+    committed: AtomicU64,
+    aborted: AtomicU64,
     lifetime: Duration,
 }
 
@@ -90,7 +94,14 @@ impl State {
 
 impl TransactionTable {
     pub fn new(lifetime: Duration) -> TransactionTable {
-        TransactionTable { sessions: Mutex::new(HashMap::new()), open: AtomicUsize::new(0), lifetime }
+        TransactionTable {
+            sessions: Mutex::new(HashMap::new()),
+            open: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
+            committed: AtomicU64::new(0),
+            aborted: AtomicU64::new(0),
+            lifetime,
+        }
     }
 
     /// The session's state, made on first use.
@@ -152,6 +163,7 @@ impl TransactionTable {
             State::InProgress(open) => {
                 open.txn.abort();
                 self.open.fetch_sub(1, Ordering::SeqCst);
+                self.aborted.fetch_add(1, Ordering::Relaxed);
             }
             other => s.state = other,
         }
@@ -217,6 +229,7 @@ impl TransactionTable {
             s.txn_number = txn_number;
             s.state = State::InProgress(Open { txn, store: store.clone(), started: Instant::now() });
             self.open.fetch_add(1, Ordering::SeqCst);
+            self.started.fetch_add(1, Ordering::Relaxed);
             return Ok(store);
         }
         let no_such = || {
@@ -262,8 +275,14 @@ impl TransactionTable {
             State::InProgress(open) => {
                 self.open.fetch_sub(1, Ordering::SeqCst);
                 let r = open.txn.commit();
-                if r.is_ok() {
-                    s.state = State::Committed;
+                match r.is_ok() {
+                    true => {
+                        s.state = State::Committed;
+                        self.committed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    false => {
+                        self.aborted.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 r
             }
@@ -304,9 +323,15 @@ impl TransactionTable {
         }
     }
 
-    /// Transactions in progress.
-    pub fn open_count(&self) -> usize {
-        self.open.load(Ordering::SeqCst)
+    /// serverStatus's `transactions` section.
+    pub fn status(&self) -> Document {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed) as i64;
+        bson::doc! {
+            "currentOpen": self.open.load(Ordering::SeqCst) as i64,
+            "totalStarted": n(&self.started),
+            "totalCommitted": n(&self.committed),
+            "totalAborted": n(&self.aborted),
+        }
     }
 }
 

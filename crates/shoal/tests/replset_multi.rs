@@ -2258,6 +2258,10 @@ async fn transactions_commit_whole_conflict_wait_and_end_with_the_term() {
     assert!(chain[0].get_document("o").unwrap().get_bool("partialTxn").unwrap());
     assert_eq!(chain[1].get_document("o").unwrap().get_i64("count").unwrap(), 21);
 
+    let status = admin(&direct(&set.members[p]).await, doc! {"serverStatus": 1}).await.unwrap();
+    let txns = status.get_document("transactions").unwrap();
+    assert!(txns.get_i64("totalCommitted").unwrap() >= 2 && txns.get_i64("totalAborted").unwrap() >= 1, "{txns:?}");
+
     // Every secondary applied both transactions whole.
     for i in (0..3).filter(|i| *i != p) {
         let c = direct(&set.members[i]).await;

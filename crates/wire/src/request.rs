@@ -36,6 +36,15 @@ impl Request {
         }
         Ok(Request { name, db, body: Arc::new(body) })
     }
+
+    /// The namespace the command names: `db.collection` when its first field is a
+    /// collection's name, else `db.$cmd` (currentOp's `ns`, failCommand's `namespace`).
+    pub fn namespace(&self) -> String {
+        match self.body.get(&self.name) {
+            Some(Bson::String(c)) => format!("{}.{c}", self.db),
+            _ => format!("{}.$cmd", self.db),
+        }
+    }
 }
 
 /// Database names as MongoDB allows them: non-empty, < 64 bytes, none of `/\. "$` or NUL;

@@ -54,7 +54,32 @@ pub trait Target: Send + Sync {
     fn orders_shard<'a>(&'a self, collection: &'a str) -> BoxFuture<'a, Result<()>>;
     /// Inserts one batch; Err carries the database's message.
     fn orders_insert<'a>(&'a self, collection: &'a str, orders: &'a [Order], ordered: bool) -> BoxFuture<'a, Result<()>>;
+
+    /// transfer: drops (when asked) and fills `table` with accounts `0..count`, each with
+    /// `balance`.
+    fn accounts_prepare<'a>(&'a self, table: &'a str, count: u32, balance: i64, drop_first: bool) -> BoxFuture<'a, Result<()>> {
+        let _ = (table, count, balance, drop_first);
+        Box::pin(async move { anyhow::bail!("{} targets do not run the transfer benchmark", self.kind()) })
+    }
+
+    /// transfer: one transaction that debits account `from` and credits `to` by `amount`,
+    /// run again after a conflict; returns how many attempts it took.
+    fn transfer<'a>(&'a self, table: &'a str, from: u32, to: u32, amount: i64) -> BoxFuture<'a, Result<u32>> {
+        let _ = (table, from, to, amount);
+        Box::pin(async move { anyhow::bail!("{} targets do not run the transfer benchmark", self.kind()) })
+    }
+
+    /// transfer: the sum of every balance (the benchmark checks that it is kept).
+    fn accounts_total<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<i64>> {
+        let _ = table;
+        Box::pin(async move { anyhow::bail!("{} targets do not run the transfer benchmark", self.kind()) })
+    }
 }
+
+/// Attempts a transfer makes before it reports the conflict as an error.
+pub const TRANSFER_ATTEMPTS_MAX: u32 = 100;
+/// Accounts per insert while filling the table.
+pub const ACCOUNTS_BATCH: u32 = 1000;
 
 /// Creates per-worker `Target` sessions from one URL. One per run.
 #[allow(clippy::large_enum_variant)]

@@ -254,4 +254,58 @@ impl Target for MongoTarget {
             Ok(())
         })
     }
+
+    fn accounts_prepare<'a>(&'a self, table: &'a str, count: u32, balance: i64, drop_first: bool) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let coll = self.db.collection::<Document>(table);
+            if drop_first {
+                coll.drop().await.with_context(|| format!("drop collection {table}"))?;
+            }
+            let mut start = 0;
+            while start < count {
+                let end = (start + super::ACCOUNTS_BATCH).min(count);
+                coll.insert_many((start..end).map(|i| doc! {"_id": i as i64, "balance": balance})).await.context("insert accounts")?;
+                start = end;
+            }
+            Ok(())
+        })
+    }
+
+    fn transfer<'a>(&'a self, table: &'a str, from: u32, to: u32, amount: i64) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move {
+            let coll = self.db.collection::<Document>(table);
+            for attempt in 1..=super::TRANSFER_ATTEMPTS_MAX {
+                let mut s = self.client.start_session().await.context("start a session")?;
+                s.start_transaction().await.context("start a transaction")?;
+                let r = async {
+                    coll.update_one(doc! {"_id": from as i64}, doc! {"$inc": {"balance": -amount}}).session(&mut s).await?;
+                    coll.update_one(doc! {"_id": to as i64}, doc! {"$inc": {"balance": amount}}).session(&mut s).await?;
+                    s.commit_transaction().await
+                }
+                .await;
+                match r {
+                    Ok(()) => return Ok(attempt),
+                    // A conflict (or a failover): the driver's advice is to run it again.
+                    Err(e) if e.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR) => {
+                        let _ = s.abort_transaction().await;
+                    }
+                    Err(e) => return Err(e).context("transfer"),
+                }
+            }
+            anyhow::bail!("a transfer conflicted {} times", super::TRANSFER_ATTEMPTS_MAX)
+        })
+    }
+
+    fn accounts_total<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<i64>> {
+        Box::pin(async move {
+            let coll = self.db.collection::<Document>(table);
+            let mut c = coll.aggregate(vec![doc! {"$group": {"_id": null, "t": {"$sum": "$balance"}}}]).await.context("sum balances")?;
+            let d = if c.advance().await.context("sum balances")? { c.deserialize_current().context("sum balances")? } else { Document::new() };
+            Ok(match d.get("t") {
+                Some(Bson::Int64(t)) => *t,
+                Some(Bson::Int32(t)) => *t as i64,
+                _ => 0,
+            })
+        })
+    }
 }

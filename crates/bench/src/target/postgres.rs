@@ -313,6 +313,64 @@ impl Target for PostgresTarget {
             Ok(())
         })
     }
+
+    fn accounts_prepare<'a>(&'a self, table: &'a str, count: u32, balance: i64, drop_first: bool) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let t = ident(table);
+            if drop_first {
+                self.client.batch_execute(&format!("DROP TABLE IF EXISTS {t}")).await.context("drop table")?;
+            }
+            self.client.batch_execute(&format!("CREATE TABLE IF NOT EXISTS {t} (id INT PRIMARY KEY, doc JSONB NOT NULL)")).await.context("create table")?;
+            let sql = format!("INSERT INTO {t} (id, doc) SELECT i, jsonb_build_object('balance', $3::bigint) FROM generate_series($1::int, $2::int) AS i");
+            let mut start = 0;
+            while start < count {
+                let end = (start + super::ACCOUNTS_BATCH).min(count);
+                self.client.execute(&sql, &[&(start as i32), &(end as i32 - 1), &balance]).await.context("insert accounts")?;
+                start = end;
+            }
+            Ok(())
+        })
+    }
+
+    fn transfer<'a>(&'a self, table: &'a str, from: u32, to: u32, amount: i64) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move {
+            let sql =
+                format!("UPDATE {} SET doc = jsonb_set(doc, '{{balance}}', to_jsonb((doc->>'balance')::bigint + $2::bigint)) WHERE id = $1", ident(table));
+            let stmt = self.statement(&sql).await.context("prepare the transfer")?;
+            for attempt in 1..=super::TRANSFER_ATTEMPTS_MAX {
+                let r = async {
+                    self.client.batch_execute("BEGIN").await?;
+                    self.client.execute(&stmt, &[&(from as i32), &-amount]).await?;
+                    self.client.execute(&stmt, &[&(to as i32), &amount]).await?;
+                    self.client.batch_execute("COMMIT").await
+                }
+                .await;
+                match r {
+                    Ok(()) => return Ok(attempt),
+                    Err(e) => {
+                        let _ = self.client.batch_execute("ROLLBACK").await;
+                        // Serialization failures and deadlocks: run it again.
+                        let retry = e.code().is_some_and(|c| c.code() == "40001" || c.code() == "40P01");
+                        if !retry {
+                            return Err(e).context("transfer");
+                        }
+                    }
+                }
+            }
+            anyhow::bail!("a transfer conflicted {} times", super::TRANSFER_ATTEMPTS_MAX)
+        })
+    }
+
+    fn accounts_total<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<i64>> {
+        Box::pin(async move {
+            let row = self
+                .client
+                .query_one(&format!("SELECT COALESCE(SUM((doc->>'balance')::bigint), 0)::bigint FROM {}", ident(table)), &[])
+                .await
+                .context("sum balances")?;
+            Ok(row.get::<_, i64>(0))
+        })
+    }
 }
 
 #[cfg(test)]

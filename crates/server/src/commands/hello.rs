@@ -133,6 +133,7 @@ pub fn server_status(ctx: &mut Ctx) -> Result<Document> {
             "bytesOut": Counters::get(&c.bytes_out) as i64,
             "numRequests": Counters::get(&c.requests) as i64,
         },
+        "transactions": s.txns.status(),
         "mem": { "bits": 64, "resident": (resident / (1024 * 1024)) as i32, "virtual": (virt / (1024 * 1024)) as i32, "supported": true },
         "metrics": {
             "cursor": { "open": { "total": s.cursors.open_count() as i64 } },
