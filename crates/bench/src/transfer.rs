@@ -43,6 +43,8 @@ pub struct TransferReport {
     /// CPU seconds each watched process used during the run.
     pub server_cpu: Vec<(String, Duration)>,
     pub client_cpu: sys::CpuUse,
+    /// The machine's idle CPU during the run, percent.
+    pub machine_idle_percent: Option<f64>,
     pub total_kept: bool,
 }
 
@@ -69,6 +71,9 @@ impl TransferReport {
             out.push_str(&format!("[transfer] {name} CPU: {:.1} us per transaction\n", cpu.as_secs_f64() * 1e6 / self.transactions.max(1) as f64));
         }
         out.push_str(&format!("[transfer] client CPU: {:.2} cores\n", self.client_cpu.cores_used));
+        if let Some(idle) = self.machine_idle_percent {
+            out.push_str(&format!("[transfer] machine idle: {idle:.0}%\n"));
+        }
         out
     }
 }
@@ -94,6 +99,7 @@ pub async fn run(o: &TransferOptions) -> Result<TransferReport> {
     let expected = setup.accounts_total(&o.table).await?;
     let cpu_start: Vec<Option<Duration>> = o.watch_pids.iter().map(|(_, pid)| sys::process_cpu_time(*pid)).collect();
     let self_start = sys::self_cpu_time();
+    let machine_start = sys::machine_cpu_ticks();
     let started = Instant::now();
     let until = started + Duration::from_secs(o.run_seconds);
     let mut tasks = Vec::with_capacity(o.workers);
@@ -136,6 +142,7 @@ pub async fn run(o: &TransferOptions) -> Result<TransferReport> {
         latency_us: new_histogram(),
         server_cpu: Vec::new(),
         client_cpu: sys::cpu_use(Duration::ZERO, Duration::from_secs(1)),
+        machine_idle_percent: None,
         total_kept: false,
     };
     for t in tasks {
@@ -147,6 +154,7 @@ pub async fn run(o: &TransferOptions) -> Result<TransferReport> {
     }
     report.elapsed = started.elapsed();
     report.client_cpu = sys::cpu_use(sys::self_cpu_time().saturating_sub(self_start), report.elapsed);
+    report.machine_idle_percent = machine_start.zip(sys::machine_cpu_ticks()).map(|(a, b)| sys::idle_percent(a, b));
     for ((name, pid), start) in o.watch_pids.iter().zip(cpu_start) {
         if let (Some(a), Some(b)) = (start, sys::process_cpu_time(*pid)) {
             report.server_cpu.push((name.clone(), b.saturating_sub(a)));

@@ -145,8 +145,10 @@ def test_with_transaction_commits_retries_conflicts_and_aborts(three_members):
     assert accounts.find_one({"_id": 0})["balance"] == before
 
     # Inside a transaction, a command mongod refuses there is refused with its code.
-    with rs.start_session() as s, s.start_transaction():
+    with rs.start_session() as s:
+        s.start_transaction()
         with pytest.raises(OperationFailure) as e:
             rs.bank.command("count", "accounts", session=s)
         assert e.value.code == 263 and e.value.details["codeName"] == "OperationNotSupportedInTransaction"
+        s.abort_transaction()
     rs.close()
