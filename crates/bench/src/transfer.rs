@@ -1,12 +1,13 @@
 //! The transfer benchmark: transactions that move an amount from one account to another
 //! (debit one document, credit another, commit), from N workers over a table of accounts,
-//! against shoal or MongoDB (multi-document transactions through the official driver) and
+//! against shoal or MongoDB (multi-document transactions: through the lean wire client on one
+//! host, the official driver's session API otherwise) and
 //! PostgreSQL (`BEGIN; UPDATE; UPDATE; COMMIT` on JSONB rows). A transaction that conflicts
 //! runs again; the report counts transactions, attempts, latency and CPU, and checks that
 //! the total balance is kept.
 
 use crate::sys;
-use crate::target::{mongo::MongoConnector, Connector};
+use crate::target::Connector;
 use crate::ycsb::measure::new_histogram;
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
@@ -85,13 +86,7 @@ pub async fn run(o: &TransferOptions) -> Result<TransferReport> {
     if o.accounts < 2 || o.accounts > ACCOUNTS_MAX {
         bail!("--accounts must be 2 to {ACCOUNTS_MAX}");
     }
-    // Transactions need the official driver's sessions (the lean wire client has none).
-    let connector = if o.url.starts_with("mongodb") {
-        let options = mongodb::options::ClientOptions::parse(&o.url).await.with_context(|| format!("parse MongoDB URL {}", o.url))?;
-        Connector::Mongo(MongoConnector::new(options, o.database.clone(), &o.url).await?)
-    } else {
-        Connector::new(&o.url, &o.database).await?
-    };
+    let connector = Connector::new(&o.url, &o.database).await?;
     let setup = connector.session().await?;
     if o.load {
         setup.accounts_prepare(&o.table, o.accounts, BALANCE_START, true).await?;

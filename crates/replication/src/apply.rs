@@ -8,9 +8,9 @@
 //! effect (create of an existing collection, drop of a missing one, an index that exists)
 //! succeed.
 //!
-//! A secondary's batch (`apply_written`) of inserts, whole-document updates, deletes and
-//! no-ops goes to the engine as each document's final state, in one engine write with the
-//! oplog's applied-through point (`Store::apply_written`). Catalog commands, update
+//! A secondary's batch (`apply_written`) of inserts, whole-document updates, deletes,
+//! no-ops and whole transactions of these goes to the engine as each document's final state,
+//! in one engine write with the oplog's applied-through point (`Store::apply_written`). Catalog commands, update
 //! operators, and final states that move a unique key between documents are applied one
 //! entry at a time (`apply_entry`), as the applyOps command applies its entries. The
 //! `config.transactions` records of retryable writes travel in no entry of their own: each
@@ -120,8 +120,24 @@ fn is_final_state(entry: &RawDocument) -> bool {
     match entry.get_str("op") {
         Ok("n" | "i" | "d") => true,
         Ok("u") => entry.get_document("o").is_ok_and(|o| !o.into_iter().next().is_some_and(|f| f.is_ok_and(|(k, _)| k.as_str().starts_with('$')))),
+        // A whole transaction (not a chain's part) of such operations: the batch's one
+        // engine write applies it whole.
+        Ok("c") => transaction_ops(entry).is_some_and(|ops| ops.iter().all(|op| is_final_state(op))),
         _ => false,
     }
+}
+
+/// The operations of a committed transaction's entry that is a whole transaction
+/// (`applyOps` on `admin.$cmd`, neither `partialTxn` nor the `count` of a chain's last).
+fn transaction_ops(entry: &RawDocument) -> Option<Vec<&RawDocument>> {
+    if entry.get_str("op").ok()? != "c" || entry.get_str("ns").ok()? != "admin.$cmd" {
+        return None;
+    }
+    let o = entry.get_document("o").ok()?;
+    if o.get("partialTxn").ok().flatten().is_some() || o.get("count").ok().flatten().is_some() {
+        return None;
+    }
+    o.get_array("applyOps").ok()?.into_iter().map(|op| op.ok().and_then(|op| op.as_document())).collect()
 }
 
 /// Each collection's documents as `entries` (all `is_final_state`) leave them: the last
@@ -154,60 +170,64 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
                 }
             }
         }
-        let op = entry.get_str("op").map_err(|_| parse("string field 'op'"))?;
-        if op == "n" {
-            continue;
-        }
-        let o = entry.get_document("o").map_err(|_| parse("object field 'o'"))?;
-        let raw_id = o.get("_id").ok().flatten();
-        let (change, id) = match (op, raw_id) {
-            ("d", Some(id)) => {
-                let id = to_bson(id)?;
-                (ReplicatedChange::Delete { id: id.clone() }, id)
+        // A transaction's entry stands for its operations.
+        let units = transaction_ops(entry).unwrap_or_else(|| vec![entry]);
+        for entry in units {
+            let op = entry.get_str("op").map_err(|_| parse("string field 'op'"))?;
+            if op == "n" {
+                continue;
             }
-            ("d", None) => return Err(parse("o._id (delete)")),
-            (_, Some(id)) => {
-                let id = to_bson(id)?;
-                (ReplicatedChange::Put { doc: o.to_owned() }, id)
-            }
-            ("u", None) => {
-                // A whole document without its _id: the _id comes from o2, as apply_entry does.
-                let id = entry.get_document("o2").ok().and_then(|o2| o2.get("_id").ok().flatten()).ok_or_else(|| parse("o2._id (update)"))?;
-                let id = to_bson(id)?;
-                let mut doc = Document::try_from(o).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid oplog entry: {e}")))?;
-                doc.insert("_id", id.clone());
-                let doc = bson::RawDocumentBuf::try_from(&doc).map_err(|e| Error::bad_value(format!("cannot encode a document: {e}")))?;
-                (ReplicatedChange::Put { doc }, id)
-            }
-            _ => return Err(parse("o._id (insert)")),
-        };
-        let mut key = Vec::with_capacity(16);
-        storage::encode_component(&id, false, &mut key);
-        let ns = entry.get_str("ns").map_err(|_| parse("string field 'ns'"))?;
-        let g = match groups.iter().position(|g| g.ns == ns) {
-            Some(i) => i,
-            None => {
-                groups.push(Group { ns: ns.to_string(), coll: collection(store, ns, None)?, changes: Vec::new(), by_id: HashMap::new() });
-                groups.len() - 1
-            }
-        };
-        let g = &mut groups[g];
-        if g.coll.is_none() && matches!(change, ReplicatedChange::Put { .. }) {
-            let ui = match entry.get_binary("ui") {
-                Ok(b) => Some(
-                    <[u8; 16]>::try_from(b.bytes)
-                        .map(bson::Uuid::from_bytes)
-                        .map_err(|_| Error::new(Code::FailedToParse, "oplog entry field 'ui' is not a UUID"))?,
-                ),
-                Err(_) => None,
+            let o = entry.get_document("o").map_err(|_| parse("object field 'o'"))?;
+            let raw_id = o.get("_id").ok().flatten();
+            let (change, id) = match (op, raw_id) {
+                ("d", Some(id)) => {
+                    let id = to_bson(id)?;
+                    (ReplicatedChange::Delete { id: id.clone() }, id)
+                }
+                ("d", None) => return Err(parse("o._id (delete)")),
+                (_, Some(id)) => {
+                    let id = to_bson(id)?;
+                    (ReplicatedChange::Put { doc: o.to_owned() }, id)
+                }
+                ("u", None) => {
+                    // A whole document without its _id: the _id comes from o2, as apply_entry does.
+                    let id = entry.get_document("o2").ok().and_then(|o2| o2.get("_id").ok().flatten()).ok_or_else(|| parse("o2._id (update)"))?;
+                    let id = to_bson(id)?;
+                    let mut doc = Document::try_from(o).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid oplog entry: {e}")))?;
+                    doc.insert("_id", id.clone());
+                    let doc = bson::RawDocumentBuf::try_from(&doc).map_err(|e| Error::bad_value(format!("cannot encode a document: {e}")))?;
+                    (ReplicatedChange::Put { doc }, id)
+                }
+                _ => return Err(parse("o._id (insert)")),
             };
-            g.coll = collection(store, ns, Some(ui))?;
-        }
-        match g.by_id.get(&key) {
-            Some(&i) => g.changes[i] = change,
-            None => {
-                g.by_id.insert(key, g.changes.len());
-                g.changes.push(change);
+            let mut key = Vec::with_capacity(16);
+            storage::encode_component(&id, false, &mut key);
+            let ns = entry.get_str("ns").map_err(|_| parse("string field 'ns'"))?;
+            let g = match groups.iter().position(|g| g.ns == ns) {
+                Some(i) => i,
+                None => {
+                    groups.push(Group { ns: ns.to_string(), coll: collection(store, ns, None)?, changes: Vec::new(), by_id: HashMap::new() });
+                    groups.len() - 1
+                }
+            };
+            let g = &mut groups[g];
+            if g.coll.is_none() && matches!(change, ReplicatedChange::Put { .. }) {
+                let ui = match entry.get_binary("ui") {
+                    Ok(b) => Some(
+                        <[u8; 16]>::try_from(b.bytes)
+                            .map(bson::Uuid::from_bytes)
+                            .map_err(|_| Error::new(Code::FailedToParse, "oplog entry field 'ui' is not a UUID"))?,
+                    ),
+                    Err(_) => None,
+                };
+                g.coll = collection(store, ns, Some(ui))?;
+            }
+            match g.by_id.get(&key) {
+                Some(&i) => g.changes[i] = change,
+                None => {
+                    g.by_id.insert(key, g.changes.len());
+                    g.changes.push(change);
+                }
             }
         }
     }
@@ -544,6 +564,20 @@ mod tests {
         replace(&a, Bson::Int32(2), doc! {"_id": 2, "k": 2002, "tags": ["replaced"]});
         replace(&b, Bson::String("x".into()), doc! {"_id": "x", "v": 3, "w": "longer than before"});
         ship("replacements", &primary);
+        // Transactions: one whole (applied in the batch), and a session's record that says
+        // committed.
+        {
+            let txn = primary.begin_transaction(Some((&[4; 16], 3))).unwrap();
+            let t = primary.in_transaction(&txn);
+            let (ta, tb) = (t.collection("db", "a").unwrap(), t.collection("db", "b").unwrap());
+            replace(&ta, Bson::Int32(3), doc! {"_id": 3, "k": 3003});
+            delete(&tb, Bson::String("x".into()));
+            assert!(ta.insert_many(&[doc! {"_id": 500, "k": 500}], true).errors.is_empty());
+            txn.commit().unwrap();
+        }
+        let newest = entries_after(&primary, OpTime::default()).1.pop().unwrap().1;
+        assert!(transaction_ops(RawDocument::from_bytes(&newest).unwrap()).is_some_and(|ops| ops.len() == 3));
+        ship("a transaction", &primary);
         // A fetched entry whose strings are not UTF-8 is refused, as decoding it would be,
         // though it is stored without being decoded: nothing is applied or logged.
         let marker = "\u{1}\u{2}";

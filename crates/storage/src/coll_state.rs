@@ -208,6 +208,21 @@ pub(crate) struct CollState {
 }
 
 impl CollState {
+    /// A collection's state as its creation or the catalog's load makes it.
+    pub(crate) fn new(shared: &Arc<Shared>, id: u64, db: &str, name: &str, meta: MetaRt, stats: Stats) -> Arc<CollState> {
+        Arc::new(CollState {
+            shared: shared.clone(),
+            id,
+            ns: RwLock::new((db.to_string(), name.to_string())),
+            meta: RwLock::new(Arc::new(meta)),
+            lock: WriteLock::new(),
+            stats: Mutex::new(stats),
+            dropped: AtomicBool::new(false),
+            removals: AtomicU64::new(0),
+            truncations: AtomicU64::new(0),
+        })
+    }
+
     pub(crate) fn ns_string(&self) -> String {
         let ns = self.ns.read();
         format!("{}.{}", ns.0, ns.1)

@@ -182,7 +182,13 @@ pub(crate) fn stamp_prev(entry: &mut [u8], prev: OpTime) {
 /// A session's `config.transactions` record, as mongod keeps it for retryable writes:
 /// `{_id: {id: lsid}, txnNum, lastWriteOpTime: {ts, t}, lastWriteDate}`.
 pub(crate) fn session_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(128);
+    record(lsid, txn, None, last, wall_ms)
+}
+
+/// A session's record with its transaction's `state` (before `lastWriteOpTime`, whose place
+/// from the end `stamp_session_record` relies on).
+fn record(lsid: &[u8], txn: i64, state: Option<&str>, last: OpTime, wall_ms: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(144);
     let start = begin(&mut out);
     out.push(0x03);
     out.extend_from_slice(b"_id\0");
@@ -190,6 +196,11 @@ pub(crate) fn session_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64) 
     out.push(0x12);
     out.extend_from_slice(b"txnNum\0");
     out.extend_from_slice(&txn.to_le_bytes());
+    if let Some(state) = state {
+        out.push(0x02);
+        out.extend_from_slice(b"state\0");
+        append_string(state, &mut out);
+    }
     out.push(0x03);
     out.extend_from_slice(b"lastWriteOpTime\0");
     append_optime(&mut out, last);
@@ -375,28 +386,9 @@ pub(crate) fn transaction_entry(ops: &[Vec<u8>], part: ChainPart, tag: &SessionT
 }
 
 /// A session's `config.transactions` record after its transaction `txn` committed:
-/// `session_record`'s fields with `state: "committed"` (before `lastWriteOpTime`, whose
-/// place from the end `stamp_session_record` relies on).
+/// `session_record`'s fields with `state: "committed"`.
 pub(crate) fn committed_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(144);
-    let start = begin(&mut out);
-    out.push(0x03);
-    out.extend_from_slice(b"_id\0");
-    append_lsid(&mut out, lsid);
-    out.push(0x12);
-    out.extend_from_slice(b"txnNum\0");
-    out.extend_from_slice(&txn.to_le_bytes());
-    out.push(0x02);
-    out.extend_from_slice(b"state\0");
-    append_string("committed", &mut out);
-    out.push(0x03);
-    out.extend_from_slice(b"lastWriteOpTime\0");
-    append_optime(&mut out, last);
-    out.push(0x09);
-    out.extend_from_slice(b"lastWriteDate\0");
-    out.extend_from_slice(&wall_ms.to_le_bytes());
-    end(&mut out, start);
-    out
+    record(lsid, txn, Some("committed"), last, wall_ms)
 }
 
 /// A catalog command as one operation of a transaction's `applyOps`:

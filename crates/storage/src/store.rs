@@ -114,17 +114,7 @@ impl Store {
             stats.index_bytes.retain(|iid, _| indexes.iter().any(|i| i.id == *iid));
             stats.multikey.retain(|iid| indexes.iter().any(|i| i.id == *iid));
             total_data += stats.data_bytes;
-            let st = Arc::new(CollState {
-                shared: shared.clone(),
-                id,
-                ns: RwLock::new((db.clone(), name.clone())),
-                meta: RwLock::new(Arc::new(MetaRt { uuid, options, indexes })),
-                lock: WriteLock::new(),
-                stats: Mutex::new(stats),
-                dropped: AtomicBool::new(false),
-                removals: AtomicU64::new(0),
-                truncations: AtomicU64::new(0),
-            });
+            let st = CollState::new(&shared, id, &db, &name, MetaRt { uuid, options, indexes }, stats);
             colls.insert((db, name), st);
         }
         let mut garbage = Vec::new();
@@ -224,17 +214,7 @@ impl Store {
         create.extend(meta.options.clone());
         let entry = self.command_entry(db, Some(meta.uuid), &create)?;
         shared.apply_logged(batch, entry)?;
-        let st = Arc::new(CollState {
-            shared: shared.clone(),
-            id,
-            ns: RwLock::new((db.to_string(), name.to_string())),
-            meta: RwLock::new(Arc::new(meta)),
-            lock: WriteLock::new(),
-            stats: Mutex::new(stats),
-            dropped: AtomicBool::new(false),
-            removals: AtomicU64::new(0),
-            truncations: AtomicU64::new(0),
-        });
+        let st = CollState::new(shared, id, db, name, meta, stats);
         let new_db = {
             let mut colls = self.inner.colls.write();
             let new_db = colls.range((db.to_string(), String::new())..).next().is_none_or(|((d, _), _)| d != db);

@@ -200,17 +200,7 @@ impl Transaction {
         create.extend(meta.options.clone());
         let op = oplog::command_op(db, Some(meta.uuid), &create).map_err(Error::bad_value)?;
         let stats = Stats { next_rid: 1, ..Stats::default() };
-        let st = Arc::new(CollState {
-            shared: shared.clone(),
-            id,
-            ns: RwLock::new((db.to_string(), name.to_string())),
-            meta: RwLock::new(Arc::new(meta)),
-            lock: WriteLock::new(),
-            stats: Mutex::new(stats.clone()),
-            dropped: AtomicBool::new(false),
-            removals: AtomicU64::new(0),
-            truncations: AtomicU64::new(0),
-        });
+        let st = CollState::new(shared, id, db, name, meta, stats.clone());
         Arc::make_mut(&mut s.writes).insert((Space::Catalog, stats_key(id)), Some(stats.to_bytes()));
         if self.session.is_some() {
             s.ops_bytes += op.len();

@@ -89,6 +89,8 @@ impl WireConnector {
         let conn = self.connect().await?;
         Ok(WireTarget {
             conn: Mutex::new(conn),
+            lsid: bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: rand::random::<[u8; 16]>().to_vec() },
+            txn_number: std::sync::atomic::AtomicI64::new(0),
             db: self.db.clone(),
             write_concern: self.write_concern.clone(),
             read_preference: self.read_preference.clone(),
@@ -183,6 +185,9 @@ fn check_reply(reply: &RawDocument) -> Result<()> {
 
 pub struct WireTarget {
     conn: Mutex<Conn>,
+    /// This worker's logical session, for transactions (the transfer benchmark).
+    lsid: bson::Binary,
+    txn_number: std::sync::atomic::AtomicI64,
     db: String,
     write_concern: Option<Document>,
     read_preference: Option<Document>,
@@ -378,6 +383,83 @@ impl Target for WireTarget {
                 })
                 .collect();
             self.run(self.write_command(doc! {"insert": collection, "ordered": ordered, "documents": docs})).await
+        })
+    }
+
+    fn accounts_prepare<'a>(&'a self, table: &'a str, count: u32, balance: i64, drop_first: bool) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if drop_first {
+                match self.run(doc! {"drop": table, "$db": self.db.as_str()}).await {
+                    Err(e) if e.downcast_ref::<CommandError>().is_some_and(|c| c.code == 26) => {}
+                    r => r.context("drop the accounts")?,
+                }
+            }
+            let mut start = 0;
+            while start < count {
+                let end = (start + super::ACCOUNTS_BATCH).min(count);
+                let docs: Vec<Bson> = (start..end).map(|i| Bson::Document(doc! {"_id": i as i64, "balance": balance})).collect();
+                self.run(self.write_command(doc! {"insert": table, "documents": docs})).await.context("insert accounts")?;
+                start = end;
+            }
+            Ok(())
+        })
+    }
+
+    fn transfer<'a>(&'a self, table: &'a str, from: u32, to: u32, amount: i64) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move {
+            let lsid = doc! {"id": self.lsid.clone()};
+            let statement = |id: u32, by: i64, n: i64, first: bool| {
+                let mut b =
+                    doc! {"update": table, "updates": [{"q": {"_id": id as i64}, "u": {"$inc": {"balance": by}}}], "lsid": lsid.clone(), "txnNumber": n};
+                if first {
+                    b.insert("startTransaction", true);
+                }
+                b.insert("autocommit", false);
+                b.insert("$db", self.db.as_str());
+                b
+            };
+            for attempt in 1..=super::TRANSFER_ATTEMPTS_MAX {
+                let n = self.txn_number.fetch_add(1, Ordering::Relaxed) + 1;
+                let mut end = doc! {"commitTransaction": 1, "lsid": lsid.clone(), "txnNumber": n, "autocommit": false};
+                if let Some(wc) = &self.write_concern {
+                    end.insert("writeConcern", wc.clone());
+                }
+                end.insert("$db", "admin");
+                let r = async {
+                    self.run(statement(from, -amount, n, true)).await?;
+                    self.run(statement(to, amount, n, false)).await?;
+                    self.run(end).await
+                }
+                .await;
+                match r {
+                    Ok(()) => return Ok(attempt),
+                    // WriteConflict or NoSuchTransaction: the transaction ran into another.
+                    Err(e) if e.downcast_ref::<CommandError>().is_some_and(|c| c.code == 112 || c.code == 251) => {
+                        let abort = doc! {"abortTransaction": 1, "lsid": lsid.clone(), "txnNumber": n, "autocommit": false, "$db": "admin"};
+                        let _ = self.run(abort).await;
+                    }
+                    Err(e) => return Err(e).context("transfer"),
+                }
+            }
+            bail!("a transfer conflicted {} times", super::TRANSFER_ATTEMPTS_MAX)
+        })
+    }
+
+    fn accounts_total<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<i64>> {
+        Box::pin(async move {
+            let mut conn = self.conn.lock().await;
+            let reply = conn
+                .command(doc! {"aggregate": table, "pipeline": [{"$group": {"_id": null, "t": {"$sum": "$balance"}}}], "cursor": {}, "$db": self.db.as_str()})
+                .await?;
+            let batch = reply.get_document("cursor")?.get_array("firstBatch")?;
+            let total = batch
+                .into_iter()
+                .next()
+                .and_then(|d| d.ok())
+                .and_then(|d| d.as_document())
+                .and_then(|d| d.get("t").ok().flatten())
+                .and_then(|t| t.as_i64().or(t.as_i32().map(i64::from)));
+            Ok(total.unwrap_or(0))
         })
     }
 }
