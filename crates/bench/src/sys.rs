@@ -104,6 +104,29 @@ pub fn cpu_use(cpu: Duration, wall: Duration) -> CpuUse {
     }
 }
 
+/// The machine's CPU time so far, from `/proc/stat`'s first line: (busy, idle) in clock
+/// ticks, idle counting iowait. None where there is no `/proc/stat`.
+pub fn machine_cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+    let total: u64 = v.iter().take(8).sum();
+    Some((total.saturating_sub(idle), idle))
+}
+
+/// The share of the machine's CPU time that was idle between two `machine_cpu_ticks`, in
+/// percent.
+pub fn idle_percent(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let busy = after.0.saturating_sub(before.0) as f64;
+    let idle = after.1.saturating_sub(before.1) as f64;
+    if busy + idle == 0.0 {
+        return 0.0;
+    }
+    100.0 * idle / (busy + idle)
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,26 +153,4 @@ mod tests {
         let u = cpu_use(Duration::from_millis(500), Duration::from_millis(1000));
         assert!((u.cores_used - 0.5).abs() < 1e-9);
     }
-}
-
-/// The machine's CPU time so far, from `/proc/stat`'s first line: (busy, idle) in clock
-/// ticks, idle counting iowait. None where there is no `/proc/stat`.
-pub fn machine_cpu_ticks() -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = stat.lines().next()?.strip_prefix("cpu ")?;
-    let v: Vec<u64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
-    let total: u64 = v.iter().take(8).sum();
-    Some((total.saturating_sub(idle), idle))
-}
-
-/// The share of the machine's CPU time that was idle between two `machine_cpu_ticks`, in
-/// percent.
-pub fn idle_percent(before: (u64, u64), after: (u64, u64)) -> f64 {
-    let busy = after.0.saturating_sub(before.0) as f64;
-    let idle = after.1.saturating_sub(before.1) as f64;
-    if busy + idle == 0.0 {
-        return 0.0;
-    }
-    100.0 * idle / (busy + idle)
 }

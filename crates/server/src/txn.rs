@@ -238,19 +238,20 @@ impl TransactionTable {
                 format!("Transaction with {{ txnNumber: {txn_number} }} has been aborted or was never started on this session."),
             )
         };
+        if txn_number > s.txn_number
+            && matches!(name, "commitTransaction" | "coordinateCommitTransaction")
+            && committed_on_record(&shared.store, lsid, txn_number)?
+        {
+            // Committed before this member knew of it (a commit retried after a failover):
+            // the session's record says so.
+            s.txn_number = txn_number;
+            s.state = State::Committed;
+        }
         if txn_number != s.txn_number {
             return Err(no_such());
         }
         if cmd.contains_key("readConcern") && !is_end(name) {
             return Err(Error::new(Code::InvalidOptions, "Only the first command in a transaction may specify a readConcern"));
-        }
-        if matches!(s.state, State::None)
-            && matches!(name, "commitTransaction" | "coordinateCommitTransaction")
-            && committed_on_record(&shared.store, lsid, txn_number)?
-        {
-            // Committed before this member knew the session (a commit retried after a
-            // failover): its record says so.
-            s.state = State::Committed;
         }
         match (&s.state, name) {
             (State::InProgress(open), _) => Ok(open.store.clone()),

@@ -87,7 +87,7 @@ async fn fault_links(members: &[Server], p: usize, fault: Option<Document>) {
             }
             None => "off",
         };
-        admin(m, doc! {"configureFailPoint": "replLink", "mode": mode, "data": data}).await.unwrap_or_else(|e| panic!("fail point on member {i}: {e}"));
+        set_fail_point(m, i, doc! {"configureFailPoint": "replLink", "mode": mode, "data": data}).await;
     }
 }
 
@@ -96,9 +96,33 @@ async fn cut_link(members: &[Server], a: usize, b: usize, on: bool) {
     for (from, to) in [(a, b), (b, a)] {
         let data = doc! {"host": host(&members[to]), "partition": true};
         let mode = if on { "alwaysOn" } else { "off" };
-        admin(&members[from], doc! {"configureFailPoint": "replLink", "mode": mode, "data": data})
-            .await
-            .unwrap_or_else(|e| panic!("fail point on member {from}: {e}"));
+        set_fail_point(&members[from], from, doc! {"configureFailPoint": "replLink", "mode": mode, "data": data}).await;
+    }
+}
+
+/// Configure a fail point on member `i`. A member that is busy (catching up after a restart,
+/// on two shared cores) may miss the client's 2 s; one that does not answer for 30 s is stuck,
+/// and the panic shows where.
+async fn set_fail_point(m: &Server, i: usize, cmd: Document) {
+    let deadline = Instant::now() + FAIL_POINT_ANSWER_WITHIN;
+    loop {
+        match admin(m, cmd.clone()).await {
+            Ok(_) => return,
+            Err(e) if Instant::now() >= deadline => panic!("fail point on member {i}: {e}\n{}", stacks(m)),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// How long a member may take to answer the nemesis.
+const FAIL_POINT_ANSWER_WITHIN: Duration = Duration::from_secs(30);
+
+/// Where a member that does not answer is stuck: its threads' stacks (gdb, where installed).
+fn stacks(s: &Server) -> String {
+    let Some(pid) = s.pid() else { return "(not running)".into() };
+    match std::process::Command::new("gdb").args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt 30"]).output() {
+        Ok(out) => String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with('#') || l.starts_with("Thread")).collect::<Vec<_>>().join("\n"),
+        Err(e) => format!("(no stacks: {e})"),
     }
 }
 
@@ -499,14 +523,27 @@ async fn transactions_keep_snapshot_isolation_through_kills_pauses_partitions_an
     wait_for_primary(&mut members).await;
     let client = Client::with_uri_str(&uri).await.expect("client");
     let lists = client.database("jepsen").collection::<Document>("lists");
-    let mut session = client.start_session().await.expect("session");
-    session.start_transaction().read_concern(ReadConcern::snapshot()).await.expect("final transaction");
-    let mut reads = Vec::new();
-    for k in 0..LISTS as i64 {
-        let d = lists.find_one(doc! {"_id": k}).session(&mut session).await.expect("final read").expect("every list exists");
-        reads.push(elle::Mop::Read(k, Some(d.get_array("l").expect("l").iter().map(|v| v.as_i64().expect("i64")).collect())));
-    }
-    session.commit_transaction().await.expect("final commit");
+    // Its reads count once it commits (w:"majority"): a primary deposed meanwhile may have
+    // shown writes it then rolled back, so it runs again until it commits.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let reads = loop {
+        let attempt = async {
+            let mut session = client.start_session().await?;
+            session.start_transaction().read_concern(ReadConcern::snapshot()).write_concern(WriteConcern::majority()).await?;
+            let mut reads = Vec::new();
+            for k in 0..LISTS as i64 {
+                let d = lists.find_one(doc! {"_id": k}).session(&mut session).await?.expect("every list exists");
+                reads.push(elle::Mop::Read(k, Some(d.get_array("l").expect("l").iter().map(|v| v.as_i64().expect("i64")).collect())));
+            }
+            session.commit_transaction().await?;
+            mongodb::error::Result::Ok(reads)
+        };
+        match attempt.await {
+            Ok(reads) => break reads,
+            Err(e) => assert!(Instant::now() < deadline, "the final reads did not commit within 60 s: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let mut history = std::mem::take(&mut *history.lock().expect("history lock"));
     history.push(elle::Txn { ops: reads, outcome: elle::Outcome::Committed });
 

@@ -2289,6 +2289,8 @@ async fn transactions_commit_whole_conflict_wait_and_end_with_the_term() {
     assert!(s4.commit_transaction().await.is_err(), "a transaction of a deposed primary does not commit");
     let on_new = direct(&set.members[q]).await;
     assert!(on_new.database("bank").collection::<Document>("accounts").find_one(doc! {"_id": 99}).await.unwrap().is_none());
+    // A commit retried on the new primary finds the transaction committed, from its record.
+    s.commit_transaction().await.unwrap();
 }
 
 async fn oplog_entries(client: &Client, filter: Document) -> Vec<Document> {
