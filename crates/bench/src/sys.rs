@@ -126,7 +126,6 @@ pub fn idle_percent(before: (u64, u64), after: (u64, u64)) -> f64 {
     100.0 * idle / (busy + idle)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

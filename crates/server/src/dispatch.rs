@@ -470,6 +470,10 @@ fn prepare_and_run(
         }
         Some(_) => lsid.clone(),
     };
+    // A member that is not primary refuses before a transaction begins or continues here.
+    if let Some(repl) = &shared.repl {
+        check_member_state(repl, req)?;
+    }
     // The session's transaction state is held for the whole statement: one statement at a
     // time per session, as mongod checks a session out.
     let txn_session = match (in_txn, &lsid) {
@@ -483,9 +487,6 @@ fn prepare_and_run(
     };
     let ends_txn = in_txn && matches!(req.name.as_str(), "commitTransaction" | "abortTransaction" | "coordinateCommitTransaction");
     let store = txn_store.as_ref().unwrap_or(store);
-    if let Some(repl) = &shared.repl {
-        check_member_state(repl, req)?;
-    }
     let mut read_level = check_read_concern(cmd, shared.repl.as_ref(), in_txn)?;
     // A getMore carries no readConcern: its cursor remembers the find's (checked before the
     // getMore runs, which may exhaust and remove the cursor).

@@ -216,7 +216,7 @@ command_table! {
     "endSessions" => spec(hello::end_sessions).never_blocks(),
     "commitTransaction" => spec(transaction::commit).primary_only(),
     "abortTransaction" => spec(transaction::abort).primary_only(),
-    "coordinateCommitTransaction" => spec(transaction::coordinate_commit).primary_only(),
+    "coordinateCommitTransaction" => spec(transaction::coordinate_commit).primary_only().internal(),
     "killAllSessions" => spec(hello::kill_all_sessions),
     "killSessions" => spec(hello::end_sessions),
     "refreshSessions" => spec(hello::refresh_sessions),
