@@ -67,6 +67,9 @@ impl ReplicaSet {
 #[derive(Default)]
 pub struct Pool {
     idle: Mutex<HashMap<String, Vec<PeerConn>>>,
+    /// The newest `$clusterTime` any reply carried (`secs << 32 | inc`): the cluster time of
+    /// whoever holds the pool, as mongos keeps its own from what its shards tell it.
+    cluster_time: std::sync::atomic::AtomicU64,
 }
 
 /// Errors after which a set's primary must be looked up again.
@@ -125,7 +128,22 @@ impl Pool {
         let mut conn = self.checkout(host).await?;
         let r = conn.command_reply_raw(db, body, sequence, timeout).await;
         self.checkin(conn);
+        if let Ok(reply) = &r {
+            self.note_cluster_time(reply);
+        }
         r
+    }
+
+    fn note_cluster_time(&self, reply: &bson::RawDocument) {
+        if let Ok(t) = reply.get_document("$clusterTime").and_then(|c| c.get_timestamp("clusterTime")) {
+            self.cluster_time.fetch_max(common::optime::ts_value(t), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The newest cluster time a reply through this pool carried, if any did.
+    pub fn cluster_time(&self) -> Option<bson::Timestamp> {
+        let t = self.cluster_time.load(std::sync::atomic::Ordering::Relaxed);
+        (t > 0).then(|| common::optime::ts_of(t))
     }
 
     /// The set's primary: the member last found, or the one its members name now. While
@@ -214,6 +232,9 @@ impl Pool {
             };
             let r = conn.command_reply_raw(db, body.clone(), sequence, timeout).await;
             self.checkin(conn);
+            if let Ok(reply) = &r {
+                self.note_cluster_time(reply);
+            }
             match r {
                 Ok(reply) => match raw_reply_code(&reply) {
                     // NotWritablePrimary and its kin are answered before a command runs.

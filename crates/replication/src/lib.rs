@@ -931,6 +931,11 @@ impl ReplCoord {
         );
     }
 
+    /// The majority commit point, as this member reports it.
+    pub fn commit_point(&self, store: &Store) -> OpTime {
+        Self::reported_commit_point(&self.inner.lock(), store)
+    }
+
     /// The commit point this member reports (hello, replSetGetStatus, heartbeats,
     /// `$replData`). A primary whose set has no other data-bearing voter commits each entry
     /// as soon as it is durable, with no report to advance `commit_point`.
@@ -1181,6 +1186,10 @@ impl ReplCoord {
             done
         };
         if recovered {
+            // Before minValid the data was no state of the set's: no read may go back there.
+            if let Some(shared) = self.shared() {
+                shared.store().reset_snapshot_history();
+            }
             tracing::info!(initial_sync = synced.is_some(), "caught up to minValid: secondary");
             self.changed();
         } else {

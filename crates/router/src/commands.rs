@@ -1075,7 +1075,54 @@ async fn first_batch(router: &Router, mut cursor: RouterCursor, batch: usize, si
 
 /// Run a cursor command on each shard, all at once; any failure kills the cursors the others
 /// opened and is the answer.
+/// A snapshot read outside a transaction that names no `atClusterTime`: on several shards
+/// it must read one point of all of them.
+fn unpinned_snapshot(body: &Document) -> bool {
+    !body.contains_key("autocommit")
+        && body.get_document("readConcern").is_ok_and(|rc| rc.get_str("level").ok() == Some("snapshot") && !rc.contains_key("atClusterTime"))
+}
+
+/// `body` reading at `t`, with `t` as the cluster time it gossips (a shard refuses a point
+/// beyond the cluster time it knows).
+fn at_cluster_time(body: &Document, t: bson::Timestamp) -> Document {
+    let mut body = body.clone();
+    if let Ok(rc) = body.get_document_mut("readConcern") {
+        rc.insert("atClusterTime", t);
+    }
+    let signature = doc! {"hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0i64};
+    body.insert("$clusterTime", doc! {"clusterTime": t, "signature": signature});
+    body
+}
+
+/// The point a snapshot read read at, in a router reply: `cursor.atClusterTime` for find
+/// and aggregate, `atClusterTime` for distinct.
+fn answer_point(reply: &mut Document, at: Option<bson::Timestamp>) {
+    let Some(t) = at else { return };
+    match reply.get_document_mut("cursor") {
+        Ok(c) => {
+            c.insert("atClusterTime", t);
+        }
+        Err(_) => {
+            reply.insert("atClusterTime", t);
+        }
+    }
+}
+
+/// `body` for `shards` shards. A snapshot read over several shards with no point of its own
+/// reads at the router's cluster time (as mongos): the newest any shard or config server
+/// told it, so at or after every write it acknowledged. Each shard reads there once the point
+/// is majority-committed there.
+fn pinned<'a>(router: &Router, body: &'a Document, shards: usize) -> Result<std::borrow::Cow<'a, Document>> {
+    if shards < 2 || !unpinned_snapshot(body) {
+        return Ok(std::borrow::Cow::Borrowed(body));
+    }
+    let t = router.pool.cluster_time().ok_or_else(|| Error::new(Code::SnapshotUnavailable, "the router knows no cluster time yet; please retry"))?;
+    Ok(std::borrow::Cow::Owned(at_cluster_time(body, t)))
+}
+
+/// Open a cursor on each shard.
 async fn open_streams(router: &Router, req: &Request, sc: &ShardedColl, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Stream>> {
+    let body = &pinned(router, body, shards.len())?;
     let opens = shards.iter().map(|s| async move {
         let set = router.shard(s).await?;
         let (host, raw) = router.pool.run_raw(&set, &req.db, versioned(body, Some(sc), s), None, timeout_of(req)).await?;
@@ -1119,8 +1166,11 @@ pub(super) async fn single_shard_cursor(router: &Router, req: &Request, shard: &
     let ns = raw.get_document("cursor").ok().and_then(|c| c.get_str("ns").ok()).unwrap_or(&ns_default).to_string();
     let mut stream = Stream::from_reply(host, &req.db, &raw)?;
     let batch: Vec<Document> = stream.buf.drain(..).map(|(d, _)| d).collect();
+    let at = stream.at_cluster_time;
     let id = if stream.id == 0 { 0 } else { router.cursors.register(RouterCursor::new(ns.clone(), vec![stream], None, 0, None, None))? };
-    Ok(cursor_reply(&ns, id, batch, "firstBatch"))
+    let mut reply = cursor_reply(&ns, id, batch, "firstBatch");
+    answer_point(&mut reply, at);
+    Ok(reply)
 }
 
 async fn find(router: &Router, req: &Request) -> Result<Document> {
@@ -1160,8 +1210,11 @@ async fn find(router: &Router, req: &Request) -> Result<Document> {
         _ => None,
     };
     let streams = open_streams(router, req, &sc, &targets, &body).await?;
+    let at = streams.first().and_then(|s| s.at_cluster_time);
     let cursor = RouterCursor::new(ns, streams, sort, skip, limit, projection);
-    first_batch(router, cursor, batch.unwrap_or(FIRST_BATCH_DOCS_DEFAULT), cmd.get_bool("singleBatch").unwrap_or(false)).await
+    let mut reply = first_batch(router, cursor, batch.unwrap_or(FIRST_BATCH_DOCS_DEFAULT), cmd.get_bool("singleBatch").unwrap_or(false)).await?;
+    answer_point(&mut reply, at);
+    Ok(reply)
 }
 
 pub(crate) async fn get_more(router: &Router, req: &Request) -> Result<Document> {
@@ -1224,6 +1277,7 @@ async fn read_targets(router: &Router, db: &str, ns: &str, filter: &Document) ->
 /// Run `body` on each shard at once (with its version if the collection is sharded); every
 /// reply, or the first error.
 async fn on_each(router: &Router, req: &Request, sc: Option<&ShardedColl>, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Document>> {
+    let body = &pinned(router, body, shards.len())?;
     let sends = shards.iter().map(|s| async move {
         let set = router.shard(s).await?;
         reply_result(router.pool.run(&set, &req.db, versioned(body, sc, s), None, timeout_of(req)).await?.1)
@@ -1264,12 +1318,16 @@ async fn distinct(router: &Router, req: &Request) -> Result<Document> {
     let (targets, sc) = read_targets(router, &req.db, &ns, &filter).await?;
     let mut values: Vec<Bson> = Vec::new();
     let body = if sc.is_none() { router.with_db_version(&req.db, forwarded(req)) } else { forwarded(req) };
+    let mut at = None;
     for r in on_each(router, req, sc.as_deref(), &targets, &body).await? {
         values.extend(r.get_array("values").cloned().unwrap_or_default());
+        at = at.or(r.get_timestamp("atClusterTime").ok());
     }
     values.sort_by(query::compare::cmp_bson);
     values.dedup_by(|a, b| query::compare::cmp_bson(a, b) == std::cmp::Ordering::Equal);
-    Ok(doc! {"values": values})
+    let mut reply = doc! {"values": values};
+    answer_point(&mut reply, at);
+    Ok(reply)
 }
 
 /// A `$group` split in two: the one each shard runs, and the stages the router runs over
@@ -1373,9 +1431,12 @@ async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
     body.insert("pipeline", on_shards.iter().cloned().map(Bson::Document).collect::<Vec<_>>());
     body.insert("cursor", Document::new());
     let streams = open_streams(router, req, &sc, &targets, &body).await?;
+    let at = streams.first().and_then(|s| s.at_cluster_time);
     let mut cursor = RouterCursor::new(ns.clone(), streams, None, 0, None, None);
     if merge.stages.is_empty() {
-        return first_batch(router, cursor, batch, false).await;
+        let mut reply = first_batch(router, cursor, batch, false).await?;
+        answer_point(&mut reply, at);
+        return Ok(reply);
     }
     // The rest of the pipeline runs here, over every document the shards return.
     let mut input = Vec::new();
@@ -1391,7 +1452,9 @@ async fn aggregate(router: &Router, req: &Request) -> Result<Document> {
         }
     }
     let out = run_router_stages(&merge, input, cmd.get_bool("allowDiskUse").unwrap_or(false))?;
-    buffered_cursor(router, req, ns, coll, out, batch).await
+    let mut reply = buffered_cursor(router, req, ns, coll, out, batch).await?;
+    answer_point(&mut reply, at);
+    Ok(reply)
 }
 
 /// Stages the router runs itself, over documents it holds (a sharded aggregate's merge, or
@@ -1443,7 +1506,7 @@ pub(super) async fn buffered_cursor(router: &Router, req: &Request, ns: String, 
             (d, size)
         })
         .collect();
-    let stream = Stream { host: String::new(), db: req.db.clone(), coll, id: 0, buf: buffered.into() };
+    let stream = Stream { host: String::new(), db: req.db.clone(), coll, id: 0, buf: buffered.into(), at_cluster_time: None };
     first_batch(router, RouterCursor::new(ns, vec![stream], None, 0, None, None), batch, false).await
 }
 

@@ -29,6 +29,8 @@ pub struct Stream {
     pub id: i64,
     /// Fetched documents and their sizes in bytes.
     pub buf: VecDeque<(Document, usize)>,
+    /// The point a snapshot read read at (`cursor.atClusterTime` of the shard's reply).
+    pub at_cluster_time: Option<bson::Timestamp>,
 }
 
 impl Stream {
@@ -36,7 +38,8 @@ impl Stream {
     pub fn from_reply(host: String, db: &str, reply: &RawDocumentBuf) -> Result<Stream> {
         let (id, coll, buf) = raw_batch(reply, "firstBatch")?;
         let coll = if coll.is_empty() { String::new() } else { coll };
-        Ok(Stream { host, db: db.to_string(), coll, id, buf })
+        let at_cluster_time = reply.get_document("cursor").ok().and_then(|c| c.get_timestamp("atClusterTime").ok());
+        Ok(Stream { host, db: db.to_string(), coll, id, buf, at_cluster_time })
     }
 
     fn has_more(&self) -> bool {

@@ -69,6 +69,8 @@ pub struct ServerConfig {
     pub enable_test_commands: bool,
     /// `setParameter transactionLifetimeLimitSeconds`: a transaction open longer is aborted.
     pub transaction_lifetime_secs: u64,
+    /// `setParameter minSnapshotHistoryWindowInSeconds`: how far back snapshot reads reach.
+    pub snapshot_history_window_secs: u64,
     /// Where the config file was read from, for getCmdLineOpts.
     pub config_file: Option<PathBuf>,
     /// The raw argv, reported by getCmdLineOpts.
@@ -104,6 +106,7 @@ impl Default for ServerConfig {
             auth_failed_delay_ms: 0,
             enable_test_commands: false,
             transaction_lifetime_secs: TRANSACTION_LIFETIME_SECS_DEFAULT,
+            snapshot_history_window_secs: storage::SNAPSHOT_HISTORY_WINDOW_SECONDS_DEFAULT,
             config_file: None,
             argv: Vec::new(),
             parsed: bson::Document::new(),
@@ -441,6 +444,14 @@ impl ServerConfig {
                 };
                 self.transaction_lifetime_secs =
                     secs.filter(|s| *s >= 1).ok_or_else(|| bad_option(format!("Bad value for parameter \"{k}\": it must be at least 1 second")))?;
+            }
+            "minSnapshotHistoryWindowInSeconds" => {
+                let secs = match v {
+                    Value::String(s) => s.parse().ok(),
+                    _ => v.as_u64(),
+                };
+                self.snapshot_history_window_secs =
+                    secs.ok_or_else(|| bad_option(format!("Bad value for parameter \"{k}\": it must be a number of seconds, at least 0")))?;
             }
             "authFailedDelayMs" => {
                 let ms = match v {

@@ -120,7 +120,15 @@ impl WriteConcern {
 enum ReadLevel {
     Majority,
     Linearizable,
+    /// A read outside a transaction at one point in time: `atClusterTime`, or the majority
+    /// commit point when it names none.
+    Snapshot {
+        at: Option<u64>,
+    },
 }
+
+/// The commands that read at a point in time outside a transaction (mongod 5.0+).
+const SNAPSHOT_READ_COMMANDS: [&str; 3] = ["find", "aggregate", "distinct"];
 
 /// What a read waits for before its reply on a set with other data-bearing members.
 ///
@@ -179,6 +187,21 @@ pub fn read_after(shared: &Shared, req: &Request) -> Result<Option<ReadAfter>> {
     if let Some(at) = rc.and_then(|d| d.get_document("afterOpTime").ok()).and_then(storage::OpTime::from_doc) {
         ts = ts.max(at.ts);
     }
+    // A read at a point in time waits until this member has applied it; a primary has applied
+    // every entry there will be at or before it (`snapshot_read`).
+    if let Some(Bson::Timestamp(t)) = rc.and_then(|d| d.get("atClusterTime")) {
+        let t = common::optime::ts_value(*t);
+        let clock = repl.cluster_time(&shared.store);
+        if t > clock {
+            return Err(Error::new(
+                Code::InvalidOptions,
+                format!("readConcern atClusterTime value must not be greater than the current clusterTime. Requested clusterTime: {t}; current clusterTime: {clock}"),
+            ));
+        }
+        if !primary {
+            ts = ts.max(t);
+        }
+    }
     if !strict && (ts == 0 || ts <= shared.store.oplog_applied().unwrap_or_default().ts) {
         return Ok(None);
     }
@@ -186,11 +209,60 @@ pub fn read_after(shared: &Shared, req: &Request) -> Result<Option<ReadAfter>> {
     Ok(Some(ReadAfter { ts, strict, deadline }))
 }
 
+/// A read at one point in time outside a transaction: the point, the oplog entry at or
+/// before it, and a store handle that reads there.
+struct SnapshotRead {
+    ts: u64,
+    entry: storage::OpTime,
+    store: storage::Store,
+}
+
+/// Choose a snapshot read's point and open the store there: `at` (which `read_after` waited
+/// for this member to apply), or the newest point the majority has committed. A capped
+/// collection, or a namespace dropped or renamed since, cannot be read at a past point
+/// (SnapshotUnavailable, as mongod).
+fn snapshot_read(shared: &Shared, store: &storage::Store, req: &Request, at: Option<u64>) -> Result<SnapshotRead> {
+    let Some(repl) = &shared.repl else {
+        return Err(Error::new(Code::NotAReplicaSet, "node needs to be a replica set member to use readConcern level 'snapshot'"));
+    };
+    let ts = match at {
+        Some(t) => t,
+        None => {
+            let point = repl.commit_point(&shared.store).ts.min(shared.store.oplog_applied().unwrap_or_default().ts);
+            // History begins with the store's first pin, a second after startup.
+            shared
+                .store
+                .snapshot_boundary_at_or_before(point)
+                .ok_or_else(|| Error::new(Code::SnapshotUnavailable, "no majority-committed point is readable at a snapshot yet; please retry the operation"))?
+        }
+    };
+    let applied = shared.store.oplog_applied().unwrap_or_default().ts;
+    let (view, entry) = match ts > applied {
+        // A point after the newest entry: a primary's state now, as nothing later is stamped
+        // at or before it.
+        true if repl.is_writable_primary() => shared.store.snapshot_now_at(ts)?,
+        true => return Err(Error::new(Code::SnapshotUnavailable, "this member has not applied the point the read asks for yet; please retry")),
+        false => shared.store.snapshot_at(ts)?,
+    };
+    let store = store.reading_at(view);
+    if let Ok(coll) = req.body.get_str(&req.name) {
+        store.check_catalog_at_view(&req.db, coll)?;
+        if store.collection(&req.db, coll).is_some_and(|c| c.is_capped()) {
+            return Err(Error::new(
+                Code::SnapshotUnavailable,
+                format!("Reading from capped collections with readConcern snapshot is not supported: {}.{coll}", req.db),
+            ));
+        }
+    }
+    Ok(SnapshotRead { ts, entry, store })
+}
+
 /// `repl`: set with --replSet; asked only about linearizable reads.
 /// `in_txn`: the first statement of a transaction, which reads one snapshot whatever the
 /// level (it waits for nothing: the commit's write concern covers what it read).
-fn check_read_concern(cmd: &Document, repl: Option<&replication::ReplCoord>, in_txn: bool) -> Result<Option<ReadLevel>> {
+fn check_read_concern(name: &str, cmd: &Document, repl: Option<&replication::ReplCoord>, in_txn: bool) -> Result<Option<ReadLevel>> {
     let mut level = None;
+    let mut at_cluster_time = None;
     let rc = match cmd.get("readConcern") {
         None | Some(Bson::Null) => return Ok(None),
         Some(Bson::Document(d)) => d,
@@ -211,9 +283,13 @@ fn check_read_concern(cmd: &Document, repl: Option<&replication::ReplCoord>, in_
                 }
                 Some("linearizable") => return Err(Error::bad_value("Cannot use linearizable readConcern on a standalone; it requires a replica set")),
                 Some("snapshot") if in_txn => {}
-                Some("snapshot") => {
-                    return Err(Error::new(Code::NotImplemented, "readConcern level 'snapshot' requires a transaction, and transactions require a replica set"))
+                Some("snapshot") if repl.is_none() => {
+                    return Err(Error::new(Code::NotAReplicaSet, "node needs to be a replica set member to use readConcern level 'snapshot'"))
                 }
+                Some("snapshot") if !SNAPSHOT_READ_COMMANDS.contains(&name) => {
+                    return Err(Error::new(Code::InvalidOptions, format!("Command {name} does not support readConcern level 'snapshot' outside a transaction")))
+                }
+                Some("snapshot") => level = Some(ReadLevel::Snapshot { at: None }),
                 Some(other) => return Err(Error::bad_value(format!("Invalid readConcern level '{other}'"))),
                 None => return Err(Error::type_mismatch("readConcern.level must be a string")),
             },
@@ -227,9 +303,28 @@ fn check_read_concern(cmd: &Document, repl: Option<&replication::ReplCoord>, in_
             "afterOpTime" if !matches!(v, Bson::Document(d) if storage::OpTime::from_doc(d).is_some()) => {
                 return Err(Error::type_mismatch("BSON field 'readConcern.afterOpTime' is the wrong type, expected type 'object' with ts and t"));
             }
+            "atClusterTime" => match v {
+                Bson::Timestamp(t) if t.time == 0 && t.increment == 0 => {
+                    return Err(Error::new(Code::InvalidOptions, "readConcern atClusterTime cannot be a null timestamp"))
+                }
+                Bson::Timestamp(t) => at_cluster_time = Some(common::optime::ts_value(*t)),
+                _ => return Err(Error::type_mismatch("BSON field 'readConcern.atClusterTime' is the wrong type, expected type 'timestamp'")),
+            },
             "afterClusterTime" | "afterOpTime" => {}
             "provenance" => {}
             other => return Err(Error::new(Code::FailedToParse, format!("unrecognized readConcern field: {other}"))),
+        }
+    }
+    if let Some(t) = at_cluster_time {
+        if rc.contains_key("afterClusterTime") {
+            return Err(Error::new(Code::InvalidOptions, "Specifying a timestamp for readConcern snapshot in a causally consistent session is not allowed"));
+        }
+        match level {
+            Some(ReadLevel::Snapshot { .. }) => level = Some(ReadLevel::Snapshot { at: Some(t) }),
+            // A transaction reads one snapshot of its own: today's, taken at its first
+            // statement.
+            _ if in_txn => return Err(Error::new(Code::InvalidOptions, "atClusterTime is not supported in a transaction")),
+            _ => return Err(Error::new(Code::InvalidOptions, "readConcern level 'snapshot' is required when specifying atClusterTime")),
         }
     }
     Ok(level.filter(|_| !in_txn))
@@ -244,6 +339,8 @@ fn read_wait(shared: &Shared, req: &Request, level: Option<ReadLevel>, deadline:
         return Ok(None);
     }
     let at = match level {
+        // The read's point must be majority-committed (snapshot_read chose it: `snapshot_at`).
+        ReadLevel::Snapshot { .. } => return Ok(None),
         ReadLevel::Majority => shared.store.oplog_last().unwrap_or_default(),
         ReadLevel::Linearizable => {
             if !repl.is_writable_primary() {
@@ -487,7 +584,12 @@ fn prepare_and_run(
     };
     let ends_txn = in_txn && matches!(req.name.as_str(), "commitTransaction" | "abortTransaction" | "coordinateCommitTransaction");
     let store = txn_store.as_ref().unwrap_or(store);
-    let mut read_level = check_read_concern(cmd, shared.repl.as_ref(), in_txn)?;
+    let mut read_level = check_read_concern(&req.name, cmd, shared.repl.as_ref(), in_txn)?;
+    let snapshot_read = match read_level {
+        Some(ReadLevel::Snapshot { at }) => Some(snapshot_read(shared, store, req, at)?),
+        _ => None,
+    };
+    let store = snapshot_read.as_ref().map_or(store, |s| &s.store);
     // A getMore carries no readConcern: its cursor remembers the find's (checked before the
     // getMore runs, which may exhaust and remove the cursor).
     if req.name == "getMore" && req.body.get_i64("getMore").is_ok_and(|id| shared.cursors.is_majority_read(id)) {
@@ -554,6 +656,22 @@ fn prepare_and_run(
     };
     outcome.raw_batch = effects.raw_batch;
     outcome.await_data = effects.await_data;
+    if let Some(s) = &snapshot_read {
+        // The point read is answered (in the cursor for find and aggregate), and the reply
+        // waits until the entry it reads through is majority-committed.
+        let at = Bson::Timestamp(common::optime::ts_of(s.ts));
+        match reply.get_mut("cursor") {
+            Some(Bson::Document(c)) => {
+                c.insert("atClusterTime", at);
+            }
+            _ => {
+                reply.insert("atClusterTime", at);
+            }
+        }
+        if shared.repl.as_ref().is_some_and(|r| r.replicates()) {
+            outcome.read_wait = Some(ReadWait { at: s.entry, linearizable: false, deadline });
+        }
+    }
     if let Some(w) = read_wait(shared, req, read_level, deadline)? {
         if read_level == Some(ReadLevel::Majority) && req.name != "getMore" {
             if let Some(id) = reply.get_document("cursor").ok().and_then(|c| c.get_i64("id").ok()).filter(|id| *id != 0) {

@@ -83,6 +83,8 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
 
     if shared.repl.is_some() {
         tokio::spawn(txn::reap_loop(shared.clone()));
+        shared.store.set_snapshot_history_window(shared.config.snapshot_history_window_secs);
+        tokio::spawn(snapshot_history_loop(shared.clone()));
     }
     // Idle cursor reaper (MongoDB's clientCursorMonitor runs every 4 s).
     let reaper = shared.clone();
@@ -113,4 +115,15 @@ pub async fn serve(config: ServerConfig) -> common::Result<()> {
         a.close();
     }
     Ok(())
+}
+
+/// Snapshot reads reach back `minSnapshotHistoryWindowInSeconds`: the store takes a pin of
+/// its history each second (`storage::Store::keep_snapshot_history`).
+async fn snapshot_history_loop(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let now_secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        shared.store.keep_snapshot_history(now_secs);
+    }
 }

@@ -45,6 +45,9 @@ pub(crate) struct IndexRt {
     pub(crate) prefix: [u8; 8],
     /// Set while the index is being built: writers maintain it, readers do not see it.
     pub(crate) build: Option<Arc<BuildState>>,
+    /// The engine position from which the index holds every key (set when a build makes it
+    /// ready; 0 for indexes created with their collection or found at startup).
+    pub(crate) ready_since: AtomicU64,
 }
 
 impl IndexRt {
@@ -53,7 +56,7 @@ impl IndexRt {
             Some(f) => Some(query::filter::Filter::parse(f)?),
             None => None,
         };
-        Ok(IndexRt { id, fields: key_fields(&spec.key), spec, filter, prefix: id.to_be_bytes(), build: None })
+        Ok(IndexRt { id, fields: key_fields(&spec.key), spec, filter, prefix: id.to_be_bytes(), build: None, ready_since: AtomicU64::new(0) })
     }
 
     pub(crate) fn ready(&self) -> bool {
@@ -254,8 +257,17 @@ impl CollState {
         // Engine snapshot under the meta read lock: the index list matches the data.
         let meta = self.meta.read();
         let snap = self.engine_view(ctx);
-        let m = meta.clone();
+        let mut m = meta.clone();
         drop(meta);
+        // A view older than an index's readiness (a transaction's or a past point's) does
+        // not hold all of that index's keys: it reads without the index.
+        if ctx.transaction().is_some() || ctx.read_view().is_some() {
+            let position = snap.position();
+            if m.indexes.iter().any(|i| i.ready_since.load(Ordering::Relaxed) > position) {
+                let indexes = m.indexes.iter().filter(|i| i.ready_since.load(Ordering::Relaxed) <= position).cloned().collect();
+                m = Arc::new(MetaRt { uuid: m.uuid, options: m.options.clone(), indexes });
+            }
+        }
         Snapshot { snap, coll: self.clone(), meta: m }
     }
 
@@ -361,6 +373,9 @@ impl CollState {
     /// transaction to end (`Store::wait_for_transactions`) and tries again.
     pub(crate) fn commit_pending(self: &Arc<Self>, mut pending: Pending) -> Result<()> {
         self.check_not_oplog()?;
+        if pending.ctx.read_view().is_some() {
+            return Err(Error::internal("a handle reading at a past point cannot write"));
+        }
         if let Some(txn) = pending.ctx.transaction().cloned() {
             return txn.absorb(self, pending);
         }
@@ -419,9 +434,10 @@ impl CollState {
     /// The engine view a write through a handle with `ctx` reads: its transaction's (the
     /// transaction's snapshot with its own writes), or the newest.
     pub(crate) fn engine_view(&self, ctx: &WriteCtx) -> Arc<dyn EngineSnapshot> {
-        match ctx.transaction() {
-            Some(txn) => txn.view(),
-            None => self.shared.engine.snapshot(),
+        match (ctx.transaction(), ctx.read_view()) {
+            (Some(txn), _) => txn.view(),
+            (None, Some(view)) => view.clone(),
+            (None, None) => self.shared.engine.snapshot(),
         }
     }
 

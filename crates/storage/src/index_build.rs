@@ -174,6 +174,7 @@ impl Collection {
         }
         let mut meta_guard = st.meta.write();
         st.commit_pending(pending)?;
+        ready.ready_since.store(st.shared.engine.position(), Ordering::Relaxed);
         // Leave the list of builds before readers can see the index, so that no one sees it
         // both ready and building.
         st.shared.unregister_build(idx);

@@ -223,8 +223,13 @@ impl Store {
             ost.forget_after(newest);
             return Err(e);
         }
+        let applied_before = ost.applied_through.unwrap_or(ost.last);
         ost.applied_through = applied_through;
         ost.last = last;
+        let applied_now = applied_through.unwrap_or(last);
+        if applied_now.ts > applied_before.ts {
+            shared.note_applied(applied_now.ts);
+        }
         ost.term = ost.term.max(last.term);
         shared.after_oplog_append(&log, stats, added_bytes, applied_through);
         drop(ost);
@@ -268,6 +273,7 @@ impl Store {
         st.last = at;
         st.durable = st.durable.min(at);
         st.forget_after(at.ts);
+        shared.forget_boundaries_after(at.ts);
         debug_assert!(st.applied_through.is_none(), "rollback runs on a member that applied every entry it wrote");
         Ok(removed)
     }

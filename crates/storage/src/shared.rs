@@ -38,6 +38,13 @@ pub(crate) struct Shared {
     /// Notified when a transaction frees its keys.
     pub(crate) txn_ended: Condvar,
     pub(crate) next_txn_id: AtomicU64,
+    /// What reads at a past point in time need (`history.rs`).
+    pub(crate) history: Mutex<History>,
+    /// Entries logged from now on are stamped after this timestamp: a snapshot read at a
+    /// point beyond the newest entry read today's state as that point's
+    /// (`Store::snapshot_now_at`), which holds only if no later entry is stamped at or
+    /// before it.
+    pub(crate) clock_floor: AtomicU64,
 }
 
 /// `local.oplog.rs` and the position of its newest entry.
@@ -175,6 +182,7 @@ impl Shared {
         let now_secs = (oplog::wall_now_ms() / 1000).clamp(0, u32::MAX as i64) as u32;
         let mut stats = log.coll.stats.lock().clone();
         let mut last = st.last;
+        last.ts = last.ts.max(self.clock_floor.load(Ordering::Acquire));
         let mut added_bytes = 0u64;
         let mut prev = session.as_ref().map(|s| s.prev);
         st.mark_logged(oplog::next_ts(last.ts, now_secs));
@@ -209,6 +217,7 @@ impl Shared {
             return Err(e);
         }
         st.last = last;
+        self.note_applied(last.ts);
         self.after_oplog_append(&log, stats, added_bytes, None);
         Ok(Some(last))
     }

@@ -63,6 +63,8 @@ impl Store {
             txn_keys_owned: std::sync::atomic::AtomicUsize::new(0),
             txn_ended: Condvar::new(),
             next_txn_id: AtomicU64::new(1),
+            history: Mutex::new(History::default()),
+            clock_floor: AtomicU64::new(0),
         });
         let ttl = Arc::new(TtlMonitor { enabled: AtomicBool::new(true), stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
         Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl }), ctx: WriteCtx::default() }
@@ -274,6 +276,7 @@ impl Store {
         let uuid = coll.meta.read().uuid;
         let entry = self.command_entry(db, Some(uuid), &doc! {"drop": name})?;
         self.inner.shared.apply_logged(batch, entry)?;
+        self.inner.shared.note_catalog_change(db, name);
         coll.dropped.store(true, Ordering::SeqCst);
         self.inner.colls.write().remove(&(db.to_string(), name.to_string()));
         drop(guard);
@@ -346,6 +349,8 @@ impl Store {
         let log_db = if from_db == OPLOG_DB { to_db } else { from_db };
         let entry = self.command_entry(log_db, Some(old.uuid), &rename)?;
         shared.apply_logged(batch, entry)?;
+        shared.note_catalog_change(from_db, from);
+        shared.note_catalog_change(to_db, to);
         *meta_guard = new_meta;
         drop(meta_guard);
         *src.ns.write() = to_key.clone();

@@ -451,6 +451,9 @@ impl Engine for SlowSync {
     fn snapshot(&self) -> Arc<dyn EngineSnapshot> {
         self.0.snapshot()
     }
+    fn position(&self) -> u64 {
+        self.0.position()
+    }
     fn write(&self, batch: Batch) -> common::Result<()> {
         self.0.write(batch)
     }
@@ -1380,4 +1383,64 @@ fn transactions_isolate_conflict_and_commit_whole() {
         .find(|(_, d)| d.get_i64("txnNum").ok() == Some(1) && d.get_str("state").ok() == Some("committed"));
     assert!(record.is_some());
     assert!(t1.commit().is_err(), "a transaction commits once");
+}
+
+/// Reads at a past cluster time (`Store::snapshot_at`): the state after the write at or
+/// before it, SnapshotUnavailable inside a write of several entries, SnapshotTooOld before
+/// the history, no index built later, no namespace dropped later, and no writes.
+#[test]
+fn snapshot_reads_at_a_past_cluster_time() {
+    let store = Store::open_in_memory();
+    store.enable_oplog(64 << 20).unwrap();
+    let c = store.collection_or_create("db", "c").unwrap();
+    assert_eq!(c.insert_many(&[doc! {"_id": 0, "x": 0}], true).inserted, 1);
+    let before_history = store.oplog_last().unwrap().ts;
+    store.keep_snapshot_history(1_000);
+    assert_eq!(c.insert_many(&[doc! {"_id": 1, "x": 1}], true).inserted, 1);
+    let t1 = store.oplog_last().unwrap().ts;
+    {
+        let mut w = c.writer();
+        let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(1)).unwrap().unwrap();
+        w.update(rid, &old, &doc! {"_id": 1, "x": 2}).unwrap();
+    }
+    let t2 = store.oplog_last().unwrap().ts;
+    assert_eq!(c.insert_many(&[doc! {"_id": 2}, doc! {"_id": 3}], true).inserted, 2);
+    let t3 = store.oplog_last().unwrap().ts;
+    assert!(c.create_index(idx(doc! {"x": 1}, "x_1")).unwrap());
+
+    let x_at = |ts: u64| {
+        let (view, entry) = store.snapshot_at(ts).unwrap();
+        assert!(entry.ts <= ts);
+        let at = store.reading_at(view);
+        let snap = at.collection("db", "c").unwrap().snapshot();
+        assert!(snap.indexes().all(|i| i.name != "x_1"), "the index became ready later");
+        let one = snap.find_by_id(&Bson::Int32(1)).unwrap().map(|(_, d)| d.get_i32("x").unwrap());
+        (one, snap.count().unwrap())
+    };
+    assert_eq!(x_at(t1), (Some(1), 2));
+    assert_eq!(x_at(t2), (Some(2), 2));
+    assert_eq!(x_at(t3), (Some(2), 4));
+    assert_eq!(store.snapshot_at(t3 - 1).err().unwrap().code, Code::SnapshotUnavailable.0, "inside the two-entry write");
+    // The first pin is a boundary too; before it, no history.
+    assert_eq!(x_at(before_history), (None, 1));
+    assert_eq!(store.snapshot_at(before_history - 1).err().unwrap().code, Code::SnapshotTooOld.0);
+    assert_eq!(store.snapshot_boundary_at_or_before(t3 - 1), Some(t2));
+    // Today's view has the index.
+    assert!(c.snapshot().indexes().any(|i| i.name == "x_1"));
+
+    // A handle reading at the past writes nothing.
+    let at = store.reading_at(store.snapshot_at(t3).unwrap().0);
+    assert!(at.collection("db", "c").unwrap().insert_many(&[doc! {"_id": 9}], true).inserted == 0);
+    // A drop after the view's point: the view's reads refuse.
+    assert!(at.check_catalog_at_view("db", "c").is_ok());
+    store.drop_collection("db", "c").unwrap();
+    assert_eq!(at.check_catalog_at_view("db", "c").unwrap_err().code, Code::SnapshotUnavailable.0);
+    assert!(store.reading_at(store.snapshot_at(store.oplog_last().unwrap().ts).unwrap().0).check_catalog_at_view("db", "c").is_ok());
+
+    // Past the window, the first pin goes and with it the history it held.
+    store.set_snapshot_history_window(300);
+    store.keep_snapshot_history(1_100);
+    assert!(store.snapshot_at(t1).is_ok());
+    store.keep_snapshot_history(1_401);
+    assert_eq!(store.snapshot_at(t1).err().unwrap().code, Code::SnapshotTooOld.0);
 }

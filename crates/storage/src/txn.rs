@@ -558,6 +558,19 @@ impl EngineSnapshot for Overlay {
         let base = self.base.iter(space, lower, upper, reverse);
         Box::new(Merge { base: base.peekable(), mine: mine.into_iter().peekable(), reverse })
     }
+
+    // The transaction's own writes have no position yet: these describe its snapshot.
+    fn position(&self) -> u64 {
+        self.base.position()
+    }
+
+    fn written_at(&self, space: Space, key: &[u8]) -> Result<Option<u64>> {
+        self.base.written_at(space, key)
+    }
+
+    fn later(&self, position: u64) -> Arc<dyn EngineSnapshot> {
+        self.base.later(position)
+    }
 }
 
 /// Two ordered streams merged, the transaction's writes winning over the snapshot's keys.

@@ -19,6 +19,8 @@ pub(crate) struct Mode {
     session: Option<Mutex<oplog::SessionWrite>>,
     /// The transaction the handle reads and writes in.
     transaction: Option<Arc<Transaction>>,
+    /// The past point a snapshot read's handle reads at (`Store::reading_at`).
+    read_at: Option<Arc<dyn EngineSnapshot>>,
     /// The collections created through the handle, when it collects them.
     created: Option<Arc<Mutex<Vec<Created>>>>,
 }
@@ -46,6 +48,7 @@ impl WriteCtx {
             replicated: parent.is_some_and(|m| m.replicated),
             session: Some(Mutex::new(s)),
             transaction: None,
+            read_at: None,
             created: parent.and_then(|m| m.created.clone()),
         })))
     }
@@ -57,8 +60,26 @@ impl WriteCtx {
             replicated: parent.is_some_and(|m| m.replicated),
             session: None,
             transaction: Some(txn),
+            read_at: None,
             created: parent.and_then(|m| m.created.clone()),
         })))
+    }
+
+    /// This context, reading at `view` (a snapshot read's past point).
+    pub(crate) fn read_at(&self, view: Arc<dyn EngineSnapshot>) -> WriteCtx {
+        let parent = self.0.as_deref();
+        WriteCtx(Some(Arc::new(Mode {
+            replicated: parent.is_some_and(|m| m.replicated),
+            session: None,
+            transaction: None,
+            read_at: Some(view),
+            created: parent.and_then(|m| m.created.clone()),
+        })))
+    }
+
+    /// The past point this handle reads at, if any.
+    pub(crate) fn read_view(&self) -> Option<&Arc<dyn EngineSnapshot>> {
+        self.0.as_deref().and_then(|m| m.read_at.as_ref())
     }
 
     /// The transaction this handle works in, if any.
@@ -128,7 +149,13 @@ impl Store {
     /// This store, noting the collections (and databases) its writes create, implicitly or
     /// not, for `take_created`.
     pub fn collecting_creations(&self) -> Store {
-        let mode = Mode { replicated: self.ctx.is_replicated(), session: None, transaction: self.ctx.transaction().cloned(), created: Some(Arc::default()) };
+        let mode = Mode {
+            replicated: self.ctx.is_replicated(),
+            session: None,
+            transaction: self.ctx.transaction().cloned(),
+            read_at: self.ctx.read_view().cloned(),
+            created: Some(Arc::default()),
+        };
         Store { inner: self.inner.clone(), ctx: WriteCtx(Some(Arc::new(mode))) }
     }
 

@@ -6,6 +6,7 @@ import time
 import pymongo
 import pytest
 from conftest import ShoalServer
+from bson import Timestamp
 from pymongo.errors import NotPrimaryError, OperationFailure
 
 
@@ -151,4 +152,38 @@ def test_with_transaction_commits_retries_conflicts_and_aborts(three_members):
             rs.bank.command("count", "accounts", session=s)
         assert e.value.code == 263 and e.value.details["codeName"] == "OperationNotSupportedInTransaction"
         s.abort_transaction()
+    rs.close()
+
+
+def test_snapshot_reads_at_a_cluster_time(three_members):
+    """readConcern "snapshot" outside a transaction: the reply names the point it read at
+    (atClusterTime), a later read at that point sees the data as it was, a point before the
+    history is SnapshotTooOld, and a write with readConcern snapshot is refused."""
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in three_members)
+    rs = pymongo.MongoClient(f"mongodb://{hosts}/?replicaSet=rs0", serverSelectionTimeoutMS=30_000)
+    db = rs.snapreads
+    db.c.insert_many([{"_id": i, "v": 0} for i in range(10)])
+    first = db.command("find", "c", readConcern={"level": "snapshot"})
+    at = first["cursor"]["atClusterTime"]
+    assert len(first["cursor"]["firstBatch"]) == 10
+    db.c.update_many({}, {"$set": {"v": 1}})
+    db.c.delete_one({"_id": 0})
+    again = db.command("find", "c", readConcern={"level": "snapshot", "atClusterTime": at})
+    assert [d["v"] for d in again["cursor"]["firstBatch"]] == [0] * 10
+    assert again["cursor"]["atClusterTime"] == at
+    agg = db.command("aggregate", "c", pipeline=[{"$group": {"_id": "$v", "n": {"$sum": 1}}}], cursor={}, readConcern={"level": "snapshot", "atClusterTime": at})
+    assert agg["cursor"]["firstBatch"] == [{"_id": 0, "n": 10}]
+    distinct = db.command("distinct", "c", key="v", readConcern={"level": "snapshot", "atClusterTime": at})
+    assert distinct["values"] == [0] and distinct["atClusterTime"] == at
+    # Today's data, read at the newest point.
+    now = db.command("find", "c", readConcern={"level": "snapshot"})
+    assert sorted(d["v"] for d in now["cursor"]["firstBatch"]) == [1] * 9
+    # A point before this member kept history.
+    with pytest.raises(OperationFailure) as e:
+        db.command("find", "c", readConcern={"level": "snapshot", "atClusterTime": Timestamp(1, 1)})
+    assert e.value.code == 239 and e.value.details["codeName"] == "SnapshotTooOld"
+    with pytest.raises(OperationFailure) as e:
+        db.command("insert", "c", documents=[{"_id": 99}], readConcern={"level": "snapshot"})
+    assert e.value.code == 72
+    assert db.c.find_one({"_id": 99}) is None
     rs.close()

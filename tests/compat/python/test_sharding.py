@@ -106,3 +106,26 @@ def test_router_administration_commands(cluster):
     # An explain goes to the shards its filter targets.
     plan = c.adm.command("explain", {"find": "s", "filter": {"_id": 5}})
     assert plan["queryPlanner"]["winningPlan"]["stage"] == "SINGLE_SHARD"
+
+
+def test_snapshot_reads_see_one_point_across_shards(cluster):
+    """A snapshot session through the router: its first read, over both shards, reads at one
+    point (the router's cluster time, at or after every write it acknowledged); later reads in
+    the session read there too, whatever was written since, on every shard."""
+    c = pymongo.MongoClient(cluster["uri"])
+    c.admin.command("shardCollection", "snap.c", key={"_id": "hashed"})
+    coll = c.snap.c
+    for round in range(3):
+        coll.delete_many({})
+        coll.insert_many([{"_id": i, "x": i} for i in range(200)])
+        with c.start_session(snapshot=True) as s:
+            first = {d["_id"]: d["x"] for d in coll.find({}, session=s)}
+            assert len(first) == 200 and sum(first.values()) == sum(range(200)), round
+            coll.update_many({}, {"$inc": {"x": 1000}})
+            coll.insert_one({"_id": 1000, "x": 7})
+            assert {d["_id"]: d["x"] for d in coll.find({}, session=s)} == first
+            assert sorted(coll.distinct("x", session=s)) == sorted(first.values())
+            total = list(coll.aggregate([{"$group": {"_id": None, "s": {"$sum": "$x"}}}], session=s))
+            assert total == [{"_id": None, "s": sum(range(200))}]
+        assert coll.count_documents({}) == 201
+    c.close()

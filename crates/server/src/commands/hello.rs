@@ -85,6 +85,7 @@ fn parameters(ctx: &Ctx) -> Document {
         "enableTestCommands": ctx.shared.config.enable_test_commands,
         "auditAuthorizationSuccess": ctx.shared.config.audit_authorization_success,
         "transactionLifetimeLimitSeconds": ctx.shared.config.transaction_lifetime_secs as i64,
+        "minSnapshotHistoryWindowInSeconds": ctx.shared.store.snapshot_history_window() as i64,
         "quiet": false,
     }
 }

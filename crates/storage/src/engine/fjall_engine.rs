@@ -5,7 +5,8 @@
 use super::memory::bounds_empty;
 use super::{Batch, BatchOp, Engine, EngineSnapshot, KvIter, Space, SPACES};
 use common::{Error, Result};
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
+use fjall::{AbstractTree, Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use lsm_tree::Guard as _;
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
@@ -194,7 +195,12 @@ impl FjallEngine {
 
 impl Engine for FjallEngine {
     fn snapshot(&self) -> Arc<dyn EngineSnapshot> {
-        Arc::new(FjallSnapshot { snap: self.db.snapshot(), spaces: self.spaces.clone() })
+        let snap = self.db.snapshot();
+        Arc::new(FjallSnapshot { instant: snap.seqno(), snap, spaces: self.spaces.clone() })
+    }
+
+    fn position(&self) -> u64 {
+        self.db.visible_seqno()
     }
 
     fn write(&self, batch: Batch) -> Result<()> {
@@ -228,27 +234,54 @@ impl Engine for FjallEngine {
     }
 }
 
+/// Reads at `instant` (fjall's sequence number: it sees the batches numbered below it),
+/// which is the held snapshot's own or, for a view into the past (`later`), one after it.
+/// The held snapshot stays registered with fjall, which keeps every version from its
+/// instant on through compactions, so reads at any later instant stay exact.
+///
+/// Reads go to each keyspace's tree at the instant, as `fjall::Snapshot`'s own reads do.
 struct FjallSnapshot {
     snap: fjall::Snapshot,
+    instant: fjall::SeqNo,
     spaces: [Keyspace; 3],
+}
+
+fn lsm_error(e: lsm_tree::Error) -> Error {
+    engine_error(fjall::Error::from(e))
 }
 
 impl EngineSnapshot for FjallSnapshot {
     fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.snap.get(&self.spaces[space as usize], key).map_err(engine_error)?.map(|v| v.to_vec()))
+        Ok(self.spaces[space as usize].tree.get(key, self.instant).map_err(lsm_error)?.map(|v| v.to_vec()))
     }
 
     fn iter(&self, space: Space, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>, reverse: bool) -> KvIter<'_> {
         if bounds_empty(&lower, &upper) {
             return Box::new(std::iter::empty());
         }
-        let it = self.snap.range(&self.spaces[space as usize], (lower, upper));
-        let map = |g: fjall::Guard| g.into_inner().map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(engine_error);
+        let it = self.spaces[space as usize].tree.range((lower, upper), self.instant, None);
+        let map = |g: lsm_tree::IterGuardImpl| g.into_inner().map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(lsm_error);
         if reverse {
             Box::new(it.rev().map(map))
         } else {
             Box::new(it.map(map))
         }
+    }
+
+    fn position(&self) -> u64 {
+        self.instant
+    }
+
+    fn written_at(&self, space: Space, key: &[u8]) -> Result<Option<u64>> {
+        // A batch's entries all carry its sequence number; the view including it starts one
+        // above.
+        let entry = self.spaces[space as usize].tree.get_internal_entry(key, self.instant).map_err(lsm_error)?;
+        Ok(entry.map(|e| e.key.seqno + 1))
+    }
+
+    fn later(&self, position: u64) -> Arc<dyn EngineSnapshot> {
+        assert!(position >= self.instant, "a view reads at or after the snapshot it holds");
+        Arc::new(FjallSnapshot { snap: self.snap.clone(), instant: position, spaces: self.spaces.clone() })
     }
 }
 
@@ -275,6 +308,34 @@ mod tests {
         }
         let e = FjallEngine::open(dir.path(), MEMORY_BYTES_MIN, true).unwrap();
         assert_eq!(e.snapshot().get(Space::Catalog, b"a").unwrap(), Some(b"1".to_vec()));
+    }
+
+    /// A view into the past reads the versions it needs after flushes and a major compaction,
+    /// which drop every version no open snapshot can see.
+    #[test]
+    fn a_view_into_the_past_survives_compaction() {
+        let dir = crate::tests::TempDir::new("engine-history");
+        let e = FjallEngine::open(dir.path(), MEMORY_BYTES_MIN, true).unwrap();
+        let put = |v: u32| {
+            let mut b = Batch::new();
+            b.put(Space::Records, b"k".to_vec(), v.to_be_bytes().to_vec());
+            e.write(b).unwrap();
+        };
+        put(0);
+        let pin = e.snapshot();
+        let mut positions = Vec::new();
+        for v in 1..50u32 {
+            put(v);
+            positions.push((v, e.position()));
+            if v % 10 == 0 {
+                e.spaces[Space::Records as usize].rotate_memtable_and_wait().unwrap();
+            }
+        }
+        e.spaces[Space::Records as usize].major_compact().unwrap();
+        for (v, at) in positions {
+            assert_eq!(pin.later(at).get(Space::Records, b"k").unwrap(), Some(v.to_be_bytes().to_vec()), "version {v}");
+        }
+        drop(pin);
     }
 
     /// A directory keeps the memtable size it was created with: reopening it with a budget

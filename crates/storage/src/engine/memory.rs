@@ -120,6 +120,10 @@ impl Engine for MemoryEngine {
         Arc::new(MemSnapshot { shared: self.shared.clone(), seq })
     }
 
+    fn position(&self) -> u64 {
+        self.shared.visible_seq.load(Ordering::Acquire) + 1
+    }
+
     fn write(&self, batch: Batch) -> Result<()> {
         if batch.is_empty() {
             return Ok(());
@@ -210,7 +214,33 @@ impl Drop for MemSnapshot {
     }
 }
 
+impl MemSnapshot {
+    /// Register a snapshot at `seq`, which a held snapshot at or below it keeps readable.
+    fn open(shared: &Arc<Shared>, seq: u64) -> MemSnapshot {
+        *shared.open_snapshots.lock().entry(seq).or_insert(0) += 1;
+        MemSnapshot { shared: shared.clone(), seq }
+    }
+}
+
 impl EngineSnapshot for MemSnapshot {
+    // A snapshot at `seq` sees the batches numbered up to it: its position is one above.
+    fn position(&self) -> u64 {
+        self.seq + 1
+    }
+
+    fn written_at(&self, space: Space, key: &[u8]) -> Result<Option<u64>> {
+        let spaces = self.shared.spaces.read();
+        let versions = spaces[space as usize].get(key);
+        Ok(versions.and_then(|v| v.iter().rev().find(|(s, _)| *s <= self.seq)).map(|(s, _)| s + 1))
+    }
+
+    fn later(&self, position: u64) -> Arc<dyn EngineSnapshot> {
+        assert!(position > self.seq, "a view reads at or after the snapshot it holds");
+        // Registered at its own sequence: pruning keeps the newest version at or below the
+        // lowest open sequence, and this snapshot's registration keeps those from here on.
+        Arc::new(MemSnapshot::open(&self.shared, position - 1))
+    }
+
     fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let spaces = self.shared.spaces.read();
         Ok(spaces[space as usize].get(key).and_then(|v| visible(v, self.seq)).and_then(|v| v.as_ref().map(|b| b.to_vec())))

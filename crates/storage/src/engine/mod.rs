@@ -75,10 +75,23 @@ pub trait EngineSnapshot: Send + Sync {
     fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>>;
     /// Keys within (lower, upper), ascending, or descending if `reverse`.
     fn iter(&self, space: Space, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>, reverse: bool) -> KvIter<'_>;
+    /// Where this snapshot reads: it sees every batch whose position is below this one.
+    /// Positions grow with each batch, and survive restarts.
+    fn position(&self) -> u64;
+    /// The position of the batch that wrote the value of `key` this snapshot sees (None if
+    /// it sees none). Two keys written by one batch have the same position.
+    fn written_at(&self, space: Space, key: &[u8]) -> Result<Option<u64>>;
+    /// A view at `position`, which lies between this snapshot's and the engine's newest: it
+    /// sees the batches below `position`. The view holds this snapshot, whose open
+    /// registration keeps every version from this snapshot's position on, so the view stays
+    /// readable for as long as it lives (reads at a past point in time).
+    fn later(&self, position: u64) -> Arc<dyn EngineSnapshot>;
 }
 
 pub trait Engine: Send + Sync + 'static {
     fn snapshot(&self) -> Arc<dyn EngineSnapshot>;
+    /// The position a snapshot taken now would read at (`EngineSnapshot::position`).
+    fn position(&self) -> u64;
     /// Apply atomically. Visible to snapshots taken after return; durable after `sync`.
     fn write(&self, batch: Batch) -> Result<()>;
     /// Make every write applied so far durable (journal flushed and fsynced when `fsync`).
@@ -190,6 +203,42 @@ pub(crate) mod tests {
         );
         e.sync().unwrap();
         assert!(e.size_bytes() > 0);
+        history_suite(e);
+    }
+
+    /// Reads at a past position through a held snapshot (`EngineSnapshot::later`).
+    fn history_suite(e: &dyn Engine) {
+        let put = |key: &[u8], v: &[u8]| {
+            let mut b = Batch::new();
+            b.put(Space::Records, key.to_vec(), v.to_vec());
+            b.put(Space::Index, key.to_vec(), v.to_vec());
+            e.write(b).unwrap();
+        };
+        put(b"h", b"0");
+        let pin = e.snapshot();
+        assert_eq!(pin.position(), e.position());
+        put(b"h", b"1");
+        let first = pin.written_at(Space::Records, b"h").unwrap().expect("written");
+        let after_one = e.snapshot();
+        let one = after_one.written_at(Space::Records, b"h").unwrap().expect("written");
+        assert_eq!(after_one.written_at(Space::Index, b"h").unwrap(), Some(one), "one batch, one position");
+        assert!(one > first && one > pin.position());
+        drop(after_one);
+        // Many later versions, with a compaction's chance to drop what no snapshot holds.
+        for i in 2..200u32 {
+            put(b"h", i.to_string().as_bytes());
+            put(b"h-other", b"x");
+        }
+        // `written_at` is the position of the view that first includes the batch.
+        let view = pin.later(one);
+        drop(pin);
+        assert_eq!(view.position(), one);
+        assert_eq!(view.get(Space::Records, b"h").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(view.get(Space::Records, b"h-other").unwrap(), None);
+        let seen = collect(&*view, Space::Index, Bound::Included(b"h".to_vec()), Bound::Included(b"h-other".to_vec()), true);
+        assert_eq!(seen, vec![(b"h".to_vec(), b"1".to_vec())]);
+        assert_eq!(view.written_at(Space::Records, b"h").unwrap(), Some(one));
+        assert_eq!(e.snapshot().get(Space::Records, b"h").unwrap(), Some(b"199".to_vec()));
     }
 
     #[test]

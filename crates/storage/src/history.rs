@@ -1,0 +1,208 @@
+//! Reads at a past point in time (readConcern "snapshot" with `atClusterTime`).
+//!
+//! Three pieces, all in memory:
+//! - **Pins**: an engine snapshot taken about once a second (`Store::keep_snapshot_history`),
+//!   kept for the history window (mongod's `minSnapshotHistoryWindowInSeconds`). The oldest
+//!   pin's registration keeps, through the engine's compactions, every version written since
+//!   it, so a view at any later position reads exactly (`EngineSnapshot::later`).
+//! - **Boundaries**: for each write that moved the applied point of the oplog (a primary's
+//!   logged batch, a secondary's applied batch), the newest entry's timestamp and the engine
+//!   position just after it. A read at cluster time T reads at the position of the newest
+//!   boundary at or before T, if no entry between that boundary and T was applied later
+//!   (T inside a batch cannot be read exactly: SnapshotUnavailable).
+//! - **Catalog changes**: the position of each namespace's last drop or rename, so a read
+//!   at an earlier position refuses (SnapshotUnavailable), since the catalog it would read
+//!   through is today's. An index that became ready after a view's position is hidden from
+//!   that view (`CollState::snapshot`).
+//!
+//! Cost: ordinary reads pay nothing; each logged or applied write pushes 16 bytes under the
+//! oplog lock it already holds; the engine keeps superseded versions for the window.
+
+use super::*;
+use std::collections::VecDeque;
+
+/// Write batches whose boundaries are kept, whatever the window: 16 MiB. Past this, history
+/// is the newest this many batches.
+pub const SNAPSHOT_BOUNDARIES_MAX: usize = 1 << 20;
+/// mongod's default `minSnapshotHistoryWindowInSeconds`.
+pub const SNAPSHOT_HISTORY_WINDOW_SECONDS_DEFAULT: u64 = 300;
+
+pub(crate) struct History {
+    /// Held snapshots, oldest first, with the second (of the caller's clock) each was taken.
+    pins: VecDeque<(u64, Arc<dyn EngineSnapshot>)>,
+    /// (newest applied entry's timestamp, engine position after it), oldest first.
+    boundaries: VecDeque<(u64, u64)>,
+    /// Namespace -> the engine position after its last drop or rename.
+    catalog_changes: HashMap<(String, String), u64>,
+    window_secs: u64,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History { pins: VecDeque::new(), boundaries: VecDeque::new(), catalog_changes: HashMap::new(), window_secs: SNAPSHOT_HISTORY_WINDOW_SECONDS_DEFAULT }
+    }
+}
+
+fn shown(ts: u64) -> String {
+    format!("Timestamp({}, {})", ts >> 32, ts & 0xffff_ffff)
+}
+
+fn snapshot_too_old(ts: u64) -> Error {
+    Error::new(Code::SnapshotTooOld, format!("Read timestamp {} is older than the oldest available timestamp.", shown(ts)))
+}
+
+impl Shared {
+    /// The oplog's applied point moved to `ts` with the write that just completed (the
+    /// caller holds the oplog lock, so boundaries arrive in order).
+    pub(crate) fn note_applied(&self, ts: u64) {
+        let position = self.engine.position();
+        let mut h = self.history.lock();
+        if h.pins.is_empty() {
+            // No reader can use history before the first pin.
+            return;
+        }
+        if h.boundaries.back().is_some_and(|&(t, _)| t >= ts) {
+            return;
+        }
+        if h.boundaries.len() >= SNAPSHOT_BOUNDARIES_MAX {
+            h.boundaries.pop_front();
+        }
+        h.boundaries.push_back((ts, position));
+    }
+
+    /// Forget the boundaries after `ts` (rollback took those entries back).
+    pub(crate) fn forget_boundaries_after(&self, ts: u64) {
+        let mut h = self.history.lock();
+        while h.boundaries.back().is_some_and(|&(t, _)| t > ts) {
+            h.boundaries.pop_back();
+        }
+    }
+
+    /// A namespace was dropped or renamed by the write that just completed.
+    pub(crate) fn note_catalog_change(&self, db: &str, name: &str) {
+        let position = self.engine.position();
+        let mut h = self.history.lock();
+        if !h.pins.is_empty() {
+            h.catalog_changes.insert((db.to_string(), name.to_string()), position);
+        }
+    }
+}
+
+impl Store {
+    /// Take a pin and let go of those the window no longer needs; `now_secs` is the
+    /// caller's clock in seconds. Called about once a second.
+    pub fn keep_snapshot_history(&self, now_secs: u64) {
+        let shared = &self.inner.shared;
+        let log = shared.oplog.read().clone();
+        // Under the oplog lock, with every written entry applied, the pin is the state as of
+        // the newest entry: a boundary too, so that a member taking no writes still has one.
+        // (Mid-batch, a secondary may have applied part of the next entries.)
+        let st = log.as_ref().map(|l| l.state.lock());
+        let pin = shared.engine.snapshot();
+        let applied = st.as_ref().filter(|st| st.applied_through.is_none()).map(|st| st.last.ts);
+        let mut h = shared.history.lock();
+        drop(st);
+        if let Some(ts) = applied.filter(|ts| *ts > 0 && h.boundaries.back().is_none_or(|&(t, _)| t < *ts)) {
+            h.boundaries.push_back((ts, pin.position()));
+        }
+        h.pins.push_back((now_secs, pin));
+        // Keep the newest pin taken at or before the window's start: it covers the window.
+        let start = now_secs.saturating_sub(h.window_secs);
+        while h.pins.len() > 1 && h.pins[1].0 <= start {
+            h.pins.pop_front();
+        }
+        let floor = h.pins.front().map_or(0, |(_, p)| p.position());
+        while h.boundaries.front().is_some_and(|&(_, p)| p < floor) {
+            h.boundaries.pop_front();
+        }
+        h.catalog_changes.retain(|_, p| *p >= floor);
+    }
+
+    /// mongod's `minSnapshotHistoryWindowInSeconds`.
+    pub fn set_snapshot_history_window(&self, secs: u64) {
+        self.inner.shared.history.lock().window_secs = secs;
+    }
+
+    pub fn snapshot_history_window(&self) -> u64 {
+        self.inner.shared.history.lock().window_secs
+    }
+
+    /// Forget every boundary: the data before now is not a state any reader may see (an
+    /// initial sync's copy, until the oplog brings it to a consistent point).
+    pub fn reset_snapshot_history(&self) {
+        let mut h = self.inner.shared.history.lock();
+        h.boundaries.clear();
+    }
+
+    /// The newest applied boundary at or before `ts` (what a read without a chosen time
+    /// reads at, for `ts` the majority commit point): None if history holds none.
+    pub fn snapshot_boundary_at_or_before(&self, ts: u64) -> Option<u64> {
+        let h = self.inner.shared.history.lock();
+        let i = h.boundaries.partition_point(|&(t, _)| t <= ts);
+        (i > 0).then(|| h.boundaries[i - 1].0)
+    }
+
+    /// An engine view of the data as of cluster time `ts`, which this member has applied,
+    /// and the optime of the newest entry at or before `ts` (what must be majority-committed
+    /// for the read to be): SnapshotTooOld when history no longer reaches it,
+    /// SnapshotUnavailable when `ts` falls inside one write of several entries.
+    pub fn snapshot_at(&self, ts: u64) -> Result<(Arc<dyn EngineSnapshot>, OpTime)> {
+        let shared = &self.inner.shared;
+        let (bts, position, pin, newest) = {
+            let h = shared.history.lock();
+            let i = h.boundaries.partition_point(|&(t, _)| t <= ts);
+            let Some(&(bts, position)) = i.checked_sub(1).and_then(|i| h.boundaries.get(i)) else { return Err(snapshot_too_old(ts)) };
+            // The newest pin at or before the position holds what the view reads.
+            let j = h.pins.partition_point(|(_, p)| p.position() <= position);
+            let Some((_, pin)) = j.checked_sub(1).and_then(|j| h.pins.get(j)) else { return Err(snapshot_too_old(ts)) };
+            (bts, position, pin.clone(), i == h.boundaries.len())
+        };
+        let Some(log) = shared.oplog.read().clone() else { return Err(snapshot_too_old(ts)) };
+        let now = shared.engine.snapshot();
+        let lower = Bound::Included(record_key(log.coll.id, bts));
+        let upper = Bound::Included(record_key(log.coll.id, ts));
+        let mut entries = now.iter(Space::Records, lower, upper, true);
+        let Some((_, newest_entry)) = entries.next().transpose()? else { return Err(snapshot_too_old(ts)) };
+        let entry = bson::RawDocument::from_bytes(&newest_entry).ok().and_then(OpTime::from_raw).ok_or_else(|| corrupt("oplog entry"))?;
+        // A later write applied entries after the boundary: one at or before `ts` makes
+        // the point unreadable. (With no later boundary, none is applied yet.)
+        if entry.ts > bts && !newest {
+            return Err(Error::new(Code::SnapshotUnavailable, format!("Unable to read at {}: it falls within one write of several oplog entries", shown(ts))));
+        }
+        Ok((pin.later(position), entry))
+    }
+
+    /// A view at `ts`, a point after every entry this member has: today's state, as no entry
+    /// logged from now on is stamped at or before `ts` (`Shared::clock_floor`). For a member
+    /// that logs its own writes (a primary); the optime returned is its newest entry's.
+    pub fn snapshot_now_at(&self, ts: u64) -> Result<(Arc<dyn EngineSnapshot>, OpTime)> {
+        let shared = &self.inner.shared;
+        let Some(log) = shared.oplog.read().clone() else { return Err(snapshot_too_old(ts)) };
+        let st = log.state.lock();
+        if st.applied_through.is_some() || st.last.ts > ts {
+            return Err(Error::internal("snapshot_now_at: the point is not after every applied entry"));
+        }
+        shared.clock_floor.fetch_max(ts, Ordering::AcqRel);
+        Ok((shared.engine.snapshot(), st.last))
+    }
+
+    /// This handle, reading through `view` (a snapshot read's): every collection it opens
+    /// reads there. Writes through it fail.
+    pub fn reading_at(&self, view: Arc<dyn EngineSnapshot>) -> Store {
+        Store { inner: self.inner.clone(), ctx: self.ctx.read_at(view) }
+    }
+
+    /// A read through this handle's view (`reading_at`) of `db.name`, which was dropped or
+    /// renamed after the view's position, would read today's catalog: SnapshotUnavailable.
+    pub fn check_catalog_at_view(&self, db: &str, name: &str) -> Result<()> {
+        let Some(view) = self.ctx.read_view() else { return Ok(()) };
+        let h = self.inner.shared.history.lock();
+        match h.catalog_changes.get(&(db.to_string(), name.to_string())) {
+            Some(&changed) if changed > view.position() => Err(Error::new(
+                Code::SnapshotUnavailable,
+                format!("Unable to read from a snapshot due to pending collection catalog changes to {db}.{name}; please retry the operation."),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
