@@ -1089,9 +1089,14 @@ fn at_cluster_time(body: &Document, t: bson::Timestamp) -> Document {
     if let Ok(rc) = body.get_document_mut("readConcern") {
         rc.insert("atClusterTime", t);
     }
+    gossip_cluster_time(&mut body, t);
+    body
+}
+
+/// `body` gossiping cluster time `t` (unsigned, as shoal runs without keys).
+pub(super) fn gossip_cluster_time(body: &mut Document, t: bson::Timestamp) {
     let signature = doc! {"hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0i64};
     body.insert("$clusterTime", doc! {"clusterTime": t, "signature": signature});
-    body
 }
 
 /// The point a snapshot read read at, in a router reply: `cursor.atClusterTime` for find

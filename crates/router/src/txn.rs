@@ -1,13 +1,20 @@
-//! Transactions through the router, as mongos runs those of one shard: the router follows
-//! each session's transaction number and its participant, sends each statement (with the
-//! client's `lsid`, `txnNumber`, `autocommit` and, on the first, `startTransaction` and
-//! `readConcern`) to the one shard that owns what it names, and commits or aborts there.
-//! Every reply carries the `recoveryToken` (the participant), so that a commit sent to
-//! another router after this one failed still reaches it.
+//! Transactions through the router, as mongos runs them: the router follows each session's
+//! transaction number and its participants, and sends each statement (with the client's
+//! `lsid`, `txnNumber`, `autocommit` and, on a participant's first, `startTransaction` and
+//! the transaction's `readConcern`) to the one shard that owns what it names.
 //!
-//! A transaction whose statements need a second shard is refused
-//! (OperationNotSupportedInTransaction): committing across shards needs a two-phase commit
-//! with prepared transactions on the shards, which shoal does not have yet.
+//! - **One point for every shard.** At readConcern "snapshot" every participant reads at
+//!   the transaction's `atClusterTime`: the client's, or the router's cluster time when the
+//!   first statement ran. (At "local" and "majority" each reads its own newest, as mongos.)
+//! - **One write shard.** A transaction may read on any number of shards and write on one:
+//!   the commit ends the read-only participants, then commits on the write shard, whose
+//!   commit is the transaction's (mongos's single-write-shard commit). A statement that would
+//!   write on a second shard is refused (OperationNotSupportedInTransaction): that needs a
+//!   two-phase commit with prepared transactions on the shards, which shoal does not have
+//!   yet. So does a statement that needs several shards at once.
+//!
+//! Every reply carries the `recoveryToken` (the write shard, else the first participant),
+//! so that a commit sent to another router after this one failed still reaches it.
 
 use super::commands::{collection_of, forwarded, single_shard_cursor, statements_apart, timeout_of};
 use super::Router;
@@ -32,8 +39,28 @@ pub struct RouterTxns {
 #[derive(Default)]
 struct Session {
     txn_number: i64,
-    /// The shard the transaction runs on, once a statement reached one.
-    participant: Option<String>,
+    /// The shards the transaction runs on, in the order statements reached them.
+    participants: Vec<String>,
+    /// The shard it wrote on, if any.
+    write_shard: Option<String>,
+    /// The first statement's readConcern, with the point every participant reads at.
+    read_concern: Option<Document>,
+}
+
+impl Session {
+    fn new(txn_number: i64) -> Session {
+        Session { txn_number, ..Default::default() }
+    }
+
+    /// The shard a recovery token names: the write shard, else the first participant.
+    fn recovery_shard(&self) -> Option<&String> {
+        self.write_shard.as_ref().or(self.participants.first())
+    }
+}
+
+/// Statements that write (their shard becomes the write shard).
+fn writes(name: &str) -> bool {
+    matches!(name, "insert" | "update" | "delete" | "findAndModify" | "findandmodify")
 }
 
 impl RouterTxns {
@@ -48,7 +75,7 @@ impl RouterTxns {
                 return Err(Error::new(Code::TooManyLogicalSessions, format!("cannot follow transactions of more than {SESSIONS_MAX} sessions")));
             }
         }
-        let s = Arc::new(tokio::sync::Mutex::new(Session { txn_number: -1, participant: None }));
+        let s = Arc::new(tokio::sync::Mutex::new(Session::new(-1)));
         sessions.insert(lsid.to_vec(), s.clone());
         Ok(s)
     }
@@ -67,11 +94,15 @@ pub fn is_statement(req: &Request) -> bool {
     req.body.contains_key("autocommit") || req.body.contains_key("startTransaction")
 }
 
-fn too_many_shards() -> Error {
+fn second_write_shard() -> Error {
     Error::new(
         Code::OperationNotSupportedInTransaction,
-        "this transaction would span several shards, which needs a two-phase commit shoal's router does not have yet; a transaction through the router runs on one shard",
+        "this transaction would write on a second shard, which needs a two-phase commit shoal's router does not have yet; a transaction through the router writes on one shard",
     )
+}
+
+fn several_shards() -> Error {
+    Error::new(Code::OperationNotSupportedInTransaction, "in a transaction, shoal's router sends each statement to one shard; this one needs several")
 }
 
 /// Run a transaction's statement (`is_statement`).
@@ -95,14 +126,26 @@ pub async fn run(router: &Router, req: &Request) -> Result<Document> {
         ));
     }
     if start && txn_number > s.txn_number {
-        *s = Session { txn_number, participant: None };
+        *s = Session::new(txn_number);
+        let mut rc = req.body.get_document("readConcern").cloned().unwrap_or_default();
+        if rc.get_str("level").ok() == Some("snapshot") && !rc.contains_key("atClusterTime") {
+            let t = router.pool.cluster_time().ok_or_else(|| Error::new(Code::SnapshotUnavailable, "the router knows no cluster time yet; please retry"))?;
+            rc.insert("atClusterTime", t);
+        }
+        s.read_concern = (!rc.is_empty()).then_some(rc);
     }
     match req.name.as_str() {
         "commitTransaction" | "abortTransaction" => {
             // The participant, or the one a recovery token names (a commit retried through
             // another router).
             let token = req.body.get_document("recoveryToken").ok().and_then(|t| t.get_str("recoveryShardId").ok()).map(str::to_string);
-            let known = if txn_number == s.txn_number { s.participant.clone() } else { None };
+            let known = if txn_number == s.txn_number { s.recovery_shard().cloned() } else { None };
+            // Read-only participants end first (an abort ends them all); their outcome does
+            // not decide the transaction's.
+            if known.is_some() {
+                let others: Vec<String> = s.participants.iter().filter(|p| Some(*p) != known.as_ref()).cloned().collect();
+                end_participants(router, req, &others).await;
+            }
             let shard = known.clone().or(token);
             let Some(shard) = shard else {
                 return match req.name.as_str() {
@@ -133,17 +176,40 @@ pub async fn run(router: &Router, req: &Request) -> Result<Document> {
                 return Err(Error::new(Code::NoSuchTransaction, format!("Transaction {txn_number} has been aborted or was never started.")));
             }
             let (shard, sc) = target(router, req).await?;
-            if s.participant.as_ref().is_some_and(|p| *p != shard) {
-                return Err(too_many_shards());
+            if writes(&req.name) {
+                match &s.write_shard {
+                    Some(w) if *w != shard => return Err(second_write_shard()),
+                    Some(_) => {}
+                    None => s.write_shard = Some(shard.clone()),
+                }
             }
-            s.participant = Some(shard.clone());
+            let mut body = forwarded(req);
+            if !s.participants.contains(&shard) {
+                // This shard's first statement starts the transaction there, at the
+                // transaction's point.
+                body.insert("startTransaction", true);
+                match &s.read_concern {
+                    Some(rc) => {
+                        if let Ok(t) = rc.get_timestamp("atClusterTime") {
+                            super::commands::gossip_cluster_time(&mut body, t);
+                        }
+                        body.insert("readConcern", rc.clone());
+                    }
+                    None => {
+                        body.remove("readConcern");
+                    }
+                }
+                s.participants.push(shard.clone());
+            } else {
+                body.remove("startTransaction");
+                body.remove("readConcern");
+            }
             let body = match &sc {
                 Some(sc) => {
-                    let mut b = forwarded(req);
-                    b.insert("shardVersion", sc.version_doc(&shard));
-                    b
+                    body.insert("shardVersion", sc.version_doc(&shard));
+                    body
                 }
-                None => router.with_db_version(&req.db, forwarded(req)),
+                None => router.with_db_version(&req.db, body),
             };
             let mut reply = match req.name.as_str() {
                 "find" | "aggregate" => single_shard_cursor(router, req, &shard, body).await?,
@@ -156,10 +222,24 @@ pub async fn run(router: &Router, req: &Request) -> Result<Document> {
                     reply_result(reply)?
                 }
             };
-            reply.insert("recoveryToken", doc! {"recoveryShardId": shard});
+            let recovery = s.recovery_shard().cloned().unwrap_or(shard);
+            reply.insert("recoveryToken", doc! {"recoveryShardId": recovery});
             Ok(reply)
         }
     }
+}
+
+/// End the transaction on `shards` with the client's command (commit or abort): read-only
+/// participants, whose end decides nothing. Their errors are not the client's.
+async fn end_participants(router: &Router, req: &Request, shards: &[String]) {
+    let ends = shards.iter().map(|shard| async move {
+        let mut body = forwarded(req);
+        body.remove("recoveryToken");
+        if let Ok(set) = router.shard(shard).await {
+            let _ = router.pool.run(&set, "admin", body, None, timeout_of(req)).await;
+        }
+    });
+    futures_util::future::join_all(ends).await;
 }
 
 /// The one shard a statement's documents live on (with the routing table of a sharded
@@ -213,6 +293,6 @@ async fn target(router: &Router, req: &Request) -> Result<(String, Option<Arc<su
     match shards.len() {
         1 => Ok((shards.into_iter().next().unwrap_or_default(), Some(sc))),
         0 => Ok((sc.table.shards().into_iter().next().ok_or_else(|| Error::internal("a routing table without shards"))?, Some(sc))),
-        _ => Err(too_many_shards()),
+        _ => Err(several_shards()),
     }
 }

@@ -236,14 +236,7 @@ fn snapshot_read(shared: &Shared, store: &storage::Store, req: &Request, at: Opt
                 .ok_or_else(|| Error::new(Code::SnapshotUnavailable, "no majority-committed point is readable at a snapshot yet; please retry the operation"))?
         }
     };
-    let applied = shared.store.oplog_applied().unwrap_or_default().ts;
-    let (view, entry) = match ts > applied {
-        // A point after the newest entry: a primary's state now, as nothing later is stamped
-        // at or before it.
-        true if repl.is_writable_primary() => shared.store.snapshot_now_at(ts)?,
-        true => return Err(Error::new(Code::SnapshotUnavailable, "this member has not applied the point the read asks for yet; please retry")),
-        false => shared.store.snapshot_at(ts)?,
-    };
+    let (view, entry) = snapshot_view(shared, repl, ts)?;
     let store = store.reading_at(view);
     if let Ok(coll) = req.body.get_str(&req.name) {
         store.check_catalog_at_view(&req.db, coll)?;
@@ -255,6 +248,18 @@ fn snapshot_read(shared: &Shared, store: &storage::Store, req: &Request, at: Opt
         }
     }
     Ok(SnapshotRead { ts, entry, store })
+}
+
+/// The engine view at cluster time `ts` and the oplog entry at or before it: from history,
+/// or, for a point after every entry on a primary, its state now (nothing later is stamped
+/// at or before it).
+pub(crate) fn snapshot_view(shared: &Shared, repl: &replication::ReplCoord, ts: u64) -> Result<(Arc<dyn storage::EngineSnapshot>, storage::OpTime)> {
+    let applied = shared.store.oplog_applied().unwrap_or_default().ts;
+    match ts > applied {
+        true if repl.is_writable_primary() => shared.store.snapshot_now_at(ts),
+        true => Err(Error::new(Code::SnapshotUnavailable, "this member has not applied the point the read asks for yet; please retry")),
+        false => shared.store.snapshot_at(ts),
+    }
 }
 
 /// `repl`: set with --replSet; asked only about linearizable reads.
@@ -321,9 +326,8 @@ fn check_read_concern(name: &str, cmd: &Document, repl: Option<&replication::Rep
         }
         match level {
             Some(ReadLevel::Snapshot { .. }) => level = Some(ReadLevel::Snapshot { at: Some(t) }),
-            // A transaction reads one snapshot of its own: today's, taken at its first
-            // statement.
-            _ if in_txn => return Err(Error::new(Code::InvalidOptions, "atClusterTime is not supported in a transaction")),
+            // A transaction's first statement reads there (`txn::TransactionTable`).
+            None if in_txn && rc.get_str("level").ok() == Some("snapshot") => {}
             _ => return Err(Error::new(Code::InvalidOptions, "readConcern level 'snapshot' is required when specifying atClusterTime")),
         }
     }

@@ -221,10 +221,17 @@ impl TransactionTable {
                     format!("Cannot start transaction {txn_number} because a transaction with the same number is {}", s.state.name()),
                 ));
             }
-            check_transaction_read_concern(cmd)?;
+            let at = check_transaction_read_concern(cmd)?;
             // A newer transaction replaces one still in progress.
             self.abort_open(s);
-            let txn = shared.store.begin_transaction(Some((lsid, txn_number)))?;
+            let txn = match (at, &shared.repl) {
+                // Reads one point (a router's, for a transaction over several shards).
+                (Some(ts), Some(repl)) => {
+                    let (view, _) = crate::dispatch::snapshot_view(shared, repl, ts)?;
+                    shared.store.reading_at(view).begin_transaction(Some((lsid, txn_number)))?
+                }
+                _ => shared.store.begin_transaction(Some((lsid, txn_number)))?,
+            };
             let store = shared.store.in_transaction(&txn);
             s.txn_number = txn_number;
             s.state = State::InProgress(Open { txn, store: store.clone(), started: Instant::now() });
@@ -381,12 +388,14 @@ pub fn write_error_fails(reply: Document) -> Result<Document> {
 }
 
 /// The first statement's readConcern: a transaction reads at level local, majority or
-/// snapshot (all one snapshot here; the commit's write concern makes what it read durable).
-fn check_transaction_read_concern(cmd: &Document) -> Result<()> {
-    let Ok(rc) = cmd.get_document("readConcern") else { return Ok(()) };
+/// snapshot (all one snapshot here; the commit's write concern makes what it read durable),
+/// at `atClusterTime` when level snapshot names one (returned).
+fn check_transaction_read_concern(cmd: &Document) -> Result<Option<u64>> {
+    let Ok(rc) = cmd.get_document("readConcern") else { return Ok(None) };
     match rc.get("level") {
-        None => Ok(()),
-        Some(Bson::String(l)) if matches!(l.as_str(), "local" | "majority" | "snapshot") => Ok(()),
+        None => Ok(None),
+        Some(Bson::String(l)) if l == "snapshot" => Ok(rc.get_timestamp("atClusterTime").ok().map(common::optime::ts_value)),
+        Some(Bson::String(l)) if matches!(l.as_str(), "local" | "majority") => Ok(None),
         _ => Err(Error::new(
             Code::InvalidOptions,
             "The readConcern level must be either 'local' (default), 'majority' or 'snapshot' in order to run in a transaction",

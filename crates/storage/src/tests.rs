@@ -1444,3 +1444,38 @@ fn snapshot_reads_at_a_past_cluster_time() {
     store.keep_snapshot_history(1_401);
     assert_eq!(store.snapshot_at(t1).err().unwrap().code, Code::SnapshotTooOld.0);
 }
+
+/// A transaction begun through a handle reading at a past point reads there, and a write to
+/// a document changed since conflicts, also when the change was undone (the same value
+/// again: the check is by the version's position, not its bytes).
+#[test]
+fn a_transaction_at_a_past_point_reads_there_and_conflicts_with_later_writes() {
+    let store = Store::open_in_memory();
+    store.enable_oplog(64 << 20).unwrap();
+    store.keep_snapshot_history(1_000);
+    let c = store.collection_or_create("db", "c").unwrap();
+    assert!(c.insert_many(&[doc! {"_id": 1, "v": 0}, doc! {"_id": 2, "v": 0}], true).errors.is_empty());
+    let t0 = store.oplog_last().unwrap().ts;
+    let set = |id: i32, v: i32| {
+        let mut w = c.writer();
+        let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(id)).unwrap().unwrap();
+        w.update(rid, &old, &doc! {"_id": id, "v": v}).unwrap();
+    };
+    // _id 1 changes and changes back; _id 2 changes.
+    set(1, 5);
+    set(1, 0);
+    set(2, 7);
+    let (view, _) = store.snapshot_at(t0).unwrap();
+    let past = store.reading_at(view);
+    let txn = past.begin_transaction(Some((&[3; 16], 1))).unwrap();
+    let tc = store.in_transaction(&txn).collection("db", "c").unwrap();
+    let values: Vec<i32> = tc.snapshot().scan(None, 10).unwrap().into_iter().map(|(_, d)| d.get_i32("v").unwrap()).collect();
+    assert_eq!(values, vec![0, 0], "the transaction reads the past point");
+    for id in [1, 2] {
+        let mut w = tc.writer();
+        let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(id)).unwrap().unwrap();
+        let e = w.update(rid, &old, &doc! {"_id": id, "v": 9}).unwrap_err();
+        assert_eq!(e.code, Code::WriteConflict.0, "_id {id}");
+    }
+    txn.abort();
+}

@@ -103,7 +103,8 @@ fn add_delta(v: u64, d: i64) -> u64 {
 }
 
 impl Store {
-    /// Begin a transaction over the newest data. `session`: the `lsid` and `txnNumber` its
+    /// Begin a transaction over the newest data, or, through a handle reading at a past point
+    /// (`reading_at`), over the data there. `session`: the `lsid` and `txnNumber` its
     /// commit logs, with the session's `config.transactions` record; required where the store
     /// keeps an oplog, unless this handle is replicated (a secondary applying a committed
     /// transaction's entry).
@@ -119,7 +120,7 @@ impl Store {
         };
         let shared = self.inner.shared.clone();
         let state = TxnState {
-            base: shared.engine.snapshot(),
+            base: self.ctx.read_view().cloned().unwrap_or_else(|| shared.engine.snapshot()),
             writes: Arc::default(),
             colls: BTreeMap::new(),
             ops: Vec::new(),
@@ -305,7 +306,13 @@ impl Transaction {
                     Some(_) => return Err(write_conflict()),
                     None => {}
                 }
-                if latest.get(*space, key)? != s.base.get(*space, key)? {
+                // Written since the snapshot (a value from a later batch, or none where the
+                // snapshot saw one): another writer got there first.
+                let changed = match latest.written_at(*space, key)? {
+                    Some(at) => at > s.base.position(),
+                    None => s.base.get(*space, key)?.is_some(),
+                };
+                if changed {
                     return Err(write_conflict());
                 }
                 owners.insert(k.clone(), self.id);

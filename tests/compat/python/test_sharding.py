@@ -129,3 +129,42 @@ def test_snapshot_reads_see_one_point_across_shards(cluster):
             assert total == [{"_id": None, "s": sum(range(200))}]
         assert coll.count_documents({}) == 201
     c.close()
+
+
+def test_transactions_read_one_point_across_shards_and_write_on_one(cluster):
+    """A transaction through the router reads on both shards at one point (readConcern
+    snapshot: the router's cluster time when it began) and writes on one; a write on a second
+    shard is refused, as that needs a two-phase commit."""
+    from pymongo.read_concern import ReadConcern
+
+    c = pymongo.MongoClient(cluster["uri"])
+    c.admin.command("shardCollection", "tx.acc", key={"_id": "hashed"})
+    acc = c.tx.acc
+    acc.insert_many([{"_id": i, "b": 100} for i in range(40)])
+    on_shard = []
+    for i in range(2):
+        direct = pymongo.MongoClient(f"mongodb://127.0.0.1:{cluster['port'] + 2 + i}/?directConnection=true")
+        on_shard.append(sorted(d["_id"] for d in direct.tx.acc.find({}, {"_id": 1})))
+        direct.close()
+    a, b = on_shard[0][0], on_shard[1][0]
+
+    with c.start_session() as s:
+        s.start_transaction(read_concern=ReadConcern("snapshot"))
+        assert acc.find_one({"_id": a}, session=s)["b"] == 100
+        # Written after the transaction's point, on the other shard, which the transaction
+        # has not reached yet: it reads the value as of its point.
+        acc.update_one({"_id": b}, {"$set": {"b": 555}})
+        assert acc.find_one({"_id": b}, session=s)["b"] == 100
+        acc.update_one({"_id": a}, {"$inc": {"b": -10}}, session=s)
+        s.commit_transaction()
+    assert acc.find_one({"_id": a})["b"] == 90 and acc.find_one({"_id": b})["b"] == 555
+
+    with c.start_session() as s:
+        s.start_transaction()
+        acc.update_one({"_id": a}, {"$inc": {"b": -1}}, session=s)
+        with pytest.raises(OperationFailure) as e:
+            acc.update_one({"_id": b}, {"$inc": {"b": 1}}, session=s)
+        assert e.value.code == 263
+        s.abort_transaction()
+    assert acc.find_one({"_id": a})["b"] == 90 and acc.find_one({"_id": b})["b"] == 555
+    c.close()

@@ -231,7 +231,8 @@ impl EngineSnapshot for MemSnapshot {
     fn written_at(&self, space: Space, key: &[u8]) -> Result<Option<u64>> {
         let spaces = self.shared.spaces.read();
         let versions = spaces[space as usize].get(key);
-        Ok(versions.and_then(|v| v.iter().rev().find(|(s, _)| *s <= self.seq)).map(|(s, _)| s + 1))
+        // A deletion is no value: as fjall reports a tombstone.
+        Ok(versions.and_then(|v| v.iter().rev().find(|(s, _)| *s <= self.seq)).filter(|(_, v)| v.is_some()).map(|(s, _)| s + 1))
     }
 
     fn later(&self, position: u64) -> Arc<dyn EngineSnapshot> {

@@ -239,6 +239,12 @@ pub(crate) mod tests {
         assert_eq!(seen, vec![(b"h".to_vec(), b"1".to_vec())]);
         assert_eq!(view.written_at(Space::Records, b"h").unwrap(), Some(one));
         assert_eq!(e.snapshot().get(Space::Records, b"h").unwrap(), Some(b"199".to_vec()));
+        // A deletion is no value, with no position.
+        let mut b = Batch::new();
+        b.delete(Space::Records, b"h".to_vec());
+        e.write(b).unwrap();
+        assert_eq!(e.snapshot().written_at(Space::Records, b"h").unwrap(), None);
+        assert_eq!(view.written_at(Space::Records, b"h").unwrap(), Some(one));
     }
 
     #[test]
