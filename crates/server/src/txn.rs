@@ -47,6 +47,14 @@ fn is_end(name: &str) -> bool {
     matches!(name, "commitTransaction" | "abortTransaction" | "coordinateCommitTransaction")
 }
 
+/// A statement of a transaction before its end waits for no fsync, no replication and no
+/// other writer to finish (a key another transaction owns is a WriteConflict at once; the
+/// locks it takes are held only while a batch is prepared or applied): it runs on the
+/// connection's worker, as reads do, without the hand-off of a thread that may block.
+pub fn runs_inline(req: &wire::Request) -> bool {
+    req.body.contains_key("autocommit") && !is_end(&req.name)
+}
+
 /// Every session's transaction state.
 pub struct TransactionTable {
     sessions: Mutex<HashMap<Vec<u8>, Arc<Mutex<Session>>>>,
