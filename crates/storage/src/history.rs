@@ -174,16 +174,25 @@ impl Store {
 
     /// A view at `ts`, a point after every entry this member has: today's state, as no entry
     /// logged from now on is stamped at or before `ts` (`Shared::clock_floor`). For a member
-    /// that logs its own writes (a primary); the optime returned is its newest entry's.
+    /// that logs its own writes (a primary). It then logs a no-op, stamped after `ts`, whose
+    /// optime it returns: once that is majority-committed, any later primary holds it, so no
+    /// primary after a failover stamps an entry at or before `ts` either (as mongod writes a
+    /// no-op to reach a read's cluster time).
     pub fn snapshot_now_at(&self, ts: u64) -> Result<(Arc<dyn EngineSnapshot>, OpTime)> {
         let shared = &self.inner.shared;
         let Some(log) = shared.oplog.read().clone() else { return Err(snapshot_too_old(ts)) };
-        let st = log.state.lock();
-        if st.applied_through.is_some() || st.last.ts > ts {
-            return Err(Error::internal("snapshot_now_at: the point is not after every applied entry"));
-        }
-        shared.clock_floor.fetch_max(ts, Ordering::AcqRel);
-        Ok((shared.engine.snapshot(), st.last))
+        let view = {
+            let st = log.state.lock();
+            if st.applied_through.is_some() || st.last.ts > ts {
+                return Err(Error::internal("snapshot_now_at: the point is not after every applied entry"));
+            }
+            shared.clock_floor.fetch_max(ts, Ordering::AcqRel);
+            shared.engine.snapshot()
+        };
+        let noop = oplog::noop_entry(&doc! {"msg": "snapshot read at a later cluster time"}, oplog::wall_now_ms()).map_err(Error::bad_value)?;
+        let at = shared.apply_logged_with(Batch::new(), vec![noop], None)?.ok_or_else(|| Error::internal("snapshot_now_at: the no-op was not logged"))?;
+        debug_assert!(at.ts > ts);
+        Ok((view, at))
     }
 
     /// This handle, reading through `view` (a snapshot read's): every collection it opens

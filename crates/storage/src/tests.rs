@@ -1479,3 +1479,21 @@ fn a_transaction_at_a_past_point_reads_there_and_conflicts_with_later_writes() {
     }
     txn.abort();
 }
+
+/// A point after every entry reads today's state, and no entry is stamped at or before it
+/// afterwards: the no-op logged for it, and every later write, come after.
+#[test]
+fn a_point_after_every_entry_reads_now_and_later_entries_come_after_it() {
+    let store = Store::open_in_memory();
+    store.enable_oplog(64 << 20).unwrap();
+    let c = store.collection_or_create("db", "c").unwrap();
+    assert_eq!(c.insert_many(&[doc! {"_id": 1}], true).inserted, 1);
+    let last = store.oplog_last().unwrap().ts;
+    let point = last + (5 << 32);
+    let (view, noop) = store.snapshot_now_at(point).unwrap();
+    assert!(noop.ts > point);
+    assert_eq!(store.reading_at(view).collection("db", "c").unwrap().snapshot().count().unwrap(), 1);
+    assert_eq!(c.insert_many(&[doc! {"_id": 2}], true).inserted, 1);
+    assert!(store.oplog_last().unwrap().ts > noop.ts);
+    assert!(store.snapshot_now_at(last).is_err(), "a point before the newest entry is history's");
+}
