@@ -58,9 +58,10 @@ impl Session {
     }
 }
 
-/// Statements that write (their shard becomes the write shard).
+/// Statements that write (their shard becomes the write shard): creating a collection or an
+/// index in a transaction is a write too.
 fn writes(name: &str) -> bool {
-    matches!(name, "insert" | "update" | "delete" | "findAndModify" | "findandmodify")
+    matches!(name, "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "create" | "createIndexes")
 }
 
 impl RouterTxns {
