@@ -1127,7 +1127,18 @@ fn pinned<'a>(router: &Router, body: &'a Document, shards: usize) -> Result<std:
 
 /// Open a cursor on each shard.
 async fn open_streams(router: &Router, req: &Request, sc: &ShardedColl, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Stream>> {
-    let body = &pinned(router, body, shards.len())?;
+    match open_streams_once(router, req, sc, shards, &*pinned(router, body, shards.len())?).await {
+        // A shard keeps history only while reads at a point use it: one that had none at the
+        // router's point has it now, and its reply moved the router's cluster time past its
+        // newest entry. Once more, at the new point.
+        Err(e) if e.code == Code::SnapshotTooOld.0 && unpinned_snapshot(body) && shards.len() > 1 => {
+            open_streams_once(router, req, sc, shards, &*pinned(router, body, shards.len())?).await
+        }
+        r => r,
+    }
+}
+
+async fn open_streams_once(router: &Router, req: &Request, sc: &ShardedColl, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Stream>> {
     let opens = shards.iter().map(|s| async move {
         let set = router.shard(s).await?;
         let (host, raw) = router.pool.run_raw(&set, &req.db, versioned(body, Some(sc), s), None, timeout_of(req)).await?;
@@ -1282,12 +1293,23 @@ async fn read_targets(router: &Router, db: &str, ns: &str, filter: &Document) ->
 /// Run `body` on each shard at once (with its version if the collection is sharded); every
 /// reply, or the first error.
 async fn on_each(router: &Router, req: &Request, sc: Option<&ShardedColl>, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Document>> {
-    let body = &pinned(router, body, shards.len())?;
-    let sends = shards.iter().map(|s| async move {
-        let set = router.shard(s).await?;
-        reply_result(router.pool.run(&set, &req.db, versioned(body, sc, s), None, timeout_of(req)).await?.1)
-    });
-    futures_util::future::join_all(sends).await.into_iter().collect()
+    let once = |body: Document| async move {
+        let sends = shards.iter().map(|s| {
+            let body = &body;
+            async move {
+                let set = router.shard(s).await?;
+                reply_result(router.pool.run(&set, &req.db, versioned(body, sc, s), None, timeout_of(req)).await?.1)
+            }
+        });
+        futures_util::future::join_all(sends).await.into_iter().collect::<Result<Vec<Document>>>()
+    };
+    match once(pinned(router, body, shards.len())?.into_owned()).await {
+        // As `open_streams`: once more at the router's new cluster time.
+        Err(e) if e.code == Code::SnapshotTooOld.0 && unpinned_snapshot(body) && shards.len() > 1 => {
+            once(pinned(router, body, shards.len())?.into_owned()).await
+        }
+        r => r,
+    }
 }
 
 async fn count(router: &Router, req: &Request) -> Result<Document> {

@@ -218,25 +218,32 @@ struct SnapshotRead {
 }
 
 /// Choose a snapshot read's point and open the store there: `at` (which `read_after` waited
-/// for this member to apply), or the newest point the majority has committed. A capped
+/// for this member to apply), or the newest applied point. A capped
 /// collection, or a namespace dropped or renamed since, cannot be read at a past point
 /// (SnapshotUnavailable, as mongod).
 fn snapshot_read(shared: &Shared, store: &storage::Store, req: &Request, at: Option<u64>) -> Result<SnapshotRead> {
     let Some(repl) = &shared.repl else {
         return Err(Error::new(Code::NotAReplicaSet, "node needs to be a replica set member to use readConcern level 'snapshot'"));
     };
-    let ts = match at {
-        Some(t) => t,
-        None => {
-            let point = repl.commit_point(&shared.store).ts.min(shared.store.oplog_applied().unwrap_or_default().ts);
-            // History begins with the store's first pin, a second after startup.
-            shared
-                .store
-                .snapshot_boundary_at_or_before(point)
-                .ok_or_else(|| Error::new(Code::SnapshotUnavailable, "no majority-committed point is readable at a snapshot yet; please retry the operation"))?
+    let (ts, view, entry) = match at.map(|t| (t, snapshot_view(shared, repl, t))) {
+        Some((t, view)) => {
+            let (view, entry) = view?;
+            (t, view, entry)
         }
+        // The newest applied point, whose majority commit the reply waits for (as a majority
+        // read's); on a secondary mid-batch, the newest kept point the majority has committed.
+        None => match shared.store.snapshot_now() {
+            Some((view, entry)) => (entry.ts, view, entry),
+            None => {
+                let point = repl.commit_point(&shared.store).ts.min(shared.store.oplog_applied().unwrap_or_default().ts);
+                let t = shared.store.snapshot_boundary_at_or_before(point).ok_or_else(|| {
+                    Error::new(Code::SnapshotUnavailable, "no majority-committed point is readable at a snapshot yet; please retry the operation")
+                })?;
+                let (view, entry) = snapshot_view(shared, repl, t)?;
+                (t, view, entry)
+            }
+        },
     };
-    let (view, entry) = snapshot_view(shared, repl, ts)?;
     let store = store.reading_at(view);
     if let Ok(coll) = req.body.get_str(&req.name) {
         store.check_catalog_at_view(&req.db, coll)?;

@@ -15,8 +15,15 @@
 //!   through is today's. An index that became ready after a view's position is hidden from
 //!   that view (`CollState::snapshot`).
 //!
-//! Cost: ordinary reads pay nothing; each logged or applied write pushes 16 bytes under the
-//! oplog lock it already holds; the engine keeps superseded versions for the window.
+//! History is kept while it is used: from the first read at a point in time until a window
+//! passes without one (`last_used_secs`). A pin keeps, in fjall, every version written since
+//! and the table and memtable sets of that time, so an idle window costs nothing: no pins,
+//! no boundaries. The first read without a point of its own reads now
+//! (`Store::snapshot_now`), which needs no history, and starts it.
+//!
+//! Cost while in use: ordinary reads pay nothing; each logged or applied write pushes 16
+//! bytes under the oplog lock it already holds; the engine keeps superseded versions, and
+//! the memtables and tables they are in, for the window.
 
 use super::*;
 use std::collections::VecDeque;
@@ -35,11 +42,42 @@ pub(crate) struct History {
     /// Namespace -> the engine position after its last drop or rename.
     catalog_changes: HashMap<(String, String), u64>,
     window_secs: u64,
+    /// The clock of the last `keep_snapshot_history` call, in seconds.
+    now_secs: u64,
+    /// When a read last used history; None while it is not kept.
+    last_used_secs: Option<u64>,
 }
 
 impl Default for History {
     fn default() -> Self {
-        History { pins: VecDeque::new(), boundaries: VecDeque::new(), catalog_changes: HashMap::new(), window_secs: SNAPSHOT_HISTORY_WINDOW_SECONDS_DEFAULT }
+        History {
+            pins: VecDeque::new(),
+            boundaries: VecDeque::new(),
+            catalog_changes: HashMap::new(),
+            window_secs: SNAPSHOT_HISTORY_WINDOW_SECONDS_DEFAULT,
+            now_secs: 0,
+            last_used_secs: None,
+        }
+    }
+}
+
+impl History {
+    /// A read uses history: keep it (from `pin`, the state as of entry `applied`, if none is
+    /// kept yet).
+    fn use_from(&mut self, pin: Arc<dyn EngineSnapshot>, applied: Option<u64>) {
+        self.last_used_secs = Some(self.now_secs);
+        if self.pins.is_empty() {
+            self.push_pin(pin, applied);
+        }
+    }
+
+    /// Keep `pin`, with its boundary when it is the state as of entry `applied`.
+    fn push_pin(&mut self, pin: Arc<dyn EngineSnapshot>, applied: Option<u64>) {
+        if let Some(ts) = applied.filter(|ts| *ts > 0 && self.boundaries.back().is_none_or(|&(t, _)| t < *ts)) {
+            self.boundaries.push_back((ts, pin.position()));
+        }
+        let now = self.now_secs;
+        self.pins.push_back((now, pin));
     }
 }
 
@@ -93,19 +131,21 @@ impl Store {
     /// caller's clock in seconds. Called about once a second.
     pub fn keep_snapshot_history(&self, now_secs: u64) {
         let shared = &self.inner.shared;
-        let log = shared.oplog.read().clone();
-        // Under the oplog lock, with every written entry applied, the pin is the state as of
-        // the newest entry: a boundary too, so that a member taking no writes still has one.
-        // (Mid-batch, a secondary may have applied part of the next entries.)
-        let st = log.as_ref().map(|l| l.state.lock());
-        let pin = shared.engine.snapshot();
-        let applied = st.as_ref().filter(|st| st.applied_through.is_none()).map(|st| st.last.ts);
-        let mut h = shared.history.lock();
-        drop(st);
-        if let Some(ts) = applied.filter(|ts| *ts > 0 && h.boundaries.back().is_none_or(|&(t, _)| t < *ts)) {
-            h.boundaries.push_back((ts, pin.position()));
+        {
+            let mut h = shared.history.lock();
+            h.now_secs = now_secs;
+            if h.last_used_secs.is_none_or(|used| used + h.window_secs < now_secs) {
+                // Unused for a window: keep nothing.
+                h.last_used_secs = None;
+                h.pins.clear();
+                h.boundaries.clear();
+                h.catalog_changes.clear();
+                return;
+            }
         }
-        h.pins.push_back((now_secs, pin));
+        let (pin, applied) = self.pin_now();
+        let mut h = shared.history.lock();
+        h.push_pin(pin, applied);
         // Keep the newest pin taken at or before the window's start: it covers the window.
         let start = now_secs.saturating_sub(h.window_secs);
         while h.pins.len() > 1 && h.pins[1].0 <= start {
@@ -116,6 +156,35 @@ impl Store {
             h.boundaries.pop_front();
         }
         h.catalog_changes.retain(|_, p| *p >= floor);
+    }
+
+    /// An engine snapshot taken under the oplog lock and, with every written entry applied,
+    /// the newest entry's timestamp: the snapshot is the state as of that entry. (Mid-batch,
+    /// a secondary may have applied part of the next entries: then no entry.)
+    fn pin_now(&self) -> (Arc<dyn EngineSnapshot>, Option<u64>) {
+        let shared = &self.inner.shared;
+        let log = shared.oplog.read().clone();
+        let st = log.as_ref().map(|l| l.state.lock());
+        let pin = shared.engine.snapshot();
+        let applied = st.as_ref().filter(|st| st.applied_through.is_none()).map(|st| st.last.ts);
+        (pin, applied)
+    }
+
+    /// A read at the newest applied point, for a snapshot read that names none: the view,
+    /// the point and its entry's optime (which the read waits to be majority-committed).
+    /// Starts keeping history, so later reads at this point find it. None on a secondary in
+    /// the middle of applying a batch.
+    pub fn snapshot_now(&self) -> Option<(Arc<dyn EngineSnapshot>, OpTime)> {
+        let shared = &self.inner.shared;
+        let log = shared.oplog.read().clone()?;
+        let st = log.state.lock();
+        if st.applied_through.is_some() || st.last.ts == 0 {
+            return None;
+        }
+        let view = shared.engine.snapshot();
+        let last = st.last;
+        shared.history.lock().use_from(view.clone(), Some(last.ts));
+        Some((view, last))
     }
 
     /// mongod's `minSnapshotHistoryWindowInSeconds`.
@@ -137,6 +206,7 @@ impl Store {
     /// The newest applied boundary at or before `ts` (what a read without a chosen time
     /// reads at, for `ts` the majority commit point): None if history holds none.
     pub fn snapshot_boundary_at_or_before(&self, ts: u64) -> Option<u64> {
+        self.use_history();
         let h = self.inner.shared.history.lock();
         let i = h.boundaries.partition_point(|&(t, _)| t <= ts);
         (i > 0).then(|| h.boundaries[i - 1].0)
@@ -148,6 +218,7 @@ impl Store {
     /// SnapshotUnavailable when `ts` falls inside one write of several entries.
     pub fn snapshot_at(&self, ts: u64) -> Result<(Arc<dyn EngineSnapshot>, OpTime)> {
         let shared = &self.inner.shared;
+        self.use_history();
         let (bts, position, pin, newest) = {
             let h = shared.history.lock();
             let i = h.boundaries.partition_point(|&(t, _)| t <= ts);
@@ -187,12 +258,28 @@ impl Store {
                 return Err(Error::internal("snapshot_now_at: the point is not after every applied entry"));
             }
             shared.clock_floor.fetch_max(ts, Ordering::AcqRel);
-            shared.engine.snapshot()
+            let view = shared.engine.snapshot();
+            shared.history.lock().use_from(view.clone(), Some(st.last.ts));
+            view
         };
         let noop = oplog::noop_entry(&doc! {"msg": "snapshot read at a later cluster time"}, oplog::wall_now_ms()).map_err(Error::bad_value)?;
         let at = shared.apply_logged_with(Batch::new(), vec![noop], None)?.ok_or_else(|| Error::internal("snapshot_now_at: the no-op was not logged"))?;
         debug_assert!(at.ts > ts);
         Ok((view, at))
+    }
+
+    /// A read uses history: keep it from now on if it is not kept.
+    fn use_history(&self) {
+        let shared = &self.inner.shared;
+        {
+            let mut h = shared.history.lock();
+            if h.last_used_secs.is_some() {
+                h.last_used_secs = Some(h.now_secs);
+                return;
+            }
+        }
+        let (pin, applied) = self.pin_now();
+        shared.history.lock().use_from(pin, applied);
     }
 
     /// This handle, reading through `view` (a snapshot read's): every collection it opens

@@ -1396,6 +1396,12 @@ fn snapshot_reads_at_a_past_cluster_time() {
     assert_eq!(c.insert_many(&[doc! {"_id": 0, "x": 0}], true).inserted, 1);
     let before_history = store.oplog_last().unwrap().ts;
     store.keep_snapshot_history(1_000);
+    // Unused history is not kept: the first read at a point in time starts it, from the newest
+    // applied point (which it can read).
+    assert_eq!(store.snapshot_at(before_history - 1).err().unwrap().code, Code::SnapshotTooOld.0);
+    store.keep_snapshot_history(1_000);
+    let (_, now) = store.snapshot_now().unwrap();
+    assert_eq!(now.ts, before_history);
     assert_eq!(c.insert_many(&[doc! {"_id": 1, "x": 1}], true).inserted, 1);
     let t1 = store.oplog_last().unwrap().ts;
     {
@@ -1421,7 +1427,7 @@ fn snapshot_reads_at_a_past_cluster_time() {
     assert_eq!(x_at(t2), (Some(2), 2));
     assert_eq!(x_at(t3), (Some(2), 4));
     assert_eq!(store.snapshot_at(t3 - 1).err().unwrap().code, Code::SnapshotUnavailable.0, "inside the two-entry write");
-    // The first pin is a boundary too; before it, no history.
+    // The first read's point is a boundary too; before it, no history.
     assert_eq!(x_at(before_history), (None, 1));
     assert_eq!(store.snapshot_at(before_history - 1).err().unwrap().code, Code::SnapshotTooOld.0);
     assert_eq!(store.snapshot_boundary_at_or_before(t3 - 1), Some(t2));
@@ -1437,12 +1443,17 @@ fn snapshot_reads_at_a_past_cluster_time() {
     assert_eq!(at.check_catalog_at_view("db", "c").unwrap_err().code, Code::SnapshotUnavailable.0);
     assert!(store.reading_at(store.snapshot_at(store.oplog_last().unwrap().ts).unwrap().0).check_catalog_at_view("db", "c").is_ok());
 
-    // Past the window, the first pin goes and with it the history it held.
+    // Past the window, the first pin goes and with it the history it held; a window with no
+    // read at all lets go of everything.
     store.set_snapshot_history_window(300);
     store.keep_snapshot_history(1_100);
     assert!(store.snapshot_at(t1).is_ok());
+    store.keep_snapshot_history(1_250);
     store.keep_snapshot_history(1_401);
     assert_eq!(store.snapshot_at(t1).err().unwrap().code, Code::SnapshotTooOld.0);
+    store.keep_snapshot_history(1_702);
+    assert_eq!(store.snapshot_at(t3).err().unwrap().code, Code::SnapshotTooOld.0, "nothing kept after an unused window");
+    assert!(store.snapshot_at(store.oplog_last().unwrap().ts).is_ok(), "the newest point is today's state");
 }
 
 /// A transaction begun through a handle reading at a past point reads there, and a write to
@@ -1452,10 +1463,12 @@ fn snapshot_reads_at_a_past_cluster_time() {
 fn a_transaction_at_a_past_point_reads_there_and_conflicts_with_later_writes() {
     let store = Store::open_in_memory();
     store.enable_oplog(64 << 20).unwrap();
-    store.keep_snapshot_history(1_000);
     let c = store.collection_or_create("db", "c").unwrap();
     assert!(c.insert_many(&[doc! {"_id": 1, "v": 0}, doc! {"_id": 2, "v": 0}], true).errors.is_empty());
+    store.keep_snapshot_history(1_000);
+    let (_, now) = store.snapshot_now().unwrap();
     let t0 = store.oplog_last().unwrap().ts;
+    assert_eq!(now.ts, t0);
     let set = |id: i32, v: i32| {
         let mut w = c.writer();
         let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(id)).unwrap().unwrap();
