@@ -160,7 +160,8 @@ impl Store {
 
     /// An engine snapshot taken under the oplog lock and, with every written entry applied,
     /// the newest entry's timestamp: the snapshot is the state as of that entry. (Mid-batch,
-    /// a secondary may have applied part of the next entries: then no entry.)
+    /// a secondary may have applied part of the next entries: then no entry.) While history
+    /// is kept, a write after it records its own boundary, newer than this one.
     fn pin_now(&self) -> (Arc<dyn EngineSnapshot>, Option<u64>) {
         let shared = &self.inner.shared;
         let log = shared.oplog.read().clone();
@@ -278,8 +279,14 @@ impl Store {
                 return;
             }
         }
-        let (pin, applied) = self.pin_now();
+        // The first pin's boundary is pushed under the oplog lock: a write in between would
+        // find no pin, record no boundary, and the pin's would stand for a state without it.
+        let log = shared.oplog.read().clone();
+        let st = log.as_ref().map(|l| l.state.lock());
+        let pin = shared.engine.snapshot();
+        let applied = st.as_ref().filter(|st| st.applied_through.is_none()).map(|st| st.last.ts);
         shared.history.lock().use_from(pin, applied);
+        drop(st);
     }
 
     /// This handle, reading through `view` (a snapshot read's): every collection it opens
