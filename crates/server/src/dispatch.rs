@@ -172,32 +172,26 @@ pub fn read_after(shared: &Shared, req: &Request) -> Result<Option<ReadAfter>> {
     // --strictConsistency makes strict the default level; a read that names "local" or
     // "available" gets what it names.
     let strict = !primary && (level == Some("strict") || (shared.config.strict_consistency && matches!(level, None | Some("majority"))));
-    let mut ts = 0;
-    if let Some(Bson::Timestamp(t)) = rc.and_then(|d| d.get("afterClusterTime")) {
+    // A time beyond this member's cluster time is refused, as mongod refuses it.
+    let within_clock = |field: &str| -> Result<Option<u64>> {
+        let Some(Bson::Timestamp(t)) = rc.and_then(|d| d.get(field)) else { return Ok(None) };
         let t = common::optime::ts_value(*t);
         let clock = repl.cluster_time(&shared.store);
         if t > clock {
             return Err(Error::new(
                 Code::InvalidOptions,
-                format!("readConcern afterClusterTime value must not be greater than the current clusterTime. Requested clusterTime: {t}; current clusterTime: {clock}"),
+                format!("readConcern {field} value must not be greater than the current clusterTime. Requested clusterTime: {t}; current clusterTime: {clock}"),
             ));
         }
-        ts = t;
-    }
+        Ok(Some(t))
+    };
+    let mut ts = within_clock("afterClusterTime")?.unwrap_or(0);
     if let Some(at) = rc.and_then(|d| d.get_document("afterOpTime").ok()).and_then(storage::OpTime::from_doc) {
         ts = ts.max(at.ts);
     }
     // A read at a point in time waits until this member has applied it; a primary has applied
     // every entry there will be at or before it (`snapshot_read`).
-    if let Some(Bson::Timestamp(t)) = rc.and_then(|d| d.get("atClusterTime")) {
-        let t = common::optime::ts_value(*t);
-        let clock = repl.cluster_time(&shared.store);
-        if t > clock {
-            return Err(Error::new(
-                Code::InvalidOptions,
-                format!("readConcern atClusterTime value must not be greater than the current clusterTime. Requested clusterTime: {t}; current clusterTime: {clock}"),
-            ));
-        }
+    if let Some(t) = within_clock("atClusterTime")? {
         if !primary {
             ts = ts.max(t);
         }

@@ -93,12 +93,12 @@ impl Shared {
     /// The oplog's applied point moved to `ts` with the write that just completed (the
     /// caller holds the oplog lock, so boundaries arrive in order).
     pub(crate) fn note_applied(&self, ts: u64) {
-        let position = self.engine.position();
         let mut h = self.history.lock();
         if h.pins.is_empty() {
             // No reader can use history before the first pin.
             return;
         }
+        let position = self.engine.position();
         if h.boundaries.back().is_some_and(|&(t, _)| t >= ts) {
             return;
         }
@@ -143,32 +143,32 @@ impl Store {
                 return;
             }
         }
-        let (pin, applied) = self.pin_now();
-        let mut h = shared.history.lock();
-        h.push_pin(pin, applied);
-        // Keep the newest pin taken at or before the window's start: it covers the window.
-        let start = now_secs.saturating_sub(h.window_secs);
-        while h.pins.len() > 1 && h.pins[1].0 <= start {
-            h.pins.pop_front();
-        }
-        let floor = h.pins.front().map_or(0, |(_, p)| p.position());
-        while h.boundaries.front().is_some_and(|&(_, p)| p < floor) {
-            h.boundaries.pop_front();
-        }
-        h.catalog_changes.retain(|_, p| *p >= floor);
+        self.with_pin(|h, pin, applied| {
+            h.push_pin(pin, applied);
+            // Keep the newest pin taken at or before the window's start: it covers the window.
+            let start = now_secs.saturating_sub(h.window_secs);
+            while h.pins.len() > 1 && h.pins[1].0 <= start {
+                h.pins.pop_front();
+            }
+            let floor = h.pins.front().map_or(0, |(_, p)| p.position());
+            while h.boundaries.front().is_some_and(|&(_, p)| p < floor) {
+                h.boundaries.pop_front();
+            }
+            h.catalog_changes.retain(|_, p| *p >= floor);
+        });
     }
 
-    /// An engine snapshot taken under the oplog lock and, with every written entry applied,
-    /// the newest entry's timestamp: the snapshot is the state as of that entry. (Mid-batch,
-    /// a secondary may have applied part of the next entries: then no entry.) While history
-    /// is kept, a write after it records its own boundary, newer than this one.
-    fn pin_now(&self) -> (Arc<dyn EngineSnapshot>, Option<u64>) {
+    /// `f` with the history, an engine snapshot and, with every written entry applied, the
+    /// newest entry's timestamp: the snapshot is the state as of that entry. (Mid-batch, a
+    /// secondary may have applied part of the next entries: then no entry.) All under the
+    /// oplog lock, so no write slips between the snapshot and what `f` records of it.
+    fn with_pin(&self, f: impl FnOnce(&mut History, Arc<dyn EngineSnapshot>, Option<u64>)) {
         let shared = &self.inner.shared;
         let log = shared.oplog.read().clone();
         let st = log.as_ref().map(|l| l.state.lock());
         let pin = shared.engine.snapshot();
         let applied = st.as_ref().filter(|st| st.applied_through.is_none()).map(|st| st.last.ts);
-        (pin, applied)
+        f(&mut shared.history.lock(), pin, applied);
     }
 
     /// A read at the newest applied point, for a snapshot read that names none: the view,
@@ -279,14 +279,9 @@ impl Store {
                 return;
             }
         }
-        // The first pin's boundary is pushed under the oplog lock: a write in between would
-        // find no pin, record no boundary, and the pin's would stand for a state without it.
-        let log = shared.oplog.read().clone();
-        let st = log.as_ref().map(|l| l.state.lock());
-        let pin = shared.engine.snapshot();
-        let applied = st.as_ref().filter(|st| st.applied_through.is_none()).map(|st| st.last.ts);
-        shared.history.lock().use_from(pin, applied);
-        drop(st);
+        // Under the oplog lock: a write between the first pin and its boundary would find no
+        // pin, record no boundary, and the pin's would stand for a state without it.
+        self.with_pin(|h, pin, applied| h.use_from(pin, applied));
     }
 
     /// This handle, reading through `view` (a snapshot read's): every collection it opens
