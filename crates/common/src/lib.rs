@@ -179,6 +179,7 @@ codes! {
     TransactionCommitted = (256, "TransactionCommitted"),
     TransactionTooLarge = (257, "TransactionTooLarge"),
     TransactionExceededLifetimeLimitSeconds = (290, "TransactionExceededLifetimeLimitSeconds"),
+    PreparedTransactionInProgress = (267, "PreparedTransactionInProgress"),
     SnapshotTooOld = (239, "SnapshotTooOld"),
     NotAReplicaSet = (123, "NotAReplicaSet"),
     SnapshotUnavailable = (246, "SnapshotUnavailable"),

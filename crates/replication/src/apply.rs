@@ -101,12 +101,31 @@ fn session_record_of(entry: &RawDocument, at: OpTime) -> Result<Option<bson::Raw
     let id = lsid.get_binary("id").map_err(|_| bad("binary lsid.id"))?;
     let txn = entry.get_i64("txnNumber").map_err(|_| bad("long txnNumber"))?;
     let wall_ms = entry.get_datetime("wall").map(|w| w.timestamp_millis()).unwrap_or(0);
-    // A committed transaction's entry: its `applyOps` holds the transaction's changes.
-    let committed = entry.get_str("op").is_ok_and(|op| op == "c") && entry.get_document("o").is_ok_and(|o| o.get_array("applyOps").is_ok());
-    match committed {
-        true => Ok(Some(storage::committed_session_record(id.bytes, txn, at, wall_ms))),
-        false => Ok(Some(storage::session_record(id.bytes, txn, at, wall_ms))),
+    match transaction_state(entry) {
+        Some(state) => Ok(Some(storage::transaction_session_record(id.bytes, txn, state, at, wall_ms))),
+        None => Ok(Some(storage::session_record(id.bytes, txn, at, wall_ms))),
     }
+}
+
+/// The state a transaction's entry leaves its session's record in: an `applyOps` commits
+/// (or prepares, with `prepare: true`); a decision's entry commits or aborts. None for a
+/// retryable write's entry.
+fn transaction_state(entry: &RawDocument) -> Option<storage::TxnRecordState> {
+    if entry.get_str("op").ok()? != "c" {
+        return None;
+    }
+    let o = entry.get_document("o").ok()?;
+    let has = |k: &str| o.get(k).ok().flatten().is_some();
+    if has("applyOps") {
+        return Some(match o.get_bool("prepare").unwrap_or(false) {
+            true => storage::TxnRecordState::Prepared,
+            false => storage::TxnRecordState::Committed,
+        });
+    }
+    if has("commitTransaction") {
+        return Some(storage::TxnRecordState::Committed);
+    }
+    has("abortTransaction").then_some(storage::TxnRecordState::Aborted)
 }
 
 fn session_records(store: &Store) -> Result<Collection> {
@@ -134,7 +153,7 @@ fn transaction_ops(entry: &RawDocument) -> Option<Vec<&RawDocument>> {
         return None;
     }
     let o = entry.get_document("o").ok()?;
-    if o.get("partialTxn").ok().flatten().is_some() || o.get("count").ok().flatten().is_some() {
+    if ["partialTxn", "count", "prepare"].iter().any(|k| o.get(k).ok().flatten().is_some()) {
         return None;
     }
     o.get_array("applyOps").ok()?.into_iter().map(|op| op.ok().and_then(|op| op.as_document())).collect()
@@ -305,6 +324,7 @@ pub fn apply_entry(store: &Store, entry: &Document) -> Result<()> {
             Ok(())
         }
         "c" if ns == "admin.$cmd" && o.contains_key("applyOps") => apply_transaction(store, entry, o),
+        "c" if ns == "admin.$cmd" && (o.contains_key("commitTransaction") || o.contains_key("abortTransaction")) => apply_decision(store, entry, o),
         "c" => command(store, ns, o, ui),
         other => Err(Error::new(Code::FailedToParse, format!("unknown oplog operation type '{other}'"))),
     }
@@ -315,6 +335,9 @@ pub fn apply_entry(store: &Store, entry: &Document) -> Result<()> {
 /// primary. A transaction too large for one entry logged a chain: the entries before the
 /// last (`partialTxn`) apply nothing; the last (with `count`) applies the whole chain, read
 /// back from the oplog through `prevOpTime`, where every entry of it was written before.
+///
+/// A prepared transaction's entry (`prepare: true`) applies its operations into a
+/// transaction that is kept, prepared, until the decision's entry (`apply_decision`).
 fn apply_transaction(store: &Store, entry: &Document, o: &Document) -> Result<()> {
     if o.get_bool("partialTxn").unwrap_or(false) {
         return Ok(());
@@ -322,6 +345,11 @@ fn apply_transaction(store: &Store, entry: &Document, o: &Document) -> Result<()
     if store.write_ctx().in_transaction() {
         return Err(Error::new(Code::FailedToParse, "applyOps cannot be nested in a transaction's applyOps"));
     }
+    let prepare = o.get_bool("prepare").unwrap_or(false);
+    let session = match prepare {
+        true => Some(prepared_session(store, entry)?),
+        false => None,
+    };
     let ops_of = |o: &Document| o.get_array("applyOps").cloned().map_err(|_| Error::new(Code::FailedToParse, "applyOps needs an array of operations"));
     let mut chain = vec![ops_of(o)?];
     if o.contains_key("count") {
@@ -347,7 +375,79 @@ fn apply_transaction(store: &Store, entry: &Document, o: &Document) -> Result<()
         let Bson::Document(op) = op else { return Err(Error::new(Code::FailedToParse, "an applyOps operation is not an object")) };
         apply_entry(&in_txn, op)?;
     }
-    txn.commit().map(|_| ())
+    match session {
+        Some((lsid, txn_number)) => {
+            let at = OpTime::from_doc(entry).ok_or_else(|| Error::new(Code::FailedToParse, "a prepare entry has no ts and t"))?;
+            store.note_prepared(txn, &lsid, txn_number, at)
+        }
+        None => txn.commit().map(|_| ()),
+    }
+}
+
+/// The session (`lsid.id`, `txnNumber`) of a prepared transaction's entry, which only an
+/// applier of the oplog applies (the applyOps command refuses it).
+fn prepared_session(store: &Store, entry: &Document) -> Result<(Vec<u8>, i64)> {
+    if !store.write_ctx().is_replicated() {
+        return Err(Error::new(Code::CommandNotSupported, "applyOps does not apply the entries of prepared transactions"));
+    }
+    let lsid = match entry.get_document("lsid").ok().and_then(|l| l.get("id")) {
+        Some(Bson::Binary(b)) => b.bytes.clone(),
+        _ => return Err(Error::new(Code::FailedToParse, "a prepared transaction's entry has no lsid")),
+    };
+    let txn_number = entry.get_i64("txnNumber").map_err(|_| Error::new(Code::FailedToParse, "a prepared transaction's entry has no txnNumber"))?;
+    Ok((lsid, txn_number))
+}
+
+/// The decision on a prepared transaction (`commitTransaction` with its `commitTimestamp`,
+/// or `abortTransaction`). A transaction not kept prepared here was decided already (an
+/// entry applied again after a restart): nothing to do.
+fn apply_decision(store: &Store, entry: &Document, o: &Document) -> Result<()> {
+    let (lsid, txn_number) = prepared_session(store, entry)?;
+    if store.prepared_transaction(&lsid).is_none_or(|(n, _)| n != txn_number) {
+        return Ok(());
+    }
+    match o.get("commitTransaction") {
+        Some(_) => {
+            let ts = o.get_timestamp("commitTimestamp").map_err(|_| Error::new(Code::FailedToParse, "a commitTransaction entry has no commitTimestamp"))?;
+            store.commit_prepared(&lsid, txn_number, common::optime::ts_value(ts)).map(|_| ())
+        }
+        None => store.abort_prepared(&lsid, txn_number).map(|_| ()),
+    }
+}
+
+/// Session records read at a time while looking for prepared transactions.
+const RECOVER_SCAN_PAGE_DOCS: usize = 10_000;
+
+/// Keep again, prepared, the transactions whose session records say `state: "prepared"`
+/// (after a restart, a rollback or an initial sync): each one's operations are read back
+/// from its prepare entry (and the chain before it). Returns how many.
+pub fn recover_prepared(store: &Store) -> Result<usize> {
+    let Some(records) = store.collection(storage::SESSION_RECORDS_DB, storage::SESSION_RECORDS_COLLECTION) else { return Ok(0) };
+    let Some(oplog) = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION) else { return Ok(0) };
+    let store = &store.replicated();
+    let mut found = 0;
+    let mut prepared = Vec::new();
+    let snap = records.snapshot();
+    let mut after = None;
+    loop {
+        let page = snap.scan(after, RECOVER_SCAN_PAGE_DOCS)?;
+        let Some(&(last, _)) = page.last() else { break };
+        after = Some(last);
+        prepared.extend(page.into_iter().map(|(_, d)| d).filter(|d| d.get_str("state").ok() == Some("prepared")));
+    }
+    for record in prepared {
+        let at = record
+            .get_document("lastWriteOpTime")
+            .ok()
+            .and_then(OpTime::from_doc)
+            .ok_or_else(|| Error::internal("a prepared record without lastWriteOpTime"))?;
+        let entry =
+            oplog.snapshot().get(at.ts)?.ok_or_else(|| Error::internal(format!("the prepare entry {at:?} of a prepared transaction is not in the oplog")))?;
+        let o = entry.get_document("o").map_err(|_| Error::internal("a prepare entry without o"))?;
+        apply_transaction(store, &entry, o)?;
+        found += 1;
+    }
+    Ok(found)
 }
 
 /// `db.coll` split; the collection, created when missing and `create` is given (with the
@@ -578,6 +678,39 @@ mod tests {
         let newest = entries_after(&primary, OpTime::default()).1.pop().unwrap().1;
         assert!(transaction_ops(RawDocument::from_bytes(&newest).unwrap()).is_some_and(|ops| ops.len() == 3));
         ship("a transaction", &primary);
+        // Prepared transactions: the prepare entry applies nothing and keeps the transaction
+        // prepared on each secondary (found again from the records after a restart); the
+        // decision's entry commits or aborts it there.
+        for (lsid, commit) in [([5u8; 16], true), ([6u8; 16], false)] {
+            let txn = primary.begin_transaction(Some((&lsid, 1))).unwrap();
+            let ta = primary.in_transaction(&txn).collection("db", "a").unwrap();
+            replace(&ta, Bson::Int32(4), doc! {"_id": 4, "k": 4004 + lsid[0] as i32});
+            let prepared = primary.prepare_transaction(&txn, &lsid, 1).unwrap();
+            ship("a prepare", &primary);
+            for s in [&batched, &one_by_one] {
+                assert_eq!(s.prepared_transaction(&lsid), Some((1, prepared)));
+                s.forget_prepared();
+                assert_eq!(recover_prepared(s).unwrap(), 1);
+                assert_eq!(s.prepared_transaction(&lsid), Some((1, prepared)), "found again from its record");
+            }
+            let record = |s: &Store| {
+                contents(s, "config.transactions")
+                    .into_iter()
+                    .find(|r| matches!(r.get_document("_id").unwrap().get("id"), Some(Bson::Binary(b)) if b.bytes == lsid))
+                    .unwrap()
+            };
+            assert_eq!(record(&batched).get_str("state").unwrap(), "prepared");
+            match commit {
+                true => primary.commit_prepared(&lsid, 1, prepared.ts).unwrap(),
+                false => primary.abort_prepared(&lsid, 1).unwrap(),
+            };
+            ship(if commit { "a prepared transaction's commit" } else { "a prepared transaction's abort" }, &primary);
+            for s in [&batched, &one_by_one] {
+                assert_eq!(s.prepared_transaction(&lsid), None);
+                assert_eq!(record(s).get_str("state").unwrap(), if commit { "committed" } else { "aborted" });
+            }
+        }
+        assert_eq!(contents(&batched, "db.a").into_iter().find(|d| d.get_i32("_id").ok() == Some(4)).unwrap().get_i32("k").ok(), Some(4009));
         // A fetched entry whose strings are not UTF-8 is refused, as decoding it would be,
         // though it is stored without being decoded: nothing is applied or logged.
         let marker = "\u{1}\u{2}";

@@ -264,6 +264,12 @@ impl ReplCoord {
         if let Some(d) = stored {
             let config = ReplSetConfig::parse(&d)?;
             store.enable_oplog(oplog_size_bytes)?;
+            // Transactions prepared before the restart are kept prepared again first: the
+            // entries applied next may decide them.
+            let prepared = crate::apply::recover_prepared(store)?;
+            if prepared > 0 {
+                tracing::info!(prepared, "found the transactions prepared before the restart");
+            }
             // A secondary stopped between writing a batch to its oplog and applying it
             // applies the rest now, before anything reads or fetches.
             let applied = crate::apply::apply_unapplied(store)?;
@@ -1188,7 +1194,14 @@ impl ReplCoord {
         if recovered {
             // Before minValid the data was no state of the set's: no read may go back there.
             if let Some(shared) = self.shared() {
-                shared.store().reset_snapshot_history();
+                let store = shared.store();
+                store.reset_snapshot_history();
+                // The prepared transactions are the ones the records of this state name (a
+                // rollback may have taken a prepare back; an initial sync copied records).
+                store.forget_prepared();
+                if let Err(e) = crate::apply::recover_prepared(store) {
+                    tracing::error!("finding the prepared transactions after recovering failed: {}", e.message);
+                }
             }
             tracing::info!(initial_sync = synced.is_some(), "caught up to minValid: secondary");
             self.changed();

@@ -88,6 +88,9 @@ async fn recover_abandoned(router: &Router) -> Result<()> {
             }
         }
     }
+    if let Err(e) = super::coordinator::recover_abandoned(router).await {
+        tracing::warn!("cannot finish an abandoned transaction commit: {}", e.message);
+    }
     for d in router.config_find("databases", doc! {"movePrimaryInProgress": {"$exists": true}}, doc! {}).await? {
         if super::migrate::is_older_than(d.get_datetime("movePrimaryStarted").ok(), super::migrate::MOVE_PRIMARY_LEASE) {
             if let Err(e) = recover_move_primary(router, &d).await {

@@ -8,6 +8,7 @@ mod admin;
 mod balance;
 mod catalog;
 mod commands;
+mod coordinator;
 mod cursor;
 mod introspect;
 mod migrate;

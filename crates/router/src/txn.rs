@@ -6,15 +6,16 @@
 //! - **One point for every shard.** At readConcern "snapshot" every participant reads at
 //!   the transaction's `atClusterTime`: the client's, or the router's cluster time when the
 //!   first statement ran. (At "local" and "majority" each reads its own newest, as mongos.)
-//! - **One write shard.** A transaction may read on any number of shards and write on one:
-//!   the commit ends the read-only participants, then commits on the write shard, whose
-//!   commit is the transaction's (mongos's single-write-shard commit). A statement that would
-//!   write on a second shard is refused (OperationNotSupportedInTransaction): that needs a
-//!   two-phase commit with prepared transactions on the shards, which shoal does not have
-//!   yet. So does a statement that needs several shards at once.
+//! - **The commit.** The commit ends the read-only participants first. A transaction that
+//!   wrote on one shard then commits there, whose commit is the transaction's (mongos's
+//!   single-write-shard commit); one that wrote on several commits by two-phase commit
+//!   (`coordinator`). A statement that needs several shards at once is refused
+//!   (OperationNotSupportedInTransaction): each statement goes to one shard.
 //!
-//! Every reply carries the `recoveryToken` (the write shard, else the first participant),
-//! so that a commit sent to another router after this one failed still reaches it.
+//! Every reply carries the `recoveryToken` (the first write shard, else the first
+//! participant), so that a commit sent to another router after this one failed still
+//! reaches the transaction: through the coordinator's record if it has one, else through
+//! that shard.
 
 use super::commands::{collection_of, forwarded, single_shard_cursor, statements_apart, timeout_of};
 use super::Router;
@@ -41,10 +42,12 @@ struct Session {
     txn_number: i64,
     /// The shards the transaction runs on, in the order statements reached them.
     participants: Vec<String>,
-    /// The shard it wrote on, if any.
-    write_shard: Option<String>,
+    /// The shards it wrote on, in the order of their first write.
+    write_shards: Vec<String>,
     /// The first statement's readConcern, with the point every participant reads at.
     read_concern: Option<Document>,
+    /// A two-phase commit's answer, which a retried commit gets again.
+    committed: Option<Result<Document>>,
 }
 
 impl Session {
@@ -52,9 +55,9 @@ impl Session {
         Session { txn_number, ..Default::default() }
     }
 
-    /// The shard a recovery token names: the write shard, else the first participant.
+    /// The shard a recovery token names: the first write shard, else the first participant.
     fn recovery_shard(&self) -> Option<&String> {
-        self.write_shard.as_ref().or(self.participants.first())
+        self.write_shards.first().or(self.participants.first())
     }
 }
 
@@ -95,13 +98,6 @@ pub fn is_statement(req: &Request) -> bool {
     req.body.contains_key("autocommit") || req.body.contains_key("startTransaction")
 }
 
-fn second_write_shard() -> Error {
-    Error::new(
-        Code::OperationNotSupportedInTransaction,
-        "this transaction would write on a second shard, which needs a two-phase commit shoal's router does not have yet; a transaction through the router writes on one shard",
-    )
-}
-
 fn several_shards() -> Error {
     Error::new(Code::OperationNotSupportedInTransaction, "in a transaction, shoal's router sends each statement to one shard; this one needs several")
 }
@@ -131,6 +127,12 @@ pub async fn run(router: &Router, req: &Request) -> Result<Document> {
         let mut rc = req.body.get_document("readConcern").cloned().unwrap_or_default();
         if rc.get_str("level").ok() == Some("snapshot") && !rc.contains_key("atClusterTime") {
             let t = router.pool.cluster_time().ok_or_else(|| Error::new(Code::SnapshotUnavailable, "the router knows no cluster time yet; please retry"))?;
+            // A causally consistent session's point is at or after what it saw (and the
+            // point replaces afterClusterTime, which a shard does not take beside it).
+            let t = match rc.remove("afterClusterTime") {
+                Some(Bson::Timestamp(after)) => t.max(after),
+                _ => t,
+            };
             rc.insert("atClusterTime", t);
         }
         s.read_concern = (!rc.is_empty()).then_some(rc);
@@ -144,8 +146,34 @@ pub async fn run(router: &Router, req: &Request) -> Result<Document> {
             // Read-only participants end first (an abort ends them all); their outcome does
             // not decide the transaction's.
             if known.is_some() {
-                let others: Vec<String> = s.participants.iter().filter(|p| Some(*p) != known.as_ref()).cloned().collect();
+                let others: Vec<String> = s.participants.iter().filter(|p| Some(*p) != known.as_ref() && !s.write_shards.contains(p)).cloned().collect();
                 end_participants(router, req, &others).await;
+                if s.write_shards.len() > 1 {
+                    return match req.name.as_str() {
+                        "commitTransaction" => {
+                            if let Some(answer) = &s.committed {
+                                return answer.clone();
+                            }
+                            let answer = super::coordinator::commit(router, &lsid, txn_number, &s.write_shards).await;
+                            // A network error to the config servers leaves the outcome open: a
+                            // retry asks again.
+                            if answer.as_ref().is_ok() || answer.as_ref().is_err_and(|e| e.code == Code::NoSuchTransaction.0) {
+                                s.committed = Some(answer.clone());
+                            }
+                            answer
+                        }
+                        _ => {
+                            let rest: Vec<String> = s.write_shards[1..].to_vec();
+                            end_participants(router, req, &rest).await;
+                            end_one(router, req, known.as_deref().unwrap_or_default()).await
+                        }
+                    };
+                }
+            } else if req.name == "commitTransaction" {
+                // Not this router's transaction: a two-phase commit's record decides it.
+                if let Some(answer) = super::coordinator::recover_for_client(router, &lsid, txn_number).await? {
+                    return answer;
+                }
             }
             let shard = known.clone().or(token);
             let Some(shard) = shard else {
@@ -177,12 +205,8 @@ pub async fn run(router: &Router, req: &Request) -> Result<Document> {
                 return Err(Error::new(Code::NoSuchTransaction, format!("Transaction {txn_number} has been aborted or was never started.")));
             }
             let (shard, sc) = target(router, req).await?;
-            if writes(&req.name) {
-                match &s.write_shard {
-                    Some(w) if *w != shard => return Err(second_write_shard()),
-                    Some(_) => {}
-                    None => s.write_shard = Some(shard.clone()),
-                }
+            if writes(&req.name) && !s.write_shards.contains(&shard) {
+                s.write_shards.push(shard.clone());
             }
             let mut body = forwarded(req);
             if !s.participants.contains(&shard) {
@@ -228,6 +252,15 @@ pub async fn run(router: &Router, req: &Request) -> Result<Document> {
             Ok(reply)
         }
     }
+}
+
+/// End the transaction on `shard` with the client's command (abort), answering its reply.
+async fn end_one(router: &Router, req: &Request, shard: &str) -> Result<Document> {
+    let mut body = forwarded(req);
+    body.remove("recoveryToken");
+    let set = router.shard(shard).await?;
+    let (_, reply) = router.pool.run(&set, "admin", body, None, timeout_of(req)).await?;
+    reply_result(reply)
 }
 
 /// End the transaction on `shards` with the client's command (commit or abort): read-only

@@ -226,7 +226,8 @@ fn snapshot_read(shared: &Shared, store: &storage::Store, req: &Request, at: Opt
         }
         // The newest applied point, whose majority commit the reply waits for (as a majority
         // read's); on a secondary mid-batch, the newest kept point the majority has committed.
-        None => match shared.store.snapshot_now() {
+        // (May wait for a prepared transaction's decision: off the worker thread.)
+        None => match tokio::task::block_in_place(|| shared.store.snapshot_now())? {
             Some((view, entry)) => (entry.ts, view, entry),
             None => {
                 let point = repl.commit_point(&shared.store).ts.min(shared.store.oplog_applied().unwrap_or_default().ts);
@@ -256,10 +257,11 @@ fn snapshot_read(shared: &Shared, store: &storage::Store, req: &Request, at: Opt
 /// at or before it).
 pub(crate) fn snapshot_view(shared: &Shared, repl: &replication::ReplCoord, ts: u64) -> Result<(Arc<dyn storage::EngineSnapshot>, storage::OpTime)> {
     let applied = shared.store.oplog_applied().unwrap_or_default().ts;
+    // Either may wait for a prepared transaction's decision: off the worker thread.
     match ts > applied {
-        true if repl.is_writable_primary() => shared.store.snapshot_now_at(ts),
+        true if repl.is_writable_primary() => tokio::task::block_in_place(|| shared.store.snapshot_now_at(ts)),
         true => Err(Error::new(Code::SnapshotUnavailable, "this member has not applied the point the read asks for yet; please retry")),
-        false => shared.store.snapshot_at(ts),
+        false => tokio::task::block_in_place(|| shared.store.snapshot_at(ts)),
     }
 }
 
@@ -587,7 +589,7 @@ fn prepare_and_run(
         (Some(s), Some(lsid), Some(n)) => Some(shared.txns.begin_or_continue(shared, s, req, lsid, n)?),
         _ => None,
     };
-    let ends_txn = in_txn && matches!(req.name.as_str(), "commitTransaction" | "abortTransaction" | "coordinateCommitTransaction");
+    let ends_txn = in_txn && crate::txn::is_end(&req.name);
     let store = txn_store.as_ref().unwrap_or(store);
     let mut read_level = check_read_concern(&req.name, cmd, shared.repl.as_ref(), in_txn)?;
     let snapshot_read = match read_level {

@@ -37,14 +37,17 @@ fn allowed_in_transaction(name: &str) -> bool {
             | "distinct"
             | "create"
             | "createIndexes"
+            | "prepareTransaction"
             | "commitTransaction"
             | "abortTransaction"
             | "coordinateCommitTransaction"
     )
 }
 
-fn is_end(name: &str) -> bool {
-    matches!(name, "commitTransaction" | "abortTransaction" | "coordinateCommitTransaction")
+/// The commands that end a transaction, or prepare it for its end (run on `admin`, with
+/// the transaction's write concern).
+pub fn is_end(name: &str) -> bool {
+    matches!(name, "prepareTransaction" | "commitTransaction" | "abortTransaction" | "coordinateCommitTransaction")
 }
 
 /// A statement of a transaction before its end waits for no fsync, no replication and no
@@ -69,6 +72,7 @@ pub struct TransactionTable {
 
 /// One session's transaction state.
 pub struct Session {
+    lsid: Vec<u8>,
     /// The newest transaction number the session started (-1: none).
     txn_number: i64,
     state: State,
@@ -77,6 +81,10 @@ pub struct Session {
 enum State {
     None,
     InProgress(Open),
+    /// Prepared for a two-phase commit: the transaction is in the store's table of
+    /// prepared ones (`storage::Store::prepare_transaction`), where a member that becomes
+    /// primary finds it too.
+    Prepared,
     Committed,
     Aborted,
 }
@@ -94,6 +102,7 @@ impl State {
         match self {
             State::None => "none",
             State::InProgress(_) => "in progress",
+            State::Prepared => "prepared",
             State::Committed => "committed",
             State::Aborted => "aborted",
         }
@@ -125,7 +134,7 @@ impl TransactionTable {
                 return Err(Error::new(Code::TooManyLogicalSessions, format!("cannot keep transaction state for more than {SESSIONS_MAX} sessions")));
             }
         }
-        let s = Arc::new(Mutex::new(Session { txn_number: -1, state: State::None }));
+        let s = Arc::new(Mutex::new(Session { lsid: lsid.to_vec(), txn_number: -1, state: State::None }));
         sessions.insert(lsid.to_vec(), s.clone());
         Ok(s)
     }
@@ -229,6 +238,12 @@ impl TransactionTable {
                     format!("Cannot start transaction {txn_number} because a transaction with the same number is {}", s.state.name()),
                 ));
             }
+            if let Some((n, _)) = shared.store.prepared_transaction(lsid) {
+                return Err(Error::new(
+                    Code::PreparedTransactionInProgress,
+                    format!("Cannot start transaction {txn_number} on a session whose transaction {n} is prepared and undecided"),
+                ));
+            }
             let at = check_transaction_read_concern(cmd)?;
             // A newer transaction replaces one still in progress.
             self.abort_open(s);
@@ -253,6 +268,24 @@ impl TransactionTable {
                 format!("Transaction with {{ txnNumber: {txn_number} }} has been aborted or was never started on this session."),
             )
         };
+        // The store's table of prepared transactions is the truth about them: one prepared
+        // while another member was primary, or decided by this member's applier since.
+        match shared.store.prepared_transaction(lsid) {
+            Some((n, _)) if n == txn_number && txn_number >= s.txn_number => {
+                if matches!(s.state, State::InProgress(_)) && s.txn_number == txn_number {
+                    return Err(Error::internal("a transaction both in progress and prepared"));
+                }
+                s.txn_number = txn_number;
+                s.state = State::Prepared;
+            }
+            None if matches!(s.state, State::Prepared) => {
+                s.state = match committed_on_record(&shared.store, lsid, s.txn_number)? {
+                    true => State::Committed,
+                    false => State::Aborted,
+                };
+            }
+            _ => {}
+        }
         if txn_number > s.txn_number
             && matches!(name, "commitTransaction" | "coordinateCommitTransaction")
             && committed_on_record(&shared.store, lsid, txn_number)?
@@ -270,6 +303,12 @@ impl TransactionTable {
         }
         match (&s.state, name) {
             (State::InProgress(open), _) => Ok(open.store.clone()),
+            (State::Prepared, "prepareTransaction" | "commitTransaction" | "abortTransaction") => Ok(shared.store.clone()),
+            (State::Prepared, _) => Err(Error::new(
+                Code::PreparedTransactionInProgress,
+                format!("Cannot call {name} on a prepared transaction {txn_number}: only its commit or abort may follow"),
+            )),
+            (State::Committed, "prepareTransaction") => Err(Error::new(Code::TransactionCommitted, format!("Transaction {txn_number} has been committed."))),
             (State::Committed, "commitTransaction" | "coordinateCommitTransaction") => Ok(shared.store.clone()),
             (State::Committed, _) => Err(Error::new(Code::TransactionCommitted, format!("Transaction {txn_number} has been committed."))),
             (State::Aborted | State::None, _) => Err(no_such()),
@@ -284,9 +323,55 @@ impl TransactionTable {
         }
     }
 
+    /// prepareTransaction: log the transaction's prepare entry, keep its writes and keys
+    /// until the decision. Returns the prepare timestamp (again, for a retry). A failed
+    /// prepare aborts the transaction.
+    pub fn prepare(&self, shared: &Shared, s: &mut Session) -> Result<OpTime> {
+        match std::mem::replace(&mut s.state, State::Aborted) {
+            State::InProgress(open) => {
+                self.open.fetch_sub(1, Ordering::SeqCst);
+                match shared.store.prepare_transaction(&open.txn, &s.lsid, s.txn_number) {
+                    Ok(at) => {
+                        s.state = State::Prepared;
+                        Ok(at)
+                    }
+                    Err(e) => {
+                        open.txn.abort();
+                        self.aborted.fetch_add(1, Ordering::Relaxed);
+                        Err(e)
+                    }
+                }
+            }
+            State::Prepared => {
+                s.state = State::Prepared;
+                shared.store.prepared_transaction(&s.lsid).map(|(_, at)| at).ok_or_else(|| Error::internal("a prepared transaction the store does not keep"))
+            }
+            other => {
+                s.state = other;
+                Err(Error::new(Code::NoSuchTransaction, format!("Transaction {} has been aborted.", s.txn_number)))
+            }
+        }
+    }
+
     /// commitTransaction: the transaction's changes in one atomic write; a retried commit of
-    /// a committed transaction succeeds again. Returns the commit's entry, if it logged one.
-    pub fn commit(&self, s: &mut Session) -> Result<Option<OpTime>> {
+    /// a committed transaction succeeds again. A prepared transaction commits at
+    /// `commit_ts`, which only it may be given. Returns the commit's entry, if it logged one.
+    pub fn commit(&self, shared: &Shared, s: &mut Session, commit_ts: Option<u64>) -> Result<Option<OpTime>> {
+        match (&s.state, commit_ts) {
+            (State::Prepared, None) => return Err(Error::new(Code::InvalidOptions, "'commitTimestamp' must be provided to commit a prepared transaction")),
+            (State::InProgress(_), Some(_)) => {
+                return Err(Error::new(Code::InvalidOptions, "'commitTimestamp' cannot be provided for an unprepared transaction"))
+            }
+            (State::Prepared, Some(ts)) => {
+                let r = shared.store.commit_prepared(&s.lsid, s.txn_number, ts);
+                if r.is_ok() {
+                    s.state = State::Committed;
+                    self.committed.fetch_add(1, Ordering::Relaxed);
+                }
+                return r;
+            }
+            _ => {}
+        }
         match std::mem::replace(&mut s.state, State::Aborted) {
             State::InProgress(open) => {
                 self.open.fetch_sub(1, Ordering::SeqCst);
@@ -320,6 +405,9 @@ impl TransactionTable {
     pub fn recover_decision(&self, s: &mut Session) -> Result<()> {
         match &s.state {
             State::Committed => Ok(()),
+            State::Prepared => {
+                Err(Error::new(Code::PreparedTransactionInProgress, format!("Transaction {} is prepared: its coordinator decides it", s.txn_number)))
+            }
             _ => {
                 self.abort_open(s);
                 Err(Error::new(Code::NoSuchTransaction, format!("Transaction {} has been aborted or was never committed.", s.txn_number)))
@@ -328,10 +416,16 @@ impl TransactionTable {
     }
 
     /// abortTransaction.
-    pub fn abort(&self, s: &mut Session) -> Result<()> {
+    pub fn abort(&self, shared: &Shared, s: &mut Session) -> Result<()> {
         match &s.state {
             State::InProgress(_) => {
                 self.abort_open(s);
+                Ok(())
+            }
+            State::Prepared => {
+                shared.store.abort_prepared(&s.lsid, s.txn_number)?;
+                s.state = State::Aborted;
+                self.aborted.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             State::Committed => Err(Error::new(Code::TransactionCommitted, format!("Transaction {} has been committed.", s.txn_number))),

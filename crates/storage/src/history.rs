@@ -41,7 +41,7 @@ pub(crate) struct History {
     boundaries: VecDeque<(u64, u64)>,
     /// Namespace -> the engine position after its last drop or rename.
     catalog_changes: HashMap<(String, String), u64>,
-    window_secs: u64,
+    pub(crate) window_secs: u64,
     /// The clock of the last `keep_snapshot_history` call, in seconds.
     now_secs: u64,
     /// When a read last used history; None while it is not kept.
@@ -175,17 +175,25 @@ impl Store {
     /// the point and its entry's optime (which the read waits to be majority-committed).
     /// Starts keeping history, so later reads at this point find it. None on a secondary in
     /// the middle of applying a batch.
-    pub fn snapshot_now(&self) -> Option<(Arc<dyn EngineSnapshot>, OpTime)> {
+    /// Waits while a prepared transaction is undecided (`prepared.rs`).
+    pub fn snapshot_now(&self) -> Result<Option<(Arc<dyn EngineSnapshot>, OpTime)>> {
         let shared = &self.inner.shared;
-        let log = shared.oplog.read().clone()?;
-        let st = log.state.lock();
-        if st.applied_through.is_some() || st.last.ts == 0 {
-            return None;
+        let Some(log) = shared.oplog.read().clone() else { return Ok(None) };
+        loop {
+            shared.wait_for_prepared(None)?;
+            let st = log.state.lock();
+            if st.applied_through.is_some() || st.last.ts == 0 {
+                return Ok(None);
+            }
+            // Prepared since the wait: its commit may come at or before this point.
+            if shared.prepared_conflict(None) {
+                continue;
+            }
+            let view = shared.engine.snapshot();
+            let last = st.last;
+            shared.history.lock().use_from(view.clone(), Some(last.ts));
+            return Ok(Some((view, last)));
         }
-        let view = shared.engine.snapshot();
-        let last = st.last;
-        shared.history.lock().use_from(view.clone(), Some(last.ts));
-        Some((view, last))
     }
 
     /// mongod's `minSnapshotHistoryWindowInSeconds`.
@@ -217,8 +225,13 @@ impl Store {
     /// and the optime of the newest entry at or before `ts` (what must be majority-committed
     /// for the read to be): SnapshotTooOld when history no longer reaches it,
     /// SnapshotUnavailable when `ts` falls inside one write of several entries.
+    /// Waits while a transaction prepared at or before `ts` is undecided, and sees those
+    /// committed at or before it (`prepared.rs`).
     pub fn snapshot_at(&self, ts: u64) -> Result<(Arc<dyn EngineSnapshot>, OpTime)> {
         let shared = &self.inner.shared;
+        // Entries logged from now on come after `ts` (applied already): none prepares at or
+        // before it.
+        shared.wait_for_prepared(Some(ts))?;
         self.use_history();
         let (bts, position, pin, newest) = {
             let h = shared.history.lock();
@@ -241,7 +254,7 @@ impl Store {
         if entry.ts > bts && !newest {
             return Err(Error::new(Code::SnapshotUnavailable, format!("Unable to read at {}: it falls within one write of several oplog entries", shown(ts))));
         }
-        Ok((pin.later(position), entry))
+        Ok((shared.with_prepared_commits(pin.later(position), ts), entry))
     }
 
     /// A view at `ts`, a point after every entry this member has: today's state, as no entry
@@ -253,15 +266,25 @@ impl Store {
     pub fn snapshot_now_at(&self, ts: u64) -> Result<(Arc<dyn EngineSnapshot>, OpTime)> {
         let shared = &self.inner.shared;
         let Some(log) = shared.oplog.read().clone() else { return Err(snapshot_too_old(ts)) };
-        let view = {
+        let view = loop {
+            shared.wait_for_prepared(None)?;
             let st = log.state.lock();
-            if st.applied_through.is_some() || st.last.ts > ts {
-                return Err(Error::internal("snapshot_now_at: the point is not after every applied entry"));
+            if st.applied_through.is_some() {
+                return Err(Error::internal("snapshot_now_at: a member that logs its writes applied every entry"));
+            }
+            if st.last.ts > ts {
+                // Entries came after the point since the caller looked: it is in history now.
+                drop(st);
+                return self.snapshot_at(ts);
             }
             shared.clock_floor.fetch_max(ts, Ordering::AcqRel);
+            // Prepared since the wait (at or before `ts`): its commit may come at or before it.
+            if shared.prepared_conflict(None) {
+                continue;
+            }
             let view = shared.engine.snapshot();
             shared.history.lock().use_from(view.clone(), Some(st.last.ts));
-            view
+            break view;
         };
         let noop = oplog::noop_entry(&doc! {"msg": "snapshot read at a later cluster time"}, oplog::wall_now_ms()).map_err(Error::bad_value)?;
         let at = shared.apply_logged_with(Batch::new(), vec![noop], None)?.ok_or_else(|| Error::internal("snapshot_now_at: the no-op was not logged"))?;

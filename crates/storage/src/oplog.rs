@@ -342,7 +342,9 @@ pub(crate) enum ChainPart {
 /// `{op: "c", ns: "admin.$cmd", o: {applyOps: [ops]}, lsid, txnNumber, prevOpTime}`, with
 /// `prevOpTime` stamped when the batch is applied (`stamp_prev`). A transaction whose
 /// operations do not fit one entry logs a chain (`ChainPart`), linked by `prevOpTime`.
-pub(crate) fn transaction_entry(ops: &[Vec<u8>], part: ChainPart, tag: &SessionTag, wall_ms: i64) -> Vec<u8> {
+/// A prepared transaction's last entry (`prepare`) carries `prepare: true` as mongod's
+/// does; its operations apply only with the decision's entry (`decision_entry`).
+pub(crate) fn transaction_entry(ops: &[Vec<u8>], part: ChainPart, prepare: bool, tag: &SessionTag, wall_ms: i64) -> Vec<u8> {
     let bytes: usize = ops.iter().map(|o| o.len() + 8).sum();
     let mut out = Vec::with_capacity(bytes + 256);
     let start = head(&mut out, "c", "admin.$cmd", None);
@@ -372,7 +374,18 @@ pub(crate) fn transaction_entry(ops: &[Vec<u8>], part: ChainPart, tag: &SessionT
             out.extend_from_slice(&(count as i64).to_le_bytes());
         }
     }
+    if prepare {
+        out.push(0x08);
+        out.extend_from_slice(b"prepare\0");
+        out.push(1);
+    }
     end(&mut out, o);
+    transaction_session_fields(out, start, tag, wall_ms)
+}
+
+/// The session fields of a transaction's entry (`prevOpTime` stamped when it is logged),
+/// `wall`, and the end of the entry begun at `start`.
+fn transaction_session_fields(mut out: Vec<u8>, start: usize, tag: &SessionTag, wall_ms: i64) -> Vec<u8> {
     out.push(0x03);
     out.extend_from_slice(b"lsid\0");
     append_lsid(&mut out, &tag.lsid);
@@ -385,10 +398,44 @@ pub(crate) fn transaction_entry(ops: &[Vec<u8>], part: ChainPart, tag: &SessionT
     finish(out, start, wall_ms, None)
 }
 
-/// A session's `config.transactions` record after its transaction `txn` committed:
-/// `session_record`'s fields with `state: "committed"`.
-pub(crate) fn committed_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64) -> Vec<u8> {
-    record(lsid, txn, Some("committed"), last, wall_ms)
+/// The decision on a prepared transaction, as mongod logs it:
+/// `{op: "c", ns: "admin.$cmd", o: {commitTransaction: 1, commitTimestamp}}` or
+/// `o: {abortTransaction: 1}`, with the session fields, `prevOpTime` the prepare entry.
+pub(crate) fn decision_entry(commit_ts: Option<u64>, tag: &SessionTag, wall_ms: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    let start = head(&mut out, "c", "admin.$cmd", None);
+    let o = match commit_ts {
+        Some(ts) => bson::doc! {"commitTransaction": 1, "commitTimestamp": bson::Timestamp { time: (ts >> 32) as u32, increment: ts as u32 }},
+        None => bson::doc! {"abortTransaction": 1},
+    };
+    out.push(0x03);
+    out.extend_from_slice(b"o\0");
+    append_value(&Bson::Document(o), &mut out).expect("a decision encodes");
+    transaction_session_fields(out, start, tag, wall_ms)
+}
+
+/// The `state` of a transaction's `config.transactions` record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxnRecordState {
+    Prepared,
+    Committed,
+    Aborted,
+}
+
+impl TxnRecordState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TxnRecordState::Prepared => "prepared",
+            TxnRecordState::Committed => "committed",
+            TxnRecordState::Aborted => "aborted",
+        }
+    }
+}
+
+/// A session's `config.transactions` record once its transaction `txn` reached `state`:
+/// `session_record`'s fields with `state`.
+pub(crate) fn transaction_record(lsid: &[u8], txn: i64, state: TxnRecordState, last: OpTime, wall_ms: i64) -> Vec<u8> {
+    record(lsid, txn, Some(state.as_str()), last, wall_ms)
 }
 
 /// A catalog command as one operation of a transaction's `applyOps`:

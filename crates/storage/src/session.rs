@@ -9,12 +9,12 @@ pub fn session_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64) -> bson
     bson::RawDocumentBuf::from_bytes(oplog::session_record(lsid, txn, last, wall_ms)).expect("session_record encodes a valid document")
 }
 
-/// A session's record once its transaction `txn` committed (the entry logged at `last`):
-/// `session_record`'s fields and `state: "committed"`.
-pub fn committed_session_record(lsid: &[u8], txn: i64, last: OpTime, wall_ms: i64) -> bson::RawDocumentBuf {
-    let mut record = oplog::committed_record(lsid, txn, OpTime::default(), wall_ms);
+/// A session's record once its transaction `txn` reached `state` (with the entry logged at
+/// `last`): `session_record`'s fields and `state`.
+pub fn transaction_session_record(lsid: &[u8], txn: i64, state: TxnRecordState, last: OpTime, wall_ms: i64) -> bson::RawDocumentBuf {
+    let mut record = oplog::transaction_record(lsid, txn, state, OpTime::default(), wall_ms);
     oplog::stamp_session_record(&mut record, last);
-    bson::RawDocumentBuf::from_bytes(record).expect("committed_record encodes a valid document")
+    bson::RawDocumentBuf::from_bytes(record).expect("transaction_record encodes a valid document")
 }
 
 /// `config.transactions`.

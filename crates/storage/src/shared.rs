@@ -45,6 +45,12 @@ pub(crate) struct Shared {
     /// (`Store::snapshot_now_at`), which holds only if no later entry is stamped at or
     /// before it.
     pub(crate) clock_floor: AtomicU64,
+    /// Prepared transactions (`prepared.rs`); `has_prepared` says whether any is undecided,
+    /// so reads at a point in time look only then.
+    pub(crate) prepared: Mutex<crate::prepared::Prepared>,
+    pub(crate) has_prepared: AtomicBool,
+    /// Notified when a prepared transaction is decided.
+    pub(crate) prepared_changed: Condvar,
 }
 
 /// `local.oplog.rs` and the position of its newest entry.

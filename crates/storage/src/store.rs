@@ -65,6 +65,9 @@ impl Store {
             next_txn_id: AtomicU64::new(1),
             history: Mutex::new(History::default()),
             clock_floor: AtomicU64::new(0),
+            prepared: Mutex::new(Default::default()),
+            has_prepared: AtomicBool::new(false),
+            prepared_changed: Condvar::new(),
         });
         let ttl = Arc::new(TtlMonitor { enabled: AtomicBool::new(true), stop: Mutex::new(false), wake: Condvar::new(), thread: Mutex::new(None) });
         Store { inner: Arc::new(StoreInner { shared, catalog: Mutex::new(()), colls: RwLock::new(BTreeMap::new()), ttl }), ctx: WriteCtx::default() }

@@ -1400,7 +1400,7 @@ fn snapshot_reads_at_a_past_cluster_time() {
     // applied point (which it can read).
     assert_eq!(store.snapshot_at(before_history - 1).err().unwrap().code, Code::SnapshotTooOld.0);
     store.keep_snapshot_history(1_000);
-    let (_, now) = store.snapshot_now().unwrap();
+    let (_, now) = store.snapshot_now().unwrap().unwrap();
     assert_eq!(now.ts, before_history);
     assert_eq!(c.insert_many(&[doc! {"_id": 1, "x": 1}], true).inserted, 1);
     let t1 = store.oplog_last().unwrap().ts;
@@ -1466,7 +1466,7 @@ fn a_transaction_at_a_past_point_reads_there_and_conflicts_with_later_writes() {
     let c = store.collection_or_create("db", "c").unwrap();
     assert!(c.insert_many(&[doc! {"_id": 1, "v": 0}, doc! {"_id": 2, "v": 0}], true).errors.is_empty());
     store.keep_snapshot_history(1_000);
-    let (_, now) = store.snapshot_now().unwrap();
+    let (_, now) = store.snapshot_now().unwrap().unwrap();
     let t0 = store.oplog_last().unwrap().ts;
     assert_eq!(now.ts, t0);
     let set = |id: i32, v: i32| {
@@ -1508,5 +1508,76 @@ fn a_point_after_every_entry_reads_now_and_later_entries_come_after_it() {
     assert_eq!(store.reading_at(view).collection("db", "c").unwrap().snapshot().count().unwrap(), 1);
     assert_eq!(c.insert_many(&[doc! {"_id": 2}], true).inserted, 1);
     assert!(store.oplog_last().unwrap().ts > noop.ts);
-    assert!(store.snapshot_now_at(last).is_err(), "a point before the newest entry is history's");
+    // A point before the newest entry is history's.
+    let (view, entry) = store.snapshot_now_at(last).unwrap();
+    assert_eq!(entry.ts, last);
+    assert_eq!(store.reading_at(view).collection("db", "c").unwrap().snapshot().count().unwrap(), 1);
+}
+
+/// A prepared transaction: its prepare entry and record, its keys held against other
+/// writers, a read at a point after its prepare waiting for the decision, and, once it
+/// committed at a timestamp before its commit entry, reads at points between the two seeing
+/// it; an aborted one leaves nothing.
+#[test]
+fn a_prepared_transaction_holds_its_keys_and_commits_at_its_commit_timestamp() {
+    let store = Store::open_in_memory();
+    store.enable_oplog(64 << 20).unwrap();
+    let c = store.collection_or_create("db", "c").unwrap();
+    assert!(c.insert_many(&[doc! {"_id": 1, "v": 0}, doc! {"_id": 2, "v": 0}], true).errors.is_empty());
+    store.keep_snapshot_history(1_000);
+    store.snapshot_now().unwrap().unwrap();
+    let set = |coll: &Collection, id: i32, v: i32| {
+        let mut w = coll.writer();
+        let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(id)).unwrap().unwrap();
+        w.update(rid, &old, &doc! {"_id": id, "v": v})
+    };
+    let lsid = [7u8; 16];
+    let txn = store.begin_transaction(Some((&lsid, 1))).unwrap();
+    set(&store.in_transaction(&txn).collection("db", "c").unwrap(), 1, 1).unwrap();
+    let prepared = store.prepare_transaction(&txn, &lsid, 1).unwrap();
+    assert_eq!(store.oplog_last().unwrap(), prepared);
+    let log = store.collection(OPLOG_DB, OPLOG_COLLECTION).unwrap();
+    let entry = log.snapshot().get(prepared.ts).unwrap().unwrap();
+    assert!(entry.get_document("o").unwrap().get_bool("prepare").unwrap());
+    assert_eq!(store.prepared_transaction(&lsid), Some((1, prepared)));
+    assert_eq!(set(&store.in_transaction(&txn).collection("db", "c").unwrap(), 1, 2).unwrap_err().code, Code::PreparedTransactionInProgress.0);
+    // Its key is held; others are not.
+    assert_eq!(set(&c, 1, 5).unwrap_err().code, Code::WriteConflict.0);
+    set(&c, 2, 5).unwrap();
+    let after = store.oplog_last().unwrap().ts;
+    // A read at a point after the prepare waits for the decision; one before does not.
+    assert_eq!(store.reading_at(store.snapshot_at(prepared.ts - 1).unwrap().0).collection("db", "c").unwrap().snapshot().count().unwrap(), 2);
+    let v_at = |store: &Store, ts: u64, id: i32| {
+        let view = store.snapshot_at(ts).unwrap().0;
+        store.reading_at(view).collection("db", "c").unwrap().snapshot().find_by_id(&Bson::Int32(id)).unwrap().unwrap().1.get_i32("v").unwrap()
+    };
+    let reader = {
+        let store = store.clone();
+        std::thread::spawn(move || (v_at(&store, after, 1), v_at(&store, after, 2)))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!reader.is_finished(), "a read at a point after the prepare waits for the decision");
+    // Committed at `after`: its entry comes later, and a read at `after` sees it whole.
+    let committed = store.commit_prepared(&lsid, 1, after).unwrap().unwrap();
+    assert!(committed.ts > after);
+    assert_eq!(reader.join().unwrap(), (1, 5));
+    assert_eq!(v_at(&store, after, 1), 1);
+    assert_eq!(v_at(&store, prepared.ts, 1), 0, "before the commit timestamp");
+    assert_eq!(store.prepared_transaction(&lsid), None);
+    let entry = log.snapshot().get(committed.ts).unwrap().unwrap();
+    assert_eq!(entry.get_document("o").unwrap().get_timestamp("commitTimestamp").unwrap(), common::optime::ts_of(after));
+    assert_eq!(entry.get_document("prevOpTime").ok().and_then(OpTime::from_doc), Some(prepared));
+    set(&c, 1, 6).unwrap();
+
+    // Aborted: nothing changes, the key is free.
+    let lsid = [8u8; 16];
+    let txn = store.begin_transaction(Some((&lsid, 1))).unwrap();
+    set(&store.in_transaction(&txn).collection("db", "c").unwrap(), 2, 9).unwrap();
+    store.prepare_transaction(&txn, &lsid, 1).unwrap();
+    assert!(store.abort_prepared(&lsid, 1).unwrap().is_some());
+    assert_eq!(store.commit_prepared(&lsid, 1, after).unwrap_err().code, Code::NoSuchTransaction.0);
+    set(&c, 2, 10).unwrap();
+    let records = store.collection(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION).unwrap().snapshot().scan(None, 10).unwrap();
+    let states: Vec<&str> = records.iter().map(|(_, d)| d.get_str("state").unwrap()).collect();
+    assert_eq!(states, vec!["committed", "aborted"]);
 }

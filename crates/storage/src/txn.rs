@@ -36,7 +36,7 @@ pub const TRANSACTION_OPS_BYTES_MAX: usize = 256 << 20;
 /// entries (`partialTxn`), each one BSON document (one operation at least).
 pub const TRANSACTION_ENTRY_OPS_BYTES_MAX: usize = BSON_OBJECT_SIZE_MAX_BYTES - 64 * 1024;
 
-type Writes = BTreeMap<(Space, Vec<u8>), Option<Vec<u8>>>;
+pub(crate) type Writes = BTreeMap<(Space, Vec<u8>), Option<Vec<u8>>>;
 
 /// A multi-document transaction (see the module's doc). Ended by `commit` or `abort`;
 /// dropping an open one aborts it.
@@ -65,6 +65,22 @@ struct TxnState {
     /// Collections the transaction created: seen only through it until it commits.
     created: BTreeMap<(String, String), Arc<CollState>>,
     open: bool,
+    /// The prepare entry, once prepared (`prepared.rs`): no statement runs after it.
+    prepared: Option<OpTime>,
+}
+
+/// How a commit logs its changes.
+enum Logging<'a> {
+    Unlogged,
+    /// The transaction's operations, in `applyOps` entries.
+    Ops(&'a Arc<CollState>, &'a oplog::SessionTag),
+    /// A prepared transaction's commit entry at `commit_ts`, after the prepare entry.
+    Decision {
+        records: &'a Arc<CollState>,
+        tag: &'a oplog::SessionTag,
+        prepared: OpTime,
+        commit_ts: u64,
+    },
 }
 
 /// A collection a transaction wrote: its metadata as first written, and the statistics the
@@ -128,6 +144,7 @@ impl Store {
             owned: Vec::new(),
             created: BTreeMap::new(),
             open: true,
+            prepared: None,
         };
         let id = shared.next_txn_id.fetch_add(1, Ordering::Relaxed);
         Ok(Arc::new(Transaction { id, shared, store: self.inner.clone(), session, state: Mutex::new(state) }))
@@ -186,9 +203,7 @@ impl Transaction {
     /// collection has the name): visible through the transaction only, until it commits.
     pub(crate) fn create_collection(&self, db: &str, name: &str, options: Document, uuid: Option<bson::Uuid>) -> Result<Arc<CollState>> {
         let mut s = self.state.lock();
-        if !s.open {
-            return Err(Error::new(Code::NoSuchTransaction, "Transaction has ended"));
-        }
+        s.check_writable()?;
         if options.get_bool("capped").unwrap_or(false) {
             return Err(Error::new(Code::OperationNotSupportedInTransaction, "Cannot create a capped collection in a multi-document transaction."));
         }
@@ -220,6 +235,7 @@ impl Transaction {
     /// (mongod's rule for indexes in a transaction).
     pub(crate) fn create_index(&self, coll: &Arc<CollState>, spec: IndexSpec) -> Result<bool> {
         let mut s = self.state.lock();
+        s.check_writable()?;
         let ns = coll.ns_string();
         if !s.created.values().any(|c| Arc::ptr_eq(c, coll)) {
             return Err(Error::new(
@@ -268,9 +284,7 @@ impl Transaction {
     /// register its keys, keep its changes, operations and statistics.
     pub(crate) fn absorb(&self, coll: &Arc<CollState>, pending: Pending) -> Result<()> {
         let mut s = self.state.lock();
-        if !s.open {
-            return Err(Error::new(Code::NoSuchTransaction, "Transaction has ended"));
-        }
+        s.check_writable()?;
         if coll.meta.read().options.get_bool("capped").unwrap_or(false) {
             return Err(Error::new(
                 Code::OperationNotSupportedInTransaction,
@@ -369,18 +383,101 @@ impl Transaction {
     /// or its indexes changed).
     pub fn commit(&self) -> Result<Option<OpTime>> {
         let mut s = self.state.lock();
-        if !s.open {
-            return Err(Error::new(Code::NoSuchTransaction, "Transaction has ended"));
-        }
-        let result = self.commit_locked(&mut s);
+        s.check_writable()?;
+        let logging = match &self.session {
+            Some((records, tag)) => Logging::Ops(records, tag),
+            None => Logging::Unlogged,
+        };
+        let result = self.commit_locked(&mut s, logging);
         s.open = false;
         self.release(&mut s);
-        result
+        result.map(|(at, _)| at)
     }
 
-    fn commit_locked(&self, s: &mut TxnState) -> Result<Option<OpTime>> {
-        if s.colls.is_empty() && s.created.is_empty() {
+    /// Log the prepare entry (`prepare: true` on the last of the transaction's entries) and
+    /// the session's record (`state: "prepared"`) in one write, applying none of the
+    /// changes. Returns the entry's optime; None for a transaction that wrote nothing.
+    pub(crate) fn prepare(&self) -> Result<Option<OpTime>> {
+        let mut s = self.state.lock();
+        s.check_writable()?;
+        let Some((records, tag)) = &self.session else { return Err(Error::internal("only a logged transaction is prepared")) };
+        if !s.created.is_empty() {
+            return Err(Error::new(
+                Code::OperationNotSupportedInTransaction,
+                "Cannot create new collections inside distributed transactions (a transaction that writes on several shards)",
+            ));
+        }
+        if s.ops.is_empty() {
             return Ok(None);
+        }
+        let _records_lock = WriteGuard::acquire(records);
+        let wall_ms = oplog::wall_now_ms();
+        let entries = chain(&s.ops, tag, true, wall_ms);
+        let record = oplog::transaction_record(&tag.lsid, tag.txn, oplog::TxnRecordState::Prepared, OpTime::default(), wall_ms);
+        let mut batch = Batch::new();
+        let (record_op, rp) = records.prepare_session_record(&mut batch, record)?;
+        let at = self.shared.apply_logged_with(batch, entries, Some(SessionStamp { prev: OpTime::NULL, record_op }))?;
+        records.publish_pending(rp);
+        s.prepared = at;
+        Ok(at)
+    }
+
+    /// This transaction was prepared by the entry at `at` (a secondary applying it).
+    pub(crate) fn mark_prepared(&self, at: OpTime) -> Result<()> {
+        let mut s = self.state.lock();
+        s.check_writable()?;
+        s.prepared = Some(at);
+        Ok(())
+    }
+
+    /// The decision on this prepared transaction: commit at `commit_ts` (Some) or abort.
+    /// `log`: the session's records, its tag and the prepare entry, where the decision is
+    /// logged. Returns the decision entry's optime and, for a commit, the engine position
+    /// after it with the transaction's writes.
+    pub(crate) fn decide(
+        &self,
+        commit_ts: Option<u64>,
+        log: Option<(Arc<CollState>, oplog::SessionTag, OpTime)>,
+    ) -> Result<(Option<OpTime>, Option<(u64, Arc<Writes>)>)> {
+        let mut s = self.state.lock();
+        if !s.open || s.prepared.is_none() {
+            return Err(Error::new(Code::NoSuchTransaction, "Transaction is not prepared"));
+        }
+        let result = match (commit_ts, &log) {
+            (Some(commit_ts), Some((records, tag, prepared))) => {
+                // The commit entry comes after the commit timestamp (this member's clock may be
+                // behind the coordinator's choice, another participant's prepare): a read at a
+                // point before the commit timestamp must not see it, here or elsewhere.
+                self.shared.clock_floor.fetch_max(commit_ts, Ordering::AcqRel);
+                self.commit_locked(&mut s, Logging::Decision { records, tag, prepared: *prepared, commit_ts })
+            }
+            (Some(_), None) => self.commit_locked(&mut s, Logging::Unlogged),
+            (None, Some((records, tag, prepared))) => {
+                let _records_lock = WriteGuard::acquire(records);
+                let wall_ms = oplog::wall_now_ms();
+                let record = oplog::transaction_record(&tag.lsid, tag.txn, oplog::TxnRecordState::Aborted, OpTime::default(), wall_ms);
+                let mut batch = Batch::new();
+                let (record_op, rp) = records.prepare_session_record(&mut batch, record)?;
+                let entries = vec![oplog::decision_entry(None, tag, wall_ms)];
+                let at = self.shared.apply_logged_with(batch, entries, Some(SessionStamp { prev: *prepared, record_op }))?;
+                records.publish_pending(rp);
+                Ok((at, 0))
+            }
+            (None, None) => Ok((None, 0)),
+        };
+        let writes = s.writes.clone();
+        s.open = false;
+        self.release(&mut s);
+        let (at, position) = result?;
+        Ok((at, commit_ts.map(|_| (position, writes))))
+    }
+
+    /// Write the changes (and log them as `logging` says). Returns the last entry logged
+    /// and the engine position after the write (read before the keys are released, so no
+    /// other write to them comes between).
+    fn commit_locked(&self, s: &mut TxnState, logging: Logging<'_>) -> Result<(Option<OpTime>, u64)> {
+        if s.colls.is_empty() && s.created.is_empty() {
+            return Ok((None, 0));
         }
         // The catalog lock first when the transaction creates collections, then collection
         // locks in id order (the order every catalog change and multi-collection writer
@@ -421,18 +518,24 @@ impl Transaction {
             published.push(stats);
         }
         let mut last = None;
-        match &self.session {
-            Some((records, tag)) if !s.ops.is_empty() => {
+        let logged = match logging {
+            Logging::Ops(records, tag) if !s.ops.is_empty() => Some((records, tag, chain(&s.ops, tag, false, oplog::wall_now_ms()), OpTime::NULL)),
+            Logging::Decision { records, tag, prepared, commit_ts } => {
+                Some((records, tag, vec![oplog::decision_entry(Some(commit_ts), tag, oplog::wall_now_ms())], prepared))
+            }
+            _ => None,
+        };
+        match logged {
+            Some((records, tag, entries, prev)) => {
                 let _records_lock = WriteGuard::acquire(records);
-                let wall_ms = oplog::wall_now_ms();
-                let entries = chain(&s.ops, tag, wall_ms);
-                let record = oplog::committed_record(&tag.lsid, tag.txn, OpTime::default(), wall_ms);
+                let record = oplog::transaction_record(&tag.lsid, tag.txn, oplog::TxnRecordState::Committed, OpTime::default(), oplog::wall_now_ms());
                 let (record_op, rp) = records.prepare_session_record(&mut batch, record)?;
-                last = self.shared.apply_logged_with(batch, entries, Some(SessionStamp { prev: OpTime::NULL, record_op }))?;
+                last = self.shared.apply_logged_with(batch, entries, Some(SessionStamp { prev, record_op }))?;
                 records.publish_pending(rp);
             }
-            _ => self.shared.apply(batch)?,
+            None => self.shared.apply(batch)?,
         }
+        let position = self.shared.engine.position();
         if !s.created.is_empty() {
             let mut colls = self.store.colls.write();
             for (key, st) in std::mem::take(&mut s.created) {
@@ -447,7 +550,7 @@ impl Transaction {
             let total = &self.shared.total_data_bytes;
             let _ = total.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(add_delta(v, t.data_delta)));
         }
-        Ok(last)
+        Ok((last, position))
     }
 
     /// Abort: forget the writes and free the keys. Ending an ended transaction does nothing.
@@ -487,7 +590,7 @@ impl Drop for Transaction {
 
 /// A transaction's entries: its operations in entries of at most
 /// `TRANSACTION_ENTRY_OPS_BYTES_MAX` bytes, the last with the count when there are several.
-fn chain(ops: &[Vec<u8>], tag: &oplog::SessionTag, wall_ms: i64) -> Vec<Vec<u8>> {
+fn chain(ops: &[Vec<u8>], tag: &oplog::SessionTag, prepare: bool, wall_ms: i64) -> Vec<Vec<u8>> {
     let mut groups: Vec<&[Vec<u8>]> = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, op) in ops.iter().enumerate() {
@@ -508,7 +611,7 @@ fn chain(ops: &[Vec<u8>], tag: &oplog::SessionTag, wall_ms: i64) -> Vec<Vec<u8>>
                 (_, false) => oplog::ChainPart::Partial,
                 (_, true) => oplog::ChainPart::Last { count: ops.len() },
             };
-            oplog::transaction_entry(g, part, tag, wall_ms)
+            oplog::transaction_entry(g, part, prepare && i + 1 == n, tag, wall_ms)
         })
         .collect()
 }
@@ -525,6 +628,24 @@ impl Touched {
         }
         out.multikey.extend(self.multikey.iter().copied());
         out
+    }
+}
+
+/// `base` with `writes` over it.
+pub(crate) fn overlay(base: Arc<dyn EngineSnapshot>, writes: Arc<Writes>) -> Arc<dyn EngineSnapshot> {
+    Arc::new(Overlay { base, writes })
+}
+
+impl TxnState {
+    /// A statement or a commit may change this transaction: it is open and not prepared.
+    fn check_writable(&self) -> Result<()> {
+        if !self.open {
+            return Err(Error::new(Code::NoSuchTransaction, "Transaction has ended"));
+        }
+        if self.prepared.is_some() {
+            return Err(Error::new(Code::PreparedTransactionInProgress, "Cannot change a prepared transaction"));
+        }
+        Ok(())
     }
 }
 

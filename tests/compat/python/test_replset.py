@@ -187,3 +187,80 @@ def test_snapshot_reads_at_a_cluster_time(three_members):
     assert e.value.code == 72
     assert db.c.find_one({"_id": 99}) is None
     rs.close()
+
+
+def test_a_prepared_transaction_survives_a_failover_and_commits_on_the_new_primary(three_members):
+    """A participant's side of a two-phase commit: prepareTransaction logs the transaction
+    (w:"majority") and holds its documents; the primary is killed; the new primary has the
+    transaction prepared, still holding its documents, and commits it at the coordinator's
+    commitTimestamp; a member restarted afterwards has the commit."""
+    from bson.int64 import Int64
+
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in three_members)
+    rs = pymongo.MongoClient(f"mongodb://{hosts}/?replicaSet=rs0", serverSelectionTimeoutMS=30_000)
+    rs.pt.c.insert_many([{"_id": 1, "v": 0}, {"_id": 2, "v": 0}])
+    # An explicit session: pymongo puts its lsid on each command.
+    session = rs.start_session(causal_consistency=False)
+    lsid = session.session_id
+
+    def txn(name, value=1, **fields):
+        cmd = {name: value, "txnNumber": Int64(1), "autocommit": False}
+        cmd.update(fields)
+        return cmd
+
+    # Raw commands with the session's fields, as a router sends them (pymongo's session
+    # object knows no prepare).
+    rs.pt.command(session=session, command=txn("update", "c", updates=[{"q": {"_id": 1}, "u": {"$set": {"v": 1}}}], startTransaction=True))
+    prepared = rs.admin.command(session=session, command=txn("prepareTransaction", writeConcern={"w": "majority"}))["prepareTimestamp"]
+    assert isinstance(prepared, Timestamp)
+    # A second prepare answers the same timestamp; a statement after it is refused.
+    assert rs.admin.command(session=session, command=txn("prepareTransaction"))["prepareTimestamp"] == prepared
+    with pytest.raises(OperationFailure) as e:
+        rs.pt.command(session=session, command=txn("find", "c"))
+    assert e.value.code == 267 and e.value.details["codeName"] == "PreparedTransactionInProgress"
+    def record_state():
+        return [r.get("state") for r in rs.config.transactions.find() if r["_id"]["id"] == lsid["id"]]
+
+    assert record_state() == ["prepared"], list(rs.config.transactions.find())
+
+    first = rs.primary
+    by_port = {s.port: s for s in three_members}
+    by_port[first[1]].kill9()
+    deadline = time.time() + 30
+    while True:
+        try:
+            rs.admin.command("ping")
+            if rs.primary is not None and rs.primary != first:
+                break
+        except pymongo.errors.PyMongoError:
+            pass
+        assert time.time() < deadline
+        time.sleep(0.1)
+    # The new primary holds the prepared transaction's document against other writers
+    # (which wait for the decision) and has not applied it.
+    assert rs.pt.c.find_one({"_id": 1})["v"] == 0
+    blocked = rs.pt.command({"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"v": 5}}}], "maxTimeMS": 300})
+    assert blocked.get("nModified") == 0 and blocked["writeErrors"][0]["code"] == 50, blocked
+    rs.pt.c.update_one({"_id": 2}, {"$set": {"v": 2}})
+    # A commit without the timestamp is refused; with it, the transaction commits.
+    with pytest.raises(OperationFailure) as e:
+        rs.admin.command(session=session, command=txn("commitTransaction"))
+    assert e.value.code == 72
+    rs.admin.command(session=session, command=txn("commitTransaction", commitTimestamp=prepared, writeConcern={"w": "majority"}))
+    assert rs.pt.c.find_one({"_id": 1})["v"] == 1
+    assert record_state() == ["committed"]
+    # A retried commit succeeds again.
+    rs.admin.command(session=session, command=txn("commitTransaction", commitTimestamp=prepared))
+    rs.pt.c.update_one({"_id": 1}, {"$set": {"v": 7}})
+
+    # The killed member comes back, finds the transaction prepared from its record, and
+    # applies the commit from the new primary.
+    by_port[first[1]].start(port=first[1])
+    back = pymongo.MongoClient(f"mongodb://127.0.0.1:{first[1]}/?directConnection=true", readPreference="secondaryPreferred")
+    deadline = time.time() + 30
+    while back.pt.c.find_one({"_id": 1}, {"v": 1}) != {"_id": 1, "v": 7}:
+        assert time.time() < deadline
+        time.sleep(0.1)
+    back.close()
+    session.end_session()
+    rs.close()

@@ -131,10 +131,11 @@ def test_snapshot_reads_see_one_point_across_shards(cluster):
     c.close()
 
 
-def test_transactions_read_one_point_across_shards_and_write_on_one(cluster):
+def test_transactions_read_one_point_across_shards_and_write_on_both(cluster):
     """A transaction through the router reads on both shards at one point (readConcern
-    snapshot: the router's cluster time when it began) and writes on one; a write on a second
-    shard is refused, as that needs a two-phase commit."""
+    snapshot: the router's cluster time when it began). One that writes on one shard commits
+    there; one that writes on both commits by two-phase commit, all or nothing; an abort
+    leaves nothing on either shard."""
     from pymongo.read_concern import ReadConcern
 
     c = pymongo.MongoClient(cluster["uri"])
@@ -159,12 +160,101 @@ def test_transactions_read_one_point_across_shards_and_write_on_one(cluster):
         s.commit_transaction()
     assert acc.find_one({"_id": a})["b"] == 90 and acc.find_one({"_id": b})["b"] == 555
 
+    # Both shards written: a two-phase commit.
     with c.start_session() as s:
         s.start_transaction()
         acc.update_one({"_id": a}, {"$inc": {"b": -1}}, session=s)
-        with pytest.raises(OperationFailure) as e:
-            acc.update_one({"_id": b}, {"$inc": {"b": 1}}, session=s)
-        assert e.value.code == 263
+        acc.update_one({"_id": b}, {"$inc": {"b": 1}}, session=s)
+        s.commit_transaction()
+    assert acc.find_one({"_id": a})["b"] == 89 and acc.find_one({"_id": b})["b"] == 556
+    # The coordinator's record is gone once every participant committed.
+    assert c.config.transaction_coordinators.count_documents({}) == 0
+
+    # Aborted after writing on both: nothing changes.
+    with c.start_session() as s:
+        s.start_transaction()
+        acc.update_one({"_id": a}, {"$inc": {"b": -1}}, session=s)
+        acc.update_one({"_id": b}, {"$inc": {"b": 1}}, session=s)
         s.abort_transaction()
-    assert acc.find_one({"_id": a})["b"] == 90 and acc.find_one({"_id": b})["b"] == 555
+    assert acc.find_one({"_id": a})["b"] == 89 and acc.find_one({"_id": b})["b"] == 556
+
+    # A transfer between the shards with a helper, many times over, with snapshot readers
+    # beside it: the total never moves.
+    def transfer(s, x, y):
+        acc.update_one({"_id": x}, {"$inc": {"b": -3}}, session=s)
+        acc.update_one({"_id": y}, {"$inc": {"b": 3}}, session=s)
+
+    total = sum(d["b"] for d in acc.find({}))
+    pairs = [(on_shard[0][i % len(on_shard[0])], on_shard[1][i % len(on_shard[1])]) for i in range(20)]
+    for i, (x, y) in enumerate(pairs):
+        with c.start_session() as s:
+            s.with_transaction(lambda s: transfer(s, x, y) if i % 2 else transfer(s, y, x))
+        with c.start_session() as s:
+            # (Each statement of a transaction through the router goes to one shard.)
+            s.start_transaction(read_concern=ReadConcern("snapshot"))
+            assert sum(acc.find_one({"_id": k}, session=s)["b"] for k in range(40)) == total
+            s.commit_transaction()
+    assert sum(d["b"] for d in acc.find({})) == total
+    c.close()
+
+
+def test_concurrent_transfers_across_shards_keep_the_total_at_every_point(cluster):
+    """Transfers between accounts on different shards (two-phase commits) from several
+    clients at once, with snapshot readers beside them: every reader's point sees every
+    transfer whole or not at all, so the total is the same at every point."""
+    import threading
+    from pymongo.read_concern import ReadConcern
+
+    c = pymongo.MongoClient(cluster["uri"])
+    c.admin.command("shardCollection", "tx2.acc", key={"_id": "hashed"})
+    acc = c.tx2.acc
+    n = 16
+    acc.insert_many([{"_id": i, "b": 1000} for i in range(n)])
+    total = 1000 * n
+    stop = threading.Event()
+    errors, sums, done = [], [], []
+
+    def transfers(seed):
+        import random
+
+        rnd = random.Random(seed)
+        try:
+            for _ in range(25):
+                x, y = rnd.sample(range(n), 2)
+
+                def move(s):
+                    acc.update_one({"_id": x}, {"$inc": {"b": -7}}, session=s)
+                    acc.update_one({"_id": y}, {"$inc": {"b": 7}}, session=s)
+
+                with c.start_session() as s:
+                    s.with_transaction(move)
+                done.append(1)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    def reader():
+        try:
+            while not stop.is_set():
+                with c.start_session() as s:
+                    # (A point before the shard kept history is SnapshotTooOld, a transient
+                    # error: the helper retries.)
+                    read = s.with_transaction(lambda s: sum(acc.find_one({"_id": k}, session=s)["b"] for k in range(n)), read_concern=ReadConcern("snapshot"))
+                    sums.append(read)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    writers = [threading.Thread(target=transfers, args=(i,)) for i in range(4)]
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    for t in writers + readers:
+        t.start()
+    for t in writers:
+        t.join(timeout=300)
+    stop.set()
+    for t in readers:
+        t.join(timeout=120)
+    assert errors == []
+    assert len(done) == 100
+    assert sums and all(x == total for x in sums), sorted(set(sums))
+    assert sum(d["b"] for d in acc.find({})) == total
+    assert c.config.transaction_coordinators.count_documents({}) == 0
     c.close()

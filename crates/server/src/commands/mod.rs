@@ -214,6 +214,7 @@ command_table! {
     "getLog" => spec(hello::get_log),
     "listCommands" => spec(hello::list_commands),
     "endSessions" => spec(hello::end_sessions).never_blocks(),
+    "prepareTransaction" => spec(transaction::prepare).primary_only().internal(),
     "commitTransaction" => spec(transaction::commit).primary_only(),
     "abortTransaction" => spec(transaction::abort).primary_only(),
     "coordinateCommitTransaction" => spec(transaction::coordinate_commit).primary_only().internal(),
