@@ -81,7 +81,7 @@ async fn hello_ping_buildinfo_shape() {
 #[tokio::test]
 async fn config_file_start_and_getcmdlineopts() {
     let yaml = "net:\n  port: {port}\n  bindIp: 127.0.0.1\nstorage:\n  dbPath: {dbpath}\n";
-    let server = Server::start_with(ServerOptions { args_extra: vec![], config_yaml: Some(yaml.to_string()) });
+    let server = Server::start_with(ServerOptions { args_extra: vec![], config_yaml: Some(yaml.to_string()), ..Default::default() });
     let client = server.client().await;
     ping(&client).await.expect("ping");
     let opts = client.database("admin").run_command(doc! {"getCmdLineOpts": 1}).await.expect("getCmdLineOpts");

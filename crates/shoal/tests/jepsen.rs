@@ -203,11 +203,21 @@ async fn client_loop(coll: Collection<Document>, id: u64, seed: u64, until: Inst
 
 /// A 3-member set with short election timeouts and fail points, its primary elected.
 async fn start_set() -> Vec<Server> {
-    let mut members: Vec<Server> = (0..MEMBERS).map(|_| Server::start_with_args(&["--replSet", "rs0", "--setParameter", "enableTestCommands=1"])).collect();
+    start_named_set("rs0", MEMBERS).await
+}
+
+/// A set `name` of `n` members with short election timeouts and fail points, its primary
+/// elected.
+async fn start_named_set(name: &str, n: usize) -> Vec<Server> {
+    let mut members: Vec<Server> = (0..n).map(|_| Server::start_with_args(&["--replSet", name, "--setParameter", "enableTestCommands=1"])).collect();
     let config_members: Vec<Bson> = members.iter().enumerate().map(|(i, m)| Bson::Document(doc! {"_id": i as i32, "host": host(m)})).collect();
-    admin(&members[0], doc! {"replSetInitiate": {"_id": "rs0", "version": 1, "members": config_members, "settings": {"electionTimeoutMillis": ELECTION_TIMEOUT_MS, "heartbeatIntervalMillis": HEARTBEAT_INTERVAL_MS}}}).await.expect("replSetInitiate");
+    admin(&members[0], doc! {"replSetInitiate": {"_id": name, "version": 1, "members": config_members, "settings": {"electionTimeoutMillis": ELECTION_TIMEOUT_MS, "heartbeatIntervalMillis": HEARTBEAT_INTERVAL_MS}}}).await.expect("replSetInitiate");
     wait_for_primary(&mut members).await;
     members
+}
+
+fn set_string(name: &str, members: &[Server]) -> String {
+    format!("{name}/{}", members.iter().map(host).collect::<Vec<_>>().join(","))
 }
 
 /// The faults a nemesis injected.
@@ -522,11 +532,20 @@ async fn transactions_keep_snapshot_isolation_through_kills_pauses_partitions_an
     // Healed: a last transaction reads every list, so each key's order is known whole.
     wait_for_primary(&mut members).await;
     let client = Client::with_uri_str(&uri).await.expect("client");
+    let reads = final_reads(&client).await;
+    let mut history = std::mem::take(&mut *history.lock().expect("history lock"));
+    history.push(elle::Txn { ops: reads, outcome: elle::Outcome::Committed });
+
+    report_list_append(&history, &faults.to_string());
+}
+
+/// A last transaction reads every list, so each key's order is known whole. Its reads count
+/// once it commits (w:"majority"): a primary deposed meanwhile may have shown writes it then
+/// rolled back, so it runs again until it commits.
+async fn final_reads(client: &Client) -> Vec<elle::Mop> {
     let lists = client.database("jepsen").collection::<Document>("lists");
-    // Its reads count once it commits (w:"majority"): a primary deposed meanwhile may have
-    // shown writes it then rolled back, so it runs again until it commits.
     let deadline = Instant::now() + Duration::from_secs(60);
-    let reads = loop {
+    loop {
         let attempt = async {
             let mut session = client.start_session().await?;
             session.start_transaction().read_concern(ReadConcern::snapshot()).write_concern(WriteConcern::majority()).await?;
@@ -539,19 +558,20 @@ async fn transactions_keep_snapshot_isolation_through_kills_pauses_partitions_an
             mongodb::error::Result::Ok(reads)
         };
         match attempt.await {
-            Ok(reads) => break reads,
+            Ok(reads) => return reads,
             Err(e) => assert!(Instant::now() < deadline, "the final reads did not commit within 60 s: {e}"),
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let mut history = std::mem::take(&mut *history.lock().expect("history lock"));
-    history.push(elle::Txn { ops: reads, outcome: elle::Outcome::Committed });
+    }
+}
 
+/// Check a list-append history, print the report, and fail on any anomaly.
+fn report_list_append(history: &[elle::Txn], faults: &str) {
     let count = |o: elle::Outcome| history.iter().filter(|t| t.outcome == o).count();
     let (committed, aborted, unknown) = (count(elle::Outcome::Committed), count(elle::Outcome::Aborted), count(elle::Outcome::Unknown));
     let appends = history.iter().flat_map(|t| &t.ops).filter(|m| matches!(m, elle::Mop::Append(..))).count();
     let t = Instant::now();
-    let anomalies = elle::check(&history);
+    let anomalies = elle::check(history);
     eprintln!(
         "list-append report: {} transactions ({committed} committed, {aborted} aborted, {unknown} unknown; {appends} appends), checked in {:?}; faults: {faults}; anomalies: {}",
         history.len(),
@@ -562,7 +582,158 @@ async fn transactions_keep_snapshot_isolation_through_kills_pauses_partitions_an
         eprintln!("  {a}");
     }
     assert!(anomalies.is_empty(), "{} anomalies", anomalies.len());
-    assert!(committed > 0, "no transaction committed");
+    assert!(committed > 1, "no transaction committed but the final reads");
 }
 
 const LIST_APPEND_SECONDS_DEFAULT: u64 = 20;
+
+/// A sharded cluster under faults: config servers (one member), shards of 3 members, and
+/// routers, as real processes.
+struct Sharded {
+    config: Vec<Server>,
+    shards: Vec<Vec<Server>>,
+    routers: Vec<Server>,
+}
+
+const SHARDS: usize = 2;
+const ROUTERS: usize = 2;
+
+async fn start_sharded() -> Sharded {
+    let config = start_named_set("cfg", 1).await;
+    let mut shards = Vec::new();
+    for i in 0..SHARDS {
+        shards.push(start_named_set(&format!("shard{i}"), MEMBERS).await);
+    }
+    let configdb = set_string("cfg", &config);
+    let routers: Vec<Server> = (0..ROUTERS).map(|_| Server::start_router(&configdb, &["--setParameter", "enableTestCommands=1"])).collect();
+    let client = routers[0].client().await;
+    for (i, s) in shards.iter().enumerate() {
+        client.database("admin").run_command(doc! {"addShard": set_string(&format!("shard{i}"), s)}).await.expect("addShard");
+    }
+    Sharded { config, shards, routers }
+}
+
+/// The faults a sharded nemesis injected.
+#[derive(Default)]
+struct ShardedFaults {
+    member_kills: u32,
+    member_pauses: u32,
+    partitions: u32,
+    router_kills: u32,
+    router_pauses: u32,
+}
+
+impl std::fmt::Display for ShardedFaults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ShardedFaults { member_kills, member_pauses, partitions, router_kills, router_pauses } = self;
+        write!(
+            f,
+            "{member_kills} shard primaries killed, {member_pauses} shard members paused, {partitions} shard primaries isolated, {router_kills} routers killed, {router_pauses} routers paused"
+        )
+    }
+}
+
+/// Inject faults into a sharded cluster until `until`, one at a time, each healed before the
+/// next: a shard's primary killed (-9) or isolated, any shard member paused, a router killed
+/// or paused. SHOAL_JEPSEN_FAULT (kill, pause, isolate, router-kill, router-pause) makes
+/// every fault that one.
+async fn sharded_nemesis(c: &mut Sharded, seed: u64, until: Instant) -> ShardedFaults {
+    let only = std::env::var("SHOAL_JEPSEN_FAULT").ok().map(|f| match f.as_str() {
+        "kill" => 0,
+        "pause" => 1,
+        "isolate" => 2,
+        "router-kill" => 3,
+        "router-pause" => 4,
+        other => panic!("SHOAL_JEPSEN_FAULT: unknown fault {other} for a sharded cluster"),
+    });
+    let mut rng = Rng(seed | 1);
+    let mut faults = ShardedFaults::default();
+    while Instant::now() + CALM_DURATION + FAULT_DURATION < until {
+        tokio::time::sleep(CALM_DURATION).await;
+        let shard = rng.below(SHARDS as u64) as usize;
+        let members = &mut c.shards[shard];
+        let p = wait_for_primary(members).await;
+        match only.unwrap_or_else(|| rng.below(5)) {
+            0 => {
+                members[p].kill9();
+                faults.member_kills += 1;
+                tokio::time::sleep(FAULT_DURATION).await;
+                members[p].restart();
+            }
+            1 => {
+                let m = rng.below(MEMBERS as u64) as usize;
+                signal(&members[m], libc::SIGSTOP);
+                faults.member_pauses += 1;
+                tokio::time::sleep(FAULT_DURATION).await;
+                signal(&members[m], libc::SIGCONT);
+            }
+            2 => {
+                fault_links(members, p, Some(doc! {"partition": true})).await;
+                faults.partitions += 1;
+                tokio::time::sleep(FAULT_DURATION).await;
+                fault_links(members, p, None).await;
+            }
+            3 => {
+                // A router dies mid-transaction, perhaps mid-commit: a commit the client
+                // retries through the other router follows the coordinator's record, and
+                // any router's recovery finishes what it left.
+                let r = rng.below(ROUTERS as u64) as usize;
+                c.routers[r].kill9();
+                faults.router_kills += 1;
+                tokio::time::sleep(FAULT_DURATION).await;
+                c.routers[r].restart();
+            }
+            _ => {
+                let r = rng.below(ROUTERS as u64) as usize;
+                signal(&c.routers[r], libc::SIGSTOP);
+                faults.router_pauses += 1;
+                tokio::time::sleep(FAULT_DURATION).await;
+                signal(&c.routers[r], libc::SIGCONT);
+            }
+        }
+    }
+    faults
+}
+
+/// Transactions across shards under faults, checked as Elle checks list-append histories:
+/// the lists are hash-sharded over two 3-member shards, so transactions read one point
+/// across shards (readConcern "snapshot") and commit by two-phase commit when they append on
+/// both; clients reach the cluster through two routers while the nemesis kills, pauses and
+/// isolates shard members and kills and pauses routers. The history must show none of the
+/// anomalies snapshot isolation forbids. SHOAL_LIST_APPEND_SECONDS sets how long the clients
+/// run (default 20), SHOAL_JEPSEN_FAULT and SHOAL_JEPSEN_SEED as above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactions_across_shards_keep_snapshot_isolation_through_member_and_router_faults() {
+    let seconds: u64 = std::env::var("SHOAL_LIST_APPEND_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(LIST_APPEND_SECONDS_DEFAULT);
+    let seed = seed_from_env("SHOAL_JEPSEN_SEED");
+    eprintln!("SHOAL_LIST_APPEND_SECONDS={seconds}");
+    let mut cluster = start_sharded().await;
+    let routers: Vec<String> = cluster.routers.iter().map(host).collect();
+    let uri = format!("mongodb://{}/?serverSelectionTimeoutMS=3000&connectTimeoutMS=1000&heartbeatFrequencyMS=500", routers.join(","));
+    {
+        let client = Client::with_uri_str(&uri).await.expect("client");
+        client.database("admin").run_command(doc! {"shardCollection": "jepsen.lists", "key": {"_id": "hashed"}}).await.expect("shardCollection");
+        let lists = client.database("jepsen").collection::<Document>("lists");
+        lists.insert_many((0..LISTS as i64).map(|k| doc! {"_id": k, "l": []})).write_concern(WriteConcern::majority()).await.expect("the lists");
+    }
+    let history = Arc::new(Mutex::new(Vec::new()));
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut clients = Vec::new();
+    for id in 0..CLIENTS {
+        let client = Client::with_uri_str(&uri).await.expect("client");
+        clients.push(tokio::spawn(list_append_loop(client, id, seed, until, history.clone())));
+    }
+    let faults = sharded_nemesis(&mut cluster, seed, until).await;
+    for c in clients {
+        c.await.expect("client task");
+    }
+    for shard in cluster.shards.iter_mut() {
+        wait_for_primary(shard).await;
+    }
+    let client = Client::with_uri_str(&uri).await.expect("client");
+    let reads = final_reads(&client).await;
+    let mut history = std::mem::take(&mut *history.lock().expect("history lock"));
+    history.push(elle::Txn { ops: reads, outcome: elle::Outcome::Committed });
+    report_list_append(&history, &faults.to_string());
+    drop(cluster.config);
+}

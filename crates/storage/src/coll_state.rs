@@ -192,6 +192,9 @@ impl Stats {
     }
 }
 
+/// How often a catalog change waiting for prepared transactions looks again.
+const CATALOG_CHANGE_PREPARED_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
 pub(crate) struct CollState {
     pub(crate) shared: Arc<Shared>,
     pub(crate) id: u64,
@@ -208,6 +211,9 @@ pub(crate) struct CollState {
     /// at the position of a reader that began before may now be another branch's entry with
     /// the same timestamp, so such a reader must stop (`Collection::truncations`).
     pub(crate) truncations: AtomicU64,
+    /// Prepared transactions that wrote here: the collection's indexes and name stay as
+    /// their writes were prepared for until they are decided (`lock_for_catalog_change`).
+    pub(crate) prepared_txns: std::sync::atomic::AtomicUsize,
 }
 
 impl CollState {
@@ -223,7 +229,30 @@ impl CollState {
             dropped: AtomicBool::new(false),
             removals: AtomicU64::new(0),
             truncations: AtomicU64::new(0),
+            prepared_txns: Default::default(),
         })
+    }
+
+    /// The write lock, for a change of the collection's indexes or name: waits while a
+    /// prepared transaction that wrote here is undecided (its commit writes the index keys
+    /// of the indexes it was prepared with), as mongod's catalog changes wait for the locks
+    /// prepared transactions hold. LockTimeout after `PREPARE_CONFLICT_WAIT_MAX`.
+    pub(crate) fn lock_for_catalog_change(self: &Arc<Self>) -> Result<WriteGuard> {
+        let deadline = std::time::Instant::now() + crate::prepared::PREPARE_CONFLICT_WAIT_MAX;
+        loop {
+            let guard = WriteGuard::acquire(self);
+            if self.prepared_txns.load(Ordering::SeqCst) == 0 {
+                return Ok(guard);
+            }
+            drop(guard);
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::new(
+                    Code::LockTimeout,
+                    format!("a prepared transaction on {} was not decided within {} s", self.ns_string(), crate::prepared::PREPARE_CONFLICT_WAIT_MAX.as_secs()),
+                ));
+            }
+            std::thread::sleep(CATALOG_CHANGE_PREPARED_POLL);
+        }
     }
 
     pub(crate) fn ns_string(&self) -> String {

@@ -24,7 +24,7 @@ impl Collection {
             return txn.create_index(st, spec);
         }
         let (idx, rid_end) = loop {
-            let guard = WriteGuard::acquire(st);
+            let guard = st.lock_for_catalog_change()?;
             st.check_live()?;
             let meta = st.meta.read().clone();
             match check_new_index(&meta, &spec, st)? {
@@ -156,7 +156,7 @@ impl Collection {
     /// Under the write lock: make the index ready and record it in the catalog.
     pub(crate) fn finish_build(&self, idx: &Arc<IndexRt>) -> Result<()> {
         let st = &self.state;
-        let _guard = WriteGuard::acquire(st);
+        let _guard = st.lock_for_catalog_change()?;
         self.check_build_alive(idx)?;
         let ready = Arc::new(IndexRt::new(idx.id, idx.spec.clone())?);
         let meta = st.meta.read().clone();
@@ -212,7 +212,7 @@ impl Collection {
         if name == ID_INDEX_NAME {
             return Err(Error::new(Code::InvalidOptions, "cannot drop _id index"));
         }
-        let _guard = WriteGuard::acquire(st);
+        let _guard = st.lock_for_catalog_change()?;
         st.check_live()?;
         let meta = st.meta.read().clone();
         // A build in progress is aborted by dropping its index.

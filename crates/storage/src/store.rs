@@ -273,7 +273,7 @@ impl Store {
             return Ok(false);
         };
         self.check_not_live_oplog(db, name)?;
-        let guard = WriteGuard::acquire(&coll);
+        let guard = coll.lock_for_catalog_change()?;
         let mut batch = Batch::new();
         let garbage = Store::drop_ops(&coll, &mut batch, true);
         let uuid = coll.meta.read().uuid;
@@ -330,8 +330,8 @@ impl Store {
         }
         self.check_not_live_oplog(from_db, from)?;
         self.check_not_live_oplog(to_db, to)?;
-        let src_guard = WriteGuard::acquire(&src);
-        let target_guard = target.as_ref().map(WriteGuard::acquire);
+        let src_guard = src.lock_for_catalog_change()?;
+        let target_guard = target.as_ref().map(|t| t.lock_for_catalog_change()).transpose()?;
         let mut batch = Batch::new();
         let garbage = match &target {
             Some(t) => Store::drop_ops(t, &mut batch, false),

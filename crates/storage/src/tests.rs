@@ -1555,12 +1555,21 @@ fn a_prepared_transaction_holds_its_keys_and_commits_at_its_commit_timestamp() {
         let store = store.clone();
         std::thread::spawn(move || (v_at(&store, after, 1), v_at(&store, after, 2)))
     };
+    // An index build waits for the decision: the commit writes the keys of the indexes the
+    // transaction was prepared with.
+    let build = {
+        let c = c.clone();
+        std::thread::spawn(move || c.create_index(idx(doc! {"v": 1}, "v_1")))
+    };
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert!(!reader.is_finished(), "a read at a point after the prepare waits for the decision");
+    assert!(!build.is_finished(), "a catalog change waits for the decision");
     // Committed at `after`: its entry comes later, and a read at `after` sees it whole.
     let committed = store.commit_prepared(&lsid, 1, after).unwrap().unwrap();
     assert!(committed.ts > after);
     assert_eq!(reader.join().unwrap(), (1, 5));
+    assert!(build.join().unwrap().unwrap());
+    assert!(c.validate().valid);
     assert_eq!(v_at(&store, after, 1), 1);
     assert_eq!(v_at(&store, prepared.ts, 1), 0, "before the commit timestamp");
     assert_eq!(store.prepared_transaction(&lsid), None);

@@ -410,16 +410,39 @@ impl Transaction {
         if s.ops.is_empty() {
             return Ok(None);
         }
+        // The collections' indexes and names stay as the writes were prepared for until the
+        // decision: checked under their write locks (in id order), then held
+        // (`CollState::prepared_txns`).
+        {
+            let _guards: Vec<WriteGuard> = s.colls.values().map(|t| WriteGuard::acquire(&t.coll)).collect();
+            for t in s.colls.values() {
+                t.coll.check_live().map_err(|_| write_conflict())?;
+                if !Arc::ptr_eq(&t.coll.meta.read(), &t.meta) {
+                    return Err(write_conflict());
+                }
+            }
+            s.hold_collections();
+        }
         let _records_lock = WriteGuard::acquire(records);
         let wall_ms = oplog::wall_now_ms();
         let entries = chain(&s.ops, tag, true, wall_ms);
         let record = oplog::transaction_record(&tag.lsid, tag.txn, oplog::TxnRecordState::Prepared, OpTime::default(), wall_ms);
         let mut batch = Batch::new();
-        let (record_op, rp) = records.prepare_session_record(&mut batch, record)?;
-        let at = self.shared.apply_logged_with(batch, entries, Some(SessionStamp { prev: OpTime::NULL, record_op }))?;
-        records.publish_pending(rp);
-        s.prepared = at;
-        Ok(at)
+        let logged = records.prepare_session_record(&mut batch, record).and_then(|(record_op, rp)| {
+            let at = self.shared.apply_logged_with(batch, entries, Some(SessionStamp { prev: OpTime::NULL, record_op }))?;
+            records.publish_pending(rp);
+            Ok(at)
+        });
+        match logged {
+            Ok(Some(at)) => {
+                s.prepared = Some(at);
+                Ok(Some(at))
+            }
+            other => {
+                s.release_collections();
+                other.and(Err(Error::internal("a prepare logged no entry")))
+            }
+        }
     }
 
     /// This transaction was prepared by the entry at `at` (a secondary applying it).
@@ -427,6 +450,7 @@ impl Transaction {
         let mut s = self.state.lock();
         s.check_writable()?;
         s.prepared = Some(at);
+        s.hold_collections();
         Ok(())
     }
 
@@ -562,6 +586,9 @@ impl Transaction {
 
     /// Free the keys this transaction owns and wake the writers waiting for them.
     fn release(&self, s: &mut TxnState) {
+        if s.prepared.take().is_some() {
+            s.release_collections();
+        }
         s.writes = Arc::default();
         for st in std::mem::take(&mut s.created).into_values() {
             st.dropped.store(true, Ordering::SeqCst);
@@ -637,6 +664,20 @@ pub(crate) fn overlay(base: Arc<dyn EngineSnapshot>, writes: Arc<Writes>) -> Arc
 }
 
 impl TxnState {
+    /// Keep the collections written from catalog changes until the decision (`release`
+    /// lets go).
+    fn hold_collections(&self) {
+        for t in self.colls.values() {
+            t.coll.prepared_txns.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn release_collections(&self) {
+        for t in self.colls.values() {
+            t.coll.prepared_txns.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
     /// A statement or a commit may change this transaction: it is open and not prepared.
     fn check_writable(&self) -> Result<()> {
         if !self.open {

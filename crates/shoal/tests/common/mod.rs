@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod wire;
 
 use mongodb::bson::{doc, Bson, Document};
@@ -35,6 +36,8 @@ pub struct ServerOptions {
     /// YAML text for `--config`; `{port}` and `{dbpath}` are substituted.
     /// With a config file, port and dbpath are passed only through the file.
     pub config_yaml: Option<String>,
+    /// A router (`shoal router`) for the config servers named so, instead of a server.
+    pub router_configdb: Option<String>,
 }
 
 pub struct Server {
@@ -81,7 +84,16 @@ impl Server {
     }
 
     pub fn start_with_args(args: &[&str]) -> Server {
-        Server::start_with(ServerOptions { args_extra: args.iter().map(|s| s.to_string()).collect(), config_yaml: None })
+        Server::start_with(ServerOptions { args_extra: args.iter().map(|s| s.to_string()).collect(), ..Default::default() })
+    }
+
+    /// A router for the config servers `configdb` (`cfg/host:port,...`).
+    pub fn start_router(configdb: &str, args: &[&str]) -> Server {
+        Server::start_with(ServerOptions {
+            args_extra: args.iter().map(|s| s.to_string()).collect(),
+            config_yaml: None,
+            router_configdb: Some(configdb.to_string()),
+        })
     }
 
     pub fn start_with(options: ServerOptions) -> Server {
@@ -192,13 +204,16 @@ impl Server {
         let stderr = std::fs::File::create(&stderr_path).map_err(|e| e.to_string())?;
         let stdout = std::fs::File::create(&stdout_path).map_err(|e| e.to_string())?;
         let mut cmd = Command::new(binary_path());
-        cmd.arg("serve");
-        if let Some(yaml) = &self.options.config_yaml {
+        if let Some(configdb) = &self.options.router_configdb {
+            cmd.args(["router", "--configdb", configdb, "--port", &port.to_string(), "--bind_ip", "127.0.0.1"]);
+        } else if let Some(yaml) = &self.options.config_yaml {
+            cmd.arg("serve");
             let text = yaml.replace("{port}", &port.to_string()).replace("{dbpath}", &self.dbpath.display().to_string());
             let conf = self.root.join(format!("mongod-{index}.conf"));
             std::fs::write(&conf, text).map_err(|e| e.to_string())?;
             cmd.arg("--config").arg(conf);
         } else {
+            cmd.arg("serve");
             cmd.args(["--port", &port.to_string(), "--bind_ip", "127.0.0.1", "--dbpath"]).arg(&self.dbpath);
         }
         cmd.args(&self.options.args_extra);
