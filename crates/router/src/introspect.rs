@@ -34,6 +34,7 @@ pub fn server_status(router: &Router) -> Document {
             "available": (router.config.connections_max as u64).saturating_sub(current) as i32,
             "totalCreated": router.next_connection_id.load(Ordering::Relaxed).saturating_sub(1) as i64,
         },
+        "transactions": router.txns.status(),
     }
 }
 

@@ -25,6 +25,7 @@ use net::pool::reply_result;
 use parking_lot::Mutex;
 use shard::shards_for_filter;
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use wire::Request;
 
@@ -35,7 +36,16 @@ pub const SESSIONS_MAX: usize = 1_000_000;
 #[derive(Default)]
 pub struct RouterTxns {
     sessions: Mutex<HashMap<Vec<u8>, Arc<tokio::sync::Mutex<Session>>>>,
+    /// serverStatus's `transactions` counters.
+    started: AtomicU64,
+    committed: AtomicU64,
+    aborted: AtomicU64,
+    /// By `COMMIT_TYPES`: commits initiated, successful, and the successful ones' time.
+    commits: [[AtomicU64; 3]; COMMIT_TYPES.len()],
 }
+
+/// mongos's kinds of commit (serverStatus `transactions.commitTypes`).
+const COMMIT_TYPES: [&str; 6] = ["noShards", "singleShard", "singleWriteShard", "readOnly", "twoPhaseCommit", "recoverWithToken"];
 
 #[derive(Default)]
 struct Session {
@@ -84,6 +94,22 @@ impl RouterTxns {
         Ok(s)
     }
 
+    /// serverStatus's `transactions` section, in mongos's shape.
+    pub fn status(&self) -> Document {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed) as i64;
+        let mut types = Document::new();
+        for (name, [initiated, successful, micros]) in COMMIT_TYPES.iter().zip(&self.commits) {
+            types.insert(*name, doc! {"initiated": n(initiated), "successful": n(successful), "successfulDurationMicros": n(micros)});
+        }
+        doc! {
+            "currentOpen": self.sessions.lock().len() as i64,
+            "totalStarted": n(&self.started),
+            "totalCommitted": n(&self.committed),
+            "totalAborted": n(&self.aborted),
+            "commitTypes": types,
+        }
+    }
+
     /// Forget ended sessions.
     pub fn end_sessions(&self, lsids: &[Vec<u8>]) {
         let mut sessions = self.sessions.lock();
@@ -124,6 +150,7 @@ pub async fn run(router: &Router, req: &Request) -> Result<Document> {
     }
     if start && txn_number > s.txn_number {
         *s = Session::new(txn_number);
+        router.txns.started.fetch_add(1, Ordering::Relaxed);
         let mut rc = req.body.get_document("readConcern").cloned().unwrap_or_default();
         if rc.get_str("level").ok() == Some("snapshot") && !rc.contains_key("atClusterTime") {
             let t = router.pool.cluster_time().ok_or_else(|| Error::new(Code::SnapshotUnavailable, "the router knows no cluster time yet; please retry"))?;
@@ -138,120 +165,155 @@ pub async fn run(router: &Router, req: &Request) -> Result<Document> {
         s.read_concern = (!rc.is_empty()).then_some(rc);
     }
     match req.name.as_str() {
-        "commitTransaction" | "abortTransaction" => {
-            // The participant, or the one a recovery token names (a commit retried through
-            // another router).
-            let token = req.body.get_document("recoveryToken").ok().and_then(|t| t.get_str("recoveryShardId").ok()).map(str::to_string);
-            let known = if txn_number == s.txn_number { s.recovery_shard().cloned() } else { None };
-            // Read-only participants end first (an abort ends them all); their outcome does
-            // not decide the transaction's.
-            if known.is_some() {
-                let others: Vec<String> = s.participants.iter().filter(|p| Some(*p) != known.as_ref() && !s.write_shards.contains(p)).cloned().collect();
-                end_participants(router, req, &others).await;
-                if s.write_shards.len() > 1 {
-                    return match req.name.as_str() {
-                        "commitTransaction" => {
-                            if let Some(answer) = &s.committed {
-                                return answer.clone();
-                            }
-                            let answer = super::coordinator::commit(router, &lsid, txn_number, &s.write_shards).await;
-                            // A network error to the config servers leaves the outcome open: a
-                            // retry asks again.
-                            if answer.as_ref().is_ok() || answer.as_ref().is_err_and(|e| e.code == Code::NoSuchTransaction.0) {
-                                s.committed = Some(answer.clone());
-                            }
-                            answer
-                        }
-                        _ => {
-                            let rest: Vec<String> = s.write_shards[1..].to_vec();
-                            end_participants(router, req, &rest).await;
-                            end_one(router, req, known.as_deref().unwrap_or_default()).await
-                        }
-                    };
-                }
-            } else if req.name == "commitTransaction" {
-                // Not this router's transaction: a two-phase commit's record decides it.
-                if let Some(answer) = super::coordinator::recover_for_client(router, &lsid, txn_number).await? {
-                    return answer;
-                }
-            }
-            let shard = known.clone().or(token);
-            let Some(shard) = shard else {
-                return match req.name.as_str() {
-                    // A transaction that reached no shard has nothing to commit.
-                    "commitTransaction" if txn_number == s.txn_number => Ok(Document::new()),
-                    _ => Err(Error::new(Code::NoSuchTransaction, format!("Transaction {txn_number} has been aborted or was never started."))),
-                };
+        "commitTransaction" => {
+            let kind = match (txn_number == s.txn_number, s.participants.len(), s.write_shards.len()) {
+                (false, _, _) => 5,
+                (true, 0, _) => 0,
+                (true, 1, _) => 1,
+                (true, _, 0) => 3,
+                (true, _, 1) => 2,
+                (true, _, _) => 4,
             };
-            let mut body = forwarded(req);
-            body.remove("recoveryToken");
-            if known.is_none() && req.name == "commitTransaction" {
-                // Not this router's transaction: ask its shard for the decision, which
-                // aborts it if none was made (mongos's commit recovery).
-                let mut recover = doc! {"coordinateCommitTransaction": 1, "participants": []};
-                body.remove("commitTransaction");
-                recover.extend(body);
-                body = recover;
+            let counters = &router.txns.commits[kind];
+            counters[0].fetch_add(1, Ordering::Relaxed);
+            let began = std::time::Instant::now();
+            let r = end(router, req, &mut s, &lsid, txn_number).await;
+            match &r {
+                Ok(_) => {
+                    counters[1].fetch_add(1, Ordering::Relaxed);
+                    counters[2].fetch_add(began.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    router.txns.committed.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) if e.code == Code::NoSuchTransaction.0 => {
+                    router.txns.aborted.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {}
             }
-            let set = router.shard(&shard).await?;
-            let (_, reply) = router.pool.run(&set, "admin", body, None, timeout_of(req)).await?;
-            reply_result(reply)
+            r
+        }
+        "abortTransaction" => {
+            router.txns.aborted.fetch_add(1, Ordering::Relaxed);
+            end(router, req, &mut s, &lsid, txn_number).await
         }
         // Cursors remember their shard.
         "getMore" => super::commands::get_more(router, req).await,
         "killCursors" => super::commands::kill_cursors(router, req).await,
-        _ => {
-            if txn_number != s.txn_number {
-                return Err(Error::new(Code::NoSuchTransaction, format!("Transaction {txn_number} has been aborted or was never started.")));
-            }
-            let (shard, sc) = target(router, req).await?;
-            if writes(&req.name) && !s.write_shards.contains(&shard) {
-                s.write_shards.push(shard.clone());
-            }
-            let mut body = forwarded(req);
-            if !s.participants.contains(&shard) {
-                // This shard's first statement starts the transaction there, at the
-                // transaction's point.
-                body.insert("startTransaction", true);
-                match &s.read_concern {
-                    Some(rc) => {
-                        if let Ok(t) = rc.get_timestamp("atClusterTime") {
-                            super::commands::gossip_cluster_time(&mut body, t);
-                        }
-                        body.insert("readConcern", rc.clone());
+        _ => statement(router, req, &mut s).await,
+    }
+}
+
+/// commitTransaction or abortTransaction.
+async fn end(router: &Router, req: &Request, s: &mut Session, lsid: &[u8], txn_number: i64) -> Result<Document> {
+    // The participant, or the one a recovery token names (a commit retried through
+    // another router).
+    let token = req.body.get_document("recoveryToken").ok().and_then(|t| t.get_str("recoveryShardId").ok()).map(str::to_string);
+    let known = if txn_number == s.txn_number { s.recovery_shard().cloned() } else { None };
+    // Read-only participants end first (an abort ends them all); their outcome does
+    // not decide the transaction's.
+    if known.is_some() {
+        let others: Vec<String> = s.participants.iter().filter(|p| Some(*p) != known.as_ref() && !s.write_shards.contains(p)).cloned().collect();
+        end_participants(router, req, &others).await;
+        if s.write_shards.len() > 1 {
+            return match req.name.as_str() {
+                "commitTransaction" => {
+                    if let Some(answer) = &s.committed {
+                        return answer.clone();
                     }
-                    None => {
-                        body.remove("readConcern");
+                    let answer = super::coordinator::commit(router, lsid, txn_number, &s.write_shards).await;
+                    // A network error to the config servers leaves the outcome open: a
+                    // retry asks again.
+                    if answer.as_ref().is_ok() || answer.as_ref().is_err_and(|e| e.code == Code::NoSuchTransaction.0) {
+                        s.committed = Some(answer.clone());
                     }
+                    answer
                 }
-                s.participants.push(shard.clone());
-            } else {
-                body.remove("startTransaction");
-                body.remove("readConcern");
-            }
-            let body = match &sc {
-                Some(sc) => {
-                    body.insert("shardVersion", sc.version_doc(&shard));
-                    body
-                }
-                None => router.with_db_version(&req.db, body),
-            };
-            let mut reply = match req.name.as_str() {
-                "find" | "aggregate" => single_shard_cursor(router, req, &shard, body).await?,
                 _ => {
-                    let (body, statements) = statements_apart(&req.name, body)?;
-                    let sequence =
-                        statements.as_ref().map(|(identifier, docs)| wire::RawSequence { identifier, documents: docs.iter().map(Vec::as_slice).collect() });
-                    let set = router.shard(&shard).await?;
-                    let (_, reply) = router.pool.run(&set, &req.db, body, sequence.as_ref(), timeout_of(req)).await?;
-                    reply_result(reply)?
+                    let rest: Vec<String> = s.write_shards[1..].to_vec();
+                    end_participants(router, req, &rest).await;
+                    end_one(router, req, known.as_deref().unwrap_or_default()).await
                 }
             };
-            let recovery = s.recovery_shard().cloned().unwrap_or(shard);
-            reply.insert("recoveryToken", doc! {"recoveryShardId": recovery});
-            Ok(reply)
+        }
+    } else if req.name == "commitTransaction" {
+        // Not this router's transaction: a two-phase commit's record decides it.
+        if let Some(answer) = super::coordinator::recover_for_client(router, lsid, txn_number).await? {
+            return answer;
         }
     }
+    let shard = known.clone().or(token);
+    let Some(shard) = shard else {
+        return match req.name.as_str() {
+            // A transaction that reached no shard has nothing to commit.
+            "commitTransaction" if txn_number == s.txn_number => Ok(Document::new()),
+            _ => Err(Error::new(Code::NoSuchTransaction, format!("Transaction {txn_number} has been aborted or was never started."))),
+        };
+    };
+    let mut body = forwarded(req);
+    body.remove("recoveryToken");
+    if known.is_none() && req.name == "commitTransaction" {
+        // Not this router's transaction: ask its shard for the decision, which
+        // aborts it if none was made (mongos's commit recovery).
+        let mut recover = doc! {"coordinateCommitTransaction": 1, "participants": []};
+        body.remove("commitTransaction");
+        recover.extend(body);
+        body = recover;
+    }
+    let set = router.shard(&shard).await?;
+    let (_, reply) = router.pool.run(&set, "admin", body, None, timeout_of(req)).await?;
+    reply_result(reply)
+}
+
+/// A statement before the transaction's end: to its one shard.
+async fn statement(router: &Router, req: &Request, s: &mut Session) -> Result<Document> {
+    let txn_number = req.body.get_i64("txnNumber").unwrap_or_default();
+    if txn_number != s.txn_number {
+        return Err(Error::new(Code::NoSuchTransaction, format!("Transaction {txn_number} has been aborted or was never started.")));
+    }
+    let (shard, sc) = target(router, req).await?;
+    if writes(&req.name) && !s.write_shards.contains(&shard) {
+        s.write_shards.push(shard.clone());
+    }
+    let mut body = forwarded(req);
+    if !s.participants.contains(&shard) {
+        // This shard's first statement starts the transaction there, at the
+        // transaction's point.
+        body.insert("startTransaction", true);
+        match &s.read_concern {
+            Some(rc) => {
+                if let Ok(t) = rc.get_timestamp("atClusterTime") {
+                    super::commands::gossip_cluster_time(&mut body, t);
+                }
+                body.insert("readConcern", rc.clone());
+            }
+            None => {
+                body.remove("readConcern");
+            }
+        }
+        s.participants.push(shard.clone());
+    } else {
+        body.remove("startTransaction");
+        body.remove("readConcern");
+    }
+    let body = match &sc {
+        Some(sc) => {
+            body.insert("shardVersion", sc.version_doc(&shard));
+            body
+        }
+        None => router.with_db_version(&req.db, body),
+    };
+    let mut reply = match req.name.as_str() {
+        "find" | "aggregate" => single_shard_cursor(router, req, &shard, body).await?,
+        _ => {
+            let (body, statements) = statements_apart(&req.name, body)?;
+            let sequence = statements.as_ref().map(|(identifier, docs)| wire::RawSequence { identifier, documents: docs.iter().map(Vec::as_slice).collect() });
+            let set = router.shard(&shard).await?;
+            let (_, reply) = router.pool.run(&set, &req.db, body, sequence.as_ref(), timeout_of(req)).await?;
+            reply_result(reply)?
+        }
+    };
+    let recovery = s.recovery_shard().cloned().unwrap_or(shard);
+    reply.insert("recoveryToken", doc! {"recoveryShardId": recovery});
+    Ok(reply)
 }
 
 /// End the transaction on `shard` with the client's command (abort), answering its reply.

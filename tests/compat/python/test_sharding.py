@@ -169,6 +169,8 @@ def test_transactions_read_one_point_across_shards_and_write_on_both(cluster):
     assert acc.find_one({"_id": a})["b"] == 89 and acc.find_one({"_id": b})["b"] == 556
     # The coordinator's record is gone once every participant committed.
     assert c.config.transaction_coordinators.count_documents({}) == 0
+    commits = c.admin.command("serverStatus")["transactions"]["commitTypes"]
+    assert commits["twoPhaseCommit"]["successful"] >= 1 and commits["singleWriteShard"]["successful"] >= 1
 
     # Aborted after writing on both: nothing changes.
     with c.start_session() as s:
