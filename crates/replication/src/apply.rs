@@ -404,7 +404,12 @@ fn prepared_session(store: &Store, entry: &Document) -> Result<(Vec<u8>, i64)> {
 fn apply_decision(store: &Store, entry: &Document, o: &Document) -> Result<()> {
     let (lsid, txn_number) = prepared_session(store, entry)?;
     if store.prepared_transaction(&lsid).is_none_or(|(n, _)| n != txn_number) {
-        return Ok(());
+        // Kept nowhere: decided already, unless its record says prepared (then it is
+        // prepared again from its entry first).
+        match prepared_record(store, &lsid)? {
+            Some(record) if record.get_i64("txnNum").ok() == Some(txn_number) => recover_one(store, &record)?,
+            _ => return Ok(()),
+        }
     }
     match o.get("commitTransaction") {
         Some(_) => {
@@ -423,8 +428,9 @@ const RECOVER_SCAN_PAGE_DOCS: usize = 10_000;
 /// from its prepare entry (and the chain before it). Returns how many.
 pub fn recover_prepared(store: &Store) -> Result<usize> {
     let Some(records) = store.collection(storage::SESSION_RECORDS_DB, storage::SESSION_RECORDS_COLLECTION) else { return Ok(0) };
-    let Some(oplog) = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION) else { return Ok(0) };
-    let store = &store.replicated();
+    if store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).is_none() {
+        return Ok(0);
+    }
     let mut found = 0;
     let mut prepared = Vec::new();
     let snap = records.snapshot();
@@ -436,18 +442,46 @@ pub fn recover_prepared(store: &Store) -> Result<usize> {
         prepared.extend(page.into_iter().map(|(_, d)| d).filter(|d| d.get_str("state").ok() == Some("prepared")));
     }
     for record in prepared {
-        let at = record
-            .get_document("lastWriteOpTime")
-            .ok()
-            .and_then(OpTime::from_doc)
-            .ok_or_else(|| Error::internal("a prepared record without lastWriteOpTime"))?;
-        let entry =
-            oplog.snapshot().get(at.ts)?.ok_or_else(|| Error::internal(format!("the prepare entry {at:?} of a prepared transaction is not in the oplog")))?;
-        let o = entry.get_document("o").map_err(|_| Error::internal("a prepare entry without o"))?;
-        apply_transaction(store, &entry, o)?;
+        recover_one(store, &record)?;
         found += 1;
     }
     Ok(found)
+}
+
+/// The session's `config.transactions` record if it says `state: "prepared"`.
+fn prepared_record(store: &Store, lsid: &[u8]) -> Result<Option<Document>> {
+    let Some(records) = store.collection(storage::SESSION_RECORDS_DB, storage::SESSION_RECORDS_COLLECTION) else { return Ok(None) };
+    let id = Bson::Document(bson::doc! {"id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: lsid.to_vec() }});
+    Ok(records.snapshot().find_by_id(&id)?.map(|(_, r)| r).filter(|r| r.get_str("state").ok() == Some("prepared")))
+}
+
+/// Keep prepared the transaction a `state: "prepared"` record names, from its prepare entry.
+fn recover_one(store: &Store, record: &Document) -> Result<()> {
+    let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).ok_or_else(|| Error::internal("no oplog"))?;
+    let at = record.get_document("lastWriteOpTime").ok().and_then(OpTime::from_doc).ok_or_else(|| Error::internal("a prepared record without lastWriteOpTime"))?;
+    let entry = oplog.snapshot().get(at.ts)?.ok_or_else(|| Error::internal(format!("the prepare entry {at:?} of a prepared transaction is not in the oplog")))?;
+    let o = entry.get_document("o").map_err(|_| Error::internal("a prepare entry without o"))?;
+    apply_transaction(&store.replicated(), &entry, o)
+}
+
+/// The operations of the prepared transaction a decision's `entry` (`commitTransaction`)
+/// decides: its prepare entry's, read from the oplog through `prevOpTime` (and the chain
+/// before it).
+pub fn prepared_operations(store: &Store, entry: &Document) -> Result<Vec<Document>> {
+    let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).ok_or_else(|| Error::internal("no oplog"))?;
+    let snap = oplog.snapshot();
+    let mut ops = Vec::new();
+    let mut prev = entry.get_document("prevOpTime").ok().and_then(OpTime::from_doc);
+    while let Some(p) = prev.filter(|p| p.ts != 0) {
+        let Some(earlier) = snap.get(p.ts)? else {
+            return Err(Error::new(Code::OplogStartMissing, format!("the prepare entry {p:?} of a commit to roll back is not in the oplog: this member needs a resync")));
+        };
+        let Ok(eo) = earlier.get_document("o") else { break };
+        let Ok(inner) = eo.get_array("applyOps") else { break };
+        ops.extend(inner.iter().filter_map(|op| op.as_document()).cloned());
+        prev = earlier.get_document("prevOpTime").ok().and_then(OpTime::from_doc);
+    }
+    Ok(ops)
 }
 
 /// `db.coll` split; the collection, created when missing and `create` is given (with the

@@ -428,6 +428,11 @@ async fn roll_back(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str, our_
     let r = roll_back_inner(shared, conn, host, our_last, source_oldest).await;
     if let Err(e) = &r {
         tracing::error!("rollback failed: {}", e.message);
+        // The prepared transactions are the ones the records name, whatever it changed.
+        shared.store().forget_prepared();
+        if let Err(e) = crate::apply::recover_prepared(shared.store()) {
+            tracing::error!("finding the prepared transactions after a failed rollback failed: {}", e.message);
+        }
         // The next fetch attempt tries again. One that failed after it changed something
         // (minValid, written first, is ahead of the oplog) stays out of the set's reads until
         // minValid; one that failed before left the data as it was. (RECOVERING without a
@@ -495,9 +500,19 @@ async fn roll_back_inner(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str
                 ids.push(id);
             }
         }
-        // A transaction's entry is undone as its operations are.
-        let ops: Vec<&Document> = match e.get_document("o").ok().and_then(|o| o.get_array("applyOps").ok()) {
+        // A transaction's entry is undone as its operations are; a prepared transaction's
+        // commit as the operations of its prepare entry (a prepare or an abort applied none,
+        // and the transactions prepared here are found again from the records once this
+        // member has recovered).
+        let o = e.get_document("o").ok();
+        let prepared_ops;
+        let ops: Vec<&Document> = match o.and_then(|o| o.get_array("applyOps").ok()) {
             Some(inner) if e.get_str("op").ok() == Some("c") => inner.iter().filter_map(|op| op.as_document()).collect(),
+            _ if o.is_some_and(|o| o.contains_key("commitTransaction")) => {
+                prepared_ops = crate::apply::prepared_operations(&store, e)?;
+                prepared_ops.iter().collect()
+            }
+            _ if o.is_some_and(|o| o.contains_key("abortTransaction")) => Vec::new(),
             _ => vec![e],
         };
         for e in ops {
@@ -560,8 +575,12 @@ async fn roll_back_inner(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str
         // Counted before anything changes: a member copying from this one starts over.
         // (This member's own write, logged.)
         super::ReplCoord::bump_rollback_id(&store)?;
-        // What follows copies the source's documents: not logged.
+        // What follows copies the source's documents: not logged. The prepared transactions
+        // kept here let go of their documents first; this member finds the ones that are
+        // prepared once it has recovered (from the records, copied from the source with the
+        // sessions undone).
         let store = store.replicated();
+        store.forget_prepared();
         // From the first replaced document on, the data is inconsistent until minValid.
         super::ReplCoord::persist_min_valid(&store, min_valid_early)?;
         for (ns, id, theirs) in fetched {

@@ -1022,16 +1022,16 @@ async fn split_write(router: &Router, req: &Request, kind: WriteKind, mut sc: Ar
 }
 
 /// Times an operation is sent again after StaleConfig (mongos's 10 attempts).
-const STALE_RETRIES_MAX: u32 = 10;
+pub(super) const STALE_RETRIES_MAX: u32 = 10;
 
 /// An answer that the router's routing table, or the shard's identity, is out of date.
-fn is_stale(e: &Error) -> bool {
+pub(super) fn is_stale(e: &Error) -> bool {
     e.code == Code::StaleConfig.0 || e.code == Code::ShardingStateNotInitialized.0 || e.code == Code::StaleDbVersion.0
 }
 
 /// The wait before the `n`th retry after StaleConfig: none first, then growing, as a
 /// migration's critical section may hold the shard's answer for a while.
-fn stale_backoff(n: u32) -> Duration {
+pub(super) fn stale_backoff(n: u32) -> Duration {
     Duration::from_millis(if n <= 1 { 0 } else { (10u64 << n.min(7)).min(1000) })
 }
 

@@ -17,7 +17,7 @@
 //! reaches the transaction: through the coordinator's record if it has one, else through
 //! that shard.
 
-use super::commands::{collection_of, forwarded, single_shard_cursor, statements_apart, timeout_of};
+use super::commands::{collection_of, forwarded, is_stale, single_shard_cursor, stale_backoff, statements_apart, timeout_of, STALE_RETRIES_MAX};
 use super::Router;
 use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
@@ -208,11 +208,18 @@ async fn end(router: &Router, req: &Request, s: &mut Session, lsid: &[u8], txn_n
     // another router).
     let token = req.body.get_document("recoveryToken").ok().and_then(|t| t.get_str("recoveryShardId").ok()).map(str::to_string);
     let known = if txn_number == s.txn_number { s.recovery_shard().cloned() } else { None };
-    // Read-only participants end first (an abort ends them all); their outcome does
-    // not decide the transaction's.
+    // Read-only participants end first (an abort ends them all). A read-only participant's
+    // commit waits for its write concern, which makes what the transaction read there
+    // majority-committed (a primary cut off from its set may have shown writes it will roll
+    // back): the transaction commits only once each of them did.
     if known.is_some() {
         let others: Vec<String> = s.participants.iter().filter(|p| Some(*p) != known.as_ref() && !s.write_shards.contains(p)).cloned().collect();
-        end_participants(router, req, &others).await;
+        let ended = end_participants(router, req, &others).await;
+        if req.name == "commitTransaction" {
+            if let Some(failed) = ended? {
+                return Ok(failed);
+            }
+        }
         if s.write_shards.len() > 1 {
             return match req.name.as_str() {
                 "commitTransaction" => {
@@ -229,7 +236,7 @@ async fn end(router: &Router, req: &Request, s: &mut Session, lsid: &[u8], txn_n
                 }
                 _ => {
                     let rest: Vec<String> = s.write_shards[1..].to_vec();
-                    end_participants(router, req, &rest).await;
+                    let _ = end_participants(router, req, &rest).await;
                     end_one(router, req, known.as_deref().unwrap_or_default()).await
                 }
             };
@@ -269,48 +276,76 @@ async fn statement(router: &Router, req: &Request, s: &mut Session) -> Result<Do
     if txn_number != s.txn_number {
         return Err(Error::new(Code::NoSuchTransaction, format!("Transaction {txn_number} has been aborted or was never started.")));
     }
-    let (shard, sc) = target(router, req).await?;
-    if writes(&req.name) && !s.write_shards.contains(&shard) {
-        s.write_shards.push(shard.clone());
-    }
-    let mut body = forwarded(req);
-    if !s.participants.contains(&shard) {
-        // This shard's first statement starts the transaction there, at the
-        // transaction's point.
-        body.insert("startTransaction", true);
-        match &s.read_concern {
-            Some(rc) => {
-                if let Ok(t) = rc.get_timestamp("atClusterTime") {
-                    super::commands::gossip_cluster_time(&mut body, t);
+    let mut attempt = 0;
+    let (shard, reply) = loop {
+        attempt += 1;
+        let (shard, sc) = target(router, req).await?;
+        let first_here = !s.participants.contains(&shard);
+        let new_write_shard = writes(&req.name) && !s.write_shards.contains(&shard);
+        // Recorded before it is sent: a write whose reply is lost may have happened there.
+        if new_write_shard {
+            s.write_shards.push(shard.clone());
+        }
+        let mut body = forwarded(req);
+        if first_here {
+            // This shard's first statement starts the transaction there, at the
+            // transaction's point.
+            body.insert("startTransaction", true);
+            match &s.read_concern {
+                Some(rc) => {
+                    if let Ok(t) = rc.get_timestamp("atClusterTime") {
+                        super::commands::gossip_cluster_time(&mut body, t);
+                    }
+                    body.insert("readConcern", rc.clone());
                 }
-                body.insert("readConcern", rc.clone());
+                None => {
+                    body.remove("readConcern");
+                }
             }
-            None => {
-                body.remove("readConcern");
+            s.participants.push(shard.clone());
+        } else {
+            body.remove("startTransaction");
+            body.remove("readConcern");
+        }
+        let body = match &sc {
+            Some(sc) => {
+                body.insert("shardVersion", sc.version_doc(&shard));
+                body
             }
+            None => router.with_db_version(&req.db, body),
+        };
+        let sent = match req.name.as_str() {
+            "find" | "aggregate" => single_shard_cursor(router, req, &shard, body).await,
+            _ => async {
+                let (body, statements) = statements_apart(&req.name, body)?;
+                let sequence =
+                    statements.as_ref().map(|(identifier, docs)| wire::RawSequence { identifier, documents: docs.iter().map(Vec::as_slice).collect() });
+                let set = router.shard(&shard).await?;
+                let (_, reply) = router.pool.run(&set, &req.db, body, sequence.as_ref(), timeout_of(req)).await?;
+                reply_result(reply)
+            }
+            .await,
+        };
+        match sent {
+            Ok(reply) => break (shard, reply),
+            Err(e) if is_stale(&e) => {
+                // Answered before the statement ran: the routing table or the shard's identity
+                // is out of date. A shard this statement began the transaction on did nothing
+                // in it yet, so the statement may go again (to whichever shard now owns it).
+                router.after_stale(&format!("{}.{}", req.db, collection_of(req)?), &e);
+                if !first_here || attempt >= STALE_RETRIES_MAX {
+                    return Err(e);
+                }
+                s.participants.retain(|p| *p != shard);
+                if new_write_shard {
+                    s.write_shards.retain(|p| *p != shard);
+                }
+                tokio::time::sleep(stale_backoff(attempt)).await;
+            }
+            Err(e) => return Err(e),
         }
-        s.participants.push(shard.clone());
-    } else {
-        body.remove("startTransaction");
-        body.remove("readConcern");
-    }
-    let body = match &sc {
-        Some(sc) => {
-            body.insert("shardVersion", sc.version_doc(&shard));
-            body
-        }
-        None => router.with_db_version(&req.db, body),
     };
-    let mut reply = match req.name.as_str() {
-        "find" | "aggregate" => single_shard_cursor(router, req, &shard, body).await?,
-        _ => {
-            let (body, statements) = statements_apart(&req.name, body)?;
-            let sequence = statements.as_ref().map(|(identifier, docs)| wire::RawSequence { identifier, documents: docs.iter().map(Vec::as_slice).collect() });
-            let set = router.shard(&shard).await?;
-            let (_, reply) = router.pool.run(&set, &req.db, body, sequence.as_ref(), timeout_of(req)).await?;
-            reply_result(reply)?
-        }
-    };
+    let mut reply = reply;
     let recovery = s.recovery_shard().cloned().unwrap_or(shard);
     reply.insert("recoveryToken", doc! {"recoveryShardId": recovery});
     Ok(reply)
@@ -326,16 +361,23 @@ async fn end_one(router: &Router, req: &Request, shard: &str) -> Result<Document
 }
 
 /// End the transaction on `shards` with the client's command (commit or abort): read-only
-/// participants, whose end decides nothing. Their errors are not the client's.
-async fn end_participants(router: &Router, req: &Request, shards: &[String]) {
+/// participants. The first error, or else the first reply with a write concern error.
+async fn end_participants(router: &Router, req: &Request, shards: &[String]) -> Result<Option<Document>> {
     let ends = shards.iter().map(|shard| async move {
         let mut body = forwarded(req);
         body.remove("recoveryToken");
-        if let Ok(set) = router.shard(shard).await {
-            let _ = router.pool.run(&set, "admin", body, None, timeout_of(req)).await;
-        }
+        let set = router.shard(shard).await?;
+        reply_result(router.pool.run(&set, "admin", body, None, timeout_of(req)).await?.1)
     });
-    futures_util::future::join_all(ends).await;
+    let mut failed = None;
+    for r in futures_util::future::join_all(ends).await {
+        match r {
+            Err(e) => return Err(e),
+            Ok(reply) if reply.contains_key("writeConcernError") => failed = failed.or(Some(reply)),
+            Ok(_) => {}
+        }
+    }
+    Ok(failed)
 }
 
 /// The one shard a statement's documents live on (with the routing table of a sharded
