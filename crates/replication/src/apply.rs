@@ -458,8 +458,10 @@ fn prepared_record(store: &Store, lsid: &[u8]) -> Result<Option<Document>> {
 /// Keep prepared the transaction a `state: "prepared"` record names, from its prepare entry.
 fn recover_one(store: &Store, record: &Document) -> Result<()> {
     let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).ok_or_else(|| Error::internal("no oplog"))?;
-    let at = record.get_document("lastWriteOpTime").ok().and_then(OpTime::from_doc).ok_or_else(|| Error::internal("a prepared record without lastWriteOpTime"))?;
-    let entry = oplog.snapshot().get(at.ts)?.ok_or_else(|| Error::internal(format!("the prepare entry {at:?} of a prepared transaction is not in the oplog")))?;
+    let at =
+        record.get_document("lastWriteOpTime").ok().and_then(OpTime::from_doc).ok_or_else(|| Error::internal("a prepared record without lastWriteOpTime"))?;
+    let entry =
+        oplog.snapshot().get(at.ts)?.ok_or_else(|| Error::internal(format!("the prepare entry {at:?} of a prepared transaction is not in the oplog")))?;
     let o = entry.get_document("o").map_err(|_| Error::internal("a prepare entry without o"))?;
     apply_transaction(&store.replicated(), &entry, o)
 }
@@ -474,7 +476,10 @@ pub fn prepared_operations(store: &Store, entry: &Document) -> Result<Vec<Docume
     let mut prev = entry.get_document("prevOpTime").ok().and_then(OpTime::from_doc);
     while let Some(p) = prev.filter(|p| p.ts != 0) {
         let Some(earlier) = snap.get(p.ts)? else {
-            return Err(Error::new(Code::OplogStartMissing, format!("the prepare entry {p:?} of a commit to roll back is not in the oplog: this member needs a resync")));
+            return Err(Error::new(
+                Code::OplogStartMissing,
+                format!("the prepare entry {p:?} of a commit to roll back is not in the oplog: this member needs a resync"),
+            ));
         };
         let Ok(eo) = earlier.get_document("o") else { break };
         let Ok(inner) = eo.get_array("applyOps") else { break };

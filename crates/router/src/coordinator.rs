@@ -171,6 +171,12 @@ async fn deliver(router: &Router, id: &Document, shard: &str, decided: &Decision
         let sent = async {
             let set = router.shard(shard).await?;
             let (_, reply) = router.pool.run(&set, "admin", body.clone(), None, COMMAND_TIMEOUT).await?;
+            // An answer counts once its write concern was met, an error's too (an abort that
+            // found no transaction waited for the shard's newest entry: see the shard's
+            // dispatch).
+            if reply.contains_key("writeConcernError") {
+                return Ok(reply);
+            }
             reply_result(reply)
         };
         match sent.await {

@@ -316,15 +316,17 @@ async fn statement(router: &Router, req: &Request, s: &mut Session) -> Result<Do
         };
         let sent = match req.name.as_str() {
             "find" | "aggregate" => single_shard_cursor(router, req, &shard, body).await,
-            _ => async {
-                let (body, statements) = statements_apart(&req.name, body)?;
-                let sequence =
-                    statements.as_ref().map(|(identifier, docs)| wire::RawSequence { identifier, documents: docs.iter().map(Vec::as_slice).collect() });
-                let set = router.shard(&shard).await?;
-                let (_, reply) = router.pool.run(&set, &req.db, body, sequence.as_ref(), timeout_of(req)).await?;
-                reply_result(reply)
+            _ => {
+                async {
+                    let (body, statements) = statements_apart(&req.name, body)?;
+                    let sequence =
+                        statements.as_ref().map(|(identifier, docs)| wire::RawSequence { identifier, documents: docs.iter().map(Vec::as_slice).collect() });
+                    let set = router.shard(&shard).await?;
+                    let (_, reply) = router.pool.run(&set, &req.db, body, sequence.as_ref(), timeout_of(req)).await?;
+                    reply_result(reply)
+                }
+                .await
             }
-            .await,
         };
         match sent {
             Ok(reply) => break (shard, reply),

@@ -502,8 +502,24 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request, resumed:
             outcome.reply = reply;
             outcome
         }
-        // A failed command waits for nothing, and its reply has no batch.
-        Err(e) => Outcome { close_connection: outcome.close_connection, ..Outcome::reply(with_topology_version(shared, e).to_reply()) },
+        // A failed command waits for nothing, and its reply has no batch; but the end of a
+        // transaction that found none waits for its write concern on this member's newest
+        // entry, as mongod's does: a coordinator that takes the answer as final (an abort
+        // delivered) knows this primary's term is then majority-committed, so no member that
+        // may hold a prepare of it unreplicated can be elected later.
+        Err(e) => {
+            let no_such_transaction = e.code == Code::NoSuchTransaction.0 && crate::txn::is_end(&req.name);
+            let mut out = Outcome { close_connection: outcome.close_connection, ..Outcome::reply(with_topology_version(shared, e).to_reply()) };
+            if no_such_transaction {
+                if let Ok(wc) = WriteConcern::parse(&req.body, shared.repl.is_some()) {
+                    out.replication_wait = replication_wait(shared, &req, wc.as_ref(), false).map(|mut w| {
+                        w.at = shared.store.oplog_last().unwrap_or_default();
+                        w
+                    });
+                }
+            }
+            out
+        }
     }
 }
 
@@ -584,7 +600,10 @@ fn prepare_and_run(
         (true, Some(lsid)) => Some(shared.txns.session(lsid)?),
         _ => None,
     };
-    let mut txn_guard = txn_session.as_ref().map(|s| s.lock());
+    // A statement may run on the worker (`txn::runs_inline`): one that must wait for the
+    // session's statement in progress (which may itself wait, for a prepared transaction's
+    // decision) waits off it, so the worker goes on serving others.
+    let mut txn_guard = txn_session.as_ref().map(|s| s.try_lock().unwrap_or_else(|| tokio::task::block_in_place(|| s.lock())));
     let txn_store = match (txn_guard.as_deref_mut(), &lsid, txn_number) {
         (Some(s), Some(lsid), Some(n)) => Some(shared.txns.begin_or_continue(shared, s, req, lsid, n)?),
         _ => None,
