@@ -150,6 +150,26 @@ impl TransactionTable {
         }
     }
 
+    /// Abort the transactions in progress that wrote `db.name` (a migration's critical
+    /// section: a commit after it would write where this shard no longer owns the documents).
+    /// Their commits then fail with NoSuchTransaction, a transient error: the client runs
+    /// them again, through the routing table after the migration. Returns how many.
+    pub fn abort_writers_of(&self, db: &str, name: &str) -> usize {
+        let sessions: Vec<_> = self.sessions.lock().values().cloned().collect();
+        let mut aborted = 0;
+        for s in sessions {
+            // A session busy with a statement finishes it first: no write to this collection
+            // is admitted now, so it commits (its writes then reach the transfer) or does
+            // something else.
+            let mut s = s.lock();
+            if matches!(&s.state, State::InProgress(open) if open.txn.wrote(db, name)) {
+                self.abort_open(&mut s);
+                aborted += 1;
+            }
+        }
+        aborted
+    }
+
     /// killAllSessions: abort every transaction in progress.
     pub fn kill_all(&self) {
         let sessions: Vec<_> = self.sessions.lock().values().cloned().collect();

@@ -621,14 +621,16 @@ struct ShardedFaults {
     partitions: u32,
     router_kills: u32,
     router_pauses: u32,
+    /// Two-phase commits the routers ran (`serverStatus`), counted before each is killed.
+    two_phase_commits: i64,
 }
 
 impl std::fmt::Display for ShardedFaults {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ShardedFaults { member_kills, member_pauses, partitions, router_kills, router_pauses } = self;
+        let ShardedFaults { member_kills, member_pauses, partitions, router_kills, router_pauses, two_phase_commits } = self;
         write!(
             f,
-            "{member_kills} shard primaries killed, {member_pauses} shard members paused, {partitions} shard primaries isolated, {router_kills} routers killed, {router_pauses} routers paused"
+            "{member_kills} shard primaries killed, {member_pauses} shard members paused, {partitions} shard primaries isolated, {router_kills} routers killed, {router_pauses} routers paused; {two_phase_commits} two-phase commits"
         )
     }
 }
@@ -678,6 +680,7 @@ async fn sharded_nemesis(c: &mut Sharded, seed: u64, until: Instant) -> ShardedF
                 // retries through the other router follows the coordinator's record, and
                 // any router's recovery finishes what it left.
                 let r = rng.below(ROUTERS as u64) as usize;
+                faults.two_phase_commits += two_phase_commits(&c.routers[r]).await;
                 c.routers[r].kill9();
                 faults.router_kills += 1;
                 tokio::time::sleep(FAULT_DURATION).await;
@@ -693,6 +696,12 @@ async fn sharded_nemesis(c: &mut Sharded, seed: u64, until: Instant) -> ShardedF
         }
     }
     faults
+}
+
+/// The two-phase commits a router ran since it started (0 if it does not answer).
+async fn two_phase_commits(router: &Server) -> i64 {
+    let status = router.client_with("serverSelectionTimeoutMS=2000").await.database("admin").run_command(doc! {"serverStatus": 1}).await;
+    status.ok().and_then(|s| path(&s, "transactions.commitTypes.twoPhaseCommit.successful").and_then(Bson::as_i64)).unwrap_or(0)
 }
 
 /// Transactions across shards under faults, checked as Elle checks list-append histories:
@@ -734,13 +743,11 @@ async fn transactions_across_shards_keep_snapshot_isolation_through_member_and_r
     let reads = final_reads(&client).await;
     let mut history = std::mem::take(&mut *history.lock().expect("history lock"));
     history.push(elle::Txn { ops: reads, outcome: elle::Outcome::Committed });
-    // Two-phase commits the routers ran (since their last restart).
-    let mut two_phase = 0;
+    let mut faults = faults;
     for r in &cluster.routers {
-        let status = r.client().await.database("admin").run_command(doc! {"serverStatus": 1}).await.expect("serverStatus");
-        two_phase += path(&status, "transactions.commitTypes.twoPhaseCommit.successful").and_then(Bson::as_i64).unwrap_or(0);
+        faults.two_phase_commits += two_phase_commits(r).await;
     }
-    report_list_append(&history, &format!("{faults}; {two_phase} two-phase commits by the routers up at the end"));
-    assert!(two_phase > 0, "no transaction committed on both shards");
+    report_list_append(&history, &faults.to_string());
+    assert!(faults.two_phase_commits > 0, "no transaction committed on both shards");
     drop(cluster.config);
 }

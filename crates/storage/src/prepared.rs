@@ -129,6 +129,24 @@ impl Store {
         p.open.get(lsid).map(|e| (e.txn_number, e.at.unwrap_or_default()))
     }
 
+    /// Wait until no prepared transaction that wrote `db.name` awaits its decision (a
+    /// migration's critical section: their commits must reach the oplog it transfers).
+    /// LockTimeout after `PREPARE_CONFLICT_WAIT_MAX`.
+    pub fn wait_for_prepared_on(&self, db: &str, name: &str) -> Result<()> {
+        let Some(coll) = self.collection(db, name) else { return Ok(()) };
+        let deadline = Instant::now() + PREPARE_CONFLICT_WAIT_MAX;
+        while coll.state.prepared_txns.load(Ordering::SeqCst) > 0 {
+            if Instant::now() >= deadline {
+                return Err(Error::new(
+                    Code::LockTimeout,
+                    format!("a prepared transaction on {db}.{name} was not decided within {} s", PREPARE_CONFLICT_WAIT_MAX.as_secs()),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
     /// How many prepared transactions await their decision.
     pub fn prepared_count(&self) -> usize {
         self.inner.shared.prepared.lock().open.len()

@@ -275,6 +275,11 @@ impl Transaction {
         Ok(true)
     }
 
+    /// Whether the transaction wrote collection `db.name`.
+    pub fn wrote(&self, db: &str, name: &str) -> bool {
+        self.state.lock().colls.values().any(|t| *t.coll.ns.read() == (db.to_string(), name.to_string()))
+    }
+
     /// Whether the transaction has written nothing (so far).
     pub fn is_read_only(&self) -> bool {
         self.state.lock().colls.is_empty()

@@ -260,3 +260,28 @@ def test_concurrent_transfers_across_shards_keep_the_total_at_every_point(cluste
     assert sum(d["b"] for d in acc.find({})) == total
     assert c.config.transaction_coordinators.count_documents({}) == 0
     c.close()
+
+
+def test_a_transaction_open_across_a_migration_of_what_it_wrote_is_aborted(cluster):
+    """A transaction wrote a document whose chunk then moves to the other shard: its commit
+    would write where the donor no longer owns the document, so the migration's critical
+    section aborts it (NoSuchTransaction, a transient error); run again, it writes on the new
+    owner. Nothing is lost either way."""
+    c = pymongo.MongoClient(cluster["uri"])
+    c.admin.command("shardCollection", "mig.c", key={"k": 1})
+    coll = c.mig.c
+    coll.insert_many([{"_id": i, "k": i, "v": 0} for i in range(10)])
+    primary = c.config.databases.find_one({"_id": "mig"})["primary"]
+    other = "shard1" if primary == "shard0" else "shard0"
+    with c.start_session() as s:
+        s.start_transaction()
+        coll.update_one({"k": 5}, {"$set": {"v": 1}}, session=s)
+        c.admin.command("moveChunk", "mig.c", find={"k": 5}, to=other)
+        with pytest.raises(OperationFailure) as e:
+            s.commit_transaction()
+        assert e.value.code == 251 and e.value.has_error_label("TransientTransactionError"), e.value.details
+    assert coll.find_one({"k": 5})["v"] == 0
+    with c.start_session() as s:
+        s.with_transaction(lambda s: coll.update_one({"k": 5}, {"$set": {"v": 1}}, session=s))
+    assert coll.find_one({"k": 5})["v"] == 1 and coll.count_documents({}) == 10
+    c.close()

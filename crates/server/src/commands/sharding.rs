@@ -443,6 +443,14 @@ pub fn enter_critical_section(ctx: &mut Ctx) -> Result<Document> {
     let ns = format!("{db}.{coll}");
     let src = source(ctx, &ns)?;
     ctx.shared.sharding.enter_critical_section(&ns, src.id)?;
+    // Transactions that wrote here commit after no statement of theirs: those in progress
+    // are aborted, and prepared ones decided, before the last transfer reads the oplog.
+    let aborted = ctx.shared.txns.abort_writers_of(&db, &coll);
+    if aborted > 0 {
+        tracing::info!(aborted, "aborted transactions that wrote {ns} for its migration's critical section");
+    }
+    // (On failure the router aborts the migration, which ends the critical section.)
+    ctx.shared.store.wait_for_prepared_on(&db, &coll)?;
     Ok(Document::new())
 }
 
