@@ -90,8 +90,15 @@ pub async fn commit(router: &Router, lsid: &[u8], txn_number: i64, participants:
     let record = doc! {"_id": id.clone(), "participants": participants, "started": bson::DateTime::now()};
     match router.config_write(doc! {"insert": COORDINATORS, "documents": [record]}).await {
         Ok(_) => {}
-        // A commit of this transaction is already running (a client's retry): follow it.
-        Err(e) if e.code == Code::DuplicateKey.0 => return recover_for_client(router, lsid, txn_number).await?.unwrap_or_else(|| Ok(Document::new())),
+        // This transaction's commit ran before (a client's retry after an answer it did not
+        // get): follow its record, or, once that is gone, ask the first participant how it
+        // ended.
+        Err(e) if e.code == Code::DuplicateKey.0 => {
+            return match recover_for_client(router, lsid, txn_number).await? {
+                Some(answer) => answer,
+                None => decision_on(router, &id, &participants[0]).await,
+            };
+        }
         Err(e) => return Err(e),
     }
     let votes = futures_util::future::join_all(participants.iter().map(|shard| prepare(router, &id, shard))).await;
@@ -123,6 +130,14 @@ fn answer(decided: &Decision, refusal: Option<Error>) -> Result<Document> {
             Err(Error::new(Code::NoSuchTransaction, format!("Transaction was aborted{why}")))
         }
     }
+}
+
+/// How the transaction ended on `shard`, once its record is gone: committed, or an error
+/// (the shard aborts it if it is still undecided there, as mongos's commit recovery).
+async fn decision_on(router: &Router, id: &Document, shard: &str) -> Result<Document> {
+    let set = router.shard(shard).await?;
+    let body = txn_command("coordinateCommitTransaction", id, doc! {"participants": []});
+    reply_result(router.pool.run(&set, "admin", body, None, COMMAND_TIMEOUT).await?.1).map(|_| Document::new())
 }
 
 /// Step 2 on one participant: its prepare timestamp.

@@ -348,6 +348,16 @@ impl TransactionTable {
     /// prepare aborts the transaction.
     pub fn prepare(&self, shared: &Shared, s: &mut Session) -> Result<OpTime> {
         match std::mem::replace(&mut s.state, State::Aborted) {
+            State::InProgress(open) if open.txn.is_read_only() => {
+                // Nothing to prepare: a read-only participant commits now (what it read is
+                // made majority-committed by the prepare's write concern), and a later
+                // commit finds it committed.
+                self.open.fetch_sub(1, Ordering::SeqCst);
+                open.txn.commit()?;
+                s.state = State::Committed;
+                self.committed.fetch_add(1, Ordering::Relaxed);
+                Ok(shared.store.oplog_last().unwrap_or_default())
+            }
             State::InProgress(open) => {
                 self.open.fetch_sub(1, Ordering::SeqCst);
                 match shared.store.prepare_transaction(&open.txn, &s.lsid, s.txn_number) {

@@ -494,10 +494,11 @@ impl Transaction {
             }
             (None, None) => Ok((None, 0)),
         };
+        // A decision that failed to apply leaves the transaction prepared, to be decided again.
+        let (at, position) = result?;
         let writes = s.writes.clone();
         s.open = false;
         self.release(&mut s);
-        let (at, position) = result?;
         Ok((at, commit_ts.map(|_| (position, writes))))
     }
 

@@ -23,6 +23,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_block(n: int) -> int:
+    """The first of `n` consecutive free loopback ports (a cluster's: router, config servers,
+    shards), below the kernel's ephemeral range (32768 and up), where a client connection's
+    own end may otherwise take one of them between this check and the cluster's start."""
+    import random
+
+    for _ in range(200):
+        first = random.randrange(22000, 32700 - n)
+        socks = []
+        try:
+            for p in range(first, first + n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports below 32700")
+
+
 class ShoalServer:
     """The real binary on a free loopback port with its own temp dbpath."""
 

@@ -8,17 +8,14 @@ from pathlib import Path
 
 import pymongo
 import pytest
-from conftest import free_port
+from conftest import free_port_block
 from pymongo import DeleteOne, InsertOne, UpdateOne
 from pymongo.errors import BulkWriteError, OperationFailure
 
 
 @pytest.fixture(scope="module")
 def cluster(shoal_bin):
-    for _ in range(20):
-        port = free_port()
-        if port < 60000:
-            break
+    port = free_port_block(4)
     root = Path(tempfile.mkdtemp(prefix="shoal-pytest-sharded-"))
     up = subprocess.run([shoal_bin, "cluster", "up", "--shards", "2", "--port", str(port), "--dir", str(root)], capture_output=True, text=True, timeout=180)
     assert up.returncode == 0, up.stderr

@@ -11,20 +11,12 @@ from pathlib import Path
 
 import pymongo
 import pytest
-from conftest import REPO, free_port
+from conftest import REPO, free_port_block
 from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
 
 
-def cluster_port() -> int:
-    for _ in range(20):
-        port = free_port()
-        if port < 60000:
-            return port
-    raise RuntimeError("no free port below 60000")
-
-
 def up(shoal_bin, root: Path, *extra) -> tuple:
-    port = cluster_port()
+    port = free_port_block(4)
     r = subprocess.run([shoal_bin, "cluster", "up", "--shards", "2", "--auth", "--port", str(port), "--dir", str(root), *extra], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     return port, r.stdout.strip()
@@ -95,7 +87,7 @@ def test_router_authenticates_authorizes_and_shares_users_with_the_next_router(s
 
         # A second router on the same config servers, with the same keyFile and an audit
         # log: the users created through the first log in here.
-        port2 = cluster_port()
+        port2 = free_port_block(1)
         log = open(root / "router2.log", "wb")
         audit = root / "router2-audit.json"
         second = subprocess.Popen(

@@ -25,6 +25,24 @@ function freePort() {
   });
 }
 
+// The first of `n` consecutive free loopback ports, below the kernel's ephemeral range
+// (32768 and up), where a client connection's own end may otherwise take one of them between
+// this check and the cluster's start.
+async function freePortBlock(n) {
+  const canListen = (port) => new Promise((resolve) => {
+    const srv = net.createServer();
+    srv.once('error', () => resolve(false));
+    srv.listen(port, '127.0.0.1', () => srv.close(() => resolve(true)));
+  });
+  for (let attempt = 0; attempt < 200; attempt++) {
+    const first = 22000 + Math.floor(Math.random() * (32700 - n - 22000));
+    let free = true;
+    for (let p = first; p < first + n && free; p++) free = await canListen(p);
+    if (free) return first;
+  }
+  throw new Error(`no ${n} consecutive free ports below 32700`);
+}
+
 function canConnect(port) {
   return new Promise((resolve) => {
     const s = net.connect({ port, host: '127.0.0.1' });
@@ -72,12 +90,7 @@ export async function startServer(extraArgs = []) {
 export async function startCluster(shards = 2, args = []) {
   const { execFileSync } = await import('node:child_process');
   const root = mkdtempSync(path.join(os.tmpdir(), 'shoal-cluster-'));
-  let port;
-  for (;;) {
-    port = await freePort();
-    const taken = await Promise.all(Array.from({ length: shards + 2 }, (_, i) => canConnect(port + i)));
-    if (port < 60000 && !taken.some(Boolean)) break;
-  }
+  const port = await freePortBlock(shards + 2);
   execFileSync(shoalBin(), ['cluster', 'up', '--shards', String(shards), '--port', String(port), '--dir', root, ...args], { stdio: ['ignore', 'ignore', 'inherit'] });
   return {
     port,
