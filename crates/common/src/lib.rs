@@ -172,6 +172,7 @@ codes! {
     StaleConfig = (13388, "StaleConfig"),
     ConflictingOperationInProgress = (117, "ConflictingOperationInProgress"),
     ShardingStateNotInitialized = (203, "ShardingStateNotInitialized"),
+    ClusterTimeFailsRateLimiter = (205, "ClusterTimeFailsRateLimiter"),
     StaleDbVersion = (249, "StaleDbVersion"),
     HostNotFound = (7, "HostNotFound"),
     LockTimeout = (24, "LockTimeout"),

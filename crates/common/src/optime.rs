@@ -78,3 +78,30 @@ pub fn ts_value(t: Timestamp) -> u64 {
 pub fn ts_of(ts: u64) -> Timestamp {
     Timestamp { time: (ts >> 32) as u32, increment: ts as u32 }
 }
+
+/// How far ahead of a process's wall clock a cluster time a client or peer gossips may be
+/// (mongod's `maxAcceptableLogicalClockDriftSecs` default, one year).
+pub const CLUSTER_TIME_DRIFT_SECS_MAX: u64 = 365 * 24 * 60 * 60;
+
+/// A gossiped `$clusterTime`'s time, refused (ClusterTimeFailsRateLimiter, as mongod) if
+/// it is more than `CLUSTER_TIME_DRIFT_SECS_MAX` ahead of this process's wall clock: a
+/// process's clock follows the times it is told, and one pushed years ahead would stamp
+/// every later write there. `None` when the command carries none.
+pub fn gossiped_cluster_time(cmd: &Document) -> crate::Result<Option<Timestamp>> {
+    let Ok(t) = cmd.get_document("$clusterTime").and_then(|c| c.get_timestamp("clusterTime")) else { return Ok(None) };
+    let wall_secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    if u64::from(t.time) > wall_secs + CLUSTER_TIME_DRIFT_SECS_MAX {
+        return Err(crate::Error::new(
+            crate::Code::ClusterTimeFailsRateLimiter,
+            format!("New cluster time, {}, is too far from this node's wall clock time, {wall_secs}.", t.time),
+        ));
+    }
+    Ok(Some(t))
+}
+
+/// A `$clusterTime` field's value for `t`, with the zero signature (shoal runs without keys,
+/// as mongod without auth accepts and sends it).
+pub fn cluster_time_doc(t: Timestamp) -> Document {
+    let signature = bson::doc! {"hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0i64};
+    bson::doc! {"clusterTime": t, "signature": signature}
+}

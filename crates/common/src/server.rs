@@ -75,3 +75,26 @@ pub fn get_log(cmd: &bson::Document) -> crate::Result<bson::Document> {
 /// Commands that exist only with `enableTestCommands` (as mongod's test commands register
 /// only then): listCommands leaves them out otherwise.
 pub const TEST_COMMANDS: &[&str] = &["configureFailPoint", "waitForFailPoint", "testVersion2", "testVersion1AndVersion2"];
+
+/// The commands a transaction may run (mongod's list).
+pub fn allowed_in_transaction(name: &str) -> bool {
+    matches!(
+        name,
+        "find"
+            | "getMore"
+            | "killCursors"
+            | "insert"
+            | "update"
+            | "delete"
+            | "findAndModify"
+            | "findandmodify"
+            | "aggregate"
+            | "distinct"
+            | "create"
+            | "createIndexes"
+            | "prepareTransaction"
+            | "commitTransaction"
+            | "abortTransaction"
+            | "coordinateCommitTransaction"
+    )
+}

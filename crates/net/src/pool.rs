@@ -121,10 +121,11 @@ impl Pool {
         &self,
         host: &str,
         db: &str,
-        body: Document,
+        mut body: Document,
         sequence: Option<&wire::RawSequence<'_>>,
         timeout: Duration,
     ) -> Result<RawDocumentBuf> {
+        self.gossip_out(&mut body);
         let mut conn = self.checkout(host).await?;
         let r = conn.command_reply_raw(db, body, sequence, timeout).await;
         self.checkin(conn);
@@ -137,6 +138,22 @@ impl Pool {
     fn note_cluster_time(&self, reply: &bson::RawDocument) {
         if let Ok(t) = reply.get_document("$clusterTime").and_then(|c| c.get_timestamp("clusterTime")) {
             self.cluster_time.fetch_max(common::optime::ts_value(t), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Learn a cluster time a client told (checked by `common::optime::gossiped_cluster_time`).
+    pub fn gossip_in(&self, t: bson::Timestamp) {
+        self.cluster_time.fetch_max(common::optime::ts_value(t), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `body` carrying this pool's cluster time, unless it carries a newer one: every
+    /// command tells the process it reaches the newest time this one knows, as mongos and
+    /// mongod gossip it, so a write there is stamped after every point read through here.
+    fn gossip_out(&self, body: &mut Document) {
+        let Some(t) = self.cluster_time() else { return };
+        let carried = body.get_document("$clusterTime").ok().and_then(|c| c.get_timestamp("clusterTime").ok());
+        if carried.is_none_or(|c| common::optime::ts_value(c) < common::optime::ts_value(t)) {
+            body.insert("$clusterTime", common::optime::cluster_time_doc(t));
         }
     }
 
@@ -212,10 +229,11 @@ impl Pool {
         &self,
         set: &ReplicaSet,
         db: &str,
-        body: Document,
+        mut body: Document,
         sequence: Option<&wire::RawSequence<'_>>,
         timeout: Duration,
     ) -> Result<(String, RawDocumentBuf)> {
+        self.gossip_out(&mut body);
         let mut attempts = 0;
         loop {
             attempts += 1;

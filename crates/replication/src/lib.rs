@@ -857,11 +857,15 @@ impl ReplCoord {
         store.oplog_last().unwrap_or_default().ts.max(self.gossiped_cluster_time.load(Ordering::Relaxed))
     }
 
-    /// A request's `$clusterTime` moves the clock forward (a causally consistent read on a
-    /// secondary may ask for a time the secondary has not applied yet, and waits for it).
-    /// Unsigned: shoal runs without keys, as mongod without auth accepts the zero signature.
-    pub fn gossip_cluster_time(&self, t: Timestamp) {
-        self.gossiped_cluster_time.fetch_max(common::optime::ts_value(t), Ordering::Relaxed);
+    /// A request's `$clusterTime` moves the clock forward, as mongod's logical clock: a
+    /// causally consistent read on a secondary may ask for a time the secondary has not
+    /// applied yet, and waits for it; a write after it is stamped after it, so a read at a
+    /// point its client saw before the write (a transaction's, on another shard) does not
+    /// see the write. (`common::optime::gossiped_cluster_time` checks the time first.)
+    pub fn gossip_cluster_time(&self, store: &Store, t: Timestamp) {
+        let ts = common::optime::ts_value(t);
+        self.gossiped_cluster_time.fetch_max(ts, Ordering::Relaxed);
+        store.advance_clock(ts);
     }
 
     /// `$clusterTime` and `operationTime` for a reply: the operation's time is the newest
@@ -870,8 +874,7 @@ impl ReplCoord {
     pub fn reply_times(&self, store: &Store) -> Option<(Document, Timestamp)> {
         let applied = store.oplog_applied()?;
         let cluster = self.cluster_time(store).max(applied.ts);
-        let signature = doc! {"hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0i64};
-        Some((doc! {"clusterTime": common::optime::ts_of(cluster), "signature": signature}, applied.timestamp()))
+        Some((common::optime::cluster_time_doc(common::optime::ts_of(cluster)), applied.timestamp()))
     }
 
     pub fn is_writable_primary(&self) -> bool {

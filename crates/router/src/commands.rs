@@ -61,6 +61,11 @@ pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> net::s
     if let Err(e) = router.sessions.touch_request(&req.body, &conn.auth) {
         return reply(e.to_reply());
     }
+    match common::optime::gossiped_cluster_time(&req.body) {
+        Ok(Some(t)) => router.pool.gossip_in(t),
+        Ok(None) => {}
+        Err(e) => return reply(e.to_reply()),
+    }
     let label_kind = common::labels::kind(&req.name, &req.body);
     let fired = match net::fail_point::FAIL_COMMAND.is_active() {
         true => {
@@ -79,6 +84,11 @@ pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> net::s
             if let Some(wce) = wce {
                 body.insert("writeConcernError", wce);
             }
+            // The newest time the router knows, which the client's next commands carry
+            // (causally consistent sessions chain on it).
+            if let Some(t) = router.pool.cluster_time() {
+                body.insert("$clusterTime", common::optime::cluster_time_doc(t));
+            }
             reply(body)
         },
     )
@@ -93,10 +103,8 @@ async fn run_row(router: &Router, conn: &mut RouterConn, row: &super::table::Row
     // router's entry is old). Read it again and route the command again.
     let mut attempt = 0;
     let routed = loop {
-        // A transaction's statement goes to its shard as it is: a stale routing answer fails
-        // it (TransientTransactionError), and the driver runs the transaction again.
         if super::txn::is_statement(req) {
-            break super::txn::run(router, req).await;
+            break super::txn::run(router, conn, row, req).await;
         }
         match (row.run)(router, conn, req).await {
             Err(e) if e.code == Code::StaleDbVersion.0 && attempt < STALE_RETRIES_MAX => {
@@ -783,18 +791,46 @@ async fn find_and_modify(router: &Router, req: &Request) -> Result<Document> {
         update_targets(&sc, &stmt)?;
     }
     let shard = &sc.table.chunk_for(&key).shard;
-    let set = router.shard(shard).await?;
-    reply_result(router.pool.run(&set, &req.db, versioned(&forwarded(req), Some(&sc), shard), None, timeout_of(req)).await?.1)
+    shard_run(router, shard, &req.db, versioned(&forwarded(req), Some(&sc), shard), None, timeout_of(req)).await
 }
 
 /// A write on an unsharded collection: the whole command to the database's primary shard,
 /// its statements as a document sequence (`statements_apart`).
 async fn forward_write(router: &Router, req: &Request, primary: &str) -> Result<Document> {
-    let set = router.shard(primary).await?;
     let (body, statements) = statements_apart(&req.name, router.with_db_version(&req.db, forwarded(req)))?;
     let sequence = statements.as_ref().map(|(identifier, docs)| wire::RawSequence { identifier, documents: docs.iter().map(Vec::as_slice).collect() });
-    let (_, reply) = router.pool.run(&set, &req.db, body, sequence.as_ref(), timeout_of(req)).await?;
-    reply_result(reply)
+    shard_run(router, primary, &req.db, body, sequence.as_ref(), timeout_of(req)).await
+}
+
+/// Run `body` on `shard` (through its primary), its reply or error. Within a transaction's
+/// statement it goes as the transaction's statement there (`txn::on_shard`).
+pub(super) async fn shard_run(
+    router: &Router,
+    shard: &str,
+    db: &str,
+    mut body: Document,
+    sequence: Option<&wire::RawSequence<'_>>,
+    timeout: Duration,
+) -> Result<Document> {
+    let set = router.shard(shard).await?;
+    let sent = super::txn::on_shard(shard, &mut body);
+    let reply = router.pool.run(&set, db, body, sequence, timeout).await.and_then(|(_, r)| reply_result(r));
+    super::txn::answered(sent, reply.as_ref().err());
+    reply
+}
+
+/// `shard_run` of a cursor command: the host that answered and its reply as it came.
+pub(super) async fn shard_run_raw(router: &Router, shard: &str, db: &str, mut body: Document, timeout: Duration) -> Result<(String, bson::RawDocumentBuf)> {
+    let set = router.shard(shard).await?;
+    let sent = super::txn::on_shard(shard, &mut body);
+    let (host, raw) = router.pool.run_raw(&set, db, body, None, timeout).await?;
+    match net::pool::raw_error(&raw) {
+        Some(e) => {
+            super::txn::answered(sent, Some(&e));
+            Err(e)
+        }
+        None => Ok((host, raw)),
+    }
 }
 
 /// A write's statements (insert's documents, update's and delete's statements) taken out of
@@ -908,7 +944,8 @@ async fn split_write(router: &Router, req: &Request, kind: WriteKind, mut sc: Ar
     let mut result = WriteResult::default();
     let mut base = forwarded(req);
     base.remove(field);
-    let stmt_ids: Option<Vec<i32>> = req.body.contains_key("txnNumber").then(|| {
+    // A retryable write's statement ids (a transaction's statements have none).
+    let stmt_ids: Option<Vec<i32>> = (req.body.contains_key("txnNumber") && !req.body.contains_key("autocommit")).then(|| {
         let given = req.body.get_array("stmtIds").ok();
         (0..stmts.len()).map(|i| given.and_then(|g| g.get(i)).and_then(|v| v.as_i32()).unwrap_or(i as i32)).collect()
     });
@@ -964,8 +1001,8 @@ async fn split_write(router: &Router, req: &Request, kind: WriteKind, mut sc: Ar
                             StmtBody::Raw(_) => None,
                         })
                         .collect();
-                    let reply = match (router.shard(&shard).await, encoded) {
-                        (Ok(set), Ok(encoded)) => {
+                    let reply = match encoded {
+                        Ok(encoded) => {
                             let mut owned = encoded.iter();
                             let documents: Vec<&[u8]> = list
                                 .iter()
@@ -975,16 +1012,15 @@ async fn split_write(router: &Router, req: &Request, kind: WriteKind, mut sc: Ar
                                 })
                                 .collect();
                             let sequence = wire::RawSequence { identifier: field, documents };
-                            router.pool.run(&set, &req.db, body, Some(&sequence), timeout_of(req)).await.map(|(_, r)| r)
+                            shard_run(router, &shard, &req.db, body, Some(&sequence), timeout_of(req)).await
                         }
-                        (Err(e), _) | (_, Err(e)) => Err(e),
+                        Err(e) => Err(e),
                     };
                     (shard, list, reply)
                 }
             });
             let mut stale = Vec::new();
             for (shard, list, reply) in futures_util::future::join_all(sends).await {
-                let reply = reply.and_then(reply_result);
                 if let Err(e) = &reply {
                     if is_stale(e) && stale_rounds < STALE_RETRIES_MAX {
                         router.after_stale(&sc.ns, e);
@@ -1025,8 +1061,14 @@ async fn split_write(router: &Router, req: &Request, kind: WriteKind, mut sc: Ar
 pub(super) const STALE_RETRIES_MAX: u32 = 10;
 
 /// An answer that the router's routing table, or the shard's identity, is out of date.
+/// Such an answer means the shard ran nothing, and the operation may go again, except a
+/// transaction's statement that a participant answered (`txn::may_retry_stale`).
 pub(super) fn is_stale(e: &Error) -> bool {
-    e.code == Code::StaleConfig.0 || e.code == Code::ShardingStateNotInitialized.0 || e.code == Code::StaleDbVersion.0
+    is_stale_code(e.code) && super::txn::may_retry_stale()
+}
+
+pub(super) fn is_stale_code(code: i32) -> bool {
+    code == Code::StaleConfig.0 || code == Code::ShardingStateNotInitialized.0 || code == Code::StaleDbVersion.0
 }
 
 /// The wait before the `n`th retry after StaleConfig: none first, then growing, as a
@@ -1095,8 +1137,7 @@ fn at_cluster_time(body: &Document, t: bson::Timestamp) -> Document {
 
 /// `body` gossiping cluster time `t` (unsigned, as shoal runs without keys).
 pub(super) fn gossip_cluster_time(body: &mut Document, t: bson::Timestamp) {
-    let signature = doc! {"hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0i64};
-    body.insert("$clusterTime", doc! {"clusterTime": t, "signature": signature});
+    body.insert("$clusterTime", common::optime::cluster_time_doc(t));
 }
 
 /// The point a snapshot read read at, in a router reply: `cursor.atClusterTime` for find
@@ -1140,11 +1181,7 @@ async fn open_streams(router: &Router, req: &Request, sc: &ShardedColl, shards: 
 
 async fn open_streams_once(router: &Router, req: &Request, sc: &ShardedColl, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Stream>> {
     let opens = shards.iter().map(|s| async move {
-        let set = router.shard(s).await?;
-        let (host, raw) = router.pool.run_raw(&set, &req.db, versioned(body, Some(sc), s), None, timeout_of(req)).await?;
-        if let Some(e) = net::pool::raw_error(&raw) {
-            return Err(e);
-        }
+        let (host, raw) = shard_run_raw(router, s, &req.db, versioned(body, Some(sc), s), timeout_of(req)).await?;
         Stream::from_reply(host, &req.db, &raw)
     });
     let mut streams = Vec::new();
@@ -1174,11 +1211,7 @@ fn versioned(body: &Document, sc: Option<&ShardedColl>, shard: &str) -> Document
 /// A cursor command for one shard, its reply passed on with the router's cursor id.
 pub(super) async fn single_shard_cursor(router: &Router, req: &Request, shard: &str, body: Document) -> Result<Document> {
     let ns_default = format!("{}.{}", req.db, req.body.get_str(&req.name).unwrap_or("$cmd"));
-    let set = router.shard(shard).await?;
-    let (host, raw) = router.pool.run_raw(&set, &req.db, body, None, timeout_of(req)).await?;
-    if let Some(e) = net::pool::raw_error(&raw) {
-        return Err(e);
-    }
+    let (host, raw) = shard_run_raw(router, shard, &req.db, body, timeout_of(req)).await?;
     let ns = raw.get_document("cursor").ok().and_then(|c| c.get_str("ns").ok()).unwrap_or(&ns_default).to_string();
     let mut stream = Stream::from_reply(host, &req.db, &raw)?;
     let batch: Vec<Document> = stream.buf.drain(..).map(|(d, _)| d).collect();
@@ -1296,10 +1329,7 @@ async fn on_each(router: &Router, req: &Request, sc: Option<&ShardedColl>, shard
     let once = |body: Document| async move {
         let sends = shards.iter().map(|s| {
             let body = &body;
-            async move {
-                let set = router.shard(s).await?;
-                reply_result(router.pool.run(&set, &req.db, versioned(body, sc, s), None, timeout_of(req)).await?.1)
-            }
+            async move { shard_run(router, s, &req.db, versioned(body, sc, s), None, timeout_of(req)).await }
         });
         futures_util::future::join_all(sends).await.into_iter().collect::<Result<Vec<Document>>>()
     };
@@ -1593,8 +1623,7 @@ pub(crate) async fn forward_to_primary(router: &Router, req: &Request) -> Result
     if matches!(req.name.as_str(), "listCollections" | "listIndexes") {
         return single_shard_cursor(router, req, &primary, body).await;
     }
-    let set = router.shard(&primary).await?;
-    reply_result(router.pool.run(&set, &req.db, body, None, timeout_of(req)).await?.1)
+    shard_run(router, &primary, &req.db, body, None, timeout_of(req)).await
 }
 
 /// Indexes and drops of a sharded collection go to every shard that has it; of an unsharded
@@ -1606,8 +1635,7 @@ pub(crate) async fn forward_to_owners(router: &Router, req: &Request) -> Result<
         return Err(Error::new(Code::NamespaceNotFound, format!("ns not found: {ns}")));
     };
     let Some(sc) = router.sharded(&ns).await? else {
-        let set = router.shard(&primary).await?;
-        return reply_result(router.pool.run(&set, &req.db, router.with_db_version(&req.db, forwarded(req)), None, timeout_of(req)).await?.1);
+        return shard_run(router, &primary, &req.db, router.with_db_version(&req.db, forwarded(req)), None, timeout_of(req)).await;
     };
     let mut owners = sc.table.shards();
     owners.insert(primary.clone());

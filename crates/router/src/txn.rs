@@ -1,30 +1,37 @@
 //! Transactions through the router, as mongos runs them: the router follows each session's
-//! transaction number and its participants, and sends each statement (with the client's
-//! `lsid`, `txnNumber`, `autocommit` and, on a participant's first, `startTransaction` and
-//! the transaction's `readConcern`) to the one shard that owns what it names.
+//! transaction number and its participants. A statement runs through the router's ordinary
+//! handler for its command, which targets and merges as outside a transaction; each send
+//! to a shard passes through `on_shard`, which makes it the transaction's statement there
+//! (the client's `lsid`, `txnNumber` and `autocommit`; on the shard's first, also
+//! `startTransaction` and the transaction's `readConcern`) and notes the shard as a
+//! participant, and a write shard if the statement writes.
 //!
 //! - **One point for every shard.** At readConcern "snapshot" every participant reads at
 //!   the transaction's `atClusterTime`: the client's, or the router's cluster time when the
 //!   first statement ran. (At "local" and "majority" each reads its own newest, as mongos.)
+//! - **Stale routing.** A shard that answers StaleConfig to the statement that began the
+//!   transaction there ran nothing: it stops being a participant and the statement goes
+//!   again (to whichever shard now owns what it names). A participant that had run earlier
+//!   statements is not sent it again (its snapshot may miss what moved to it since): the
+//!   error ends the statement, and the client runs the transaction again
+//!   (TransientTransactionError).
 //! - **The commit.** The commit ends the read-only participants first. A transaction that
 //!   wrote on one shard then commits there, whose commit is the transaction's (mongos's
 //!   single-write-shard commit); one that wrote on several commits by two-phase commit
-//!   (`coordinator`). A statement that needs several shards at once is refused
-//!   (OperationNotSupportedInTransaction): each statement goes to one shard.
+//!   (`coordinator`).
 //!
 //! Every reply carries the `recoveryToken` (the first write shard, else the first
 //! participant), so that a commit sent to another router after this one failed still
 //! reaches the transaction: through the coordinator's record if it has one, else through
 //! that shard.
 
-use super::commands::{collection_of, forwarded, is_stale, single_shard_cursor, stale_backoff, statements_apart, timeout_of, STALE_RETRIES_MAX};
-use super::Router;
+use super::commands::{forwarded, stale_backoff, timeout_of, STALE_RETRIES_MAX};
+use super::{Router, RouterConn};
 use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
 use net::pool::reply_result;
 use parking_lot::Mutex;
-use shard::shards_for_filter;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use wire::Request;
@@ -124,12 +131,8 @@ pub fn is_statement(req: &Request) -> bool {
     req.body.contains_key("autocommit") || req.body.contains_key("startTransaction")
 }
 
-fn several_shards() -> Error {
-    Error::new(Code::OperationNotSupportedInTransaction, "in a transaction, shoal's router sends each statement to one shard; this one needs several")
-}
-
 /// Run a transaction's statement (`is_statement`).
-pub async fn run(router: &Router, req: &Request) -> Result<Document> {
+pub async fn run(router: &Router, conn: &mut RouterConn, row: &super::table::Row, req: &Request) -> Result<Document> {
     let lsid = match req.body.get_document("lsid").ok().and_then(|l| l.get("id")) {
         Some(Bson::Binary(b)) => b.bytes.clone(),
         _ => return Err(Error::new(Code::InvalidOptions, "Transaction number requires a session ID to also be specified")),
@@ -198,7 +201,7 @@ pub async fn run(router: &Router, req: &Request) -> Result<Document> {
         // Cursors remember their shard.
         "getMore" => super::commands::get_more(router, req).await,
         "killCursors" => super::commands::kill_cursors(router, req).await,
-        _ => statement(router, req, &mut s).await,
+        _ => statement(router, conn, row, req, &mut s).await,
     }
 }
 
@@ -270,86 +273,135 @@ async fn end(router: &Router, req: &Request, s: &mut Session, lsid: &[u8], txn_n
     reply_result(reply)
 }
 
-/// A statement before the transaction's end: to its one shard.
-async fn statement(router: &Router, req: &Request, s: &mut Session) -> Result<Document> {
+tokio::task_local! {
+    /// The transaction of the statement the running task sends to the shards.
+    static STATEMENT: Arc<Mutex<Scope>>;
+}
+
+/// What the sends of a statement need of its transaction, and what they add to it.
+#[derive(Default)]
+struct Scope {
+    participants: Vec<String>,
+    write_shards: Vec<String>,
+    read_concern: Option<Document>,
+    /// The statement writes: each shard it reaches becomes a write shard.
+    writes: bool,
+    /// A participant that had run earlier statements answered that the routing is stale:
+    /// the statement is not sent again, and this is its answer.
+    stale: Option<Error>,
+}
+
+/// A send of a statement to a shard, for `answered`.
+pub(crate) struct Sent {
+    shard: String,
+    first_here: bool,
+    new_write_shard: bool,
+}
+
+/// Make `body` the running transaction's statement for `shard`, if a task runs one
+/// (`statement`): the shard's first starts the transaction there, at the transaction's
+/// point. `None` outside a transaction.
+pub(crate) fn on_shard(shard: &str, body: &mut Document) -> Option<Sent> {
+    STATEMENT
+        .try_with(|scope| {
+            let mut s = scope.lock();
+            let first_here = !s.participants.iter().any(|p| p == shard);
+            let new_write_shard = s.writes && !s.write_shards.iter().any(|p| p == shard);
+            // Recorded before it is sent: a write whose reply is lost may have happened there.
+            if new_write_shard {
+                s.write_shards.push(shard.to_string());
+            }
+            if first_here {
+                body.insert("startTransaction", true);
+                match &s.read_concern {
+                    Some(rc) => {
+                        if let Ok(t) = rc.get_timestamp("atClusterTime") {
+                            super::commands::gossip_cluster_time(body, t);
+                        }
+                        body.insert("readConcern", rc.clone());
+                    }
+                    None => {
+                        body.remove("readConcern");
+                    }
+                }
+                s.participants.push(shard.to_string());
+            } else {
+                body.remove("startTransaction");
+                body.remove("readConcern");
+            }
+            Sent { shard: shard.to_string(), first_here, new_write_shard }
+        })
+        .ok()
+}
+
+/// Note a shard's answer to `sent` (its error, if it failed). A shard that answered stale
+/// to the statement that began the transaction there ran nothing: it is no participant.
+pub(crate) fn answered(sent: Option<Sent>, error: Option<&Error>) {
+    let (Some(sent), Some(e)) = (sent, error) else { return };
+    if !super::commands::is_stale_code(e.code) {
+        return;
+    }
+    let _ = STATEMENT.try_with(|scope| {
+        let mut s = scope.lock();
+        if sent.first_here {
+            s.participants.retain(|p| *p != sent.shard);
+            if sent.new_write_shard {
+                s.write_shards.retain(|p| *p != sent.shard);
+            }
+        } else if s.stale.is_none() {
+            s.stale = Some(e.clone());
+        }
+    });
+}
+
+/// Whether a statement may be sent again after a stale answer: always outside a
+/// transaction; in one, unless a participant that had run earlier statements gave it.
+pub(crate) fn may_retry_stale() -> bool {
+    STATEMENT.try_with(|scope| scope.lock().stale.is_none()).unwrap_or(true)
+}
+
+/// A statement before the transaction's end, through the command's own handler with each
+/// send to a shard made the transaction's (`on_shard`).
+async fn statement(router: &Router, conn: &mut RouterConn, row: &super::table::Row, req: &Request, s: &mut Session) -> Result<Document> {
     let txn_number = req.body.get_i64("txnNumber").unwrap_or_default();
     if txn_number != s.txn_number {
         return Err(Error::new(Code::NoSuchTransaction, format!("Transaction {txn_number} has been aborted or was never started.")));
     }
+    if !common::server::allowed_in_transaction(&req.name) {
+        return Err(Error::new(Code::OperationNotSupportedInTransaction, format!("Cannot run '{}' in a multi-document transaction.", req.name)));
+    }
+    let scope = Arc::new(Mutex::new(Scope {
+        participants: std::mem::take(&mut s.participants),
+        write_shards: std::mem::take(&mut s.write_shards),
+        read_concern: s.read_concern.clone(),
+        writes: writes(&req.name),
+        stale: None,
+    }));
     let mut attempt = 0;
-    let (shard, reply) = loop {
-        attempt += 1;
-        let (shard, sc) = target(router, req).await?;
-        let first_here = !s.participants.contains(&shard);
-        let new_write_shard = writes(&req.name) && !s.write_shards.contains(&shard);
-        // Recorded before it is sent: a write whose reply is lost may have happened there.
-        if new_write_shard {
-            s.write_shards.push(shard.clone());
-        }
-        let mut body = forwarded(req);
-        if first_here {
-            // This shard's first statement starts the transaction there, at the
-            // transaction's point.
-            body.insert("startTransaction", true);
-            match &s.read_concern {
-                Some(rc) => {
-                    if let Ok(t) = rc.get_timestamp("atClusterTime") {
-                        super::commands::gossip_cluster_time(&mut body, t);
-                    }
-                    body.insert("readConcern", rc.clone());
-                }
-                None => {
-                    body.remove("readConcern");
-                }
-            }
-            s.participants.push(shard.clone());
-        } else {
-            body.remove("startTransaction");
-            body.remove("readConcern");
-        }
-        let body = match &sc {
-            Some(sc) => {
-                body.insert("shardVersion", sc.version_doc(&shard));
-                body
-            }
-            None => router.with_db_version(&req.db, body),
-        };
-        let sent = match req.name.as_str() {
-            "find" | "aggregate" => single_shard_cursor(router, req, &shard, body).await,
-            _ => {
-                async {
-                    let (body, statements) = statements_apart(&req.name, body)?;
-                    let sequence =
-                        statements.as_ref().map(|(identifier, docs)| wire::RawSequence { identifier, documents: docs.iter().map(Vec::as_slice).collect() });
-                    let set = router.shard(&shard).await?;
-                    let (_, reply) = router.pool.run(&set, &req.db, body, sequence.as_ref(), timeout_of(req)).await?;
-                    reply_result(reply)
-                }
-                .await
-            }
-        };
-        match sent {
-            Ok(reply) => break (shard, reply),
-            Err(e) if is_stale(&e) => {
-                // Answered before the statement ran: the routing table or the shard's identity
-                // is out of date. A shard this statement began the transaction on did nothing
-                // in it yet, so the statement may go again (to whichever shard now owns it).
-                router.after_stale(&format!("{}.{}", req.db, collection_of(req)?), &e);
-                if !first_here || attempt >= STALE_RETRIES_MAX {
-                    return Err(e);
-                }
-                s.participants.retain(|p| *p != shard);
-                if new_write_shard {
-                    s.write_shards.retain(|p| *p != shard);
-                }
+    let answer = loop {
+        let r = STATEMENT.scope(scope.clone(), (row.run)(router, conn, req)).await;
+        match r {
+            // An unsharded collection's database moved: its primary shard ran nothing.
+            Err(e) if e.code == Code::StaleDbVersion.0 && scope.lock().stale.is_none() && attempt < STALE_RETRIES_MAX => {
+                attempt += 1;
+                router.forget_database(&req.db);
                 tokio::time::sleep(stale_backoff(attempt)).await;
             }
-            Err(e) => return Err(e),
+            r => break r,
         }
     };
-    let mut reply = reply;
-    let recovery = s.recovery_shard().cloned().unwrap_or(shard);
-    reply.insert("recoveryToken", doc! {"recoveryShardId": recovery});
+    let scope = std::mem::take(&mut *scope.lock());
+    s.participants = scope.participants;
+    s.write_shards = scope.write_shards;
+    // A write's stale answer from a participant comes back as a write error: in a
+    // transaction it is the statement's error, which the client sees as transient.
+    let mut reply = match (answer, scope.stale) {
+        (Err(e), _) | (Ok(_), Some(e)) => return Err(e),
+        (Ok(reply), None) => reply,
+    };
+    if let Some(recovery) = s.recovery_shard() {
+        reply.insert("recoveryToken", doc! {"recoveryShardId": recovery.clone()});
+    }
     Ok(reply)
 }
 
@@ -380,59 +432,4 @@ async fn end_participants(router: &Router, req: &Request, shards: &[String]) -> 
         }
     }
     Ok(failed)
-}
-
-/// The one shard a statement's documents live on (with the routing table of a sharded
-/// collection), or the refusal of a statement that would need several.
-async fn target(router: &Router, req: &Request) -> Result<(String, Option<Arc<super::catalog::ShardedColl>>)> {
-    let coll = collection_of(req)?;
-    let ns = format!("{}.{coll}", req.db);
-    let Some(sc) = router.sharded(&ns).await? else {
-        let primary = router.db_primary(&req.db, true).await?.ok_or_else(|| Error::internal("no primary shard"))?;
-        return Ok((primary, None));
-    };
-    let mut shards = BTreeSet::new();
-    let docs = |field: &str| -> Vec<Document> {
-        match req.body.get(field) {
-            Some(Bson::Array(a)) => a.iter().filter_map(|d| d.as_document().cloned()).collect(),
-            _ => Vec::new(),
-        }
-    };
-    let filter_of = |field: &str| req.body.get_document(field).cloned().unwrap_or_default();
-    match req.name.as_str() {
-        "insert" => {
-            for d in docs("documents") {
-                shards.insert(sc.table.chunk_for(&sc.table.key.key_of_doc(&d)?).shard.clone());
-            }
-        }
-        "update" => {
-            for s in docs("updates") {
-                shards.extend(super::commands::update_targets(&sc, &s)?);
-            }
-        }
-        "delete" => {
-            for s in docs("deletes") {
-                shards.extend(super::commands::delete_targets(&sc, &s)?);
-            }
-        }
-        "find" | "count" => shards.extend(shards_for_filter(&sc.table, &filter_of("filter"))),
-        "distinct" | "findAndModify" | "findandmodify" => shards.extend(shards_for_filter(&sc.table, &filter_of("query"))),
-        "aggregate" => {
-            let first_match =
-                req.body.get_array("pipeline").ok().and_then(|p| p.first()).and_then(|s| s.as_document()).and_then(|s| s.get_document("$match").ok()).cloned();
-            match first_match {
-                Some(m) => shards.extend(shards_for_filter(&sc.table, &m)),
-                None => shards.extend(sc.table.shards()),
-            }
-        }
-        _ => {
-            let primary = router.db_primary(&req.db, true).await?.ok_or_else(|| Error::internal("no primary shard"))?;
-            shards.insert(primary);
-        }
-    }
-    match shards.len() {
-        1 => Ok((shards.into_iter().next().unwrap_or_default(), Some(sc))),
-        0 => Ok((sc.table.shards().into_iter().next().ok_or_else(|| Error::internal("a routing table without shards"))?, Some(sc))),
-        _ => Err(several_shards()),
-    }
 }

@@ -368,8 +368,10 @@ fn fail_command(shared: &Shared, conn: &mut ConnState, request: &Request) -> Opt
 /// `write_concern_error`: a fail point's, answered instead of waiting for the write concern.
 async fn execute(shared: &Shared, conn: &mut ConnState, request: Request, write_concern_error: Option<Document>) -> Reply {
     if let Some(repl) = &shared.repl {
-        if let Ok(t) = request.body.get_document("$clusterTime").and_then(|c| c.get_timestamp("clusterTime")) {
-            repl.gossip_cluster_time(t);
+        match common::optime::gossiped_cluster_time(&request.body) {
+            Ok(Some(t)) => repl.gossip_cluster_time(&shared.store, t),
+            Ok(None) => {}
+            Err(e) => return Reply::new(dispatch::with_topology_version(shared, e).to_reply()),
         }
         let waited = match dispatch::read_after(shared, &request) {
             Ok(Some(after)) => wait_before_read(shared, after).await,

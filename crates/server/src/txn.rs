@@ -21,29 +21,6 @@ pub const SESSIONS_MAX: usize = 1_000_000;
 /// How often open transactions are checked for their lifetime and their primary's term.
 pub const REAP_INTERVAL: Duration = Duration::from_millis(250);
 
-/// The commands a transaction may run (mongod's list).
-fn allowed_in_transaction(name: &str) -> bool {
-    matches!(
-        name,
-        "find"
-            | "getMore"
-            | "killCursors"
-            | "insert"
-            | "update"
-            | "delete"
-            | "findAndModify"
-            | "findandmodify"
-            | "aggregate"
-            | "distinct"
-            | "create"
-            | "createIndexes"
-            | "prepareTransaction"
-            | "commitTransaction"
-            | "abortTransaction"
-            | "coordinateCommitTransaction"
-    )
-}
-
 /// The commands that end a transaction, or prepare it for its end (run on `admin`, with
 /// the transaction's write concern).
 pub fn is_end(name: &str) -> bool {
@@ -228,7 +205,7 @@ impl TransactionTable {
             Some(Bson::Boolean(false)) => return Err(Error::new(Code::InvalidOptions, "Specifying startTransaction=false is not allowed.")),
             Some(_) => return Err(Error::type_mismatch("BSON field 'startTransaction' is the wrong type, expected type 'bool'")),
         };
-        if !allowed_in_transaction(name) {
+        if !common::server::allowed_in_transaction(name) {
             let e = Error::new(Code::OperationNotSupportedInTransaction, format!("Cannot run '{name}' in a multi-document transaction."));
             return Err(e);
         }

@@ -433,6 +433,13 @@ async fn registers_stay_linearizable_through_kills_pauses_partitions_and_lossy_l
 const LISTS: u64 = 8;
 const LIST_OPS_MAX: u64 = 4;
 
+/// A statement of a list-append transaction: one micro-operation, or the reads of several
+/// lists in one find (across shards, through a router: one statement on several).
+enum Statement {
+    One(elle::Mop),
+    Reads(Vec<i64>),
+}
+
 /// One client of the list-append workload: transactions of appends (`$push` of a unique
 /// value) and reads (the whole list), recorded with their outcome.
 async fn list_append_loop(client: Client, id: u64, seed: u64, until: Instant, history: Arc<Mutex<Vec<elle::Txn>>>) {
@@ -441,14 +448,21 @@ async fn list_append_loop(client: Client, id: u64, seed: u64, until: Instant, hi
     let mut seq = 0i64;
     let options = mongodb::options::TransactionOptions::builder().read_concern(ReadConcern::snapshot()).write_concern(WriteConcern::majority()).build();
     while Instant::now() < until {
-        let planned: Vec<elle::Mop> = (0..1 + rng.below(LIST_OPS_MAX))
+        let planned: Vec<Statement> = (0..1 + rng.below(LIST_OPS_MAX))
             .map(|_| {
                 let key = rng.below(LISTS) as i64;
-                if rng.below(2) == 0 {
-                    seq += 1;
-                    elle::Mop::Append(key, (id as i64 + 1) * 1_000_000_000 + seq)
-                } else {
-                    elle::Mop::Read(key, None)
+                match rng.below(4) {
+                    0 | 1 => {
+                        seq += 1;
+                        Statement::One(elle::Mop::Append(key, (id as i64 + 1) * 1_000_000_000 + seq))
+                    }
+                    2 => Statement::One(elle::Mop::Read(key, None)),
+                    _ => {
+                        let mut keys: Vec<i64> = (0..2 + rng.below(3)).map(|_| rng.below(LISTS) as i64).collect();
+                        keys.sort_unstable();
+                        keys.dedup();
+                        Statement::Reads(keys)
+                    }
                 }
             })
             .collect();
@@ -458,24 +472,34 @@ async fn list_append_loop(client: Client, id: u64, seed: u64, until: Instant, hi
         }
         let mut done = Vec::with_capacity(planned.len());
         let mut failed = false;
-        for m in planned {
-            let r = match &m {
-                elle::Mop::Append(k, v) => {
+        let list_of = |d: Option<&Document>| -> Vec<i64> {
+            let list = d.and_then(|d| d.get_array("l").ok().cloned()).unwrap_or_default();
+            list.iter().map(|v| v.as_i64().expect("list values are i64")).collect()
+        };
+        for statement in planned {
+            let r: Result<mongodb::error::Result<Vec<elle::Mop>>, _> = match statement {
+                Statement::One(m @ elle::Mop::Append(k, v)) => {
                     let push = coll.update_one(doc! {"_id": k}, doc! {"$push": {"l": v}}).upsert(true).session(&mut session);
-                    tokio::time::timeout(OP_TIMEOUT, push).await.map(|r| r.map(|_| m.clone()))
+                    tokio::time::timeout(OP_TIMEOUT, push).await.map(|r| r.map(|_| vec![m]))
                 }
-                elle::Mop::Read(k, _) => {
+                Statement::One(elle::Mop::Read(k, _)) => {
                     let read = coll.find_one(doc! {"_id": k}).session(&mut session);
-                    tokio::time::timeout(OP_TIMEOUT, read).await.map(|r| {
-                        r.map(|d| {
-                            let list = d.and_then(|d| d.get_array("l").ok().cloned()).unwrap_or_default();
-                            elle::Mop::Read(*k, Some(list.iter().map(|v| v.as_i64().expect("list values are i64")).collect()))
-                        })
-                    })
+                    tokio::time::timeout(OP_TIMEOUT, read).await.map(|r| r.map(|d| vec![elle::Mop::Read(k, Some(list_of(d.as_ref())))]))
+                }
+                Statement::Reads(keys) => {
+                    let read = async {
+                        let mut cursor = coll.find(doc! {"_id": {"$in": &keys}}).batch_size(2).session(&mut session).await?;
+                        let mut found = std::collections::BTreeMap::new();
+                        while let Some(d) = cursor.next(&mut session).await.transpose()? {
+                            found.insert(d.get_i64("_id").or_else(|_| d.get_i32("_id").map(i64::from)).expect("_id"), d);
+                        }
+                        Ok(keys.iter().map(|k| elle::Mop::Read(*k, Some(list_of(found.get(k))))).collect())
+                    };
+                    tokio::time::timeout(OP_TIMEOUT, read).await
                 }
             };
             match r {
-                Ok(Ok(m)) => done.push(m),
+                Ok(Ok(ms)) => done.extend(ms),
                 _ => {
                     failed = true;
                     break;

@@ -50,6 +50,12 @@ impl Store {
         Ok(())
     }
 
+    /// Stamp every entry logged from now on after `ts` (a cluster time this member learned:
+    /// what a client saw before it asks for a write is then ordered before the write).
+    pub fn advance_clock(&self, ts: u64) {
+        self.inner.shared.clock_floor.fetch_max(ts, std::sync::atomic::Ordering::AcqRel);
+    }
+
     /// The newest oplog entry's optime (None without an oplog; zero when it is empty).
     pub fn oplog_last(&self) -> Option<OpTime> {
         self.inner.shared.oplog.read().as_ref().map(|l| l.state.lock().last)

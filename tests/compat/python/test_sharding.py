@@ -145,6 +145,10 @@ def test_transactions_read_one_point_across_shards_and_write_on_both(cluster):
         on_shard.append(sorted(d["_id"] for d in direct.tx.acc.find({}, {"_id": 1})))
         direct.close()
     a, b = on_shard[0][0], on_shard[1][0]
+    # A shard keeps the history of its documents while reads at a point use it: one such
+    # read of both makes them keep it (else a point before a shard's newest write there
+    # would be SnapshotTooOld, a transient error the client runs the transaction again on).
+    assert len(list(acc.with_options(read_concern=ReadConcern("snapshot")).find({}))) == 40
 
     with c.start_session() as s:
         s.start_transaction(read_concern=ReadConcern("snapshot"))
@@ -189,11 +193,70 @@ def test_transactions_read_one_point_across_shards_and_write_on_both(cluster):
         with c.start_session() as s:
             s.with_transaction(lambda s: transfer(s, x, y) if i % 2 else transfer(s, y, x))
         with c.start_session() as s:
-            # (Each statement of a transaction through the router goes to one shard.)
+            # One read of both shards, in batches: one point on each.
             s.start_transaction(read_concern=ReadConcern("snapshot"))
-            assert sum(acc.find_one({"_id": k}, session=s)["b"] for k in range(40)) == total
+            assert sum(d["b"] for d in acc.find({}, session=s, batch_size=7)) == total
             s.commit_transaction()
     assert sum(d["b"] for d in acc.find({})) == total
+    c.close()
+
+
+def test_statements_of_a_transaction_may_span_shards(cluster):
+    """In a transaction through the router, one statement may read or write on several
+    shards: each shard it reaches joins the transaction (at its point), writes on several
+    commit by two-phase commit, and the transaction sees its own writes on every shard."""
+    from pymongo.errors import OperationFailure
+    from pymongo.read_concern import ReadConcern
+
+    c = pymongo.MongoClient(cluster["uri"])
+    c.admin.command("shardCollection", "span.acc", key={"_id": "hashed"})
+    acc = c.span.acc
+    acc.insert_many([{"_id": i, "b": 10, "g": i % 3} for i in range(60)])
+
+    def on_each_shard():
+        counts = []
+        for i in range(2):
+            direct = pymongo.MongoClient(f"mongodb://127.0.0.1:{cluster['port'] + 2 + i}/?directConnection=true")
+            counts.append(direct.span.acc.count_documents({}))
+            direct.close()
+        return counts
+
+    assert all(n > 0 for n in on_each_shard())
+
+    # Writes on both shards in one statement each, read back in the transaction, then
+    # aborted: nothing changed anywhere.
+    with c.start_session() as s:
+        s.start_transaction(read_concern=ReadConcern("snapshot"))
+        assert acc.update_many({}, {"$inc": {"b": 1}}, session=s).modified_count == 60
+        acc.insert_many([{"_id": 100 + i, "b": 0, "g": 9} for i in range(20)], session=s)
+        assert acc.delete_many({"g": 0}, session=s).deleted_count == 20
+        assert sum(d["b"] for d in acc.find({}, session=s, batch_size=5)) == 40 * 11
+        assert acc.count_documents({}, session=s) == 60
+        assert sorted(acc.distinct("g", session=s)) == [1, 2, 9]
+        groups = {d["_id"]: d["n"] for d in acc.aggregate([{"$group": {"_id": "$g", "n": {"$sum": 1}}}], session=s)}
+        assert groups == {1: 20, 2: 20, 9: 20}
+        s.abort_transaction()
+    assert acc.count_documents({}) == 60 and sum(d["b"] for d in acc.find({})) == 600
+
+    # The same, committed: all of it, on both shards.
+    with c.start_session() as s:
+        with s.start_transaction():
+            acc.update_many({}, {"$inc": {"b": 1}}, session=s)
+            acc.insert_many([{"_id": 100 + i, "b": 0, "g": 9} for i in range(20)], session=s)
+            acc.delete_many({"g": 0}, session=s)
+    assert acc.count_documents({}) == 60 and sum(d["b"] for d in acc.find({})) == 40 * 11
+    assert sum(on_each_shard()) == 60
+    commits = c.admin.command("serverStatus")["transactions"]["commitTypes"]
+    assert commits["twoPhaseCommit"]["successful"] >= 1
+
+    # What a transaction may not run is refused there, as mongod refuses it.
+    with c.start_session() as s:
+        s.start_transaction()
+        acc.find_one({}, session=s)
+        with pytest.raises(OperationFailure) as e:
+            c.span.command("listCollections", session=s)
+        assert e.value.code == 263 and "TransientTransactionError" not in (e.value.details.get("errorLabels") or [])
+        s.abort_transaction()
     c.close()
 
 
@@ -281,4 +344,33 @@ def test_a_transaction_open_across_a_migration_of_what_it_wrote_is_aborted(clust
     with c.start_session() as s:
         s.with_transaction(lambda s: coll.update_one({"k": 5}, {"$set": {"v": 1}}, session=s))
     assert coll.find_one({"k": 5})["v"] == 1 and coll.count_documents({}) == 10
+    c.close()
+
+
+def test_cluster_time_is_gossiped_and_bounded(cluster):
+    """The router's replies carry its cluster time, and every process takes the times it is
+    told: a write on one shard after a client saw a time is stamped after it. A time more
+    than a year ahead of a process's clock is refused (ClusterTimeFailsRateLimiter)."""
+    import time
+
+    from bson import Timestamp
+
+    c = pymongo.MongoClient(cluster["uri"])
+    seen = c.admin.command("ping")["$clusterTime"]["clusterTime"]
+    ahead = Timestamp(seen.time + 30, 7)
+    signature = {"hash": b"\0" * 20, "keyId": 0}
+    direct = pymongo.MongoClient(f"mongodb://127.0.0.1:{cluster['port'] + 2}/?directConnection=true")
+    # (A driver sends the newest time its session or client saw.)
+    with direct.start_session() as s:
+        s.advance_cluster_time({"clusterTime": ahead, "signature": signature})
+        reply = direct.gossip.command("insert", "t", documents=[{"x": 1}], session=s)
+    assert reply["operationTime"] > ahead
+    far = Timestamp(int(time.time()) + 2 * 365 * 24 * 3600, 1)
+    for client in (c, direct):
+        with client.start_session() as s:
+            s.advance_cluster_time({"clusterTime": far, "signature": signature})
+            with pytest.raises(OperationFailure) as e:
+                client.admin.command("ping", session=s)
+        assert e.value.code == 205 and e.value.details["codeName"] == "ClusterTimeFailsRateLimiter"
+    direct.close()
     c.close()
