@@ -139,6 +139,9 @@ impl Pool {
         if let Ok(t) = reply.get_document("$clusterTime").and_then(|c| c.get_timestamp("clusterTime")) {
             self.cluster_time.fetch_max(common::optime::ts_value(t), std::sync::atomic::Ordering::Relaxed);
         }
+        if let Ok(t) = reply.get_timestamp("operationTime") {
+            let _ = OPERATION_TIME.try_with(|newest| newest.set(newest.get().max(common::optime::ts_value(t))));
+        }
     }
 
     /// Learn a cluster time a client told (checked by `common::optime::gossiped_cluster_time`).
@@ -295,6 +298,24 @@ fn raw_reply_code(reply: &bson::RawDocument) -> Option<i32> {
     } else {
         Some(reply.get_i32("code").unwrap_or(Code::UnknownError.0))
     }
+}
+
+tokio::task_local! {
+    /// The newest `operationTime` of the replies a command's sends got (a router's reply
+    /// carries it, as mongos's: causally consistent sessions chain their next reads on it).
+    static OPERATION_TIME: std::cell::Cell<u64>;
+}
+
+/// Run `f`, with the newest `operationTime` its sends through any pool got, if any did.
+pub async fn with_operation_time<F: std::future::Future>(f: F) -> (F::Output, Option<bson::Timestamp>) {
+    let newest = std::cell::Cell::new(0);
+    let (out, newest) = OPERATION_TIME
+        .scope(newest, async {
+            let out = f.await;
+            (out, OPERATION_TIME.with(|n| n.get()))
+        })
+        .await;
+    (out, (newest > 0).then(|| common::optime::ts_of(newest)))
 }
 
 /// A reply's error as an `Error` with its code, name and extra fields; `Ok` for ok:1.

@@ -80,9 +80,12 @@ pub async fn run(router: &Router, conn: &mut RouterConn, req: Request) -> net::s
         label_kind,
         |e| e.to_reply(),
         |wce| async move {
-            let mut body = run_row(router, conn, row, &req).await;
+            let (mut body, operation_time) = net::pool::with_operation_time(run_row(router, conn, row, &req)).await;
             if let Some(wce) = wce {
                 body.insert("writeConcernError", wce);
+            }
+            if let Some(t) = operation_time {
+                body.insert("operationTime", t);
             }
             // The newest time the router knows, which the client's next commands carry
             // (causally consistent sessions chain on it).

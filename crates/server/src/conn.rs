@@ -492,6 +492,15 @@ async fn wait_before_read(shared: &Shared, after: dispatch::ReadAfter) -> common
         Counters::add(&shared.counters.repl_read_waits, 1);
         return Ok(());
     }
+    // A primary that has logged nothing since that time (a shard the client's earlier
+    // operation did not reach) logs a no-op to reach it, as mongod does: its clock is past
+    // it already (the time was at most the cluster time it was told).
+    if repl.state() == repl::MemberState::Primary && shared.store.oplog_last().unwrap_or_default().ts < ts {
+        let store = shared.store.clone();
+        tokio::task::spawn_blocking(move || store.log_noop("reach a read's cluster time"))
+            .await
+            .map_err(|e| common::Error::internal(format!("the no-op write failed: {e}")))??;
+    }
     let mut changes = repl.progress_changes();
     loop {
         // Subscribe before looking, so that an apply in between wakes the wait.

@@ -50,6 +50,14 @@ impl Store {
         Ok(())
     }
 
+    /// Log a no-op entry (`msg` its note), stamped after every entry and after the clock
+    /// floor (`advance_clock`): a primary's oplog then reaches a cluster time it was told,
+    /// for a read that must wait until it has applied that far. Its optime.
+    pub fn log_noop(&self, msg: &str) -> Result<OpTime> {
+        let noop = crate::oplog::noop_entry(&bson::doc! {"msg": msg}, crate::oplog::wall_now_ms()).map_err(Error::bad_value)?;
+        self.inner.shared.apply_logged_with(crate::engine::Batch::new(), vec![noop], None)?.ok_or_else(|| Error::internal("log_noop: no oplog"))
+    }
+
     /// Stamp every entry logged from now on after `ts` (a cluster time this member learned:
     /// what a client saw before it asks for a write is then ordered before the write).
     pub fn advance_clock(&self, ts: u64) {

@@ -348,9 +348,10 @@ def test_a_transaction_open_across_a_migration_of_what_it_wrote_is_aborted(clust
 
 
 def test_cluster_time_is_gossiped_and_bounded(cluster):
-    """The router's replies carry its cluster time, and every process takes the times it is
-    told: a write on one shard after a client saw a time is stamped after it. A time more
-    than a year ahead of a process's clock is refused (ClusterTimeFailsRateLimiter)."""
+    """The router's replies carry its cluster time and the operation's time, and every
+    process takes the times it is told: a write on one shard after a client saw a time is
+    stamped after it. A time more than a year ahead of a process's clock is refused
+    (ClusterTimeFailsRateLimiter)."""
     import time
 
     from bson import Timestamp
@@ -365,6 +366,25 @@ def test_cluster_time_is_gossiped_and_bounded(cluster):
         s.advance_cluster_time({"clusterTime": ahead, "signature": signature})
         reply = direct.gossip.command("insert", "t", documents=[{"x": 1}], session=s)
     assert reply["operationTime"] > ahead
+
+    # A causally consistent session through the router chains on its replies'
+    # operationTime: a read on a shard that logged nothing since the session's last write
+    # (on the other shard) reaches that time at once (its primary logs a no-op).
+    c.admin.command("shardCollection", "gossip.h", key={"_id": "hashed"})
+    c.gossip.h.insert_many([{"_id": i} for i in range(20)])
+    owners = []
+    for i in range(2):
+        d = pymongo.MongoClient(f"mongodb://127.0.0.1:{cluster['port'] + 2 + i}/?directConnection=true")
+        owners.append(d.gossip.h.find_one({})["_id"])
+        d.close()
+    with c.start_session(causal_consistency=True) as s:
+        for _ in range(3):
+            c.gossip.h.update_one({"_id": owners[0]}, {"$inc": {"n": 1}}, session=s)
+            written = s.operation_time
+            assert written is not None
+            assert c.gossip.h.find_one({"_id": owners[1]}, session=s, max_time_ms=5000)["_id"] == owners[1]
+            assert s.operation_time >= written
+
     far = Timestamp(int(time.time()) + 2 * 365 * 24 * 3600, 1)
     for client in (c, direct):
         with client.start_session() as s:
