@@ -127,11 +127,12 @@ impl TransactionTable {
         }
     }
 
-    /// Abort the transactions in progress that wrote `db.name` (a migration's critical
-    /// section: a commit after it would write where this shard no longer owns the documents).
-    /// Their commits then fail with NoSuchTransaction, a transient error: the client runs
-    /// them again, through the routing table after the migration. Returns how many.
-    pub fn abort_writers_of(&self, db: &str, name: &str) -> usize {
+    /// Abort the transactions in progress that wrote `db.name` (with `None`, any collection
+    /// of `db`): a migration's or movePrimary's critical section, after which a commit would
+    /// write where this shard no longer owns the documents. Their commits then fail with
+    /// NoSuchTransaction, a transient error: the client runs them again, through the routing
+    /// after the move. Returns how many.
+    pub fn abort_writers_of(&self, db: &str, name: Option<&str>) -> usize {
         let sessions: Vec<_> = self.sessions.lock().values().cloned().collect();
         let mut aborted = 0;
         for s in sessions {

@@ -129,17 +129,20 @@ impl Store {
         p.open.get(lsid).map(|e| (e.txn_number, e.at.unwrap_or_default()))
     }
 
-    /// Wait until no prepared transaction that wrote `db.name` awaits its decision (a
-    /// migration's critical section: their commits must reach the oplog it transfers).
-    /// LockTimeout after `PREPARE_CONFLICT_WAIT_MAX`.
-    pub fn wait_for_prepared_on(&self, db: &str, name: &str) -> Result<()> {
-        let Some(coll) = self.collection(db, name) else { return Ok(()) };
+    /// Wait until no prepared transaction that wrote `db.name` (with `None`, any collection
+    /// of `db`) awaits its decision (a migration's or movePrimary's critical section: their
+    /// commits must reach what it copies). LockTimeout after `PREPARE_CONFLICT_WAIT_MAX`.
+    pub fn wait_for_prepared_on(&self, db: &str, name: Option<&str>) -> Result<()> {
+        let colls = match name {
+            Some(n) => self.collection(db, n).map(|c| c.state.clone()).into_iter().collect(),
+            None => self.colls_in(db),
+        };
         let deadline = Instant::now() + PREPARE_CONFLICT_WAIT_MAX;
-        while coll.state.prepared_txns.load(Ordering::SeqCst) > 0 {
+        while colls.iter().any(|c| c.prepared_txns.load(Ordering::SeqCst) > 0) {
             if Instant::now() >= deadline {
                 return Err(Error::new(
                     Code::LockTimeout,
-                    format!("a prepared transaction on {db}.{name} was not decided within {} s", PREPARE_CONFLICT_WAIT_MAX.as_secs()),
+                    format!("a prepared transaction on {db}.{} was not decided within {} s", name.unwrap_or("*"), PREPARE_CONFLICT_WAIT_MAX.as_secs()),
                 ));
             }
             std::thread::sleep(Duration::from_millis(10));

@@ -275,9 +275,12 @@ impl Transaction {
         Ok(true)
     }
 
-    /// Whether the transaction wrote collection `db.name`.
-    pub fn wrote(&self, db: &str, name: &str) -> bool {
-        self.state.lock().colls.values().any(|t| *t.coll.ns.read() == (db.to_string(), name.to_string()))
+    /// Whether the transaction wrote collection `db.name` (with `None`, any collection of `db`).
+    pub fn wrote(&self, db: &str, name: Option<&str>) -> bool {
+        self.state.lock().colls.values().any(|t| {
+            let ns = t.coll.ns.read();
+            ns.0 == db && name.is_none_or(|n| ns.1 == n)
+        })
     }
 
     /// Whether the transaction has written nothing (so far).

@@ -347,6 +347,30 @@ def test_a_transaction_open_across_a_migration_of_what_it_wrote_is_aborted(clust
     c.close()
 
 
+def test_a_transaction_open_across_a_move_primary_of_its_database_is_aborted(cluster):
+    """A transaction wrote an unsharded collection, whose database then moves to the other
+    shard (movePrimary): its commit would write the old copy, which the move drops, so the
+    move's critical section aborts it (NoSuchTransaction, transient); run again, it writes
+    on the new primary. Nothing is lost either way."""
+    c = pymongo.MongoClient(cluster["uri"])
+    coll = c.movedb.c
+    coll.insert_many([{"_id": i, "v": 0} for i in range(10)])
+    primary = c.config.databases.find_one({"_id": "movedb"})["primary"]
+    other = "shard1" if primary == "shard0" else "shard0"
+    with c.start_session() as s:
+        s.start_transaction()
+        coll.update_one({"_id": 5}, {"$set": {"v": 1}}, session=s)
+        c.admin.command("movePrimary", "movedb", to=other)
+        with pytest.raises(OperationFailure) as e:
+            s.commit_transaction()
+        assert e.value.code == 251 and e.value.has_error_label("TransientTransactionError"), e.value.details
+    assert c.config.databases.find_one({"_id": "movedb"})["primary"] == other
+    assert coll.find_one({"_id": 5})["v"] == 0
+    with c.start_session() as s:
+        s.with_transaction(lambda s: coll.update_one({"_id": 5}, {"$set": {"v": 1}}, session=s))
+    assert coll.find_one({"_id": 5})["v"] == 1 and coll.count_documents({}) == 10
+    c.close()
+
 def test_cluster_time_is_gossiped_and_bounded(cluster):
     """The router's replies carry its cluster time and the operation's time, and every
     process takes the times it is told: a write on one shard after a client saw a time is

@@ -435,8 +435,15 @@ pub fn transfer_mods(ctx: &mut Ctx) -> Result<Document> {
 /// Given a database name instead, the same for its unsharded collections (movePrimary).
 pub fn enter_critical_section(ctx: &mut Ctx) -> Result<Document> {
     if let Some(db) = database_only(ctx) {
-        // movePrimary's: the database's unsharded collections.
+        // movePrimary's: the database's unsharded collections. Transactions that wrote in
+        // the database end before the copy reads (a commit after it would be lost with the
+        // old copies), as in a migration's below.
         ctx.shared.sharding.enter_db_critical_section(&db, migration_id(ctx)?)?;
+        let aborted = ctx.shared.txns.abort_writers_of(&db, None);
+        if aborted > 0 {
+            tracing::info!(aborted, "aborted transactions that wrote {db} for its movePrimary's critical section");
+        }
+        ctx.shared.store.wait_for_prepared_on(&db, None)?;
         return Ok(Document::new());
     }
     let (db, coll) = begin(ctx)?;
@@ -445,12 +452,12 @@ pub fn enter_critical_section(ctx: &mut Ctx) -> Result<Document> {
     ctx.shared.sharding.enter_critical_section(&ns, src.id)?;
     // Transactions that wrote here commit after no statement of theirs: those in progress
     // are aborted, and prepared ones decided, before the last transfer reads the oplog.
-    let aborted = ctx.shared.txns.abort_writers_of(&db, &coll);
+    let aborted = ctx.shared.txns.abort_writers_of(&db, Some(&coll));
     if aborted > 0 {
         tracing::info!(aborted, "aborted transactions that wrote {ns} for its migration's critical section");
     }
     // (On failure the router aborts the migration, which ends the critical section.)
-    ctx.shared.store.wait_for_prepared_on(&db, &coll)?;
+    ctx.shared.store.wait_for_prepared_on(&db, Some(&coll))?;
     Ok(Document::new())
 }
 
