@@ -23,7 +23,14 @@
 //!   last, checked by the repl crate's rules (`validate`, `check_reconfig`: one voter change
 //!   at most); configs spread by heartbeat, the newer (config term, version) winning, and a
 //!   member left out becomes REMOVED. Like the server, the primary does not wait for the
-//!   previous config to reach a majority before the next.
+//!   previous config to reach a majority before the next;
+//! - multi-document transactions (`txn.rs`): clients begin one on the member they believe
+//!   primary, write a few keys, then commit (w:"majority" mostly, w:1 sometimes) or abort.
+//!   A transaction lives in its primary's memory until its commit logs one `applyOps`
+//!   entry with all its writes; a write conflict with another transaction in progress (or
+//!   a write since it began) aborts it at once; a kill or a step-down aborts those in
+//!   progress (NoSuchTransaction after); a commit whose answer was lost is retried, and a
+//!   member that did not run it answers from the session's record (the replicated entry).
 //!
 //! After every step the invariants are checked:
 //!
@@ -36,22 +43,36 @@
 //! - a member never loses what it had committed and made durable, across restarts, except
 //!   by starting an initial sync, which only a member that never finished one does (a member
 //!   that finished one never starts another);
-//! - majority reads return committed values only, and a member's never go back.
+//! - majority reads return committed values only, and a member's never go back;
+//! - atomicity: a member's data holds each transaction's writes all or none (checked when
+//!   its data changes other than by whole entries: a finished initial sync's copy, a
+//!   rollback; and at the end), and so does every majority read (all keys at one point);
+//! - a transaction acknowledged committed with w:"majority" is never rolled back, and every
+//!   later primary holds all of it (the write checks above, on its entry);
+//! - a transaction its client was told did not commit (aborted, NoSuchTransaction, given
+//!   up before its commit) is never logged afterwards (but by a deposed primary that still
+//!   received its commit), never enters the committed history, and at the end is in no
+//!   member's oplog or data; a transaction is logged once at most, and only a primary
+//!   holds transactions in progress, all begun in its current term;
+//! - a commit's answers agree: the entry it names is that transaction's, with every write
+//!   the client made, and a retried commit never contradicts an earlier definite answer.
 //!
 //! At the end the faults heal and the set must settle: one primary, every member of its
 //! config caught up (a member that cannot make progress, say because a batch it needs can
 //! never be sent, fails the run), every member's oplog the same from the later start and its
-//! data the same, every acknowledged majority write in it.
+//! data the same, every acknowledged majority write and transaction whole in it.
 //!
 //! The same seed replays the same run exactly: nothing here reads a real clock, a thread or
 //! an unordered map.
 //!
 //! Not modeled: the server's tokio tasks themselves (its connections, locks and threads:
-//! here connections are messages and tasks are timers), arbiters, forced reconfig, and data
-//! beyond the set of writes (each write is one value of a register, with the size it
-//! stands for).
+//! here connections are messages and tasks are timers), arbiters, forced reconfig, data
+//! beyond the set of writes (each write is one value of one of `member::KEYS` registers,
+//! with the size it stands for), and transactions' reads, prepared (two-phase) commits and
+//! chains of entries (a transaction's writes are small: one entry holds them).
 
 pub mod member;
+pub mod txn;
 
 use member::Member;
 use repl::election::VoteRequest;
@@ -193,12 +214,30 @@ pub enum Msg {
     Reset {
         req: u64,
     },
-    Write {
+    Write(txn::PlainWrite),
+    /// A transaction's statement, writing one key; `start`: its first (startTransaction).
+    TxnStatement {
         op: u64,
-        value: u64,
+        txn: txn::TxnId,
+        start: bool,
+        write: txn::TxnWrite,
+    },
+    /// commitTransaction, first or retried.
+    TxnCommit {
+        op: u64,
+        txn: txn::TxnId,
         majority: bool,
         j: bool,
-        size_bytes: u64,
+    },
+    TxnAbort {
+        op: u64,
+        txn: txn::TxnId,
+    },
+    /// The answer to a transaction's request, from a member in `term`.
+    TxnReply {
+        op: u64,
+        term: i64,
+        result: txn::TxnResult,
     },
     /// Initial sync: the source's majority-committed oplog entry (`committed`: `begin`; its
     /// oldest while it knows none), or its newest (`minValid`).
@@ -215,7 +254,7 @@ pub enum Msg {
     /// Initial sync's clone: the source's data after a timestamp, one batch.
     CloneRead {
         req: u64,
-        after: Option<u64>,
+        after: Option<(u64, u32)>,
     },
     /// None: the source serves no reads (not primary or secondary).
     CloneBatch {
@@ -230,12 +269,12 @@ pub enum Msg {
     Read {
         op: u64,
     },
-    /// The commit point when answered and the register's newest value, from the member's
+    /// The commit point when answered and every key's newest value, from the member's
     /// `incarnation`; None when the member serves no reads.
     ReadReply {
         op: u64,
         incarnation: u64,
-        result: Option<(OpTime, Option<(OpTime, u64)>)>,
+        result: Option<(OpTime, member::Values)>,
     },
 }
 
@@ -254,9 +293,10 @@ impl Msg {
     fn size_bytes(&self) -> u64 {
         match self {
             Msg::Batch { entries, .. } => entries.iter().map(|(_, b)| member::entry_size(b)).sum(),
-            Msg::CloneBatch { docs: Some(docs), .. } => docs.iter().map(|d| d.2).sum(),
+            Msg::CloneBatch { docs: Some(docs), .. } => docs.iter().map(|d| d.size).sum(),
             Msg::NewestReply { entry: Some((_, b)), .. } => member::entry_size(b),
-            Msg::Write { size_bytes, .. } => *size_bytes,
+            Msg::Write(w) => w.size_bytes,
+            Msg::TxnStatement { write, .. } => write.size,
             _ => 0,
         }
     }
@@ -284,9 +324,12 @@ pub enum Note {
         member: usize,
         term: i64,
     },
+    /// `at` acknowledged with w:"majority" by a primary in `term` (a retried commit's entry
+    /// may be of an older term, made majority-committed in this one).
     AckedMajority {
         member: usize,
         at: OpTime,
+        term: i64,
     },
     RollingBack {
         member: usize,
@@ -308,6 +351,21 @@ pub enum Note {
         member: usize,
         begin: OpTime,
         min_valid: OpTime,
+    },
+    /// A primary logged a transaction's commit entry.
+    TxnLogged {
+        member: usize,
+        txn: txn::TxnId,
+        at: OpTime,
+        keys: Vec<u64>,
+        term: i64,
+    },
+    /// Transactions in progress aborted: by a step-down, or past their lifetime (`expired`).
+    TxnsAborted {
+        member: usize,
+        count: u64,
+        expired: bool,
+        why: String,
     },
     /// A fetched reply past the largest a member accepts.
     BatchRefused {
@@ -343,6 +401,11 @@ enum Event {
     },
     ClientNext(usize),
     ClientTimeout {
+        client: usize,
+        op: u64,
+    },
+    TxnClientNext(usize),
+    TxnClientTimeout {
         client: usize,
         op: u64,
     },
@@ -392,6 +455,8 @@ pub struct Options {
     pub fault_ms: u64,
     pub quiet_ms: u64,
     pub clients: usize,
+    /// Clients that run multi-document transactions (beside `clients`).
+    pub txn_clients: usize,
     pub trace: bool,
     /// Members at the end of the first config whose store starts empty: they initial-sync.
     pub empty_members: usize,
@@ -429,6 +494,7 @@ impl Options {
             fault_ms: 20_000,
             quiet_ms: 30_000,
             clients: 3,
+            txn_clients: 2,
             trace: false,
             empty_members,
             spare_slots,
@@ -475,6 +541,29 @@ pub struct Report {
     pub large_entries: u64,
     /// Fetched replies refused as larger than the largest a member accepts.
     pub batches_refused: u64,
+    pub txns_started: u64,
+    /// Commits acknowledged (the first time), of which after a w:"majority" wait.
+    pub txns_committed: u64,
+    pub txns_committed_majority: u64,
+    /// Transactions their clients chose to abort.
+    pub txns_aborted_by_client: u64,
+    /// Transactions in progress that a kill or a step-down aborted on their primary.
+    pub txns_aborted_by_failover: u64,
+    /// Transactions past their lifetime, aborted by the reaper.
+    pub txns_expired: u64,
+    /// Transactions their clients began again (TransientTransactionError, no answer).
+    pub txns_restarted: u64,
+    /// Statements that met a WriteConflict (their transaction aborted).
+    pub txn_write_conflicts: u64,
+    /// Commit answers of unknown outcome (UnknownTransactionCommitResult, not primary, no
+    /// answer).
+    pub txn_commits_unknown: u64,
+    pub txn_commits_retried: u64,
+    /// Retried commits answered committed by a member that found them on record (another
+    /// than the one that logged the commit).
+    pub txn_commits_recovered: u64,
+    /// Retried commits answered NoSuchTransaction: the commit never took effect.
+    pub txn_commits_not_found: u64,
 }
 
 impl Report {
@@ -511,7 +600,8 @@ struct Checker {
     /// Per member: how many of its oldest entries match `committed`, and the last one's ts.
     verified: Vec<(usize, Option<u64>)>,
     primaries: BTreeMap<i64, usize>,
-    acked_majority: BTreeSet<OpTime>,
+    /// Entries acknowledged with w:"majority", and the first term that acknowledged each.
+    acked_majority: BTreeMap<OpTime, i64>,
     /// Per member: (incarnation, commit point) last seen, for monotonic majority reads.
     last_cp: Vec<(u64, OpTime)>,
     /// Per (client, member): (incarnation, commit point) of the last majority read.
@@ -522,6 +612,7 @@ struct Checker {
     /// Per member (machine): initial syncs started and finished, across its restarts.
     syncs_started: Vec<u64>,
     syncs_done: Vec<u64>,
+    txns: txn::TxnChecker,
 }
 
 struct Client {
@@ -556,6 +647,7 @@ pub struct Sim {
     /// Whether the slot's machine runs (spares do once added).
     provisioned: Vec<bool>,
     clients: Vec<Client>,
+    txn_clients: Vec<txn::TxnClient>,
     /// Member pairs whose link is cut, by partition id.
     cut: BTreeSet<(usize, usize)>,
     partition_id: u64,
@@ -609,17 +701,19 @@ impl Sim {
             .collect();
         let provisioned = (0..slots).map(|i| i < n).collect();
         let clients = (0..opts.clients).map(|c| Client { op: 0, busy: None, next_value: (c as u64 + 1) << 40 }).collect();
+        let txn_clients = (0..opts.txn_clients).map(|t| txn::TxnClient::new(t as u64 + 1, ((opts.clients + t) as u64 + 1) << 40)).collect();
         let checker = Checker {
             committed: vec![genesis_at],
             committed_set: [genesis_at].into_iter().collect(),
             verified: vec![(0, None); slots],
             primaries: BTreeMap::new(),
-            acked_majority: BTreeSet::new(),
+            acked_majority: BTreeMap::new(),
             last_cp: vec![(0, OpTime::default()); slots],
             last_read: BTreeMap::new(),
             kept: vec![OpTime::default(); slots],
             syncs_started: vec![0; slots],
             syncs_done: vec![0; slots],
+            txns: txn::TxnChecker::default(),
         };
         let report = Report { seed, members: n, ..Report::default() };
         Sim {
@@ -632,6 +726,7 @@ impl Sim {
             members,
             provisioned,
             clients,
+            txn_clients,
             cut: BTreeSet::new(),
             partition_id: 0,
             loss: 0.0,
@@ -676,6 +771,10 @@ impl Sim {
             let d = self.rng.below(50);
             self.push(d, Event::ClientNext(c));
         }
+        for t in 0..self.txn_clients.len() {
+            let d = self.rng.below(50);
+            self.push(d, Event::TxnClientNext(t));
+        }
         let first = self.rng.range(1000, 3000);
         self.push(first, Event::Nemesis);
         let fault_end = self.opts.fault_ms;
@@ -706,6 +805,13 @@ impl Sim {
                 if self.link_cut(from, to) {
                     self.report.dropped += 1;
                     return Ok(());
+                }
+                if to >= self.members.len() + self.clients.len() {
+                    let t = to - self.members.len() - self.clients.len();
+                    return match msg {
+                        Msg::TxnReply { op, term, result } => self.txn_client_reply(t, from, op, term, result),
+                        _ => Ok(()),
+                    };
                 }
                 if to >= self.members.len() {
                     return self.client_reply(to - self.members.len(), from, msg);
@@ -760,6 +866,11 @@ impl Sim {
                 }
                 Ok(())
             }
+            Event::TxnClientNext(t) => {
+                self.txn_client_next(t);
+                Ok(())
+            }
+            Event::TxnClientTimeout { client, op } => self.txn_client_timeout(client, op),
             Event::Nemesis => {
                 if self.faults_on {
                     self.nemesis()?;
@@ -796,8 +907,10 @@ impl Sim {
     fn endpoint(&self, i: usize) -> String {
         if i < self.members.len() {
             format!("m{i}")
-        } else {
+        } else if i < self.members.len() + self.clients.len() {
             format!("c{}", i - self.members.len())
+        } else {
+            format!("x{}", i - self.members.len() - self.clients.len())
         }
     }
 
@@ -856,18 +969,19 @@ impl Sim {
                 if let Some(other) = self.checker.primaries.insert(term, member) {
                     return Err(self.fail(format!("two primaries in term {term}: m{other} and m{member}")));
                 }
-                // Every write a majority acknowledged is on every primary of a later term
-                // (Raft's leader completeness). A primary of an earlier term may still take
-                // over late, after a long catch-up; it can commit nothing, as the majority
-                // that elected the later term has moved on.
+                // Every write a majority acknowledged is on every primary of a term after the
+                // one that acknowledged it (Raft's leader completeness). A primary of an
+                // earlier term may still take over late, after a long catch-up; it can commit
+                // nothing, as the majority that elected the later term has moved on.
                 let store = &self.members[member].store;
-                if let Some(at) = member::missing_write(store, self.checker.acked_majority.iter().filter(|at| at.term < term)) {
+                let acked = self.checker.acked_majority.iter().filter(|(_, t)| **t < term).map(|(at, _)| at);
+                if let Some(at) = member::missing_write(store, acked) {
                     return Err(self.fail(format!("m{member}, primary in term {term}, lacks the majority-acknowledged write {at:?}")));
                 }
             }
-            Note::AckedMajority { member, at } => {
-                self.checker.acked_majority.insert(at);
-                let later = self.checker.primaries.range(at.term + 1..).next().map(|(t, m)| (*t, *m));
+            Note::AckedMajority { member, at, term } => {
+                let first = *self.checker.acked_majority.entry(at).and_modify(|t| *t = (*t).min(term)).or_insert(term);
+                let later = self.checker.primaries.range(first + 1..).next().map(|(t, m)| (*t, *m));
                 if let Some((t, p)) = later {
                     // Not yet a loss if that primary has it; BecamePrimary checked it then.
                     if member::missing_write(&self.members[p].store, std::iter::once(&at)).is_some() {
@@ -883,7 +997,7 @@ impl Sim {
                     return Err(self
                         .fail(format!("m{member} rolls back to {common:?}, behind its commit point {commit_point:?}: a majority read saw writes now undone")));
                 }
-                if let Some(at) = removed.iter().find(|at| self.checker.acked_majority.contains(at)) {
+                if let Some(at) = removed.iter().find(|at| self.checker.acked_majority.contains_key(at)) {
                     return Err(self.fail(format!("m{member} rolls back the majority-acknowledged write {at:?}")));
                 }
                 // A member that never counted an entry committed (its commit point is checked
@@ -912,6 +1026,11 @@ impl Sim {
                 // start (rare, so the rescan's cost does not matter).
                 if self.checker.verified[member].1.is_some_and(|t| t > common.ts) {
                     self.checker.verified[member] = (0, None);
+                }
+                // The rollback took back the copied data after the common point too:
+                // transactions whole.
+                if member::has_copied_data(&self.members[member].store) {
+                    self.check_data_atomic(member)?;
                 }
             }
             Note::Stuck { member, why } => {
@@ -948,6 +1067,17 @@ impl Sim {
                 self.report.initial_syncs_done += 1;
                 self.checker.syncs_done[member] += 1;
                 self.note(format!("m{member} finished its initial sync: oplog from {}, minValid {}", ot(begin), ot(min_valid)));
+                // Its data is consistent from here: the copy and the oplog, transactions whole.
+                self.check_data_atomic(member)?;
+            }
+            Note::TxnLogged { member, txn, at, keys, term } => self.on_txn_logged(member, txn, at, keys, term)?,
+            Note::TxnsAborted { member, count, expired, why } => {
+                if expired {
+                    self.report.txns_expired += count;
+                } else {
+                    self.report.txns_aborted_by_failover += count;
+                }
+                self.note(format!("m{member} aborts {count} transactions in progress: {why}"));
             }
             Note::BatchRefused { member, source, bytes, entries } => {
                 self.report.batches_refused += 1;
@@ -957,12 +1087,15 @@ impl Sim {
         Ok(())
     }
 
-    /// The committed-prefix and monotonic-commit-point invariants for member `m`.
+    /// The committed-prefix and monotonic-commit-point invariants for member `m`, and its
+    /// transactions in progress.
     fn check_member(&mut self, m: usize) -> Result<(), Failure> {
         let mem = &self.members[m];
         if !mem.up {
             return Ok(());
         }
+        self.check_open_txns(m)?;
+        let mem = &self.members[m];
         let cp = mem.commit_point;
         let (inc, prev) = self.checker.last_cp[m];
         if inc == mem.incarnation && cp < prev {
@@ -997,7 +1130,7 @@ impl Sim {
                 if self.checker.committed.first() != Some(first) {
                     let first = *first;
                     if first.ts > self.checker.committed.last().map_or(0, |c| c.ts) {
-                        self.fill_committed_through(first);
+                        self.fill_committed_through(first)?;
                     }
                     match self.checker.committed.binary_search_by_key(&first.ts, |c| c.ts) {
                         Ok(i) => count = i,
@@ -1021,6 +1154,7 @@ impl Sim {
                 None => {
                     self.checker.committed.push(at);
                     self.checker.committed_set.insert(at);
+                    self.check_committed_txn(at)?;
                 }
             }
             count += 1;
@@ -1033,15 +1167,17 @@ impl Sim {
     /// point, as the first entry of its oplog), and so is every entry before it: extend the
     /// committed history to it from a member whose oplog holds both the history's newest
     /// entry and `through` (log matching: it holds the same entries before them).
-    fn fill_committed_through(&mut self, through: OpTime) {
-        let Some(&newest) = self.checker.committed.last() else { return };
+    fn fill_committed_through(&mut self, through: OpTime) -> Result<(), Failure> {
+        let Some(&newest) = self.checker.committed.last() else { return Ok(()) };
         let holder = (0..self.members.len())
             .find(|&j| self.provisioned[j] && member::holds_entry(&self.members[j].store, newest) && member::holds_entry(&self.members[j].store, through));
-        let Some(j) = holder else { return };
+        let Some(j) = holder else { return Ok(()) };
         for at in member::oplog_between(&self.members[j].store, Some(newest.ts), through) {
             self.checker.committed.push(at);
             self.checker.committed_set.insert(at);
+            self.check_committed_txn(at)?;
         }
+        Ok(())
     }
 
     // ---- clients ----
@@ -1069,13 +1205,14 @@ impl Sim {
         } else {
             self.rng.range(ENTRY_SMALL_BYTES_MIN, ENTRY_SMALL_BYTES_MAX)
         };
+        let key = self.rng.below(member::KEYS);
         let cl = &mut self.clients[c];
         cl.op += 1;
         let op = cl.op;
         cl.busy = Some((op, write, majority));
         let msg = if write {
             cl.next_value += 1;
-            Msg::Write { op, value: cl.next_value, majority, j, size_bytes }
+            Msg::Write(txn::PlainWrite { op, key, value: cl.next_value, majority, j, size_bytes })
         } else {
             Msg::Read { op }
         };
@@ -1100,12 +1237,13 @@ impl Sim {
             Some(WriteResult::SteppedDown) => self.report.writes_unknown += 1,
             Some(WriteResult::NotPrimary) => {}
             None => {
-                if let Msg::ReadReply { result: Some((cp, value)), incarnation, .. } = msg {
+                if let Msg::ReadReply { result: Some((cp, values)), incarnation, .. } = msg {
                     self.report.reads += 1;
-                    let at = value.map(|(at, _)| at).unwrap_or_default();
-                    if value.is_some() && !self.checker.committed_set.contains(&at) {
+                    if let Some(at) = values.iter().flatten().map(|(at, _)| *at).find(|at| !self.checker.committed_set.contains(at)) {
                         return Err(self.fail(format!("c{c} read {at:?} from m{from} at commit point {cp:?}, not in the committed history")));
                     }
+                    self.check_read_atomic(c, from, &values)?;
+                    let at = values.iter().flatten().map(|(at, _)| *at).max().unwrap_or_default();
                     if let Some((i, prev)) = self.checker.last_read.insert((c, from), (incarnation, at)) {
                         if i == incarnation && at < prev {
                             return Err(self.fail(format!("c{c}'s majority reads from m{from} went back from {prev:?} to {at:?}")));
@@ -1295,6 +1433,7 @@ impl Sim {
         }
         self.report.crashes += 1;
         self.note(format!("nemesis: kill -9 m{m}"));
+        self.report.txns_aborted_by_failover += self.members[m].txns.open_count();
         // Its connections break: the fetchers waiting on its cursors hear so.
         let parked: Vec<(usize, u64)> = self.members[m].parked.iter().map(|p| (p.from, p.req)).collect();
         for (from, req) in parked {
@@ -1343,7 +1482,7 @@ impl Sim {
         };
         let store = &self.members[p].store;
         let reference = member::oplog_between(store, None, self.members[p].last());
-        if let Some(at) = member::missing_write(store, self.checker.acked_majority.iter()) {
+        if let Some(at) = member::missing_write(store, self.checker.acked_majority.keys()) {
             return Err(self.fail(format!("the majority-acknowledged write {at:?} is not on the primary m{p}")));
         }
         // A primary that initial-synced holds the history from its begin entry on.
@@ -1386,10 +1525,13 @@ impl Sim {
                 )));
             }
             if !primary_copied && !member::has_copied_data(&m.store) {
+                // Its data is its oplog's entries, each whole.
+                self.final_txn_checks(i, None)?;
                 continue;
             }
             let data = if primary_copied { &data } else { data_from_oplog.get_or_insert_with(|| member::data_docs(&self.members[p].store, None, usize::MAX)) };
             let theirs = member::data_docs(&m.store, None, usize::MAX);
+            self.final_txn_checks(i, Some(&theirs))?;
             if theirs != *data {
                 let at = theirs.iter().zip(data.iter()).position(|(a, b)| a != b).unwrap_or(theirs.len().min(data.len()));
                 return Err(self.fail(format!(

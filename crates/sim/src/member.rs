@@ -10,10 +10,11 @@
 //! in batches, then tails the oplog from where the copy began), entry sizes up to the
 //! largest an oplog entry can have (the cursor's batch rule, `cursor.rs`), and configs
 //! installed by replSetReconfig and spread by heartbeats (`member.rs` `adopt_config`,
-//! `mod.rs` `install_config`).
+//! `mod.rs` `install_config`). Multi-document transactions are `txn.rs`'s.
 
+use crate::txn::{self, TxnId};
 use crate::{Cursor, Msg, Note, Out, Position, Timer, WriteResult};
-use bson::{doc, Document};
+use bson::{doc, Bson, Document};
 use repl::election::VoteRequest;
 use repl::progress::WMode;
 use repl::sync_source::{Mismatch, PeerView};
@@ -72,10 +73,15 @@ const MIN_VALID: &str = "replset.minvalid";
 /// mongod's initialSyncFlag: set durably before an initial sync drops anything, cleared
 /// once its oplog is seeded (set again when the sync starts over).
 const INITIAL_SYNC_FLAG: &str = "replset.initialSyncFlag";
-/// The data an initial sync copied: one document per write, `{_id: ts, t, v, size}` (the
-/// rest of a member's data is its oplog's writes, the workload being inserts only).
+/// The data an initial sync copied: one document per write, `{_id: {ts, i}, ts, t, k, v,
+/// size, i, of}` and a transaction's `lsid` and `txnNumber` (the rest of a member's data is
+/// its oplog's writes, the workload being inserts only).
 const DATA_DB: &str = "sim";
 const DATA_COLLECTION: &str = "data";
+/// The registers the clients write: each write sets one key's value (the newest write to a
+/// key is its value).
+pub const KEYS: u64 = 6;
+pub const REGISTERS_NS: &str = "sim.registers";
 /// Wall clocks start here (2026-12-01), so timestamps look like real ones.
 const EPOCH_WALL_MS: i64 = 1_796_083_200_000;
 
@@ -105,9 +111,9 @@ pub struct Election {
 pub enum SyncPhase {
     /// Asking the source for its newest entry: `begin`.
     Begin,
-    /// Copying the source's data, `after` its document with this timestamp; the source's
-    /// rollback id when the sync began.
-    Cloning { begin: OpTime, after: Option<u64>, rollback_id: u64 },
+    /// Copying the source's data, `after` its document at this place (`DataDoc::pos`); the
+    /// source's rollback id when the sync began.
+    Cloning { begin: OpTime, after: Option<(u64, u32)>, rollback_id: u64 },
     /// Asking the source for its newest entry again: `minValid`.
     MinValid { begin: OpTime, rollback_id: u64 },
 }
@@ -146,17 +152,30 @@ pub enum Fetch {
     },
 }
 
+/// A w:"majority" wait for `at`, and what it answers once met.
 pub struct PendingWrite {
     pub client: usize,
     pub op: u64,
     pub at: OpTime,
+    pub answer: Answer,
 }
+
+pub enum Answer {
+    /// A write: acknowledged at `at`.
+    Write,
+    /// A transaction's commit (or its retry): this result once the wait is met,
+    /// UnknownTransactionCommitResult if the member steps down first.
+    Txn(txn::TxnResult),
+}
+
+/// Every key's newest value as a read saw it: (the write's optime, the value).
+pub type Values = Vec<Option<(OpTime, u64)>>;
 
 /// A majority read waiting for the commit point to reach what it read.
 pub struct ParkedRead {
     pub client: usize,
     pub op: u64,
-    pub value: Option<(OpTime, u64)>,
+    pub values: Values,
     pub until: u64,
 }
 
@@ -203,6 +222,8 @@ pub struct Member {
     pub catch_up: Option<(usize, OpTime, i64)>,
     pub min_valid: Option<OpTime>,
     pub pending: Vec<PendingWrite>,
+    /// Transactions in progress and sessions' outcomes, in memory only (`txn.rs`).
+    pub txns: txn::Sessions,
     pub parked: Vec<ParkedGetMore>,
     pub parked_reads: Vec<ParkedRead>,
     pub flush_requested: bool,
@@ -251,17 +272,17 @@ fn first_doc(store: &Store, coll: &str) -> Option<Document> {
     store.collection(LOCAL, coll).and_then(|c| c.snapshot().scan(None, 1).expect("scan").into_iter().next().map(|(_, d)| d))
 }
 
-/// An oplog entry of the simulated workload: an insert of `value` (the register's newest
-/// value is the newest insert), or a no-op (initiation, a new primary). `size_bytes` is the
+/// An oplog entry of the simulated workload: an insert of `(key, value)` (a key's newest
+/// value is its newest insert), or a no-op (initiation, a new primary). `size_bytes` is the
 /// size the entry stands for: the sim carries the number, not the bytes.
-pub fn entry(at: OpTime, wall_ms: i64, value: Option<u64>, size_bytes: u64) -> Vec<u8> {
+pub fn entry(at: OpTime, wall_ms: i64, write: Option<(u64, u64)>, size_bytes: u64) -> Vec<u8> {
     assert!(size_bytes <= ENTRY_SIZE_MAX_BYTES, "entry of {size_bytes} bytes");
     let mut d = doc! {"ts": at.timestamp(), "t": at.term, "wall": bson::DateTime::from_millis(wall_ms), "size": size_bytes as i64};
-    match value {
-        Some(v) => {
+    match write {
+        Some((key, v)) => {
             d.insert("op", "i");
-            d.insert("ns", "sim.registers");
-            d.insert("o", doc! {"_id": 0, "v": v as i64});
+            d.insert("ns", REGISTERS_NS);
+            d.insert("o", doc! {"_id": key as i64, "v": v as i64});
         }
         None => {
             d.insert("op", "n");
@@ -272,9 +293,40 @@ pub fn entry(at: OpTime, wall_ms: i64, value: Option<u64>, size_bytes: u64) -> V
     d.to_vec().expect("entry")
 }
 
-/// The value an entry wrote, if it is a write.
-pub fn doc_value(d: &Document) -> Option<u64> {
-    d.get_document("o").ok()?.get_i64("v").ok().map(|v| v as u64)
+/// The writes an entry made, in order: (key, value, size), one for an insert, a
+/// transaction's several for its `applyOps` (none for a no-op).
+pub fn entry_writes(d: &Document, mut f: impl FnMut(u64, u64, u64)) {
+    let write = |o: &Document| Some((o.get_i64("_id").ok()? as u64, o.get_i64("v").ok()? as u64));
+    match d.get_str("op") {
+        Ok("i") => {
+            if let Some((k, v)) = d.get_document("o").ok().and_then(write) {
+                f(k, v, d.get_i64("size").unwrap_or(0) as u64);
+            }
+        }
+        Ok("c") => {
+            let ops = d.get_document("o").ok().and_then(|o| o.get_array("applyOps").ok());
+            for op in ops.into_iter().flatten() {
+                let Bson::Document(op) = op else { continue };
+                if let Some((k, v)) = op.get_document("o").ok().and_then(write) {
+                    f(k, v, op.get_i64("size").unwrap_or(0) as u64);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The data documents an oplog entry's writes make.
+pub fn entry_docs(d: &Document) -> Vec<DataDoc> {
+    let Some(at) = OpTime::from_doc(d) else { return Vec::new() };
+    let txn = txn::entry_txn(d);
+    let mut docs = Vec::new();
+    entry_writes(d, |key, value, size| docs.push(DataDoc { at, idx: docs.len() as u32, of: 0, key, value, size, txn }));
+    let of = docs.len() as u32;
+    for doc in &mut docs {
+        doc.of = of;
+    }
+    docs
 }
 
 /// The size an entry stands for.
@@ -298,8 +350,52 @@ pub fn cut_batch<T>(items: Vec<T>, size: impl Fn(&T) -> u64) -> Vec<T> {
     out
 }
 
-/// One write as a clone copies it: (optime, value, size in bytes).
-pub type DataDoc = (OpTime, u64, u64);
+/// One write as a clone copies it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataDoc {
+    /// The entry that wrote it.
+    pub at: OpTime,
+    /// Its place among that entry's writes, and how many the entry made (several for a
+    /// transaction's).
+    pub idx: u32,
+    pub of: u32,
+    pub key: u64,
+    pub value: u64,
+    pub size: u64,
+    /// The transaction that wrote it: the session's record travels with the data (mongod
+    /// clones `config.transactions`).
+    pub txn: Option<TxnId>,
+}
+
+impl DataDoc {
+    /// Its place in the data: clone cursors move by it.
+    pub fn pos(&self) -> (u64, u32) {
+        (self.at.ts, self.idx)
+    }
+
+    fn to_doc(&self) -> Document {
+        let mut d = doc! {"_id": {"ts": self.at.ts as i64, "i": self.idx as i64}, "k": self.key as i64, "v": self.value as i64, "size": self.size as i64, "i": self.idx as i64, "of": self.of as i64};
+        d.extend(self.at.to_doc());
+        if let Some(t) = self.txn {
+            d.insert("lsid", txn::lsid_doc(t.lsid));
+            d.insert("txnNumber", t.number);
+        }
+        d
+    }
+
+    fn from_doc(d: &Document) -> Option<DataDoc> {
+        let n = |k: &str| d.get_i64(k).ok().map(|v| v as u64);
+        Some(DataDoc {
+            at: OpTime::from_doc(d)?,
+            idx: n("i")? as u32,
+            of: n("of")? as u32,
+            key: n("k")?,
+            value: n("v")?,
+            size: n("size")?,
+            txn: txn::entry_txn(d),
+        })
+    }
+}
 
 impl Member {
     /// A member with `genesis` in its oplog; an empty `genesis` makes an empty member, which
@@ -340,6 +436,7 @@ impl Member {
             catch_up: None,
             min_valid: None,
             pending: Vec::new(),
+            txns: txn::Sessions::default(),
             parked: Vec::new(),
             parked_reads: Vec::new(),
             flush_requested: false,
@@ -428,6 +525,7 @@ impl Member {
         self.fetch = Fetch::Idle { at: now };
         self.catch_up = None;
         self.pending.clear();
+        self.txns = txn::Sessions::default();
         self.parked.clear();
         self.parked_reads.clear();
         self.flush_requested = false;
@@ -470,10 +568,12 @@ impl Member {
         }
     }
 
-    /// kill -9: what was not synced is gone; the process state with it.
+    /// kill -9: what was not synced is gone; the process state with it (its transactions in
+    /// progress too).
     pub fn crash(&mut self) {
         self.up = false;
         self.parked.clear();
+        self.txns = txn::Sessions::default();
         self.incarnation += 1;
         self.engine = self.engine.crash_image();
         self.store = Store::open_with_engine(Arc::new(self.engine.clone())).expect("reopen after crash");
@@ -500,6 +600,8 @@ impl Member {
         self.state = MemberState::Secondary;
         self.primary_seen = self.mono(out.now);
         out.notes.push(Note::Trace(format!("m{} steps down in term {}: {why}", self.index, self.term)));
+        // Its transactions in progress could not commit: aborted, whatever the reason.
+        self.abort_transactions(why, out);
         self.check_pending(out);
     }
 
@@ -513,6 +615,7 @@ impl Member {
         self.store.commit_durable().expect("sync");
         self.term = term;
         self.state = MemberState::Primary;
+        self.txns.written.clear();
         self.elected_wall_ms = self.wall_ms(out.now);
         self.sync_source = None;
         self.fetch = Fetch::Idle { at: 0 };
@@ -526,7 +629,7 @@ impl Member {
     }
 
     /// The next optime a primary stamps: its wall clock's second, after the newest entry.
-    fn next_optime(&self, now: u64, term: i64) -> OpTime {
+    pub(crate) fn next_optime(&self, now: u64, term: i64) -> OpTime {
         let secs = (self.wall_ms(now) / 1000).max(0) as u64;
         let ts = (self.last().ts + 1).max(secs << 32);
         OpTime { ts, term }
@@ -557,14 +660,31 @@ impl Member {
         let mut keep = Vec::new();
         for w in std::mem::take(&mut self.pending) {
             if self.state != MemberState::Primary || self.term != w.at.term {
-                out.sends.push((w.client, Msg::WriteReply { op: w.op, result: WriteResult::SteppedDown }));
+                let reply = match w.answer {
+                    Answer::Write => Msg::WriteReply { op: w.op, result: WriteResult::SteppedDown },
+                    Answer::Txn(_) => Msg::TxnReply { op: w.op, term: self.term, result: txn::TxnResult::UnknownCommitResult },
+                };
+                out.sends.push((w.client, reply));
                 continue;
             }
             let peers = &self.peers;
             let met = repl::progress::write_concern_met(&self.config, &WMode::Majority, w.at, |i| if i == me { own } else { peers[i].durable });
             if met == Ok(true) {
-                out.notes.push(Note::AckedMajority { member: me, at: w.at });
-                out.sends.push((w.client, Msg::WriteReply { op: w.op, result: WriteResult::Ok(w.at) }));
+                let reply = match w.answer {
+                    Answer::Write => {
+                        out.notes.push(Note::AckedMajority { member: me, at: w.at, term: w.at.term });
+                        Msg::WriteReply { op: w.op, result: WriteResult::Ok(w.at) }
+                    }
+                    Answer::Txn(result) => {
+                        // The commit's entry is at or before the entry waited for, which is of
+                        // this primary's term.
+                        if let txn::TxnResult::Committed(at) = result {
+                            out.notes.push(Note::AckedMajority { member: me, at, term: w.at.term });
+                        }
+                        Msg::TxnReply { op: w.op, term: self.term, result }
+                    }
+                };
+                out.sends.push((w.client, reply));
             } else {
                 keep.push(w);
             }
@@ -679,6 +799,7 @@ impl Member {
             MemberState::Primary => {
                 self.advance_commit_point();
                 self.check_pending(out);
+                self.expire_transactions(out);
                 let primary_for_ms = (self.wall_ms(out.now) - self.elected_wall_ms).max(0) as u64;
                 if repl::election::lost_majority(&self.config, self.index, |i| responsive(&self.peers[i]), primary_for_ms, et) {
                     self.step_down(out, "can no longer see a majority of the set");
@@ -924,7 +1045,10 @@ impl Member {
                 out.sends.push((from, Msg::RollbackAnswer { req, optimes, newest: self.last() }));
             }
             Msg::RollbackAnswer { req, optimes, newest } => self.on_rollback_answer(from, req, optimes, newest, out),
-            Msg::Write { op, value, majority, j, size_bytes } => self.on_write(from, op, value, majority, j, size_bytes, out),
+            Msg::Write(w) => self.on_write(from, w, out),
+            Msg::TxnStatement { op, txn, start, write } => self.on_txn_statement(from, op, txn, start, write, out),
+            Msg::TxnCommit { op, txn, majority, j } => self.on_txn_commit(from, op, txn, majority, j, out),
+            Msg::TxnAbort { op, txn } => self.on_txn_abort(from, op, txn, out),
             Msg::OplogNewest { req, committed } => {
                 // initial_sync.rs `begin_entry`: the committed entry (the oldest while none
                 // is known), so that no rollback goes back past the copy's first entry;
@@ -957,9 +1081,9 @@ impl Member {
             Msg::Read { op } => {
                 // readConcern "majority" (server dispatch::ReadWait): read the data as it is,
                 // then answer once the commit point reaches the newest entry read.
-                let value = self.value_at(self.last());
+                let values = self.values_at(self.last());
                 let until = self.mono(out.now) + READ_WAIT_MS;
-                self.parked_reads.push(ParkedRead { client: from, op, value, until });
+                self.parked_reads.push(ParkedRead { client: from, op, values, until });
             }
             Msg::Reset { req } => {
                 let pending = match self.fetch {
@@ -976,7 +1100,7 @@ impl Member {
                     self.fetch_failed(out, format!("m{from} closed the connection"));
                 }
             }
-            Msg::WriteReply { .. } | Msg::ReadReply { .. } => {}
+            Msg::WriteReply { .. } | Msg::ReadReply { .. } | Msg::TxnReply { .. } => {}
         }
     }
 
@@ -1460,6 +1584,8 @@ impl Member {
                         w.delete(rid, &old).expect("delete");
                     }
                 }
+                // The sessions' outcomes it knew go with the data.
+                self.txns = txn::Sessions::default();
                 self.sync_begin = Some((at, bytes));
                 let req = self.id();
                 self.fetch = Fetch::Syncing { src, req, phase: SyncPhase::Cloning { begin: at, after: None, rollback_id } };
@@ -1504,19 +1630,17 @@ impl Member {
         let Some(docs) = docs else {
             return self.fetch_failed(out, format!("initial sync: m{src} serves no reads"));
         };
-        let size: u64 = docs.iter().map(|d| d.2).sum();
+        let size: u64 = docs.iter().map(|d| d.size).sum();
         if size + REPLY_ENVELOPE_BYTES > REPLY_SIZE_MAX_BYTES && docs.len() > 1 {
             return self.fetch_failed(out, format!("initial sync: a clone batch of {size} bytes from m{src} is larger than {REPLY_SIZE_MAX_BYTES}"));
         }
-        let after = docs.last().map(|d| d.0.ts).or(after);
+        let after = docs.last().map(DataDoc::pos).or(after);
         // The copy's own writes, not logged (as the server's initial sync).
         let data = self.store.replicated().collection_or_create(DATA_DB, DATA_COLLECTION).expect("data");
         {
             let mut w = data.writer();
-            for (at, v, size) in docs {
-                let mut d = doc! {"_id": at.ts as i64, "v": v as i64, "size": size as i64};
-                d.extend(at.to_doc());
-                w.insert(&d).expect("insert a cloned document");
+            for d in docs {
+                w.insert(&d.to_doc()).expect("insert a cloned document");
             }
         }
         let req = self.id();
@@ -1531,14 +1655,14 @@ impl Member {
     }
 
     /// The data a clone reads (as a find on the data's collections, in `_id` order): the
-    /// writes this member holds, cloned or in its oplog, after timestamp `after`, one batch
+    /// writes this member holds, cloned or in its oplog, after place `after`, one batch
     /// by the cursor's rule; and whether more follow.
-    fn data_after(&self, after: Option<u64>) -> (Vec<DataDoc>, bool) {
+    fn data_after(&self, after: Option<(u64, u32)>) -> (Vec<DataDoc>, bool) {
         let mut all = data_docs(&self.store, after, CLONE_BATCH_DOCS + 1);
         let more_than_docs = all.len() > CLONE_BATCH_DOCS;
         all.truncate(CLONE_BATCH_DOCS);
         let n = all.len();
-        let batch = cut_batch(all, |d| d.2);
+        let batch = cut_batch(all, |d| d.size);
         let more = more_than_docs || batch.len() < n;
         (batch, more)
     }
@@ -1640,6 +1764,9 @@ impl Member {
         put_single_doc(&self.store, MIN_VALID, &mv);
         self.truncations += 1;
         self.rollback_id += 1;
+        // mongod's rollback invalidates the sessions: their outcomes are read again from
+        // what remains.
+        self.txns = txn::Sessions::default();
         // Cursors parked here read on at once, and find their cursor gone.
         self.serve_parked(out);
         self.store.truncate_oplog_after(common).expect("truncate");
@@ -1661,30 +1788,47 @@ impl Member {
 
     // ---- clients ----
 
-    #[allow(clippy::too_many_arguments)]
-    fn on_write(&mut self, client: usize, op: u64, value: u64, majority: bool, j: bool, size_bytes: u64, out: &mut Out) {
+    /// A write: on a key a transaction in progress wrote, it waits for that transaction to
+    /// end (`txn.rs`), as the server's write runs again after each WriteConflict.
+    pub(crate) fn on_write(&mut self, client: usize, w: txn::PlainWrite, out: &mut Out) {
         if self.state != MemberState::Primary {
-            out.sends.push((client, Msg::WriteReply { op, result: WriteResult::NotPrimary }));
+            out.sends.push((client, Msg::WriteReply { op: w.op, result: WriteResult::NotPrimary }));
+            return;
+        }
+        if self.txns.owner(w.key).is_some() {
+            self.txns.parked_writes.push((client, w));
             return;
         }
         let at = self.next_optime(out.now, self.term);
-        let bytes = entry(at, self.wall_ms(out.now), Some(value), size_bytes + ENTRY_ENVELOPE_BYTES);
+        let bytes = entry(at, self.wall_ms(out.now), Some((w.key, w.value)), w.size_bytes + ENTRY_ENVELOPE_BYTES);
         self.store.append_oplog_replicated(&[(at, bytes)]).expect("log the write");
+        self.txns.written.insert(w.key, at);
+        self.logged(w.j, out);
+        if w.majority {
+            self.wait_majority(client, w.op, at, Answer::Write, out);
+        } else {
+            out.sends.push((client, Msg::WriteReply { op: w.op, result: WriteResult::Ok(at) }));
+        }
+    }
+
+    /// After this primary logged an entry: synced if `j`, and the fetchers waiting for it
+    /// served.
+    pub(crate) fn logged(&mut self, j: bool, out: &mut Out) {
         if j {
             self.store.commit_durable().expect("sync");
         }
         self.serve_parked(out);
-        if majority {
-            self.pending.push(PendingWrite { client, op, at });
-            if !self.flush_requested {
-                self.flush_requested = true;
-                self.timer(out, 1, Timer::FlushRequested);
-            }
-            self.advance_commit_point();
-            self.check_pending(out);
-        } else {
-            out.sends.push((client, Msg::WriteReply { op, result: WriteResult::Ok(at) }));
+    }
+
+    /// Answer once `at` is majority-committed (durable on a majority).
+    pub(crate) fn wait_majority(&mut self, client: usize, op: u64, at: OpTime, answer: Answer, out: &mut Out) {
+        self.pending.push(PendingWrite { client, op, at, answer });
+        if !self.flush_requested {
+            self.flush_requested = true;
+            self.timer(out, 1, Timer::FlushRequested);
         }
+        self.advance_commit_point();
+        self.check_pending(out);
     }
 
     /// Answer the parked majority reads that may be answered (called after every step).
@@ -1696,12 +1840,12 @@ impl Member {
         let cp = self.reported_commit_point();
         let now = self.mono(out.now);
         let incarnation = self.incarnation;
-        self.parked_reads.retain(|r| {
-            let at = r.value.map(|(at, _)| at).unwrap_or_default();
+        self.parked_reads.retain_mut(|r| {
+            let at = r.values.iter().flatten().map(|(at, _)| *at).max().unwrap_or_default();
             let result = if !serving {
                 None
             } else if cp >= at {
-                Some((cp, r.value))
+                Some((cp, std::mem::take(&mut r.values)))
             } else if now < r.until {
                 return true;
             } else {
@@ -1712,49 +1856,63 @@ impl Member {
         });
     }
 
-    /// The register's value as of `cp`: the newest write at or before it.
-    fn value_at(&self, cp: OpTime) -> Option<(OpTime, u64)> {
+    /// Every key's value as of `cp` (one snapshot): the newest write to it at or before.
+    fn values_at(&self, cp: OpTime) -> Values {
+        let mut values: Values = vec![None; KEYS as usize];
+        let mut missing = values.len();
         let c = self.store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
         let mut before = Some(cp.ts + 1);
-        // Most entries are writes: the newest few hold one.
-        let mut n = 4;
+        // Most entries are writes: the newest few dozen hold every key.
+        let mut n = 16;
         loop {
             let chunk = c.snapshot().scan_reverse(before, n).expect("scan");
             n = (n * 4).min(1024);
             if chunk.is_empty() {
-                // Older writes are in the data an initial sync copied, if any.
-                return self.store.collection(DATA_DB, DATA_COLLECTION).and_then(|d| {
-                    let docs = d.snapshot().scan(None, usize::MAX).expect("scan");
-                    docs.into_iter()
-                        .filter_map(|(_, d)| Some((OpTime::from_doc(&d)?, d.get_i64("v").ok()? as u64)))
-                        .filter(|(at, _)| *at <= cp)
-                        .max_by_key(|(at, _)| *at)
-                });
+                break;
             }
             for (rid, d) in chunk {
                 before = Some(rid);
-                if let (Some(at), Some(v)) = (OpTime::from_doc(&d), doc_value(&d)) {
-                    return Some((at, v));
+                let Some(at) = OpTime::from_doc(&d) else { continue };
+                entry_writes(&d, |k, v, _| {
+                    if let Some(slot @ None) = values.get_mut(k as usize) {
+                        *slot = Some((at, v));
+                        missing -= 1;
+                    }
+                });
+                if missing == 0 {
+                    return values;
                 }
             }
         }
+        // Older writes are in the data an initial sync copied, if any.
+        if let Some(data) = self.store.collection(DATA_DB, DATA_COLLECTION) {
+            for (_, d) in data.snapshot().scan(None, usize::MAX).expect("scan") {
+                let Some(d) = DataDoc::from_doc(&d).filter(|d| d.at <= cp) else { continue };
+                if let Some(slot) = values.get_mut(d.key as usize) {
+                    if slot.is_none_or(|(at, _)| at < d.at) {
+                        *slot = Some((d.at, d.value));
+                    }
+                }
+            }
+        }
+        values
     }
 }
 
+/// The data an initial sync copied, in no order.
+pub fn copied_docs(store: &Store) -> Vec<DataDoc> {
+    let Some(c) = store.collection(DATA_DB, DATA_COLLECTION) else { return Vec::new() };
+    c.snapshot().scan(None, usize::MAX).expect("scan").into_iter().filter_map(|(_, d)| DataDoc::from_doc(&d)).collect()
+}
+
 /// A member's data: the writes it holds, cloned (an initial sync's copy) or in its oplog,
-/// with timestamps after `after`, oldest first, at most `limit`.
-pub fn data_docs(store: &Store, after: Option<u64>, limit: usize) -> Vec<DataDoc> {
-    let mut out: Vec<DataDoc> = Vec::new();
-    if let Some(c) = store.collection(DATA_DB, DATA_COLLECTION) {
-        for (_, d) in c.snapshot().scan(None, usize::MAX).expect("scan") {
-            let (Some(at), Ok(v), Ok(size)) = (OpTime::from_doc(&d), d.get_i64("v"), d.get_i64("size")) else { continue };
-            if after.is_none_or(|a| at.ts > a) {
-                out.push((at, v as u64, size as u64));
-            }
-        }
-    }
+/// after place `after` (`DataDoc::pos`), oldest first, at most `limit`.
+pub fn data_docs(store: &Store, after: Option<(u64, u32)>, limit: usize) -> Vec<DataDoc> {
+    let is_after = |d: &DataDoc| after.is_none_or(|a| d.pos() > a);
+    let mut out: Vec<DataDoc> = copied_docs(store).into_iter().filter(is_after).collect();
     let c = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
-    let mut from = after;
+    // From the entry at `after` itself: a transaction's later writes follow its earlier ones.
+    let mut from = after.and_then(|(ts, _)| ts.checked_sub(1));
     let mut writes = 0;
     'scan: loop {
         let chunk = c.snapshot().scan(from, 256).expect("scan");
@@ -1763,17 +1921,17 @@ pub fn data_docs(store: &Store, after: Option<u64>, limit: usize) -> Vec<DataDoc
         }
         for (rid, d) in chunk {
             from = Some(rid);
-            if let (Some(at), Some(v)) = (OpTime::from_doc(&d), doc_value(&d)) {
-                out.push((at, v, d.get_i64("size").unwrap_or(0) as u64));
+            for doc in entry_docs(&d).into_iter().filter(is_after) {
+                out.push(doc);
                 writes += 1;
-                if writes >= limit {
-                    break 'scan;
-                }
+            }
+            if writes >= limit {
+                break 'scan;
             }
         }
     }
-    out.sort_by_key(|d| d.0.ts);
-    out.dedup_by_key(|d| d.0.ts);
+    out.sort_by_key(DataDoc::pos);
+    out.dedup_by_key(|d| d.pos());
     out.truncate(limit);
     out
 }
@@ -1783,17 +1941,24 @@ pub fn has_copied_data(store: &Store) -> bool {
     store.collection(DATA_DB, DATA_COLLECTION).is_some_and(|c| !c.snapshot().scan(None, 1).expect("scan").is_empty())
 }
 
-/// The first of `writes` that `store` does not hold, in its oplog or in the data its initial
-/// sync copied (older than its oplog).
+/// The first of `writes` (entries) that `store` does not hold whole, in its oplog or in the
+/// data its initial sync copied (older than its oplog): a transaction's entry counts only
+/// with every one of its writes.
 pub fn missing_write<'a>(store: &Store, writes: impl Iterator<Item = &'a OpTime>) -> Option<OpTime> {
-    let mut copied: Option<std::collections::BTreeSet<OpTime>> = None;
+    let mut copied: Option<std::collections::BTreeMap<OpTime, (u32, u32)>> = None;
     for at in writes {
         if holds_entry(store, *at) {
             continue;
         }
         // Read the copied data once, and only for a member whose oplog lacks one.
-        let copied = copied.get_or_insert_with(|| data_docs(store, None, usize::MAX).into_iter().map(|d| d.0).collect());
-        if !copied.contains(at) {
+        let copied = copied.get_or_insert_with(|| {
+            let mut m = std::collections::BTreeMap::new();
+            for d in copied_docs(store) {
+                m.entry(d.at).or_insert((0, d.of)).0 += 1;
+            }
+            m
+        });
+        if copied.get(at).is_none_or(|(n, of)| n != of) {
             return Some(*at);
         }
     }
@@ -1832,7 +1997,12 @@ fn clear_flag(store: &Store) {
 /// The oldest entry of the oplog of `store`.
 pub fn oldest_entry(store: &Store) -> Option<OpTime> {
     let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION)?;
-    oplog.snapshot().scan(None, 1).expect("scan").into_iter().next().and_then(|(_, d)| OpTime::from_doc(&d))
+    oplog.snapshot().scan_raw(None, 1).expect("scan").into_iter().next().and_then(|(_, b)| raw_optime(&b))
+}
+
+/// An entry's optime, read without decoding the rest of it.
+fn raw_optime(bytes: &[u8]) -> Option<OpTime> {
+    OpTime::from_raw(bson::RawDocument::from_bytes(bytes).ok()?)
 }
 
 pub fn holds_entry(store: &Store, at: OpTime) -> bool {
@@ -1851,14 +2021,18 @@ fn scan_optimes(store: &Store, after_ts: Option<u64>, more: impl Fn(u64, OpTime)
     let c = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).expect("oplog");
     let mut out = Vec::new();
     let mut after = after_ts;
+    // Most scans want the few entries after `after_ts` (up to a commit point): small chunks
+    // first, read raw.
+    let mut n = 16;
     loop {
-        let chunk = c.snapshot().scan(after, 1000).expect("scan");
+        let chunk = c.snapshot().scan_raw(after, n).expect("scan");
+        n = (n * 4).min(1024);
         if chunk.is_empty() {
             return out;
         }
-        for (rid, d) in chunk {
+        for (rid, b) in chunk {
             after = Some(rid);
-            let Some(at) = OpTime::from_doc(&d) else { continue };
+            let Some(at) = raw_optime(&b) else { continue };
             if !more(rid, at) {
                 return out;
             }

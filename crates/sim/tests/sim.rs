@@ -14,6 +14,14 @@ const INITIAL_SYNC_RESTARTS_MIN: u64 = 2;
 const MEMBERS_ADDED_MIN: u64 = 10;
 const MEMBERS_REMOVED_MIN: u64 = 5;
 const LARGE_ENTRIES_MIN: u64 = 100;
+const TXNS_COMMITTED_MAJORITY_MIN: u64 = 5_000;
+const TXNS_ABORTED_BY_CLIENT_MIN: u64 = 500;
+const TXNS_ABORTED_BY_FAILOVER_MIN: u64 = 30;
+const TXN_WRITE_CONFLICTS_MIN: u64 = 1_000;
+const TXN_COMMITS_UNKNOWN_MIN: u64 = 200;
+const TXN_COMMITS_RETRIED_MIN: u64 = 200;
+const TXN_COMMITS_RECOVERED_MIN: u64 = 20;
+const TXN_COMMITS_NOT_FOUND_MIN: u64 = 20;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name} must be a number")))
@@ -38,7 +46,7 @@ fn run(seeds: impl Iterator<Item = u64>, deadline: Option<Instant>) -> Vec<Repor
 fn summary(label: &str, reports: &[Report], took: Duration) {
     let sum = |f: fn(&Report) -> u64| reports.iter().map(f).sum::<u64>();
     println!(
-        "{label}: {} seeds in {:.1} s: {} events, {} messages ({} dropped), {} faults ({} kills, {} pauses, {} partitions, {} lossy periods, {} clock jumps, {} sync-source changes), {} primaries, {} majority writes acknowledged, {} w:1, {} unknown, {} majority reads, {} rollbacks ({} entries), {} committed entries, {} initial syncs started ({} finished, {} starting over), {} reconfigs ({} refused; {} members added, {} removed), {} large entries, {} batches refused; 0 invariant violations",
+        "{label}: {} seeds in {:.1} s: {} events, {} messages ({} dropped), {} faults ({} kills, {} pauses, {} partitions, {} lossy periods, {} clock jumps, {} sync-source changes), {} primaries, {} majority writes acknowledged, {} w:1, {} unknown, {} majority reads, {} rollbacks ({} entries), {} committed entries, {} initial syncs started ({} finished, {} starting over), {} reconfigs ({} refused; {} members added, {} removed), {} large entries, {} batches refused; transactions: {} started, {} committed ({} w:majority), {} aborted by the client, {} by failover ({} expired), {} begun again, {} write conflicts, {} commits unknown, {} retried ({} found on record, {} found not committed); 0 invariant violations",
         reports.len(),
         took.as_secs_f64(),
         sum(|r| r.events),
@@ -68,6 +76,18 @@ fn summary(label: &str, reports: &[Report], took: Duration) {
         sum(|r| r.members_removed),
         sum(|r| r.large_entries),
         sum(|r| r.batches_refused),
+        sum(|r| r.txns_started),
+        sum(|r| r.txns_committed),
+        sum(|r| r.txns_committed_majority),
+        sum(|r| r.txns_aborted_by_client),
+        sum(|r| r.txns_aborted_by_failover),
+        sum(|r| r.txns_expired),
+        sum(|r| r.txns_restarted),
+        sum(|r| r.txn_write_conflicts),
+        sum(|r| r.txn_commits_unknown),
+        sum(|r| r.txn_commits_retried),
+        sum(|r| r.txn_commits_recovered),
+        sum(|r| r.txn_commits_not_found),
     );
 }
 
@@ -86,8 +106,11 @@ fn ci_half(half: u64) {
         assert!(r.primaries >= 1 && r.writes_majority_acked > 0 && r.faults() > 0, "seed {} did too little: {r:?}", r.seed);
     }
     // Across the seeds, each modeled feature ran often enough to have been checked: initial
-    // syncs (some restarted by a kill), reconfigs adding and removing members, and large
-    // entries; the minimums are well below what each half of the default 300 seeds does.
+    // syncs (some restarted by a kill), reconfigs adding and removing members, large
+    // entries, and transactions committed, aborted (by their clients, and by failovers and
+    // kills in the middle), in conflict, and committed again after an unknown outcome (found
+    // on record by another member, or found not committed); the minimums are well below what
+    // each half of the default 300 seeds does.
     if seeds >= 300 {
         let sum = |f: fn(&Report) -> u64| reports.iter().map(f).sum::<u64>();
         let seen = [
@@ -96,6 +119,14 @@ fn ci_half(half: u64) {
             ("members added by reconfig", sum(|r| r.members_added), MEMBERS_ADDED_MIN),
             ("members removed by reconfig", sum(|r| r.members_removed), MEMBERS_REMOVED_MIN),
             ("large entries", sum(|r| r.large_entries), LARGE_ENTRIES_MIN),
+            ("transactions committed with w:majority", sum(|r| r.txns_committed_majority), TXNS_COMMITTED_MAJORITY_MIN),
+            ("transactions aborted by their clients", sum(|r| r.txns_aborted_by_client), TXNS_ABORTED_BY_CLIENT_MIN),
+            ("transactions aborted by a failover or a kill", sum(|r| r.txns_aborted_by_failover), TXNS_ABORTED_BY_FAILOVER_MIN),
+            ("transaction write conflicts", sum(|r| r.txn_write_conflicts), TXN_WRITE_CONFLICTS_MIN),
+            ("commits of unknown outcome", sum(|r| r.txn_commits_unknown), TXN_COMMITS_UNKNOWN_MIN),
+            ("commits retried", sum(|r| r.txn_commits_retried), TXN_COMMITS_RETRIED_MIN),
+            ("retried commits found on record", sum(|r| r.txn_commits_recovered), TXN_COMMITS_RECOVERED_MIN),
+            ("retried commits found not committed", sum(|r| r.txn_commits_not_found), TXN_COMMITS_NOT_FOUND_MIN),
         ];
         for (what, n, min) in seen {
             assert!(n >= min, "only {n} {what} over the seeds (at least {min} expected)");
