@@ -503,17 +503,25 @@ pub fn run_command(shared: &Shared, conn: &mut ConnState, req: Request, resumed:
             outcome
         }
         // A failed command waits for nothing, and its reply has no batch; but the end of a
-        // transaction that found none waits for its write concern on this member's newest
-        // entry, as mongod's does: a coordinator that takes the answer as final (an abort
-        // delivered) knows this primary's term is then majority-committed, so no member that
-        // may hold a prepare of it unreplicated can be elected later.
+        // transaction that found none logs a no-op and waits for its write concern on it:
+        // a coordinator that takes the answer as final (an abort delivered) knows this
+        // primary's term is then majority-committed, so no member that may hold a prepare of
+        // it unreplicated can be elected later; and a primary deposed without knowing it
+        // cannot answer so for a transaction its successor committed (its newest entry may
+        // be majority-committed from before, a no-op of its term never is).
         Err(e) => {
             let no_such_transaction = e.code == Code::NoSuchTransaction.0 && crate::txn::is_end(&req.name);
             let mut out = Outcome { close_connection: outcome.close_connection, ..Outcome::reply(with_topology_version(shared, e).to_reply()) };
             if no_such_transaction {
                 if let Ok(wc) = WriteConcern::parse(&req.body, shared.repl.is_some()) {
                     out.replication_wait = replication_wait(shared, &req, wc.as_ref(), false).map(|mut w| {
-                        w.at = shared.store.oplog_last().unwrap_or_default();
+                        w.at = match shared.store.log_noop("end of a transaction that found none") {
+                            Ok(at) => at,
+                            Err(e) => {
+                                tracing::warn!("the no-op of a transaction's end failed: {}", e.message);
+                                shared.store.oplog_last().unwrap_or_default()
+                            }
+                        };
                         w
                     });
                 }
