@@ -537,30 +537,51 @@ async fn transactions_keep_snapshot_isolation_through_kills_pauses_partitions_an
     let mut members = start_set().await;
     let hosts: Vec<String> = members.iter().map(host).collect();
     let uri = format!("mongodb://{}/?replicaSet=rs0&serverSelectionTimeoutMS=3000&connectTimeoutMS=1000&heartbeatFrequencyMS=500", hosts.join(","));
-    {
-        let client = Client::with_uri_str(&uri).await.expect("client");
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let workload = ListAppend::start(&uri, false, seed, until).await;
+    let faults = nemesis(&mut members, seed, until).await;
+    wait_for_primary(&mut members).await;
+    let history = workload.finish(&uri).await;
+    report_list_append(&history, &faults.to_string());
+}
+
+/// The list-append workload's clients, and the history they record.
+struct ListAppend {
+    clients: Vec<tokio::task::JoinHandle<()>>,
+    history: Arc<Mutex<Vec<elle::Txn>>>,
+}
+
+impl ListAppend {
+    /// Make the lists (hash-sharded first when `sharded`) and start `CLIENTS` clients through
+    /// `uri`, each running transactions until `until`.
+    async fn start(uri: &str, sharded: bool, seed: u64, until: Instant) -> ListAppend {
+        let client = Client::with_uri_str(uri).await.expect("client");
+        if sharded {
+            client.database("admin").run_command(doc! {"shardCollection": "jepsen.lists", "key": {"_id": "hashed"}}).await.expect("shardCollection");
+        }
         let lists = client.database("jepsen").collection::<Document>("lists");
         lists.insert_many((0..LISTS as i64).map(|k| doc! {"_id": k, "l": []})).write_concern(WriteConcern::majority()).await.expect("the lists");
+        let history = Arc::new(Mutex::new(Vec::new()));
+        let mut clients = Vec::new();
+        for id in 0..CLIENTS {
+            let client = Client::with_uri_str(uri).await.expect("client");
+            clients.push(tokio::spawn(list_append_loop(client, id, seed, until, history.clone())));
+        }
+        ListAppend { clients, history }
     }
-    let history = Arc::new(Mutex::new(Vec::new()));
-    let until = Instant::now() + Duration::from_secs(seconds);
-    let mut clients = Vec::new();
-    for id in 0..CLIENTS {
-        let client = Client::with_uri_str(&uri).await.expect("client");
-        clients.push(tokio::spawn(list_append_loop(client, id, seed, until, history.clone())));
-    }
-    let faults = nemesis(&mut members, seed, until).await;
-    for c in clients {
-        c.await.expect("client task");
-    }
-    // Healed: a last transaction reads every list, so each key's order is known whole.
-    wait_for_primary(&mut members).await;
-    let client = Client::with_uri_str(&uri).await.expect("client");
-    let reads = final_reads(&client).await;
-    let mut history = std::mem::take(&mut *history.lock().expect("history lock"));
-    history.push(elle::Txn { ops: reads, outcome: elle::Outcome::Committed });
 
-    report_list_append(&history, &faults.to_string());
+    /// Wait for the clients, then (the faults healed) add a last transaction that reads every
+    /// list, so each key's order is known whole. The history.
+    async fn finish(self, uri: &str) -> Vec<elle::Txn> {
+        for c in self.clients {
+            c.await.expect("client task");
+        }
+        let client = Client::with_uri_str(uri).await.expect("client");
+        let reads = final_reads(&client).await;
+        let mut history = std::mem::take(&mut *self.history.lock().expect("history lock"));
+        history.push(elle::Txn { ops: reads, outcome: elle::Outcome::Committed });
+        history
+    }
 }
 
 /// A last transaction reads every list, so each key's order is known whole. Its reads count
@@ -743,31 +764,13 @@ async fn transactions_across_shards_keep_snapshot_isolation_through_member_and_r
     let mut cluster = start_sharded().await;
     let routers: Vec<String> = cluster.routers.iter().map(host).collect();
     let uri = format!("mongodb://{}/?serverSelectionTimeoutMS=3000&connectTimeoutMS=1000&heartbeatFrequencyMS=500", routers.join(","));
-    {
-        let client = Client::with_uri_str(&uri).await.expect("client");
-        client.database("admin").run_command(doc! {"shardCollection": "jepsen.lists", "key": {"_id": "hashed"}}).await.expect("shardCollection");
-        let lists = client.database("jepsen").collection::<Document>("lists");
-        lists.insert_many((0..LISTS as i64).map(|k| doc! {"_id": k, "l": []})).write_concern(WriteConcern::majority()).await.expect("the lists");
-    }
-    let history = Arc::new(Mutex::new(Vec::new()));
     let until = Instant::now() + Duration::from_secs(seconds);
-    let mut clients = Vec::new();
-    for id in 0..CLIENTS {
-        let client = Client::with_uri_str(&uri).await.expect("client");
-        clients.push(tokio::spawn(list_append_loop(client, id, seed, until, history.clone())));
-    }
-    let faults = sharded_nemesis(&mut cluster, seed, until).await;
-    for c in clients {
-        c.await.expect("client task");
-    }
+    let workload = ListAppend::start(&uri, true, seed, until).await;
+    let mut faults = sharded_nemesis(&mut cluster, seed, until).await;
     for shard in cluster.shards.iter_mut() {
         wait_for_primary(shard).await;
     }
-    let client = Client::with_uri_str(&uri).await.expect("client");
-    let reads = final_reads(&client).await;
-    let mut history = std::mem::take(&mut *history.lock().expect("history lock"));
-    history.push(elle::Txn { ops: reads, outcome: elle::Outcome::Committed });
-    let mut faults = faults;
+    let history = workload.finish(&uri).await;
     for r in &cluster.routers {
         faults.two_phase_commits += two_phase_commits(r).await;
     }
