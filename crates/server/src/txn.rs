@@ -515,8 +515,18 @@ fn check_transaction_read_concern(cmd: &Document) -> Result<Option<u64>> {
 
 /// Abort expired transactions, and all of them once this member is not primary.
 pub async fn reap_loop(shared: Arc<Shared>) {
+    // A change of role (a step-down) is looked at at once, as mongod aborts at its
+    // step-down: a member primary again soon after must not find them open.
+    let mut role_changes = shared.repl.as_ref().map(|r| r.topology_changes());
     loop {
-        tokio::time::sleep(REAP_INTERVAL).await;
+        match role_changes.as_mut() {
+            Some(changes) => {
+                if let Ok(Err(_)) = tokio::time::timeout(REAP_INTERVAL, changes.changed()).await {
+                    role_changes = None;
+                }
+            }
+            None => tokio::time::sleep(REAP_INTERVAL).await,
+        }
         let primary = shared.repl.as_ref().is_some_and(|r| r.is_writable_primary());
         shared.txns.reap(primary);
     }
