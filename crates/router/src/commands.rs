@@ -811,22 +811,26 @@ pub(super) async fn shard_run(
     router: &Router,
     shard: &str,
     db: &str,
-    mut body: Document,
+    body: Document,
     sequence: Option<&wire::RawSequence<'_>>,
     timeout: Duration,
 ) -> Result<Document> {
-    let set = router.shard(shard).await?;
-    let sent = super::txn::on_shard(shard, &mut body);
-    let reply = router.pool.run(&set, db, body, sequence, timeout).await.and_then(|(_, r)| reply_result(r));
-    super::txn::answered(sent, reply.as_ref().err());
-    reply
+    let (_, raw) = shard_run_raw(router, shard, db, body, sequence, timeout).await?;
+    net::pool::decode(raw)
 }
 
-/// `shard_run` of a cursor command: the host that answered and its reply as it came.
-pub(super) async fn shard_run_raw(router: &Router, shard: &str, db: &str, mut body: Document, timeout: Duration) -> Result<(String, bson::RawDocumentBuf)> {
+/// `shard_run` with the host that answered and its reply as it came (a cursor command's).
+pub(super) async fn shard_run_raw(
+    router: &Router,
+    shard: &str,
+    db: &str,
+    mut body: Document,
+    sequence: Option<&wire::RawSequence<'_>>,
+    timeout: Duration,
+) -> Result<(String, bson::RawDocumentBuf)> {
     let set = router.shard(shard).await?;
     let sent = super::txn::on_shard(shard, &mut body);
-    let (host, raw) = router.pool.run_raw(&set, db, body, None, timeout).await?;
+    let (host, raw) = router.pool.run_raw(&set, db, body, sequence, timeout).await?;
     match net::pool::raw_error(&raw) {
         Some(e) => {
             super::txn::answered(sent, Some(&e));
@@ -1184,7 +1188,7 @@ async fn open_streams(router: &Router, req: &Request, sc: &ShardedColl, shards: 
 
 async fn open_streams_once(router: &Router, req: &Request, sc: &ShardedColl, shards: &BTreeSet<String>, body: &Document) -> Result<Vec<Stream>> {
     let opens = shards.iter().map(|s| async move {
-        let (host, raw) = shard_run_raw(router, s, &req.db, versioned(body, Some(sc), s), timeout_of(req)).await?;
+        let (host, raw) = shard_run_raw(router, s, &req.db, versioned(body, Some(sc), s), None, timeout_of(req)).await?;
         Stream::from_reply(host, &req.db, &raw)
     });
     let mut streams = Vec::new();
@@ -1214,7 +1218,7 @@ fn versioned(body: &Document, sc: Option<&ShardedColl>, shard: &str) -> Document
 /// A cursor command for one shard, its reply passed on with the router's cursor id.
 pub(super) async fn single_shard_cursor(router: &Router, req: &Request, shard: &str, body: Document) -> Result<Document> {
     let ns_default = format!("{}.{}", req.db, req.body.get_str(&req.name).unwrap_or("$cmd"));
-    let (host, raw) = shard_run_raw(router, shard, &req.db, body, timeout_of(req)).await?;
+    let (host, raw) = shard_run_raw(router, shard, &req.db, body, None, timeout_of(req)).await?;
     let ns = raw.get_document("cursor").ok().and_then(|c| c.get_str("ns").ok()).unwrap_or(&ns_default).to_string();
     let mut stream = Stream::from_reply(host, &req.db, &raw)?;
     let batch: Vec<Document> = stream.buf.drain(..).map(|(d, _)| d).collect();
