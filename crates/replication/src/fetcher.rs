@@ -751,7 +751,7 @@ fn on_repl_data(shared: &dyn Host, reply: &RawDocument) -> Option<OpTime> {
     let d = reply.get_document("$replData").ok()?;
     if let Ok(t) = d.get_i64("term") {
         if t > coord.term() {
-            coord.observe_term(shared.store(), t);
+            coord.observe_term(t);
         }
     }
     d.get_document("lastOpCommitted").ok().and_then(OpTime::from_raw)

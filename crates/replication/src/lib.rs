@@ -504,8 +504,10 @@ impl ReplCoord {
         self.changed();
     }
 
-    /// A higher term was seen: adopt it; a primary steps down.
-    pub fn observe_term(&self, store: &Store, term: i64) {
+    /// A higher term was seen: adopt it; a primary steps down. The oplog's stamp keeps the
+    /// term this member last won (`become_primary` sets it): a write already admitted while
+    /// it was primary logs in that term, never in one another member leads.
+    pub fn observe_term(&self, term: i64) {
         let stepped = {
             let mut inner = self.inner.lock();
             if term <= inner.term {
@@ -514,7 +516,6 @@ impl ReplCoord {
             inner.term = term;
             inner.state == MemberState::Primary
         };
-        store.set_oplog_term(term);
         if stepped {
             self.step_down(&format!("a member is in the higher term {term}"));
         }

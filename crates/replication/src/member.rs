@@ -137,7 +137,7 @@ async fn on_heartbeat_reply(shared: &Arc<dyn Host>, index: usize, r: &Document, 
     let coord = shared.coord().expect("replica set member");
     let term = r.get_i64("term").unwrap_or(0);
     if term > coord.term() {
-        coord.observe_term(shared.store(), term);
+        coord.observe_term(term);
     }
     // A newer config (or ours is missing where theirs exists): take it.
     if let Ok(cfg) = r.get_document("config") {
@@ -252,7 +252,7 @@ pub fn heartbeat(shared: &dyn Host, cmd: &Document) -> Result<Document> {
     let their_config_term = cmd.get_i64("configTerm").unwrap_or(-1);
     let their_term = cmd.get_i64("term").unwrap_or(0);
     if their_term > coord.term() {
-        coord.observe_term(shared.store(), their_term);
+        coord.observe_term(their_term);
     }
     let store = &shared.store();
     let last = store.oplog_last().unwrap_or_default();
@@ -469,7 +469,7 @@ async fn collect_votes(shared: &Arc<dyn Host>, config: &ReplSetConfig, me: usize
         let Ok(Ok(r)) = joined else { continue };
         let their_term = r.get_i64("term").unwrap_or(0);
         if their_term > term {
-            coord.observe_term(shared.store(), their_term);
+            coord.observe_term(their_term);
         }
         if r.get_bool("voteGranted").unwrap_or(false) {
             votes += 1;
@@ -597,7 +597,7 @@ pub fn request_votes(shared: &dyn Host, cmd: &Document) -> Result<Document> {
         last_applied: cmd.get_document("lastAppliedOpTime").ok().and_then(OpTime::from_doc).unwrap_or_default(),
     };
     if req.term > coord.term() && !req.dry_run {
-        coord.observe_term(shared.store(), req.term);
+        coord.observe_term(req.term);
     }
     let last_applied = shared.store().oplog_last().unwrap_or_default();
     let mut inner = coord.inner.lock();
@@ -646,7 +646,7 @@ pub fn reporter_term(term: Option<&Bson>) -> Result<Option<i64>> {
 pub fn update_positions(shared: &dyn Host, optimes: &[Bson], term: Option<i64>) -> Result<()> {
     let coord = shared.coord().ok_or_else(|| Error::new(Code::NoReplicationEnabled, "not running with --replSet"))?;
     if let Some(t) = term.filter(|&t| t > coord.term()) {
-        coord.observe_term(shared.store(), t);
+        coord.observe_term(t);
     }
     let mut guard = coord.inner.lock();
     // Borrowed field by field: the config is not copied for every report.

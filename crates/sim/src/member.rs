@@ -587,7 +587,6 @@ impl Member {
             return;
         }
         self.term = term;
-        self.store.set_oplog_term(term);
         if self.state == MemberState::Primary {
             self.step_down(out, "a member is in a higher term");
         }
@@ -915,7 +914,6 @@ impl Member {
             self.election = Some(Election { id, term: e.term, dry_run: false, votes: 1, answers: 0, last: e.last });
             self.term = e.term;
             self.last_vote_term = Some(e.term);
-            self.store.set_oplog_term(e.term);
             put_single_doc(&self.store, ELECTION, &vote_doc(e.term, self.index));
             return self.request_votes(out);
         }
