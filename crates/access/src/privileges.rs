@@ -202,6 +202,7 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
         "replSetInitiate" | "replSetReconfig" => cluster("replSetConfigure"),
         "replSetStepDown" | "replSetFreeze" | "replSetSyncFrom" | "replSetStepUp" => cluster("replSetStateChange"),
         "applyOps" => cluster("applyOps"),
+        "appendOplogNote" => cluster("appendOplogNote"),
         "getAuditConfig" | "setAuditConfig" => cluster("auditConfigure"),
         "logRotate" => cluster("logRotate"),
         // Member-to-member commands: only the internal user (a keyFile's) runs them.

@@ -131,6 +131,7 @@ const MONITOR_ANY_DB: &[&str] = &["collStats", "dbStats", "indexStats"];
 const HOST_MANAGER: &[&str] =
     &["auditConfigure", "dropConnections", "fsync", "killAnyCursor", "killAnySession", "killop", "logRotate", "setParameter", "shutdown", "unlock"];
 const CLUSTER_MANAGER: &[&str] = &[
+    "appendOplogNote",
     "listShards",
     "addShard",
     "removeShard",

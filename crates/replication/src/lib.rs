@@ -21,6 +21,7 @@ mod fetcher;
 mod host;
 mod initial_sync;
 mod member;
+pub mod reach;
 pub mod shm;
 pub mod strict;
 

@@ -395,7 +395,7 @@ async fn execute(shared: &Shared, conn: &mut ConnState, request: Request, write_
     };
     conn.shard_filter = admission.filter;
     let authenticating = matches!(request.name.as_str(), "saslStart" | "saslContinue");
-    let outcome = if crate::commands::never_blocks(&request.name) || crate::txn::runs_inline(&request) {
+    let outcome = if crate::commands::never_blocks(&request.name) || crate::txn::runs_inline(&request, shared.repl.as_ref().is_some_and(|r| r.replicates())) {
         await_data_loop(shared, conn, request).await
     } else {
         tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request, None))
@@ -495,11 +495,23 @@ async fn wait_before_read(shared: &Shared, after: dispatch::ReadAfter) -> common
     // A primary that has logged nothing since that time (a shard the client's earlier
     // operation did not reach) logs a no-op to reach it, as mongod does: its clock is past
     // it already (the time was at most the cluster time it was told).
-    if repl.state() == repl::MemberState::Primary && shared.store.oplog_last().unwrap_or_default().ts < ts {
-        let store = shared.store.clone();
-        tokio::task::spawn_blocking(move || store.log_noop("reach a read's cluster time"))
-            .await
-            .map_err(|e| common::Error::internal(format!("the no-op write failed: {e}")))??;
+    let behind = shared.store.oplog_last().unwrap_or_default().ts < ts;
+    match repl.state() {
+        repl::MemberState::Primary if behind => {
+            let store = shared.store.clone();
+            tokio::task::spawn_blocking(move || store.log_noop("reach a read's cluster time"))
+                .await
+                .map_err(|e| common::Error::internal(format!("the no-op write failed: {e}")))??;
+        }
+        // A secondary asks its primary for that no-op (which it then fetches and applies).
+        // Should the ask fail, the read waits on as mongod's does, for the set's next write.
+        repl::MemberState::Secondary if behind => {
+            let asked = tokio::time::timeout_at(deadline, replication::reach::ask_primary_to_reach(repl, common::optime::ts_of(ts))).await;
+            if let Ok(Err(e)) = asked {
+                tracing::debug!("asking the primary to log past a read's cluster time failed: {}", e.message);
+            }
+        }
+        _ => {}
     }
     let mut changes = repl.progress_changes();
     loop {

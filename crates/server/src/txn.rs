@@ -30,9 +30,12 @@ pub fn is_end(name: &str) -> bool {
 /// A statement of a transaction before its end waits for no fsync, no replication and no
 /// other writer to finish (a key another transaction owns is a WriteConflict at once; the
 /// locks it takes are held only while a batch is prepared or applied): it runs on the
-/// connection's worker, as reads do, without the hand-off of a thread that may block.
-pub fn runs_inline(req: &wire::Request) -> bool {
-    req.body.contains_key("autocommit") && !is_end(&req.name)
+/// connection's worker, as reads do, without the hand-off of a thread that may block. So
+/// does a participant's end on a member that leaves its sync to the journal flusher
+/// (`replicates`): it applies one batch and waits, off the worker, for its write concern.
+/// The coordinator's commit talks to other shards and keeps to a thread of its own.
+pub fn runs_inline(req: &wire::Request, replicates: bool) -> bool {
+    req.body.contains_key("autocommit") && (!is_end(&req.name) || (replicates && req.name != "coordinateCommitTransaction"))
 }
 
 /// Every session's transaction state.

@@ -54,8 +54,13 @@ impl Store {
     /// floor (`advance_clock`): a primary's oplog then reaches a cluster time it was told,
     /// for a read that must wait until it has applied that far. Its optime.
     pub fn log_noop(&self, msg: &str) -> Result<OpTime> {
-        let noop = crate::oplog::noop_entry(&bson::doc! {"msg": msg}, crate::oplog::wall_now_ms()).map_err(Error::bad_value)?;
-        self.inner.shared.apply_logged_with(crate::engine::Batch::new(), vec![noop], None)?.ok_or_else(|| Error::internal("log_noop: no oplog"))
+        self.log_note(&bson::doc! {"msg": msg})
+    }
+
+    /// `log_noop` with `o` as the entry's object (appendOplogNote's `data`).
+    pub fn log_note(&self, o: &bson::Document) -> Result<OpTime> {
+        let noop = crate::oplog::noop_entry(o, crate::oplog::wall_now_ms()).map_err(Error::bad_value)?;
+        self.inner.shared.apply_logged_with(crate::engine::Batch::new(), vec![noop], None)?.ok_or_else(|| Error::internal("log_note: no oplog"))
     }
 
     /// Stamp every entry logged from now on after `ts` (a cluster time this member learned:

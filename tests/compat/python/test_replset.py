@@ -189,6 +189,48 @@ def test_snapshot_reads_at_a_cluster_time(three_members):
     rs.close()
 
 
+def test_a_secondary_reads_after_a_cluster_time_the_set_has_not_logged(three_members):
+    """A causal read on a secondary after a cluster time beyond every entry of the set (one
+    another shard or router gossiped) asks the primary for a no-op past it
+    (appendOplogNote with maxClusterTime), so it answers instead of waiting for the set's
+    next write. appendOplogNote itself logs its data as a no-op, on the primary only."""
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in three_members)
+    rs = pymongo.MongoClient(f"mongodb://{hosts}/?replicaSet=rs0", serverSelectionTimeoutMS=30_000)
+    rs.reach.c.with_options(write_concern=pymongo.WriteConcern(w=3)).insert_one({"_id": 1})
+    primary = pymongo.MongoClient(f"mongodb://{rs.primary[0]}:{rs.primary[1]}/?directConnection=true")
+    oplog = primary.local["oplog.rs"]
+
+    def newest():
+        return oplog.find_one({}, sort=[("$natural", -1)])
+
+    primary.admin.command("appendOplogNote", data={"note": 1})
+    assert newest()["op"] == "n" and newest()["o"] == {"note": 1}
+    before = newest()["ts"]
+    primary.admin.command("appendOplogNote", data={"late": 1}, maxClusterTime=Timestamp(before.time - 1, 1))
+    assert newest()["ts"] == before
+    for bad, code in (({}, 4), ({"data": 1}, 14), ({"data": {}, "maxClusterTime": 5}, 14)):
+        with pytest.raises(OperationFailure) as e:
+            primary.admin.command("appendOplogNote", **bad)
+        assert e.value.code == code
+
+    secondary_host = sorted(rs.secondaries)[0]
+    secondary = pymongo.MongoClient(f"mongodb://{secondary_host[0]}:{secondary_host[1]}/?directConnection=true")
+    with pytest.raises(NotPrimaryError) as e:
+        secondary.admin.command("appendOplogNote", data={"x": 1})
+    assert e.value.details["code"] == 10107
+    ahead = Timestamp(before.time + 20, 1)
+    with secondary.start_session(causal_consistency=True) as s:
+        s.advance_cluster_time({"clusterTime": ahead, "signature": {"hash": b"\0" * 20, "keyId": 0}})
+        s.advance_operation_time(ahead)
+        started = time.monotonic()
+        assert secondary.reach.c.find_one({"_id": 1}, session=s, max_time_ms=20_000) == {"_id": 1}
+        assert time.monotonic() - started < 10
+    note = oplog.find_one({"o": {"noop write for afterClusterTime read concern": 1}})
+    assert note is not None and note["op"] == "n" and note["ts"] > ahead
+    for c in (rs, primary, secondary):
+        c.close()
+
+
 def test_a_prepared_transaction_survives_a_failover_and_commits_on_the_new_primary(three_members):
     """A participant's side of a two-phase commit: prepareTransaction logs the transaction
     (w:"majority") and holds its documents; the primary is killed; the new primary has the

@@ -253,6 +253,7 @@ command_table! {
     "replSetGetConfig" => spec(repl::repl_set_get_config),
     "replSetGetStatus" => spec(repl::repl_set_get_status),
     "applyOps" => spec(repl::apply_ops).primary_only(),
+    "appendOplogNote" => spec(repl::append_oplog_note).primary_only(),
     "replSetHeartbeat" => spec(repl::repl_set_heartbeat).internal(),
     "_addShard" => spec(sharding::add_shard).primary_only().internal(),
     "_shardsvrCleanupRange" => spec(sharding::cleanup_range).primary_only().internal(),

@@ -93,6 +93,35 @@ pub fn repl_set_request_votes(ctx: &mut Ctx) -> Result<Document> {
     replication::member_commands::request_votes(ctx.shared, ctx.cmd)
 }
 
+/// appendOplogNote: log a no-op entry whose `o` is `data`. With `maxClusterTime`, only when
+/// the oplog has no entry at or after that time, and then after it: a secondary asks this
+/// of its primary for a read after a cluster time the set has not logged yet
+/// (`replication::reach`).
+pub fn append_oplog_note(ctx: &mut Ctx) -> Result<Document> {
+    let coord = coord(ctx, "Must have replication set up to run \"appendOplogNote\"")?;
+    common::value::check_fields("appendOplogNote", ctx.cmd, &["appendOplogNote", "data", "maxClusterTime"])?;
+    let data = match ctx.cmd.get("data") {
+        Some(Bson::Document(d)) => d,
+        None => return Err(Error::new(Code::NoSuchKey, "Missing expected field \"data\"")),
+        Some(v) => return Err(Error::type_mismatch(format!("\"data\" had the wrong type. Expected object, found {}", common::value::type_name(v)))),
+    };
+    if let Some(t) = ctx.cmd.get("maxClusterTime") {
+        let Bson::Timestamp(t) = t else {
+            return Err(Error::type_mismatch(format!("\"maxClusterTime\" had the wrong type. Expected timestamp, found {}", common::value::type_name(t))));
+        };
+        // A time more than the allowed drift ahead is refused, as a gossiped one is.
+        let t = common::optime::gossiped_cluster_time(&bson::doc! {"$clusterTime": {"clusterTime": *t}})?.unwrap_or(*t);
+        let ts = common::optime::ts_value(t);
+        if ctx.shared.store.oplog_last().unwrap_or_default().ts >= ts {
+            return Ok(Document::new());
+        }
+        coord.gossip_cluster_time(&ctx.shared.store, t);
+    }
+    ctx.shared.store.log_note(data)?;
+    ctx.commit_write()?;
+    Ok(Document::new())
+}
+
 /// replSetGetAcknowledged (shoal's, member to member): where the primary's acknowledged
 /// writes reach, for a secondary's strict-consistency reads (`repl::strict`).
 pub fn repl_set_get_acknowledged(ctx: &mut Ctx) -> Result<Document> {
