@@ -395,7 +395,8 @@ async fn execute(shared: &Shared, conn: &mut ConnState, request: Request, write_
     };
     conn.shard_filter = admission.filter;
     let authenticating = matches!(request.name.as_str(), "saslStart" | "saslContinue");
-    let outcome = if crate::commands::never_blocks(&request.name) || crate::txn::runs_inline(&request, shared.repl.as_ref().is_some_and(|r| r.replicates())) {
+    let outcome = if crate::commands::never_blocks(&request.name) || crate::txn::runs_inline(&request, || shared.repl.as_ref().is_some_and(|r| r.replicates()))
+    {
         await_data_loop(shared, conn, request).await
     } else {
         tokio::task::block_in_place(|| dispatch::run_command(shared, conn, request, None))

@@ -34,8 +34,8 @@ pub fn is_end(name: &str) -> bool {
 /// does a participant's end on a member that leaves its sync to the journal flusher
 /// (`replicates`): it applies one batch and waits, off the worker, for its write concern.
 /// The coordinator's commit talks to other shards and keeps to a thread of its own.
-pub fn runs_inline(req: &wire::Request, replicates: bool) -> bool {
-    req.body.contains_key("autocommit") && (!is_end(&req.name) || (replicates && req.name != "coordinateCommitTransaction"))
+pub fn runs_inline(req: &wire::Request, replicates: impl FnOnce() -> bool) -> bool {
+    req.body.contains_key("autocommit") && (!is_end(&req.name) || (req.name != "coordinateCommitTransaction" && replicates()))
 }
 
 /// Every session's transaction state.

@@ -320,13 +320,14 @@ pub(crate) fn command_entry(db: &str, ui: Option<bson::Uuid>, o: &Document, wall
 /// and `o2`, without the fields the transaction's own entry carries (`ts`, `t`, `wall`...).
 pub(crate) fn inner_op(entry: &[u8]) -> Result<Vec<u8>, String> {
     let raw = bson::RawDocument::from_bytes(entry).map_err(|e| e.to_string())?;
-    let mut op = Document::new();
-    for field in ["op", "ns", "ui", "o", "o2"] {
-        if let Some(v) = raw.get(field).map_err(|e| e.to_string())? {
-            op.insert(field, Bson::try_from(v).map_err(|e| e.to_string())?);
+    // The fields' bytes as they are: no decoding of the document into values.
+    let mut op = bson::RawDocumentBuf::new();
+    for field in [bson::raw::cstr!("op"), bson::raw::cstr!("ns"), bson::raw::cstr!("ui"), bson::raw::cstr!("o"), bson::raw::cstr!("o2")] {
+        if let Some(v) = raw.get(field.as_str()).map_err(|e| e.to_string())? {
+            op.append(field, v);
         }
     }
-    op.to_vec().map_err(|e| e.to_string())
+    Ok(op.into_bytes())
 }
 
 /// Where a transaction's entry stands in its chain: alone, one of several before the last

@@ -88,6 +88,8 @@ enum Logging<'a> {
 struct Touched {
     coll: Arc<CollState>,
     meta: Arc<MetaRt>,
+    /// The collection's statistics in the transaction's snapshot (read once).
+    base_stats: Stats,
     count_delta: i64,
     data_delta: i64,
     index_delta: BTreeMap<u64, i64>,
@@ -346,17 +348,28 @@ impl Transaction {
         s.ops_bytes = ops_bytes;
         // Statistics: the prepared ones started from the collection's (unchanged since: the
         // write lock is held); keep the difference, take the record ids it used.
+        if !s.colls.contains_key(&coll.id) {
+            let base_stats = match s.base.get(Space::Catalog, &stats_key(coll.id))? {
+                Some(b) => Stats::from_bytes(&b)?,
+                None => Stats::default(),
+            };
+            s.colls.insert(
+                coll.id,
+                Touched {
+                    coll: coll.clone(),
+                    meta: coll.meta.read().clone(),
+                    base_stats,
+                    count_delta: 0,
+                    data_delta: 0,
+                    index_delta: BTreeMap::new(),
+                    multikey: BTreeSet::new(),
+                    removes: false,
+                },
+            );
+        }
         {
             let mut live = coll.stats.lock();
-            let t = s.colls.entry(coll.id).or_insert_with(|| Touched {
-                coll: coll.clone(),
-                meta: coll.meta.read().clone(),
-                count_delta: 0,
-                data_delta: 0,
-                index_delta: BTreeMap::new(),
-                multikey: BTreeSet::new(),
-                removes: false,
-            });
+            let t = s.colls.get_mut(&coll.id).expect("inserted above");
             t.count_delta += pending.stats.count as i64 - live.count as i64;
             t.data_delta += pending.stats.data_bytes as i64 - live.data_bytes as i64;
             for (id, b) in &pending.stats.index_bytes {
@@ -368,11 +381,7 @@ impl Transaction {
             // A flag the planner reads: set at once (harmless should the transaction abort).
             live.multikey.extend(pending.stats.multikey.iter().copied());
         }
-        let base_stats = match s.base.get(Space::Catalog, &stats_key(coll.id))? {
-            Some(b) => Stats::from_bytes(&b)?,
-            None => Stats::default(),
-        };
-        let view_stats = s.colls.get(&coll.id).map(|t| t.apply(&base_stats)).unwrap_or_default();
+        let view_stats = s.colls.get(&coll.id).map(|t| t.apply(&t.base_stats)).unwrap_or_default();
         let writes = Arc::make_mut(&mut s.writes);
         for op in pending.batch.ops {
             match op {
