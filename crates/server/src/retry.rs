@@ -186,14 +186,9 @@ pub fn history(store: &storage::Store, lsid: &[u8]) -> Result<Option<(i64, Vec<(
     Ok(Some((txn, transaction_entries(store, lsid, txn, last)?)))
 }
 
-fn lsid_bson(lsid: &[u8]) -> Bson {
-    Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: lsid.to_vec() })
-}
-
 /// The session's record: its newest transaction that logged a write, and that write's optime.
 fn load_record(store: &storage::Store, lsid: &[u8]) -> Result<Option<(i64, OpTime)>> {
-    let Some(coll) = store.collection(storage::SESSION_RECORDS_DB, storage::SESSION_RECORDS_COLLECTION) else { return Ok(None) };
-    let Some((_, d)) = coll.snapshot().find_by_id(&Bson::Document(bson::doc! {"id": lsid_bson(lsid)}))? else { return Ok(None) };
+    let Some(d) = store.session_record_of(lsid)? else { return Ok(None) };
     let bad = || Error::new(Code::InvalidBSON, format!("malformed config.transactions record {d}"));
     let txn = d.get_i64("txnNum").map_err(|_| bad())?;
     let last = d.get_document("lastWriteOpTime").ok().and_then(OpTime::from_doc).ok_or_else(bad)?;

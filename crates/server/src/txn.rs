@@ -136,27 +136,29 @@ impl TransactionTable {
     /// NoSuchTransaction, a transient error: the client runs them again, through the routing
     /// after the move. Returns how many.
     pub fn abort_writers_of(&self, db: &str, name: Option<&str>) -> usize {
+        self.abort_in_progress_where(|open| open.txn.wrote(db, name))
+    }
+
+    /// killAllSessions: abort every transaction in progress.
+    pub fn kill_all(&self) {
+        self.abort_in_progress_where(|_| true);
+    }
+
+    /// Abort the transactions in progress that `which` picks; returns how many.
+    fn abort_in_progress_where(&self, which: impl Fn(&Open) -> bool) -> usize {
         let sessions: Vec<_> = self.sessions.lock().values().cloned().collect();
         let mut aborted = 0;
         for s in sessions {
-            // A session busy with a statement finishes it first: no write to this collection
-            // is admitted now, so it commits (its writes then reach the transfer) or does
-            // something else.
+            // A session busy with a statement finishes it first (waited for here): for a
+            // move, no write to the collection is admitted now, so it commits (its writes
+            // then reach the transfer) or does something else.
             let mut s = s.lock();
-            if matches!(&s.state, State::InProgress(open) if open.txn.wrote(db, name)) {
+            if matches!(&s.state, State::InProgress(open) if which(open)) {
                 self.abort_open(&mut s);
                 aborted += 1;
             }
         }
         aborted
-    }
-
-    /// killAllSessions: abort every transaction in progress.
-    pub fn kill_all(&self) {
-        let sessions: Vec<_> = self.sessions.lock().values().cloned().collect();
-        for s in sessions {
-            self.abort_open(&mut s.lock());
-        }
     }
 
     /// Abort transactions older than the lifetime limit, and every one when `primary` is
@@ -479,9 +481,7 @@ const CONFLICT_WAIT: Duration = Duration::from_millis(100);
 /// Whether the session's `config.transactions` record says transaction `txn_number`
 /// committed.
 fn committed_on_record(store: &storage::Store, lsid: &[u8], txn_number: i64) -> Result<bool> {
-    let Some(records) = store.collection(storage::SESSION_RECORDS_DB, storage::SESSION_RECORDS_COLLECTION) else { return Ok(false) };
-    let id = Bson::Document(bson::doc! {"id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: lsid.to_vec() }});
-    Ok(records.snapshot().find_by_id(&id)?.is_some_and(|(_, r)| r.get_i64("txnNum").ok() == Some(txn_number) && r.get_str("state").ok() == Some("committed")))
+    Ok(store.session_record_of(lsid)?.is_some_and(|r| r.get_i64("txnNum").ok() == Some(txn_number) && r.get_str("state").ok() == Some("committed")))
 }
 
 /// A transaction's write command that reports a write error fails instead, with that error

@@ -69,6 +69,13 @@ impl RetryableWrite {
 }
 
 impl Store {
+    /// Session `lsid`'s `config.transactions` record, if it has one.
+    pub fn session_record_of(&self, lsid: &[u8]) -> Result<Option<Document>> {
+        let Some(records) = self.collection(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION) else { return Ok(None) };
+        let id = bson::doc! {"id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: lsid.to_vec() }};
+        Ok(records.snapshot().find_by_id(&Bson::Document(id))?.map(|(_, d)| d))
+    }
+
     /// Begin retryable write `txn` of session `lsid`, as mongod runs one: each oplog entry
     /// written through the returned handle's store carries `lsid`, `txnNumber`, the
     /// statement it belongs to (`RetryableWrite::set_statement`) and `prevOpTime` (the

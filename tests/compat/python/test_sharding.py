@@ -23,6 +23,18 @@ def cluster(shoal_bin):
     subprocess.run([shoal_bin, "cluster", "down", "--dir", str(root)], capture_output=True, timeout=60)
 
 
+def on_each_shard(cluster, read):
+    """`read(client)` on each shard's primary, connected directly: a list, shard by shard."""
+    out = []
+    for i in range(2):
+        direct = pymongo.MongoClient(f"mongodb://127.0.0.1:{cluster['port'] + 2 + i}/?directConnection=true")
+        try:
+            out.append(read(direct))
+        finally:
+            direct.close()
+    return out
+
+
 def test_router_crud_bulk_and_cursors(cluster):
     c = pymongo.MongoClient(cluster["uri"])
     assert c.admin.command("hello")["msg"] == "isdbgrid"
@@ -31,11 +43,7 @@ def test_router_crud_bulk_and_cursors(cluster):
     orders.insert_many([{"_id": i, "customerId": i % 50, "qty": i} for i in range(500)], ordered=False)
 
     # Each shard holds part of the collection.
-    counts = []
-    for i in range(2):
-        direct = pymongo.MongoClient(f"mongodb://127.0.0.1:{cluster['port'] + 2 + i}/?directConnection=true")
-        counts.append(direct.shop.orders.count_documents({}))
-        direct.close()
+    counts = on_each_shard(cluster, lambda d: d.shop.orders.count_documents({}))
     assert sum(counts) == 500 and min(counts) > 0, counts
 
     assert orders.count_documents({"customerId": 7}) == 10
@@ -139,11 +147,7 @@ def test_transactions_read_one_point_across_shards_and_write_on_both(cluster):
     c.admin.command("shardCollection", "tx.acc", key={"_id": "hashed"})
     acc = c.tx.acc
     acc.insert_many([{"_id": i, "b": 100} for i in range(40)])
-    on_shard = []
-    for i in range(2):
-        direct = pymongo.MongoClient(f"mongodb://127.0.0.1:{cluster['port'] + 2 + i}/?directConnection=true")
-        on_shard.append(sorted(d["_id"] for d in direct.tx.acc.find({}, {"_id": 1})))
-        direct.close()
+    on_shard = on_each_shard(cluster, lambda d: sorted(doc["_id"] for doc in d.tx.acc.find({}, {"_id": 1})))
     a, b = on_shard[0][0], on_shard[1][0]
     # A shard keeps the history of its documents while reads at a point use it: one such
     # read of both makes them keep it (else a point before a shard's newest write there
@@ -213,15 +217,7 @@ def test_statements_of_a_transaction_may_span_shards(cluster):
     acc = c.span.acc
     acc.insert_many([{"_id": i, "b": 10, "g": i % 3} for i in range(60)])
 
-    def on_each_shard():
-        counts = []
-        for i in range(2):
-            direct = pymongo.MongoClient(f"mongodb://127.0.0.1:{cluster['port'] + 2 + i}/?directConnection=true")
-            counts.append(direct.span.acc.count_documents({}))
-            direct.close()
-        return counts
-
-    assert all(n > 0 for n in on_each_shard())
+    assert all(n > 0 for n in on_each_shard(cluster, lambda d: d.span.acc.count_documents({})))
 
     # Writes on both shards in one statement each, read back in the transaction, then
     # aborted: nothing changed anywhere.
@@ -245,7 +241,7 @@ def test_statements_of_a_transaction_may_span_shards(cluster):
             acc.insert_many([{"_id": 100 + i, "b": 0, "g": 9} for i in range(20)], session=s)
             acc.delete_many({"g": 0}, session=s)
     assert acc.count_documents({}) == 60 and sum(d["b"] for d in acc.find({})) == 40 * 11
-    assert sum(on_each_shard()) == 60
+    assert sum(on_each_shard(cluster, lambda d: d.span.acc.count_documents({}))) == 60
     commits = c.admin.command("serverStatus")["transactions"]["commitTypes"]
     assert commits["twoPhaseCommit"]["successful"] >= 1
 
@@ -396,11 +392,7 @@ def test_cluster_time_is_gossiped_and_bounded(cluster):
     # (on the other shard) reaches that time at once (its primary logs a no-op).
     c.admin.command("shardCollection", "gossip.h", key={"_id": "hashed"})
     c.gossip.h.insert_many([{"_id": i} for i in range(20)])
-    owners = []
-    for i in range(2):
-        d = pymongo.MongoClient(f"mongodb://127.0.0.1:{cluster['port'] + 2 + i}/?directConnection=true")
-        owners.append(d.gossip.h.find_one({})["_id"])
-        d.close()
+    owners = on_each_shard(cluster, lambda d: d.gossip.h.find_one({})["_id"])
     with c.start_session(causal_consistency=True) as s:
         for _ in range(3):
             c.gossip.h.update_one({"_id": owners[0]}, {"$inc": {"n": 1}}, session=s)
