@@ -89,6 +89,12 @@ pub const CLUSTER_TIME_DRIFT_SECS_MAX: u64 = 365 * 24 * 60 * 60;
 /// every later write there. `None` when the command carries none.
 pub fn gossiped_cluster_time(cmd: &Document) -> crate::Result<Option<Timestamp>> {
     let Ok(t) = cmd.get_document("$clusterTime").and_then(|c| c.get_timestamp("clusterTime")) else { return Ok(None) };
+    within_drift(t).map(Some)
+}
+
+/// `t`, unless it is more than `CLUSTER_TIME_DRIFT_SECS_MAX` ahead of this process's wall
+/// clock (ClusterTimeFailsRateLimiter): a time this process's clock is to follow.
+pub fn within_drift(t: Timestamp) -> crate::Result<Timestamp> {
     let wall_secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     if u64::from(t.time) > wall_secs + CLUSTER_TIME_DRIFT_SECS_MAX {
         return Err(crate::Error::new(
@@ -96,7 +102,7 @@ pub fn gossiped_cluster_time(cmd: &Document) -> crate::Result<Option<Timestamp>>
             format!("New cluster time, {}, is too far from this node's wall clock time, {wall_secs}.", t.time),
         ));
     }
-    Ok(Some(t))
+    Ok(t)
 }
 
 /// A `$clusterTime` field's value for `t`, with the zero signature (shoal runs without keys,

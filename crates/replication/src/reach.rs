@@ -16,6 +16,11 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// The note mongod's secondaries ask for.
 pub const NOTE: &str = "noop write for afterClusterTime read concern";
 
+/// What the asks so far brought: the primary asked and the newest time it has logged past.
+/// One ask at a time per member: reads that queue behind it need none when that primary
+/// logged past their time already.
+static ASKED: tokio::sync::Mutex<Option<(String, u64)>> = tokio::sync::Mutex::const_new(None);
+
 /// Ask the primary this member knows of to log a no-op after `cluster_time`.
 pub async fn ask_primary_to_reach(coord: &ReplCoord, cluster_time: Timestamp) -> Result<()> {
     let host = {
@@ -27,7 +32,14 @@ pub async fn ask_primary_to_reach(coord: &ReplCoord, cluster_time: Timestamp) ->
             _ => return Err(Error::new(Code::NotWritablePrimary, "no primary is known to log a no-op at the read's cluster time")),
         }
     };
+    let ts = common::optime::ts_value(cluster_time);
+    let mut asked = ASKED.lock().await;
+    if asked.as_ref().is_some_and(|(h, through)| *h == host && *through >= ts) {
+        return Ok(());
+    }
     let mut conn = PeerConn::connect(&host, ASK_TIMEOUT).await?;
     let cmd = doc! {"appendOplogNote": 1, "maxClusterTime": cluster_time, "data": {NOTE: 1}};
-    conn.command("admin", cmd, ASK_TIMEOUT).await.map(|_| ())
+    conn.command("admin", cmd, ASK_TIMEOUT).await?;
+    *asked = Some((host, ts));
+    Ok(())
 }

@@ -208,7 +208,8 @@ def test_a_secondary_reads_after_a_cluster_time_the_set_has_not_logged(three_mem
     before = newest()["ts"]
     primary.admin.command("appendOplogNote", data={"late": 1}, maxClusterTime=Timestamp(before.time - 1, 1))
     assert newest()["ts"] == before
-    for bad, code in (({}, 4), ({"data": 1}, 14), ({"data": {}, "maxClusterTime": 5}, 14)):
+    far = Timestamp(int(time.time()) + 2 * 365 * 24 * 3600, 1)
+    for bad, code in (({}, 4), ({"data": 1}, 14), ({"data": {}, "maxClusterTime": 5}, 14), ({"data": {}, "maxClusterTime": far}, 205)):
         with pytest.raises(OperationFailure) as e:
             primary.admin.command("appendOplogNote", **bad)
         assert e.value.code == code

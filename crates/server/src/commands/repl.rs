@@ -110,7 +110,7 @@ pub fn append_oplog_note(ctx: &mut Ctx) -> Result<Document> {
             return Err(Error::type_mismatch(format!("\"maxClusterTime\" had the wrong type. Expected timestamp, found {}", common::value::type_name(t))));
         };
         // A time more than the allowed drift ahead is refused, as a gossiped one is.
-        let t = common::optime::gossiped_cluster_time(&bson::doc! {"$clusterTime": {"clusterTime": *t}})?.unwrap_or(*t);
+        let t = common::optime::within_drift(*t)?;
         let ts = common::optime::ts_value(t);
         if ctx.shared.store.oplog_last().unwrap_or_default().ts >= ts {
             return Ok(Document::new());
