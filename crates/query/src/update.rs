@@ -18,6 +18,14 @@ pub struct Update {
     kind: Kind,
 }
 
+/// An update's kind: by operators, by an aggregation pipeline, or a replacement document.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateForm {
+    Modifiers,
+    Pipeline,
+    Replacement,
+}
+
 #[derive(Clone, Debug)]
 enum Kind {
     Replacement(Document),
@@ -516,6 +524,14 @@ impl Update {
 
     pub fn is_pipeline(&self) -> bool {
         matches!(self.kind, Kind::Pipeline(_))
+    }
+
+    pub fn form(&self) -> UpdateForm {
+        match self.kind {
+            Kind::Replacement(_) => UpdateForm::Replacement,
+            Kind::Operators { .. } => UpdateForm::Modifiers,
+            Kind::Pipeline(_) => UpdateForm::Pipeline,
+        }
     }
 
     pub fn apply(&self, doc: &Document, details: &MatchDetails, is_insert: bool) -> Result<Document> {

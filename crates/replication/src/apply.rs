@@ -133,12 +133,14 @@ fn session_records(store: &Store) -> Result<Collection> {
 }
 
 /// Whether `entry` leaves a document in a state of its own (insert, whole-document update,
-/// delete) or changes nothing (no-op), so that only the last such entry of each document
-/// in a batch matters.
+/// delete), changes it by a diff (`{$v: 2, diff}`, applied to the state before it), or
+/// changes nothing (no-op), so that a batch can be applied as each document's final state.
 fn is_final_state(entry: &RawDocument) -> bool {
     match entry.get_str("op") {
         Ok("n" | "i" | "d") => true,
-        Ok("u") => entry.get_document("o").is_ok_and(|o| !o.into_iter().next().is_some_and(|f| f.is_ok_and(|(k, _)| k.as_str().starts_with('$')))),
+        Ok("u") => {
+            entry.get_document("o").is_ok_and(|o| is_diff(o) || !o.into_iter().next().is_some_and(|f| f.is_ok_and(|(k, _)| k.as_str().starts_with('$'))))
+        }
         // A whole transaction (not a chain's part) of such operations: the batch's one
         // engine write applies it whole.
         Ok("c") => transaction_ops(entry).is_some_and(|ops| ops.iter().all(|op| is_final_state(op))),
@@ -148,6 +150,16 @@ fn is_final_state(entry: &RawDocument) -> bool {
 
 /// The operations of a committed transaction's entry that is a whole transaction
 /// (`applyOps` on `admin.$cmd`, neither `partialTxn` nor the `count` of a chain's last).
+/// Whether an update entry's `o` is a diff (`{$v: 2, diff: {…}}`).
+fn is_diff(o: &RawDocument) -> bool {
+    let v2 = match o.get("$v") {
+        Ok(Some(bson::RawBsonRef::Int32(2) | bson::RawBsonRef::Int64(2))) => true,
+        Ok(Some(bson::RawBsonRef::Double(v))) => v == 2.0,
+        _ => false,
+    };
+    v2 && o.get_document("diff").is_ok()
+}
+
 fn transaction_ops(entry: &RawDocument) -> Option<Vec<&RawDocument>> {
     if entry.get_str("op").ok()? != "c" || entry.get_str("ns").ok()? != "admin.$cmd" {
         return None;
@@ -199,6 +211,13 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
             let o = entry.get_document("o").map_err(|_| parse("object field 'o'"))?;
             let raw_id = o.get("_id").ok().flatten();
             let (change, id) = match (op, raw_id) {
+                ("u", _) if is_diff(o) => {
+                    let id = entry.get_document("o2").ok().and_then(|o2| o2.get("_id").ok().flatten()).ok_or_else(|| parse("o2._id (update)"))?;
+                    let id = to_bson(id)?;
+                    let diff = o.get_document("diff").map_err(|_| parse("o.diff"))?;
+                    let diff = Document::try_from(diff).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid update diff: {e}")))?;
+                    (ReplicatedChange::Patch { id: id.clone(), diffs: vec![diff] }, id)
+                }
                 ("d", Some(id)) => {
                     let id = to_bson(id)?;
                     (ReplicatedChange::Delete { id: id.clone() }, id)
@@ -230,6 +249,28 @@ fn final_states(store: &Store, entries: &[&RawDocument]) -> Result<Vec<(Collecti
                 }
             };
             let g = &mut groups[g];
+            // A diff after the document's earlier change in this batch applies to that.
+            let change = match (change, g.by_id.get(&key).map(|&i| &mut g.changes[i])) {
+                (ReplicatedChange::Patch { diffs, .. }, Some(earlier)) => {
+                    match earlier {
+                        ReplicatedChange::Put { doc } => {
+                            let mut d = Document::try_from(doc.as_ref()).map_err(|e| Error::new(Code::InvalidBSON, format!("invalid oplog entry: {e}")))?;
+                            for diff in &diffs {
+                                d = storage::diff::apply(&d, diff)?;
+                            }
+                            let doc = bson::RawDocumentBuf::try_from(&d).map_err(|e| Error::bad_value(format!("cannot encode a document: {e}")))?;
+                            ReplicatedChange::Put { doc }
+                        }
+                        ReplicatedChange::Patch { diffs: before, .. } => {
+                            before.extend(diffs);
+                            continue;
+                        }
+                        // A diff of a deleted document changes nothing.
+                        ReplicatedChange::Delete { .. } => continue,
+                    }
+                }
+                (change, _) => change,
+            };
             if g.coll.is_none() && matches!(change, ReplicatedChange::Put { .. }) {
                 let ui = match entry.get_binary("ui") {
                     Ok(b) => Some(
@@ -513,14 +554,25 @@ pub fn upsert(coll: &Collection, doc: &Document, insert_first: bool) -> Result<(
         }
     }
     match w.snapshot().find_by_id(id)? {
-        Some((rid, old)) => w.update(rid, &old, doc),
+        Some((rid, old)) => w.update(rid, &old, doc, storage::UpdateForm::Replacement),
         None => w.insert(doc).map(|_| ()),
     }
 }
 
 fn update(coll: &Collection, id: &Bson, o: &Document) -> Result<()> {
-    if o.contains_key("$v") && o.contains_key("diff") {
-        return Err(Error::new(Code::CommandNotSupported, "oplog update entries in delta format ($v: 2) are not supported yet"));
+    if let Some(diff) = storage::diff::of_update_entry(o) {
+        let mut w = coll.writer();
+        // A diff of a document that is gone changes nothing: a later entry deleted it, and
+        // applying entries again (a restarted fetch, an initial sync's overlap) must not fail.
+        let Some((rid, old)) = w.snapshot().find_by_id(id)? else { return Ok(()) };
+        let new = storage::diff::apply(&old, diff)?;
+        if storage::diff::same_document(&old, &new) {
+            return Ok(());
+        }
+        return w.update(rid, &old, &new, storage::UpdateForm::Modifiers);
+    }
+    if o.get("$v").is_some() && !o.keys().any(|k| k != "$v" && k.starts_with('$')) {
+        return Err(Error::new(Code::FailedToParse, format!("an update oplog entry of unknown version: {o}")));
     }
     let modifier = o.keys().next().is_some_and(|k| k.starts_with('$'));
     if !modifier {
@@ -537,7 +589,7 @@ fn update(coll: &Collection, id: &Bson, o: &Document) -> Result<()> {
         return Err(Error::new(Code::NoMatchingDocument, format!("cannot apply an update operator to a missing document: _id {id}")));
     };
     let new = u.apply(&old, &MatchDetails::default(), false)?;
-    w.update(rid, &old, &new)
+    w.update(rid, &old, &new, storage::UpdateForm::Modifiers)
 }
 
 fn command(store: &Store, ns: &str, o: &Document, ui: Option<bson::Uuid>) -> Result<()> {
@@ -661,23 +713,31 @@ mod tests {
         let docs: Vec<Document> = (0..40).map(|i| doc! {"_id": i, "k": i, "tags": [i % 3, i % 5]}).collect();
         assert!(a.insert_many(&docs, true).errors.is_empty());
         assert!(b.insert_many(&[doc! {"_id": "x", "v": 1}, doc! {"_id": "y", "v": 1}], true).errors.is_empty());
-        let replace = |c: &Collection, id: Bson, new: Document| {
+        // A replacement logs the whole document; an update by operators its diff, which a
+        // batch applies to the document's earlier state in it, or to the stored one.
+        let write = |c: &Collection, id: Bson, new: Document, form: storage::UpdateForm| {
             let mut w = c.writer();
             let (rid, old) = w.snapshot().find_by_id(&id).unwrap().unwrap();
-            w.update(rid, &old, &new).unwrap();
+            w.update(rid, &old, &new, form).unwrap();
         };
+        let replace = |c: &Collection, id: Bson, new: Document| write(c, id, new, storage::UpdateForm::Replacement);
+        let update = |c: &Collection, id: Bson, new: Document| write(c, id, new, storage::UpdateForm::Modifiers);
         let delete = |c: &Collection, id: Bson| {
             let mut w = c.writer();
             let (rid, old) = w.snapshot().find_by_id(&id).unwrap().unwrap();
             w.delete(rid, &old).unwrap();
         };
-        for round in 0..3 {
-            replace(&a, Bson::Int32(5), doc! {"_id": 5, "k": 100 + round, "tags": [round]});
+        replace(&a, Bson::Int32(5), doc! {"_id": 5, "k": 100, "tags": [0]});
+        for round in 1..3 {
+            update(&a, Bson::Int32(5), doc! {"_id": 5, "k": 100 + round, "tags": [round, {"n": round}]});
         }
         delete(&a, Bson::Int32(7));
         assert!(a.insert_many(&[doc! {"_id": 7, "k": 7, "tags": ["again"]}], true).errors.is_empty());
+        update(&a, Bson::Int32(7), doc! {"_id": 7, "k": 7, "tags": ["again", "more"], "new": true});
+        update(&a, Bson::Int32(9), doc! {"_id": 9, "tags": [0, 4]});
+        delete(&a, Bson::Int32(9));
         delete(&a, Bson::Int32(8));
-        replace(&b, Bson::String("x".into()), doc! {"_id": "x", "v": 2});
+        update(&b, Bson::String("x".into()), doc! {"_id": "x", "v": 2});
         assert!(b.insert_many(&[doc! {"_id": "z"}], true).errors.is_empty());
         delete(&b, Bson::String("z".into()));
         // Retryable writes: each member derives the sessions' records from their entries
@@ -703,6 +763,11 @@ mod tests {
         replace(&a, Bson::Int32(2), doc! {"_id": 2, "k": 2002, "tags": ["replaced"]});
         replace(&b, Bson::String("x".into()), doc! {"_id": "x", "v": 3, "w": "longer than before"});
         ship("replacements", &primary);
+        // Documents the secondaries hold, changed by diffs alone.
+        update(&a, Bson::Int32(6), doc! {"_id": 6, "k": 6006, "tags": [0, 1, "x"]});
+        update(&a, Bson::Int32(6), doc! {"_id": 6, "tags": [0], "k": 6});
+        update(&b, Bson::String("x".into()), doc! {"_id": "x", "v": 4, "w": "longer than before"});
+        ship("diffs", &primary);
         // Transactions: one whole (applied in the batch), and a session's record that says
         // committed.
         {
@@ -710,12 +775,13 @@ mod tests {
             let t = primary.in_transaction(&txn);
             let (ta, tb) = (t.collection("db", "a").unwrap(), t.collection("db", "b").unwrap());
             replace(&ta, Bson::Int32(3), doc! {"_id": 3, "k": 3003});
+            update(&ta, Bson::Int32(10), doc! {"_id": 10, "k": 1010, "tags": [1]});
             delete(&tb, Bson::String("x".into()));
             assert!(ta.insert_many(&[doc! {"_id": 500, "k": 500}], true).errors.is_empty());
             txn.commit().unwrap();
         }
         let newest = entries_after(&primary, OpTime::default()).1.pop().unwrap().1;
-        assert!(transaction_ops(RawDocument::from_bytes(&newest).unwrap()).is_some_and(|ops| ops.len() == 3));
+        assert!(transaction_ops(RawDocument::from_bytes(&newest).unwrap()).is_some_and(|ops| ops.len() == 4));
         ship("a transaction", &primary);
         // Prepared transactions: the prepare entry applies nothing and keeps the transaction
         // prepared on each secondary (found again from the records after a restart); the

@@ -1295,7 +1295,7 @@ mod tests {
         {
             let mut w = c.writer();
             let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(1)).unwrap().unwrap();
-            w.update(rid, &old, &doc! {"_id": 1, "v": 2}).unwrap();
+            w.update(rid, &old, &doc! {"_id": 1, "v": 2}, storage::UpdateForm::Modifiers).unwrap();
         }
         let oplog = primary.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).unwrap();
         let logged: Vec<(OpTime, Vec<u8>)> =

@@ -503,11 +503,11 @@ impl CollState {
                             .get(Space::Records, &record_key(self.id, rid))?
                             .ok_or_else(|| corrupt(format!("_id index entry points at missing record {rid}")))?
                             .len();
-                        self.prepare_update_encoded(meta, snap, rid, old_len, &keys_doc, &keys_doc, bytes, pending)
+                        self.prepare_update_encoded(meta, snap, rid, old_len, &keys_doc, &keys_doc, bytes, UpdateForm::Replacement, pending)
                     }
                     Some(rid) => {
                         let (old_bytes, old) = self.stored_doc(snap, rid)?;
-                        self.prepare_update_encoded(meta, snap, rid, old_bytes.len(), &old, &keys_doc, bytes, pending)
+                        self.prepare_update_encoded(meta, snap, rid, old_bytes.len(), &old, &keys_doc, bytes, UpdateForm::Replacement, pending)
                     }
                     None => self.prepare_insert_encoded(meta, snap, &keys_doc, bytes, true, pending).map(|_| ()),
                 }
@@ -516,6 +516,19 @@ impl CollState {
                 Some(rid) => self.prepare_delete(meta, snap, rid, pending),
                 None => Ok(()),
             },
+            ReplicatedChange::Patch { id, diffs } => {
+                let Some(rid) = self.rid_by_id(meta, snap, id)? else { return Ok(()) };
+                let (old_bytes, old) = self.stored_doc(snap, rid)?;
+                let mut new = old.clone();
+                for diff in diffs {
+                    new = crate::diff::apply(&new, diff)?;
+                }
+                if new.get("_id").is_none_or(|n| !crate::diff::same_value(n, id)) {
+                    return Err(Error::new(Code::ImmutableField, format!("a replicated update diff changes the _id of {id}")));
+                }
+                let new_bytes = encode_record(&new, old_bytes.len() + old_bytes.len() / 8)?;
+                self.prepare_update_encoded(meta, snap, rid, old_bytes.len(), &old, &new, new_bytes, UpdateForm::Replacement, pending)
+            }
         }
     }
 
@@ -544,10 +557,11 @@ impl CollState {
         old_len: usize,
         old: &Document,
         new: &Document,
+        form: UpdateForm,
         pending: &mut Pending,
     ) -> Result<()> {
         let new_bytes = encode_record(new, old_len + old_len / 8)?;
-        self.prepare_update_encoded(meta, snap, id, old_len, old, new, new_bytes, pending)
+        self.prepare_update_encoded(meta, snap, id, old_len, old, new, new_bytes, form, pending)
     }
 
     /// `prepare_update` to a document already encoded as `new_bytes`. `old` and `new` give
@@ -563,6 +577,7 @@ impl CollState {
         old: &Document,
         new: &Document,
         new_bytes: Vec<u8>,
+        form: UpdateForm,
         pending: &mut Pending,
     ) -> Result<()> {
         let st = self;
@@ -626,11 +641,29 @@ impl CollState {
         pending.data_delta += delta;
         if let Some(log) = &pending.log {
             let session = log.session.as_ref().map(|t| (t, pending.ctx.current_stmt()));
-            if let Some(tag) = session.filter(|_| pending.ctx.wants_pre_image()) {
-                pending.oplog.push(oplog::pre_image_entry(&log.ns, log.ui, &encode_record(old_doc, old_len)?, log.wall_ms, tag));
+            if let (Some(tag), Some(image)) = (session, pending.ctx.retry_image()) {
+                let doc = match image {
+                    oplog::RetryImage::Before => encode_record(old_doc, old_len)?,
+                    oplog::RetryImage::After => new_bytes.clone(),
+                };
+                pending.oplog.push(oplog::image_entry(&log.ns, log.ui, &doc, log.wall_ms, tag));
             }
             let id_doc = oplog::id_doc(new.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
-            pending.oplog.push(oplog::update_entry(&log.ns, log.ui, &new_bytes, &id_doc, log.wall_ms, session));
+            let diff = match form {
+                UpdateForm::Replacement => None,
+                UpdateForm::Modifiers | UpdateForm::Pipeline => {
+                    let diff = crate::diff::compute(old_doc, new);
+                    let bytes = encode_record(&diff, 64).map_err(|e| Error::internal(format!("an update's diff: {}", e.message)))?;
+                    // mongod logs an update by operators as its diff always, one by pipeline
+                    // only when the diff is the smaller.
+                    (form == UpdateForm::Modifiers || bytes.len() + DIFF_ENTRY_OVERHEAD_BYTES < new_bytes.len()).then_some(bytes)
+                }
+            };
+            let change = match &diff {
+                Some(d) => oplog::UpdateChange::Diff(d),
+                None => oplog::UpdateChange::Document(&new_bytes),
+            };
+            pending.oplog.push(oplog::update_entry(&log.ns, log.ui, &change, &id_doc, log.wall_ms, session));
         }
         pending.batch.put(Space::Records, record_key(st.id, id), new_bytes);
         Ok(())
@@ -657,8 +690,8 @@ impl CollState {
         pending.batch.delete(Space::Records, record_key(self.id, rid));
         if let Some(log) = &pending.log {
             let session = log.session.as_ref().map(|t| (t, pending.ctx.current_stmt()));
-            if let Some(tag) = session.filter(|_| pending.ctx.wants_pre_image()) {
-                pending.oplog.push(oplog::pre_image_entry(&log.ns, log.ui, &old_bytes, log.wall_ms, tag));
+            if let Some(tag) = session.filter(|_| pending.ctx.retry_image().is_some()) {
+                pending.oplog.push(oplog::image_entry(&log.ns, log.ui, &old_bytes, log.wall_ms, tag));
             }
             let id = oplog::id_doc(old_doc.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
             pending.oplog.push(oplog::delete_entry(&log.ns, log.ui, &id, log.wall_ms, session));
@@ -762,6 +795,10 @@ pub(crate) struct Pending {
     /// How the batch is logged (the handle's).
     pub(crate) ctx: WriteCtx,
 }
+
+/// An update entry's bytes beyond its `o` when `o` is a diff (`{$v: 2, diff: …}`): a
+/// pipeline update logs the diff only when it and this are smaller than the document.
+const DIFF_ENTRY_OVERHEAD_BYTES: usize = 4 + 8 + 7 + 1;
 
 /// What every oplog entry of one batch shares.
 pub(crate) struct LogTarget {

@@ -51,6 +51,7 @@
 mod bsonenc;
 mod coll_state;
 mod collection;
+pub mod diff;
 pub mod engine;
 mod hash;
 mod history;
@@ -78,7 +79,7 @@ use history::History;
 pub use history::{SNAPSHOT_BOUNDARIES_MAX, SNAPSHOT_HISTORY_WINDOW_SECONDS_DEFAULT};
 pub use layout::*;
 use names::*;
-pub use oplog::{ts_of, OpTime, TxnRecordState, OPLOG_COLLECTION, OPLOG_DB, SESSION_MIGRATE_INFO};
+pub use oplog::{ts_of, OpTime, RetryImage, TxnRecordState, OPLOG_COLLECTION, OPLOG_DB, SESSION_MIGRATE_INFO};
 pub use prepared::{PREPARED_COMMITS_KEPT_MAX, PREPARE_CONFLICT_WAIT_MAX};
 pub use replicated::*;
 pub use session::*;

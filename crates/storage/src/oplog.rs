@@ -45,9 +45,17 @@ pub(crate) struct SessionWrite {
     /// The statement of each document of the next `insert_many` (an insert command's
     /// documents are its statements).
     pub stmt_per_document: Option<Vec<i32>>,
-    /// Log the document an update or delete changes as a no-op entry before the change's own
-    /// (findAndModify returns it, so a retry needs it).
-    pub pre_image: bool,
+    /// Log the document findAndModify returns (the one it changes, as it was or as it
+    /// becomes) as a no-op entry before the change's own, so that a retry can return it: an
+    /// update's own entry may hold only its diff.
+    pub image: Option<RetryImage>,
+}
+
+/// Which version of the changed document a retryable write's no-op entry holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryImage {
+    Before,
+    After,
 }
 
 /// The session fields of an entry: `lsid` bytes and `txnNumber` (the statement is per
@@ -261,14 +269,36 @@ pub(crate) fn insert_entry(ns: &str, ui: bson::Uuid, record: &[u8], wall_ms: i64
     finish(out, start, wall_ms, session)
 }
 
-/// An update, logged as the whole new document (a replacement-style entry), which applies
-/// idempotently whatever the update operators were.
-pub(crate) fn update_entry(ns: &str, ui: bson::Uuid, record: &[u8], id: &[u8], wall_ms: i64, session: Option<(&SessionTag, i32)>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(record.len() + id.len() + ns.len() + 100 + SESSION_FIELDS_BYTES);
+/// An update: `o` is the whole new document (a replacement) or `{$v: 2, diff}` (`diff`'s
+/// delta, as mongod 5.0+ logs an update by operators or pipeline); `o2` is `{_id}`.
+pub(crate) fn update_entry(ns: &str, ui: bson::Uuid, change: &UpdateChange, id: &[u8], wall_ms: i64, session: Option<(&SessionTag, i32)>) -> Vec<u8> {
+    let o_len = match change {
+        UpdateChange::Document(record) => record.len(),
+        UpdateChange::Diff(diff) => diff.len() + 24,
+    };
+    let mut out = Vec::with_capacity(o_len + id.len() + ns.len() + 100 + SESSION_FIELDS_BYTES);
     let start = head(&mut out, "u", ns, Some(ui));
-    raw_doc_field(&mut out, b"o", record);
+    match change {
+        UpdateChange::Document(record) => raw_doc_field(&mut out, b"o", record),
+        UpdateChange::Diff(diff) => {
+            out.push(0x03);
+            out.extend_from_slice(b"o\0");
+            let o = begin(&mut out);
+            out.push(0x10);
+            out.extend_from_slice(b"$v\0");
+            out.extend_from_slice(&2i32.to_le_bytes());
+            raw_doc_field(&mut out, b"diff", diff);
+            end(&mut out, o);
+        }
+    }
     raw_doc_field(&mut out, b"o2", id);
     finish(out, start, wall_ms, session)
+}
+
+/// What an update entry carries (`update_entry`): the new document, or the diff (encoded).
+pub(crate) enum UpdateChange<'a> {
+    Document(&'a [u8]),
+    Diff(&'a [u8]),
 }
 
 pub(crate) fn delete_entry(ns: &str, ui: bson::Uuid, id: &[u8], wall_ms: i64, session: Option<(&SessionTag, i32)>) -> Vec<u8> {
@@ -278,10 +308,10 @@ pub(crate) fn delete_entry(ns: &str, ui: bson::Uuid, id: &[u8], wall_ms: i64, se
     finish(out, start, wall_ms, session)
 }
 
-/// The document a retryable findAndModify changes, as it was (a no-op on `ns` whose `o` is
-/// the document, as mongod logged pre-images before it kept them in
-/// `config.image_collection`), so that a retry can return it.
-pub(crate) fn pre_image_entry(ns: &str, ui: bson::Uuid, record: &[u8], wall_ms: i64, session: (&SessionTag, i32)) -> Vec<u8> {
+/// The document a retryable findAndModify returns, as it was or as it became (a no-op on
+/// `ns` whose `o` is the document, as mongod logged pre- and post-images before it kept
+/// them in `config.image_collection`), so that a retry can return it.
+pub(crate) fn image_entry(ns: &str, ui: bson::Uuid, record: &[u8], wall_ms: i64, session: (&SessionTag, i32)) -> Vec<u8> {
     let mut out = Vec::with_capacity(record.len() + ns.len() + 96 + SESSION_FIELDS_BYTES);
     let start = head(&mut out, "n", ns, Some(ui));
     raw_doc_field(&mut out, b"o", record);
@@ -480,10 +510,12 @@ mod tests {
         let ui = bson::Uuid::new();
         let record = crate::bsonenc::encode_document(&bson::doc! {"_id": 5, "a": "x"}, 0).unwrap();
         let id = id_doc(&Bson::Int32(5)).unwrap();
+        let diff = crate::bsonenc::encode_document(&bson::doc! {"u": {"a": "x"}}, 0).unwrap();
         let at = OpTime { ts: (1_700_000_000u64 << 32) | 3, term: 4 };
         for (mut e, op) in [
             (insert_entry("db.c", ui, &record, 1234, None), "i"),
-            (update_entry("db.c", ui, &record, &id, 1234, None), "u"),
+            (update_entry("db.c", ui, &UpdateChange::Document(&record), &id, 1234, None), "u"),
+            (update_entry("db.c", ui, &UpdateChange::Diff(&diff), &id, 1234, None), "u2"),
             (delete_entry("db.c", ui, &id, 1234, None), "d"),
         ] {
             stamp(&mut e, at);
@@ -491,7 +523,7 @@ mod tests {
             assert_eq!(d.get_timestamp("ts").unwrap(), Timestamp { time: 1_700_000_000, increment: 3 });
             assert_eq!(d.get_i64("t").unwrap(), 4);
             assert_eq!(d.get_i64("v").unwrap(), 2);
-            assert_eq!(d.get_str("op").unwrap(), op);
+            assert_eq!(d.get_str("op").unwrap(), &op[..1]);
             assert_eq!(d.get_str("ns").unwrap(), "db.c");
             assert_eq!(d.get("ui"), Some(&Bson::Binary(bson::Binary::from_uuid(ui))));
             assert_eq!(d.get_datetime("wall").unwrap().timestamp_millis(), 1234);
@@ -499,6 +531,10 @@ mod tests {
                 "i" => assert_eq!(d.get_document("o").unwrap(), &bson::doc! {"_id": 5, "a": "x"}),
                 "u" => {
                     assert_eq!(d.get_document("o").unwrap(), &bson::doc! {"_id": 5, "a": "x"});
+                    assert_eq!(d.get_document("o2").unwrap(), &bson::doc! {"_id": 5});
+                }
+                "u2" => {
+                    assert_eq!(d.get_document("o").unwrap(), &bson::doc! {"$v": 2, "diff": {"u": {"a": "x"}}});
                     assert_eq!(d.get_document("o2").unwrap(), &bson::doc! {"_id": 5});
                 }
                 _ => assert_eq!(d.get_document("o").unwrap(), &bson::doc! {"_id": 5}),

@@ -12,6 +12,9 @@ pub enum ReplicatedChange {
     Put { doc: bson::RawDocumentBuf },
     /// The document with this `_id`, if any, is deleted.
     Delete { id: Bson },
+    /// The document with this `_id`, if any, changes by these diffs (`diff::apply`), in
+    /// order; a missing document stays missing.
+    Patch { id: Bson, diffs: Vec<Document> },
 }
 
 impl Store {

@@ -57,12 +57,12 @@ impl RetryableWrite {
         self.store.ctx.with_session(|s| s.map_or(OpTime::NULL, |s| s.prev))
     }
 
-    /// Log the documents the next updates and deletes change, as they were, before their
-    /// changes (a findAndModify's retry returns them).
-    pub fn set_pre_image(&self, on: bool) {
+    /// Log the documents the next updates and deletes change, as they were or as they
+    /// become, before their changes (a findAndModify's retry returns them).
+    pub fn set_retry_image(&self, image: Option<RetryImage>) {
         self.store.ctx.with_session(|s| {
             if let Some(s) = s {
-                s.pre_image = on;
+                s.image = image;
             }
         });
     }
@@ -92,15 +92,8 @@ impl Store {
             return Err(Error::internal("a retryable write began inside another"));
         }
         let records = self.collection_or_create(SESSION_RECORDS_DB, SESSION_RECORDS_COLLECTION)?;
-        let ctx = self.ctx.session(oplog::SessionWrite {
-            lsid: lsid.to_vec(),
-            txn,
-            records: records.state,
-            prev,
-            stmt: 0,
-            stmt_per_document: None,
-            pre_image: false,
-        });
+        let ctx =
+            self.ctx.session(oplog::SessionWrite { lsid: lsid.to_vec(), txn, records: records.state, prev, stmt: 0, stmt_per_document: None, image: None });
         Ok(RetryableWrite { store: Store { inner: self.inner.clone(), ctx } })
     }
 }

@@ -74,7 +74,7 @@ fn insert_read_update_delete() {
         assert!(snap.find_by_id(&Bson::Int32(9)).unwrap().is_none());
 
         let mut w = c.writer();
-        w.update(rid, &d, &doc! {"_id": 2, "a": "z", "b": [1, 2]}).unwrap();
+        w.update(rid, &d, &doc! {"_id": 2, "a": "z", "b": [1, 2]}, UpdateForm::Modifiers).unwrap();
         let r1 = all[0].0;
         w.delete(r1, &all[0].1).unwrap();
         let rid4 = w.insert(&doc! {"_id": 4}).unwrap();
@@ -273,7 +273,7 @@ fn secondary_indexes_scan_in_key_order() {
         // Index maintenance on update and delete.
         let (rid3, d3) = snap.find_by_id(&Bson::Int32(3)).unwrap().unwrap();
         let mut w = c.writer();
-        w.update(rid3, &d3, &doc! {"_id": 3, "a": 100}).unwrap();
+        w.update(rid3, &d3, &doc! {"_id": 3, "a": 100}, UpdateForm::Modifiers).unwrap();
         let (rid1, d1) = snap.find_by_id(&Bson::Int32(1)).unwrap().unwrap();
         w.delete(rid1, &d1).unwrap();
         drop(w);
@@ -295,16 +295,16 @@ fn update_checks_unique_indexes() {
         let snap = c.snapshot();
         let (rid, d) = snap.find_by_id(&Bson::Int32(2)).unwrap().unwrap();
         let mut w = c.writer();
-        let e = w.update(rid, &d, &doc! {"_id": 2, "u": 1}).unwrap_err();
+        let e = w.update(rid, &d, &doc! {"_id": 2, "u": 1}, UpdateForm::Modifiers).unwrap_err();
         assert_eq!(e.code, 11000);
         // Unchanged key and a type-only change (2 -> 2.0) are fine. `old` is always the
         // current stored document, as Writer::update requires.
         let d1 = doc! {"_id": 2, "u": 2, "x": 1};
-        w.update(rid, &d, &d1).unwrap();
+        w.update(rid, &d, &d1, UpdateForm::Modifiers).unwrap();
         let d2 = doc! {"_id": 2, "u": 2.0};
-        w.update(rid, &d1, &d2).unwrap();
+        w.update(rid, &d1, &d2, UpdateForm::Modifiers).unwrap();
         let too_big = doc! {"_id": 2, "s": "x".repeat(17 << 20)};
-        assert_eq!(w.update(rid, &d2, &too_big).unwrap_err().code, 10334);
+        assert_eq!(w.update(rid, &d2, &too_big, UpdateForm::Modifiers).unwrap_err().code, 10334);
         drop(w);
         let e = c.snapshot().index_scan("u_1", IndexBounds::all(), None, 10).unwrap();
         assert_eq!(e[1].values, vec![Bson::Double(2.0)]);
@@ -427,7 +427,7 @@ fn snapshot_isolation() {
         let snap = c.snapshot();
         c.insert_many(&[doc! {"_id": 2, "v": 2}], true);
         let (rid, d) = snap.find_by_id(&Bson::Int32(1)).unwrap().unwrap();
-        c.writer().update(rid, &d, &doc! {"_id": 1, "v": 9}).unwrap();
+        c.writer().update(rid, &d, &doc! {"_id": 1, "v": 9}, UpdateForm::Modifiers).unwrap();
         assert_eq!(snap.count().unwrap(), 1);
         assert_eq!(ids(&snap), vec![Bson::Int32(1)]);
         assert_eq!(snap.get(rid).unwrap().unwrap(), doc! {"_id": 1, "v": 1});
@@ -681,8 +681,8 @@ fn hashed_indexes() {
         let mut w = c.writer();
         let (rid, d) = w.snapshot().find_by_id(&Bson::Int32(102)).unwrap().unwrap();
         let d1 = doc! {"_id": 102, "a": {"x": [1]}};
-        assert_eq!(w.update(rid, &d, &d1).map_err(|e| e.code), Ok(()));
-        assert_eq!(w.update(rid, &d1, &doc! {"_id": 102, "b": [1]}).unwrap_err().code, 16766);
+        assert_eq!(w.update(rid, &d, &d1, UpdateForm::Modifiers).map_err(|e| e.code), Ok(()));
+        assert_eq!(w.update(rid, &d1, &doc! {"_id": 102, "b": [1]}, UpdateForm::Modifiers).unwrap_err().code, 16766);
         drop(w);
         assert!(c.validate().valid, "{:?}", c.validate().errors);
         let c2 = store.collection_or_create("db", "h2").unwrap();
@@ -809,7 +809,7 @@ fn churn(c: Collection, stop: Arc<std::sync::atomic::AtomicBool>, ops: Arc<std::
                     let mut n = d.clone();
                     n.insert("a", Bson::Int64(victim % 1000 + 5000));
                     n.insert("extra", [1, 2, 3]);
-                    w.update(rid, &d, &n).unwrap();
+                    w.update(rid, &d, &n, UpdateForm::Modifiers).unwrap();
                 } else {
                     w.delete(rid, &d).unwrap();
                 }
@@ -1019,7 +1019,7 @@ fn oplog_records_every_change_in_order_with_the_write() {
         {
             let mut w = c.writer();
             let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(1)).unwrap().unwrap();
-            w.update(rid, &old, &doc! {"_id": 1, "a": 10}).unwrap();
+            w.update(rid, &old, &doc! {"_id": 1, "a": 10}, UpdateForm::Modifiers).unwrap();
             let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(2)).unwrap().unwrap();
             w.delete(rid, &old).unwrap();
         }
@@ -1049,7 +1049,7 @@ fn oplog_records_every_change_in_order_with_the_write() {
         assert_eq!(o(0), doc! {"msg": "initiating set"});
         assert_eq!(o(1), doc! {"create": "c"});
         assert_eq!(o(2), doc! {"_id": 1, "a": 1});
-        assert_eq!(o(4), doc! {"_id": 1, "a": 10});
+        assert_eq!(o(4), doc! {"$v": 2, "diff": {"u": {"a": 10}}}, "an update by operators logs its diff");
         assert_eq!(entries[4].get_document("o2").unwrap(), &doc! {"_id": 1});
         assert_eq!(o(5), doc! {"_id": 2});
         assert_eq!(o(6), doc! {"createIndexes": "c", "v": 2, "key": {"a": 1}, "name": "a_1"});
@@ -1262,10 +1262,10 @@ fn a_retryable_writes_entries_chain_back_and_its_record_names_the_newest() {
         w.set_statement_per_document(vec![0, 2]);
         assert!(wc.insert_many(&[doc! {"_id": 1}, doc! {"_id": 2}], true).errors.is_empty());
         w.set_statement(3);
-        w.set_pre_image(true);
+        w.set_retry_image(Some(RetryImage::Before));
         let mut wr = wc.writer();
         let (rid, old) = wr.snapshot().find_by_id(&Bson::Int32(1)).unwrap().unwrap();
-        wr.update(rid, &old, &doc! {"_id": 1, "x": 1}).unwrap();
+        wr.update(rid, &old, &doc! {"_id": 1, "x": 1}, UpdateForm::Modifiers).unwrap();
     }
     // Outside the write: no session fields, no record change.
     assert!(c.insert_many(&[doc! {"_id": 3}], true).errors.is_empty());
@@ -1318,7 +1318,7 @@ fn transactions_isolate_conflict_and_commit_whole() {
     {
         let mut w = c1.writer();
         let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(1)).unwrap().unwrap();
-        w.update(rid, &old, &doc! {"_id": 1, "k": 1, "v": 1}).unwrap();
+        w.update(rid, &old, &doc! {"_id": 1, "k": 1, "v": 1}, UpdateForm::Modifiers).unwrap();
         let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(2)).unwrap().unwrap();
         w.delete(rid, &old).unwrap();
     }
@@ -1344,11 +1344,11 @@ fn transactions_isolate_conflict_and_commit_whole() {
     {
         let mut w = c.writer();
         let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(5)).unwrap().unwrap();
-        w.update(rid, &old, &doc! {"_id": 5, "k": 5, "v": 9}).unwrap();
+        w.update(rid, &old, &doc! {"_id": 5, "k": 5, "v": 9}, UpdateForm::Modifiers).unwrap();
     }
     let mut w3 = c3.writer();
     let (rid, old) = w3.snapshot().find_by_id(&Bson::Int32(5)).unwrap().unwrap();
-    assert_eq!(w3.update(rid, &old, &doc! {"_id": 5, "k": 5, "v": 10}).unwrap_err().code, Code::WriteConflict.0);
+    assert_eq!(w3.update(rid, &old, &doc! {"_id": 5, "k": 5, "v": 10}, UpdateForm::Modifiers).unwrap_err().code, Code::WriteConflict.0);
     drop(w3);
     drop(t3);
     // An ordinary write to an owned key waits for the transaction, then runs after it.
@@ -1407,7 +1407,7 @@ fn snapshot_reads_at_a_past_cluster_time() {
     {
         let mut w = c.writer();
         let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(1)).unwrap().unwrap();
-        w.update(rid, &old, &doc! {"_id": 1, "x": 2}).unwrap();
+        w.update(rid, &old, &doc! {"_id": 1, "x": 2}, UpdateForm::Modifiers).unwrap();
     }
     let t2 = store.oplog_last().unwrap().ts;
     assert_eq!(c.insert_many(&[doc! {"_id": 2}, doc! {"_id": 3}], true).inserted, 2);
@@ -1472,7 +1472,7 @@ fn a_transaction_at_a_past_point_reads_there_and_conflicts_with_later_writes() {
     let set = |id: i32, v: i32| {
         let mut w = c.writer();
         let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(id)).unwrap().unwrap();
-        w.update(rid, &old, &doc! {"_id": id, "v": v}).unwrap();
+        w.update(rid, &old, &doc! {"_id": id, "v": v}, UpdateForm::Modifiers).unwrap();
     };
     // _id 1 changes and changes back; _id 2 changes.
     set(1, 5);
@@ -1487,7 +1487,7 @@ fn a_transaction_at_a_past_point_reads_there_and_conflicts_with_later_writes() {
     for id in [1, 2] {
         let mut w = tc.writer();
         let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(id)).unwrap().unwrap();
-        let e = w.update(rid, &old, &doc! {"_id": id, "v": 9}).unwrap_err();
+        let e = w.update(rid, &old, &doc! {"_id": id, "v": 9}, UpdateForm::Modifiers).unwrap_err();
         assert_eq!(e.code, Code::WriteConflict.0, "_id {id}");
     }
     txn.abort();
@@ -1529,7 +1529,7 @@ fn a_prepared_transaction_holds_its_keys_and_commits_at_its_commit_timestamp() {
     let set = |coll: &Collection, id: i32, v: i32| {
         let mut w = coll.writer();
         let (rid, old) = w.snapshot().find_by_id(&Bson::Int32(id)).unwrap().unwrap();
-        w.update(rid, &old, &doc! {"_id": id, "v": v})
+        w.update(rid, &old, &doc! {"_id": id, "v": v}, UpdateForm::Modifiers)
     };
     let lsid = [7u8; 16];
     let txn = store.begin_transaction(Some((&lsid, 1))).unwrap();

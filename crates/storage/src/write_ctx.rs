@@ -118,8 +118,8 @@ impl WriteCtx {
         self.with_session(|s| s.map_or(0, |s| s.stmt))
     }
 
-    pub(crate) fn wants_pre_image(&self) -> bool {
-        self.with_session(|s| s.is_some_and(|s| s.pre_image))
+    pub(crate) fn retry_image(&self) -> Option<oplog::RetryImage> {
+        self.with_session(|s| s.and_then(|s| s.image))
     }
 
     /// `insert_many` is preparing its `i`th document: its entry belongs to that document's

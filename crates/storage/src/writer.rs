@@ -2,6 +2,12 @@
 
 use super::*;
 
+/// An update's kind decides what its oplog entry carries, as in mongod: an update by
+/// operators logs its diff (`{$v: 2, diff}`, see `diff`), a pipeline update its diff when
+/// that is smaller than the new document, and a replacement the whole document. Change
+/// streams tell an update from a replacement by it.
+pub use query::update::UpdateForm;
+
 /// Exclusive writer for read-modify-write operations; holds the collection write lock.
 /// Each mutation is applied atomically (record and all index entries) immediately.
 pub struct Writer {
@@ -30,11 +36,12 @@ impl Writer {
         Ok(rid)
     }
 
-    /// Replace record `id` with `new`, maintaining indexes. `old` must be the stored
-    /// document as read through this writer (its snapshot, under its lock), so it is
-    /// current: its index entries are the ones removed. Decoding the stored bytes again
-    /// would cost as much as the rest of an update.
-    pub fn update(&mut self, id: RecordId, old: &Document, new: &Document) -> Result<()> {
+    /// Replace record `id` with `new`, maintaining indexes, by an update of `form` (which
+    /// decides how its oplog entry records it). `old` must be the stored document as read
+    /// through this writer (its snapshot, under its lock), so it is current: its index
+    /// entries are the ones removed. Decoding the stored bytes again would cost as much as
+    /// the rest of an update.
+    pub fn update(&mut self, id: RecordId, old: &Document, new: &Document, form: UpdateForm) -> Result<()> {
         let st = self.st();
         st.check_live()?;
         let meta = st.meta.read().clone();
@@ -44,7 +51,7 @@ impl Writer {
             .ok_or_else(|| Error::new(Code::NoSuchKey, format!("record {id} not found in {}", st.ns_string())))?;
         debug_assert!(decode_doc(&old_bytes).is_ok_and(|d| &d == old), "Writer::update given a stale document");
         let mut pending = st.pending(&self.ctx);
-        st.prepare_update(&meta, &*snap, id, old_bytes.len(), old, new, &mut pending)?;
+        st.prepare_update(&meta, &*snap, id, old_bytes.len(), old, new, form, &mut pending)?;
         st.commit_pending(pending)
     }
 

@@ -307,3 +307,44 @@ def test_a_prepared_transaction_survives_a_failover_and_commits_on_the_new_prima
     back.close()
     session.end_session()
     rs.close()
+
+
+def test_updates_are_logged_as_mongod_logs_them_and_replicate(three_members):
+    """An update by operators or pipeline is logged as its `$v: 2` diff, a replacement as the
+    whole document; every member ends with the primary's documents."""
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in three_members)
+    rs = pymongo.MongoClient(f"mongodb://{hosts}/?replicaSet=rs0", serverSelectionTimeoutMS=30_000)
+    coll = rs.app.get_collection("logged")
+    coll.create_index("k")
+    coll.insert_one({"_id": 1, "a": 1, "k": 1, "sub": {"x": 1, "y": "long enough to diff"}, "array": ["foo", {"a": "bar"}, 1, 2, 3]})
+    changes = [
+        ({"$set": {"a": 2}, "$unset": {"k": ""}}, {"u": {"a": 2}, "d": {"k": False}}),
+        ({"$set": {"sub.x": 2, "new": True}}, {"i": {"new": True}, "ssub": {"u": {"x": 2}}}),
+        ({"$push": {"array": 4}}, {"sarray": {"a": True, "u5": 4}}),
+        ([{"$set": {"array": ["foo", {"a": "bar"}]}}], {"sarray": {"a": True, "l": 2}}),
+    ]
+    for update, _ in changes:
+        coll.update_one({"_id": 1}, update)
+    # An update that changes nothing logs nothing.
+    coll.update_one({"_id": 1}, {"$set": {"a": 2}})
+    coll.replace_one({"_id": 1}, {"a": 3, "k": 3})
+    # findAndModify returning the new document, as a retryable write.
+    after = coll.find_one_and_update({"_id": 1}, {"$inc": {"a": 1}}, return_document=pymongo.ReturnDocument.AFTER)
+    assert after == {"_id": 1, "a": 4, "k": 3}
+    oplog = rs.local.get_collection("oplog.rs")
+    updates = list(oplog.find({"ns": "app.logged", "op": "u"}).sort("ts", 1))
+    assert [u["o2"] for u in updates] == [{"_id": 1}] * 6
+    logged = [u["o"] for u in updates]
+    assert logged[:4] == [{"$v": 2, "diff": diff} for _, diff in changes]
+    assert logged[4] == {"_id": 1, "a": 3, "k": 3}
+    assert logged[5] == {"$v": 2, "diff": {"u": {"a": 4}}}
+    for s in three_members:
+        member = pymongo.MongoClient(s.uri, directConnection=True, readPreference="secondaryPreferred")
+        deadline = time.time() + 10
+        while member.app.logged.find_one({"_id": 1}) != after:
+            assert time.time() < deadline, member.app.logged.find_one({"_id": 1})
+            time.sleep(0.05)
+        assert member.app.logged.find_one({"k": 3}, hint="k_1") == after
+        assert member.app.command("validate", "logged")["valid"]
+        member.close()
+    rs.close()

@@ -649,7 +649,7 @@ fn apply_update_once(
             return Err(Error::location(17419, format!("Resulting document after update is larger than {BSON_OBJECT_SIZE_MAX_BYTES}")));
         }
         if new != doc {
-            writer.update(rid, &doc, &new)?;
+            writer.update(rid, &doc, &new, stmt.update.form())?;
             res.modified += 1;
         }
         res.n += 1;
@@ -888,8 +888,10 @@ pub fn find_and_modify(ctx: &mut Ctx) -> Result<Document> {
         })
     };
     if let Some(r) = &ctx.retry {
-        // What a retry returns and its entry does not hold: the document before the change.
-        r.write.set_pre_image(remove || !return_new);
+        // What a retry returns and the change's own entry may not hold: the document as it
+        // was, or (an update returning the new one) as it became.
+        let image = if remove || !return_new { storage::RetryImage::Before } else { storage::RetryImage::After };
+        r.write.set_retry_image(Some(image));
     }
     let stmt = match ctx.cmd.get("stmtId") {
         Some(Bson::Int32(id)) => *id,
@@ -1042,19 +1044,18 @@ pub fn distinct(ctx: &mut Ctx) -> Result<Document> {
 }
 
 /// A retried findAndModify's `lastErrorObject` and document, from the entries its earlier
-/// attempt logged: the change, and before it the document as it was (a no-op entry) when
-/// the reply shows that.
+/// attempt logged: the change, and before it the document the reply shows (a no-op entry),
+/// as it was or as it became; an upsert's insert holds the new document itself.
 fn find_and_modify_retried(entries: &[Document], return_new: bool) -> Result<(Document, Option<Document>)> {
     let incomplete = |what: &str| Error::new(Code::IncompleteTransactionHistory, format!("a retried findAndModify's oplog entries lack {what}"));
-    let pre_image = || {
-        entries.iter().find(|e| entry_op(e) == "n").and_then(|e| e.get_document("o").ok()).cloned().ok_or_else(|| incomplete("the document before the change"))
-    };
+    let image =
+        || entries.iter().find(|e| entry_op(e) == "n").and_then(|e| e.get_document("o").ok()).cloned().ok_or_else(|| incomplete("the document it returned"));
     let change = entries.iter().rev().find(|e| entry_op(e) != "n").ok_or_else(|| incomplete("the change"))?;
-    let post_image = || change.get_document("o").cloned().map_err(|_| incomplete("the changed document"));
+    let inserted = || change.get_document("o").cloned().map_err(|_| incomplete("the inserted document"));
     Ok(match entry_op(change) {
-        "d" => (doc! { "n": 1 }, Some(pre_image()?)),
-        "u" => (doc! { "n": 1, "updatedExisting": true }, Some(if return_new { post_image()? } else { pre_image()? })),
-        "i" => (doc! { "n": 1, "updatedExisting": false, "upserted": entry_id(change)? }, if return_new { Some(post_image()?) } else { None }),
+        "d" => (doc! { "n": 1 }, Some(image()?)),
+        "u" => (doc! { "n": 1, "updatedExisting": true }, Some(image()?)),
+        "i" => (doc! { "n": 1, "updatedExisting": false, "upserted": entry_id(change)? }, if return_new { Some(inserted()?) } else { None }),
         other => return Err(incomplete(&format!("a change it can make (op {other:?})"))),
     })
 }

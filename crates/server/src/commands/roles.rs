@@ -248,7 +248,7 @@ fn drop_roles(ctx: &Ctx, gone: impl Fn(&Document) -> bool) -> Result<i32> {
         if !gone(d) && holds_dropped(d) {
             let mut new = d.clone();
             change_held_roles(&mut new, &dropped, false);
-            w.update(*rid, d, &new)?;
+            w.update(*rid, d, &new, storage::UpdateForm::Replacement)?;
         }
     }
     drop(w);
@@ -258,7 +258,7 @@ fn drop_roles(ctx: &Ctx, gone: impl Fn(&Document) -> bool) -> Result<i32> {
             if holds_dropped(&d) {
                 let mut new = d.clone();
                 change_held_roles(&mut new, &dropped, false);
-                w.update(rid, &d, &new)?;
+                w.update(rid, &d, &new, storage::UpdateForm::Replacement)?;
             }
         }
     }

@@ -97,7 +97,7 @@ impl MigrationSource {
 
     /// Queue the statements of session `lsid`'s newest transaction that touched the range:
     /// those with an entry whose document is in it, or not known from the entry (a delete's
-    /// `o` holds only the `_id`; sending more history than needed is harmless, since a retry
+    /// `o` holds only the `_id`, an update's diff only what changed; sending more history than needed is harmless, since a retry
     /// of a statement only ever reaches the shard that owns its document). A history no
     /// longer complete here is not sent: a retry of it would fail here too.
     fn queue_history(&self, store: &storage::Store, lsid: &[u8], queue: &mut VecDeque<SessionEntry>) -> Result<()> {
@@ -113,6 +113,8 @@ impl MigrationSource {
             .iter()
             .filter(|(_, e)| {
                 let in_range = match e.get_str("op") {
+                    // An update's diff does not name the document's shard key.
+                    Ok("u") if e.get_document("o").is_ok_and(|o| storage::diff::of_update_entry(o).is_some()) => true,
                     Ok("i" | "u" | "n") => e.get_document("o").is_ok_and(|d| self.holds(d)),
                     _ => true,
                 };
@@ -513,7 +515,7 @@ pub fn recv_chunk_apply(ctx: &mut Ctx) -> Result<Document> {
             Some((_, old)) if !holds(&old) => {
                 return Err(Error::new(Code::DuplicateKey, format!("{ns} on the recipient has a document with _id {id} outside the migrated range")));
             }
-            Some((rid, old)) if &old != d => writer.update(rid, &old, d)?,
+            Some((rid, old)) if &old != d => writer.update(rid, &old, d, storage::UpdateForm::Replacement)?,
             Some(_) => {}
             None => {
                 writer.insert(d)?;

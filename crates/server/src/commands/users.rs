@@ -310,7 +310,7 @@ pub(super) fn modify_stored(
     let Some((rid, old)) = w.snapshot().find_by_id(id)? else { return Err(missing()) };
     let mut new = old.clone();
     change(&mut new)?;
-    w.update(rid, &old, &new)?;
+    w.update(rid, &old, &new, storage::UpdateForm::Replacement)?;
     drop(w);
     finish(ctx)
 }
