@@ -131,7 +131,7 @@ async fn a_one_member_set_serves_drivers_and_logs_every_write() {
     let ops: Vec<(&str, &str)> = entries.iter().map(|e| (e.get_str("op").unwrap(), e.get_str("ns").unwrap())).collect();
     assert_eq!(ops, vec![("c", "app.$cmd"), ("i", "app.c"), ("u", "app.c"), ("i", "app.c"), ("d", "app.c")]);
     assert_eq!(entries[0].get_document("o").unwrap(), &doc! {"create": "c"});
-    assert_eq!(entries[2].get_document("o").unwrap(), &doc! {"_id": 1, "a": 2});
+    assert_eq!(entries[2].get_document("o").unwrap(), &doc! {"$v": 2, "diff": {"u": {"a": 2}}});
     assert_eq!(entries[2].get_document("o2").unwrap(), &doc! {"_id": 1});
     assert_eq!(entries[4].get_document("o").unwrap(), &doc! {"_id": 2});
     assert!(entries.windows(2).all(|w| ts_key(&w[0]) < ts_key(&w[1])));
