@@ -7,7 +7,8 @@
 #   scripts/spec-tests.sh [standalone|replset|router ...]   (default: all three)
 #
 # Prints "[spec-<topology>] N passed, N failed" for each. Tests of features shoal does not
-# have are deselected by tests/spec/absent.txt, each line with its reason.
+# have are deselected by tests/spec/absent.txt (and absent-TOPOLOGY.txt), each line with its
+# reason.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -33,6 +34,7 @@ SUITES=(
   test/test_versioned_api.py
   test/test_transactions_unified.py
   test/test_transactions.py
+  test/test_change_stream.py
 )
 
 ensure_runner() {
@@ -52,9 +54,10 @@ ensure_runner() {
   fi
 }
 
-# pytest's --deselect for each test id in absent.txt (text after '#' is the reason).
-deselects() {
-  grep -vE '^\s*(#|$)' "$ROOT/tests/spec/absent.txt" | sed 's/\s*#.*$//' | while read -r id; do
+# pytest's --deselect for each test id in absent.txt, and in absent-TOPOLOGY.txt for what one
+# topology lacks (text after '#' is the reason).
+deselects() { # deselects TOPOLOGY
+  cat "$ROOT/tests/spec/absent.txt" "$ROOT/tests/spec/absent-$1.txt" 2>/dev/null | grep -vE '^\s*(#|$)' | sed 's/\s*#.*$//' | while read -r id; do
     printf -- '--deselect=%s\n' "$id"
   done
 }
@@ -109,7 +112,7 @@ run_topology() {
       ;;
   esac
   local out="$dir/pytest.log"
-  mapfile -t skip < <(deselects)
+  mapfile -t skip < <(deselects "$topology")
   (cd "$SRC" && DB_IP=127.0.0.1 DB_PORT="$port" "$VENV/bin/python" -m pytest -q -rfE -p no:cacheprovider \
     -o addopts="" "${skip[@]}" "${SUITES[@]}") >"$out" 2>&1
   grep -E '^(FAILED|ERROR) ' "$out" | sed "s/^/[spec-$topology] /"

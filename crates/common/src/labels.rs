@@ -1,6 +1,8 @@
 //! The error labels mongod adds to a reply, which drivers act on: `RetryableWriteError` on a
 //! retryable write that failed (or whose write concern failed) with an error that says the
-//! server's role changed or the network failed, so the driver sends it again.
+//! server's role changed or the network failed, so the driver sends it again;
+//! `ResumableChangeStreamError` on a change stream's aggregate or getMore that failed so,
+//! so the driver resumes the stream.
 
 use bson::{Bson, Document};
 
@@ -15,6 +17,15 @@ pub const TRANSIENT_TRANSACTION_CODES: [i32; 9] = [112, 24, 267, 239, 246, 13388
 
 const NO_SUCH_TRANSACTION: i32 = 251;
 
+/// Codes after which a change stream resumes (mongod's `isResumableChangeStreamError`):
+/// the retryable ones, the routing ones (StaleConfig, StaleShardVersion, StaleEpoch),
+/// RetryChangeStream and FailedToSatisfyReadPreference.
+pub const RESUMABLE_CHANGE_STREAM_CODES: [i32; 5] = [13388, 63, 150, 234, 133];
+
+/// ChangeStreamFatalError: the stream cannot go on (mongod labels it
+/// `NonResumableChangeStreamError`).
+const CHANGE_STREAM_FATAL_ERROR: i32 = 280;
+
 /// What a command is, for its error labels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -26,6 +37,8 @@ pub enum Kind {
     Transaction {
         ends: bool,
     },
+    /// A change stream's aggregate (`$changeStream` first) or getMore.
+    ChangeStream,
 }
 
 /// What the command `name` with `body` is, for its labels.
@@ -36,8 +49,15 @@ pub fn kind(name: &str, body: &Document) -> Kind {
     }
     match name {
         "insert" | "update" | "delete" | "findAndModify" | "findandmodify" if body.contains_key("txnNumber") => Kind::RetryableWrite,
+        "aggregate" if opens_change_stream(body) => Kind::ChangeStream,
         _ => Kind::Other,
     }
+}
+
+/// Whether an aggregate's pipeline starts with `$changeStream`.
+pub fn opens_change_stream(body: &Document) -> bool {
+    let first = body.get_array("pipeline").ok().and_then(|p| p.first()).and_then(Bson::as_document);
+    first.is_some_and(|s| s.contains_key("$changeStream"))
 }
 
 fn code_of(d: &Document) -> Option<i32> {
@@ -83,6 +103,10 @@ pub fn apply(kind: Kind, reply: &mut Document, given: Option<Vec<Bson>>) {
             }
         }
         Kind::RetryableWrite if retryable => Some("RetryableWriteError"),
+        Kind::ChangeStream if wce.is_none() && code.is_some_and(|c| RETRYABLE_CODES.contains(&c) || RESUMABLE_CHANGE_STREAM_CODES.contains(&c)) => {
+            Some("ResumableChangeStreamError")
+        }
+        Kind::ChangeStream if code == Some(CHANGE_STREAM_FATAL_ERROR) => Some("NonResumableChangeStreamError"),
         _ => None,
     };
     if let Some(label) = label {

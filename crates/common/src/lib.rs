@@ -186,6 +186,8 @@ codes! {
     SnapshotUnavailable = (246, "SnapshotUnavailable"),
     RetryChangeStream = (234, "RetryChangeStream"),
     ChangeStreamFatalError = (280, "ChangeStreamFatalError"),
+    InvalidResumeToken = (260, "InvalidResumeToken"),
+    ChangeStreamHistoryLost = (286, "ChangeStreamHistoryLost"),
     SocketException = (9001, "SocketException"),
     LegacyNotPrimary = (10058, "LegacyNotPrimary"),
     InterruptedAtShutdown = (11600, "InterruptedAtShutdown"),

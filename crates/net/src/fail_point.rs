@@ -378,8 +378,16 @@ where
             return crate::service::Reply::close();
         }
     }
+    let mut kind = kind;
     let mut reply = match injected.error.take() {
-        Some(e) => crate::service::Reply::new(error_reply(e)),
+        Some(e) => {
+            // mongod labels a change stream's error resumable only once the command has
+            // opened or checked out its cursor, never failCommand's error before that.
+            if kind == common::labels::Kind::ChangeStream {
+                kind = common::labels::Kind::Other;
+            }
+            crate::service::Reply::new(error_reply(e))
+        }
         None => run(injected.write_concern_error.take()).await,
     };
     if injected.labels.is_some() || !reply_ok(&reply.body) || reply.body.contains_key("writeConcernError") {

@@ -507,13 +507,14 @@ fn recover_one(store: &Store, record: &Document) -> Result<()> {
     apply_transaction(&store.replicated(), &entry, o)
 }
 
-/// The operations of the prepared transaction a decision's `entry` (`commitTransaction`)
-/// decides: its prepare entry's, read from the oplog through `prevOpTime` (and the chain
-/// before it).
-pub fn prepared_operations(store: &Store, entry: &Document) -> Result<Vec<Document>> {
+/// The operations logged before a transaction's `entry`, in order: a prepared
+/// transaction's, which its decision (`commitTransaction`) decides, or those of a chain's
+/// `partialTxn` entries before its last; read from the oplog through `prevOpTime`.
+pub fn operations_before(store: &Store, entry: &Document) -> Result<Vec<Document>> {
     let oplog = store.collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION).ok_or_else(|| Error::internal("no oplog"))?;
     let snap = oplog.snapshot();
-    let mut ops = Vec::new();
+    // Newest entry first while walking back; put in log order at the end.
+    let mut chunks: Vec<Vec<Document>> = Vec::new();
     let mut prev = entry.get_document("prevOpTime").ok().and_then(OpTime::from_doc);
     while let Some(p) = prev.filter(|p| p.ts != 0) {
         let Some(earlier) = snap.get(p.ts)? else {
@@ -524,10 +525,10 @@ pub fn prepared_operations(store: &Store, entry: &Document) -> Result<Vec<Docume
         };
         let Ok(eo) = earlier.get_document("o") else { break };
         let Ok(inner) = eo.get_array("applyOps") else { break };
-        ops.extend(inner.iter().filter_map(|op| op.as_document()).cloned());
+        chunks.push(inner.iter().filter_map(|op| op.as_document()).cloned().collect());
         prev = earlier.get_document("prevOpTime").ok().and_then(OpTime::from_doc);
     }
-    Ok(ops)
+    Ok(chunks.into_iter().rev().flatten().collect())
 }
 
 /// `db.coll` split; the collection, created when missing and `create` is given (with the

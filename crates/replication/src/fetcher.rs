@@ -509,7 +509,7 @@ async fn roll_back_inner(shared: &Arc<dyn Host>, conn: &mut PeerConn, host: &str
         let ops: Vec<&Document> = match o.and_then(|o| o.get_array("applyOps").ok()) {
             Some(inner) if e.get_str("op").ok() == Some("c") => inner.iter().filter_map(|op| op.as_document()).collect(),
             _ if o.is_some_and(|o| o.contains_key("commitTransaction")) => {
-                prepared_ops = crate::apply::prepared_operations(&store, e)?;
+                prepared_ops = crate::apply::operations_before(&store, e)?;
                 prepared_ops.iter().collect()
             }
             _ if o.is_some_and(|o| o.contains_key("abortTransaction")) => Vec::new(),

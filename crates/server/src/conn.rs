@@ -334,7 +334,10 @@ fn awaitable_hello_wait(shared: &Shared, body: &Document) -> Option<(Duration, i
 /// Run a command: on the async worker when it cannot block, otherwise off it (write locks and
 /// group commit wait on condition variables). A test's failCommand acts first.
 async fn run(shared: &Shared, conn: &mut ConnState, request: Request) -> Reply {
-    let label_kind = common::labels::kind(&request.name, &request.body);
+    let mut label_kind = common::labels::kind(&request.name, &request.body);
+    if request.name == "getMore" && matches!(request.body.get("getMore"), Some(Bson::Int64(id)) if shared.cursors.is_change_stream(*id)) {
+        label_kind = common::labels::Kind::ChangeStream;
+    }
     let fired = fail_command(shared, conn, &request);
     let error_reply = |e| dispatch::with_topology_version(shared, e).to_reply();
     let mut reply = net::fail_point::around_command(fired, label_kind, error_reply, |wce| execute(shared, conn, request, wce)).await;
@@ -543,13 +546,34 @@ async fn await_data_loop(shared: &Shared, conn: &mut ConnState, request: Request
         let outcome = dispatch::run_command(shared, conn, request.clone(), resumed);
         let Some(w) = outcome.await_data else { return outcome };
         let deadline = tokio::time::Instant::from_std(w.deadline);
+        let mut progress = w.commit_point.and(shared.repl.as_ref()).map(|r| r.progress_changes());
         loop {
             // Registered before the look, so a write in between is not missed; a deadline
             // already past ends the wait at once.
             let notified = shared.writes.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if shared.store.write_seq() != w.seen || tokio::time::timeout_at(deadline, notified).await.is_err() {
+            if let Some(p) = progress.as_mut() {
+                p.borrow_and_update();
+            }
+            let moved = match (w.commit_point, shared.repl.as_ref()) {
+                (Some(seen), Some(r)) => r.commit_point(&shared.store) != seen,
+                _ => false,
+            };
+            if moved || shared.store.write_seq() != w.seen {
+                break;
+            }
+            let woken = async {
+                match progress.as_mut() {
+                    // A change stream wakes on replication progress (its commit point) too.
+                    Some(p) => tokio::select! {
+                        _ = notified => {}
+                        _ = p.changed() => {}
+                    },
+                    None => notified.await,
+                }
+            };
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
                 break;
             }
         }

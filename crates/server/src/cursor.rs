@@ -40,6 +40,8 @@ pub enum Source {
     },
     /// A tailable cursor: never exhausted by reaching the end of the data.
     Tail(Box<Tail>),
+    /// A change stream's events (`change_stream`), read by its own getMore.
+    ChangeStream(Box<crate::change_stream::ChangeStream>),
 }
 
 pub struct Tail {
@@ -236,6 +238,7 @@ impl Cursor {
                 self.last_used = Instant::now();
                 return Ok((batch, done));
             }
+            Source::ChangeStream(_) => return Err(Error::internal("a change stream's batches are read by change_stream::get_more")),
             Source::Buffered(q) => {
                 while out.len() < docs_max {
                     let Some(d) = q.front() else { break };
@@ -341,6 +344,10 @@ impl CursorManager {
         }
     }
 
+    pub fn is_change_stream(&self, id: i64) -> bool {
+        self.cursors.lock().get(&id).is_some_and(|c| matches!(c.source, Source::ChangeStream(_)))
+    }
+
     pub fn is_majority_read(&self, id: i64) -> bool {
         self.cursors.lock().get(&id).is_some_and(|c| c.majority_read)
     }
@@ -368,11 +375,12 @@ impl CursorManager {
         before - map.len()
     }
 
-    /// Kill cursors of a namespace (collection dropped or renamed); returns how many.
+    /// Kill cursors of a namespace (collection dropped or renamed); returns how many. A
+    /// change stream lives on: it reports the drop or rename, then invalidates.
     pub fn kill_ns(&self, ns: &str) -> usize {
         let mut map = self.cursors.lock();
         let before = map.len();
-        map.retain(|_, c| c.ns != ns);
+        map.retain(|_, c| c.ns != ns || matches!(c.source, Source::ChangeStream(_)));
         before - map.len()
     }
 

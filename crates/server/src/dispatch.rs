@@ -457,6 +457,9 @@ pub struct Effects {
 pub struct AwaitData {
     pub seen: u64,
     pub deadline: Instant,
+    /// A change stream waits for the commit point to move from here, too: what it reads
+    /// is majority-committed.
+    pub commit_point: Option<storage::OpTime>,
 }
 
 /// Run one command and produce its outcome (always a reply, never a panic). `resumed`: the

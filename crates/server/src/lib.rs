@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod auth;
+mod change_stream;
 mod commands;
 pub mod config;
 mod conn;

@@ -143,6 +143,28 @@ def replset_server(shoal_bin):
     s.close()
 
 
+@pytest.fixture
+def three_members(shoal_bin):
+    """A three-member set with short election timeouts; yields the servers."""
+    servers = [ShoalServer(shoal_bin, extra_args=("--replSet", "rs0")) for _ in range(3)]
+    for s in servers:
+        s.start()
+    direct = pymongo.MongoClient(servers[0].uri, directConnection=True)
+    direct.admin.command(
+        "replSetInitiate",
+        {
+            "_id": "rs0",
+            "version": 1,
+            "settings": {"electionTimeoutMillis": 1000, "heartbeatIntervalMillis": 200},
+            "members": [{"_id": i, "host": f"127.0.0.1:{s.port}"} for i, s in enumerate(servers)],
+        },
+    )
+    direct.close()
+    yield servers
+    for s in servers:
+        s.close()
+
+
 @pytest.fixture(scope="session")
 def client(server):
     c = pymongo.MongoClient(server.uri)

@@ -5,7 +5,6 @@ import time
 
 import pymongo
 import pytest
-from conftest import ShoalServer
 from bson import Timestamp
 from pymongo.errors import NotPrimaryError, OperationFailure
 
@@ -48,28 +47,6 @@ def test_initiate_and_use_the_set(replset_server):
     assert config["members"][0]["host"] == f"127.0.0.1:{port}"
     rs.close()
     direct.close()
-
-
-@pytest.fixture
-def three_members(shoal_bin):
-    """A three-member set with short election timeouts; yields the servers."""
-    servers = [ShoalServer(shoal_bin, extra_args=("--replSet", "rs0")) for _ in range(3)]
-    for s in servers:
-        s.start()
-    direct = pymongo.MongoClient(servers[0].uri, directConnection=True)
-    direct.admin.command(
-        "replSetInitiate",
-        {
-            "_id": "rs0",
-            "version": 1,
-            "settings": {"electionTimeoutMillis": 1000, "heartbeatIntervalMillis": 200},
-            "members": [{"_id": i, "host": f"127.0.0.1:{s.port}"} for i, s in enumerate(servers)],
-        },
-    )
-    direct.close()
-    yield servers
-    for s in servers:
-        s.close()
 
 
 def test_three_members_fail_over_with_retryable_writes(three_members):

@@ -80,8 +80,11 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
                 let users = access::sessions::list_spec(&Bson::Document(spec), current)?;
                 input_override = Some(ctx.shared.sessions.list(users.as_deref()));
             }
-            Stage::External(name, _) if name == "$changeStream" => {
-                return Err(Error::location(40573, "The $changeStream stage is only supported on replica sets"));
+            Stage::External(name, spec) if name == "$changeStream" => {
+                if i != 0 {
+                    return Err(Error::location(40602, "$changeStream is only valid as the first stage in a pipeline"));
+                }
+                return crate::change_stream::open(ctx, coll_name.as_deref(), &spec, &stages[1..], batch_size);
             }
             Stage::External(name, _) if name == "$shardedDataDistribution" => {
                 return Err(Error::location(6789101, "The $shardedDataDistribution stage can only be run on mongoS"));

@@ -419,8 +419,8 @@ fn oplog_start(filter: Option<&Document>) -> (Option<storage::RecordId>, bool) {
 }
 
 /// How long an awaitData getMore waits for data without maxTimeMS (mongod: 1 s), and at most.
-const AWAIT_DATA_MS_DEFAULT: i64 = 1000;
-const AWAIT_DATA_MS_MAX: i64 = 60_000;
+pub(crate) const AWAIT_DATA_MS_DEFAULT: i64 = 1000;
+pub(crate) const AWAIT_DATA_MS_MAX: i64 = 60_000;
 
 pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
     check_fields("getMore", ctx.cmd, &["collection", "batchSize", "term", "lastKnownCommittedOpTime", "maxTimeMS", "$replProgress", "$replStream"])?;
@@ -463,6 +463,9 @@ pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
     if let Some(e) = net::fail_point::get_more_fails(&ns, ctx.conn.app_name.as_deref(), ctx.conn.internal_client) {
         return Err(e);
     }
+    if matches!(cursor.source, Source::ChangeStream(_)) {
+        return crate::change_stream::get_more(ctx, cursor, batch_size, await_ms);
+    }
     let await_data = matches!(&cursor.source, Source::Tail(t) if t.await_data);
     if await_ms.is_some() && !await_data {
         ctx.shared.cursors.restore(cursor);
@@ -478,7 +481,7 @@ pub fn get_more(ctx: &mut Ctx) -> Result<Document> {
             // The connection waits for a write, off this thread, and runs the getMore
             // again; any write wakes it, and one that was not to this collection waits again.
             ctx.shared.cursors.restore(cursor);
-            ctx.out.await_data = Some(crate::dispatch::AwaitData { seen, deadline });
+            ctx.out.await_data = Some(crate::dispatch::AwaitData { seen, deadline, commit_point: None });
             return Ok(Document::new());
         }
     }

@@ -4,6 +4,7 @@
 mod admin;
 pub(crate) mod aggregate;
 mod crud;
+pub(crate) use crud::{AWAIT_DATA_MS_DEFAULT, AWAIT_DATA_MS_MAX};
 mod explain;
 pub(crate) mod hello;
 mod repl;

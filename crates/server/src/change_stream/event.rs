@@ -1,0 +1,357 @@
+//! Oplog entries as change events, in mongod's shape: what a stream on a collection, a
+//! database or the whole deployment sees of each entry.
+
+use super::token::Position;
+use bson::{doc, Bson, Document};
+use common::{Code, Error, Result};
+
+/// What a stream watches.
+#[derive(Clone, Debug)]
+pub enum Scope {
+    Collection { db: String, coll: String },
+    Database { db: String },
+    Cluster,
+}
+
+impl Scope {
+    /// Whether events of namespace `db.coll` belong to this stream. Internal databases and
+    /// `system.` collections are never watched by a database or cluster stream.
+    fn covers(&self, db: &str, coll: &str) -> bool {
+        match self {
+            Scope::Collection { db: d, coll: c } => d == db && c == coll,
+            Scope::Database { db: d } => d == db && !coll.starts_with("system."),
+            Scope::Cluster => !is_internal_db(db) && !coll.starts_with("system."),
+        }
+    }
+
+    fn covers_db(&self, db: &str) -> bool {
+        match self {
+            Scope::Collection { db: d, .. } | Scope::Database { db: d } => d == db,
+            Scope::Cluster => !is_internal_db(db),
+        }
+    }
+}
+
+pub fn is_internal_db(db: &str) -> bool {
+    matches!(db, "admin" | "config" | "local")
+}
+
+/// The options that shape events.
+#[derive(Clone, Debug, Default)]
+pub struct Shape {
+    pub show_expanded_events: bool,
+}
+
+/// One entry's events: each with its position, the event document, and whether the stream
+/// ends after it (an invalidate).
+pub struct Produced {
+    pub at: Position,
+    pub event: Document,
+    pub invalidates: bool,
+}
+
+/// The events `entry` (logged at `ts`) produces for `scope`, in order. A transaction's
+/// operations logged in entries before its last (a prepare, a chain's `partialTxn` parts)
+/// come from `ops_before`.
+pub fn events_of(entry: &Document, ts: u64, scope: &Scope, shape: &Shape, ops_before: &dyn Fn(&Document) -> Result<Vec<Document>>) -> Result<Vec<Produced>> {
+    if entry.get_bool("fromMigrate").unwrap_or(false) {
+        return Ok(Vec::new());
+    }
+    let wall = entry.get("wall").cloned().unwrap_or(Bson::Null);
+    let mut out = Vec::new();
+    let o = entry.get_document("o").ok();
+    let is_txn = entry.get_str("op").ok() == Some("c") && entry.get_str("ns").ok() == Some("admin.$cmd");
+    if is_txn {
+        let Some(o) = o else { return Ok(out) };
+        let ops: Vec<Document> = if let Ok(ops) = o.get_array("applyOps") {
+            // A prepare or a chain's part is reported with its commit.
+            if o.get_bool("prepare").unwrap_or(false) || o.get_bool("partialTxn").unwrap_or(false) {
+                return Ok(out);
+            }
+            let own = ops.iter().filter_map(|op| op.as_document().cloned());
+            match o.contains_key("count") {
+                true => ops_before(entry)?.into_iter().chain(own).collect(),
+                false => own.collect(),
+            }
+        } else if o.contains_key("commitTransaction") {
+            ops_before(entry)?
+        } else {
+            return Ok(out);
+        };
+        let session = (entry.get("lsid").cloned(), entry.get("txnNumber").cloned());
+        for (i, op) in ops.iter().enumerate() {
+            let at = Position { ts, index: i as u32, invalidate: false };
+            if let Some(mut e) = crud_event(op, at, &wall, scope, shape)? {
+                if let (Some(lsid), Some(txn)) = &session {
+                    e.insert("lsid", lsid.clone());
+                    e.insert("txnNumber", txn.clone());
+                }
+                out.push(Produced { at, event: e, invalidates: false });
+            }
+        }
+        return Ok(out);
+    }
+    let at = Position { ts, index: 0, invalidate: false };
+    match entry.get_str("op").unwrap_or("") {
+        "i" | "u" | "d" => {
+            if let Some(e) = crud_event(entry, at, &wall, scope, shape)? {
+                out.push(Produced { at, event: e, invalidates: false });
+            }
+        }
+        "c" => {
+            let Some(o) = o else { return Ok(out) };
+            let db = entry.get_str("ns").unwrap_or("").strip_suffix(".$cmd").unwrap_or("").to_string();
+            catalog_events(o, entry.get("ui"), &db, at, &wall, scope, shape, &mut out);
+        }
+        _ => {}
+    }
+    Ok(out)
+}
+
+fn split_ns(ns: &str) -> Option<(&str, &str)> {
+    ns.split_once('.')
+}
+
+fn head(op_type: &str, at: Position, wall: &Bson) -> Document {
+    doc! {
+        "_id": at.token(),
+        "operationType": op_type,
+        "clusterTime": Bson::Timestamp(bson::Timestamp { time: (at.ts >> 32) as u32, increment: at.ts as u32 }),
+        "wallTime": wall.clone(),
+    }
+}
+
+/// An insert, update, replace or delete event of a CRUD operation (an entry, or one
+/// operation of a transaction's).
+fn crud_event(op: &Document, at: Position, wall: &Bson, scope: &Scope, shape: &Shape) -> Result<Option<Document>> {
+    let ns = op.get_str("ns").unwrap_or("");
+    let Some((db, coll)) = split_ns(ns) else { return Ok(None) };
+    if !scope.covers(db, coll) {
+        return Ok(None);
+    }
+    let bad = |what: &str| Error::new(Code::FailedToParse, format!("an oplog entry on {ns} has no {what}"));
+    let o = op.get_document("o").map_err(|_| bad("o"))?;
+    let ns_doc = doc! {"db": db, "coll": coll};
+    let head = |op_type: &str| {
+        let mut e = head(op_type, at, wall);
+        if let (true, Some(ui)) = (shape.show_expanded_events, op.get("ui")) {
+            e.insert("collectionUUID", ui.clone());
+        }
+        e
+    };
+    let key_of = |d: &Document| -> Result<Document> { Ok(doc! {"_id": d.get("_id").cloned().ok_or_else(|| bad("_id"))?}) };
+    let event = match op.get_str("op").unwrap_or("") {
+        "i" => {
+            let mut e = head("insert");
+            e.insert("fullDocument", o.clone());
+            e.insert("ns", ns_doc);
+            e.insert("documentKey", key_of(o)?);
+            e
+        }
+        "d" => {
+            let mut e = head("delete");
+            e.insert("ns", ns_doc);
+            e.insert("documentKey", key_of(o)?);
+            e
+        }
+        "u" => {
+            let key = key_of(op.get_document("o2").map_err(|_| bad("o2"))?)?;
+            match storage::diff::of_update_entry(o) {
+                Some(diff) => {
+                    let mut e = head("update");
+                    e.insert("ns", ns_doc);
+                    e.insert("documentKey", key);
+                    e.insert("updateDescription", update_description(diff)?);
+                    e
+                }
+                None if o.keys().next().is_some_and(|k| k.starts_with('$')) => {
+                    return Err(Error::new(Code::ChangeStreamFatalError, format!("an update oplog entry on {ns} in a form change streams cannot read: {o}")));
+                }
+                None => {
+                    let mut e = head("replace");
+                    let mut full = o.clone();
+                    if !full.contains_key("_id") {
+                        full.insert("_id", key.get("_id").cloned().unwrap_or(Bson::Null));
+                    }
+                    e.insert("fullDocument", full);
+                    e.insert("ns", ns_doc);
+                    e.insert("documentKey", key);
+                    e
+                }
+            }
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(event))
+}
+
+/// `updatedFields`, `removedFields` and `truncatedArrays` of an update's diff.
+pub fn update_description(diff: &Document) -> Result<Document> {
+    let mut updated = Document::new();
+    let mut removed = Vec::new();
+    let mut truncated = Vec::new();
+    walk_object(diff, "", &mut updated, &mut removed, &mut truncated, 0)?;
+    Ok(doc! {"updatedFields": updated, "removedFields": removed, "truncatedArrays": truncated})
+}
+
+/// Nesting limit of a diff walked: BSON's own depth.
+const DIFF_DEPTH_MAX: usize = 200;
+
+fn join(prefix: &str, field: &str) -> String {
+    if prefix.is_empty() {
+        field.to_string()
+    } else {
+        format!("{prefix}.{field}")
+    }
+}
+
+fn walk_object(diff: &Document, prefix: &str, updated: &mut Document, removed: &mut Vec<Bson>, truncated: &mut Vec<Bson>, depth: usize) -> Result<()> {
+    if depth > DIFF_DEPTH_MAX {
+        return Err(Error::new(Code::FailedToParse, "an update diff nests too deeply"));
+    }
+    for (k, v) in diff {
+        match (k.as_str(), v) {
+            ("u" | "i", Bson::Document(fields)) => {
+                for (f, v) in fields {
+                    updated.insert(join(prefix, f), v.clone());
+                }
+            }
+            ("d", Bson::Document(fields)) => removed.extend(fields.keys().map(|f| Bson::String(join(prefix, f)))),
+            (s, Bson::Document(sub)) if s.starts_with('s') => {
+                let path = join(prefix, &s[1..]);
+                if matches!(sub.get("a"), Some(Bson::Boolean(true))) {
+                    walk_array(sub, &path, updated, removed, truncated, depth + 1)?;
+                } else {
+                    walk_object(sub, &path, updated, removed, truncated, depth + 1)?;
+                }
+            }
+            _ => return Err(Error::new(Code::FailedToParse, format!("an update diff has an unknown field '{k}'"))),
+        }
+    }
+    Ok(())
+}
+
+fn walk_array(diff: &Document, path: &str, updated: &mut Document, removed: &mut Vec<Bson>, truncated: &mut Vec<Bson>, depth: usize) -> Result<()> {
+    for (k, v) in diff {
+        match k.as_str() {
+            "a" => {}
+            "l" => truncated.push(Bson::Document(doc! {"field": path, "newSize": v.clone()})),
+            _ => {
+                let (kind, index) = k.split_at(1);
+                let elem = join(path, index);
+                match (kind, v) {
+                    ("u", v) => {
+                        updated.insert(elem, v.clone());
+                    }
+                    ("s", Bson::Document(sub)) if matches!(sub.get("a"), Some(Bson::Boolean(true))) => {
+                        walk_array(sub, &elem, updated, removed, truncated, depth + 1)?
+                    }
+                    ("s", Bson::Document(sub)) => walk_object(sub, &elem, updated, removed, truncated, depth + 1)?,
+                    _ => return Err(Error::new(Code::FailedToParse, format!("an array diff has an unknown field '{k}'"))),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// drop, rename and dropDatabase events (and, with showExpandedEvents, create,
+/// createIndexes and dropIndexes), each followed by an invalidate when it ends the stream's
+/// collection or database.
+#[allow(clippy::too_many_arguments)]
+fn catalog_events(o: &Document, ui: Option<&Bson>, db: &str, at: Position, wall: &Bson, scope: &Scope, shape: &Shape, out: &mut Vec<Produced>) {
+    let Some((name, arg)) = o.iter().next() else { return };
+    let expanded = |op_type: &str, coll: &str, description: Document| {
+        let mut e = head(op_type, at, wall);
+        if let Some(ui) = ui {
+            e.insert("collectionUUID", ui.clone());
+        }
+        e.insert("ns", doc! {"db": db, "coll": coll});
+        e.insert("operationDescription", description);
+        Produced { at, event: e, invalidates: false }
+    };
+    let invalidate = |out: &mut Vec<Produced>| {
+        let at = Position { invalidate: true, ..at };
+        out.push(Produced { at, event: head("invalidate", at, wall), invalidates: true });
+    };
+    match (name.as_str(), arg) {
+        ("drop", Bson::String(coll)) if scope.covers(db, coll) => {
+            let mut e = head("drop", at, wall);
+            e.insert("ns", doc! {"db": db, "coll": coll});
+            out.push(Produced { at, event: e, invalidates: false });
+            if matches!(scope, Scope::Collection { .. }) {
+                invalidate(out);
+            }
+        }
+        ("renameCollection", Bson::String(from)) => {
+            let to = o.get_str("to").unwrap_or("");
+            let (Some((fdb, fcoll)), Some((tdb, tcoll))) = (split_ns(from), split_ns(to)) else { return };
+            if !scope.covers(fdb, fcoll) && !scope.covers(tdb, tcoll) {
+                return;
+            }
+            let mut e = head("rename", at, wall);
+            if let (true, Some(ui)) = (shape.show_expanded_events, ui) {
+                e.insert("collectionUUID", ui.clone());
+            }
+            e.insert("ns", doc! {"db": fdb, "coll": fcoll});
+            e.insert("to", doc! {"db": tdb, "coll": tcoll});
+            if shape.show_expanded_events {
+                let mut desc = doc! {"to": {"db": tdb, "coll": tcoll}};
+                if let Some(t) = o.get("dropTarget").filter(|t| !matches!(t, Bson::Boolean(false))) {
+                    desc.insert("dropTarget", t.clone());
+                }
+                e.insert("operationDescription", desc);
+            }
+            out.push(Produced { at, event: e, invalidates: false });
+            if matches!(scope, Scope::Collection { .. }) {
+                invalidate(out);
+            }
+        }
+        ("dropDatabase", _) if scope.covers_db(db) && !matches!(scope, Scope::Collection { .. }) => {
+            let mut e = head("dropDatabase", at, wall);
+            e.insert("ns", doc! {"db": db});
+            out.push(Produced { at, event: e, invalidates: false });
+            if matches!(scope, Scope::Database { .. }) {
+                invalidate(out);
+            }
+        }
+        ("create", Bson::String(coll)) if shape.show_expanded_events && scope.covers(db, coll) => {
+            let mut desc = o.clone();
+            desc.remove("create");
+            out.push(expanded("create", coll, desc));
+        }
+        ("createIndexes", Bson::String(coll)) if shape.show_expanded_events && scope.covers(db, coll) => {
+            let mut spec = o.clone();
+            spec.remove("createIndexes");
+            out.push(expanded("createIndexes", coll, doc! {"indexes": [spec]}));
+        }
+        ("dropIndexes" | "deleteIndexes", Bson::String(coll)) if shape.show_expanded_events && scope.covers(db, coll) => {
+            let index = match o.get("index") {
+                Some(Bson::String(name)) => doc! {"name": name},
+                Some(Bson::Document(spec)) => spec.clone(),
+                _ => Document::new(),
+            };
+            out.push(expanded("dropIndexes", coll, doc! {"indexes": [index]}));
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_update_description_names_paths_as_mongod_does() {
+        let diff = doc! {"d": {"gone": false}, "u": {"a": 2}, "i": {"new": true}, "ssub": {"u": {"x": 1}, "sdeep": {"d": {"y": false}}}, "sarr": {"a": true, "l": 2, "u1": "v", "s0": {"u": {"k": 1}}}};
+        assert_eq!(
+            update_description(&diff).unwrap(),
+            doc! {
+                "updatedFields": {"a": 2, "new": true, "sub.x": 1, "arr.1": "v", "arr.0.k": 1},
+                "removedFields": ["gone", "sub.deep.y"],
+                "truncatedArrays": [{"field": "arr", "newSize": 2}],
+            }
+        );
+        assert_eq!(update_description(&doc! {"x": 1}).unwrap_err().code, Code::FailedToParse.0);
+    }
+}

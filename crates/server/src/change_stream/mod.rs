@@ -1,0 +1,288 @@
+//! Change streams (`$changeStream`): a cursor that turns the oplog's majority-committed
+//! entries into change events (`event`), from a start point on, and waits for new ones.
+//!
+//! A stream's position (`token::Position`) is the last event it returned, or a point
+//! between events; every batch carries it as `postBatchResumeToken`, and a stream opened
+//! with `resumeAfter`, `startAfter` or `startAtOperationTime` starts after it. Only entries
+//! at or before the commit point are read, so an event is never one a rollback can take
+//! back. Entries are read per getMore from the oplog's recent tail (`Collection::tail_chunk`),
+//! which the oplog keeps in memory for the members that fetch it.
+
+mod event;
+mod token;
+
+use crate::commands::Ctx;
+use crate::cursor::{Cursor, Source};
+use bson::{doc, Bson, Document};
+use common::{Code, Error, Result};
+use event::{Scope, Shape};
+use query::agg::{Pipeline, RunOptions};
+use std::collections::VecDeque;
+pub use token::Position;
+
+/// Oplog entries read per look.
+const ENTRIES_PER_READ: usize = 256;
+
+/// The stages mongod allows after `$changeStream`.
+const STAGES_ALLOWED: &[&str] = &["$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith"];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FullDocument {
+    Default,
+    UpdateLookup,
+}
+
+pub struct ChangeStream {
+    scope: Scope,
+    shape: Shape,
+    full_document: FullDocument,
+    /// The stream has returned everything up to here.
+    pos: Position,
+    /// Events read and not yet returned (a batch that filled up inside an entry's events).
+    pending: VecDeque<event::Produced>,
+    /// The stages after `$changeStream`, applied to each event.
+    pipeline: Pipeline,
+    oplog: storage::Collection,
+    /// An invalidate was returned: the stream is over.
+    invalidated: bool,
+}
+
+/// Open a change stream for `aggregate` whose first stage is `$changeStream` (`spec`), the
+/// rest being `rest`; returns the command's reply.
+pub fn open(ctx: &mut Ctx, coll: Option<&str>, spec: &Document, rest: &[Document], batch_size: usize) -> Result<Document> {
+    let Some(repl) = ctx.shared.repl.as_ref() else {
+        return Err(Error::location(40573, "The $changeStream stage is only supported on replica sets"));
+    };
+    // Events are majority-committed: a stream reads at "majority", or says nothing.
+    if let Some(level) = ctx.cmd.get_document("readConcern").ok().and_then(|rc| rc.get_str("level").ok()) {
+        if level != "majority" {
+            return Err(Error::new(Code::InvalidOptions, format!("$changeStream reads at readConcern level 'majority', not '{level}'")));
+        }
+    }
+    let all = spec.get_bool("allChangesForCluster").unwrap_or(false);
+    let scope = match (coll, all) {
+        (_, true) if ctx.db != "admin" || coll.is_some() => {
+            return Err(Error::new(
+                Code::InvalidOptions,
+                "A $changeStream with 'allChangesForCluster:true' may only be opened on the 'admin' database, and with no collection name",
+            ));
+        }
+        (None, true) => Scope::Cluster,
+        (None, false) if event::is_internal_db(ctx.db) => {
+            return Err(Error::new(Code::InvalidNamespace, format!("$changeStream may not be opened on the internal {} database", ctx.db)));
+        }
+        (None, false) => Scope::Database { db: ctx.db.to_string() },
+        (Some(c), _) if event::is_internal_db(ctx.db) || c.starts_with("system.") => {
+            return Err(Error::new(Code::InvalidNamespace, format!("$changeStream may not be opened on the internal {}.{c} collection", ctx.db)));
+        }
+        (Some(c), _) => Scope::Collection { db: ctx.db.to_string(), coll: c.to_string() },
+    };
+    let mut shape = Shape::default();
+    let mut full_document = FullDocument::Default;
+    let mut start: Option<Position> = None;
+    for (k, v) in spec {
+        match (k.as_str(), v) {
+            ("allChangesForCluster", Bson::Boolean(_)) => {}
+            ("showExpandedEvents", Bson::Boolean(b)) => shape.show_expanded_events = *b,
+            ("fullDocument", Bson::String(s)) => {
+                full_document = match s.as_str() {
+                    "default" => FullDocument::Default,
+                    "updateLookup" => FullDocument::UpdateLookup,
+                    "whenAvailable" | "required" => {
+                        return Err(Error::new(Code::CommandNotSupported, format!("fullDocument: '{s}' (post-images) is not supported by shoal yet")))
+                    }
+                    _ => return Err(Error::bad_value(format!("unknown fullDocument value '{s}'"))),
+                }
+            }
+            ("fullDocumentBeforeChange", Bson::String(s)) if s == "off" => {}
+            ("fullDocumentBeforeChange", Bson::String(s)) => {
+                return Err(Error::new(Code::CommandNotSupported, format!("fullDocumentBeforeChange: '{s}' (pre-images) is not supported by shoal yet")))
+            }
+            ("resumeAfter" | "startAfter", token) => {
+                if start.is_some() {
+                    return Err(Error::location(40674, "Only one type of resume option is allowed, but multiple were found."));
+                }
+                let p = Position::from_token(token)?;
+                if p.invalidate && k == "resumeAfter" {
+                    return Err(Error::new(
+                        Code::InvalidResumeToken,
+                        "Attempting to resume a change stream using 'resumeAfter' is not allowed from an invalidate notification.",
+                    ));
+                }
+                start = Some(p);
+            }
+            ("startAtOperationTime", Bson::Timestamp(t)) => {
+                if start.is_some() {
+                    return Err(Error::location(40674, "Only one type of resume option is allowed, but multiple were found."));
+                }
+                let ts = (u64::from(t.time) << 32) | u64::from(t.increment);
+                // The events at or after `ts`.
+                start = Some(Position::high_water(ts.saturating_sub(1)));
+            }
+            ("showMigrationEvents" | "allowToRunOnConfigDB" | "allowToRunOnSystemNS", Bson::Boolean(false)) => {}
+            (k, v) => return Err(Error::new(Code::FailedToParse, format!("unknown or invalid $changeStream option '{k}': {v}"))),
+        }
+    }
+    for stage in rest {
+        let name = stage.keys().next().map(String::as_str).unwrap_or("");
+        if !STAGES_ALLOWED.contains(&name) {
+            return Err(Error::new(Code::IllegalOperation, format!("{name} is not permitted in a $changeStream pipeline")));
+        }
+    }
+    let pipeline = Pipeline::parse(rest)?;
+    let store = ctx.store();
+    let oplog = store
+        .collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION)
+        .ok_or_else(|| Error::location(40573, "The $changeStream stage is only supported on replica sets"))?;
+    // From now on: after the newest entry a majority has.
+    let pos = match start {
+        Some(p) => p,
+        None => Position::high_water(repl.commit_point(store).ts),
+    };
+    let mut stream = ChangeStream { scope, shape, full_document, pos, pending: VecDeque::new(), pipeline, oplog, invalidated: false };
+    stream.check_history()?;
+    let ns = match coll {
+        Some(c) => ctx.ns(c),
+        None => format!("{}.$cmd.aggregate", ctx.db),
+    };
+    let (events, pbrt) = stream.next_batch(ctx, batch_size)?;
+    let done = stream.invalidated;
+    let mut cursor = Cursor::new(ns.clone(), Source::ChangeStream(Box::new(stream)));
+    cursor.lsid = ctx.lsid();
+    let id = if done { 0 } else { ctx.register_cursor(cursor)? };
+    Ok(reply(&ns, id, events, pbrt, true))
+}
+
+/// A getMore of a change stream's cursor (`cursor`, checked out): the next events, or an
+/// empty batch after waiting up to `await_ms` for some.
+pub fn get_more(ctx: &mut Ctx, mut cursor: Cursor, batch_size: usize, await_ms: Option<i64>) -> Result<Document> {
+    let Source::ChangeStream(stream) = &mut cursor.source else { return Err(Error::internal("not a change stream cursor")) };
+    let seen = ctx.shared.store.write_seq();
+    let progress_seen = ctx.shared.repl.as_ref().map(|r| r.commit_point(&ctx.shared.store));
+    let (events, pbrt) = stream.next_batch(ctx, batch_size)?;
+    let done = stream.invalidated;
+    if events.is_empty() && !done {
+        let wait = std::time::Duration::from_millis(await_ms.unwrap_or(crate::commands::AWAIT_DATA_MS_DEFAULT).min(crate::commands::AWAIT_DATA_MS_MAX) as u64);
+        let deadline = ctx.resumed.unwrap_or_else(|| std::time::Instant::now() + wait);
+        if std::time::Instant::now() < deadline {
+            ctx.shared.cursors.restore(cursor);
+            ctx.out.await_data = Some(crate::dispatch::AwaitData { seen, deadline, commit_point: progress_seen });
+            return Ok(Document::new());
+        }
+    }
+    cursor.n_returned += events.len() as u64;
+    cursor.last_used = std::time::Instant::now();
+    let (ns, id) = (cursor.ns.clone(), if done { 0 } else { cursor.id });
+    if !done {
+        ctx.shared.cursors.restore(cursor);
+    }
+    Ok(reply(&ns, id, events, pbrt, false))
+}
+
+fn reply(ns: &str, id: i64, events: Vec<Document>, pbrt: Document, first: bool) -> Document {
+    let mut c = Document::new();
+    c.insert(if first { "firstBatch" } else { "nextBatch" }, Bson::Array(events.into_iter().map(Bson::Document).collect()));
+    c.insert("postBatchResumeToken", pbrt);
+    c.insert("id", id);
+    c.insert("ns", ns);
+    doc! {"cursor": c}
+}
+
+impl ChangeStream {
+    /// ChangeStreamHistoryLost when the oplog no longer holds the stream's position.
+    fn check_history(&self) -> Result<()> {
+        let oldest = self.oplog.tail_chunk(None, 1)?.first().map(|(ts, _)| *ts);
+        match oldest {
+            Some(oldest) if oldest > self.pos.ts.saturating_add(1) => {
+                Err(Error::new(Code::ChangeStreamHistoryLost, "Resume of change stream was not possible, as the resume point may no longer be in the oplog."))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The next events, at most `docs_max`, and the batch's resume token.
+    fn next_batch(&mut self, ctx: &Ctx, docs_max: usize) -> Result<(Vec<Document>, Document)> {
+        let mut out = Vec::new();
+        if self.invalidated {
+            return Ok((out, self.pos.token()));
+        }
+        self.check_history()?;
+        let store = ctx.store();
+        let commit_ts = ctx.shared.repl.as_ref().map_or(0, |r| r.commit_point(store).ts);
+        let mut size = 0usize;
+        let opts = RunOptions { allow_disk_use: false, mem_limit_bytes: common::limits::AGG_MEMORY_BYTES_MAX };
+        'read: while out.len() < docs_max {
+            if self.pending.is_empty() && !self.read_entries(ctx, commit_ts)? {
+                break;
+            }
+            while let Some(p) = self.pending.pop_front() {
+                ctx.op.check()?;
+                let mut event = p.event;
+                if self.full_document == FullDocument::UpdateLookup && event.get_str("operationType").ok() == Some("update") {
+                    event.insert("fullDocument", lookup(ctx, &event)?);
+                }
+                let shaped = self.pipeline.run_interruptible(&mut std::iter::once(Ok(event)), &opts, &|| ctx.op.check())?;
+                for e in shaped {
+                    if e.get("_id") != Some(&Bson::Document(p.at.token())) {
+                        return Err(Error::new(
+                            Code::ChangeStreamFatalError,
+                            "Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. Modifying the _id field of an event makes it impossible to resume the stream from that point.",
+                        ));
+                    }
+                    size += crate::exec::approx_doc_size(&e);
+                    out.push(e);
+                }
+                self.pos = p.at;
+                if p.invalidates {
+                    self.invalidated = true;
+                    break 'read;
+                }
+                if out.len() >= docs_max || size >= crate::cursor::BATCH_SIZE_BYTES_MAX / 2 {
+                    break 'read;
+                }
+            }
+        }
+        Ok((out, self.pos.token()))
+    }
+
+    /// Read the entries after the position, up to the commit point, into `pending`; false
+    /// when there were none. Entries with no event for this stream move the position past
+    /// them, so the batch's resume token moves too.
+    fn read_entries(&mut self, ctx: &Ctx, commit_ts: u64) -> Result<bool> {
+        let store = ctx.store();
+        let ops_before = |e: &Document| replication::apply::operations_before(store, e);
+        loop {
+            // The position's own entry again: a transaction's later operations follow it.
+            let chunk = self.oplog.tail_chunk(self.pos.ts.checked_sub(1), ENTRIES_PER_READ)?;
+            let full = chunk.len() == ENTRIES_PER_READ;
+            for (ts, raw) in chunk {
+                if ts > commit_ts {
+                    return Ok(false);
+                }
+                let entry = storage::decode_record(raw.as_ref())?;
+                let produced = event::events_of(&entry, ts, &self.scope, &self.shape, &ops_before)?;
+                let fresh: Vec<event::Produced> = produced.into_iter().filter(|p| p.at > self.pos).collect();
+                if !fresh.is_empty() {
+                    self.pending.extend(fresh);
+                    return Ok(true);
+                }
+                self.pos = self.pos.max(Position::high_water(ts));
+            }
+            if !full {
+                return Ok(false);
+            }
+            ctx.op.check()?;
+        }
+    }
+}
+
+/// An update event's `fullDocument` for `updateLookup`: the document as it is now, or null.
+fn lookup(ctx: &Ctx, event: &Document) -> Result<Bson> {
+    let ns = event.get_document("ns").ok();
+    let (Some(db), Some(coll)) = (ns.and_then(|n| n.get_str("db").ok()), ns.and_then(|n| n.get_str("coll").ok())) else { return Ok(Bson::Null) };
+    let Some(id) = event.get_document("documentKey").ok().and_then(|k| k.get("_id")) else { return Ok(Bson::Null) };
+    Ok(match ctx.store().collection(db, coll) {
+        Some(c) => c.snapshot().find_by_id(id)?.map_or(Bson::Null, |(_, d)| Bson::Document(d)),
+        None => Bson::Null,
+    })
+}
