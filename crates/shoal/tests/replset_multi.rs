@@ -2024,8 +2024,10 @@ async fn a_restart_before_min_valid_copies_again() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Writes after the copy began: minValid is past them. The newcomer writes what it
-    // fetches but applies nothing, so it stays short of minValid.
-    coll.insert_many((1000..1100).map(|i| doc! {"_id": i}).collect::<Vec<_>>()).await.unwrap();
+    // fetches but applies nothing, so it stays short of minValid. Written to all three
+    // members: the newcomer's sync source may be a secondary, whose newest entry is minValid.
+    let all = mongodb::options::WriteConcern::builder().w(mongodb::options::Acknowledgment::Nodes(3)).w_timeout(Duration::from_secs(60)).build();
+    coll.insert_many((1000..1100).map(|i| doc! {"_id": i}).collect::<Vec<_>>()).write_concern(all).await.unwrap();
     admin(&c, doc! {"configureFailPoint": "rsSyncApplyStop", "mode": "alwaysOn"}).await.unwrap();
     admin(&c, doc! {"configureFailPoint": "initialSyncHangAfterDataCloning", "mode": "off"}).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
