@@ -116,7 +116,7 @@ fn head(op_type: &str, at: Position, wall: &Bson) -> Document {
     doc! {
         "_id": at.token(),
         "operationType": op_type,
-        "clusterTime": Bson::Timestamp(bson::Timestamp { time: (at.ts >> 32) as u32, increment: at.ts as u32 }),
+        "clusterTime": Bson::Timestamp(common::optime::ts_of(at.ts)),
         "wallTime": wall.clone(),
     }
 }
@@ -205,10 +205,15 @@ fn join(prefix: &str, field: &str) -> String {
     }
 }
 
-fn walk_object(diff: &Document, prefix: &str, updated: &mut Document, removed: &mut Vec<Bson>, truncated: &mut Vec<Bson>, depth: usize) -> Result<()> {
-    if depth > DIFF_DEPTH_MAX {
-        return Err(Error::new(Code::FailedToParse, "an update diff nests too deeply"));
+fn check_depth(depth: usize) -> Result<()> {
+    match depth > DIFF_DEPTH_MAX {
+        true => Err(Error::new(Code::FailedToParse, "an update diff nests too deeply")),
+        false => Ok(()),
     }
+}
+
+fn walk_object(diff: &Document, prefix: &str, updated: &mut Document, removed: &mut Vec<Bson>, truncated: &mut Vec<Bson>, depth: usize) -> Result<()> {
+    check_depth(depth)?;
     for (k, v) in diff {
         match (k.as_str(), v) {
             ("u" | "i", Bson::Document(fields)) => {
@@ -232,6 +237,7 @@ fn walk_object(diff: &Document, prefix: &str, updated: &mut Document, removed: &
 }
 
 fn walk_array(diff: &Document, path: &str, updated: &mut Document, removed: &mut Vec<Bson>, truncated: &mut Vec<Bson>, depth: usize) -> Result<()> {
+    check_depth(depth)?;
     for (k, v) in diff {
         match k.as_str() {
             "a" => {}

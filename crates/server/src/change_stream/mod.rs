@@ -115,7 +115,7 @@ pub fn open(ctx: &mut Ctx, coll: Option<&str>, spec: &Document, rest: &[Document
                 if start.is_some() {
                     return Err(Error::location(40674, "Only one type of resume option is allowed, but multiple were found."));
                 }
-                let ts = (u64::from(t.time) << 32) | u64::from(t.increment);
+                let ts = common::optime::ts_value(*t);
                 // The events at or after `ts`.
                 start = Some(Position::high_water(ts.saturating_sub(1)));
             }
