@@ -114,6 +114,7 @@ fn tname(v: &Bson) -> &'static str {
 }
 
 const EXTERNAL_STAGES: &[&str] = &[
+    "$changeStreamSplitLargeEvent",
     "$lookup",
     "$graphLookup",
     "$unionWith",
@@ -135,7 +136,7 @@ const EXTERNAL_STAGES: &[&str] = &[
     "$vectorSearch",
 ];
 
-const UNSUPPORTED_STAGES: &[&str] = &["$redact", "$bucketAuto", "$setWindowFields", "$densify", "$fill", "$changeStreamSplitLargeEvent"];
+const UNSUPPORTED_STAGES: &[&str] = &["$redact", "$bucketAuto", "$setWindowFields", "$densify", "$fill"];
 
 impl Pipeline {
     pub fn parse(stages: &[Document]) -> Result<Pipeline> {

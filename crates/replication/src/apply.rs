@@ -607,6 +607,11 @@ fn command(store: &Store, ns: &str, o: &Document, ui: Option<bson::Uuid>) -> Res
             }
         }
         "drop" => store.drop_collection(db, coll_name()?).map(|_| ()),
+        "collMod" => {
+            let mut changes = o.clone();
+            changes.remove("collMod");
+            store.modify_collection(db, coll_name()?, &changes)
+        }
         "dropDatabase" => store.drop_database(db),
         "createIndexes" => {
             let coll = collection(store, &format!("{db}.{}", coll_name()?), Some(ui))?.expect("created");

@@ -141,6 +141,11 @@ impl MetaRt {
         self.indexes.iter().find(|i| i.spec.name == name && i.ready())
     }
 
+    /// Whether changes log the documents they change (`changeStreamPreAndPostImages`).
+    pub(crate) fn logs_pre_images(&self) -> bool {
+        self.options.get_document(PRE_AND_POST_IMAGES_OPTION).is_ok_and(|o| o.get_bool("enabled").ok() == Some(true))
+    }
+
     pub(crate) fn ready_indexes(&self) -> impl Iterator<Item = &Arc<IndexRt>> {
         self.indexes.iter().filter(|i| i.ready())
     }
@@ -648,6 +653,10 @@ impl CollState {
                 };
                 pending.oplog.push(oplog::image_entry(&log.ns, log.ui, &doc, log.wall_ms, tag));
             }
+            if meta.logs_pre_images() {
+                let record = encode_record(old_doc, old_len)?;
+                pending.oplog.push(oplog::pre_image_entry(&log.ns, log.ui, &record, log.wall_ms, session));
+            }
             let id_doc = oplog::id_doc(new.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
             let diff = match form {
                 UpdateForm::Replacement => None,
@@ -692,6 +701,9 @@ impl CollState {
             let session = log.session.as_ref().map(|t| (t, pending.ctx.current_stmt()));
             if let Some(tag) = session.filter(|_| pending.ctx.retry_image().is_some()) {
                 pending.oplog.push(oplog::image_entry(&log.ns, log.ui, &old_bytes, log.wall_ms, tag));
+            }
+            if meta.logs_pre_images() {
+                pending.oplog.push(oplog::pre_image_entry(&log.ns, log.ui, &old_bytes, log.wall_ms, session));
             }
             let id = oplog::id_doc(old_doc.get("_id").unwrap_or(&Bson::Null)).map_err(Error::bad_value)?;
             pending.oplog.push(oplog::delete_entry(&log.ns, log.ui, &id, log.wall_ms, session));

@@ -79,7 +79,7 @@ use history::History;
 pub use history::{SNAPSHOT_BOUNDARIES_MAX, SNAPSHOT_HISTORY_WINDOW_SECONDS_DEFAULT};
 pub use layout::*;
 use names::*;
-pub use oplog::{ts_of, OpTime, RetryImage, TxnRecordState, OPLOG_COLLECTION, OPLOG_DB, SESSION_MIGRATE_INFO};
+pub use oplog::{is_pre_image, ts_of, OpTime, RetryImage, TxnRecordState, OPLOG_COLLECTION, OPLOG_DB, SESSION_MIGRATE_INFO};
 pub use prepared::{PREPARED_COMMITS_KEPT_MAX, PREPARE_CONFLICT_WAIT_MAX};
 pub use replicated::*;
 pub use session::*;
@@ -114,6 +114,9 @@ pub type RecordId = u64;
 
 /// Name of the index every collection has on `_id`.
 pub const ID_INDEX_NAME: &str = "_id_";
+/// The collection option that makes its updates and deletes log the documents they change
+/// (`oplog::pre_image_entry`): `{enabled: true}`.
+pub const PRE_AND_POST_IMAGES_OPTION: &str = "changeStreamPreAndPostImages";
 /// MongoDB's limit of indexes per collection (including `_id_`).
 pub const INDEXES_PER_COLLECTION_MAX: usize = 64;
 /// Longest database name MongoDB accepts.

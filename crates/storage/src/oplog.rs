@@ -318,6 +318,28 @@ pub(crate) fn image_entry(ns: &str, ui: bson::Uuid, record: &[u8], wall_ms: i64,
     finish(out, start, wall_ms, Some(session))
 }
 
+/// The document an update or delete of a collection with `changeStreamPreAndPostImages`
+/// changes, as it was: a no-op on `ns` whose `o` is the document and whose `o2` marks it
+/// (`PRE_IMAGE_O2`), logged immediately before the change's own entry (or operation, in a
+/// transaction), so that a change stream's `fullDocumentBeforeChange`, and the post-image
+/// it derives from it and the change, outlive the document. The oplog keeps pre-images as
+/// long as the changes they belong to, on every member, in the change's atomic batch.
+pub(crate) fn pre_image_entry(ns: &str, ui: bson::Uuid, record: &[u8], wall_ms: i64, session: Option<(&SessionTag, i32)>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(record.len() + ns.len() + 120 + SESSION_FIELDS_BYTES);
+    let start = head(&mut out, "n", ns, Some(ui));
+    raw_doc_field(&mut out, b"o", record);
+    raw_doc_field(&mut out, b"o2", &PRE_IMAGE_O2);
+    finish(out, start, wall_ms, session)
+}
+
+/// `{preImage: true}`, the `o2` of a pre-image's no-op.
+const PRE_IMAGE_O2: [u8; 16] = *b"\x10\0\0\0\x08preImage\0\x01\0";
+
+/// Whether `entry` (or a transaction's operation) is a pre-image's no-op (`pre_image_entry`).
+pub fn is_pre_image(entry: &Document) -> bool {
+    entry.get_str("op").ok() == Some("n") && entry.get_document("o2").is_ok_and(|o2| o2.get_bool("preImage").ok() == Some(true))
+}
+
 /// A retryable write's entry that a chunk migration brought from the donor shard, logged
 /// by the recipient in the session's transaction (mongod's `$sessionMigrateInfo` no-op):
 /// `o2` is the donor's entry, whose statement and change a retry on this shard finds.
@@ -494,6 +516,19 @@ pub(crate) fn noop_entry(o: &Document, wall_ms: i64) -> Result<Vec<u8>, String> 
 mod tests {
     use super::*;
     use bson::Timestamp;
+
+    #[test]
+    fn a_pre_image_entry_is_a_marked_no_op_holding_the_document() {
+        assert_eq!(bson::doc! {"preImage": true}.to_vec().unwrap(), PRE_IMAGE_O2);
+        let ui = bson::Uuid::new();
+        let record = bson::doc! {"_id": 7, "x": "old"}.to_vec().unwrap();
+        let d = Document::from_reader(&mut pre_image_entry("db.c", ui, &record, 5, None).as_slice()).unwrap();
+        assert!(is_pre_image(&d));
+        assert_eq!(d.get_document("o").unwrap(), &bson::doc! {"_id": 7, "x": "old"});
+        assert_eq!(d.get_str("ns").unwrap(), "db.c");
+        let image = Document::from_reader(&mut image_entry("db.c", ui, &record, 5, (&SessionTag { lsid: vec![1; 16], txn: 1 }, 0)).as_slice()).unwrap();
+        assert!(!is_pre_image(&image));
+    }
 
     #[test]
     fn timestamps_increase_whatever_the_clock() {

@@ -374,6 +374,44 @@ impl Store {
         shared.commit_durable()
     }
 
+    /// Change collection options (`collMod`, its fields after the first, checked by the
+    /// caller): each replaces the option of its name, except that
+    /// `changeStreamPreAndPostImages: {enabled: false}` removes that option, as mongod shows
+    /// it. Logged as `{collMod: name, ...changes}`; writes that start after this returns see
+    /// the new options.
+    pub fn modify_collection(&self, db: &str, name: &str, changes: &Document) -> Result<()> {
+        let shared = &self.inner.shared;
+        let _cat = self.inner.catalog.lock();
+        let Some(coll) = self.inner.colls.read().get(&(db.to_string(), name.to_string())).cloned() else {
+            return Err(Error::new(Code::NamespaceNotFound, format!("ns does not exist: {db}.{name}")));
+        };
+        self.check_not_live_oplog(db, name)?;
+        let _guard = coll.lock_for_catalog_change()?;
+        let mut meta_guard = coll.meta.write();
+        let old = meta_guard.clone();
+        let mut options = old.options.clone();
+        for (k, v) in changes {
+            match (k.as_str(), v) {
+                (crate::PRE_AND_POST_IMAGES_OPTION, Bson::Document(d)) if d.get_bool("enabled").ok() != Some(true) => {
+                    options.remove(k);
+                }
+                _ => {
+                    options.insert(k, v.clone());
+                }
+            }
+        }
+        let new_meta = Arc::new(MetaRt { uuid: old.uuid, options, indexes: old.indexes.clone() });
+        let mut batch = Batch::new();
+        batch.put(Space::Catalog, meta_key(db, name), encode_doc(&new_meta.to_doc(coll.id, db, name))?);
+        let mut o = doc! {"collMod": name};
+        o.extend(changes.clone());
+        let entry = self.command_entry(db, Some(old.uuid), &o)?;
+        shared.apply_logged(batch, entry)?;
+        *meta_guard = new_meta;
+        drop(meta_guard);
+        shared.commit_durable()
+    }
+
     /// Make every write applied so far durable; concurrent callers share one sync.
     pub fn commit_durable(&self) -> Result<()> {
         self.inner.shared.commit_durable()

@@ -1,6 +1,7 @@
 """Change streams through pymongo's watch(): events in mongod's shape on a collection, a
-database and the deployment; resuming; invalidation; the errors of what a stream refuses; and a
-stream that follows the set through its primary's kill -9 and counts every event."""
+database and the deployment; resuming; invalidation; pre- and post-images; events split into
+fragments; the errors of what a stream refuses; and a stream that follows the set through its
+primary's kill -9 and counts every event."""
 
 import threading
 import time
@@ -139,6 +140,106 @@ def test_a_drop_invalidates_a_collection_stream_and_start_after_goes_past_it(one
         assert (rename["operationType"], rename["ns"]["coll"], rename["to"]) == ("rename", "renamed_from", {"db": "app", "coll": "renamed_to"})
 
 
+def test_pre_and_post_images_of_updates_replaces_and_deletes(one_member_set):
+    c = one_member_set
+    db = c.app
+    db.drop_collection("imaged")
+    coll = db.create_collection("imaged", changeStreamPreAndPostImages={"enabled": True})
+    info = db.command("listCollections", filter={"name": "imaged"})["cursor"]["firstBatch"][0]
+    assert info["options"]["changeStreamPreAndPostImages"] == {"enabled": True}
+    coll.insert_one({"_id": 1, "a": 1, "sub": {"x": 1}})
+    with coll.watch(full_document="required", full_document_before_change="required") as stream:
+        coll.update_one({"_id": 1}, {"$set": {"sub.y": 2}, "$inc": {"a": 1}})
+        coll.replace_one({"_id": 1}, {"b": 1})
+        with c.start_session() as s, s.start_transaction():
+            coll.update_one({"_id": 1}, {"$set": {"c": 3}}, session=s)
+            coll.insert_one({"_id": 2}, session=s)
+        # findAndModify's own retry image and the pre-image go to the oplog side by side.
+        assert coll.find_one_and_update({"_id": 2}, {"$set": {"d": 4}}, return_document=pymongo.ReturnDocument.AFTER) == {"_id": 2, "d": 4}
+        coll.delete_one({"_id": 1})
+        events = [stream.next() for _ in range(6)]
+    seen = [(e["operationType"], e.get("fullDocumentBeforeChange"), e.get("fullDocument")) for e in events]
+    assert seen == [
+        ("update", {"_id": 1, "a": 1, "sub": {"x": 1}}, {"_id": 1, "a": 2, "sub": {"x": 1, "y": 2}}),
+        ("replace", {"_id": 1, "a": 2, "sub": {"x": 1, "y": 2}}, {"_id": 1, "b": 1}),
+        ("update", {"_id": 1, "b": 1}, {"_id": 1, "b": 1, "c": 3}),
+        ("insert", None, {"_id": 2}),
+        ("update", {"_id": 2}, {"_id": 2, "d": 4}),
+        ("delete", {"_id": 1, "b": 1, "c": 3}, None),
+    ]
+    assert "lsid" in events[2] and "lsid" in events[3]
+    # Switched off, later changes have no images: null when available only, an error when
+    # required.
+    db.command("collMod", "imaged", changeStreamPreAndPostImages={"enabled": False})
+    assert "changeStreamPreAndPostImages" not in db.command("listCollections", filter={"name": "imaged"})["cursor"]["firstBatch"][0]["options"]
+    start = c.admin.command("hello")["operationTime"]
+    coll.update_one({"_id": 2}, {"$set": {"d": 5}})
+    with coll.watch(start_at_operation_time=start, full_document="whenAvailable", full_document_before_change="whenAvailable") as stream:
+        e = stream.next()
+        assert (e["operationType"], e["fullDocument"], e["fullDocumentBeforeChange"]) == ("update", None, None)
+    with pytest.raises(OperationFailure) as err:
+        with coll.watch(start_at_operation_time=start, full_document_before_change="required") as stream:
+            stream.next()
+    assert err.value.code == 47
+    with pytest.raises(OperationFailure) as err:
+        db.command("collMod", "imaged", changeStreamPreAndPostImages={"enabled": 1})
+    assert err.value.code == 14
+    with pytest.raises(OperationFailure) as err:
+        db.command("collMod", "missing", changeStreamPreAndPostImages={"enabled": True})
+    assert err.value.code == 26
+
+
+def test_a_large_event_comes_in_fragments_and_resumes_from_any(one_member_set):
+    c = one_member_set
+    db = c.app
+    db.drop_collection("large")
+    coll = db.create_collection("large", changeStreamPreAndPostImages={"enabled": True})
+    coll.insert_one({"_id": 0})
+    start = c.admin.command("hello")["operationTime"]
+    coll.insert_one({"_id": 1, "v": "a" * (9 << 20)})
+    coll.update_one({"_id": 1}, {"$set": {"v": "b" * (9 << 20)}})
+    coll.insert_one({"_id": 2})
+    # Whole, the update's event (both versions) is larger than a document may be.
+    with pytest.raises(OperationFailure) as err:
+        with coll.watch(start_at_operation_time=start, full_document_before_change="required") as stream:
+            stream.next()
+    assert err.value.code == 10334
+    split = [{"$changeStreamSplitLargeEvent": {}}]
+    with coll.watch(split, start_at_operation_time=start, full_document_before_change="required") as stream:
+        # From the insert of _id 0, which is at the start.
+        events = [stream.next() for _ in range(5)][2:]
+    assert [e.get("splitEvent") for e in events] == [{"fragment": 1, "of": 2}, {"fragment": 2, "of": 2}, None]
+    assert events[0]["operationType"] == "update" and events[1]["fullDocumentBeforeChange"]["v"] == "a" * (9 << 20)
+    assert events[2]["documentKey"] == {"_id": 2}
+    tokens = [e["_id"]["_data"] for e in events]
+    assert tokens == sorted(tokens)
+    for i, e in enumerate(events[:2]):
+        with coll.watch(split, resume_after=e["_id"], full_document_before_change="required") as resumed:
+            assert [r.get("splitEvent") for r in (resumed.next() for _ in range(2 - i))] == [{"fragment": 2, "of": 2}, None][i:]
+
+
+def test_pre_images_reach_every_member(three_members):
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in three_members)
+    rs = pymongo.MongoClient(f"mongodb://{hosts}/?replicaSet=rs0&w=3", serverSelectionTimeoutMS=30_000)
+    rs.app.create_collection("everywhere", changeStreamPreAndPostImages={"enabled": True})
+    coll = rs.app.everywhere
+    start = rs.admin.command("hello")["operationTime"]
+    coll.insert_one({"_id": 1, "n": 0})
+    coll.update_one({"_id": 1}, {"$inc": {"n": 1}})
+    coll.delete_one({"_id": 1})
+    for s in three_members:
+        member = pymongo.MongoClient(s.uri, directConnection=True, readPreference="secondaryPreferred")
+        with member.app.everywhere.watch(start_at_operation_time=start, full_document="required", full_document_before_change="required") as stream:
+            events = [stream.next() for _ in range(3)]
+        assert [(e.get("fullDocumentBeforeChange"), e.get("fullDocument")) for e in events] == [
+            (None, {"_id": 1, "n": 0}),
+            ({"_id": 1, "n": 0}, {"_id": 1, "n": 1}),
+            ({"_id": 1, "n": 1}, None),
+        ], s.port
+        member.close()
+    rs.close()
+
+
 def test_what_a_stream_refuses(one_member_set, server):
     c = one_member_set
     coll = c.app.refused
@@ -149,10 +250,11 @@ def test_what_a_stream_refuses(one_member_set, server):
         return e.value.code
 
     assert code(pipeline=[{"$group": {"_id": 1}}]) == 20
-    assert code(full_document="whenAvailable") == 115
+    assert code(full_document="sometimes") == 2
+    assert code(pipeline=[{"$changeStreamSplitLargeEvent": {}}, {"$match": {}}]) == 20
     assert code(resume_after={"_data": "zz"}) == 260
     # A resume point older than the oplog's first entry.
-    assert code(resume_after={"_data": "0000000000000001" + "00000000" + "00"}) == 286
+    assert code(resume_after={"_data": "0000000000000001" + "00000000" + "00" + "00000000"}) == 286
     with pytest.raises(OperationFailure) as e:
         coll.with_options(read_concern=pymongo.read_concern.ReadConcern("local")).watch()
     assert e.value.code == 72

@@ -40,6 +40,10 @@ pub fn is_internal_db(db: &str) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct Shape {
     pub show_expanded_events: bool,
+    /// Events of updates, replaces and deletes carry the document before the change, and
+    /// updates the one after it, where the oplog logged the document before
+    /// (`fullDocument: whenAvailable | required`, `fullDocumentBeforeChange`).
+    pub images: bool,
 }
 
 /// One entry's events: each with its position, the event document, and whether the stream
@@ -48,12 +52,28 @@ pub struct Produced {
     pub at: Position,
     pub event: Document,
     pub invalidates: bool,
+    /// The changed document before and after the change, with `Shape::images`, when known.
+    pub images: Images,
+}
+
+#[derive(Default)]
+pub struct Images {
+    pub before: Option<Document>,
+    pub after: Option<Document>,
 }
 
 /// The events `entry` (logged at `ts`) produces for `scope`, in order. A transaction's
 /// operations logged in entries before its last (a prepare, a chain's `partialTxn` parts)
-/// come from `ops_before`.
-pub fn events_of(entry: &Document, ts: u64, scope: &Scope, shape: &Shape, ops_before: &dyn Fn(&Document) -> Result<Vec<Document>>) -> Result<Vec<Produced>> {
+/// come from `ops_before`. `before` is the entry logged just before this one, if known: a
+/// change's pre-image (`storage::is_pre_image`) is logged there.
+pub fn events_of(
+    entry: &Document,
+    ts: u64,
+    before: Option<&Document>,
+    scope: &Scope,
+    shape: &Shape,
+    ops_before: &dyn Fn(&Document) -> Result<Vec<Document>>,
+) -> Result<Vec<Produced>> {
     if entry.get_bool("fromMigrate").unwrap_or(false) {
         return Ok(Vec::new());
     }
@@ -80,22 +100,23 @@ pub fn events_of(entry: &Document, ts: u64, scope: &Scope, shape: &Shape, ops_be
         };
         let session = (entry.get("lsid").cloned(), entry.get("txnNumber").cloned());
         for (i, op) in ops.iter().enumerate() {
-            let at = Position { ts, index: i as u32, invalidate: false };
-            if let Some(mut e) = crud_event(op, at, &wall, scope, shape)? {
+            let at = Position { ts, index: i as u32, invalidate: false, fragment: 0 };
+            let before = i.checked_sub(1).map(|b| &ops[b]);
+            if let Some((mut e, images)) = crud_event(op, at, &wall, before, scope, shape)? {
                 if let (Some(lsid), Some(txn)) = &session {
                     e.insert("lsid", lsid.clone());
                     e.insert("txnNumber", txn.clone());
                 }
-                out.push(Produced { at, event: e, invalidates: false });
+                out.push(Produced { at, event: e, invalidates: false, images });
             }
         }
         return Ok(out);
     }
-    let at = Position { ts, index: 0, invalidate: false };
+    let at = Position { ts, index: 0, invalidate: false, fragment: 0 };
     match entry.get_str("op").unwrap_or("") {
         "i" | "u" | "d" => {
-            if let Some(e) = crud_event(entry, at, &wall, scope, shape)? {
-                out.push(Produced { at, event: e, invalidates: false });
+            if let Some((e, images)) = crud_event(entry, at, &wall, before, scope, shape)? {
+                out.push(Produced { at, event: e, invalidates: false, images });
             }
         }
         "c" => {
@@ -122,8 +143,9 @@ fn head(op_type: &str, at: Position, wall: &Bson) -> Document {
 }
 
 /// An insert, update, replace or delete event of a CRUD operation (an entry, or one
-/// operation of a transaction's).
-fn crud_event(op: &Document, at: Position, wall: &Bson, scope: &Scope, shape: &Shape) -> Result<Option<Document>> {
+/// operation of a transaction's), and with `Shape::images` the document before and after
+/// the change when `before` (the entry or operation logged just before) is its pre-image.
+fn crud_event(op: &Document, at: Position, wall: &Bson, before: Option<&Document>, scope: &Scope, shape: &Shape) -> Result<Option<(Document, Images)>> {
     let ns = op.get_str("ns").unwrap_or("");
     let Some((db, coll)) = split_ns(ns) else { return Ok(None) };
     if !scope.covers(db, coll) {
@@ -140,6 +162,11 @@ fn crud_event(op: &Document, at: Position, wall: &Bson, scope: &Scope, shape: &S
         e
     };
     let key_of = |d: &Document| -> Result<Document> { Ok(doc! {"_id": d.get("_id").cloned().ok_or_else(|| bad("_id"))?}) };
+    let mut images = Images::default();
+    let pre_image = |key: &Document| -> Option<Document> {
+        let pre = before.filter(|b| shape.images && storage::is_pre_image(b) && b.get_str("ns").ok() == Some(ns))?.get_document("o").ok()?;
+        (pre.get("_id") == key.get("_id")).then(|| pre.clone())
+    };
     let event = match op.get_str("op").unwrap_or("") {
         "i" => {
             let mut e = head("insert");
@@ -150,14 +177,20 @@ fn crud_event(op: &Document, at: Position, wall: &Bson, scope: &Scope, shape: &S
         }
         "d" => {
             let mut e = head("delete");
+            let key = key_of(o)?;
+            images.before = pre_image(&key);
             e.insert("ns", ns_doc);
-            e.insert("documentKey", key_of(o)?);
+            e.insert("documentKey", key);
             e
         }
         "u" => {
             let key = key_of(op.get_document("o2").map_err(|_| bad("o2"))?)?;
+            images.before = pre_image(&key);
             match storage::diff::of_update_entry(o) {
                 Some(diff) => {
+                    if let Some(pre) = &images.before {
+                        images.after = Some(storage::diff::apply(pre, diff)?);
+                    }
                     let mut e = head("update");
                     e.insert("ns", ns_doc);
                     e.insert("documentKey", key);
@@ -182,7 +215,7 @@ fn crud_event(op: &Document, at: Position, wall: &Bson, scope: &Scope, shape: &S
         }
         _ => return Ok(None),
     };
-    Ok(Some(event))
+    Ok(Some((event, images)))
 }
 
 /// `updatedFields`, `removedFields` and `truncatedArrays` of an update's diff.
@@ -261,7 +294,7 @@ fn walk_array(diff: &Document, path: &str, updated: &mut Document, removed: &mut
     Ok(())
 }
 
-/// drop, rename and dropDatabase events (and, with showExpandedEvents, create,
+/// drop, rename and dropDatabase events (and, with showExpandedEvents, create, modify,
 /// createIndexes and dropIndexes), each followed by an invalidate when it ends the stream's
 /// collection or database.
 #[allow(clippy::too_many_arguments)]
@@ -274,17 +307,17 @@ fn catalog_events(o: &Document, ui: Option<&Bson>, db: &str, at: Position, wall:
         }
         e.insert("ns", doc! {"db": db, "coll": coll});
         e.insert("operationDescription", description);
-        Produced { at, event: e, invalidates: false }
+        Produced { at, event: e, invalidates: false, images: Images::default() }
     };
     let invalidate = |out: &mut Vec<Produced>| {
         let at = Position { invalidate: true, ..at };
-        out.push(Produced { at, event: head("invalidate", at, wall), invalidates: true });
+        out.push(Produced { at, event: head("invalidate", at, wall), invalidates: true, images: Images::default() });
     };
     match (name.as_str(), arg) {
         ("drop", Bson::String(coll)) if scope.covers(db, coll) => {
             let mut e = head("drop", at, wall);
             e.insert("ns", doc! {"db": db, "coll": coll});
-            out.push(Produced { at, event: e, invalidates: false });
+            out.push(Produced { at, event: e, invalidates: false, images: Images::default() });
             if matches!(scope, Scope::Collection { .. }) {
                 invalidate(out);
             }
@@ -308,7 +341,7 @@ fn catalog_events(o: &Document, ui: Option<&Bson>, db: &str, at: Position, wall:
                 }
                 e.insert("operationDescription", desc);
             }
-            out.push(Produced { at, event: e, invalidates: false });
+            out.push(Produced { at, event: e, invalidates: false, images: Images::default() });
             if matches!(scope, Scope::Collection { .. }) {
                 invalidate(out);
             }
@@ -316,7 +349,7 @@ fn catalog_events(o: &Document, ui: Option<&Bson>, db: &str, at: Position, wall:
         ("dropDatabase", _) if scope.covers_db(db) && !matches!(scope, Scope::Collection { .. }) => {
             let mut e = head("dropDatabase", at, wall);
             e.insert("ns", doc! {"db": db});
-            out.push(Produced { at, event: e, invalidates: false });
+            out.push(Produced { at, event: e, invalidates: false, images: Images::default() });
             if matches!(scope, Scope::Database { .. }) {
                 invalidate(out);
             }
@@ -325,6 +358,11 @@ fn catalog_events(o: &Document, ui: Option<&Bson>, db: &str, at: Position, wall:
             let mut desc = o.clone();
             desc.remove("create");
             out.push(expanded("create", coll, desc));
+        }
+        ("collMod", Bson::String(coll)) if shape.show_expanded_events && scope.covers(db, coll) => {
+            let mut desc = o.clone();
+            desc.remove("collMod");
+            out.push(expanded("modify", coll, desc));
         }
         ("createIndexes", Bson::String(coll)) if shape.show_expanded_events && scope.covers(db, coll) => {
             let mut spec = o.clone();

@@ -23,6 +23,9 @@ pub use token::Position;
 /// Oplog entries read per look.
 const ENTRIES_PER_READ: usize = 256;
 
+/// The stage that splits events larger than a BSON document into fragments (last only).
+const SPLIT_STAGE: &str = "$changeStreamSplitLargeEvent";
+
 /// The stages mongod allows after `$changeStream`.
 const STAGES_ALLOWED: &[&str] = &["$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith"];
 
@@ -30,21 +33,61 @@ const STAGES_ALLOWED: &[&str] = &["$match", "$project", "$addFields", "$set", "$
 enum FullDocument {
     Default,
     UpdateLookup,
+    /// The post-image, derived from the logged pre-image and the update (null without one).
+    WhenAvailable,
+    /// The post-image, or NoMatchingDocument without one.
+    Required,
+}
+
+/// `fullDocumentBeforeChange`: the logged pre-image of updates, replaces and deletes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BeforeChange {
+    Off,
+    WhenAvailable,
+    Required,
 }
 
 pub struct ChangeStream {
     scope: Scope,
     shape: Shape,
     full_document: FullDocument,
+    before_change: BeforeChange,
     /// The stream has returned everything up to here.
     pos: Position,
-    /// Events read and not yet returned (a batch that filled up inside an entry's events).
+    /// Events read and not yet shaped (a batch that filled up inside an entry's events).
     pending: VecDeque<event::Produced>,
+    /// Events (or fragments) shaped and not yet returned.
+    ready: VecDeque<Piece>,
+    /// `$changeStreamSplitLargeEvent` ends the pipeline.
+    split_large: bool,
     /// The stages after `$changeStream`, applied to each event.
     pipeline: Pipeline,
     oplog: storage::Collection,
     /// An invalidate was returned: the stream is over.
     invalidated: bool,
+}
+
+/// What the stream returns next: an event, or one fragment of a split event, with its size.
+struct Piece {
+    at: Position,
+    event: Document,
+    size_bytes: usize,
+    /// The stream ends after it (the last piece of an invalidate).
+    ends: bool,
+}
+
+/// The largest change event (or fragment) returned: a BSON document's limit.
+const EVENT_BYTES_MAX: usize = common::limits::BSON_OBJECT_SIZE_MAX_BYTES;
+
+/// The fragment number of a position after every fragment of its event.
+const FRAGMENTS_AFTER: u32 = u32::MAX;
+
+/// Room in a fragment for its `_id` and `splitEvent`, and the most a size estimate misses by
+/// where it is trusted.
+const EVENT_SIZE_MARGIN_BYTES: usize = 64 * 1024;
+
+fn encoded_len(d: &Document) -> Result<usize> {
+    d.to_vec().map(|v| v.len()).map_err(|e| Error::internal(format!("encoding a change event: {e}")))
 }
 
 /// Open a change stream for `aggregate` whose first stage is `$changeStream` (`spec`), the
@@ -79,6 +122,7 @@ pub fn open(ctx: &mut Ctx, coll: Option<&str>, spec: &Document, rest: &[Document
     };
     let mut shape = Shape::default();
     let mut full_document = FullDocument::Default;
+    let mut before_change = BeforeChange::Off;
     let mut start: Option<Position> = None;
     for (k, v) in spec {
         match (k.as_str(), v) {
@@ -88,15 +132,18 @@ pub fn open(ctx: &mut Ctx, coll: Option<&str>, spec: &Document, rest: &[Document
                 full_document = match s.as_str() {
                     "default" => FullDocument::Default,
                     "updateLookup" => FullDocument::UpdateLookup,
-                    "whenAvailable" | "required" => {
-                        return Err(Error::new(Code::CommandNotSupported, format!("fullDocument: '{s}' (post-images) is not supported by shoal yet")))
-                    }
+                    "whenAvailable" => FullDocument::WhenAvailable,
+                    "required" => FullDocument::Required,
                     _ => return Err(Error::bad_value(format!("unknown fullDocument value '{s}'"))),
                 }
             }
-            ("fullDocumentBeforeChange", Bson::String(s)) if s == "off" => {}
             ("fullDocumentBeforeChange", Bson::String(s)) => {
-                return Err(Error::new(Code::CommandNotSupported, format!("fullDocumentBeforeChange: '{s}' (pre-images) is not supported by shoal yet")))
+                before_change = match s.as_str() {
+                    "off" => BeforeChange::Off,
+                    "whenAvailable" => BeforeChange::WhenAvailable,
+                    "required" => BeforeChange::Required,
+                    _ => return Err(Error::bad_value(format!("unknown fullDocumentBeforeChange value '{s}'"))),
+                }
             }
             ("resumeAfter" | "startAfter", token) => {
                 if start.is_some() {
@@ -123,12 +170,24 @@ pub fn open(ctx: &mut Ctx, coll: Option<&str>, spec: &Document, rest: &[Document
             (k, v) => return Err(Error::new(Code::FailedToParse, format!("unknown or invalid $changeStream option '{k}': {v}"))),
         }
     }
+    let split_large = rest.last().is_some_and(|s| s.contains_key(SPLIT_STAGE));
+    if split_large {
+        match rest.last().and_then(|s| s.get(SPLIT_STAGE)) {
+            Some(Bson::Document(d)) if d.is_empty() => {}
+            _ => return Err(Error::new(Code::FailedToParse, format!("{SPLIT_STAGE} takes an empty object"))),
+        }
+    }
+    let rest = if split_large { &rest[..rest.len() - 1] } else { rest };
     for stage in rest {
         let name = stage.keys().next().map(String::as_str).unwrap_or("");
+        if name == SPLIT_STAGE {
+            return Err(Error::new(Code::IllegalOperation, format!("{SPLIT_STAGE} must be the last stage of a $changeStream pipeline")));
+        }
         if !STAGES_ALLOWED.contains(&name) {
             return Err(Error::new(Code::IllegalOperation, format!("{name} is not permitted in a $changeStream pipeline")));
         }
     }
+    shape.images = before_change != BeforeChange::Off || matches!(full_document, FullDocument::WhenAvailable | FullDocument::Required);
     let pipeline = Pipeline::parse(rest)?;
     let store = ctx.store();
     let oplog = store
@@ -139,7 +198,19 @@ pub fn open(ctx: &mut Ctx, coll: Option<&str>, spec: &Document, rest: &[Document
         Some(p) => p,
         None => Position::high_water(repl.commit_point(store).ts),
     };
-    let mut stream = ChangeStream { scope, shape, full_document, pos, pending: VecDeque::new(), pipeline, oplog, invalidated: false };
+    let mut stream = ChangeStream {
+        scope,
+        shape,
+        full_document,
+        before_change,
+        pos,
+        pending: VecDeque::new(),
+        ready: VecDeque::new(),
+        split_large,
+        pipeline,
+        oplog,
+        invalidated: false,
+    };
     stream.check_history()?;
     let ns = match coll {
         Some(c) => ctx.ns(c),
@@ -210,39 +281,159 @@ impl ChangeStream {
         let store = ctx.store();
         let commit_ts = ctx.shared.repl.as_ref().map_or(0, |r| r.commit_point(store).ts);
         let mut size = 0usize;
-        let opts = RunOptions { allow_disk_use: false, mem_limit_bytes: common::limits::AGG_MEMORY_BYTES_MAX };
-        'read: while out.len() < docs_max {
-            if self.pending.is_empty() && !self.read_entries(ctx, commit_ts)? {
+        while out.len() < docs_max {
+            let Some(piece) = self.next_piece(ctx, commit_ts)? else { break };
+            // A batch holds what fits in a reply; one that does not starts the next batch.
+            if !out.is_empty() && size + piece.size_bytes > crate::cursor::BATCH_SIZE_BYTES_MAX {
+                self.ready.push_front(piece);
                 break;
             }
-            while let Some(p) = self.pending.pop_front() {
-                ctx.op.check()?;
-                let mut event = p.event;
-                if self.full_document == FullDocument::UpdateLookup && event.get_str("operationType").ok() == Some("update") {
-                    event.insert("fullDocument", lookup(ctx, &event)?);
-                }
-                let shaped = self.pipeline.run_interruptible(&mut std::iter::once(Ok(event)), &opts, &|| ctx.op.check())?;
-                for e in shaped {
-                    if e.get("_id") != Some(&Bson::Document(p.at.token())) {
-                        return Err(Error::new(
-                            Code::ChangeStreamFatalError,
-                            "Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. Modifying the _id field of an event makes it impossible to resume the stream from that point.",
-                        ));
-                    }
-                    size += crate::exec::approx_doc_size(&e);
-                    out.push(e);
-                }
-                self.pos = p.at;
-                if p.invalidates {
-                    self.invalidated = true;
-                    break 'read;
-                }
-                if out.len() >= docs_max || size >= crate::cursor::BATCH_SIZE_BYTES_MAX / 2 {
-                    break 'read;
-                }
+            size += piece.size_bytes;
+            out.push(piece.event);
+            self.pos = piece.at;
+            if piece.ends {
+                self.invalidated = true;
+                break;
             }
         }
         Ok((out, self.pos.token()))
+    }
+
+    /// The next event (or fragment of one) to return, shaped by the stream's pipeline; none
+    /// when the stream has returned everything up to the commit point. Events the pipeline
+    /// drops move the position past them.
+    fn next_piece(&mut self, ctx: &Ctx, commit_ts: u64) -> Result<Option<Piece>> {
+        let opts = RunOptions { allow_disk_use: false, mem_limit_bytes: common::limits::AGG_MEMORY_BYTES_MAX };
+        loop {
+            if let Some(piece) = self.ready.pop_front() {
+                return Ok(Some(piece));
+            }
+            let Some(p) = self.pending.pop_front() else {
+                if !self.read_entries(ctx, commit_ts)? {
+                    return Ok(None);
+                }
+                continue;
+            };
+            ctx.op.check()?;
+            let mut event = p.event;
+            self.add_documents(ctx, &mut event, p.images)?;
+            let shaped = self.pipeline.run_interruptible(&mut std::iter::once(Ok(event)), &opts, &|| ctx.op.check())?;
+            let mut pieces = Vec::new();
+            for e in shaped {
+                if e.get("_id") != Some(&Bson::Document(p.at.token())) {
+                    return Err(Error::new(
+                        Code::ChangeStreamFatalError,
+                        "Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. Modifying the _id field of an event makes it impossible to resume the stream from that point.",
+                    ));
+                }
+                pieces.extend(self.split(e, p.at)?);
+            }
+            // A stream resumed from a fragment goes on with the next one.
+            pieces.retain(|piece| piece.at > self.pos);
+            match (pieces.last_mut(), p.invalidates) {
+                (Some(last), true) => last.ends = true,
+                (Some(_), false) => {}
+                (None, invalidates) => {
+                    self.pos = self.pos.max(p.at);
+                    if self.pos.fragment > 0 && self.pos.whole() == p.at {
+                        // Every fragment of a split event was returned: after all of them.
+                        self.pos.fragment = FRAGMENTS_AFTER;
+                    }
+                    if invalidates {
+                        self.invalidated = true;
+                        return Ok(None);
+                    }
+                    continue;
+                }
+            }
+            self.ready.extend(pieces);
+        }
+    }
+
+    /// `event` (at `at`) as one piece, or, with `$changeStreamSplitLargeEvent`, as fragments
+    /// of at most EVENT_BYTES_MAX each when it is larger: its fields in order, each fragment
+    /// with its own resume token and `splitEvent: {fragment, of}`. BSONObjectTooLarge for a
+    /// larger event otherwise, or for a field larger than a fragment.
+    fn split(&self, event: Document, at: Position) -> Result<Vec<Piece>> {
+        let approx = crate::exec::approx_doc_size(&event);
+        // The estimate can miss by a few bytes per array element: measure exactly near the limit.
+        let size_bytes = if approx + EVENT_SIZE_MARGIN_BYTES < EVENT_BYTES_MAX { approx } else { encoded_len(&event)? };
+        if size_bytes <= EVENT_BYTES_MAX {
+            return Ok(vec![Piece { at, event, size_bytes, ends: false }]);
+        }
+        let too_large = |what: String| Error::new(Code::BSONObjectTooLarge, format!("{what} exceeds the {EVENT_BYTES_MAX}-byte limit of a change event"));
+        if !self.split_large {
+            return Err(too_large(format!("a change event of {size_bytes} bytes (add $changeStreamSplitLargeEvent to split it)")));
+        }
+        let mut fragments: Vec<(Document, usize)> = vec![(Document::new(), 0)];
+        for (k, v) in event {
+            if k == "_id" {
+                continue;
+            }
+            let field_bytes = encoded_len(&doc! {k.as_str(): &v})? - 5;
+            if field_bytes + EVENT_SIZE_MARGIN_BYTES > EVENT_BYTES_MAX {
+                return Err(too_large(format!("the change event's field '{k}' of {field_bytes} bytes, which no fragment can hold,")));
+            }
+            let last = fragments.last_mut().expect("one fragment at least");
+            if last.1 + field_bytes + EVENT_SIZE_MARGIN_BYTES > EVENT_BYTES_MAX {
+                fragments.push((Document::new(), 0));
+            }
+            let last = fragments.last_mut().expect("one fragment at least");
+            last.0.insert(k, v);
+            last.1 += field_bytes;
+        }
+        let of = fragments.len() as u32;
+        Ok(fragments
+            .into_iter()
+            .zip(1..)
+            .map(|((fields, bytes), n)| {
+                let at = Position { fragment: n, ..at };
+                let mut event = doc! {"_id": at.token(), "splitEvent": {"fragment": n as i32, "of": of as i32}};
+                event.extend(fields);
+                Piece { at, event, size_bytes: bytes + EVENT_SIZE_MARGIN_BYTES, ends: false }
+            })
+            .collect())
+    }
+
+    /// An event's `fullDocument` (of updates: the document now, or after the change) and
+    /// `fullDocumentBeforeChange`, as the stream's options ask.
+    fn add_documents(&self, ctx: &Ctx, event: &mut Document, images: event::Images) -> Result<()> {
+        let op_type = event.get_str("operationType").unwrap_or("").to_string();
+        let missing = |which: &str, ops: &str, event: &Document| {
+            Error::new(
+                Code::NoMatchingDocument,
+                format!("Change stream was configured to require a {which} for all {ops} events, but the {which} was not found for event: {event}"),
+            )
+        };
+        if op_type == "update" {
+            match (self.full_document, images.after) {
+                (FullDocument::UpdateLookup, _) => {
+                    let now = lookup(ctx, event)?;
+                    event.insert("fullDocument", now);
+                }
+                (FullDocument::WhenAvailable | FullDocument::Required, Some(after)) => {
+                    event.insert("fullDocument", after);
+                }
+                (FullDocument::WhenAvailable, None) => {
+                    event.insert("fullDocument", Bson::Null);
+                }
+                (FullDocument::Required, None) => return Err(missing("post-image", "update", event)),
+                (FullDocument::Default, _) => {}
+            }
+        }
+        if matches!(op_type.as_str(), "update" | "replace" | "delete") {
+            match (self.before_change, images.before) {
+                (BeforeChange::Off, _) => {}
+                (_, Some(before)) => {
+                    event.insert("fullDocumentBeforeChange", before);
+                }
+                (BeforeChange::WhenAvailable, None) => {
+                    event.insert("fullDocumentBeforeChange", Bson::Null);
+                }
+                (BeforeChange::Required, None) => return Err(missing("pre-image", "update, delete and replace", event)),
+            }
+        }
+        Ok(())
     }
 
     /// Read the entries after the position, up to the commit point, into `pending`; false
@@ -253,15 +444,27 @@ impl ChangeStream {
         let ops_before = |e: &Document| replication::apply::operations_before(store, e);
         loop {
             // The position's own entry again: a transaction's later operations follow it.
-            let chunk = self.oplog.tail_chunk(self.pos.ts.checked_sub(1), ENTRIES_PER_READ)?;
+            // With images, the entry before it too: the pre-image of the position's change.
+            let back = if self.shape.images { 2 } else { 1 };
+            let chunk = self.oplog.tail_chunk(self.pos.ts.checked_sub(back), ENTRIES_PER_READ)?;
             let full = chunk.len() == ENTRIES_PER_READ;
+            let mut before: Option<(u64, Document)> = None;
             for (ts, raw) in chunk {
                 if ts > commit_ts {
                     return Ok(false);
                 }
                 let entry = storage::decode_record(raw.as_ref())?;
-                let produced = event::events_of(&entry, ts, &self.scope, &self.shape, &ops_before)?;
-                let fresh: Vec<event::Produced> = produced.into_iter().filter(|p| p.at > self.pos).collect();
+                let just_before = before.as_ref().filter(|(b, _)| b.checked_add(1) == Some(ts)).map(|(_, e)| e);
+                let produced = event::events_of(&entry, ts, just_before, &self.scope, &self.shape, &ops_before)?;
+                if self.shape.images {
+                    before = Some((ts, entry));
+                }
+                // After the position; or the event a fragment position is part of, whose
+                // fragments after it `next_piece` keeps.
+                let fresh: Vec<event::Produced> = produced
+                    .into_iter()
+                    .filter(|p| p.at > self.pos || ((1..FRAGMENTS_AFTER).contains(&self.pos.fragment) && p.at == self.pos.whole()))
+                    .collect();
                 if !fresh.is_empty() {
                     self.pending.extend(fresh);
                     return Ok(true);

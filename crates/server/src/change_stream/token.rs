@@ -1,9 +1,10 @@
 //! Resume tokens: `{_data: "<hex>"}`, whose strings sort in event order, as mongod's do.
 //!
 //! `_data` is the hex of the event's position: the oplog entry's timestamp (8 bytes, big
-//! endian), the operation's index inside a transaction's entry (4 bytes; 0 otherwise), and
-//! a kind byte: 0 for an event, 1 for the invalidate that follows the event at that
-//! position. A high-water mark (a position between events, in `postBatchResumeToken` when
+//! endian), the operation's index inside a transaction's entry (4 bytes; 0 otherwise), a
+//! kind byte (0 for an event, 1 for the invalidate that follows the event at that
+//! position), and the fragment's number when `$changeStreamSplitLargeEvent` split the
+//! event (4 bytes, from 1; 0 for a whole event). A high-water mark (a position between events, in `postBatchResumeToken` when
 //! a batch ends with no event) has index `u32::MAX`: it sorts after every event of its
 //! entry. Drivers treat tokens as opaque; only this server reads them back.
 
@@ -16,19 +17,25 @@ pub struct Position {
     pub ts: u64,
     pub index: u32,
     pub invalidate: bool,
+    pub fragment: u32,
 }
 
-const TOKEN_HEX_LEN: usize = 2 * (8 + 4 + 1);
+const TOKEN_HEX_LEN: usize = 2 * (8 + 4 + 1 + 4);
 
 impl Position {
     /// Before every event of entries after `ts`.
     pub fn high_water(ts: u64) -> Position {
-        Position { ts, index: u32::MAX, invalidate: false }
+        Position { ts, index: u32::MAX, invalidate: false, fragment: 0 }
+    }
+
+    /// The position of the event (or event fragment) `self` names, as a whole event.
+    pub fn whole(self) -> Position {
+        Position { fragment: 0, ..self }
     }
 
     pub fn token(&self) -> Document {
         let mut hex = String::with_capacity(TOKEN_HEX_LEN);
-        for b in self.ts.to_be_bytes().iter().chain(&self.index.to_be_bytes()).chain(&[self.invalidate as u8]) {
+        for b in self.ts.to_be_bytes().iter().chain(&self.index.to_be_bytes()).chain(&[self.invalidate as u8]).chain(&self.fragment.to_be_bytes()) {
             hex.push_str(&format!("{b:02X}"));
         }
         doc! {"_data": hex}
@@ -52,7 +59,8 @@ impl Position {
             1 => true,
             _ => return Err(bad()),
         };
-        Ok(Position { ts, index, invalidate })
+        let fragment = u32::from_be_bytes(bytes[13..17].try_into().map_err(|_| bad())?);
+        Ok(Position { ts, index, invalidate, fragment })
     }
 }
 
@@ -63,18 +71,20 @@ mod tests {
     #[test]
     fn tokens_round_trip_and_sort_in_event_order() {
         let positions = [
-            Position { ts: 5, index: 0, invalidate: false },
-            Position { ts: 5, index: 0, invalidate: true },
-            Position { ts: 5, index: 1, invalidate: false },
+            Position { ts: 5, index: 0, invalidate: false, fragment: 0 },
+            Position { ts: 5, index: 0, invalidate: false, fragment: 1 },
+            Position { ts: 5, index: 0, invalidate: false, fragment: 2 },
+            Position { ts: 5, index: 0, invalidate: true, fragment: 0 },
+            Position { ts: 5, index: 1, invalidate: false, fragment: 0 },
             Position::high_water(5),
-            Position { ts: 6 << 32, index: 0, invalidate: false },
+            Position { ts: 6 << 32, index: 0, invalidate: false, fragment: 0 },
         ];
         let tokens: Vec<String> = positions.iter().map(|p| p.token().get_str("_data").unwrap().to_string()).collect();
         assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
         for p in positions {
             assert_eq!(Position::from_token(&Bson::Document(p.token())).unwrap(), p);
         }
-        for bad in [Bson::Int32(1), Bson::Document(doc! {"_data": "zz"}), Bson::Document(doc! {"_data": "00".repeat(12) + "02"})] {
+        for bad in [Bson::Int32(1), Bson::Document(doc! {"_data": "zz"}), Bson::Document(doc! {"_data": "00".repeat(12) + "02" + &"00".repeat(4)})] {
             assert_eq!(Position::from_token(&bad).unwrap_err().code, 260);
         }
     }

@@ -144,7 +144,12 @@ pub fn create(ctx: &mut Ctx) -> Result<Document> {
             }
             "viewOn" | "pipeline" => return Err(Error::new(Code::CommandNotSupported, "views are not supported by shoal yet")),
             "validator" => return Err(Error::new(Code::CommandNotSupported, "document validation is not supported by shoal yet")),
-            "timeseries" | "clusteredIndex" | "expireAfterSeconds" | "changeStreamPreAndPostImages" | "collation" | "encryptedFields" => {
+            storage::PRE_AND_POST_IMAGES_OPTION => {
+                if pre_and_post_images_enabled(ctx.db, "create", v)? {
+                    options.insert(k, doc! {"enabled": true});
+                }
+            }
+            "timeseries" | "clusteredIndex" | "expireAfterSeconds" | "collation" | "encryptedFields" => {
                 return Err(Error::new(Code::CommandNotSupported, format!("create option '{k}' is not supported by shoal yet")))
             }
             "autoIndexId" | "flags" | "temp" => {}
@@ -172,6 +177,60 @@ pub fn create(ctx: &mut Ctx) -> Result<Document> {
         }
     }
     ctx.store().create_collection(ctx.db, &name, options)?;
+    ctx.commit_write()?;
+    Ok(Document::new())
+}
+
+/// `changeStreamPreAndPostImages: {enabled: <bool>}` of `cmd` (create or collMod) on
+/// database `db`: whether it enables them.
+fn pre_and_post_images_enabled(db: &str, cmd: &str, v: &Bson) -> Result<bool> {
+    let field = storage::PRE_AND_POST_IMAGES_OPTION;
+    let Bson::Document(d) = v else {
+        return Err(Error::type_mismatch(format!("BSON field '{cmd}.{field}' is the wrong type '{}', expected type 'object'", common::value::type_name(v))));
+    };
+    let mut enabled = None;
+    for (k, v) in d {
+        match (k.as_str(), v) {
+            ("enabled", Bson::Boolean(b)) => enabled = Some(*b),
+            ("enabled", v) => {
+                return Err(Error::type_mismatch(format!(
+                    "BSON field '{field}.enabled' is the wrong type '{}', expected type 'bool'",
+                    common::value::type_name(v)
+                )))
+            }
+            (k, _) => return Err(Error::location(40415, format!("BSON field '{field}.{k}' is an unknown field."))),
+        }
+    }
+    let enabled = enabled.ok_or_else(|| Error::location(40414, format!("BSON field '{field}.enabled' is missing but a required field")))?;
+    if enabled && matches!(db, "admin" | "config" | "local") {
+        return Err(Error::new(Code::InvalidOptions, format!("{field} collection option is not supported on config, local or admin databases")));
+    }
+    Ok(enabled)
+}
+
+/// `collMod`: the collection options shoal keeps (pre- and post-images for change streams,
+/// and the validation settings it stores), logged so that every member and change stream
+/// sees the change. Options of features shoal lacks are refused.
+pub fn coll_mod(ctx: &mut Ctx) -> Result<Document> {
+    let name = ctx.collection_name()?.to_string();
+    let mut changes = Document::new();
+    for (k, v) in ctx.cmd.iter().skip(1) {
+        match k.as_str() {
+            k if common::value::GENERIC_ARGS.contains(&k) => {}
+            storage::PRE_AND_POST_IMAGES_OPTION => {
+                let enabled = pre_and_post_images_enabled(ctx.db, "collMod", v)?;
+                changes.insert(k, doc! {"enabled": enabled});
+            }
+            "validationLevel" | "validationAction" => {
+                changes.insert(k, v.clone());
+            }
+            "validator" | "index" | "viewOn" | "pipeline" | "expireAfterSeconds" | "timeseries" | "cappedSize" | "cappedMax" | "dryRun" => {
+                return Err(Error::new(Code::CommandNotSupported, format!("collMod option '{k}' is not supported by shoal yet")))
+            }
+            other => return Err(Error::location(40415, format!("BSON field 'collMod.{other}' is an unknown field."))),
+        }
+    }
+    ctx.store().modify_collection(ctx.db, &name, &changes)?;
     ctx.commit_write()?;
     Ok(Document::new())
 }

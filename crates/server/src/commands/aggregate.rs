@@ -86,6 +86,9 @@ pub fn aggregate(ctx: &mut Ctx) -> Result<Document> {
                 }
                 return crate::change_stream::open(ctx, coll_name.as_deref(), &spec, &stages[1..], batch_size);
             }
+            Stage::External(name, _) if name == "$changeStreamSplitLargeEvent" => {
+                return Err(Error::new(Code::IllegalOperation, "$changeStreamSplitLargeEvent can only be used in a $changeStream pipeline"));
+            }
             Stage::External(name, _) if name == "$shardedDataDistribution" => {
                 return Err(Error::location(6789101, "The $shardedDataDistribution stage can only be run on mongoS"));
             }

@@ -1051,8 +1051,14 @@ pub fn distinct(ctx: &mut Ctx) -> Result<Document> {
 /// as it was or as it became; an upsert's insert holds the new document itself.
 fn find_and_modify_retried(entries: &[Document], return_new: bool) -> Result<(Document, Option<Document>)> {
     let incomplete = |what: &str| Error::new(Code::IncompleteTransactionHistory, format!("a retried findAndModify's oplog entries lack {what}"));
-    let image =
-        || entries.iter().find(|e| entry_op(e) == "n").and_then(|e| e.get_document("o").ok()).cloned().ok_or_else(|| incomplete("the document it returned"));
+    let image = || {
+        entries
+            .iter()
+            .find(|e| entry_op(e) == "n" && !storage::is_pre_image(e))
+            .and_then(|e| e.get_document("o").ok())
+            .cloned()
+            .ok_or_else(|| incomplete("the document it returned"))
+    };
     let change = entries.iter().rev().find(|e| entry_op(e) != "n").ok_or_else(|| incomplete("the change"))?;
     let inserted = || change.get_document("o").cloned().map_err(|_| incomplete("the inserted document"));
     Ok(match entry_op(change) {

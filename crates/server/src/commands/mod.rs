@@ -234,6 +234,7 @@ command_table! {
     "drop" => spec(admin::drop).primary_only(),
     "dropDatabase" => spec(admin::drop_database).primary_only(),
     "renameCollection" => spec(admin::rename_collection).primary_only(),
+    "collMod" => spec(admin::coll_mod).primary_only(),
     "collStats" => spec(admin::coll_stats).read_on_secondary(),
     "dbStats" => spec(admin::db_stats).read_on_secondary(),
     "validate" => spec(admin::validate).read_on_secondary(),
