@@ -661,7 +661,7 @@ impl CollState {
             let diff = match form {
                 UpdateForm::Replacement => None,
                 UpdateForm::Modifiers | UpdateForm::Pipeline => {
-                    let diff = crate::diff::compute(old_doc, new);
+                    let diff = crate::diff::compute(old_doc, new, form == UpdateForm::Modifiers);
                     let bytes = encode_record(&diff, 64).map_err(|e| Error::internal(format!("an update's diff: {}", e.message)))?;
                     // mongod logs an update by operators as its diff always, one by pipeline
                     // only when the diff is the smaller.

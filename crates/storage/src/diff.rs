@@ -19,9 +19,12 @@ use common::{Code, Error, Result};
 const DIFF_DEPTH_MAX: usize = 200;
 
 /// The diff that turns `old` into `new` (both with the same `_id`). Empty when they are the
-/// same, field order included.
-pub fn compute(old: &Document, new: &Document) -> Document {
-    object_diff(old, new)
+/// same, field order included. `by_path` describes a document or array changed inside by
+/// the paths of what changed in it, as an update by operators (`$set: {"a.b": 1}`, `$push`)
+/// names them, even where the whole new value would be smaller; otherwise such a value is
+/// described by its diff only when that is the smaller.
+pub fn compute(old: &Document, new: &Document, by_path: bool) -> Document {
+    object_diff(old, new, by_path)
 }
 
 /// `doc` with `diff` applied.
@@ -52,7 +55,7 @@ pub fn same_document(a: &Document, b: &Document) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|((ka, va), (kb, vb))| ka == kb && same_value(va, vb))
 }
 
-fn object_diff(old: &Document, new: &Document) -> Document {
+fn object_diff(old: &Document, new: &Document, by_path: bool) -> Document {
     let mut deletes = Document::new();
     let mut updates = Document::new();
     let mut inserts = Document::new();
@@ -72,7 +75,7 @@ fn object_diff(old: &Document, new: &Document) -> Document {
                 Some(o) if o == k => {
                     let ov = &old[k.as_str()];
                     if !same_value(ov, v) {
-                        match value_diff(ov, v) {
+                        match value_diff(ov, v, by_path) {
                             Some(sub) => {
                                 subs.insert(format!("s{k}"), sub);
                             }
@@ -98,18 +101,18 @@ fn object_diff(old: &Document, new: &Document) -> Document {
     diff
 }
 
-/// A diff of `old` into `new` when both are documents or both arrays and the diff is
-/// smaller than `new` (otherwise the whole new value is logged).
-fn value_diff(old: &Bson, new: &Bson) -> Option<Bson> {
+/// A diff of `old` into `new` when both are documents or both arrays, and with `by_path`
+/// or when the diff is smaller than `new` (otherwise the whole new value is logged).
+fn value_diff(old: &Bson, new: &Bson, by_path: bool) -> Option<Bson> {
     let diff = match (old, new) {
-        (Bson::Document(o), Bson::Document(n)) => object_diff(o, n),
-        (Bson::Array(o), Bson::Array(n)) => array_diff(o, n),
+        (Bson::Document(o), Bson::Document(n)) => object_diff(o, n, by_path),
+        (Bson::Array(o), Bson::Array(n)) => array_diff(o, n, by_path),
         _ => return None,
     };
-    (encoded_size(&Bson::Document(diff.clone())) < encoded_size(new)).then_some(Bson::Document(diff))
+    (by_path || encoded_size(&Bson::Document(diff.clone())) < encoded_size(new)).then_some(Bson::Document(diff))
 }
 
-fn array_diff(old: &[Bson], new: &[Bson]) -> Document {
+fn array_diff(old: &[Bson], new: &[Bson], by_path: bool) -> Document {
     let mut diff = Document::new();
     diff.insert("a", true);
     if new.len() < old.len() {
@@ -118,7 +121,7 @@ fn array_diff(old: &[Bson], new: &[Bson]) -> Document {
     for (i, v) in new.iter().enumerate() {
         match old.get(i) {
             Some(ov) if same_value(ov, v) => {}
-            Some(ov) => match value_diff(ov, v) {
+            Some(ov) => match value_diff(ov, v, by_path) {
                 Some(sub) => {
                     diff.insert(format!("s{i}"), sub);
                 }
@@ -274,7 +277,11 @@ mod tests {
     use bson::doc;
 
     fn round_trip(old: Document, new: Document) -> Document {
-        let diff = compute(&old, &new);
+        round_trip_by(old, new, false)
+    }
+
+    fn round_trip_by(old: Document, new: Document, by_path: bool) -> Document {
+        let diff = compute(&old, &new, by_path);
         let applied = apply(&old, &diff).unwrap();
         assert!(same_document(&applied, &new), "{old} + {diff} gave {applied}, not {new}");
         // Idempotent: applying again leaves the same document.
@@ -294,6 +301,10 @@ mod tests {
         assert_eq!(round_trip(arr.clone(), doc! {"_id": 1, "array": ["foo", {"a": "bar"}]}), doc! {"sarray": {"a": true, "l": 2}});
         assert_eq!(round_trip(arr, doc! {"_id": 1, "array": ["foo", {"a": "bar"}, 1, 2, 3, 4]}), doc! {"sarray": {"a": true, "u5": 4}});
         assert!(round_trip(doc! {"_id": 1, "x": 1}, doc! {"_id": 1, "x": 1}).is_empty());
+        // A small document changed inside: whole, or by path as operators name it.
+        let (old, new) = (doc! {"_id": 1, "a": {"1": 1}, "c": [0]}, doc! {"_id": 1, "a": {"1": 2}, "c": [0, 5]});
+        assert_eq!(round_trip(old.clone(), new.clone()), doc! {"u": {"a": {"1": 2}}, "sc": {"a": true, "u1": 5}});
+        assert_eq!(round_trip_by(old, new, true), doc! {"sa": {"u": {"1": 2}}, "sc": {"a": true, "u1": 5}});
     }
 
     #[test]
@@ -305,6 +316,11 @@ mod tests {
         assert_eq!(round_trip(doc! {"_id": 1, "n": 1}, doc! {"_id": 1, "n": 1.0}), doc! {"u": {"n": 1.0}});
         round_trip(doc! {"_id": 1, "a": [1, [2, 3], {"k": [4]}]}, doc! {"_id": 1, "a": [1, [2], {"k": [4, 5]}, null, 7]});
         round_trip(doc! {"_id": 1, "a": [1, 2], "b": {"c": 1}}, doc! {"_id": 1, "a": {"0": 1}, "b": [1]});
+        round_trip_by(
+            doc! {"_id": 1, "a": [1, [2, 3], {"k": [4]}], "b": {"x": 1, "y": 2}},
+            doc! {"_id": 1, "a": [1, [2], {"k": [4, 5]}, null, 7], "b": {"y": 2, "x": 1}},
+            true,
+        );
     }
 
     #[test]

@@ -240,6 +240,17 @@ def test_pre_images_reach_every_member(three_members):
     rs.close()
 
 
+def test_expanded_update_events_disambiguate_paths(one_member_set):
+    coll = one_member_set.app.paths
+    coll.insert_one({"_id": 1, "a": {"1": 1}, "b": [{"1": 1}], "c": [0]})
+    with coll.watch(show_expanded_events=True) as expanded, coll.watch() as plain:
+        coll.update_one({"_id": 1}, {"$set": {"a.1": 2, "b.0.1": 2, "c.0": 1}})
+        e = expanded.next()["updateDescription"]
+        assert e["disambiguatedPaths"] == {"a.1": ["a", "1"], "b.0.1": ["b", 0, "1"]}
+        assert e["updatedFields"] == {"a.1": 2, "b.0.1": 2, "c.0": 1}
+        assert "disambiguatedPaths" not in plain.next()["updateDescription"]
+
+
 def test_what_a_stream_refuses(one_member_set, server):
     c = one_member_set
     coll = c.app.refused

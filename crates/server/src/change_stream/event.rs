@@ -194,7 +194,7 @@ fn crud_event(op: &Document, at: Position, wall: &Bson, before: Option<&Document
                     let mut e = head("update");
                     e.insert("ns", ns_doc);
                     e.insert("documentKey", key);
-                    e.insert("updateDescription", update_description(diff)?);
+                    e.insert("updateDescription", update_description(diff, shape.show_expanded_events)?);
                     e
                 }
                 None if o.keys().next().is_some_and(|k| k.starts_with('$')) => {
@@ -218,23 +218,130 @@ fn crud_event(op: &Document, at: Position, wall: &Bson, before: Option<&Document
     Ok(Some((event, images)))
 }
 
-/// `updatedFields`, `removedFields` and `truncatedArrays` of an update's diff.
-pub fn update_description(diff: &Document) -> Result<Document> {
-    let mut updated = Document::new();
-    let mut removed = Vec::new();
-    let mut truncated = Vec::new();
-    walk_object(diff, "", &mut updated, &mut removed, &mut truncated, 0)?;
-    Ok(doc! {"updatedFields": updated, "removedFields": removed, "truncatedArrays": truncated})
+/// `updatedFields`, `removedFields` and `truncatedArrays` of an update's diff, and with
+/// `expanded` (showExpandedEvents) `disambiguatedPaths`: each of those paths that a reader
+/// could not split back into its parts (a field name that is a number or holds a dot),
+/// with its parts, array indexes as integers.
+pub fn update_description(diff: &Document, expanded: bool) -> Result<Document> {
+    let mut d = Description::default();
+    d.walk_object(diff, &mut Vec::new())?;
+    let mut out = doc! {"updatedFields": d.updated, "removedFields": d.removed, "truncatedArrays": d.truncated};
+    if expanded {
+        out.insert("disambiguatedPaths", d.disambiguated);
+    }
+    Ok(out)
 }
 
 /// Nesting limit of a diff walked: BSON's own depth.
 const DIFF_DEPTH_MAX: usize = 200;
 
-fn join(prefix: &str, field: &str) -> String {
-    if prefix.is_empty() {
-        field.to_string()
-    } else {
-        format!("{prefix}.{field}")
+/// One part of a changed field's path.
+#[derive(Clone)]
+enum Part<'a> {
+    Field(&'a str),
+    Index(u32),
+}
+
+#[derive(Default)]
+struct Description {
+    updated: Document,
+    removed: Vec<Bson>,
+    truncated: Vec<Bson>,
+    disambiguated: Document,
+}
+
+impl Description {
+    /// The dotted path of `parts`, noted in `disambiguated` when it is ambiguous.
+    fn path(&mut self, parts: &[Part]) -> String {
+        let text: Vec<String> = parts
+            .iter()
+            .map(|p| match p {
+                Part::Field(f) => f.to_string(),
+                Part::Index(i) => i.to_string(),
+            })
+            .collect();
+        let joined = text.join(".");
+        let ambiguous = parts.iter().any(|p| matches!(p, Part::Field(f) if f.contains('.') || (!f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))));
+        if ambiguous {
+            let listed: Vec<Bson> = parts
+                .iter()
+                .map(|p| match p {
+                    Part::Field(f) => Bson::String(f.to_string()),
+                    Part::Index(i) => Bson::Int32(*i as i32),
+                })
+                .collect();
+            self.disambiguated.insert(joined.clone(), listed);
+        }
+        joined
+    }
+
+    fn walk_object<'a>(&mut self, diff: &'a Document, parts: &mut Vec<Part<'a>>) -> Result<()> {
+        check_depth(parts.len())?;
+        for (k, v) in diff {
+            match (k.as_str(), v) {
+                ("u" | "i", Bson::Document(fields)) => {
+                    for (f, v) in fields {
+                        parts.push(Part::Field(f));
+                        let path = self.path(parts);
+                        parts.pop();
+                        self.updated.insert(path, v.clone());
+                    }
+                }
+                ("d", Bson::Document(fields)) => {
+                    for f in fields.keys() {
+                        parts.push(Part::Field(f));
+                        let path = self.path(parts);
+                        parts.pop();
+                        self.removed.push(Bson::String(path));
+                    }
+                }
+                (s, Bson::Document(sub)) if s.starts_with('s') => {
+                    parts.push(Part::Field(&s[1..]));
+                    let r = self.walk_sub(sub, parts);
+                    parts.pop();
+                    r?;
+                }
+                _ => return Err(Error::new(Code::FailedToParse, format!("an update diff has an unknown field '{k}'"))),
+            }
+        }
+        Ok(())
+    }
+
+    fn walk_sub<'a>(&mut self, sub: &'a Document, parts: &mut Vec<Part<'a>>) -> Result<()> {
+        match matches!(sub.get("a"), Some(Bson::Boolean(true))) {
+            true => self.walk_array(sub, parts),
+            false => self.walk_object(sub, parts),
+        }
+    }
+
+    fn walk_array<'a>(&mut self, diff: &'a Document, parts: &mut Vec<Part<'a>>) -> Result<()> {
+        check_depth(parts.len())?;
+        for (k, v) in diff {
+            match k.as_str() {
+                "a" => {}
+                "l" => {
+                    let path = self.path(parts);
+                    self.truncated.push(Bson::Document(doc! {"field": path, "newSize": v.clone()}));
+                }
+                _ => {
+                    let (kind, index) = k.split_at(1);
+                    let index: u32 = index.parse().map_err(|_| Error::new(Code::FailedToParse, format!("an array diff has an unknown field '{k}'")))?;
+                    parts.push(Part::Index(index));
+                    let r = match (kind, v) {
+                        ("u", v) => {
+                            let path = self.path(parts);
+                            self.updated.insert(path, v.clone());
+                            Ok(())
+                        }
+                        ("s", Bson::Document(sub)) => self.walk_sub(sub, parts),
+                        _ => Err(Error::new(Code::FailedToParse, format!("an array diff has an unknown field '{k}'"))),
+                    };
+                    parts.pop();
+                    r?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -243,55 +350,6 @@ fn check_depth(depth: usize) -> Result<()> {
         true => Err(Error::new(Code::FailedToParse, "an update diff nests too deeply")),
         false => Ok(()),
     }
-}
-
-fn walk_object(diff: &Document, prefix: &str, updated: &mut Document, removed: &mut Vec<Bson>, truncated: &mut Vec<Bson>, depth: usize) -> Result<()> {
-    check_depth(depth)?;
-    for (k, v) in diff {
-        match (k.as_str(), v) {
-            ("u" | "i", Bson::Document(fields)) => {
-                for (f, v) in fields {
-                    updated.insert(join(prefix, f), v.clone());
-                }
-            }
-            ("d", Bson::Document(fields)) => removed.extend(fields.keys().map(|f| Bson::String(join(prefix, f)))),
-            (s, Bson::Document(sub)) if s.starts_with('s') => {
-                let path = join(prefix, &s[1..]);
-                if matches!(sub.get("a"), Some(Bson::Boolean(true))) {
-                    walk_array(sub, &path, updated, removed, truncated, depth + 1)?;
-                } else {
-                    walk_object(sub, &path, updated, removed, truncated, depth + 1)?;
-                }
-            }
-            _ => return Err(Error::new(Code::FailedToParse, format!("an update diff has an unknown field '{k}'"))),
-        }
-    }
-    Ok(())
-}
-
-fn walk_array(diff: &Document, path: &str, updated: &mut Document, removed: &mut Vec<Bson>, truncated: &mut Vec<Bson>, depth: usize) -> Result<()> {
-    check_depth(depth)?;
-    for (k, v) in diff {
-        match k.as_str() {
-            "a" => {}
-            "l" => truncated.push(Bson::Document(doc! {"field": path, "newSize": v.clone()})),
-            _ => {
-                let (kind, index) = k.split_at(1);
-                let elem = join(path, index);
-                match (kind, v) {
-                    ("u", v) => {
-                        updated.insert(elem, v.clone());
-                    }
-                    ("s", Bson::Document(sub)) if matches!(sub.get("a"), Some(Bson::Boolean(true))) => {
-                        walk_array(sub, &elem, updated, removed, truncated, depth + 1)?
-                    }
-                    ("s", Bson::Document(sub)) => walk_object(sub, &elem, updated, removed, truncated, depth + 1)?,
-                    _ => return Err(Error::new(Code::FailedToParse, format!("an array diff has an unknown field '{k}'"))),
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// drop, rename and dropDatabase events (and, with showExpandedEvents, create, modify,
@@ -389,13 +447,24 @@ mod tests {
     fn an_update_description_names_paths_as_mongod_does() {
         let diff = doc! {"d": {"gone": false}, "u": {"a": 2}, "i": {"new": true}, "ssub": {"u": {"x": 1}, "sdeep": {"d": {"y": false}}}, "sarr": {"a": true, "l": 2, "u1": "v", "s0": {"u": {"k": 1}}}};
         assert_eq!(
-            update_description(&diff).unwrap(),
+            update_description(&diff, false).unwrap(),
             doc! {
                 "updatedFields": {"a": 2, "new": true, "sub.x": 1, "arr.1": "v", "arr.0.k": 1},
                 "removedFields": ["gone", "sub.deep.y"],
                 "truncatedArrays": [{"field": "arr", "newSize": 2}],
             }
         );
-        assert_eq!(update_description(&doc! {"x": 1}).unwrap_err().code, Code::FailedToParse.0);
+        assert_eq!(update_description(&doc! {"x": 1}, false).unwrap_err().code, Code::FailedToParse.0);
+        assert_eq!(update_description(&doc! {"sarr": {"a": true, "uX": 1}}, false).unwrap_err().code, Code::FailedToParse.0);
+    }
+
+    #[test]
+    fn ambiguous_paths_are_listed_by_their_parts() {
+        // `a.1` where 1 is a field; `b.0.1` through an array; `c.d.e` where "d.e" is one field.
+        let diff = doc! {"sa": {"u": {"1": 2}}, "sb": {"a": true, "s0": {"d": {"1": false}}}, "sc": {"u": {"d.e": 3}}, "sarr": {"a": true, "u4": 5}};
+        let d = update_description(&diff, true).unwrap();
+        assert_eq!(d.get_document("disambiguatedPaths").unwrap(), &doc! {"a.1": ["a", "1"], "b.0.1": ["b", 0, "1"], "c.d.e": ["c", "d.e"]});
+        assert_eq!(d.get_document("updatedFields").unwrap(), &doc! {"a.1": 2, "c.d.e": 3, "arr.4": 5});
+        assert_eq!(update_description(&doc! {"u": {"x": 1}}, true).unwrap().get_document("disambiguatedPaths").unwrap(), &doc! {});
     }
 }
