@@ -29,6 +29,9 @@ pub enum BenchCommand {
     /// Transactions that move money between accounts (two documents each), against shoal,
     /// MongoDB or PostgreSQL.
     Transfer(TransferArgs),
+    /// YCSB workload A on a replica set's primary with change streams open on its collection:
+    /// event latency from a write's acknowledgement, and what the streams cost.
+    Watch(WatchArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -113,6 +116,36 @@ pub struct TransferArgs {
 }
 
 #[derive(Args, Debug, Clone)]
+pub struct WatchArgs {
+    /// The primary of a replica set, one host: mongodb://HOST:PORT/?directConnection=true&w=majority
+    #[arg(long, default_value = "mongodb://127.0.0.1:27017/?directConnection=true")]
+    pub url: String,
+    #[arg(long, default_value = "ycsb")]
+    pub database: String,
+    #[arg(long, default_value = "usertable")]
+    pub collection: String,
+    /// The streams open in each phase, phases in this order.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,10,100")]
+    pub streams: Vec<usize>,
+    #[arg(long, default_value_t = 100_000)]
+    pub records: u64,
+    /// YCSB client threads.
+    #[arg(long, default_value_t = 8)]
+    pub threads: usize,
+    #[arg(long, default_value_t = 20)]
+    pub seconds_per_phase: u64,
+    /// Probe updates per second, whose events are timed.
+    #[arg(long, default_value_t = 50)]
+    pub probes_per_second: u32,
+    /// Use the records already loaded instead of loading them.
+    #[arg(long)]
+    pub no_load: bool,
+    /// A server process (name=pid) whose CPU per update to report; repeatable.
+    #[arg(long = "watch-pid")]
+    pub watch_pids: Vec<String>,
+}
+
+#[derive(Args, Debug, Clone)]
 pub struct ScenarioArgs {
     /// Scenario name (see `--list`): instance.
     pub name: Option<String>,
@@ -159,6 +192,7 @@ pub fn run(args: BenchArgs) -> i32 {
             BenchCommand::Insert(a) => run_insert(a).await,
             BenchCommand::Scenario(a) => run_scenario(a).await,
             BenchCommand::Transfer(a) => run_transfer(a).await,
+            BenchCommand::Watch(a) => run_watch(a).await,
         }
     });
     match result {
@@ -291,12 +325,37 @@ async fn run_insert(a: InsertArgs) -> Result<()> {
     Ok(())
 }
 
-async fn run_transfer(a: TransferArgs) -> Result<()> {
+/// `--watch-pid name=pid` arguments.
+fn parse_watch_pids(args: &[String]) -> Result<Vec<(String, u32)>> {
     let mut watch_pids = Vec::new();
-    for w in &a.watch_pids {
+    for w in args {
         let (name, pid) = w.split_once('=').ok_or_else(|| anyhow::anyhow!("--watch-pid takes name=pid, got {w:?}"))?;
         watch_pids.push((name.to_string(), pid.parse().with_context(|| format!("--watch-pid {w:?}: not a process id"))?));
     }
+    Ok(watch_pids)
+}
+
+async fn run_watch(a: WatchArgs) -> Result<()> {
+    let o = crate::watch::WatchOptions {
+        url: a.url,
+        database: a.database,
+        collection: a.collection,
+        streams: a.streams,
+        records: a.records,
+        threads: a.threads,
+        seconds_per_phase: a.seconds_per_phase,
+        probes_per_second: a.probes_per_second,
+        load: !a.no_load,
+        watch_pids: parse_watch_pids(&a.watch_pids)?,
+    };
+    for r in crate::watch::run(&o).await? {
+        print!("{}", r.text());
+    }
+    Ok(())
+}
+
+async fn run_transfer(a: TransferArgs) -> Result<()> {
+    let watch_pids = parse_watch_pids(&a.watch_pids)?;
     let o = crate::transfer::TransferOptions {
         url: a.url,
         database: a.database,

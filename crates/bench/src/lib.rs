@@ -8,4 +8,5 @@ pub mod scenario;
 pub mod sys;
 pub mod target;
 pub mod transfer;
+pub mod watch;
 pub mod ycsb;

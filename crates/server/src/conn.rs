@@ -556,20 +556,21 @@ async fn await_data_loop(shared: &Shared, conn: &mut ConnState, request: Request
             if let Some(p) = progress.as_mut() {
                 p.borrow_and_update();
             }
-            let moved = match (w.commit_point, shared.repl.as_ref()) {
+            // A change stream has news only when the commit point moves (it reads no entry
+            // past it): it wakes on replication progress, not on writes, which with many
+            // streams open would each wake every one of them for nothing.
+            let news = match (w.commit_point, shared.repl.as_ref()) {
                 (Some(seen), Some(r)) => r.commit_point(&shared.store) != seen,
-                _ => false,
+                _ => shared.store.write_seq() != w.seen,
             };
-            if moved || shared.store.write_seq() != w.seen {
+            if news {
                 break;
             }
             let woken = async {
                 match progress.as_mut() {
-                    // A change stream wakes on replication progress (its commit point) too.
-                    Some(p) => tokio::select! {
-                        _ = notified => {}
-                        _ = p.changed() => {}
-                    },
+                    Some(p) => {
+                        let _ = p.changed().await;
+                    }
                     None => notified.await,
                 }
             };

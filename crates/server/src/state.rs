@@ -53,6 +53,8 @@ pub struct Shared {
     pub config: ServerConfig,
     pub store: Store,
     pub cursors: CursorManager,
+    /// Change events made once for every stream of a kind.
+    pub change_feed: crate::change_stream::Feed,
     /// The logical sessions commands named (`$listLocalSessions`).
     pub sessions: access::sessions::SessionCache,
     pub ops: OpRegistry,
@@ -99,6 +101,7 @@ impl Shared {
         let txn_lifetime = Duration::from_secs(config.transaction_lifetime_secs);
         Shared {
             cursors: CursorManager::new(config.cursor_timeout_ms),
+            change_feed: crate::change_stream::Feed::default(),
             sessions: Default::default(),
             config,
             store,

@@ -48,6 +48,17 @@ impl Collection {
         scan(snap)
     }
 
+    /// Whether the oplog's in-memory tail holds every entry after `after`, from one at or
+    /// before `after + 1` on (so `tail_chunk` from it reads no engine, and no truncation has
+    /// reached it). False for other collections.
+    pub fn tail_holds(&self, after: RecordId) -> bool {
+        let log = self.state.shared.oplog.read().clone();
+        log.filter(|l| l.coll.id == self.state.id).is_some_and(|l| {
+            let st = l.state.lock();
+            after >= st.recent_floor && st.recent.front().is_some_and(|(first, _)| *first <= after.saturating_add(1))
+        })
+    }
+
     /// A counter that moves once records of the collection were deleted. Read before taking
     /// a snapshot: if it has not moved since a position was read, the snapshot still holds
     /// that position's record.

@@ -99,6 +99,40 @@ impl WireConnector {
     }
 }
 
+impl WireConnector {
+    /// Follow a change stream on `collection` (all its changes, from now) until `until`:
+    /// `opened` is called once the stream is open, and `visit` sees each event as it arrives.
+    /// Returns the number of events seen.
+    pub async fn follow_changes(&self, collection: &str, until: std::time::Instant, opened: impl FnOnce(), mut visit: impl FnMut(&RawDocument)) -> Result<u64> {
+        let mut conn = self.connect().await?;
+        let mut events = 0u64;
+        let open = doc! {"aggregate": collection, "pipeline": [{"$changeStream": {}}], "cursor": {}, "$db": self.db.as_str()};
+        let reply = conn.command(open).await.context("open a change stream")?;
+        let cursor = reply.get_document("cursor").context("aggregate reply without cursor")?;
+        let id = cursor.get_i64("id").context("cursor id")?;
+        for e in cursor.get_array("firstBatch").context("firstBatch")? {
+            if let Some(e) = e?.as_document() {
+                visit(e);
+                events += 1;
+            }
+        }
+        opened();
+        while std::time::Instant::now() < until {
+            let get_more = doc! {"getMore": id, "collection": collection, "maxTimeMS": 100i64, "$db": self.db.as_str()};
+            let reply = conn.command(get_more).await.context("getMore of a change stream")?;
+            let batch = reply.get_document("cursor").and_then(|c| c.get_array("nextBatch")).context("getMore reply without nextBatch")?;
+            for e in batch {
+                if let Some(e) = e?.as_document() {
+                    visit(e);
+                    events += 1;
+                }
+            }
+        }
+        let _ = conn.command(doc! {"killCursors": collection, "cursors": [id], "$db": self.db.as_str()}).await;
+        Ok(events)
+    }
+}
+
 struct Conn {
     stream: TcpStream,
     out: Vec<u8>,
@@ -212,6 +246,12 @@ impl WireTarget {
             body.insert("readConcern", rc.clone());
         }
         body
+    }
+
+    /// Set `set` on document `_id: id` of `table` (upserted), acknowledged with the URL's
+    /// write concern when this returns.
+    pub async fn upsert_set(&self, table: &str, id: &str, set: Document) -> Result<()> {
+        self.run(self.write_command(doc! {"update": table, "updates": [{"q": {"_id": id}, "u": {"$set": set}, "upsert": true}]})).await
     }
 
     /// Runs a command whose reply only matters for success.

@@ -6,9 +6,11 @@
 //! with `resumeAfter`, `startAfter` or `startAtOperationTime` starts after it. Only entries
 //! at or before the commit point are read, so an event is never one a rollback can take
 //! back. Entries are read per getMore from the oplog's recent tail (`Collection::tail_chunk`),
-//! which the oplog keeps in memory for the members that fetch it.
+//! which the oplog keeps in memory for the members that fetch it. Streams of one kind share
+//! their events, made and encoded once (`feed`); batches go out as raw BSON.
 
 mod event;
+mod feed;
 mod token;
 
 use crate::commands::Ctx;
@@ -18,6 +20,8 @@ use common::{Code, Error, Result};
 use event::{Scope, Shape};
 use query::agg::{Pipeline, RunOptions};
 use std::collections::VecDeque;
+use std::sync::Arc;
+pub use feed::Feed;
 pub use token::Position;
 
 /// Oplog entries read per look.
@@ -62,6 +66,9 @@ pub struct ChangeStream {
     split_large: bool,
     /// The stages after `$changeStream`, applied to each event.
     pipeline: Pipeline,
+    /// The kind of stream whose events it shares (`feed`), when it makes none of its own:
+    /// no stage after `$changeStream`, and no lookup of the current document.
+    kind: Option<feed::Kind>,
     oplog: storage::Collection,
     /// An invalidate was returned: the stream is over.
     invalidated: bool,
@@ -70,10 +77,16 @@ pub struct ChangeStream {
 /// What the stream returns next: an event, or one fragment of a split event, with its size.
 struct Piece {
     at: Position,
-    event: Document,
+    body: Body,
     size_bytes: usize,
     /// The stream ends after it (the last piece of an invalidate).
     ends: bool,
+}
+
+enum Body {
+    Doc(Document),
+    /// Encoded once, shared with the other streams of its kind.
+    Shared(Arc<[u8]>),
 }
 
 /// The largest change event (or fragment) returned: a BSON document's limit.
@@ -198,6 +211,13 @@ pub fn open(ctx: &mut Ctx, coll: Option<&str>, spec: &Document, rest: &[Document
         Some(p) => p,
         None => Position::high_water(repl.commit_point(store).ts),
     };
+    let kind = (rest.is_empty() && full_document != FullDocument::UpdateLookup).then(|| feed::Kind {
+        scope: format!("{scope:?}"),
+        show_expanded_events: shape.show_expanded_events,
+        full_document: full_document as u8,
+        before_change: before_change as u8,
+        split_large,
+    });
     let mut stream = ChangeStream {
         scope,
         shape,
@@ -208,6 +228,7 @@ pub fn open(ctx: &mut Ctx, coll: Option<&str>, spec: &Document, rest: &[Document
         ready: VecDeque::new(),
         split_large,
         pipeline,
+        kind,
         oplog,
         invalidated: false,
     };
@@ -221,7 +242,7 @@ pub fn open(ctx: &mut Ctx, coll: Option<&str>, spec: &Document, rest: &[Document
     let mut cursor = Cursor::new(ns.clone(), Source::ChangeStream(Box::new(stream)));
     cursor.lsid = ctx.lsid();
     let id = if done { 0 } else { ctx.register_cursor(cursor)? };
-    Ok(reply(&ns, id, events, pbrt, true))
+    Ok(reply(ctx, &ns, id, events, pbrt, true))
 }
 
 /// A getMore of a change stream's cursor (`cursor`, checked out): the next events, or an
@@ -247,21 +268,28 @@ pub fn get_more(ctx: &mut Ctx, mut cursor: Cursor, batch_size: usize, await_ms: 
     if !done {
         ctx.shared.cursors.restore(cursor);
     }
-    Ok(reply(&ns, id, events, pbrt, false))
+    Ok(reply(ctx, &ns, id, events, pbrt, false))
 }
 
-fn reply(ns: &str, id: i64, events: Vec<Document>, pbrt: Document, first: bool) -> Document {
+/// The reply to the command that returns `events`: they go out as raw BSON beside it
+/// (`dispatch::Effects::raw_batch`), shared ones as they were encoded.
+fn reply(ctx: &mut Ctx, ns: &str, id: i64, events: Vec<storage::RawRecord>, pbrt: Document, first: bool) -> Document {
+    let key = if first { "firstBatch" } else { "nextBatch" };
     let mut c = Document::new();
-    c.insert(if first { "firstBatch" } else { "nextBatch" }, Bson::Array(events.into_iter().map(Bson::Document).collect()));
+    c.insert(key, Bson::Array(Vec::new()));
     c.insert("postBatchResumeToken", pbrt);
     c.insert("id", id);
     c.insert("ns", ns);
+    ctx.out.raw_batch = Some(net::service::RawBatch { key, docs: events });
     doc! {"cursor": c}
 }
 
 impl ChangeStream {
     /// ChangeStreamHistoryLost when the oplog no longer holds the stream's position.
     fn check_history(&self) -> Result<()> {
+        if self.oplog.tail_holds(self.pos.ts) {
+            return Ok(());
+        }
         let oldest = self.oplog.tail_chunk(None, 1)?.first().map(|(ts, _)| *ts);
         match oldest {
             Some(oldest) if oldest > self.pos.ts.saturating_add(1) => {
@@ -272,7 +300,7 @@ impl ChangeStream {
     }
 
     /// The next events, at most `docs_max`, and the batch's resume token.
-    fn next_batch(&mut self, ctx: &Ctx, docs_max: usize) -> Result<(Vec<Document>, Document)> {
+    fn next_batch(&mut self, ctx: &Ctx, docs_max: usize) -> Result<(Vec<storage::RawRecord>, Document)> {
         let mut out = Vec::new();
         if self.invalidated {
             return Ok((out, self.pos.token()));
@@ -289,7 +317,10 @@ impl ChangeStream {
                 break;
             }
             size += piece.size_bytes;
-            out.push(piece.event);
+            out.push(match piece.body {
+                Body::Shared(bytes) => storage::RawRecord::Shared(bytes),
+                Body::Doc(d) => storage::RawRecord::Owned(d.to_vec().map_err(|e| Error::internal(format!("encoding a change event: {e}")))?),
+            });
             self.pos = piece.at;
             if piece.ends {
                 self.invalidated = true;
@@ -359,7 +390,7 @@ impl ChangeStream {
         // The estimate can miss by a few bytes per array element: measure exactly near the limit.
         let size_bytes = if approx + EVENT_SIZE_MARGIN_BYTES < EVENT_BYTES_MAX { approx } else { encoded_len(&event)? };
         if size_bytes <= EVENT_BYTES_MAX {
-            return Ok(vec![Piece { at, event, size_bytes, ends: false }]);
+            return Ok(vec![Piece { at, body: Body::Doc(event), size_bytes, ends: false }]);
         }
         let too_large = |what: String| Error::new(Code::BSONObjectTooLarge, format!("{what} exceeds the {EVENT_BYTES_MAX}-byte limit of a change event"));
         if !self.split_large {
@@ -390,7 +421,7 @@ impl ChangeStream {
                 let at = Position { fragment: n, ..at };
                 let mut event = doc! {"_id": at.token(), "splitEvent": {"fragment": n as i32, "of": of as i32}};
                 event.extend(fields);
-                Piece { at, event, size_bytes: bytes + EVENT_SIZE_MARGIN_BYTES, ends: false }
+                Piece { at, body: Body::Doc(event), size_bytes: bytes + EVENT_SIZE_MARGIN_BYTES, ends: false }
             })
             .collect())
     }
@@ -440,25 +471,33 @@ impl ChangeStream {
     /// when there were none. Entries with no event for this stream move the position past
     /// them, so the batch's resume token moves too.
     fn read_entries(&mut self, ctx: &Ctx, commit_ts: u64) -> Result<bool> {
-        let store = ctx.store();
-        let ops_before = |e: &Document| replication::apply::operations_before(store, e);
         loop {
             // The position's own entry again: a transaction's later operations follow it.
             // With images, the entry before it too: the pre-image of the position's change.
             let back = if self.shape.images { 2 } else { 1 };
             let chunk = self.oplog.tail_chunk(self.pos.ts.checked_sub(back), ENTRIES_PER_READ)?;
             let full = chunk.len() == ENTRIES_PER_READ;
-            let mut before: Option<(u64, Document)> = None;
-            for (ts, raw) in chunk {
+            for (i, (ts, raw)) in chunk.iter().enumerate() {
+                let ts = *ts;
                 if ts > commit_ts {
                     return Ok(false);
                 }
-                let entry = storage::decode_record(raw.as_ref())?;
-                let just_before = before.as_ref().filter(|(b, _)| b.checked_add(1) == Some(ts)).map(|(_, e)| e);
-                let produced = event::events_of(&entry, ts, just_before, &self.scope, &self.shape, &ops_before)?;
-                if self.shape.images {
-                    before = Some((ts, entry));
+                // The entry logged just before, where a change's pre-image is.
+                let before = i.checked_sub(1).map(|b| &chunk[b]).filter(|(b, _)| b.checked_add(1) == Some(ts)).map(|(_, r)| r.as_ref());
+                if let Some(shared) = self.shared_events(ctx, ts, raw.as_ref(), before)? {
+                    let fresh: Vec<Piece> = shared
+                        .iter()
+                        .filter(|e| e.at > self.pos)
+                        .map(|e| Piece { at: e.at, body: Body::Shared(e.bytes.clone()), size_bytes: e.bytes.len(), ends: e.ends })
+                        .collect();
+                    if !fresh.is_empty() {
+                        self.ready.extend(fresh);
+                        return Ok(true);
+                    }
+                    self.pos = self.pos.max(Position::high_water(ts));
+                    continue;
                 }
+                let produced = self.events_of(ctx, ts, raw.as_ref(), before)?;
                 // After the position; or the event a fragment position is part of, whose
                 // fragments after it `next_piece` keeps.
                 let fresh: Vec<event::Produced> = produced
@@ -476,6 +515,46 @@ impl ChangeStream {
             }
             ctx.op.check()?;
         }
+    }
+
+    /// The events of the entry `raw` logged at `ts` (`before`: the entry logged just before).
+    fn events_of(&self, ctx: &Ctx, ts: u64, raw: &[u8], before: Option<&[u8]>) -> Result<Vec<event::Produced>> {
+        let store = ctx.store();
+        let ops_before = |e: &Document| replication::apply::operations_before(store, e);
+        let entry = storage::decode_record(raw)?;
+        let before = match before.filter(|_| self.shape.images) {
+            Some(b) => Some(storage::decode_record(b)?),
+            None => None,
+        };
+        event::events_of(&entry, ts, before.as_ref(), &self.scope, &self.shape, &ops_before)
+    }
+
+    /// For a stream that shares its events (`kind`): the entry's events for its kind, as
+    /// another stream of the kind made them, or made now and kept for the others. None for
+    /// a stream that makes its own, or when this entry's events are not to be shared (an
+    /// event the stream fails on: it fails making its own).
+    fn shared_events(&self, ctx: &Ctx, ts: u64, raw: &[u8], before: Option<&[u8]>) -> Result<Option<feed::Events>> {
+        let Some(kind) = &self.kind else { return Ok(None) };
+        let feed = &ctx.shared.change_feed;
+        if let Some(events) = feed.get(ts, kind) {
+            return Ok(Some(events));
+        }
+        let mut encoded = Vec::new();
+        for p in self.events_of(ctx, ts, raw, before)? {
+            let mut event = p.event;
+            if self.add_documents(ctx, &mut event, p.images).is_err() {
+                return Ok(None);
+            }
+            let Ok(pieces) = self.split(event, p.at) else { return Ok(None) };
+            for piece in pieces {
+                let Body::Doc(d) = piece.body else { return Err(Error::internal("a change event made twice")) };
+                let bytes = d.to_vec().map_err(|e| Error::internal(format!("encoding a change event: {e}")))?;
+                encoded.push(feed::Encoded { at: piece.at, bytes: Arc::from(bytes), ends: p.invalidates });
+            }
+        }
+        let events: feed::Events = Arc::from(encoded);
+        feed.put(ts, kind, events.clone());
+        Ok(Some(events))
     }
 }
 

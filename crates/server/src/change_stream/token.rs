@@ -34,9 +34,11 @@ impl Position {
     }
 
     pub fn token(&self) -> Document {
+        const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
         let mut hex = String::with_capacity(TOKEN_HEX_LEN);
         for b in self.ts.to_be_bytes().iter().chain(&self.index.to_be_bytes()).chain(&[self.invalidate as u8]).chain(&self.fragment.to_be_bytes()) {
-            hex.push_str(&format!("{b:02X}"));
+            hex.push(char::from(DIGITS[usize::from(b >> 4)]));
+            hex.push(char::from(DIGITS[usize::from(b & 0xF)]));
         }
         doc! {"_data": hex}
     }

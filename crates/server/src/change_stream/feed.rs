@@ -1,0 +1,107 @@
+//! Events made once and shared by every stream that would make the same ones: streams of
+//! one kind (`Kind`: what they watch and the options that shape events, with no stage after
+//! `$changeStream`) return the same bytes for an oplog entry, so the first stream to reach
+//! an entry decodes it, builds its events and encodes them, and the others take the encoded
+//! events from here and send them as they are. The cost of an event is then paid once per
+//! kind, not once per stream.
+//!
+//! The cache keeps the newest entries' events, up to FEED_BYTES_MAX; a stream that reads
+//! further back makes its own events, which are not kept.
+
+use super::token::Position;
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Bytes of encoded events the cache keeps.
+pub const FEED_BYTES_MAX: usize = 32 << 20;
+
+/// What decides a stream's events, besides the oplog: equal kinds make equal bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Kind {
+    /// The scope (`Collection`, `Database`, `Cluster` with its names), as text.
+    pub scope: String,
+    pub show_expanded_events: bool,
+    pub full_document: u8,
+    pub before_change: u8,
+    pub split_large: bool,
+}
+
+/// One event (or fragment) as sent.
+#[derive(Clone)]
+pub struct Encoded {
+    pub at: Position,
+    pub bytes: Arc<[u8]>,
+    /// The stream ends after it (an invalidate).
+    pub ends: bool,
+}
+
+/// The events of one entry for one kind, in order (none when the entry has none for it).
+pub type Events = Arc<[Encoded]>;
+
+#[derive(Default)]
+pub struct Feed {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_entry: HashMap<(u64, Kind), Events>,
+    /// Insertion order, for eviction: the oldest first.
+    order: VecDeque<((u64, Kind), usize)>,
+    bytes: usize,
+}
+
+impl Feed {
+    /// The events of the entry at `ts` for `kind`, if made.
+    pub fn get(&self, ts: u64, kind: &Kind) -> Option<Events> {
+        // The key is cloned for the lookup: a kind is a few small fields.
+        self.inner.lock().by_entry.get(&(ts, kind.clone())).cloned()
+    }
+
+    /// Keep the events of the entry at `ts` for `kind`, evicting the oldest kept beyond
+    /// FEED_BYTES_MAX.
+    pub fn put(&self, ts: u64, kind: &Kind, events: Events) {
+        let size: usize = events.iter().map(|e| e.bytes.len()).sum::<usize>() + 64;
+        if size > FEED_BYTES_MAX / 4 {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        let key = (ts, kind.clone());
+        if inner.by_entry.insert(key.clone(), events).is_some() {
+            return;
+        }
+        inner.order.push_back((key, size));
+        inner.bytes += size;
+        while inner.bytes > FEED_BYTES_MAX {
+            let Some((old, size)) = inner.order.pop_front() else { break };
+            inner.by_entry.remove(&old);
+            inner.bytes -= size;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_events_are_kept_within_the_limit() {
+        let feed = Feed::default();
+        let kind = Kind { scope: "c:db.c".into(), show_expanded_events: false, full_document: 0, before_change: 0, split_large: false };
+        let other = Kind { show_expanded_events: true, ..kind.clone() };
+        let event = |ts: u64, n: usize| -> Events {
+            Arc::from(vec![Encoded { at: Position { ts, index: 0, invalidate: false, fragment: 0 }, bytes: Arc::from(vec![0u8; n]), ends: false }])
+        };
+        feed.put(1, &kind, event(1, 10));
+        assert!(feed.get(1, &kind).is_some());
+        assert!(feed.get(1, &other).is_none());
+        // Entries of a megabyte each: the oldest go once the cache is full.
+        for ts in 2..100 {
+            feed.put(ts, &kind, event(ts, 1 << 20));
+        }
+        assert!(feed.get(1, &kind).is_none());
+        assert!(feed.get(99, &kind).is_some());
+        assert!(feed.inner.lock().bytes <= FEED_BYTES_MAX);
+    }
+}
