@@ -138,7 +138,7 @@ async fn phase(o: &WatchOptions, connector: &Arc<crate::target::wire::WireConnec
                     |e| {
                         let key = e.get_document("documentKey").ok().and_then(|k| k.get_str("_id").ok());
                         if key == Some(PROBE_ID) {
-                            if let Some(seq) = e.get_document("updateDescription").and_then(|u| u.get_document("updatedFields")).and_then(|f| f.get_i64("seq")).ok() {
+                            if let Ok(seq) = e.get_document("updateDescription").and_then(|u| u.get_document("updatedFields")).and_then(|f| f.get_i64("seq")) {
                                 mine.push((seq, Instant::now()));
                             }
                         }

@@ -547,6 +547,7 @@ async fn await_data_loop(shared: &Shared, conn: &mut ConnState, request: Request
         let Some(w) = outcome.await_data else { return outcome };
         let deadline = tokio::time::Instant::from_std(w.deadline);
         let mut progress = w.commit_point.and(shared.repl.as_ref()).map(|r| r.progress_changes());
+        let _waiting = progress.is_some().then(|| shared.change_feed.waiting());
         loop {
             // Registered before the look, so a write in between is not missed; a deadline
             // already past ends the wait at once.
@@ -564,6 +565,10 @@ async fn await_data_loop(shared: &Shared, conn: &mut ConnState, request: Request
                 _ => shared.store.write_seq() != w.seen,
             };
             if news {
+                if progress.is_some() {
+                    // Let other streams' news gather (see `Feed::coalesce_delay`).
+                    let _ = tokio::time::timeout_at(deadline, tokio::time::sleep(shared.change_feed.coalesce_delay())).await;
+                }
                 break;
             }
             let woken = async {

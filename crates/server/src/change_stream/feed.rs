@@ -11,7 +11,9 @@
 use super::token::Position;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Bytes of encoded events the cache keeps.
 pub const FEED_BYTES_MAX: usize = 32 << 20;
@@ -42,6 +44,21 @@ pub type Events = Arc<[Encoded]>;
 #[derive(Default)]
 pub struct Feed {
     inner: Mutex<Inner>,
+    /// Streams waiting for the commit point to move (`Waiting`).
+    waiting: AtomicUsize,
+}
+
+/// A woken stream's wait per stream waiting (`Feed::coalesce_delay`), and the most it waits.
+const COALESCE_PER_STREAM: Duration = Duration::from_micros(40);
+const COALESCE_MAX: Duration = Duration::from_millis(4);
+
+/// A stream counted as waiting while this lives.
+pub struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Default)]
@@ -53,6 +70,22 @@ struct Inner {
 }
 
 impl Feed {
+    /// Count a stream as waiting for news until the guard is dropped.
+    pub fn waiting(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(&self.waiting)
+    }
+
+    /// How long a stream woken by news waits before it looks: each look (a getMore's round
+    /// trip and wake-up) costs the server about as much as the events it returns, and with
+    /// many streams open every commit point's move wakes them all. Waiting in proportion to
+    /// the streams waiting, each looks less often and finds more, so the streams' cost grows
+    /// with the events, not with the streams times the moves; one stream barely waits.
+    pub fn coalesce_delay(&self) -> Duration {
+        let n = self.waiting.load(Ordering::Relaxed) as u32;
+        COALESCE_PER_STREAM.saturating_mul(n).min(COALESCE_MAX)
+    }
+
     /// The events of the entry at `ts` for `kind`, if made.
     pub fn get(&self, ts: u64, kind: &Kind) -> Option<Events> {
         // The key is cloned for the lookup: a kind is a few small fields.

@@ -18,10 +18,10 @@ use crate::cursor::{Cursor, Source};
 use bson::{doc, Bson, Document};
 use common::{Code, Error, Result};
 use event::{Scope, Shape};
+pub use feed::Feed;
 use query::agg::{Pipeline, RunOptions};
 use std::collections::VecDeque;
 use std::sync::Arc;
-pub use feed::Feed;
 pub use token::Position;
 
 /// Oplog entries read per look.
