@@ -145,8 +145,14 @@ async fn phase(o: &WatchOptions, connector: &Arc<crate::target::wire::WireConnec
                     },
                 )
                 .await?;
+            // Each probe's event comes to each stream once.
+            let mut seqs: Vec<i64> = mine.iter().map(|(s, _)| *s).collect();
+            seqs.sort_unstable();
+            let before = seqs.len();
+            seqs.dedup();
+            let duplicates = (before - seqs.len()) as u64;
             arrivals.lock().map_err(|_| anyhow::anyhow!("arrivals lock poisoned"))?.extend(mine);
-            anyhow::Ok(events)
+            anyhow::Ok((events, duplicates))
         }));
     }
     drop(opened_tx);
@@ -182,13 +188,18 @@ async fn phase(o: &WatchOptions, connector: &Arc<crate::target::wire::WireConnec
     let machine_idle_percent = machine_start.zip(sys::machine_cpu_ticks()).map(|(a, b)| sys::idle_percent(a, b));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let acks = prober.await.context("the probe")??;
-    let mut events = 0u64;
+    let (mut events, mut duplicates) = (0u64, 0u64);
     for f in followers {
-        events += f.await.context("a stream")??;
+        let (n, d) = f.await.context("a stream")??;
+        events += n;
+        duplicates += d;
     }
     let mut latency_us = new_histogram();
     let arrivals = std::mem::take(&mut *arrivals.lock().map_err(|_| anyhow::anyhow!("arrivals lock poisoned"))?);
     let mut probe_events = 0u64;
+    if duplicates > 0 {
+        bail!("{duplicates} probe events came to a stream more than once");
+    }
     for (seq, at) in &arrivals {
         // An event may beat its acknowledgement to the client: that counts as no wait.
         if let Some(acked) = usize::try_from(*seq).ok().and_then(|s| acks.get(s)) {

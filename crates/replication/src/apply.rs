@@ -608,6 +608,11 @@ fn command(store: &Store, ns: &str, o: &Document, ui: Option<bson::Uuid>) -> Res
         }
         "drop" => store.drop_collection(db, coll_name()?).map(|_| ()),
         "collMod" => {
+            // Of a collection dropped since (or of an earlier one of its name): nothing to do.
+            let Some(coll) = store.collection(db, coll_name()?) else { return Ok(()) };
+            if ui.is_some_and(|ui| ui != coll.meta().uuid) {
+                return Ok(());
+            }
             let mut changes = o.clone();
             changes.remove("collMod");
             store.modify_collection(db, coll_name()?, &changes)

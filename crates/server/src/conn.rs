@@ -548,6 +548,9 @@ async fn await_data_loop(shared: &Shared, conn: &mut ConnState, request: Request
         let deadline = tokio::time::Instant::from_std(w.deadline);
         let mut progress = w.commit_point.and(shared.repl.as_ref()).map(|r| r.progress_changes());
         let _waiting = progress.is_some().then(|| shared.change_feed.waiting());
+        // With one data-bearing member, an entry commits once durable, which no replication
+        // progress reports: the store's listener does (writes, and the durable point's moves).
+        let alone = shared.repl.as_ref().is_some_and(|r| !r.replicates());
         loop {
             // Registered before the look, so a write in between is not missed; a deadline
             // already past ends the wait at once.
@@ -573,6 +576,10 @@ async fn await_data_loop(shared: &Shared, conn: &mut ConnState, request: Request
             }
             let woken = async {
                 match progress.as_mut() {
+                    Some(p) if alone => tokio::select! {
+                        _ = notified => {}
+                        _ = p.changed() => {}
+                    },
                     Some(p) => {
                         let _ = p.changed().await;
                     }

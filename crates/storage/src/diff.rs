@@ -19,10 +19,13 @@ use common::{Code, Error, Result};
 const DIFF_DEPTH_MAX: usize = 200;
 
 /// The diff that turns `old` into `new` (both with the same `_id`). Empty when they are the
-/// same, field order included. `by_path` describes a document or array changed inside by
-/// the paths of what changed in it, as an update by operators (`$set: {"a.b": 1}`, `$push`)
-/// names them, even where the whole new value would be smaller; otherwise such a value is
-/// described by its diff only when that is the smaller.
+/// same, field order included. `by_path` describes a document changed inside by the paths
+/// of what changed in it, as an update by operators (`$set: {"a.b": 1}`) names them, even
+/// where the whole new value would be smaller, and an array so when that costs little more
+/// (`$push`); otherwise such a value is described by its diff only when that is the smaller.
+/// The diff comes from the two versions, not from the operators: a `$set` of a whole
+/// subdocument over one of the same fields is described field by field, where mongod logs
+/// the whole value.
 pub fn compute(old: &Document, new: &Document, by_path: bool) -> Document {
     object_diff(old, new, by_path)
 }
@@ -101,16 +104,23 @@ fn object_diff(old: &Document, new: &Document, by_path: bool) -> Document {
     diff
 }
 
-/// A diff of `old` into `new` when both are documents or both arrays, and with `by_path`
-/// or when the diff is smaller than `new` (otherwise the whole new value is logged).
+/// A diff of `old` into `new` when both are documents or both arrays and the diff is
+/// smaller than `new` (otherwise the whole new value is logged). With `by_path` a document's
+/// diff is taken whatever its size (it names at most each field once), and an array's when
+/// it is at most ARRAY_DIFF_SLACK_BYTES larger: an element removed near the front shifts
+/// every one after it, which the whole array says in fewer bytes, as mongod logs `$pull`.
 fn value_diff(old: &Bson, new: &Bson, by_path: bool) -> Option<Bson> {
-    let diff = match (old, new) {
-        (Bson::Document(o), Bson::Document(n)) => object_diff(o, n, by_path),
-        (Bson::Array(o), Bson::Array(n)) => array_diff(o, n, by_path),
+    let (diff, slack) = match (old, new) {
+        (Bson::Document(o), Bson::Document(n)) if by_path => return Some(Bson::Document(object_diff(o, n, by_path))),
+        (Bson::Document(o), Bson::Document(n)) => (object_diff(o, n, by_path), 0),
+        (Bson::Array(o), Bson::Array(n)) => (array_diff(o, n, by_path), if by_path { ARRAY_DIFF_SLACK_BYTES } else { 0 }),
         _ => return None,
     };
-    (by_path || encoded_size(&Bson::Document(diff.clone())) < encoded_size(new)).then_some(Bson::Document(diff))
+    (encoded_size(&Bson::Document(diff.clone())) < encoded_size(new) + slack).then_some(Bson::Document(diff))
 }
+
+/// How much larger than the array an array's diff by path may be (`value_diff`).
+const ARRAY_DIFF_SLACK_BYTES: usize = 32;
 
 fn array_diff(old: &[Bson], new: &[Bson], by_path: bool) -> Document {
     let mut diff = Document::new();

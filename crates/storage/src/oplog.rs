@@ -322,8 +322,9 @@ pub(crate) fn image_entry(ns: &str, ui: bson::Uuid, record: &[u8], wall_ms: i64,
 /// changes, as it was: a no-op on `ns` whose `o` is the document and whose `o2` marks it
 /// (`PRE_IMAGE_O2`), logged immediately before the change's own entry (or operation, in a
 /// transaction), so that a change stream's `fullDocumentBeforeChange`, and the post-image
-/// it derives from it and the change, outlive the document. The oplog keeps pre-images as
-/// long as the changes they belong to, on every member, in the change's atomic batch.
+/// it derives from it and the change, outlive the document. Every member logs it in the
+/// change's atomic batch, and the oplog keeps it about as long as the change (a truncation
+/// may fall between the two).
 pub(crate) fn pre_image_entry(ns: &str, ui: bson::Uuid, record: &[u8], wall_ms: i64, session: Option<(&SessionTag, i32)>) -> Vec<u8> {
     let mut out = Vec::with_capacity(record.len() + ns.len() + 120 + SESSION_FIELDS_BYTES);
     let start = head(&mut out, "n", ns, Some(ui));

@@ -149,7 +149,7 @@ impl Shared {
         self.applied_seq.load(Ordering::SeqCst)
     }
 
-    /// Tell the write listener that `write_seq` moved.
+    /// Tell the write listener that `write_seq` moved (or that the oplog's durable point did).
     pub(crate) fn notify_write_seq(&self) {
         if let Some(f) = self.write_listener.get() {
             f();
@@ -309,8 +309,17 @@ impl Shared {
             self.sync_us.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
             self.sync_count.fetch_add(1, Ordering::Relaxed);
             if let (true, Some(l), Some(at)) = (r.is_ok(), &log, log_at) {
-                let mut ls = l.state.lock();
-                ls.durable = ls.durable.max(at);
+                let moved = {
+                    let mut ls = l.state.lock();
+                    let moved = at > ls.durable;
+                    ls.durable = ls.durable.max(at);
+                    moved
+                };
+                // Where a set has one data-bearing member, durability is what commits an
+                // entry: its change streams wait on the listener for this too.
+                if moved {
+                    self.notify_write_seq();
+                }
             }
             st = self.commit.lock();
             st.syncing = false;

@@ -71,6 +71,20 @@ def test_a_collection_stream_reports_each_change_and_resumes_after_any_event(one
         assert stream.next()["fullDocument"] == {"_id": 2, "n": 1}
 
 
+def test_a_waiting_stream_wakes_for_a_change_on_a_one_member_set(one_member_set):
+    # A set of one commits an entry once durable: a getMore waiting for events must learn
+    # of that, not sleep out its await time.
+    coll = one_member_set.app.woken
+    with coll.watch(max_await_time_ms=20_000) as stream:
+        timer = threading.Timer(0.5, lambda: coll.insert_one({"_id": "late"}))
+        timer.start()
+        started = time.time()
+        event = stream.next()
+        timer.join()
+    assert event["documentKey"] == {"_id": "late"}
+    assert time.time() - started < 10, "the stream slept out its await time"
+
+
 def test_the_resume_token_moves_on_with_batches_that_hold_no_event(one_member_set):
     c = one_member_set
     with c.app.quiet.watch(max_await_time_ms=50) as stream:

@@ -120,12 +120,15 @@ impl WireConnector {
         while std::time::Instant::now() < until {
             let get_more = doc! {"getMore": id, "collection": collection, "maxTimeMS": 100i64, "$db": self.db.as_str()};
             let reply = conn.command(get_more).await.context("getMore of a change stream")?;
-            let batch = reply.get_document("cursor").and_then(|c| c.get_array("nextBatch")).context("getMore reply without nextBatch")?;
-            for e in batch {
+            let cursor = reply.get_document("cursor").context("getMore reply without cursor")?;
+            for e in cursor.get_array("nextBatch").context("getMore reply without nextBatch")? {
                 if let Some(e) = e?.as_document() {
                     visit(e);
                     events += 1;
                 }
+            }
+            if cursor.get_i64("id").context("cursor id")? == 0 {
+                bail!("the change stream ended (invalidated) after {events} events");
             }
         }
         let _ = conn.command(doc! {"killCursors": collection, "cursors": [id], "$db": self.db.as_str()}).await;

@@ -95,15 +95,18 @@ impl Feed {
     /// Keep the events of the entry at `ts` for `kind`, evicting the oldest kept beyond
     /// FEED_BYTES_MAX.
     pub fn put(&self, ts: u64, kind: &Kind, events: Events) {
-        let size: usize = events.iter().map(|e| e.bytes.len()).sum::<usize>() + 64;
+        // The events, and the key held twice (map and order) with its overhead.
+        let size: usize = events.iter().map(|e| e.bytes.len() + 48).sum::<usize>() + 2 * (kind.scope.len() + 96);
         if size > FEED_BYTES_MAX / 4 {
             return;
         }
         let mut inner = self.inner.lock();
         let key = (ts, kind.clone());
-        if inner.by_entry.insert(key.clone(), events).is_some() {
+        // Made by two streams at once: the first kept stays.
+        if inner.by_entry.contains_key(&key) {
             return;
         }
+        inner.by_entry.insert(key.clone(), events);
         inner.order.push_back((key, size));
         inner.bytes += size;
         while inner.bytes > FEED_BYTES_MAX {

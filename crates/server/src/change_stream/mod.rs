@@ -95,12 +95,15 @@ const EVENT_BYTES_MAX: usize = common::limits::BSON_OBJECT_SIZE_MAX_BYTES;
 /// The fragment number of a position after every fragment of its event.
 const FRAGMENTS_AFTER: u32 = u32::MAX;
 
-/// Room in a fragment for its `_id` and `splitEvent`, and the most a size estimate misses by
-/// where it is trusted.
+/// Room in a fragment for its `_id` and `splitEvent`.
 const EVENT_SIZE_MARGIN_BYTES: usize = 64 * 1024;
 
+fn encode(d: &Document) -> Result<Vec<u8>> {
+    d.to_vec().map_err(|e| Error::internal(format!("encoding a change event: {e}")))
+}
+
 fn encoded_len(d: &Document) -> Result<usize> {
-    d.to_vec().map(|v| v.len()).map_err(|e| Error::internal(format!("encoding a change event: {e}")))
+    encode(d).map(|v| v.len())
 }
 
 /// Open a change stream for `aggregate` whose first stage is `$changeStream` (`spec`), the
@@ -183,7 +186,7 @@ pub fn open(ctx: &mut Ctx, coll: Option<&str>, spec: &Document, rest: &[Document
             (k, v) => return Err(Error::new(Code::FailedToParse, format!("unknown or invalid $changeStream option '{k}': {v}"))),
         }
     }
-    let split_large = rest.last().is_some_and(|s| s.contains_key(SPLIT_STAGE));
+    let split_large = rest.last().is_some_and(|s| s.len() == 1 && s.contains_key(SPLIT_STAGE));
     if split_large {
         match rest.last().and_then(|s| s.get(SPLIT_STAGE)) {
             Some(Bson::Document(d)) if d.is_empty() => {}
@@ -206,6 +209,12 @@ pub fn open(ctx: &mut Ctx, coll: Option<&str>, spec: &Document, rest: &[Document
     let oplog = store
         .collection(storage::OPLOG_DB, storage::OPLOG_COLLECTION)
         .ok_or_else(|| Error::location(40573, "The $changeStream stage is only supported on replica sets"))?;
+    if start.is_some_and(|p| p.fragment > 0) && !split_large {
+        return Err(Error::new(
+            Code::ChangeStreamFatalError,
+            format!("Attempted to resume from a split event fragment, but the event in the resumed stream was not split: add {SPLIT_STAGE}"),
+        ));
+    }
     // From now on: after the newest entry a majority has.
     let pos = match start {
         Some(p) => p,
@@ -319,7 +328,7 @@ impl ChangeStream {
             size += piece.size_bytes;
             out.push(match piece.body {
                 Body::Shared(bytes) => storage::RawRecord::Shared(bytes),
-                Body::Doc(d) => storage::RawRecord::Owned(d.to_vec().map_err(|e| Error::internal(format!("encoding a change event: {e}")))?),
+                Body::Doc(d) => storage::RawRecord::Owned(encode(&d)?),
             });
             self.pos = piece.at;
             if piece.ends {
@@ -387,8 +396,9 @@ impl ChangeStream {
     /// larger event otherwise, or for a field larger than a fragment.
     fn split(&self, event: Document, at: Position) -> Result<Vec<Piece>> {
         let approx = crate::exec::approx_doc_size(&event);
-        // The estimate can miss by a few bytes per array element: measure exactly near the limit.
-        let size_bytes = if approx + EVENT_SIZE_MARGIN_BYTES < EVENT_BYTES_MAX { approx } else { encoded_len(&event)? };
+        // The estimate can miss by a few bytes per array element: measure exactly any event
+        // that could be near the limit.
+        let size_bytes = if approx < EVENT_BYTES_MAX / 2 { approx } else { encoded_len(&event)? };
         if size_bytes <= EVENT_BYTES_MAX {
             return Ok(vec![Piece { at, body: Body::Doc(event), size_bytes, ends: false }]);
         }
@@ -482,6 +492,12 @@ impl ChangeStream {
                 if ts > commit_ts {
                     return Ok(false);
                 }
+                // An entry before the position is read only as the next one's `before`: its
+                // events were returned, and made here without its own `before` they would
+                // lack their pre-images.
+                if ts < self.pos.ts {
+                    continue;
+                }
                 // The entry logged just before, where a change's pre-image is.
                 let before = i.checked_sub(1).map(|b| &chunk[b]).filter(|(b, _)| b.checked_add(1) == Some(ts)).map(|(_, r)| r.as_ref());
                 if let Some(shared) = self.shared_events(ctx, ts, raw.as_ref(), before)? {
@@ -546,10 +562,10 @@ impl ChangeStream {
                 return Ok(None);
             }
             let Ok(pieces) = self.split(event, p.at) else { return Ok(None) };
-            for piece in pieces {
+            let last = pieces.len().saturating_sub(1);
+            for (n, piece) in pieces.into_iter().enumerate() {
                 let Body::Doc(d) = piece.body else { return Err(Error::internal("a change event made twice")) };
-                let bytes = d.to_vec().map_err(|e| Error::internal(format!("encoding a change event: {e}")))?;
-                encoded.push(feed::Encoded { at: piece.at, bytes: Arc::from(bytes), ends: p.invalidates });
+                encoded.push(feed::Encoded { at: piece.at, bytes: Arc::from(encode(&d)?), ends: p.invalidates && n == last });
             }
         }
         let events: feed::Events = Arc::from(encoded);

@@ -21,6 +21,8 @@ pub struct Position {
 }
 
 const TOKEN_HEX_LEN: usize = 2 * (8 + 4 + 1 + 4);
+/// A token without the fragment's number, as an earlier version issued them: a whole event.
+const TOKEN_HEX_LEN_WHOLE: usize = 2 * (8 + 4 + 1);
 
 impl Position {
     /// Before every event of entries after `ts`.
@@ -49,7 +51,7 @@ impl Position {
         let bad = || Error::new(Code::InvalidResumeToken, format!("invalid resume token: {token}"));
         let Bson::Document(d) = token else { return Err(bad()) };
         let Some(Bson::String(hex)) = d.get("_data") else { return Err(bad()) };
-        if hex.len() != TOKEN_HEX_LEN || !hex.is_ascii() {
+        if !(hex.len() == TOKEN_HEX_LEN || hex.len() == TOKEN_HEX_LEN_WHOLE) || !hex.is_ascii() {
             return Err(bad());
         }
         let bytes: Vec<u8> =
@@ -61,7 +63,10 @@ impl Position {
             1 => true,
             _ => return Err(bad()),
         };
-        let fragment = u32::from_be_bytes(bytes[13..17].try_into().map_err(|_| bad())?);
+        let fragment = match bytes.get(13..17) {
+            Some(b) => u32::from_be_bytes(b.try_into().map_err(|_| bad())?),
+            None => 0,
+        };
         Ok(Position { ts, index, invalidate, fragment })
     }
 }
@@ -86,6 +91,11 @@ mod tests {
         for p in positions {
             assert_eq!(Position::from_token(&Bson::Document(p.token())).unwrap(), p);
         }
+        // A whole event's token without the fragment's number.
+        assert_eq!(
+            Position::from_token(&Bson::Document(doc! {"_data": "00".repeat(7) + "05" + "00000001" + "00"})).unwrap(),
+            Position { ts: 5, index: 1, invalidate: false, fragment: 0 }
+        );
         for bad in [Bson::Int32(1), Bson::Document(doc! {"_data": "zz"}), Bson::Document(doc! {"_data": "00".repeat(12) + "02" + &"00".repeat(4)})] {
             assert_eq!(Position::from_token(&bad).unwrap_err().code, 260);
         }
